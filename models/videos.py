@@ -1,0 +1,103 @@
+"""Wire schemas of ``/v1/videos`` (OpenAI Videos API, vLLM-Omni extensions after)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VideoStatus = Literal["queued", "in_progress", "completed", "failed"]
+STAGES = ("queue", "prepare", "denoise", "decode", "encode", "upload")
+
+
+class VideoCreate(BaseModel):
+    """A create request after alias normalization, before model validation.
+
+    Both ``multipart/form-data`` and JSON bodies become this; multipart values arrive as
+    strings and pydantic's lax mode parses ``"4"``, ``"7.5"`` and ``"true"``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str
+    model: str | None = None
+    size: str | None = None
+    width: int | None = None
+    height: int | None = None
+    seconds: float | None = None
+    num_frames: int | None = None
+    fps: float | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    guidance_scale_2: float | None = None
+    true_cfg_scale: float | None = None
+    flow_shift: float | None = None
+    boundary_ratio: float | None = None
+    seed: int | None = None
+    negative_prompt: str | None = None
+    extra_params: dict[str, Any] = Field(default_factory=dict)
+    lora: dict[str, Any] | None = None
+    n: int = 1
+    vae_use_slicing: bool | None = None
+    vae_use_tiling: bool | None = None
+    timeout: float | None = None
+    input_reference_url: str | None = None
+
+
+class VideoError(BaseModel):
+    code: str
+    message: str
+
+
+class StageDurations(BaseModel):
+    queue: float = 0.0
+    prepare: float = 0.0
+    denoise: float = 0.0
+    decode: float = 0.0
+    encode: float = 0.0
+    upload: float = 0.0
+
+
+class VideoObject(BaseModel):
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: VideoStatus
+    progress: int = 0
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = None
+    prompt: str
+    size: str
+    seconds: str
+    error: VideoError | None = None
+    remixed_from_video_id: str | None = None
+    # omniqueue / vLLM-Omni extensions
+    queue_position: int | None = None
+    started_at: int | None = None
+    fps: float
+    num_frames: int
+    seed: int
+    num_inference_steps: int
+    step: int = 0
+    stage: str = "queue"
+    media_type: str = "video/mp4"
+    has_audio: bool = False
+    inference_time_s: float | None = None
+    stage_durations: StageDurations = Field(default_factory=StageDurations)
+    peak_memory_mb: float | None = None
+    attempt: int = 0
+
+
+class VideoPage(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VideoObject]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool = True

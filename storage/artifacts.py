@@ -1,0 +1,220 @@
+"""S3 artifact store (boto3): uploads with abort on failure, ranged reads, presigned GETs.
+
+Works against SeaweedFS (embedded stack and tests), MinIO (compose) and AWS S3: path-style
+addressing, SigV4, and botocore's standard retry mode for transient 5xx/throttling.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from storage.settings import S3Settings
+
+log = logging.getLogger(__name__)
+
+
+class StorageError(Exception):
+    """The object store failed (after botocore's own retries)."""
+
+
+class UploadAborted(Exception):
+    """An upload was stopped by its ``should_continue`` callback; nothing is left behind."""
+
+
+def make_s3_client(s3: S3Settings) -> Any:
+    config = Config(
+        signature_version="s3v4",
+        s3={"addressing_style": s3.addressing_style},
+        retries={"mode": "standard", "max_attempts": 5},
+        connect_timeout=5,
+        read_timeout=60,
+    )
+    return boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint_url or None,
+        region_name=s3.region,
+        aws_access_key_id=s3.access_key_id,
+        aws_secret_access_key=s3.secret_access_key,
+        config=config,
+    )
+
+
+@dataclass(frozen=True)
+class ObjectRange:
+    body: Any  # botocore StreamingBody
+    content_length: int
+    total_size: int
+    start: int
+    end: int  # inclusive
+    partial: bool
+
+
+class ArtifactStore:
+    """One bucket of job artifacts. The client is injected (one per process)."""
+
+    def __init__(self, client: Any, settings: S3Settings) -> None:
+        self.client = client
+        self.bucket = settings.bucket
+        self._settings = settings
+
+    def ensure_bucket(self) -> None:
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            self.client.create_bucket(Bucket=self.bucket)
+
+    def ping(self) -> None:
+        self.client.head_bucket(Bucket=self.bucket)
+
+    def upload_file(
+        self,
+        key: str,
+        path: str | Path,
+        content_type: str,
+        *,
+        should_continue: Callable[[], bool] | None = None,
+    ) -> int:
+        """Upload ``path`` to ``key``; multipart above the threshold, aborted on any failure.
+
+        ``should_continue`` is asked between parts; when it answers False the multipart
+        upload is aborted and :class:`UploadAborted` raised.
+        """
+        size = Path(path).stat().st_size
+        try:
+            if size < self._settings.multipart_threshold_bytes:
+                with open(path, "rb") as f:
+                    self.client.put_object(
+                        Bucket=self.bucket, Key=key, Body=f, ContentType=content_type
+                    )
+            else:
+                self._upload_multipart(key, Path(path), content_type, should_continue)
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"upload of {key} failed: {type(exc).__name__}") from exc
+        return size
+
+    def _upload_multipart(
+        self,
+        key: str,
+        path: Path,
+        content_type: str,
+        should_continue: Callable[[], bool] | None,
+    ) -> None:
+        mpu = self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=key, ContentType=content_type
+        )
+        upload_id = mpu["UploadId"]
+        parts = []
+        try:
+            with open(path, "rb") as f:
+                number = 1
+                while chunk := f.read(self._settings.part_size_bytes):
+                    if should_continue is not None and not should_continue():
+                        raise UploadAborted(key)
+                    part = self.client.upload_part(
+                        Bucket=self.bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=chunk,
+                    )
+                    parts.append({"ETag": part["ETag"], "PartNumber": number})
+                    number += 1
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+        except BaseException:
+            self._abort_quietly(key, upload_id)
+            raise
+
+    def _abort_quietly(self, key: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except (ClientError, BotoCoreError):
+            log.warning("abort of multipart upload %s for %s failed", upload_id, key)
+
+    def put_bytes(self, key: str, data: bytes, content_type: str) -> int:
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=key, Body=data, ContentType=content_type
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"upload of {key} failed: {type(exc).__name__}") from exc
+        return len(data)
+
+    def get_bytes(self, key: str) -> bytes:
+        data: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return data
+
+    def open(self, key: str, start: int | None = None, end: int | None = None) -> ObjectRange:
+        """Open ``key`` for reading, optionally a byte range (``end`` inclusive)."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if start is not None or end is not None:
+            kwargs["Range"] = f"bytes={'' if start is None else start}-{'' if end is None else end}"
+        resp = self.client.get_object(**kwargs)
+        length = int(resp["ContentLength"])
+        content_range = resp.get("ContentRange")
+        if content_range:  # "bytes 0-99/1234"
+            span, total = content_range.split(" ", 1)[1].split("/")
+            first, last = (int(x) for x in span.split("-"))
+            return ObjectRange(resp["Body"], length, int(total), first, last, True)
+        return ObjectRange(resp["Body"], length, length, 0, max(length - 1, 0), False)
+
+    def size(self, key: str) -> int:
+        return int(self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+
+    def presign_get(self, key: str, *, filename: str | None = None) -> str:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if filename:
+            params["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
+        url: str = self.client.generate_presigned_url(
+            "get_object", Params=params, ExpiresIn=self._settings.presign_ttl_s
+        )
+        return url
+
+    def list_keys(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            keys.extend(obj["Key"] for obj in page.get("Contents", []))
+        return keys
+
+    def iter_uploads(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """Open multipart uploads under ``prefix``."""
+        resp = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
+        yield from resp.get("Uploads", []) or []
+
+    def abort_uploads(self, prefix: str, *, older_than: float | None = None) -> int:
+        """Abort open multipart uploads under ``prefix`` (optionally only older ones)."""
+        count = 0
+        for upload in self.iter_uploads(prefix):
+            started = upload["Initiated"].timestamp()
+            if older_than is not None and started > older_than:
+                continue
+            self._abort_quietly(upload["Key"], upload["UploadId"])
+            count += 1
+        return count
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object and open multipart upload under ``prefix``."""
+        try:
+            self.abort_uploads(prefix)
+            keys = self.list_keys(prefix)
+            for i in range(0, len(keys), 1000):
+                batch = [{"Key": k} for k in keys[i : i + 1000]]
+                self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
+                )
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"delete of {prefix} failed: {type(exc).__name__}") from exc
+        return len(keys)

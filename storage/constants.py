@@ -1,0 +1,28 @@
+"""Names shared across processes: Celery task names, queues, Redis keys, S3 key layout."""
+
+from __future__ import annotations
+
+import re
+
+# Celery task names (the API sends by name; it never imports workers).
+TASK_RUN_JOB = "omniqueue.run_job"
+TASK_RECONCILE = "omniqueue.reconcile"
+
+# Job id prefixes per kind.
+ID_PREFIX = {"video": "video_", "audio": "audio_"}
+
+# Owner of jobs created while auth is off.
+LOCAL_OWNER = "local"
+
+# Redis key prefixes (the broker uses its own ``celery``/``_kombu`` keys).
+KEY_PREFIX = "oq:"
+
+
+def job_queue(model: str) -> str:
+    """The Celery queue a model's jobs go to: ``jobs.reference-video`` for ``reference/video``."""
+    return "jobs." + re.sub(r"[^A-Za-z0-9_.-]+", "-", model).strip("-")
+
+
+def job_prefix(kind: str, job_id: str) -> str:
+    """S3 key prefix holding everything of one job: ``videos/{id}/``."""
+    return f"{kind}s/{job_id}/"

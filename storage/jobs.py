@@ -1,0 +1,287 @@
+"""Job repository: every state transition is one conditional UPDATE.
+
+``WHERE status = expected`` (and, for a worker, ``worker_id = me``) makes two workers
+unable to both own a job and turns a late result after a cancel into a no-op: whoever
+loses the race changes nothing and learns it from the row count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from models.db import Artifact, ErrorCode, Job, JobStatus
+
+ACTIVE = (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value)
+
+
+class JobStore:
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    # ---- API side -------------------------------------------------------------------
+
+    def create(self, job: Job, *, idempotency_window_s: float) -> tuple[Job, bool]:
+        """Insert ``job``; with an idempotency key already used by the owner within the
+        window, return that job instead. Returns ``(job, created)``."""
+        with self._sessions() as s:
+            if job.idempotency_key:
+                existing = self._by_idempotency_key(s, job.owner, job.idempotency_key)
+                if existing is not None:
+                    if existing.created_at >= time.time() - idempotency_window_s:
+                        return existing, False
+                    existing.idempotency_key = None  # expired: free the key
+                    s.flush()
+            s.add(job)
+            try:
+                s.commit()
+            except IntegrityError:
+                s.rollback()
+                if job.idempotency_key:
+                    raced = self._by_idempotency_key(s, job.owner, job.idempotency_key)
+                    if raced is not None:
+                        return raced, False
+                raise
+            return job, True
+
+    @staticmethod
+    def _by_idempotency_key(s: Session, owner: str, key: str) -> Job | None:
+        return s.scalars(
+            select(Job).where(Job.owner == owner, Job.idempotency_key == key)
+        ).first()
+
+    def get(self, job_id: str, owner: str | None = None) -> Job | None:
+        with self._sessions() as s:
+            job = s.get(Job, job_id)
+            if job is None or (owner is not None and job.owner != owner):
+                return None
+            return job
+
+    def page(
+        self, owner: str, *, after: str | None, limit: int, order: str, kind: str
+    ) -> tuple[list[Job], bool]:
+        """A page of the owner's jobs by ``created_at`` (ties by id), after a cursor id."""
+        with self._sessions() as s:
+            q = select(Job).where(Job.owner == owner, Job.kind == kind)
+            if after is not None:
+                cursor = s.get(Job, after)
+                if cursor is None or cursor.owner != owner:
+                    raise KeyError(after)
+                if order == "asc":
+                    q = q.where(
+                        or_(
+                            Job.created_at > cursor.created_at,
+                            and_(Job.created_at == cursor.created_at, Job.id > cursor.id),
+                        )
+                    )
+                else:
+                    q = q.where(
+                        or_(
+                            Job.created_at < cursor.created_at,
+                            and_(Job.created_at == cursor.created_at, Job.id < cursor.id),
+                        )
+                    )
+            if order == "asc":
+                q = q.order_by(Job.created_at.asc(), Job.id.asc())
+            else:
+                q = q.order_by(Job.created_at.desc(), Job.id.desc())
+            rows = list(s.scalars(q.limit(limit + 1)))
+            return rows[:limit], len(rows) > limit
+
+    def queue_positions(self, jobs: Sequence[Job]) -> dict[str, int]:
+        """For queued jobs: how many queued jobs of the same model are ahead (0 = next)."""
+        out: dict[str, int] = {}
+        queued = [j for j in jobs if j.status == JobStatus.QUEUED]
+        if not queued:
+            return out
+        with self._sessions() as s:
+            for job in queued:
+                ahead = s.scalar(
+                    select(func.count())
+                    .select_from(Job)
+                    .where(
+                        Job.status == JobStatus.QUEUED.value,
+                        Job.model == job.model,
+                        or_(
+                            Job.created_at < job.created_at,
+                            and_(Job.created_at == job.created_at, Job.id < job.id),
+                        ),
+                    )
+                )
+                out[job.id] = int(ahead or 0)
+        return out
+
+    def cancel(self, job_id: str, message: str = "cancelled by the client") -> bool:
+        """Fail a queued or running job with ``cancelled``; False if it had already ended."""
+        now = time.time()
+        with self._sessions() as s:
+            res = s.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status.in_(ACTIVE))
+                .values(
+                    status=JobStatus.FAILED.value,
+                    error_code=ErrorCode.CANCELLED.value,
+                    error_message=message,
+                    cancel_requested=True,
+                    completed_at=now,
+                )
+            )
+            s.commit()
+            return _rowcount(res) == 1
+
+    def delete(self, job_id: str) -> bool:
+        with self._sessions() as s:
+            s.execute(delete(Artifact).where(Artifact.job_id == job_id))
+            res = s.execute(delete(Job).where(Job.id == job_id))
+            s.commit()
+            return _rowcount(res) == 1
+
+    def artifact(self, job_id: str, variant: str) -> Artifact | None:
+        with self._sessions() as s:
+            return s.scalars(
+                select(Artifact).where(Artifact.job_id == job_id, Artifact.variant == variant)
+            ).first()
+
+    # ---- worker side ----------------------------------------------------------------
+
+    def claim(self, job_id: str, worker_id: str) -> bool:
+        """queued → in_progress for ``worker_id``; False if cancelled or already claimed."""
+        now = time.time()
+        with self._sessions() as s:
+            res = s.execute(
+                update(Job)
+                .where(
+                    Job.id == job_id,
+                    Job.status == JobStatus.QUEUED.value,
+                    Job.cancel_requested.is_(False),
+                )
+                .values(
+                    status=JobStatus.IN_PROGRESS.value,
+                    worker_id=worker_id,
+                    attempt=Job.attempt + 1,
+                    started_at=func.coalesce(Job.started_at, now),
+                    heartbeat_at=now,
+                    stage="prepare",
+                )
+            )
+            s.commit()
+            return _rowcount(res) == 1
+
+    def take_over(
+        self, job_id: str, worker_id: str, *, stale_before: float, max_attempts: int
+    ) -> bool:
+        """Take a running job whose owner stopped heartbeating (attempt + 1, bounded)."""
+        now = time.time()
+        with self._sessions() as s:
+            res = s.execute(
+                update(Job)
+                .where(
+                    Job.id == job_id,
+                    Job.status == JobStatus.IN_PROGRESS.value,
+                    Job.cancel_requested.is_(False),
+                    Job.heartbeat_at < stale_before,
+                    Job.attempt < max_attempts,
+                )
+                .values(
+                    worker_id=worker_id,
+                    attempt=Job.attempt + 1,
+                    heartbeat_at=now,
+                    stage="prepare",
+                    step=0,
+                )
+            )
+            s.commit()
+            return _rowcount(res) == 1
+
+    def still_owned(self, job_id: str, worker_id: str) -> bool:
+        """True while the job is running, not cancelled and owned by ``worker_id``."""
+        with self._sessions() as s:
+            row = s.execute(
+                select(Job.status, Job.worker_id, Job.cancel_requested).where(Job.id == job_id)
+            ).first()
+        return (
+            row is not None
+            and row.status == JobStatus.IN_PROGRESS
+            and row.worker_id == worker_id
+            and not row.cancel_requested
+        )
+
+    def update_running(self, job_id: str, worker_id: str, **values: Any) -> bool:
+        """Write progress/stage/heartbeat fields while the job is ours; False once it isn't.
+
+        ``progress`` never decreases: the UPDATE only applies when the stored value is not
+        larger than the new one."""
+        conditions = [
+            Job.id == job_id,
+            Job.status == JobStatus.IN_PROGRESS.value,
+            Job.worker_id == worker_id,
+            Job.cancel_requested.is_(False),
+        ]
+        if "progress" in values:
+            conditions.append(Job.progress <= values["progress"])
+        with self._sessions() as s:
+            res = s.execute(update(Job).where(*conditions).values(heartbeat_at=time.time(), **values))
+            s.commit()
+            return _rowcount(res) == 1
+
+    def heartbeat(self, job_id: str, worker_id: str) -> bool:
+        return self.update_running(job_id, worker_id)
+
+    def complete(
+        self, job_id: str, worker_id: str, artifacts: list[Artifact], **values: Any
+    ) -> bool:
+        """in_progress → completed and the artifact rows, in one transaction."""
+        with self._sessions() as s:
+            res = s.execute(
+                update(Job)
+                .where(
+                    Job.id == job_id,
+                    Job.status == JobStatus.IN_PROGRESS.value,
+                    Job.worker_id == worker_id,
+                    Job.cancel_requested.is_(False),
+                )
+                .values(status=JobStatus.COMPLETED.value, heartbeat_at=time.time(), **values)
+            )
+            if _rowcount(res) != 1:
+                s.rollback()
+                return False
+            s.add_all(artifacts)
+            s.commit()
+            return True
+
+    def fail(
+        self,
+        job_id: str,
+        code: ErrorCode,
+        message: str,
+        *,
+        worker_id: str | None = None,
+        **values: Any,
+    ) -> bool:
+        """Fail a job that is still active (and, given ``worker_id``, still ours)."""
+        conditions = [Job.id == job_id, Job.status.in_(ACTIVE)]
+        if worker_id is not None:
+            conditions.append(Job.worker_id == worker_id)
+        with self._sessions() as s:
+            res = s.execute(
+                update(Job)
+                .where(*conditions)
+                .values(
+                    status=JobStatus.FAILED.value,
+                    error_code=code.value,
+                    error_message=message,
+                    completed_at=time.time(),
+                    **values,
+                )
+            )
+            s.commit()
+            return _rowcount(res) == 1
+
+
+def _rowcount(result: Any) -> int:
+    return int(result.rowcount)

@@ -1,0 +1,63 @@
+"""The broker side both tiers share: Celery configuration and the job enqueuer.
+
+The API only *sends* tasks by name (it never imports ``workers``); the worker builds its
+Celery app from the same :func:`celery_config`, so both agree on queues and transport
+options.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from storage.constants import TASK_RUN_JOB, job_queue
+from storage.settings import Settings
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings as DESIGN.md requires: at-least-once, one job at a time."""
+    # Redis redelivers an unacknowledged message after the visibility timeout; keep it
+    # above the longest job a client may ask for so a running job is never duplicated.
+    visibility = int(settings.limits.max_job_timeout_s * 2 + 600)
+    return {
+        "broker_url": settings.redis.url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {"visibility_timeout": visibility},
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_concurrency": 1,
+        "worker_pool": "solo",
+        "worker_hijack_root_logger": False,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_default_queue": "jobs.default",
+        "worker_send_task_events": False,
+        "worker_enable_remote_control": True,
+    }
+
+
+def make_celery(settings: Settings, name: str = "omniqueue") -> Celery:
+    app = Celery(name, set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+class JobQueue:
+    """Puts job ids on the broker. Idempotent: the Celery task id is the job id."""
+
+    def __init__(self, app: Celery) -> None:
+        self._app = app
+
+    def enqueue(self, job_id: str, model: str) -> None:
+        self._app.send_task(TASK_RUN_JOB, args=[job_id], task_id=job_id, queue=job_queue(model))
+
+    def ping(self) -> None:
+        with self._app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+
+    def close(self) -> None:
+        self._app.close()

@@ -1,0 +1,138 @@
+"""The one settings object.
+
+Every knob of omniqueue lives here, read from ``OMNIQ_``-prefixed environment variables
+(nested groups use ``__``: ``OMNIQ_S3__BUCKET``). Build it with :func:`get_settings` and
+inject it; nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "minioadmin", "omniqueue", "secret"}
+
+
+class DatabaseSettings(BaseModel):
+    url: str = "sqlite:///omniqueue-data/omniqueue.db"
+    echo: bool = False
+    pool_size: int = 10
+
+
+class RedisSettings(BaseModel):
+    url: str = "redis://127.0.0.1:6379/0"
+
+
+class S3Settings(BaseModel):
+    endpoint_url: str | None = None
+    bucket: str = "omniqueue"
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    # Presigned GET URLs live this long (seconds).
+    presign_ttl_s: int = 3600
+    # Serve /content as a 302 to a presigned URL instead of streaming it through the API.
+    redirect_content: bool = False
+    # Artifacts at or above this size are uploaded in parts (S3 minimum part is 5 MiB).
+    multipart_threshold_bytes: int = 8 * 1024 * 1024
+    part_size_bytes: int = 8 * 1024 * 1024
+    # Path-style addressing works with SeaweedFS, MinIO and AWS alike.
+    addressing_style: Literal["path", "virtual", "auto"] = "path"
+
+
+class LimitSettings(BaseModel):
+    max_prompt_chars: int = 4000
+    max_width: int = 1920
+    max_height: int = 1920
+    max_frames: int = 481
+    max_seconds: float = 20.0
+    max_steps: int = 200
+    max_upload_bytes: int = 20 * 1024 * 1024
+    max_reference_pixels: int = 4096 * 4096
+    max_reference_seconds: float = 30.0
+    # Largest request timeout a client may ask for, and the default (seconds).
+    max_job_timeout_s: int = 3600
+    default_job_timeout_s: int = 1800
+
+
+class WorkerSettings(BaseModel):
+    # Models this worker serves; empty means every served model.
+    models: list[str] = Field(default_factory=list)
+    device: str = "cpu"
+    heartbeat_s: float = 5.0
+    # A job whose owner has not heartbeated for this long is taken over.
+    heartbeat_timeout_s: float = 30.0
+    max_attempts: int = 3
+    # Minimum interval between two progress writes of one job (seconds).
+    progress_interval_s: float = 0.25
+    tmp_dir: str | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="OMNIQ_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    # ``embedded`` is what ``omniqueue up`` runs: local services, placeholder secrets allowed.
+    mode: Literal["embedded", "production"] = "production"
+    data_dir: Path = Path("omniqueue-data")
+    host: str = "127.0.0.1"
+    port: int = 8000
+    public_url: str | None = None
+
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+    # ``OMNIQ_AUTH=off`` is allowed only while the API listens on loopback.
+    auth: Literal["off", "required"] = "required"
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+
+    # Served models; the first is the default for requests that name none.
+    models: list[str] = Field(default_factory=lambda: ["reference/video"])
+    # Artifacts expire this long after the job completes (seconds).
+    artifact_ttl_s: int = 7 * 24 * 3600
+    # /v1/videos/sync gives up (and cancels the job) after this many seconds.
+    sync_timeout_s: float = 600.0
+    # Idempotency-Key reuse window (seconds).
+    idempotency_ttl_s: int = 24 * 3600
+    # Hint for pollers (``openai-poll-after-ms``).
+    poll_after_ms: int = 1000
+
+    @model_validator(mode="after")
+    def _check_models(self) -> Settings:
+        if not self.models:
+            raise ValueError("OMNIQ_MODELS must name at least one served model")
+        return self
+
+    @property
+    def default_model(self) -> str:
+        return self.models[0]
+
+    def check_secrets(self) -> None:
+        """Refuse placeholder S3 credentials outside the embedded mode."""
+        if self.mode == "embedded":
+            return
+        secret = self.s3.secret_access_key
+        if secret is not None and secret.lower() in PLACEHOLDER_SECRETS:
+            raise ValueError(
+                "OMNIQ_S3__SECRET_ACCESS_KEY is a placeholder; set a real secret "
+                "(placeholders are accepted only with OMNIQ_MODE=embedded)"
+            )
+
+    def check_auth_binding(self, host: str) -> None:
+        """``auth.mode=off`` is only allowed when the API is bound to loopback."""
+        if self.auth == "off" and host not in {"127.0.0.1", "localhost", "::1"}:
+            raise ValueError(
+                f"OMNIQ_AUTH=off is only allowed on a loopback address, not {host!r}; "
+                "create a key with 'omniqueue keys create' and use OMNIQ_AUTH=required"
+            )
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

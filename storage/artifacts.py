@@ -29,7 +29,9 @@ class UploadAborted(Exception):
     """An upload was stopped by its ``should_continue`` callback; nothing is left behind."""
 
 
-def make_s3_client(s3: S3Settings) -> Any:
+def make_s3_client(s3: S3Settings, *, public: bool = False) -> Any:
+    """A boto3 S3 client; ``public=True`` signs for ``public_endpoint_url`` (presigning)."""
+    endpoint = (s3.public_endpoint_url or s3.endpoint_url) if public else s3.endpoint_url
     config = Config(
         signature_version="s3v4",
         s3={"addressing_style": s3.addressing_style},
@@ -39,7 +41,7 @@ def make_s3_client(s3: S3Settings) -> Any:
     )
     return boto3.client(
         "s3",
-        endpoint_url=s3.endpoint_url or None,
+        endpoint_url=endpoint,
         region_name=s3.region,
         aws_access_key_id=s3.access_key_id,
         aws_secret_access_key=s3.secret_access_key,
@@ -60,8 +62,10 @@ class ObjectRange:
 class ArtifactStore:
     """One bucket of job artifacts. The client is injected (one per process)."""
 
-    def __init__(self, client: Any, settings: S3Settings) -> None:
+    def __init__(self, client: Any, settings: S3Settings, presign_client: Any = None) -> None:
         self.client = client
+        # Presigned URLs are signed for the endpoint clients will use.
+        self._presigner = presign_client or client
         self.bucket = settings.bucket
         self._settings = settings
 
@@ -177,7 +181,7 @@ class ArtifactStore:
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if filename:
             params["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
-        url: str = self.client.generate_presigned_url(
+        url: str = self._presigner.generate_presigned_url(
             "get_object", Params=params, ExpiresIn=self._settings.presign_ttl_s
         )
         return url

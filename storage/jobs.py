@@ -49,6 +49,14 @@ class JobStore:
                 raise
             return job, True
 
+    def find_idempotent(self, owner: str, key: str, window_s: float) -> Job | None:
+        """The owner's job created with ``key`` within the window, if any."""
+        with self._sessions() as s:
+            job = self._by_idempotency_key(s, owner, key)
+        if job is not None and job.created_at >= time.time() - window_s:
+            return job
+        return None
+
     @staticmethod
     def _by_idempotency_key(s: Session, owner: str, key: str) -> Job | None:
         return s.scalars(

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "minioadmin", "omniqueue", "secret"}
 
@@ -27,8 +29,27 @@ class RedisSettings(BaseModel):
     url: str = "redis://127.0.0.1:6379/0"
 
 
+def _split_list(value: Any) -> Any:
+    """Accept ``a,b`` as well as a JSON list for list settings."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            import json
+
+            return json.loads(text)
+        return [item.strip() for item in text.split(",") if item.strip()]
+    return value
+
+
+ModelList = Annotated[list[str], NoDecode]
+
+
 class S3Settings(BaseModel):
+    # Empty means AWS S3 itself (boto3's default endpoint for the region).
     endpoint_url: str | None = None
+    # Endpoint clients use to follow presigned URLs, when it differs from the one the
+    # servers reach (compose: servers use http://minio:9000, browsers http://localhost:9000).
+    public_endpoint_url: str | None = None
     bucket: str = "omniqueue"
     region: str = "us-east-1"
     access_key_id: str | None = None
@@ -42,6 +63,11 @@ class S3Settings(BaseModel):
     part_size_bytes: int = 8 * 1024 * 1024
     # Path-style addressing works with SeaweedFS, MinIO and AWS alike.
     addressing_style: Literal["path", "virtual", "auto"] = "path"
+
+    @field_validator("endpoint_url", "public_endpoint_url", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return value or None
 
 
 class LimitSettings(BaseModel):
@@ -60,8 +86,8 @@ class LimitSettings(BaseModel):
 
 
 class WorkerSettings(BaseModel):
-    # Models this worker serves; empty means every served model.
-    models: list[str] = Field(default_factory=list)
+    # Models this worker serves (comma-separated); empty means every served model.
+    models: ModelList = Field(default_factory=list)
     device: str = "cpu"
     heartbeat_s: float = 5.0
     # A job whose owner has not heartbeated for this long is taken over.
@@ -70,6 +96,11 @@ class WorkerSettings(BaseModel):
     # Minimum interval between two progress writes of one job (seconds).
     progress_interval_s: float = 0.25
     tmp_dir: str | None = None
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: Any) -> Any:
+        return _split_list(value)
 
 
 class Settings(BaseSettings):
@@ -92,8 +123,8 @@ class Settings(BaseSettings):
     limits: LimitSettings = Field(default_factory=LimitSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
 
-    # Served models; the first is the default for requests that name none.
-    models: list[str] = Field(default_factory=lambda: ["reference/video"])
+    # Served models (comma-separated); the first is the default for requests naming none.
+    models: ModelList = Field(default_factory=lambda: ["reference/video"])
     # Artifacts expire this long after the job completes (seconds).
     artifact_ttl_s: int = 7 * 24 * 3600
     # /v1/videos/sync gives up (and cancels the job) after this many seconds.
@@ -102,6 +133,11 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = 24 * 3600
     # Hint for pollers (``openai-poll-after-ms``).
     poll_after_ms: int = 1000
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: Any) -> Any:
+        return _split_list(value)
 
     @model_validator(mode="after")
     def _check_models(self) -> Settings:

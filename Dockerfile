@@ -1,0 +1,78 @@
+# syntax=docker/dockerfile:1
+#
+# One image for every omniqueue role (api, worker, migrate, keys); the role is the CMD.
+#
+#   CPU (api, migrate, CPU workers):
+#     docker build -t omniqueue:cpu .
+#   CUDA (GPU workers):
+#     docker build -t omniqueue:cuda \
+#       --build-arg BASE=nvidia/cuda:12.4.1-base-ubuntu22.04 \
+#       --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu124 .
+#
+# The CUDA wheels of torch bundle the CUDA runtime, cuDNN and cuBLAS, so the small
+# ``-base-`` CUDA image is enough; the host only needs the NVIDIA driver and the NVIDIA
+# Container Toolkit. A ``-cudnn-runtime-`` base works too, it is just larger.
+
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+
+# Where ``pip install torch`` looks first: .../whl/cpu or .../whl/cu124.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Which torch to take from that index (pyproject requires torch>=2.4).
+ARG TORCH_SPEC="torch>=2.4"
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+
+# python:3.11-slim already has Python 3.11; the CUDA (Ubuntu 22.04) base gets it from apt.
+# Everything else (PyAV's FFmpeg, libpq for psycopg) ships inside the wheels.
+RUN set -eux; \
+    if ! command -v python3.11 >/dev/null 2>&1; then \
+        apt-get update; \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+            python3.11 python3.11-venv ca-certificates; \
+        rm -rf /var/lib/apt/lists/*; \
+    fi; \
+    python3.11 -m venv "$VIRTUAL_ENV"; \
+    python -m pip install --upgrade pip
+
+# torch first, from the index that matches the base (its own, cached layer).
+RUN pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
+
+WORKDIR /app
+
+COPY pyproject.toml README.md ./
+COPY api ./api
+COPY workers ./workers
+COPY realtime ./realtime
+COPY storage ./storage
+COPY models ./models
+COPY migrations ./migrations
+COPY cli ./cli
+
+# torch is already satisfied, so this only adds the rest of the dependencies.
+RUN set -eux; \
+    pip install .; \
+    rm -rf build ./*.egg-info; \
+    python -c "import torch; print('torch', torch.__version__)"
+
+# Non-root runtime user with a writable home (caches) and data directory.
+RUN set -eux; \
+    groupadd --system --gid 10001 omniqueue; \
+    useradd --system --uid 10001 --gid omniqueue --create-home --home-dir /home/omniqueue \
+        --shell /usr/sbin/nologin omniqueue; \
+    install -d -o omniqueue -g omniqueue /var/lib/omniqueue
+ENV OMNIQ_DATA_DIR=/var/lib/omniqueue
+# Numeric, so Kubernetes' runAsNonRoot can verify it.
+USER 10001:10001
+
+EXPOSE 8000
+
+# No HEALTHCHECK here: the same image runs workers, which serve no HTTP.
+# docker-compose.yml probes the api's /ready instead.
+ENTRYPOINT ["omniqueue"]
+CMD ["api", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,48 @@
+"""The ASGI application: ``create_app(settings)`` builds clients in the lifespan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from api.errors import install_error_handlers
+from api.limits import BodySizeLimit
+from api.routes import system, videos
+from api.state import AppState
+from storage.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+# Room for form fields and multipart framing on top of the upload cap.
+_BODY_OVERHEAD = 1024 * 1024
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    settings.check_secrets()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        state = AppState.build(settings)
+        try:
+            yield {"app": state}
+        finally:
+            state.close()
+
+    app = FastAPI(
+        title="omniqueue",
+        version="0.1.0",
+        summary="Async job queue with streaming delivery for generative video and audio",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_middleware(
+        BodySizeLimit, max_bytes=settings.limits.max_upload_bytes * 2 + _BODY_OVERHEAD
+    )
+    app.include_router(system.router)
+    app.include_router(videos.router)
+    return app

@@ -1,0 +1,57 @@
+"""HTTP mapping of the exception tree (see ``models/errors.py``): status + OpenAI error body."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from models.common import ErrorBody, ErrorDetail
+from models.errors import OmniqueueError
+
+log = logging.getLogger(__name__)
+
+
+def error_response(
+    status: int, message: str, type_: str, *, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    body = ErrorBody(error=ErrorDetail(message=message, type=type_, param=param, code=code))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+async def _omniqueue_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, OmniqueueError)
+    return error_response(exc.status_code, exc.message, exc.type, param=exc.param, code=exc.code)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    param = ".".join(loc) or None
+    message = f"{param}: {first.get('msg', 'invalid value')}" if param else "invalid request"
+    return error_response(422, message, "invalid_request_error", param=param, code="invalid_value")
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    resp = error_response(exc.status_code, str(exc.detail), type_)
+    if exc.headers:
+        resp.headers.update(exc.headers)
+    return resp
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal server error", "server_error", code="internal_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(OmniqueueError, _omniqueue_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)

@@ -1,0 +1,37 @@
+"""``/v1/models``, ``/health`` (liveness) and ``/ready`` (readiness)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import CurrentOwner, StateDep
+from models.common import Health, ModelList, ModelObject
+
+router = APIRouter(tags=["system"])
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(state: StateDep, _owner: CurrentOwner) -> ModelList:
+    return ModelList(
+        data=[
+            ModelObject(id=spec.name, owned_by=spec.owned_by, modality=spec.modality)
+            for spec in state.specs.values()
+        ]
+    )
+
+
+@router.get("/health", response_model=Health)
+async def health() -> Health:
+    """Liveness: the process serves requests."""
+    return Health(status="ok")
+
+
+@router.get("/ready", response_model=Health)
+async def ready(state: StateDep) -> JSONResponse:
+    """Readiness: the database, Redis and S3 answer; 503 otherwise."""
+    checks = await run_in_threadpool(state.readiness)
+    ok = all(v == "ok" for v in checks.values())
+    body = Health(status="ok" if ok else "unavailable", checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)

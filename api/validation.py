@@ -1,0 +1,242 @@
+"""Create-request validation: parse → normalize aliases → check against the model's limits.
+
+Pure functions, no I/O: they raise :class:`InvalidRequest` naming the offending parameter,
+so a bad request is refused before anything is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from models.catalog import ModelSpec
+from models.errors import InvalidRequest, ModelNotFound
+from models.videos import VideoCreate
+from storage.settings import Settings
+
+# Field aliases real clients send.
+_ALIASES = {"num_outputs_per_prompt": "n"}
+# Multipart fields that carry JSON text.
+_JSON_FIELDS = ("extra_params", "lora")
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*[xX*]\s*(\d+)\s*$")
+
+
+@dataclass
+class ResolvedVideo:
+    """A request that passed every check: what the job row and the worker need."""
+
+    model: str
+    prompt: str
+    width: int
+    height: int
+    fps: float
+    num_frames: int
+    seconds: str
+    num_inference_steps: int
+    seed: int
+    timeout_s: float
+    has_audio: bool
+    negative_prompt: str | None = None
+    guidance_scale: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "negative_prompt": self.negative_prompt,
+            "guidance_scale": self.guidance_scale,
+            "extra": self.extra,
+            "seconds": self.seconds,
+            "timeout_s": self.timeout_s,
+        }
+
+
+def parse_create(raw: dict[str, Any]) -> VideoCreate:
+    """Raw JSON or multipart fields → :class:`VideoCreate` (aliases folded, JSON decoded)."""
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = _ALIASES.get(key, key)
+        if name in _JSON_FIELDS and isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else None
+            except json.JSONDecodeError as exc:
+                raise InvalidRequest(f"{key} must be a JSON object", param=key) from exc
+            if value is None and name == "extra_params":
+                value = {}
+        if isinstance(value, str) and value == "" and name != "prompt":
+            continue  # an empty form field means "not given"
+        fields[name] = value
+    try:
+        return VideoCreate.model_validate(fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        if err["type"] == "extra_forbidden":
+            raise InvalidRequest(
+                f"unknown parameter: {param}", param=param, code="unknown_parameter"
+            ) from exc
+        if err["type"] == "missing":
+            raise InvalidRequest(f"{param} is required", param=param, code="missing") from exc
+        raise InvalidRequest(f"{param}: {err['msg']}", param=param) from exc
+
+
+def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -> ResolvedVideo:
+    """Check a parsed request against the named model's spec and the server's limits."""
+    limits = settings.limits
+    model = req.model or settings.default_model
+    spec = specs.get(model)
+    if spec is None:
+        raise ModelNotFound(
+            f"model {model!r} is not served here; GET /v1/models lists the served models",
+            param="model",
+        )
+    if spec.modality != "video":
+        raise InvalidRequest(f"model {model!r} does not make video", param="model")
+
+    prompt = req.prompt.strip()
+    if not prompt:
+        raise InvalidRequest("prompt must not be empty", param="prompt")
+    if len(req.prompt) > limits.max_prompt_chars:
+        raise InvalidRequest(
+            f"prompt is longer than {limits.max_prompt_chars} characters", param="prompt"
+        )
+    if req.negative_prompt and len(req.negative_prompt) > limits.max_prompt_chars:
+        raise InvalidRequest(
+            f"negative_prompt is longer than {limits.max_prompt_chars} characters",
+            param="negative_prompt",
+        )
+
+    width, height = _resolve_size(req, spec, settings)
+    fps, num_frames, seconds = _resolve_timing(req, spec, settings)
+
+    steps = req.num_inference_steps or spec.default_steps
+    top = min(spec.max_steps, limits.max_steps)
+    if not spec.min_steps <= steps <= top:
+        raise InvalidRequest(
+            f"num_inference_steps must be between {spec.min_steps} and {top}",
+            param="num_inference_steps",
+        )
+    if req.n > spec.max_outputs or req.n < 1:
+        raise InvalidRequest(f"n must be between 1 and {spec.max_outputs} for {model}", param="n")
+    if req.lora is not None and "lora" not in spec.parameters:
+        raise InvalidRequest(f"model {model!r} does not support LoRA", param="lora")
+    if req.guidance_scale is not None and not math.isfinite(req.guidance_scale):
+        raise InvalidRequest("guidance_scale must be a finite number", param="guidance_scale")
+
+    seed = req.seed if req.seed is not None and req.seed >= 0 else secrets.randbelow(2**31)
+    if seed >= 2**63:
+        raise InvalidRequest("seed must be below 2**63", param="seed")
+
+    timeout = req.timeout if req.timeout is not None else limits.default_job_timeout_s
+    if not 0 < timeout <= limits.max_job_timeout_s:
+        raise InvalidRequest(
+            f"timeout must be between 0 and {limits.max_job_timeout_s} seconds", param="timeout"
+        )
+
+    return ResolvedVideo(
+        model=model,
+        prompt=req.prompt,
+        width=width,
+        height=height,
+        fps=fps,
+        num_frames=num_frames,
+        seconds=seconds,
+        num_inference_steps=steps,
+        seed=seed,
+        timeout_s=timeout,
+        has_audio=spec.has_audio,
+        negative_prompt=req.negative_prompt,
+        guidance_scale=req.guidance_scale if "guidance_scale" in spec.parameters else None,
+        extra=_check_extra(req.extra_params, spec),
+    )
+
+
+def _resolve_size(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tuple[int, int]:
+    if req.size is not None:
+        m = _SIZE_RE.match(req.size)
+        if not m:
+            raise InvalidRequest("size must look like '832x480' (WIDTHxHEIGHT)", param="size")
+        width, height = int(m.group(1)), int(m.group(2))
+        param = "size"
+    elif req.width is not None or req.height is not None:
+        if req.width is None or req.height is None:
+            missing = "height" if req.width is not None else "width"
+            raise InvalidRequest("width and height must be given together", param=missing)
+        width, height, param = req.width, req.height, "width"
+    else:
+        return spec.default_size
+    max_w = min(spec.max_width, settings.limits.max_width)
+    max_h = min(spec.max_height, settings.limits.max_height)
+    if not (spec.min_size <= width <= max_w and spec.min_size <= height <= max_h):
+        raise InvalidRequest(
+            f"size {width}x{height} is outside {spec.min_size}..{max_w} x "
+            f"{spec.min_size}..{max_h} for {spec.name}",
+            param=param,
+        )
+    m = spec.size_multiple
+    if width % m or height % m:
+        raise InvalidRequest(
+            f"width and height must be multiples of {m} for {spec.name}", param=param
+        )
+    return width, height
+
+
+def _resolve_timing(
+    req: VideoCreate, spec: ModelSpec, settings: Settings
+) -> tuple[float, int, str]:
+    fps = req.fps if req.fps is not None else float(spec.default_fps)
+    if not math.isfinite(fps) or fps <= 0:
+        raise InvalidRequest("fps must be a positive number", param="fps")
+    if fps > spec.max_fps:
+        raise InvalidRequest(f"fps must be at most {spec.max_fps}", param="fps")
+    if req.num_frames is not None:
+        requested, param = req.num_frames, "num_frames"
+    else:
+        secs = req.seconds if req.seconds is not None else spec.default_seconds
+        if not math.isfinite(secs) or secs <= 0:
+            raise InvalidRequest("seconds must be a positive number", param="seconds")
+        if secs > settings.limits.max_seconds:
+            raise InvalidRequest(
+                f"seconds must be at most {settings.limits.max_seconds:g}", param="seconds"
+            )
+        requested, param = max(1, round(secs * fps)), "seconds"
+    if requested < 1:
+        raise InvalidRequest("num_frames must be at least 1", param=param)
+    num_frames = spec.snap_frames(requested)
+    top = min(spec.max_frames, settings.limits.max_frames)
+    if not spec.min_frames <= num_frames <= top:
+        raise InvalidRequest(
+            f"{num_frames} frames is outside {spec.min_frames}..{top} for {spec.name}",
+            param=param,
+        )
+    return fps, num_frames, f"{num_frames / fps:g}"
+
+
+_CASTS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+def _check_extra(extra: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in extra.items():
+        kind = spec.extra_params.get(key)
+        if kind is None:
+            allowed = ", ".join(sorted(spec.extra_params)) or "none"
+            raise InvalidRequest(
+                f"extra_params.{key} is not an option of {spec.name} (allowed: {allowed})",
+                param=f"extra_params.{key}",
+            )
+        want = _CASTS[kind]
+        ok = isinstance(value, want) and not (want is not bool and isinstance(value, bool))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise InvalidRequest(
+                f"extra_params.{key} must be a {kind}", param=f"extra_params.{key}"
+            )
+        out[key] = value
+    return out

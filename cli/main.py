@@ -1,0 +1,188 @@
+"""The ``omniqueue`` command: server entry points, key management, the embedded stack and a
+client.
+
+    omniqueue up [--host] [--port] [--data-dir] [--workers N]   embedded stack, one command
+    omniqueue api [--host] [--port]                             the HTTP API
+    omniqueue worker [--name] [--models] [--device]             one GPU worker process
+    omniqueue migrate                                           alembic upgrade head
+    omniqueue keys create --name NAME | list | revoke KEY_ID    API keys
+    omniqueue generate "prompt" [...]                           submit, watch, download
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from storage.settings import Settings, get_settings
+
+
+def _cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = get_settings()
+    host = args.host or settings.host
+    port = args.port or settings.port
+    settings.check_auth_binding(host)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info",
+                timeout_graceful_shutdown=10)
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from workers.celery_app import create_worker_app, worker_queues
+    from workers.context import WorkerContext
+
+    settings = get_settings()
+    worker = settings.worker.model_copy(
+        update={
+            k: v
+            for k, v in (
+                ("models", args.models.split(",") if args.models else None),
+                ("device", args.device),
+            )
+            if v is not None
+        }
+    )
+    settings = settings.model_copy(update={"worker": worker})
+    settings.check_secrets()
+    context = WorkerContext.build(settings, name=args.name)
+    context.pipelines.load_all()
+    app = create_worker_app(settings, context)
+    argv = [
+        "worker",
+        "--pool=solo",
+        "--concurrency=1",
+        "--prefetch-multiplier=1",
+        "-Q", ",".join(worker_queues(settings)),
+        "-n", f"{args.name}@%h",
+        "--loglevel=INFO",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    try:
+        app.worker_main(argv)
+    finally:
+        context.close()
+    return 0
+
+
+def _cmd_migrate(_: argparse.Namespace) -> int:
+    from migrations.runner import upgrade
+
+    settings = get_settings()
+    upgrade(settings.database.url)
+    print("database is at the latest revision", file=sys.stderr)
+    return 0
+
+
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from storage.db import make_engine, make_sessionmaker
+    from storage.keys import ApiKeyStore
+
+    engine = make_engine(get_settings().database)
+    try:
+        store = ApiKeyStore(make_sessionmaker(engine))
+        if args.keys_cmd == "create":
+            row, secret = store.create(args.name)
+            print(secret)
+            print(f"created {row.id} ({row.name}); the key is shown only once", file=sys.stderr)
+        elif args.keys_cmd == "list":
+            for row in store.list():
+                state = "revoked" if row.revoked_at else "active"
+                print(f"{row.id}\t{row.prefix}…\t{state}\t{row.name}")
+        else:
+            if not store.revoke(args.key_id):
+                print(f"no active key {args.key_id}", file=sys.stderr)
+                return 1
+            print(f"revoked {args.key_id}", file=sys.stderr)
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from cli.up import run_up
+
+    return run_up(host=args.host, port=args.port, data_dir=Path(args.data_dir),
+                  workers=args.workers)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from cli.generate import run_generate
+
+    return run_generate(
+        args.prompt, url=args.url, api_key=args.api_key, seconds=args.seconds,
+        size=args.size, steps=args.steps, seed=args.seed, model=args.model,
+        output=args.output,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="omniqueue", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run the embedded stack (Valkey, SQLite, S3, API, workers)")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument("--data-dir", default="omniqueue-data")
+    up.add_argument("--workers", type=int, default=1)
+    up.set_defaults(func=_cmd_up)
+
+    api = sub.add_parser("api", help="serve the HTTP API")
+    api.add_argument("--host", default=None)
+    api.add_argument("--port", type=int, default=None)
+    api.set_defaults(func=_cmd_api)
+
+    worker = sub.add_parser("worker", help="run one worker process (one per GPU)")
+    worker.add_argument("--name", default="worker")
+    worker.add_argument("--models", default=None, help="comma-separated served models")
+    worker.add_argument("--device", default=None, help="cpu, cuda, cuda:1, …")
+    worker.set_defaults(func=_cmd_worker)
+
+    mig = sub.add_parser("migrate", help="upgrade the database schema to the latest revision")
+    mig.set_defaults(func=_cmd_migrate)
+
+    keys = sub.add_parser("keys", help="manage API keys")
+    ksub = keys.add_subparsers(dest="keys_cmd", required=True)
+    kc = ksub.add_parser("create", help="create a key (printed once)")
+    kc.add_argument("--name", required=True)
+    ksub.add_parser("list", help="list keys")
+    kr = ksub.add_parser("revoke", help="revoke a key")
+    kr.add_argument("key_id")
+    keys.set_defaults(func=_cmd_keys)
+
+    gen = sub.add_parser("generate", help="generate a video and download it")
+    gen.add_argument("prompt")
+    gen.add_argument("--seconds", default=None)
+    gen.add_argument("--size", default=None, help="WIDTHxHEIGHT")
+    gen.add_argument("--steps", type=int, default=None)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--model", default=None)
+    gen.add_argument("-o", "--output", default=None)
+    gen.add_argument("--url", default=None, help="API base URL (env OMNIQ_URL)")
+    gen.add_argument("--api-key", default=None, help="API key (env OMNIQ_API_KEY)")
+    gen.set_defaults(func=_cmd_generate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ValueError as exc:  # configuration errors: say what to fix, no traceback
+        print(f"omniqueue: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["Settings", "build_parser", "main"]

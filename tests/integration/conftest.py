@@ -1,0 +1,97 @@
+"""Real services for integration tests.
+
+PostgreSQL and Redis are the machine's own (127.0.0.1:5432, trust auth; 127.0.0.1:6379):
+each test session gets a fresh database and a Redis database index it flushes. The S3
+server is SeaweedFS started here on free ports. The API and the Celery workers run as
+real subprocesses (``omniqueue api`` / ``omniqueue worker``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import create_engine, text
+
+from cli.embedded import EmbeddedS3
+from migrations.runner import upgrade
+from tests.integration.stack import Stack
+
+PG_ADMIN_URL = os.environ.get(
+    "OMNIQ_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+REDIS_BASE_URL = os.environ.get("OMNIQ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+REDIS_DB = int(os.environ.get("OMNIQ_TEST_REDIS_DB", "9"))
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
+    server = EmbeddedS3(tmp_path_factory.mktemp("s3"), bucket="omniqueue-test")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _new_pg_database() -> tuple[str, str]:
+    name = f"oq_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return name, PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+
+
+def _drop_pg_database(name: str) -> None:
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for this session."""
+    name, url = _new_pg_database()
+    try:
+        yield url
+    finally:
+        _drop_pg_database(name)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = f"{REDIS_BASE_URL}/{REDIS_DB}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, pg_url: str, redis_url: str
+) -> Iterator[Stack]:
+    """API + one worker on PostgreSQL, Redis and SeaweedFS, auth required."""
+    upgrade(pg_url)
+    work = tmp_path_factory.mktemp("stack")
+    st = Stack(
+        work=Path(work),
+        database_url=pg_url,
+        redis_url=redis_url,
+        s3=s3_server,
+        auth="required",
+    )
+    st.start(workers=1)
+    try:
+        yield st
+    finally:
+        st.stop()

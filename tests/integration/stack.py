@@ -1,0 +1,162 @@
+"""A real omniqueue deployment for tests: ``omniqueue api`` and ``omniqueue worker``
+subprocesses on given services, with helpers to talk to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from cli.embedded import EmbeddedS3, free_port
+from storage.db import make_engine, make_sessionmaker
+from storage.keys import ApiKeyStore
+from storage.settings import DatabaseSettings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Stack:
+    work: Path
+    database_url: str
+    redis_url: str
+    s3: EmbeddedS3
+    auth: str = "required"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIQ_")}
+        env.update(
+            {
+                "OMNIQ_MODE": "production",
+                "OMNIQ_DATABASE__URL": self.database_url,
+                "OMNIQ_REDIS__URL": self.redis_url,
+                "OMNIQ_S3__ENDPOINT_URL": self.s3.endpoint_url,
+                "OMNIQ_S3__BUCKET": self.s3.bucket,
+                "OMNIQ_S3__ACCESS_KEY_ID": self.s3.access_key,
+                "OMNIQ_S3__SECRET_ACCESS_KEY": self.s3.secret_key,
+                "OMNIQ_AUTH": self.auth,
+                "OMNIQ_WORKER__TMP_DIR": str(self.tmp_dir),
+                "OMNIQ_WORKER__PROGRESS_INTERVAL_S": "0.05",
+                "OMNIQ_POLL_AFTER_MS": "100",
+                "PYTHONPATH": str(REPO),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    @property
+    def tmp_dir(self) -> Path:
+        path = self.work / "tmp"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", *args],
+            cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def start(self, workers: int = 1) -> None:
+        self.port = self.port or free_port()
+        self._spawn("api", "api", "--host", "127.0.0.1", "--port", str(self.port))
+        for i in range(workers):
+            self.start_worker(f"w{i}")
+        self.wait_ready()
+        self.wait_workers(workers)
+
+    def start_worker(self, name: str) -> subprocess.Popen[bytes]:
+        return self._spawn(name, "worker", "--name", name)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.procs["api"].poll() is not None:
+                break
+            time.sleep(0.2)
+        raise RuntimeError("API did not become ready:\n" + self.log("api"))
+
+    def wait_workers(self, count: int, timeout: float = 90) -> None:
+        """Wait until ``count`` workers logged that they are ready to consume."""
+        deadline = time.monotonic() + timeout
+        names = [n for n in self.procs if n != "api"][:count]
+        while time.monotonic() < deadline:
+            if all("ready." in self.log(n) for n in names):
+                return
+            for n in names:
+                if self.procs[n].poll() is not None:
+                    raise RuntimeError(f"worker {n} exited:\n" + self.log(n))
+            time.sleep(0.2)
+        raise RuntimeError("workers not ready:\n" + "\n".join(self.log(n) for n in names))
+
+    def log(self, name: str) -> str:
+        path = self.work / f"{name}.log"
+        return path.read_text(errors="replace")[-6000:] if path.exists() else ""
+
+    def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    def stop(self) -> None:
+        for name in list(self.procs):
+            self.stop_process(name)
+
+    # ---- talking to it ----------------------------------------------------------------
+
+    def create_key(self, name: str = "test") -> str:
+        engine = make_engine(DatabaseSettings(url=self.database_url))
+        try:
+            _, secret = ApiKeyStore(make_sessionmaker(engine)).create(name)
+        finally:
+            engine.dispose()
+        return secret
+
+    def client(self, key: str | None = None, timeout: float = 30) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def wait_for(
+        self, client: httpx.Client, video_id: str, timeout: float = 120,
+        until: tuple[str, ...] = ("completed", "failed"),
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            resp = client.get(f"/v1/videos/{video_id}")
+            resp.raise_for_status()
+            body = resp.json()
+            if body["status"] in until:
+                return body
+            time.sleep(0.1)
+        raise TimeoutError(f"{video_id} still {body.get('status')}:\n" + self.log("w0"))

@@ -1,0 +1,336 @@
+"""The step executor: claim → prepare → step × N → decode → encode → upload → complete.
+
+The executor owns the denoise loop, so between any two steps it can notice a cancel (the
+job row is no longer ``in_progress`` and ours), enforce the deadline and record progress.
+Cleanup lives here, not in the adapters: on every way out the temp directory is removed,
+per-request tensors are dropped, and unless the job completed every object under the
+job's S3 prefix is deleted (multipart uploads are aborted by the store itself).
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import logging
+import resource
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from models.db import Artifact, ErrorCode, Job, JobStatus
+from storage.artifacts import ArtifactStore, StorageError, UploadAborted
+from storage.constants import job_prefix
+from storage.jobs import JobStore
+from storage.settings import Settings
+from workers.media import encode_mp4, encode_thumbnail
+from workers.pipelines.base import GenerationRequest, Media, Pipeline
+from workers.pipelines.registry import PipelineRegistry
+
+log = logging.getLogger(__name__)
+
+# Progress (0–100) at the start of each stage; denoise fills its span step by step.
+STAGE_START = {"prepare": 0, "denoise": 5, "decode": 85, "encode": 90, "upload": 95}
+DENOISE_END = 85
+
+
+class JobLost(Exception):
+    """The job is no longer ours: cancelled, deleted or taken over."""
+
+
+class JobTimedOut(Exception):
+    """The job passed its deadline."""
+
+
+@dataclass
+class _Run:
+    """Bookkeeping of one job run (timings, progress throttle)."""
+
+    job: Job
+    worker_id: str
+    deadline: float
+    stage: str = "prepare"
+    stage_started: float = field(default_factory=time.monotonic)
+    durations: dict[str, float] = field(default_factory=dict)
+    progress: int = 0
+    step: int = 0
+    last_write: float = 0.0
+
+    def end_stage(self) -> None:
+        self.durations[self.stage] = round(time.monotonic() - self.stage_started, 4)
+
+
+class StepExecutor:
+    def __init__(
+        self,
+        settings: Settings,
+        jobs: JobStore,
+        artifacts: ArtifactStore,
+        pipelines: PipelineRegistry,
+        worker_id: str,
+    ) -> None:
+        self.settings = settings
+        self.jobs = jobs
+        self.artifacts = artifacts
+        self.pipelines = pipelines
+        self.worker_id = worker_id
+
+    # ---- entry ------------------------------------------------------------------
+
+    def run(self, job_id: str) -> str:
+        """Run one job to a terminal state; returns the outcome for logs and tests."""
+        if not self._acquire(job_id):
+            return "skipped"
+        job = self.jobs.get(job_id)
+        if job is None:
+            return "skipped"
+        timeout = float(job.params.get("timeout_s") or self.settings.limits.default_job_timeout_s)
+        timeout = min(timeout, self.settings.limits.max_job_timeout_s)
+        run = _Run(job=job, worker_id=self.worker_id, deadline=time.time() + timeout)
+        run.durations["queue"] = round(max((job.started_at or time.time()) - job.created_at, 0), 4)
+        tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
+        stop_heartbeat = self._start_heartbeat(job_id)
+        completed = False
+        outcome = "failed"
+        try:
+            completed = self._execute(run, tmp)
+            outcome = "completed" if completed else "cancelled"
+        except JobLost:
+            outcome = "cancelled"
+        except JobTimedOut:
+            self._fail(run, ErrorCode.TIMEOUT, f"the job passed its {timeout:g} s deadline")
+            outcome = "timeout"
+        except torch.OutOfMemoryError:
+            self._fail(run, ErrorCode.OOM, "the device ran out of memory")
+            outcome = "oom"
+        except (StorageError, UploadAborted) as exc:
+            if isinstance(exc, UploadAborted):
+                outcome = "cancelled"
+            else:
+                self._fail(run, ErrorCode.STORAGE_ERROR, "object storage failed")
+                outcome = "storage_error"
+        except ValueError as exc:
+            # Adapters raise ValueError for requests they cannot honour; the message is
+            # ours (it names the parameter), so it is safe to show.
+            self._fail(run, ErrorCode.INVALID_REQUEST, str(exc)[:500])
+            outcome = "invalid_request"
+        except Exception:
+            log.exception("job %s failed", job_id)
+            self._fail(run, ErrorCode.INTERNAL_ERROR, f"internal error in stage {run.stage}")
+            outcome = "internal_error"
+        finally:
+            stop_heartbeat.set()
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not completed:
+                self._delete_objects(job)
+            self._release_memory()
+        log.info("job %s: %s", job_id, outcome)
+        return outcome
+
+    def _acquire(self, job_id: str) -> bool:
+        """Claim a queued job, or take over one whose worker stopped heartbeating."""
+        if self.jobs.claim(job_id, self.worker_id):
+            return True
+        job = self.jobs.get(job_id)
+        if job is None or job.status != JobStatus.IN_PROGRESS:
+            return False  # cancelled, finished or deleted: drop the message
+        w = self.settings.worker
+        stale_before = time.time() - w.heartbeat_timeout_s
+        if job.heartbeat_at is not None and job.heartbeat_at >= stale_before:
+            return False  # a live worker owns it: this is a duplicate delivery
+        if job.attempt >= w.max_attempts:
+            self.jobs.fail(
+                job_id, ErrorCode.WORKER_LOST,
+                f"the worker running this job was lost {job.attempt} times",
+            )
+            self._delete_objects(job)
+            return False
+        return self.jobs.take_over(
+            job_id, self.worker_id, stale_before=stale_before, max_attempts=w.max_attempts
+        )
+
+    # ---- the pipeline -----------------------------------------------------------
+
+    def _execute(self, run: _Run, tmp: Path) -> bool:
+        job = run.job
+        pipe = self.pipelines.get(job.model)
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        started = time.monotonic()
+
+        request = self._request(job)
+        state = pipe.prepare(request)
+        del request
+        self._enter(run, "denoise")
+        while not state.done:
+            pipe.step(state)
+            run.step = state.step_index
+            span = DENOISE_END - STAGE_START["denoise"]
+            progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps
+            self._report(run, progress, force=state.done)
+
+        self._enter(run, "decode")
+        media = pipe.decode(state)
+        del state
+        inference_time = time.monotonic() - started
+
+        self._enter(run, "encode")
+        video_path, thumb_path = tmp / "video.mp4", tmp / "thumbnail.jpg"
+        encode_mp4(media, video_path)
+        encode_thumbnail(_thumbnail_frame(media), thumb_path)
+        del media
+
+        self._enter(run, "upload")
+        artifacts = self._upload(run, video_path, thumb_path)
+        run.end_stage()
+
+        now = time.time()
+        done = self.jobs.complete(
+            job.id,
+            self.worker_id,
+            artifacts,
+            progress=100,
+            step=job.num_inference_steps,
+            stage="done",
+            completed_at=now,
+            expires_at=now + self.settings.artifact_ttl_s,
+            stage_durations=run.durations,
+            inference_time_s=round(inference_time, 4),
+            peak_memory_mb=_peak_memory_mb(),
+        )
+        return done
+
+    def _request(self, job: Job) -> GenerationRequest:
+        params: dict[str, Any] = job.params
+        reference = None
+        if params.get("reference_key"):
+            png = self.artifacts.get_bytes(params["reference_key"])
+            with Image.open(io.BytesIO(png)) as img:
+                reference = np.asarray(img.convert("RGB"))
+        return GenerationRequest(
+            prompt=job.prompt,
+            width=job.width,
+            height=job.height,
+            num_frames=job.num_frames,
+            fps=job.fps,
+            num_inference_steps=job.num_inference_steps,
+            seed=job.seed,
+            negative_prompt=params.get("negative_prompt"),
+            guidance_scale=params.get("guidance_scale"),
+            reference_image=reference,
+            extra=dict(params.get("extra") or {}),
+        )
+
+    def _upload(self, run: _Run, video: Path, thumb: Path) -> list[Artifact]:
+        job = run.job
+        prefix = job_prefix(job.kind, job.id) + "output/"
+        bucket = self.artifacts.bucket
+        out = []
+        for variant, path, ctype in (
+            ("video", video, "video/mp4"),
+            ("thumbnail", thumb, "image/jpeg"),
+        ):
+            key = prefix + path.name
+            size = self.artifacts.upload_file(
+                key, path, ctype, should_continue=lambda: self._owned(run)
+            )
+            self._check(run)
+            out.append(
+                Artifact(
+                    job_id=job.id, variant=variant, bucket=bucket, key=key,
+                    content_type=ctype, size_bytes=size, created_at=time.time(),
+                )
+            )
+        return out
+
+    # ---- between steps ------------------------------------------------------------
+
+    def _enter(self, run: _Run, stage: str) -> None:
+        run.end_stage()
+        run.stage = stage
+        run.stage_started = time.monotonic()
+        self._report(run, STAGE_START[stage], force=True)
+
+    def _report(self, run: _Run, progress: int, *, force: bool = False) -> None:
+        """Check deadline and ownership; write progress at most every interval."""
+        if time.time() > run.deadline:
+            raise JobTimedOut
+        run.progress = max(run.progress, progress)
+        now = time.monotonic()
+        if force or now - run.last_write >= self.settings.worker.progress_interval_s:
+            run.last_write = now
+            ok = self.jobs.update_running(
+                run.job.id, self.worker_id, progress=run.progress, step=run.step,
+                stage=run.stage, stage_durations=run.durations,
+            )
+            if not ok:
+                raise JobLost
+        else:
+            self._check(run)
+
+    def _check(self, run: _Run) -> None:
+        if not self._owned(run):
+            raise JobLost
+
+    def _owned(self, run: _Run) -> bool:
+        return self.jobs.still_owned(run.job.id, self.worker_id)
+
+    def _fail(self, run: _Run, code: ErrorCode, message: str) -> None:
+        run.end_stage()
+        self.jobs.fail(
+            run.job.id, code, message, worker_id=self.worker_id,
+            stage_durations=run.durations, stage=run.stage,
+        )
+
+    def _start_heartbeat(self, job_id: str) -> threading.Event:
+        """Heartbeat the job from a thread so a long stage (decode, upload) is not taken
+        for a dead worker."""
+        stop = threading.Event()
+        interval = self.settings.worker.heartbeat_s
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                try:
+                    if not self.jobs.heartbeat(job_id, self.worker_id):
+                        return
+                except Exception:
+                    log.warning("heartbeat of %s failed", job_id, exc_info=True)
+
+        threading.Thread(target=beat, name=f"heartbeat-{job_id}", daemon=True).start()
+        return stop
+
+    # ---- cleanup ----------------------------------------------------------------
+
+    def _delete_objects(self, job: Job) -> None:
+        try:
+            self.artifacts.delete_prefix(job_prefix(job.kind, job.id))
+        except StorageError:
+            log.warning("could not delete objects of %s; the reconciler will", job.id)
+
+    @staticmethod
+    def _release_memory() -> None:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _thumbnail_frame(media: Media) -> np.ndarray:
+    frames = media.frames
+    return np.asarray(frames[len(frames) // 2])
+
+
+def _peak_memory_mb() -> float:
+    """Peak device memory of this job on CUDA; the process's peak RSS on CPU."""
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+__all__ = ["JobLost", "JobTimedOut", "Pipeline", "StepExecutor"]

@@ -1,0 +1,88 @@
+"""The pipeline adapter interface the step executor drives.
+
+An adapter is loaded once per worker process and shared by every job it runs, so all
+per-request state (latents, scheduler copy, RNG, embeddings) lives in the state object
+returned by :meth:`Pipeline.prepare`, never on the adapter. The executor owns the loop:
+
+    state = pipe.prepare(request)
+    while state.step_index < state.num_steps:
+        pipe.step(state)          # exactly one denoise step; advances state.step_index
+        ...                       # executor: cancel check, progress, deadline, preview
+    media = pipe.decode(state)
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from models.catalog import ModelSpec
+
+
+@dataclass
+class GenerationRequest:
+    """A validated, normalized request as the worker sees it."""
+
+    prompt: str
+    width: int
+    height: int
+    num_frames: int
+    fps: float
+    num_inference_steps: int
+    seed: int
+    negative_prompt: str | None = None
+    guidance_scale: float | None = None
+    # First frame for image-to-video: uint8 H×W×3 (already resized to width×height).
+    reference_image: np.ndarray | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepState:
+    """Base of every per-request state; adapters subclass it."""
+
+    num_steps: int
+    step_index: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.step_index >= self.num_steps
+
+
+@dataclass
+class Media:
+    """Decoded output: frames uint8 T×H×W×3, optional float32 audio (channels, samples)."""
+
+    frames: np.ndarray
+    fps: float
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+
+
+class Pipeline(abc.ABC):
+    """A diffusion pipeline run one denoise step at a time."""
+
+    spec: ModelSpec
+
+    @abc.abstractmethod
+    def load(self, device: str) -> None:
+        """Load weights onto ``device`` (called once per worker process)."""
+
+    @abc.abstractmethod
+    def prepare(self, request: GenerationRequest) -> StepState:
+        """Encode the prompt, draw the initial noise; return the per-request state."""
+
+    @abc.abstractmethod
+    def step(self, state: StepState) -> None:
+        """Run exactly one denoise step and advance ``state.step_index``."""
+
+    @abc.abstractmethod
+    def decode(self, state: StepState) -> Media:
+        """Turn the final latents into frames (and audio)."""
+
+    def preview(self, state: StepState) -> np.ndarray | None:
+        """A cheap uint8 H×W×3 estimate of the current result, or None."""
+        return None

@@ -114,7 +114,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
     width, height = _resolve_size(req, spec, settings)
     fps, num_frames, seconds = _resolve_timing(req, spec, settings)
 
-    steps = req.num_inference_steps or spec.default_steps
+    steps = spec.default_steps if req.num_inference_steps is None else req.num_inference_steps
     top = min(spec.max_steps, limits.max_steps)
     if not spec.min_steps <= steps <= top:
         raise InvalidRequest(
@@ -237,6 +237,18 @@ def _check_extra(extra: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
         if not ok:
             raise InvalidRequest(
                 f"extra_params.{key} must be a {kind}", param=f"extra_params.{key}"
+            )
+        choices = spec.extra_choices.get(key)
+        if choices is not None and value not in choices:
+            raise InvalidRequest(
+                f"extra_params.{key} must be one of {', '.join(choices)}",
+                param=f"extra_params.{key}",
+            )
+        bounds = spec.extra_ranges.get(key)
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            raise InvalidRequest(
+                f"extra_params.{key} must be between {bounds[0]:g} and {bounds[1]:g}",
+                param=f"extra_params.{key}",
             )
         out[key] = value
     return out

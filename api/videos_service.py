@@ -72,7 +72,8 @@ class VideoService:
         job, created = await run_in_threadpool(
             self._persist, resolved, png, owner, idempotency_key
         )
-        return self.to_wire(job), created
+        positions = await run_in_threadpool(self.state.jobs.queue_positions, [job])
+        return self.to_wire(job, positions.get(job.id)), created
 
     def _persist(
         self, r: ResolvedVideo, png: bytes | None, owner: str, idempotency_key: str | None

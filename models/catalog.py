@@ -44,6 +44,9 @@ class ModelSpec(BaseModel):
     parameters: list[str] = Field(default_factory=list)
     # Keys allowed inside ``extra_params`` (anything else is rejected).
     extra_params: dict[str, Literal["str", "int", "float", "bool"]] = Field(default_factory=dict)
+    # Allowed values of string options and [low, high] of numeric ones.
+    extra_choices: dict[str, list[str]] = Field(default_factory=dict)
+    extra_ranges: dict[str, tuple[float, float]] = Field(default_factory=dict)
 
     def snap_frames(self, num_frames: int) -> int:
         """Round a frame count up to this model's lattice."""
@@ -72,6 +75,8 @@ REFERENCE_VIDEO = ModelSpec(
     supports_image_input=True,
     parameters=["guidance_scale", "negative_prompt"],
     extra_params={"motion": "float", "camera": "str"},
+    extra_choices={"camera": ["static", "pan", "zoom"]},
+    extra_ranges={"motion": (0.0, 10.0)},
 )
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {REFERENCE_VIDEO.name: REFERENCE_VIDEO}

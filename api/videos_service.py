@@ -69,9 +69,7 @@ class VideoService:
                 self.settings.limits,
                 "input_reference",
             )
-        job, created = await run_in_threadpool(
-            self._persist, resolved, png, owner, idempotency_key
-        )
+        job, created = await run_in_threadpool(self._persist, resolved, png, owner, idempotency_key)
         positions = await run_in_threadpool(self.state.jobs.queue_positions, [job])
         return self.to_wire(job, positions.get(job.id)), created
 
@@ -119,7 +117,9 @@ class VideoService:
             try:
                 self.state.artifacts.put_bytes(params["reference_key"], png, "image/png")
             except StorageError as exc:
-                raise ServiceUnavailable("object storage is unavailable", code="storage_error") from exc
+                raise ServiceUnavailable(
+                    "object storage is unavailable", code="storage_error"
+                ) from exc
         try:
             stored, created = jobs.create(job, idempotency_window_s=window)
         except Exception:
@@ -218,7 +218,7 @@ class VideoService:
         return VideoObject(
             id=job.id,
             model=job.model,
-            status=job.status,  # type: ignore[arg-type]
+            status=job.status,
             progress=job.progress,
             created_at=int(job.created_at),
             started_at=_int(job.started_at),

@@ -28,8 +28,9 @@ def _cmd_api(args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port or settings.port
     settings.check_auth_binding(host)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info",
-                timeout_graceful_shutdown=10)
+    uvicorn.run(
+        create_app(settings), host=host, port=port, log_level="info", timeout_graceful_shutdown=10
+    )
     return 0
 
 
@@ -58,8 +59,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         "--pool=solo",
         "--concurrency=1",
         "--prefetch-multiplier=1",
-        "-Q", ",".join(worker_queues(settings)),
-        "-n", f"{args.name}@%h",
+        "-Q",
+        ",".join(worker_queues(settings)),
+        "-n",
+        f"{args.name}@%h",
         "--loglevel=INFO",
         "--without-gossip",
         "--without-mingle",
@@ -108,23 +111,31 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 def _cmd_up(args: argparse.Namespace) -> int:
     from cli.up import run_up
 
-    return run_up(host=args.host, port=args.port, data_dir=Path(args.data_dir),
-                  workers=args.workers)
+    return run_up(
+        host=args.host, port=args.port, data_dir=Path(args.data_dir), workers=args.workers
+    )
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from cli.generate import run_generate
 
     return run_generate(
-        args.prompt, url=args.url, api_key=args.api_key, seconds=args.seconds,
-        size=args.size, steps=args.steps, seed=args.seed, model=args.model,
+        args.prompt,
+        url=args.url,
+        api_key=args.api_key,
+        seconds=args.seconds,
+        size=args.size,
+        steps=args.steps,
+        seed=args.seed,
+        model=args.model,
         output=args.output,
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="omniqueue", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="omniqueue", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     up = sub.add_parser("up", help="run the embedded stack (Valkey, SQLite, S3, API, workers)")
@@ -172,7 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -149,9 +149,7 @@ class ArtifactStore:
 
     def put_bytes(self, key: str, data: bytes, content_type: str) -> int:
         try:
-            self.client.put_object(
-                Bucket=self.bucket, Key=key, Body=data, ContentType=content_type
-            )
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type)
         except (ClientError, BotoCoreError) as exc:
             raise StorageError(f"upload of {key} failed: {type(exc).__name__}") from exc
         return len(data)

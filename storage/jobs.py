@@ -59,9 +59,7 @@ class JobStore:
 
     @staticmethod
     def _by_idempotency_key(s: Session, owner: str, key: str) -> Job | None:
-        return s.scalars(
-            select(Job).where(Job.owner == owner, Job.idempotency_key == key)
-        ).first()
+        return s.scalars(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).first()
 
     def get(self, job_id: str, owner: str | None = None) -> Job | None:
         with self._sessions() as s:
@@ -233,7 +231,9 @@ class JobStore:
         if "progress" in values:
             conditions.append(Job.progress <= values["progress"])
         with self._sessions() as s:
-            res = s.execute(update(Job).where(*conditions).values(heartbeat_at=time.time(), **values))
+            res = s.execute(
+                update(Job).where(*conditions).values(heartbeat_at=time.time(), **values)
+            )
             s.commit()
             return _rowcount(res) == 1
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-
-
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator

@@ -147,7 +147,8 @@ class StepExecutor:
             return False  # a live worker owns it: this is a duplicate delivery
         if job.attempt >= w.max_attempts:
             self.jobs.fail(
-                job_id, ErrorCode.WORKER_LOST,
+                job_id,
+                ErrorCode.WORKER_LOST,
                 f"the worker running this job was lost {job.attempt} times",
             )
             self._delete_objects(job)
@@ -244,8 +245,13 @@ class StepExecutor:
             self._check(run)
             out.append(
                 Artifact(
-                    job_id=job.id, variant=variant, bucket=bucket, key=key,
-                    content_type=ctype, size_bytes=size, created_at=time.time(),
+                    job_id=job.id,
+                    variant=variant,
+                    bucket=bucket,
+                    key=key,
+                    content_type=ctype,
+                    size_bytes=size,
+                    created_at=time.time(),
                 )
             )
         return out
@@ -267,8 +273,12 @@ class StepExecutor:
         if force or now - run.last_write >= self.settings.worker.progress_interval_s:
             run.last_write = now
             ok = self.jobs.update_running(
-                run.job.id, self.worker_id, progress=run.progress, step=run.step,
-                stage=run.stage, stage_durations=run.durations,
+                run.job.id,
+                self.worker_id,
+                progress=run.progress,
+                step=run.step,
+                stage=run.stage,
+                stage_durations=run.durations,
             )
             if not ok:
                 raise JobLost
@@ -285,8 +295,12 @@ class StepExecutor:
     def _fail(self, run: _Run, code: ErrorCode, message: str) -> None:
         run.end_stage()
         self.jobs.fail(
-            run.job.id, code, message, worker_id=self.worker_id,
-            stage_durations=run.durations, stage=run.stage,
+            run.job.id,
+            code,
+            message,
+            worker_id=self.worker_id,
+            stage_durations=run.durations,
+            stage=run.stage,
         )
 
     def _start_heartbeat(self, job_id: str) -> threading.Event:

@@ -64,7 +64,9 @@ async def create_video_sync(
             )
         await asyncio.sleep(0.2)
     if job.status == JobStatus.FAILED:
-        raise JobFailed(job.error_message or "the job failed", code=job.error_code or "internal_error")
+        raise JobFailed(
+            job.error_message or "the job failed", code=job.error_code or "internal_error"
+        )
     _, artifact = await run_in_threadpool(videos.content_artifact, video.id, owner, "video")
     headers = {
         "X-Request-Id": video.id,
@@ -143,7 +145,9 @@ async def _stream_artifact(
         status = 206
         out["Content-Range"] = f"bytes {obj.start}-{obj.end}/{obj.total_size}"
     return StreamingResponse(
-        obj.body.iter_chunks(_CHUNK), status_code=status, media_type=artifact.content_type,
+        obj.body.iter_chunks(_CHUNK),
+        status_code=status,
+        media_type=artifact.content_type,
         headers=out,
     )
 
@@ -160,5 +164,7 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
         start = int(m.group(1))
         end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
     if start >= size or start > end:
-        raise RangeNotSatisfiable(f"Range {header} is outside the {size}-byte object", param="Range")
+        raise RangeNotSatisfiable(
+            f"Range {header} is outside the {size}-byte object", param="Range"
+        )
     return start, end

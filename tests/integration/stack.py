@@ -69,7 +69,10 @@ class Stack:
         log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", *args],
-            cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         log.close()
@@ -147,7 +150,10 @@ class Stack:
         return httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def wait_for(
-        self, client: httpx.Client, video_id: str, timeout: float = 120,
+        self,
+        client: httpx.Client,
+        video_id: str,
+        timeout: float = 120,
         until: tuple[str, ...] = ("completed", "failed"),
     ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout

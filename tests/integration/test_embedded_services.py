@@ -223,7 +223,7 @@ def test_services_die_with_their_parent(tmp_path: Path) -> None:
         parent.stdin.close()
         parent.stdout.close()
         for pid in pids:  # never leave a server behind, even when the test fails
-            with contextlib.suppress(ProcessLookupError):
+            if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
 
 

@@ -49,7 +49,9 @@ def _objects(stack: Stack, video_id: str) -> list[str]:
 
 
 def _create(client: httpx.Client, **fields: Any) -> dict[str, Any]:
-    resp = client.post("/v1/videos", json={"prompt": "a red ball over a blue sea", **SMALL, **fields})
+    resp = client.post(
+        "/v1/videos", json={"prompt": "a red ball over a blue sea", **SMALL, **fields}
+    )
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -68,7 +70,14 @@ def test_video_job_end_to_end(stack: Stack, client: httpx.Client) -> None:
     assert done["completed_at"] >= done["started_at"] >= done["created_at"]
     assert done["expires_at"] > done["completed_at"]
     assert done["inference_time_s"] > 0 and done["peak_memory_mb"] > 0
-    assert set(done["stage_durations"]) == {"queue", "prepare", "denoise", "decode", "encode", "upload"}
+    assert set(done["stage_durations"]) == {
+        "queue",
+        "prepare",
+        "denoise",
+        "decode",
+        "encode",
+        "upload",
+    }
     assert done["stage_durations"]["denoise"] > 0 and done["stage_durations"]["encode"] > 0
 
     resp = client.get(f"/v1/videos/{created['id']}/content")
@@ -89,9 +98,12 @@ def test_video_job_end_to_end(stack: Stack, client: httpx.Client) -> None:
     assert part.status_code == 206
     assert part.content == data[10:100]
     assert part.headers["content-range"] == f"bytes 10-99/{len(data)}"
-    assert client.get(
-        f"/v1/videos/{created['id']}/content", headers={"Range": f"bytes={len(data)}-"}
-    ).status_code == 416
+    assert (
+        client.get(
+            f"/v1/videos/{created['id']}/content", headers={"Range": f"bytes={len(data)}-"}
+        ).status_code
+        == 416
+    )
 
     thumb = client.get(f"/v1/videos/{created['id']}/content", params={"variant": "thumbnail"})
     assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
@@ -127,7 +139,7 @@ def test_multipart_with_string_values_like_the_benchmark_client(
         "n": "1",
         "extra_params": json.dumps({"motion": 2.0, "camera": "zoom"}),
     }
-    resp = client.post("/v1/videos", data=fields, files={"unused": ("", b"")} and None)
+    resp = client.post("/v1/videos", data=fields)
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert (body["num_frames"], body["size"], body["seed"]) == (5, "64x64", 42)
@@ -178,7 +190,11 @@ def test_image_to_video_starts_from_the_reference(stack: Stack, client: httpx.Cl
         ({"lora": {"name": "x"}}, 400, "lora"),
         ({"surprise": 1}, 400, "surprise"),
         ({"input_reference": {"image_url": "https://example.com/cat.png"}}, 400, "input_reference"),
-        ({"input_reference": {"image_url": "data:image/png;base64,aGVsbG8="}}, 400, "input_reference"),
+        (
+            {"input_reference": {"image_url": "data:image/png;base64,aGVsbG8="}},
+            400,
+            "input_reference",
+        ),
     ],
 )
 def test_bad_input_is_refused_and_changes_nothing(
@@ -309,8 +325,9 @@ def test_delete_removes_record_and_objects(stack: Stack, client: httpx.Client) -
     assert client.delete(f"/v1/videos/{video['id']}").status_code == 404
     engine = create_engine(stack.database_url)
     with engine.connect() as conn:
-        left = conn.execute(select(func.count()).select_from(Artifact).where(
-            Artifact.job_id == video["id"])).scalar_one()
+        left = conn.execute(
+            select(func.count()).select_from(Artifact).where(Artifact.job_id == video["id"])
+        ).scalar_one()
     engine.dispose()
     assert left == 0
 
@@ -374,16 +391,25 @@ def test_sync_timeout_cancels_and_unready_services_give_503(
 ) -> None:
     # A second API process on the same services, with a 1 s sync timeout.
     impatient = Stack(
-        work=tmp_path, database_url=stack.database_url, redis_url=stack.redis_url, s3=stack.s3,
+        work=tmp_path,
+        database_url=stack.database_url,
+        redis_url=stack.redis_url,
+        s3=stack.s3,
         extra_env={"OMNIQ_SYNC_TIMEOUT_S": "1"},
     )
     impatient.start(workers=0)
     try:
         with impatient.client(key) as c:
             t0 = time.monotonic()
-            resp = c.post("/v1/videos/sync", json={
-                "prompt": "too slow", "size": "320x240", "seconds": "4", "num_inference_steps": 200,
-            })
+            resp = c.post(
+                "/v1/videos/sync",
+                json={
+                    "prompt": "too slow",
+                    "size": "320x240",
+                    "seconds": "4",
+                    "num_inference_steps": 200,
+                },
+            )
             assert resp.status_code == 504, resp.text
             assert time.monotonic() - t0 < 10
             assert resp.json()["error"]["code"] == "timeout"
@@ -393,8 +419,11 @@ def test_sync_timeout_cancels_and_unready_services_give_503(
     finally:
         impatient.stop()
     broken = Stack(
-        work=tmp_path / "broken", database_url=stack.database_url, redis_url=stack.redis_url,
-        s3=stack.s3, extra_env={"OMNIQ_S3__BUCKET": "no-such-bucket-here"},
+        work=tmp_path / "broken",
+        database_url=stack.database_url,
+        redis_url=stack.redis_url,
+        s3=stack.s3,
+        extra_env={"OMNIQ_S3__BUCKET": "no-such-bucket-here"},
     )
     broken.work.mkdir()
     broken.port = 0

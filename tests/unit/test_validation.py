@@ -21,8 +21,15 @@ def _resolve(settings: Settings, **raw: object):  # type: ignore[no-untyped-def]
 
 def test_multipart_strings_are_parsed(settings: Settings) -> None:
     r = _resolve(
-        settings, seconds="2", fps="12", num_inference_steps="4", seed="9", size="64x32",
-        guidance_scale="7.5", vae_use_tiling="True", extra_params='{"motion": 2}',
+        settings,
+        seconds="2",
+        fps="12",
+        num_inference_steps="4",
+        seed="9",
+        size="64x32",
+        guidance_scale="7.5",
+        vae_use_tiling="True",
+        extra_params='{"motion": 2}',
     )
     assert (r.width, r.height, r.fps, r.num_frames, r.seconds) == (64, 32, 12.0, 24, "2")
     assert (r.num_inference_steps, r.seed, r.guidance_scale) == (4, 9, 7.5)
@@ -89,7 +96,9 @@ def test_unknown_model(settings: Settings) -> None:
 
 
 def test_frame_lattice_snaps_up() -> None:
-    spec = BUILTIN_SPECS["reference/video"].model_copy(update={"frame_multiple": 4, "frame_offset": 1})
+    spec = BUILTIN_SPECS["reference/video"].model_copy(
+        update={"frame_multiple": 4, "frame_offset": 1}
+    )
     assert [spec.snap_frames(n) for n in (1, 2, 5, 6, 81)] == [1, 5, 5, 9, 81]
 
 

@@ -76,13 +76,10 @@ _TERRAIN_WORDS = {word: terrain for terrain, words in {
 _NIGHT = {"night", "midnight", "stars", "starry", "space", "moon", "moonlight", "dark"}
 _SUNSET = {"sunset", "sunrise", "dusk", "dawn", "twilight", "evening"}
 _DARK = _NIGHT | {"rain", "sad", "storm", "gloomy", "fog", "winter", "cold"}
-_SNOW = {"snow", "snowy", "winter", "ice", "icy", "arctic"}
 _ROUND = {"ball", "balls", "sphere", "circle", "orb", "planet", "bubble", "bubbles", "balloon",
           "balloons", "wheel", "coin", "dot", "marble", "apple"}
 _BOXY = {"box", "boxes", "cube", "cubes", "square", "block", "blocks", "car", "cars", "truck",
          "house", "crate", "card", "brick", "robot", "train", "bus", "boat", "kite"}
-_CREATURES = {"cat", "dog", "bird", "fish", "fox", "person", "man", "woman", "child", "dragon",
-              "butterfly", "bee", "rabbit", "horse"}
 _MOTIONS = {  # verb stem -> path
     **dict.fromkeys(("bounc", "jump", "hop"), "bounce"),
     **dict.fromkeys(("orbit", "circl", "spin", "swirl", "danc"), "orbit"),
@@ -92,7 +89,6 @@ _MOTIONS = {  # verb stem -> path
 _PATHS = ("bounce", "orbit", "drift", "roll")
 _MAJOR = ((0, (0, 4, 7)), (7, (0, 4, 7)), (9, (0, 3, 7)), (5, (0, 4, 7)))  # I V vi IV
 _MINOR = ((0, (0, 3, 7)), (8, (0, 4, 7)), (3, (0, 4, 7)), (10, (0, 4, 7)))  # i VI III VII
-_ARPS = ((0, 1, 2, 3), (0, 2, 1, 3), (0, 1, 2, 1), (3, 2, 1, 0))
 
 
 @dataclass
@@ -126,12 +122,10 @@ class _Scene:
     terrain_phase: float
     night: bool
     orb: tuple[float, float, float, Colour, float]  # x, y, radius, colour, glow
-    orb_sink: float
     shapes: list[_Shape]  # the last one is the main shape
     grade: float  # saturation/contrast change from guidance_scale, in [-0.3, 0.3]
     root_midi: int
     minor: bool
-    arp: tuple[int, ...]
     image: torch.Tensor | None  # 1x3xHxW in [0, 1] for image-to-video
 
 
@@ -216,7 +210,7 @@ class ReferenceVideoPipeline(Pipeline):
         for start, stop in _chunks(t, h * w, _RENDER_BUDGET):
             full = st.target[start:stop].float() / 127.5 - 1
             out = _upsample(st.latents[start:stop], h, w)
-            out += detail * (full - _upsample(_encode(st.target[start:stop]), h, w))
+            out += detail * (full - _upsample(st.clean[start:stop], h, w))  # clean == encode(full)
             frames[start:stop] = _to_uint8(out).permute(0, 2, 3, 1).cpu().numpy()
         audio = _soundtrack(st.scene, round(t / st.scene.fps * SAMPLE_RATE))
         return Media(frames=frames, fps=st.scene.fps, audio=audio, sample_rate=SAMPLE_RATE)
@@ -248,10 +242,10 @@ def _validate(req: GenerationRequest) -> tuple[float, str]:
         raise ValueError(f"extra parameter 'motion' must be a number in [0, 10], got {motion!r}")
     if not isinstance(camera, str) or camera not in _CAMERAS:
         raise ValueError(f"extra parameter 'camera' must be one of {_CAMERAS}, got {camera!r}")
-    if req.width < 2 or req.height < 2 or req.num_frames < 1:
-        raise ValueError(f"bad size {req.width}x{req.height}, {req.num_frames} frames")
-    if req.num_inference_steps < 1 or not req.fps > 0:
-        raise ValueError("num_inference_steps must be >= 1 and fps > 0")
+    if min(req.width, req.height) < 2 or min(req.num_frames, req.num_inference_steps) < 1:
+        raise ValueError("need width, height >= 2 and num_frames, num_inference_steps >= 1")
+    if not req.fps > 0:
+        raise ValueError(f"fps must be positive, got {req.fps}")
     img, shape = req.reference_image, (req.height, req.width, 3)
     if img is not None and (img.dtype != np.uint8 or img.shape != shape):
         raise ValueError(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
@@ -286,7 +280,8 @@ def _blur(x: torch.Tensor, level: float) -> torch.Tensor:
         return _upsample(F.adaptive_avg_pool2d(x, size), h, w) if factor > 1 else x
 
     k = math.floor(level)
-    return torch.lerp(down_up(2**k), down_up(2 ** (k + 1)), level - k) if level > k else down_up(2**k)
+    coarse = down_up(2**k)
+    return torch.lerp(coarse, down_up(2 ** (k + 1)), level - k) if level > k else coarse
 
 
 # --- the scene, from prompt words and seed --------------------------------------------------
@@ -312,7 +307,7 @@ def _build_scene(
     # A colour word colours the noun right after it ("red ball", "blue ocean", "pink sky").
     paired: dict[str, Colour] = {}
     loose: list[Colour] = []
-    nouns = _ROUND | _BOXY | _CREATURES | set(_TERRAIN_WORDS) | {"sky"}
+    nouns = _ROUND | _BOXY | set(_TERRAIN_WORDS) | {"sky"}
     for i, w in enumerate(words):
         if w in _COLOURS:
             noun = next((n for n in words[i + 1 : i + 3] if n in nouns), None)
@@ -322,8 +317,7 @@ def _build_scene(
                 loose.append(_COLOURS[w])
     if "sky" in paired:
         top, bottom = _mix(top, paired["sky"], 0.6), _mix(bottom, paired["sky"], 0.4)
-    ground = _GROUND[terrain] if not (vocab & _SNOW and terrain != "sea") else (0.88, 0.91, 0.96)
-    ground = paired.get(terrain_word or "", ground)
+    ground = paired.get(terrain_word or "", _GROUND[terrain])
     if mood == "night":
         ground = _mix(_mix(ground, (0.0, 0.0, 0.0), 0.7), (0.02, 0.03, 0.1), 0.3)
     elif mood == "sunset":
@@ -349,19 +343,18 @@ def _build_scene(
     if req.reference_image is not None:
         image = torch.from_numpy(req.reference_image).to(device).permute(2, 0, 1)[None] / 255.0
     return _Scene(
-        width=req.width, height=req.height, aspect=aspect, fps=req.fps, motion=motion, camera=camera,
-        sky=(top, bottom), ground=ground, horizon=horizon, terrain=terrain,
-        terrain_phase=rng.uniform(0, 100), night=mood == "night", orb=orb,
-        orb_sink=0.004 if mood == "sunset" else 0.0, shapes=shapes,
-        grade=max(-0.3, min(0.3, grade)), root_midi=45 + key % 8,
-        minor=bool(vocab & _DARK), arp=rng.choice(_ARPS), image=image,
+        width=req.width, height=req.height, aspect=aspect, fps=req.fps, motion=motion,
+        camera=camera, sky=(top, bottom), ground=ground, horizon=horizon, terrain=terrain,
+        terrain_phase=rng.uniform(0, 100), night=mood == "night", orb=orb, shapes=shapes,
+        grade=max(-0.3, min(0.3, grade)), root_midi=45 + key % 8, minor=bool(vocab & _DARK),
+        image=image,
     )
 
 
 def _main_shape(words: list[str], paired: dict[str, Colour], loose: list[Colour],
                 rng: random.Random, aspect: float, horizon: float) -> _Shape:
     """The subject: first shape-like noun, its colour word, the first motion verb."""
-    noun = next((w for w in words if w in _ROUND | _BOXY | _CREATURES), "")
+    noun = next((w for w in words if w in _ROUND | _BOXY), "")
     kind = "circle" if noun in _ROUND else "rect" if noun in _BOXY else rng.choice(["circle", "rect"])
     colour = paired.get(noun) or (loose.pop(0) if loose else rng.choice(_BRIGHT))
     path = next((p for w in words for stem, p in _MOTIONS.items() if w.startswith(stem)), None)
@@ -442,7 +435,7 @@ def _background(sc: _Scene, x: torch.Tensor, y: torch.Tensor, pan: torch.Tensor,
         star = (cell > 0.975) * (y < sc.horizon) * (1 - dist * 4).clamp(0, 1) * twinkle
         img = img + 0.9 * star.unsqueeze(1)
     ox, oy, r, colour, glow = sc.orb
-    d = torch.sqrt((far - ox) ** 2 + (y - oy - sc.orb_sink * tau) ** 2)
+    d = torch.sqrt((far - ox) ** 2 + (y - oy) ** 2)
     orb = _col(colour, x)
     img = _over(img + orb * (glow * torch.exp(-((d / 0.22) ** 2))).unsqueeze(1), orb,
                 (0.5 - (d - r) / px).clamp(0, 1))
@@ -462,7 +455,8 @@ def _background(sc: _Scene, x: torch.Tensor, y: torch.Tensor, pan: torch.Tensor,
     alpha = (0.5 + (y - sc.horizon + height) / px).clamp(0, 1)
     depth = ((y - sc.horizon) / (1 - sc.horizon)).clamp(0, 1).unsqueeze(1)
     if sc.terrain == "sea":
-        swell = torch.sin(40 * depth.sqrt() - 1.5 * tau[:, None] + 2 * torch.sin(4 * u + tau)[:, None])
+        ripple = 2 * torch.sin(4 * u + tau)[:, None]
+        swell = torch.sin(40 * depth.sqrt() - 1.5 * tau[:, None] + ripple)
         shade = torch.lerp(bottom * 0.85, ground, depth.sqrt()) * (1 + 0.12 * swell)
         glint = torch.exp(-(((far - ox)[:, None] / (0.02 + 0.1 * depth)) ** 2))
         shade = shade + orb * glint * swell.clamp(0, 1) * 0.5 * glow
@@ -544,7 +538,7 @@ def _soundtrack(sc: _Scene, n: int) -> np.ndarray:
 
     beat = bar / 4
     tb = t % beat
-    order = np.array(sc.arp)[(t // beat).astype(np.int64) % 4]
+    order = np.array([0, 1, 2, 3, 2, 1, 0, 3])[(t // beat).astype(np.int64) % 8]
     tones = np.concatenate([triad, np.full((n, 1), 12)], axis=1)[np.arange(n), order]
     ph = phase(sc.root_midi + 24 + degree + tones)
     arp = 0.2 * (np.sin(ph) + 0.15 * np.sin(3 * ph))

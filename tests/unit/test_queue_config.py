@@ -1,0 +1,24 @@
+"""The broker configuration DESIGN.md asks for, and the queue naming."""
+
+from __future__ import annotations
+
+from storage.constants import job_prefix, job_queue
+from storage.queue import celery_config
+from storage.settings import Settings
+
+
+def test_celery_runs_at_least_once_one_job_at_a_time() -> None:
+    settings = Settings(limits={"max_job_timeout_s": 3600})  # type: ignore[arg-type]
+    conf = celery_config(settings)
+    assert conf["task_acks_late"] is True
+    assert conf["task_reject_on_worker_lost"] is True
+    assert conf["worker_prefetch_multiplier"] == 1
+    assert conf["worker_pool"] == "solo" and conf["worker_concurrency"] == 1
+    assert conf["broker_transport_options"]["visibility_timeout"] > 3600
+    assert conf["task_serializer"] == "json" and conf["accept_content"] == ["json"]
+
+
+def test_queue_and_key_layout() -> None:
+    assert job_queue("reference/video") == "jobs.reference-video"
+    assert job_queue("Wan-AI/Wan2.1 T2V") == "jobs.Wan-AI-Wan2.1-T2V"
+    assert job_prefix("video", "video_abc") == "videos/video_abc/"

@@ -450,3 +450,18 @@ def _port(stack: Stack) -> int:
 
     stack.port = free_port()
     return stack.port
+
+
+def test_sync_client_disconnect_cancels_the_job(stack: Stack, client: httpx.Client) -> None:
+    slow = {"prompt": "abandoned", "size": "320x240", "seconds": "4", "num_inference_steps": 200}
+    with pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/videos/sync", json=slow, timeout=httpx.Timeout(30, read=1.5))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        mine = client.get("/v1/videos", params={"limit": 5}).json()["data"]
+        job = next(v for v in mine if v["prompt"] == "abandoned")
+        if job["status"] == "failed":
+            break
+        time.sleep(0.2)
+    assert job["status"] == "failed" and job["error"]["code"] == "cancelled"
+    assert _objects(stack, job["id"]) == []

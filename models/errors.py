@@ -99,3 +99,5 @@ class JobFailed(OmniqueueError):
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message, code=code)
         self.status_code = self._STATUS.get(code, 500)
+        if self.status_code < 500:
+            self.type = "invalid_request_error"

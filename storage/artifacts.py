@@ -25,6 +25,10 @@ class StorageError(Exception):
     """The object store failed (after botocore's own retries)."""
 
 
+class ObjectMissing(StorageError):
+    """The object is not in the bucket (expired, deleted, or never written)."""
+
+
 class UploadAborted(Exception):
     """An upload was stopped by its ``should_continue`` callback; nothing is left behind."""
 
@@ -163,7 +167,12 @@ class ArtifactStore:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if start is not None or end is not None:
             kwargs["Range"] = f"bytes={'' if start is None else start}-{'' if end is None else end}"
-        resp = self.client.get_object(**kwargs)
+        try:
+            resp = self.client.get_object(**kwargs)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise ObjectMissing(key) from exc
+            raise StorageError(f"read of {key} failed: {type(exc).__name__}") from exc
         length = int(resp["ContentLength"])
         content_range = resp.get("ContentRange")
         if content_range:  # "bytes 0-99/1234"

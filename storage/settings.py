@@ -111,7 +111,6 @@ class Settings(BaseSettings):
     data_dir: Path = Path("omniqueue-data")
     host: str = "127.0.0.1"
     port: int = 8000
-    public_url: str | None = None
 
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)

@@ -94,6 +94,7 @@ class StepExecutor:
         timeout = float(job.params.get("timeout_s") or self.settings.limits.default_job_timeout_s)
         timeout = min(timeout, self.settings.limits.max_job_timeout_s)
         run = _Run(job=job, worker_id=self.worker_id, deadline=time.time() + timeout)
+        run.progress = job.progress  # a taken-over job never reports less than before
         run.durations["queue"] = round(max((job.started_at or time.time()) - job.created_at, 0), 4)
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
         stop_heartbeat = self._start_heartbeat(job_id)

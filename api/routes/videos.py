@@ -15,8 +15,16 @@ from api.deps import CurrentOwner, StateDep, VideosDep
 from api.forms import read_create_body
 from api.videos_service import VideoService
 from models.db import Artifact, JobStatus
-from models.errors import InvalidRequest, JobFailed, RangeNotSatisfiable, SyncTimeout
+from models.errors import (
+    Gone,
+    InvalidRequest,
+    JobFailed,
+    RangeNotSatisfiable,
+    ServiceUnavailable,
+    SyncTimeout,
+)
 from models.videos import VideoDeleted, VideoObject, VideoPage
+from storage.artifacts import ObjectMissing, StorageError
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
 
@@ -65,7 +73,8 @@ async def create_video_sync(
         await asyncio.sleep(0.2)
     if job.status == JobStatus.FAILED:
         raise JobFailed(
-            job.error_message or "the job failed", code=job.error_code or "internal_error"
+            f"video {video.id} failed: {job.error_message or 'the job failed'}",
+            code=job.error_code or "internal_error",
         )
     _, artifact = await run_in_threadpool(videos.content_artifact, video.id, owner, "video")
     headers = {
@@ -133,7 +142,14 @@ async def _stream_artifact(
     end: int | None = None
     if range_header:
         start, end = _parse_range(range_header, size)
-    obj = await run_in_threadpool(store.open, artifact.key, start, end)
+    try:
+        obj = await run_in_threadpool(store.open, artifact.key, start, end)
+    except ObjectMissing as exc:
+        raise Gone(
+            f"the content of {artifact.job_id} is no longer stored", param="video_id"
+        ) from exc
+    except StorageError as exc:
+        raise ServiceUnavailable("object storage is unavailable", code="storage_error") from exc
     out = {
         **headers,
         "Accept-Ranges": "bytes",

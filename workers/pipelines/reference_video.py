@@ -22,7 +22,8 @@ It does not understand language; prompt words are hashed into a scene.
 Extras: ``motion`` (speed multiplier in [0, 10], default 1) and ``camera`` ("static",
 "pan", "zoom"; default "pan"). ``guidance_scale`` (None: neutral) grades mildly: above 5
 more saturation and contrast, below 5 less (at most 30 %). ``negative_prompt`` words are
-dropped from the prompt. Same request and seed give bit-identical frames and audio.
+dropped from the prompt. Same request and seed give bit-identical frames and audio
+(on one machine and torch thread count: SIMD paths may round differently elsewhere).
 """
 
 from __future__ import annotations
@@ -154,12 +155,11 @@ class ReferenceVideoPipeline(Pipeline):
 
     def load(self, device: str) -> None:
         """Select the device; there are no weights."""
-        dev = torch.device(device)
-        if dev.type not in ("cpu", "cuda"):
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
             raise ValueError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:n]'")
-        if dev.type == "cuda" and not torch.cuda.is_available():
+        if device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-        self._device = dev
+        self._device = torch.device(device)
 
     def prepare(self, request: GenerationRequest) -> ReferenceVideoState:
         """Build and render the scene, encode it to latent space, draw the noise."""
@@ -319,7 +319,7 @@ def _build_scene(
         top, bottom = _mix(top, paired["sky"], 0.6), _mix(bottom, paired["sky"], 0.4)
     ground = paired.get(terrain_word or "", _GROUND[terrain])
     if mood == "night":
-        ground = _mix(_mix(ground, (0.0, 0.0, 0.0), 0.7), (0.02, 0.03, 0.1), 0.3)
+        ground = _mix(ground, (0.02, 0.03, 0.12), 0.6)
     elif mood == "sunset":
         ground = _mix(_mix(ground, bottom, 0.3), (0.0, 0.0, 0.0), 0.2)
 
@@ -340,8 +340,9 @@ def _build_scene(
     }[mood]
     grade = 0.0 if req.guidance_scale is None else (req.guidance_scale - 5) / 10
     image = None
-    if req.reference_image is not None:
-        image = torch.from_numpy(req.reference_image).to(device).permute(2, 0, 1)[None] / 255.0
+    if req.reference_image is not None:  # copied: the caller's array may be read-only
+        image = torch.from_numpy(req.reference_image.copy()).to(device).permute(2, 0, 1)[None]
+        image = image / 255.0
     return _Scene(
         width=req.width, height=req.height, aspect=aspect, fps=req.fps, motion=motion,
         camera=camera, sky=(top, bottom), ground=ground, horizon=horizon, terrain=terrain,
@@ -355,7 +356,7 @@ def _main_shape(words: list[str], paired: dict[str, Colour], loose: list[Colour]
                 rng: random.Random, aspect: float, horizon: float) -> _Shape:
     """The subject: first shape-like noun, its colour word, the first motion verb."""
     noun = next((w for w in words if w in _ROUND | _BOXY), "")
-    kind = "circle" if noun in _ROUND else "rect" if noun in _BOXY else rng.choice(["circle", "rect"])
+    kind = "rect" if noun in _BOXY else "circle" if noun else rng.choice(["circle", "rect"])
     colour = paired.get(noun) or (loose.pop(0) if loose else rng.choice(_BRIGHT))
     path = next((p for w in words for stem, p in _MOTIONS.items() if w.startswith(stem)), None)
     path = path or rng.choice(_PATHS)
@@ -437,8 +438,8 @@ def _background(sc: _Scene, x: torch.Tensor, y: torch.Tensor, pan: torch.Tensor,
     ox, oy, r, colour, glow = sc.orb
     d = torch.sqrt((far - ox) ** 2 + (y - oy) ** 2)
     orb = _col(colour, x)
-    img = _over(img + orb * (glow * torch.exp(-((d / 0.22) ** 2))).unsqueeze(1), orb,
-                (0.5 - (d - r) / px).clamp(0, 1))
+    img = img + orb * (glow * torch.exp(-((d / 0.22) ** 2))).unsqueeze(1)
+    img = _over(img, 0.5 + 0.5 * orb, (0.5 - (d - r) / px).clamp(0, 1))  # bright disc
 
     p = sc.terrain_phase
     wave = torch.sin(2.3 * u + p)

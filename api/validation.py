@@ -20,6 +20,17 @@ from models.errors import InvalidRequest, ModelNotFound
 from models.videos import VideoCreate
 from storage.settings import Settings
 
+# Optional numeric/boolean fields passed to a pipeline that declares them in
+# ``ModelSpec.parameters``; for other models they are accepted and ignored.
+PIPELINE_OPTIONS = (
+    "guidance_scale",
+    "guidance_scale_2",
+    "true_cfg_scale",
+    "flow_shift",
+    "boundary_ratio",
+    "vae_use_slicing",
+    "vae_use_tiling",
+)
 # Field aliases real clients send.
 _ALIASES = {"num_outputs_per_prompt": "n"}
 # Multipart fields that carry JSON text.
@@ -43,13 +54,13 @@ class ResolvedVideo:
     timeout_s: float
     has_audio: bool
     negative_prompt: str | None = None
-    guidance_scale: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def params(self) -> dict[str, Any]:
         return {
             "negative_prompt": self.negative_prompt,
-            "guidance_scale": self.guidance_scale,
+            "options": self.options,
             "extra": self.extra,
             "seconds": self.seconds,
             "timeout_s": self.timeout_s,
@@ -125,8 +136,13 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         raise InvalidRequest(f"n must be between 1 and {spec.max_outputs} for {model}", param="n")
     if req.lora is not None and "lora" not in spec.parameters:
         raise InvalidRequest(f"model {model!r} does not support LoRA", param="lora")
-    if req.guidance_scale is not None and not math.isfinite(req.guidance_scale):
-        raise InvalidRequest("guidance_scale must be a finite number", param="guidance_scale")
+    options: dict[str, Any] = {}
+    for name in PIPELINE_OPTIONS:
+        value = getattr(req, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest(f"{name} must be a finite number", param=name)
+        if value is not None and name in spec.parameters:
+            options[name] = value
 
     seed = req.seed if req.seed is not None and req.seed >= 0 else secrets.randbelow(2**31)
     if seed >= 2**63:
@@ -151,7 +167,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         timeout_s=timeout,
         has_audio=spec.has_audio,
         negative_prompt=req.negative_prompt,
-        guidance_scale=req.guidance_scale if "guidance_scale" in spec.parameters else None,
+        options=options,
         extra=_check_extra(req.extra_params, spec),
     )
 

@@ -225,7 +225,8 @@ class StepExecutor:
             num_inference_steps=job.num_inference_steps,
             seed=job.seed,
             negative_prompt=params.get("negative_prompt"),
-            guidance_scale=params.get("guidance_scale"),
+            guidance_scale=(params.get("options") or {}).get("guidance_scale"),
+            options=dict(params.get("options") or {}),
             reference_image=reference,
             extra=dict(params.get("extra") or {}),
         )

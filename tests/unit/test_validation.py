@@ -32,7 +32,9 @@ def test_multipart_strings_are_parsed(settings: Settings) -> None:
         extra_params='{"motion": 2}',
     )
     assert (r.width, r.height, r.fps, r.num_frames, r.seconds) == (64, 32, 12.0, 24, "2")
-    assert (r.num_inference_steps, r.seed, r.guidance_scale) == (4, 9, 7.5)
+    assert (r.num_inference_steps, r.seed) == (4, 9)
+    # declared by reference/video: passed on; vae_use_tiling is not: accepted and ignored
+    assert r.options == {"guidance_scale": 7.5}
     assert r.extra == {"motion": 2.0}
 
 
@@ -69,6 +71,7 @@ def test_width_height_alternative(settings: Settings) -> None:
         ({"size": "15x15"}, "size"),
         ({"fps": "0"}, "fps"),
         ({"fps": "nan"}, "fps"),
+        ({"guidance_scale": "inf"}, "guidance_scale"),
         ({"seconds": "0"}, "seconds"),
         ({"seconds": "600"}, "seconds"),
         ({"num_inference_steps": "0"}, "num_inference_steps"),

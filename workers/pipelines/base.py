@@ -35,6 +35,8 @@ class GenerationRequest:
     seed: int
     negative_prompt: str | None = None
     guidance_scale: float | None = None
+    # Declared optional parameters (guidance_scale_2, flow_shift, vae_use_tiling, …).
+    options: dict[str, Any] = field(default_factory=dict)
     # First frame for image-to-video: uint8 H×W×3 (already resized to width×height).
     reference_image: np.ndarray | None = None
     extra: dict[str, Any] = field(default_factory=dict)

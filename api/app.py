@@ -24,6 +24,7 @@ _BODY_OVERHEAD = 1024 * 1024
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     settings.check_secrets()
+    settings.served_models()  # a bad registry file fails at startup, not on a request
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:

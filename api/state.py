@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from models.catalog import BUILTIN_SPECS, ModelSpec
+from models.catalog import ModelSpec
 from storage.artifacts import ArtifactStore, make_s3_client
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
@@ -70,9 +70,4 @@ class AppState:
 
 def served_specs(settings: Settings) -> dict[str, ModelSpec]:
     """The specs of the models this deployment serves, in the configured order."""
-    specs: dict[str, ModelSpec] = {}
-    for name in settings.models:
-        if name not in BUILTIN_SPECS:
-            raise ValueError(f"OMNIQ_MODELS names {name!r}, which is not a known model")
-        specs[name] = BUILTIN_SPECS[name]
-    return specs
+    return {name: model.spec for name, model in settings.served_models().items()}

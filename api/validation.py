@@ -99,7 +99,7 @@ def parse_create(raw: dict[str, Any]) -> VideoCreate:
 def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -> ResolvedVideo:
     """Check a parsed request against the named model's spec and the server's limits."""
     limits = settings.limits
-    model = req.model or settings.default_model
+    model = req.model or next(iter(specs))
     spec = specs.get(model)
     if spec is None:
         raise ModelNotFound(

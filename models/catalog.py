@@ -6,9 +6,10 @@ code; the worker's pipeline adapters declare the same spec. Built-in specs live 
 
 from __future__ import annotations
 
-from typing import Literal
+import tomllib
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 Modality = Literal["video", "audio"]
 
@@ -80,3 +81,145 @@ REFERENCE_VIDEO = ModelSpec(
 )
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {REFERENCE_VIDEO.name: REFERENCE_VIDEO}
+
+
+# Defaults per adapter family: a served model from the registry file starts from its
+# family's spec, then applies the overrides given there. Values follow each pipeline's
+# own constraints in diffusers (VAE/patch size → size multiple, temporal compression →
+# frame lattice) and its documented defaults.
+FAMILY_SPECS: dict[str, ModelSpec] = {
+    "diffusers.wan": ModelSpec(
+        name="diffusers.wan",
+        size_multiple=16,
+        default_size=(832, 480),
+        frame_multiple=4,
+        frame_offset=1,
+        default_fps=16,
+        default_seconds=5.0,
+        default_steps=50,
+        parameters=["guidance_scale", "guidance_scale_2", "boundary_ratio", "flow_shift"],
+    ),
+    "diffusers.ltx": ModelSpec(
+        name="diffusers.ltx",
+        size_multiple=32,
+        default_size=(704, 480),
+        frame_multiple=8,
+        frame_offset=1,
+        default_fps=25,
+        default_seconds=5.0,
+        default_steps=50,
+        parameters=["guidance_scale"],
+    ),
+    "diffusers.cogvideox": ModelSpec(
+        name="diffusers.cogvideox",
+        size_multiple=16,
+        default_size=(720, 480),
+        frame_multiple=4,
+        frame_offset=1,
+        default_fps=8,
+        default_seconds=6.0,
+        default_steps=50,
+        parameters=["guidance_scale"],
+    ),
+    "diffusers.ltx2": ModelSpec(
+        name="diffusers.ltx2",
+        size_multiple=32,
+        default_size=(768, 512),
+        frame_multiple=8,
+        frame_offset=1,
+        default_fps=24,
+        default_seconds=5.0,
+        default_steps=40,
+        has_audio=True,
+        parameters=["guidance_scale"],
+    ),
+    "diffusers.stable_audio": ModelSpec(
+        name="diffusers.stable_audio",
+        modality="audio",
+        default_steps=100,
+        default_seconds=10.0,
+        parameters=["guidance_scale"],
+    ),
+}
+
+
+class ServedModel(BaseModel):
+    """One entry of the served-model registry: which adapter runs it, from where, how."""
+
+    name: str
+    # ``reference.video``, a family of FAMILY_SPECS (``diffusers.wan``…), or ``module:Class``.
+    adapter: str
+    path: str | None = None
+    dtype: str = "bfloat16"
+    # None: the worker's device (OMNIQ_WORKER__DEVICE).
+    device: str | None = None
+    spec: ModelSpec
+
+
+BUILTIN_MODELS: dict[str, ServedModel] = {
+    REFERENCE_VIDEO.name: ServedModel(
+        name=REFERENCE_VIDEO.name, adapter="reference.video", dtype="float32", spec=REFERENCE_VIDEO
+    )
+}
+
+
+class CatalogError(ValueError):
+    """The model registry file is malformed; the message names the entry and field."""
+
+
+def parse_registry(text: str, source: str = "model registry") -> dict[str, ServedModel]:
+    """Parse a registry file (TOML)::
+
+    [[model]]
+    name = "Wan-AI/Wan2.1-T2V-1.3B"
+    adapter = "diffusers.wan"
+    path = "/weights/Wan2.1-T2V-1.3B-Diffusers"
+    dtype = "bfloat16"
+    [model.spec]          # optional overrides of the family's ModelSpec
+    max_width = 1280
+    """
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{source}: {exc}") from exc
+    out: dict[str, ServedModel] = {}
+    for i, entry in enumerate(doc.get("model", [])):
+        where = f"{source}: model[{i}]"
+        if not isinstance(entry, dict) or "name" not in entry or "adapter" not in entry:
+            raise CatalogError(f"{where} needs 'name' and 'adapter'")
+        name, adapter = str(entry["name"]), str(entry["adapter"])
+        base = FAMILY_SPECS.get(adapter)
+        if base is None and ":" not in adapter:
+            known = ", ".join(sorted(FAMILY_SPECS))
+            raise CatalogError(
+                f"{where}: unknown adapter {adapter!r} (known: {known}, or 'module:Class')"
+            )
+        if name in out:
+            raise CatalogError(f"{where}: duplicate model name {name!r}")
+        overrides: dict[str, Any] = dict(entry.get("spec", {}))
+        try:
+            spec_fields = {**(base.model_dump() if base else {}), **overrides, "name": name}
+            spec = ModelSpec.model_validate(spec_fields)
+            extra = {k: v for k, v in entry.items() if k != "spec"}
+            out[name] = ServedModel.model_validate({**extra, "spec": spec})
+        except ValidationError as exc:
+            raise CatalogError(f"{where} ({name}): {exc.errors()[0]['msg']}") from exc
+    return out
+
+
+def served_models(
+    names: list[str] | None, registry: dict[str, ServedModel]
+) -> dict[str, ServedModel]:
+    """The models to serve, in order; ``None`` means every registry entry (or the built-in
+    reference model when there is no registry)."""
+    known = {**BUILTIN_MODELS, **registry}
+    if names is None:
+        names = list(registry) or list(BUILTIN_MODELS)
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise CatalogError(
+            f"served model(s) {', '.join(missing)} are neither built in nor in the registry file"
+        )
+    if not names:
+        raise CatalogError("no model to serve")
+    return {n: known[n] for n in names}

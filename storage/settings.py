@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from models.catalog import ServedModel, parse_registry, served_models
+
 PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "minioadmin", "omniqueue", "secret"}
 
 
@@ -121,7 +123,10 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
 
     # Served models (comma-separated); the first is the default for requests naming none.
-    models: ModelList = Field(default_factory=lambda: ["reference/video"])
+    # Unset: every model of the registry file, or ``reference/video`` without one.
+    models: ModelList | None = None
+    # TOML file mapping model names to adapters, weights paths, dtype and device.
+    model_registry: Path | None = None
     # Artifacts expire this long after the job completes (seconds).
     artifact_ttl_s: int = 7 * 24 * 3600
     # /v1/videos/sync gives up (and cancels the job) after this many seconds.
@@ -138,13 +143,22 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_models(self) -> Settings:
-        if not self.models:
+        if self.models is not None and not self.models:
             raise ValueError("OMNIQ_MODELS must name at least one served model")
         return self
 
-    @property
-    def default_model(self) -> str:
-        return self.models[0]
+    def served_models(self) -> dict[str, ServedModel]:
+        """The served models with their adapters and specs (reads the registry file)."""
+        registry: dict[str, ServedModel] = {}
+        if self.model_registry is not None:
+            try:
+                text = self.model_registry.read_text()
+            except OSError as exc:
+                raise ValueError(
+                    f"OMNIQ_MODEL_REGISTRY: cannot read {self.model_registry}: {exc.strerror}"
+                ) from exc
+            registry = parse_registry(text, str(self.model_registry))
+        return served_models(self.models, registry)
 
     def check_secrets(self) -> None:
         """Refuse placeholder S3 credentials outside the embedded mode."""

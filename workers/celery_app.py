@@ -7,7 +7,7 @@ from celery import Celery
 from storage.constants import TASK_RUN_JOB, job_queue
 from storage.queue import make_celery
 from storage.settings import Settings
-from workers.context import WorkerContext
+from workers.context import WorkerContext, worker_models
 
 
 def create_worker_app(settings: Settings, context: WorkerContext) -> Celery:
@@ -22,4 +22,4 @@ def create_worker_app(settings: Settings, context: WorkerContext) -> Celery:
 
 
 def worker_queues(settings: Settings) -> list[str]:
-    return [job_queue(m) for m in (settings.worker.models or settings.models)]
+    return [job_queue(m) for m in worker_models(settings)]

@@ -8,12 +8,23 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine
 
+from models.catalog import ServedModel
 from storage.artifacts import ArtifactStore, make_s3_client
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.settings import Settings
 from workers.executor import StepExecutor
 from workers.pipelines.registry import PipelineRegistry
+
+
+def worker_models(settings: Settings) -> dict[str, ServedModel]:
+    """The served models this worker runs (``OMNIQ_WORKER__MODELS``, default all)."""
+    served = settings.served_models()
+    wanted = settings.worker.models or list(served)
+    unknown = [m for m in wanted if m not in served]
+    if unknown:
+        raise ValueError(f"OMNIQ_WORKER__MODELS names unserved model(s): {', '.join(unknown)}")
+    return {name: served[name] for name in wanted}
 
 
 @dataclass
@@ -31,8 +42,7 @@ class WorkerContext:
         engine = make_engine(settings.database)
         jobs = JobStore(make_sessionmaker(engine))
         artifacts = ArtifactStore(make_s3_client(settings.s3), settings.s3)
-        models = settings.worker.models or settings.models
-        pipelines = PipelineRegistry(models, settings.worker.device)
+        pipelines = PipelineRegistry(worker_models(settings), settings.worker.device)
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
         executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id)
         return cls(settings, engine, jobs, artifacts, pipelines, executor, worker_id)

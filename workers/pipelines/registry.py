@@ -1,45 +1,59 @@
-"""Served model name → pipeline adapter, loaded once per worker process."""
+"""Served model → pipeline adapter, built and loaded once per worker process."""
 
 from __future__ import annotations
 
+import importlib
 import threading
-from collections.abc import Callable
+from typing import Any
 
+from models.catalog import ServedModel
 from workers.pipelines.base import Pipeline
 
+# Adapter ids of the registry file → "module:Class".
+ADAPTERS: dict[str, str] = {
+    "reference.video": "workers.pipelines.reference_video:ReferenceVideoPipeline",
+    "diffusers.wan": "workers.pipelines.diffusers.wan:WanAdapter",
+    "diffusers.ltx": "workers.pipelines.diffusers.ltx:LTXAdapter",
+    "diffusers.cogvideox": "workers.pipelines.diffusers.cogvideox:CogVideoXAdapter",
+    "diffusers.ltx2": "workers.pipelines.diffusers.ltx2:LTX2Adapter",
+    "diffusers.stable_audio": "workers.pipelines.diffusers.stable_audio:StableAudioAdapter",
+}
 
-def _reference_video() -> Pipeline:
-    from workers.pipelines.reference_video import ReferenceVideoPipeline
 
-    return ReferenceVideoPipeline()
-
-
-FACTORIES: dict[str, Callable[[], Pipeline]] = {"reference/video": _reference_video}
+def build_adapter(model: ServedModel) -> Pipeline:
+    """Instantiate the adapter a registry entry names (not loaded yet)."""
+    target = ADAPTERS.get(model.adapter, model.adapter)
+    module_name, _, class_name = target.partition(":")
+    cls: Any = getattr(importlib.import_module(module_name), class_name)
+    if model.adapter == "reference.video":
+        pipe: Pipeline = cls()
+    else:
+        pipe = cls(path=model.path, dtype=model.dtype, spec=model.spec)
+    pipe.spec = model.spec
+    return pipe
 
 
 class PipelineRegistry:
     """Builds and loads each served pipeline on first use, then shares it across jobs."""
 
-    def __init__(self, models: list[str], device: str) -> None:
-        unknown = [m for m in models if m not in FACTORIES]
-        if unknown:
-            raise ValueError(f"no pipeline adapter for {', '.join(unknown)}")
-        self.models = list(models)
+    def __init__(self, models: dict[str, ServedModel], device: str) -> None:
+        self.models = dict(models)
         self.device = device
         self._loaded: dict[str, Pipeline] = {}
         self._lock = threading.Lock()
 
-    def get(self, model: str) -> Pipeline:
+    def get(self, name: str) -> Pipeline:
         with self._lock:
-            pipe = self._loaded.get(model)
+            pipe = self._loaded.get(name)
             if pipe is None:
-                if model not in self.models:
-                    raise ValueError(f"model {model!r} is not served by this worker")
-                pipe = FACTORIES[model]()
-                pipe.load(self.device)
-                self._loaded[model] = pipe
+                model = self.models.get(name)
+                if model is None:
+                    raise ValueError(f"model {name!r} is not served by this worker")
+                pipe = build_adapter(model)
+                pipe.load(model.device or self.device)
+                self._loaded[name] = pipe
             return pipe
 
     def load_all(self) -> None:
-        for model in self.models:
-            self.get(model)
+        for name in self.models:
+            self.get(name)

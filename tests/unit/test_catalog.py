@@ -1,0 +1,81 @@
+"""The served-model registry file and how settings resolve served models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from models.catalog import CatalogError, parse_registry, served_models
+from storage.settings import Settings
+
+REGISTRY = """
+[[model]]
+name = "Wan-AI/Wan2.1-T2V-1.3B"
+adapter = "diffusers.wan"
+path = "/weights/wan"
+dtype = "bfloat16"
+device = "cuda:1"
+[model.spec]
+max_width = 1280
+default_steps = 30
+
+[[model]]
+name = "my/custom"
+adapter = "mypkg.adapters:Custom"
+"""
+
+
+def test_registry_entries_start_from_their_family_spec() -> None:
+    reg = parse_registry(REGISTRY)
+    wan = reg["Wan-AI/Wan2.1-T2V-1.3B"]
+    assert (wan.adapter, wan.path, wan.dtype, wan.device) == (
+        "diffusers.wan",
+        "/weights/wan",
+        "bfloat16",
+        "cuda:1",
+    )
+    assert wan.spec.name == "Wan-AI/Wan2.1-T2V-1.3B"
+    assert (wan.spec.max_width, wan.spec.default_steps) == (1280, 30)
+    assert (wan.spec.frame_multiple, wan.spec.frame_offset, wan.spec.size_multiple) == (4, 1, 16)
+    assert wan.spec.snap_frames(80) == 81
+    assert reg["my/custom"].spec.name == "my/custom"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[model]]\nname = 'a'\n", "needs 'name' and 'adapter'"),
+        ("[[model]]\nname = 'a'\nadapter = 'nope'\n", "unknown adapter 'nope'"),
+        ("[[model]]\nname='a'\nadapter='diffusers.wan'\n[model.spec]\nmax_width='wide'\n", "a"),
+        (
+            "[[model]]\nname='a'\nadapter='diffusers.wan'\n[[model]]\nname='a'\nadapter='diffusers.ltx'\n",
+            "duplicate",
+        ),
+        ("not = [toml", "registry"),
+    ],
+)
+def test_bad_registry_files_name_the_problem(text: str, message: str) -> None:
+    with pytest.raises(CatalogError, match=message):
+        parse_registry(text)
+
+
+def test_served_models_defaults() -> None:
+    assert list(served_models(None, {})) == ["reference/video"]
+    reg = parse_registry(REGISTRY)
+    assert list(served_models(None, reg)) == list(reg)
+    assert list(served_models(["reference/video", "my/custom"], reg)) == [
+        "reference/video",
+        "my/custom",
+    ]
+    with pytest.raises(CatalogError, match="sora-2"):
+        served_models(["sora-2"], reg)
+
+
+def test_settings_read_the_registry_file(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(REGISTRY)
+    settings = Settings(model_registry=path, models=["Wan-AI/Wan2.1-T2V-1.3B"])
+    assert list(settings.served_models()) == ["Wan-AI/Wan2.1-T2V-1.3B"]
+    with pytest.raises(ValueError, match="cannot read"):
+        Settings(model_registry=tmp_path / "missing.toml").served_models()

@@ -49,6 +49,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     settings.check_secrets()
     context = WorkerContext.build(settings, name=args.name)
     context.pipelines.load_all()
+    context.start_background()
     app = create_worker_app(settings, context)
     argv = [
         "worker",

@@ -153,6 +153,43 @@ class JobStore:
                 select(Artifact).where(Artifact.job_id == job_id, Artifact.variant == variant)
             ).first()
 
+    # ---- reconciler ---------------------------------------------------------------
+
+    def stale_running(self, stale_before: float, limit: int = 100) -> list[Job]:
+        """Running jobs whose worker has not heartbeated since ``stale_before``."""
+        with self._sessions() as s:
+            return list(
+                s.scalars(
+                    select(Job)
+                    .where(
+                        Job.status == JobStatus.IN_PROGRESS.value,
+                        Job.heartbeat_at < stale_before,
+                    )
+                    .limit(limit)
+                )
+            )
+
+    def expired_with_artifacts(self, now: float, limit: int = 100) -> list[Job]:
+        """Completed jobs past ``expires_at`` that still have artifact rows."""
+        with self._sessions() as s:
+            has_artifacts = select(Artifact.id).where(Artifact.job_id == Job.id).exists()
+            return list(
+                s.scalars(
+                    select(Job)
+                    .where(
+                        Job.status == JobStatus.COMPLETED.value,
+                        Job.expires_at < now,
+                        has_artifacts,
+                    )
+                    .limit(limit)
+                )
+            )
+
+    def drop_artifacts(self, job_id: str) -> None:
+        with self._sessions() as s:
+            s.execute(delete(Artifact).where(Artifact.job_id == job_id))
+            s.commit()
+
     # ---- worker side ----------------------------------------------------------------
 
     def claim(self, job_id: str, worker_id: str) -> bool:
@@ -236,9 +273,6 @@ class JobStore:
             )
             s.commit()
             return _rowcount(res) == 1
-
-    def heartbeat(self, job_id: str, worker_id: str) -> bool:
-        return self.update_running(job_id, worker_id)
 
     def complete(
         self, job_id: str, worker_id: str, artifacts: list[Artifact], **values: Any

@@ -96,6 +96,12 @@ class WorkerSettings(BaseModel):
     # Minimum interval between two progress writes of one job (seconds).
     progress_interval_s: float = 0.25
     tmp_dir: str | None = None
+    # How often a worker runs the reconciler (seconds; 0 turns it off on this worker).
+    reconcile_interval_s: float = 10.0
+    # Multipart uploads older than this are aborted by the reconciler (seconds).
+    stale_upload_s: float = 3600.0
+    # Tests only: a JSON file of fault-injection points (see workers/failpoints.py).
+    failpoints_file: str | None = None
 
     @field_validator("models", mode="before")
     @classmethod

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from dataclasses import dataclass
 
+import redis
 from sqlalchemy import Engine
 
 from models.catalog import ServedModel
 from storage.artifacts import ArtifactStore, make_s3_client
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
+from storage.queue import JobQueue, make_celery
 from storage.settings import Settings
 from workers.executor import StepExecutor
 from workers.pipelines.registry import PipelineRegistry
+from workers.reconciler import Reconciler, start_reconciler_thread
 
 
 def worker_models(settings: Settings) -> dict[str, ServedModel]:
@@ -36,6 +40,8 @@ class WorkerContext:
     pipelines: PipelineRegistry
     executor: StepExecutor
     worker_id: str
+    reconciler: Reconciler
+    _stop_reconciler: threading.Event | None = None
 
     @classmethod
     def build(cls, settings: Settings, name: str = "worker") -> WorkerContext:
@@ -45,7 +51,24 @@ class WorkerContext:
         pipelines = PipelineRegistry(worker_models(settings), settings.worker.device)
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
         executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id)
-        return cls(settings, engine, jobs, artifacts, pipelines, executor, worker_id)
+        reconciler = Reconciler(
+            settings,
+            jobs,
+            artifacts,
+            JobQueue(make_celery(settings)),
+            redis.Redis.from_url(settings.redis.url),
+        )
+        return cls(settings, engine, jobs, artifacts, pipelines, executor, worker_id, reconciler)
+
+    def start_background(self) -> None:
+        """Start the reconciler loop (every worker runs one; a lock serializes passes)."""
+        interval = self.settings.worker.reconcile_interval_s
+        if interval > 0:
+            self._stop_reconciler = start_reconciler_thread(self.reconciler, interval)
 
     def close(self) -> None:
+        if self._stop_reconciler is not None:
+            self._stop_reconciler.set()
+        self.reconciler.queue.close()
+        self.reconciler.redis.close()
         self.engine.dispose()

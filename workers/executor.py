@@ -30,6 +30,7 @@ from storage.artifacts import ArtifactStore, StorageError, UploadAborted
 from storage.constants import job_prefix
 from storage.jobs import JobStore
 from storage.settings import Settings
+from workers.failpoints import Failpoints
 from workers.media import encode_mp4, encode_thumbnail
 from workers.pipelines.base import GenerationRequest, Media, Pipeline
 from workers.pipelines.registry import PipelineRegistry
@@ -62,6 +63,7 @@ class _Run:
     progress: int = 0
     step: int = 0
     last_write: float = 0.0
+    attempt: int = 1
 
     def end_stage(self) -> None:
         self.durations[self.stage] = round(time.monotonic() - self.stage_started, 4)
@@ -81,6 +83,7 @@ class StepExecutor:
         self.artifacts = artifacts
         self.pipelines = pipelines
         self.worker_id = worker_id
+        self.failpoints = Failpoints(settings.worker.failpoints_file)
 
     # ---- entry ------------------------------------------------------------------
 
@@ -95,9 +98,10 @@ class StepExecutor:
         timeout = min(timeout, self.settings.limits.max_job_timeout_s)
         run = _Run(job=job, worker_id=self.worker_id, deadline=time.time() + timeout)
         run.progress = job.progress  # a taken-over job never reports less than before
+        run.attempt = job.attempt
         run.durations["queue"] = round(max((job.started_at or time.time()) - job.created_at, 0), 4)
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
-        stop_heartbeat = self._start_heartbeat(job_id)
+        stop_heartbeat = self._start_heartbeat(run)
         completed = False
         outcome = "failed"
         try:
@@ -168,10 +172,12 @@ class StepExecutor:
         started = time.monotonic()
 
         request = self._request(job)
+        self._failpoint(run, "prepare")
         state = pipe.prepare(request)
         del request
         self._enter(run, "denoise")
         while not state.done:
+            self._failpoint(run, f"step:{state.step_index}")
             pipe.step(state)
             run.step = state.step_index
             span = DENOISE_END - STAGE_START["denoise"]
@@ -179,19 +185,23 @@ class StepExecutor:
             self._report(run, progress, force=state.done)
 
         self._enter(run, "decode")
+        self._failpoint(run, "decode")
         media = pipe.decode(state)
         del state
         inference_time = time.monotonic() - started
 
         self._enter(run, "encode")
+        self._failpoint(run, "encode")
         video_path, thumb_path = tmp / "video.mp4", tmp / "thumbnail.jpg"
         encode_mp4(media, video_path)
         encode_thumbnail(_thumbnail_frame(media), thumb_path)
         del media
 
         self._enter(run, "upload")
+        self._failpoint(run, "upload")
         artifacts = self._upload(run, video_path, thumb_path)
         run.end_stage()
+        self._failpoint(run, "complete")
 
         now = time.time()
         done = self.jobs.complete(
@@ -242,7 +252,7 @@ class StepExecutor:
         ):
             key = prefix + path.name
             size = self.artifacts.upload_file(
-                key, path, ctype, should_continue=lambda: self._owned(run)
+                key, path, ctype, should_continue=lambda: self._next_part(run)
             )
             self._check(run)
             out.append(
@@ -287,6 +297,14 @@ class StepExecutor:
         else:
             self._check(run)
 
+    def _failpoint(self, run: _Run, name: str) -> None:
+        self.failpoints.hit(name, lambda: self._owned(run), run.attempt)
+
+    def _next_part(self, run: _Run) -> bool:
+        """Asked before each part of a multipart upload: go on only while the job is ours."""
+        self._failpoint(run, "upload_part")
+        return self._owned(run)
+
     def _check(self, run: _Run) -> None:
         if not self._owned(run):
             raise JobLost
@@ -305,21 +323,23 @@ class StepExecutor:
             stage=run.stage,
         )
 
-    def _start_heartbeat(self, job_id: str) -> threading.Event:
-        """Heartbeat the job from a thread so a long stage (decode, upload) is not taken
-        for a dead worker."""
+    def _start_heartbeat(self, run: _Run) -> threading.Event:
+        """Heartbeat from a thread, so a long stage (decode, upload) is not taken for a
+        dead worker; each beat also writes the latest step and progress, which the
+        throttled writes of the step loop may have skipped."""
         stop = threading.Event()
         interval = self.settings.worker.heartbeat_s
 
         def beat() -> None:
             while not stop.wait(interval):
                 try:
-                    if not self.jobs.heartbeat(job_id, self.worker_id):
+                    latest = {"progress": run.progress, "step": run.step, "stage": run.stage}
+                    if not self.jobs.update_running(run.job.id, self.worker_id, **latest):
                         return
                 except Exception:
-                    log.warning("heartbeat of %s failed", job_id, exc_info=True)
+                    log.warning("heartbeat of %s failed", run.job.id, exc_info=True)
 
-        threading.Thread(target=beat, name=f"heartbeat-{job_id}", daemon=True).start()
+        threading.Thread(target=beat, name=f"heartbeat-{run.job.id}", daemon=True).start()
         return stop
 
     # ---- cleanup ----------------------------------------------------------------

@@ -32,6 +32,7 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    log_offsets: dict[str, int] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -66,7 +67,9 @@ class Stack:
         return path
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+        path = self.work / f"{name}.log"
+        self.log_offsets[name] = path.stat().st_size if path.exists() else 0
+        log = open(path, "ab")  # noqa: SIM115 - owned by the process
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", *args],
             cwd=REPO,
@@ -108,13 +111,19 @@ class Stack:
         deadline = time.monotonic() + timeout
         names = [n for n in self.procs if n != "api"][:count]
         while time.monotonic() < deadline:
-            if all("ready." in self.log(n) for n in names):
+            if all("ready." in self._log_since_spawn(n) for n in names):
                 return
             for n in names:
                 if self.procs[n].poll() is not None:
                     raise RuntimeError(f"worker {n} exited:\n" + self.log(n))
             time.sleep(0.2)
         raise RuntimeError("workers not ready:\n" + "\n".join(self.log(n) for n in names))
+
+    def _log_since_spawn(self, name: str) -> str:
+        path = self.work / f"{name}.log"
+        with open(path, "rb") as f:
+            f.seek(self.log_offsets.get(name, 0))
+            return f.read().decode(errors="replace")
 
     def log(self, name: str) -> str:
         path = self.work / f"{name}.log"

@@ -1,0 +1,68 @@
+"""Named fault-injection points, for tests of cancel and failure handling.
+
+The technique of etcd's gofail and TiKV's fail-rs: the executor calls
+``failpoints.hit("encode", …)`` at fixed places; normally that does nothing. With
+``OMNIQ_WORKER__FAILPOINTS_FILE`` set (tests only), the JSON object in that file maps
+point names to actions, re-read at every hit so a running worker can be steered:
+
+    {"encode": "pause", "step:2": "raise", "upload": "kill"}
+
+Points: ``prepare``, ``step:<i>`` (before step i, from 0), ``decode``, ``encode``,
+``upload``, ``upload_part`` (before each part of a multipart upload), ``complete`` (just
+before the final UPDATE). ``name@attempt<N>`` fires only on the job's N-th attempt.
+
+Actions: ``pause`` (block while the job is still ours, at most 120 s — a stage long
+enough to cancel during), ``sleep:<seconds>``, ``raise`` (RuntimeError), ``oom``
+(``torch.OutOfMemoryError``), ``value`` (ValueError), ``kill`` (SIGKILL this process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+PAUSE_LIMIT_S = 120.0
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the ``raise`` action."""
+
+
+class Failpoints:
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path else None
+
+    def _action(self, name: str) -> str | None:
+        if self.path is None:
+            return None
+        try:
+            actions = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return None
+        action = actions.get(name)
+        return str(action) if action else None
+
+    def hit(self, name: str, still_owned: Callable[[], bool], attempt: int = 1) -> None:
+        action = self._action(f"{name}@attempt{attempt}") or self._action(name)
+        if action is None:
+            return
+        if action == "pause":
+            deadline = time.monotonic() + PAUSE_LIMIT_S
+            while still_owned() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        elif action.startswith("sleep:"):
+            time.sleep(float(action.split(":", 1)[1]))
+        elif action == "raise":
+            raise InjectedFault(f"failpoint {name}")
+        elif action == "oom":
+            raise torch.OutOfMemoryError(f"failpoint {name}")
+        elif action == "value":
+            raise ValueError(f"failpoint {name}: the request cannot be honoured")
+        elif action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)

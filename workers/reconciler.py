@@ -1,0 +1,178 @@
+"""The reconciler: periodic, idempotent repair of what crashes and time leave behind.
+
+Each pass (run by every worker's background thread; a Redis lock lets one worker at a
+time do it) does four things, each safe to repeat and to race with the executor because
+every change is a conditional UPDATE or an idempotent delete:
+
+1. **Lost workers.** A job ``in_progress`` whose heartbeat lapsed is re-enqueued (the
+   worker that gets it takes it over, attempt + 1), or failed with ``worker_lost`` once
+   it used up its attempts; its partial objects are deleted.
+2. **Expiry.** A completed job past ``expires_at`` loses its objects and artifact rows;
+   its content then answers 410.
+3. **Stale multipart uploads** older than ``stale_upload_s`` are aborted.
+4. **Redis keys** of the reconciler itself carry TTLs; nothing else to trim yet.
+
+Besides, every worker sweeps its own machine's temp directory (:func:`sweep_temp_dirs`):
+a worker killed mid-job cannot remove its job's directory itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from models.db import ErrorCode, JobStatus
+from storage.artifacts import ArtifactStore, StorageError
+from storage.constants import KEY_PREFIX, job_prefix
+from storage.jobs import JobStore
+from storage.queue import JobQueue
+from storage.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LOCK_KEY = KEY_PREFIX + "reconciler:lock"
+REQUEUED_KEY = KEY_PREFIX + "reconciler:requeued:"
+ARTIFACT_PREFIXES = ("videos/", "audios/")
+
+
+@dataclass
+class ReconcileReport:
+    requeued: list[str] = field(default_factory=list)
+    worker_lost: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+    aborted_uploads: int = 0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        settings: Settings,
+        jobs: JobStore,
+        artifacts: ArtifactStore,
+        queue: JobQueue,
+        redis: Any,
+    ) -> None:
+        self.settings = settings
+        self.jobs = jobs
+        self.artifacts = artifacts
+        self.queue = queue
+        self.redis = redis
+
+    def run_once(self) -> ReconcileReport | None:
+        """One pass, or None when another worker holds the lock."""
+        ttl = max(int(self.settings.worker.reconcile_interval_s * 3), 30)
+        token = str(time.time())
+        if not self.redis.set(LOCK_KEY, token, nx=True, ex=ttl):
+            return None
+        try:
+            report = ReconcileReport()
+            self._lost_workers(report)
+            self._expire(report)
+            self._stale_uploads(report)
+            return report
+        finally:
+            if self.redis.get(LOCK_KEY) == token.encode():
+                self.redis.delete(LOCK_KEY)
+
+    def _lost_workers(self, report: ReconcileReport) -> None:
+        w = self.settings.worker
+        now = time.time()
+        for job in self.jobs.stale_running(now - w.heartbeat_timeout_s):
+            if job.attempt >= w.max_attempts:
+                message = f"the worker running this job was lost {job.attempt} times"
+                if self.jobs.fail(job.id, ErrorCode.WORKER_LOST, message):
+                    report.worker_lost.append(job.id)
+                    self._delete(job.kind, job.id)
+                continue
+            # One re-enqueue per heartbeat window, however often the reconciler runs.
+            marker = REQUEUED_KEY + job.id
+            if self.redis.set(marker, 1, nx=True, ex=int(w.heartbeat_timeout_s) + 1):
+                self.queue.enqueue(job.id, job.model)
+                report.requeued.append(job.id)
+
+    def _expire(self, report: ReconcileReport) -> None:
+        for job in self.jobs.expired_with_artifacts(time.time()):
+            if self._delete(job.kind, job.id):
+                self.jobs.drop_artifacts(job.id)
+                report.expired.append(job.id)
+
+    def _stale_uploads(self, report: ReconcileReport) -> None:
+        cutoff = time.time() - self.settings.worker.stale_upload_s
+        for prefix in ARTIFACT_PREFIXES:
+            try:
+                report.aborted_uploads += self.artifacts.abort_uploads(prefix, older_than=cutoff)
+            except StorageError:
+                log.warning("could not list multipart uploads under %s", prefix)
+
+    def _delete(self, kind: str, job_id: str) -> bool:
+        try:
+            self.artifacts.delete_prefix(job_prefix(kind, job_id))
+        except StorageError:
+            log.warning("could not delete objects of %s; will retry", job_id)
+            return False
+        return True
+
+
+TEMP_PREFIX = "omniq-"
+
+
+def temp_root(settings: Settings) -> Path:
+    return Path(settings.worker.tmp_dir or tempfile.gettempdir())
+
+
+def sweep_temp_dirs(root: Path, jobs: JobStore) -> int:
+    """Remove job temp directories (``omniq-{job_id}-…``) no live job of this host needs:
+    the job ended, is gone, or its worker on this host is no longer alive."""
+    host = socket.gethostname()
+    removed = 0
+    for path in root.glob(TEMP_PREFIX + "*"):
+        job_id = path.name[len(TEMP_PREFIX) :].rsplit("-", 1)[0]
+        job = jobs.get(job_id)
+        if job is not None and job.status == JobStatus.IN_PROGRESS and job.worker_id:
+            owner_host, _, rest = job.worker_id.partition(":")
+            pid = rest.partition(":")[0]
+            if owner_host != host or (pid.isdigit() and _alive(int(pid))):
+                continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_reconciler_thread(reconciler: Reconciler, interval_s: float) -> threading.Event:
+    """Run passes every ``interval_s`` in a daemon thread; set the event to stop."""
+    stop = threading.Event()
+    root = temp_root(reconciler.settings)
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            try:
+                sweep_temp_dirs(root, reconciler.jobs)
+            except Exception:
+                log.warning("temp directory sweep failed", exc_info=True)
+            try:
+                report = reconciler.run_once()
+                if report and (report.requeued or report.worker_lost or report.expired):
+                    log.info("reconciler: %s", report)
+            except Exception:
+                log.warning("reconciler pass failed", exc_info=True)
+
+    threading.Thread(target=loop, name="reconciler", daemon=True).start()
+    return stop

@@ -1,0 +1,191 @@
+"""The reconciler against real PostgreSQL, Redis and S3 (driven directly, pass by pass)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from cli.embedded import EmbeddedS3
+from migrations.runner import upgrade
+from models.db import Artifact, Job
+from storage.artifacts import ArtifactStore, make_s3_client
+from storage.db import make_engine, make_sessionmaker
+from storage.jobs import JobStore
+from storage.queue import JobQueue, make_celery
+from storage.settings import Settings
+from tests.integration.conftest import REDIS_BASE_URL
+from workers.reconciler import LOCK_KEY, Reconciler, sweep_temp_dirs
+
+pytestmark = pytest.mark.integration
+
+REDIS_DB = 11
+
+
+@pytest.fixture
+def parts(pg_url: str, s3_server: EmbeddedS3) -> Iterator[tuple[Reconciler, JobStore, Settings]]:
+    upgrade(pg_url)
+    settings = Settings(
+        database={"url": pg_url},
+        redis={"url": f"{REDIS_BASE_URL}/{REDIS_DB}"},
+        s3={
+            "endpoint_url": s3_server.endpoint_url,
+            "bucket": s3_server.bucket,
+            "access_key_id": s3_server.access_key,
+            "secret_access_key": s3_server.secret_key,
+        },
+        worker={"heartbeat_timeout_s": 5, "max_attempts": 2, "stale_upload_s": 0},
+    )  # type: ignore[arg-type]
+    engine = make_engine(settings.database)
+    jobs = JobStore(make_sessionmaker(engine))
+    artifacts = ArtifactStore(make_s3_client(settings.s3), settings.s3)
+    r = redis.Redis.from_url(settings.redis.url)
+    r.flushdb()
+    rec = Reconciler(settings, jobs, artifacts, JobQueue(make_celery(settings)), r)
+    yield rec, jobs, settings
+    r.flushdb()
+    r.close()
+    rec.queue.close()
+    engine.dispose()
+
+
+def _job(jobs: JobStore, job_id: str, **values: object) -> Job:
+    now = time.time()
+    fields = dict(
+        id=job_id,
+        kind="video",
+        owner="local",
+        model="reference/video",
+        status="queued",
+        prompt="p",
+        params={},
+        width=64,
+        height=48,
+        fps=16,
+        num_frames=8,
+        seed=1,
+        num_inference_steps=2,
+        has_audio=False,
+        progress=0,
+        step=0,
+        stage="queue",
+        stage_durations={},
+        created_at=now,
+        attempt=0,
+        cancel_requested=False,
+    )
+    fields.update(values)
+    job, _ = jobs.create(Job(**fields), idempotency_window_s=0)
+    return job
+
+
+def test_expired_artifacts_are_deleted(parts: tuple[Reconciler, JobStore, Settings]) -> None:
+    rec, jobs, _ = parts
+    vid = f"video_exp{time.time_ns()}"
+    past = time.time() - 10
+    key = f"videos/{vid}/output/video.mp4"
+    rec.artifacts.put_bytes(key, b"mp4", "video/mp4")
+    _job(jobs, vid, status="completed", completed_at=past - 5, expires_at=past)
+    with jobs._sessions() as s:
+        s.add(
+            Artifact(
+                job_id=vid,
+                variant="video",
+                bucket=rec.artifacts.bucket,
+                key=key,
+                content_type="video/mp4",
+                size_bytes=3,
+                created_at=past,
+            )
+        )
+        s.commit()
+    report = rec.run_once()
+    assert report is not None and vid in report.expired
+    assert rec.artifacts.list_keys(f"videos/{vid}/") == []
+    assert jobs.artifact(vid, "video") is None
+    assert jobs.get(vid).status == "completed"  # the record stays; content answers 410
+    again = rec.run_once()
+    assert again is not None and vid not in again.expired  # idempotent
+
+
+def test_lost_worker_jobs_are_requeued_once_then_failed(
+    parts: tuple[Reconciler, JobStore, Settings],
+) -> None:
+    rec, jobs, _ = parts
+    stale = time.time() - 60
+    retry = _job(
+        jobs,
+        f"video_lost{time.time_ns()}",
+        status="in_progress",
+        attempt=1,
+        worker_id="gone:1:w",
+        heartbeat_at=stale,
+    )
+    spent = _job(
+        jobs,
+        f"video_dead{time.time_ns()}",
+        status="in_progress",
+        attempt=2,
+        worker_id="gone:1:w",
+        heartbeat_at=stale,
+    )
+    rec.artifacts.put_bytes(f"videos/{spent.id}/output/video.mp4", b"partial", "video/mp4")
+    report = rec.run_once()
+    assert report is not None
+    assert retry.id in report.requeued and spent.id in report.worker_lost
+    failed = jobs.get(spent.id)
+    assert (failed.status, failed.error_code) == ("failed", "worker_lost")
+    assert rec.artifacts.list_keys(f"videos/{spent.id}/") == []
+    # the re-enqueue marker keeps the next passes from flooding the queue
+    assert rec.redis.ttl(f"oq:reconciler:requeued:{retry.id}") > 0
+    assert retry.id not in (rec.run_once() or report).requeued
+    queued = rec.redis.llen("jobs.reference-video")
+    assert queued == 1
+
+
+def test_stale_multipart_uploads_are_aborted(parts: tuple[Reconciler, JobStore, Settings]) -> None:
+    rec, _, _ = parts
+    key = f"videos/video_mpu{time.time_ns()}/output/video.mp4"
+    rec.artifacts.client.create_multipart_upload(Bucket=rec.artifacts.bucket, Key=key)
+    time.sleep(1.1)
+    report = rec.run_once()
+    assert report is not None and report.aborted_uploads >= 1
+    assert list(rec.artifacts.iter_uploads(key)) == []
+
+
+def test_one_pass_at_a_time(parts: tuple[Reconciler, JobStore, Settings]) -> None:
+    rec, _, _ = parts
+    rec.redis.set(LOCK_KEY, "someone-else", ex=30)
+    assert rec.run_once() is None
+    rec.redis.delete(LOCK_KEY)
+    assert rec.run_once() is not None
+    assert rec.redis.get(LOCK_KEY) is None
+
+
+def test_sweep_removes_temp_dirs_of_ended_or_unknown_jobs(
+    parts: tuple[Reconciler, JobStore, Settings], tmp_path: Path
+) -> None:
+    _, jobs, _ = parts
+    import os
+    import socket
+
+    done = _job(jobs, f"video_sw1{time.time_ns()}", status="failed")
+    mine = _job(
+        jobs,
+        f"video_sw2{time.time_ns()}",
+        status="in_progress",
+        worker_id=f"{socket.gethostname()}:{os.getpid()}:w",
+    )
+    dead = _job(
+        jobs,
+        f"video_sw3{time.time_ns()}",
+        status="in_progress",
+        worker_id=f"{socket.gethostname()}:999999999:w",
+    )
+    for job_id in (done.id, mine.id, dead.id, "video_unknown"):
+        (tmp_path / f"omniq-{job_id}-abc123").mkdir()
+    assert sweep_temp_dirs(tmp_path, jobs) == 3
+    assert [p.name for p in tmp_path.iterdir()] == [f"omniq-{mine.id}-abc123"]

@@ -97,7 +97,12 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         default_fps=16,
         default_seconds=5.0,
         default_steps=50,
-        parameters=["guidance_scale", "guidance_scale_2", "boundary_ratio", "flow_shift"],
+        # Wan 2.2 (two transformers) also takes guidance_scale_2 and boundary_ratio: add
+        # them in the registry entry's [model.spec] parameters.
+        parameters=[
+            "guidance_scale", "negative_prompt", "flow_shift", "vae_use_tiling",
+            "vae_use_slicing",
+        ],
     ),
     "diffusers.ltx": ModelSpec(
         name="diffusers.ltx",
@@ -108,7 +113,15 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         default_fps=25,
         default_seconds=5.0,
         default_steps=50,
-        parameters=["guidance_scale"],
+        parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
+        # LTXPipeline.__call__ arguments of the same names (used by timestep-conditioned VAEs).
+        extra_params={
+            "decode_timestep": "float", "decode_noise_scale": "float", "guidance_rescale": "float",
+        },
+        extra_ranges={
+            "decode_timestep": (0.0, 1.0), "decode_noise_scale": (0.0, 1.0),
+            "guidance_rescale": (0.0, 1.0),
+        },
     ),
     "diffusers.cogvideox": ModelSpec(
         name="diffusers.cogvideox",
@@ -119,26 +132,48 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         default_fps=8,
         default_seconds=6.0,
         default_steps=50,
-        parameters=["guidance_scale"],
+        parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
+        extra_params={"use_dynamic_cfg": "bool"},  # CogVideoXPipeline.__call__ argument
     ),
     "diffusers.ltx2": ModelSpec(
         name="diffusers.ltx2",
+        min_size=32,
         size_multiple=32,
         default_size=(768, 512),
         frame_multiple=8,
         frame_offset=1,
         default_fps=24,
         default_seconds=5.0,
-        default_steps=40,
+        default_steps=30,
         has_audio=True,
-        parameters=["guidance_scale"],
+        parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
+        # LTX2Pipeline.__call__ arguments of the same names (its defaults apply when absent);
+        # stg_blocks: comma-separated transformer block indices ("" turns STG off).
+        extra_params={
+            "stg_scale": "float", "modality_scale": "float", "guidance_rescale": "float",
+            "audio_guidance_scale": "float", "audio_stg_scale": "float",
+            "audio_modality_scale": "float", "audio_guidance_rescale": "float",
+            "stg_blocks": "str", "use_cross_timestep": "bool", "motion_speed": "float",
+            "decode_timestep": "float", "decode_noise_scale": "float",
+        },
+        extra_ranges={
+            "stg_scale": (0.0, 10.0), "modality_scale": (0.0, 10.0),
+            "guidance_rescale": (0.0, 1.0), "audio_guidance_scale": (0.0, 20.0),
+            "audio_stg_scale": (0.0, 10.0), "audio_modality_scale": (0.0, 10.0),
+            "audio_guidance_rescale": (0.0, 1.0), "motion_speed": (0.05, 10.0),
+            "decode_timestep": (0.0, 1.0), "decode_noise_scale": (0.0, 1.0),
+        },
     ),
     "diffusers.stable_audio": ModelSpec(
         name="diffusers.stable_audio",
         modality="audio",
         default_steps=100,
         default_seconds=10.0,
-        parameters=["guidance_scale"],
+        parameters=["guidance_scale", "negative_prompt"],
+        # Window of the generated clip in seconds; the adapter's default end is
+        # num_frames / fps. 47.55 s is stable-audio-open-1.0's maximum.
+        extra_params={"audio_start_in_s": "float", "audio_end_in_s": "float"},
+        extra_ranges={"audio_start_in_s": (0.0, 47.55), "audio_end_in_s": (0.0, 47.55)},
     ),
 }
 

@@ -1,0 +1,308 @@
+"""GPU evidence for step execution: a Wan2.1-T2V-1.3B-shaped pipeline with random bf16
+weights, the raw diffusers call against the same job through omniqueue's StepExecutor.
+
+    python benchmarks/gpu_wan.py --height 480 --width 832 --frames 33 --steps 20
+
+Prints JSON: raw ``pipe(...)`` wall times; the executor's wall time and its
+``inference_time_s`` (prepare → denoise → decode, with the per-step ownership check and
+throttled progress writes against a real SQLite database) plus encode/upload; the
+overhead ratio; cancel latency at several steps (cancel UPDATE → the executor returned,
+next to the step time); ``torch.cuda.memory_allocated()`` before and after each job.
+
+What is real and what is not: the transformer has the Wan2.1-T2V-1.3B config (30 layers,
+dim 1536) and the VAE is Wan's, both with random weights; the text encoder is a 2-layer
+UMT5 with the real 4096 width (it runs once per job, identically in both paths); the
+artifact store writes to a local directory instead of S3 (no S3 on the GPU machine), so
+"upload" is a file copy. The database is SQLite through the real JobStore.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def build_pipeline(device: str) -> Any:
+    from diffusers import (
+        AutoencoderKLWan,
+        UniPCMultistepScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    with torch.device(device):
+        transformer = WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=12,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=4096,
+            freq_dim=256,
+            ffn_dim=8960,
+            num_layers=30,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            rope_max_seq_len=1024,
+        ).to(dtype)
+        vae = AutoencoderKLWan().to(torch.float32)
+        text_encoder = UMT5EncoderModel(
+            UMT5Config(
+                d_model=4096,
+                d_kv=64,
+                d_ff=1024,
+                num_layers=2,
+                num_heads=16,
+                vocab_size=4096,
+                relative_attention_num_buckets=32,
+            )
+        ).to(dtype)
+    words = ["a", "red", "ball", "bouncing", "over", "blue", "ocean", "at", "sunset"]
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+    scheduler = UniPCMultistepScheduler(
+        prediction_type="flow_prediction",
+        use_flow_sigmas=True,
+        num_train_timesteps=1000,
+        flow_shift=3.0,
+    )
+    pipe = WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        transformer=transformer,
+        scheduler=scheduler,
+    )
+    return pipe.to(device)
+
+
+class LocalArtifacts:
+    """The slice of ArtifactStore the executor uses, on a local directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bucket = "local"
+
+    def upload_file(self, key: str, path: str | Path, content_type: str, **_: Any) -> int:
+        dest = self.root / key
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, dest)
+        return dest.stat().st_size
+
+    def get_bytes(self, key: str) -> bytes:
+        return (self.root / key).read_bytes()
+
+    def delete_prefix(self, prefix: str) -> int:
+        target = self.root / prefix
+        n = sum(1 for p in target.rglob("*") if p.is_file()) if target.exists() else 0
+        shutil.rmtree(target, ignore_errors=True)
+        return n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--width", type=int, default=832)
+    p.add_argument("--frames", type=int, default=33)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--guidance", type=float, default=5.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cancel-steps", default="1,10,19")
+    args = p.parse_args()
+    device = "cuda"
+    prompt = "a red ball bouncing over a blue ocean at sunset"
+    out: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "shape": {
+            "height": args.height,
+            "width": args.width,
+            "frames": args.frames,
+            "steps": args.steps,
+            "guidance_scale": args.guidance,
+            "dtype": "bfloat16",
+        },
+    }
+    t0 = time.perf_counter()
+    pipe = build_pipeline(device)
+    import diffusers
+
+    out["diffusers"] = diffusers.__version__
+    out["build_s"] = round(time.perf_counter() - t0, 2)
+    out["transformer_params_m"] = round(
+        sum(p.numel() for p in pipe.transformer.parameters()) / 1e6, 1
+    )
+
+    def raw_call(seed: int) -> Any:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        frames = pipe(
+            prompt,
+            height=args.height,
+            width=args.width,
+            num_frames=args.frames,
+            num_inference_steps=args.steps,
+            guidance_scale=args.guidance,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="np",
+        ).frames
+        torch.cuda.synchronize()
+        return time.perf_counter() - start, frames
+
+    raw_call(0)  # warm-up (kernels, allocator)
+    raw = [raw_call(1)[0] for _ in range(args.repeats)]
+    out["raw_wall_s"] = [round(x, 3) for x in raw]
+
+    # ---- the same job through the StepExecutor ----------------------------------------
+    from models.catalog import FAMILY_SPECS, ServedModel
+    from models.db import Base, Job
+    from storage.db import make_engine, make_sessionmaker
+    from storage.jobs import JobStore
+    from storage.settings import Settings
+    from workers.executor import StepExecutor
+    from workers.pipelines.diffusers.wan import WanAdapter
+    from workers.pipelines.registry import PipelineRegistry
+
+    work = Path(tempfile.mkdtemp(prefix="oq-gpu-"))
+    settings = Settings(
+        database={"url": f"sqlite:///{work / 'jobs.db'}"},
+        worker={"tmp_dir": str(work), "progress_interval_s": 0.25, "heartbeat_s": 5},
+    )  # type: ignore[arg-type]
+    engine = make_engine(settings.database)
+    Base.metadata.create_all(engine)
+    jobs = JobStore(make_sessionmaker(engine))
+    spec = FAMILY_SPECS["diffusers.wan"].model_copy(update={"name": "wan-1.3b-random"})
+    model = ServedModel(name=spec.name, adapter="diffusers.wan", dtype="bfloat16", spec=spec)
+    registry = PipelineRegistry({spec.name: model}, device)
+    adapter = WanAdapter(pipe=pipe, dtype="bfloat16", spec=spec)
+    adapter.load(device)
+    registry._loaded[spec.name] = adapter
+    executor = StepExecutor(
+        settings,
+        jobs,
+        LocalArtifacts(work / "s3"),
+        registry,  # type: ignore[arg-type]
+        worker_id="gpu-bench:1:w",
+    )
+
+    def new_job(seed: int) -> str:
+        job_id = f"video_gpu{time.time_ns()}"
+        jobs.create(
+            Job(
+                id=job_id,
+                kind="video",
+                owner="bench",
+                model=spec.name,
+                status="queued",
+                prompt=prompt,
+                params={"options": {"guidance_scale": args.guidance}, "timeout_s": 3600},
+                width=args.width,
+                height=args.height,
+                fps=16,
+                num_frames=args.frames,
+                seed=seed,
+                num_inference_steps=args.steps,
+                has_audio=False,
+                progress=0,
+                step=0,
+                stage="queue",
+                stage_durations={},
+                created_at=time.time(),
+                attempt=0,
+                cancel_requested=False,
+            ),
+            idempotency_window_s=0,
+        )
+        return job_id
+
+    torch.cuda.synchronize()
+    baseline = torch.cuda.memory_allocated()
+    runs = []
+    for _ in range(args.repeats):
+        job_id = new_job(1)
+        start = time.perf_counter()
+        outcome = executor.run(job_id)
+        wall = time.perf_counter() - start
+        torch.cuda.synchronize()
+        row = jobs.get(job_id)
+        assert row is not None
+        runs.append(
+            {
+                "outcome": outcome,
+                "wall_s": round(wall, 3),
+                "inference_time_s": row.inference_time_s,
+                "stages": row.stage_durations,
+                "memory_after_minus_baseline": torch.cuda.memory_allocated() - baseline,
+                "peak_memory_mb": row.peak_memory_mb,
+            }
+        )
+    out["executor_runs"] = runs
+    raw_med = statistics.median(raw)
+    inf_med = statistics.median(r["inference_time_s"] for r in runs)
+    out["overhead_ratio_inference"] = round(inf_med / raw_med, 4)
+    out["overhead_ratio_wall_incl_encode_upload"] = round(
+        statistics.median(r["wall_s"] for r in runs) / raw_med, 4
+    )
+
+    # ---- cancel latency ---------------------------------------------------------------
+    cancels = []
+    for at in [int(s) for s in args.cancel_steps.split(",")]:
+        job_id = new_job(2)
+        result: dict[str, Any] = {}
+
+        def run_job(j: str = job_id, res: dict[str, Any] = result) -> None:
+            res["o"] = executor.run(j)
+
+        thread = threading.Thread(target=run_job)
+        thread.start()
+        while (row := jobs.get(job_id)) is not None and row.step < at:
+            time.sleep(0.001)
+        requested = time.perf_counter()
+        jobs.cancel(job_id)
+        thread.join()
+        stopped = time.perf_counter()
+        torch.cuda.synchronize()
+        cancels.append(
+            {
+                "at_step": at,
+                "outcome": result.get("o"),
+                "cancel_to_stopped_ms": round((stopped - requested) * 1000, 1),
+                "memory_after_minus_baseline": torch.cuda.memory_allocated() - baseline,
+                "temp_dirs_left": len(list(work.glob("omniq-*"))),
+            }
+        )
+    out["step_time_s"] = round(
+        statistics.median(r["stages"]["denoise"] / args.steps for r in runs), 4
+    )
+    out["cancels"] = cancels
+    out["baseline_allocated_mb"] = round(baseline / 2**20, 1)
+    print(json.dumps(out, indent=2))
+    outdir = os.environ.get("OUT")
+    if outdir:
+        Path(outdir, "gpu_wan.json").write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

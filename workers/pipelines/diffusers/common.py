@@ -1,0 +1,230 @@
+"""Shared pieces of the diffusers adapters: loading, per-job RNG and scheduler, guidance,
+VAE options, postprocessing and previews.
+
+Every adapter drives a diffusers pipeline with its own step loop: ``prepare`` mirrors what
+the pipeline's ``__call__`` does before its denoising loop, ``step`` one loop iteration,
+``decode`` what follows it. The pipeline object is shared by all jobs of a worker, so no
+per-request value is ever written to it: each job gets its own scheduler copy and RNG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.catalog import FAMILY_SPECS, ModelSpec
+from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def _dtype_kwarg() -> str:
+    """``from_pretrained``'s dtype argument: ``dtype`` since diffusers deprecated
+    ``torch_dtype`` (0.42 warns on it), ``torch_dtype`` on older releases."""
+    from diffusers.utils import deprecation_utils
+
+    return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"``, ``"float32"``/``"fp32"`` → dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = name.strip().lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r} (use bfloat16, float16 or float32)")
+    return _DTYPES[key]
+
+
+def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """The job's RNG. Kept on the CPU by default: diffusers' ``randn_tensor`` draws on the
+    generator's device and moves the noise, so one seed gives the same initial noise on any
+    device (and matches ``pipe(..., generator=torch.Generator().manual_seed(seed))``)."""
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def clone_generator(generator: torch.Generator) -> torch.Generator:
+    """An independent generator in the same state (to draw without advancing the job's)."""
+    clone = torch.Generator(device=generator.device)
+    clone.set_state(generator.get_state())
+    return clone
+
+
+def job_scheduler(base: Any, flow_shift: float | None = None) -> Any:
+    """A private scheduler for one job (multistep schedulers such as UniPC keep state).
+
+    Without ``flow_shift`` a deep copy of the pipeline's scheduler; with it a fresh one via
+    ``from_config`` with that shift (``flow_shift`` for UniPC/DPM-style flow schedulers,
+    ``shift`` for ``FlowMatchEulerDiscreteScheduler``), as diffusers' docs do for Wan.
+    """
+    if flow_shift is None:
+        return copy.deepcopy(base)
+    config = base.config
+    if config.get("use_dynamic_shifting"):
+        name = type(base).__name__
+        raise ValueError(f"{name} shifts by resolution here; flow_shift has no effect")
+    if "flow_shift" in config:
+        return type(base).from_config(config, flow_shift=float(flow_shift))
+    if "shift" in config:
+        return type(base).from_config(config, shift=float(flow_shift))
+    raise ValueError(f"flow_shift is not supported by {type(base).__name__}")
+
+
+def call_default(pipe: Any, name: str) -> Any:
+    """The default of a ``__call__`` argument of ``pipe`` (e.g. ``guidance_scale``)."""
+    return inspect.signature(type(pipe).__call__).parameters[name].default
+
+
+def guidance_scale(pipe: Any, request: GenerationRequest) -> float:
+    """``request.guidance_scale``, or the pipeline's own ``__call__`` default when None."""
+    value = request.guidance_scale
+    return float(call_default(pipe, "guidance_scale") if value is None else value)
+
+
+def cfg(uncond: torch.Tensor, cond: torch.Tensor, scale: float) -> torch.Tensor:
+    """Classifier-free guidance, written as every diffusers video pipeline writes it."""
+    return uncond + scale * (cond - uncond)
+
+
+def extra_step_kwargs(scheduler: Any, generator: torch.Generator, eta: float) -> dict[str, Any]:
+    """``prepare_extra_step_kwargs`` of the pipelines, checked against the job scheduler."""
+    params = set(inspect.signature(scheduler.step).parameters)
+    out: dict[str, Any] = {}
+    if "eta" in params:
+        out["eta"] = eta
+    if "generator" in params:
+        out["generator"] = generator
+    return out
+
+
+@contextlib.contextmanager
+def vae_options(vae: Any, tiling: bool | None, slicing: bool | None) -> Iterator[None]:
+    """Apply ``vae_use_tiling``/``vae_use_slicing`` for one decode, then restore.
+
+    ``enable_tiling()`` etc. mutate the shared VAE, so the request's choice is set around
+    its own decode only (decodes of one worker run one at a time). Unsupported: ignored.
+    """
+    saved: list[tuple[str, bool]] = []
+    for attr, want in (("use_tiling", tiling), ("use_slicing", slicing)):
+        verb = attr.removeprefix("use_")
+        if want is None or not hasattr(vae, attr) or not hasattr(vae, f"enable_{verb}"):
+            continue
+        saved.append((attr, bool(getattr(vae, attr))))
+        getattr(vae, f"enable_{verb}" if want else f"disable_{verb}")()
+    try:
+        yield
+    finally:
+        for attr, was in saved:
+            setattr(vae, attr, was)
+
+
+def to_uint8(frames: np.ndarray) -> np.ndarray:
+    """Float frames in [0, 1] → uint8, rounding as diffusers' ``numpy_to_pil`` does."""
+    return (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
+
+
+def grey_preview(latents: torch.Tensor, channel_dim: int, frame_dim: int) -> np.ndarray:
+    """A cheap preview: the middle latent frame, mean over channels, contrast-stretched
+    to grey (uint8 h×w×3 at latent resolution). No model is run."""
+    x = latents[0].float()
+    c, f = channel_dim - 1, frame_dim - 1
+    x = x.mean(dim=c)  # drop channels
+    f = f if f < c else f - 1
+    x = x.select(f, x.shape[f] // 2)
+    lo, hi = torch.quantile(x.flatten(), torch.tensor([0.02, 0.98], device=x.device))
+    grey = ((x - lo) / (hi - lo).clamp_min(1e-6)).clamp(0, 1)
+    img = (grey * 255).round().to(torch.uint8).cpu().numpy()
+    return np.repeat(img[:, :, None], 3, axis=2)
+
+
+@dataclass(kw_only=True)
+class DiffusersState(StepState):
+    """Per-request state shared by the diffusers adapters (never stored on the adapter)."""
+
+    request: GenerationRequest
+    generator: torch.Generator
+    scheduler: Any
+    timesteps: torch.Tensor
+    latents: torch.Tensor
+    guidance_scale: float
+    do_cfg: bool
+
+
+_DTYPE_KWARG = _dtype_kwarg()
+
+
+class DiffusersAdapter(Pipeline):
+    """Common loading for the adapters; subclasses implement prepare/step/decode."""
+
+    family: str = ""
+    # Defined by subclasses: the diffusers pipeline class loaded from ``path``.
+    pipeline_class: Any = None
+
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        dtype: str = "bfloat16",
+        pipe: Any = None,
+        spec: ModelSpec | None = None,
+        max_sequence_length: int | None = None,
+    ) -> None:
+        if path is None and pipe is None:
+            raise ValueError(f"{type(self).__name__} needs a local path or a pipe")
+        self.path = path
+        self.dtype = parse_dtype(dtype)
+        self.pipe: Any = pipe
+        self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
+        # None: the pipeline's ``__call__`` default (Wan 512, LTX 128, CogVideoX 226).
+        self.max_sequence_length = max_sequence_length
+        self.device = torch.device("cpu")
+
+    def load(self, device: str) -> None:
+        """``from_pretrained(path, dtype=…, local_files_only=True)`` (or the injected pipe,
+        whose dtype is left as it is), checked to be the family's pipeline class, moved to
+        ``device``."""
+        if self.pipe is None:
+            self.pipe = self.pipeline_class.from_pretrained(
+                self.path, local_files_only=True, **{_DTYPE_KWARG: self.dtype}
+            )
+        if not isinstance(self.pipe, self.pipeline_class):
+            raise TypeError(
+                f"{type(self).__name__} drives {self.pipeline_class.__name__}, "
+                f"got {type(self.pipe).__name__}"
+            )
+        self.pipe.to(device)
+        self.device = torch.device(device)
+
+    def _loaded(self) -> Any:
+        if self.pipe is None:
+            raise RuntimeError(f"{type(self).__name__}.load() was not called")
+        return self.pipe
+
+    def _seq_len(self, default: int) -> int:
+        return default if self.max_sequence_length is None else self.max_sequence_length
+
+    def _no_reference(self, request: GenerationRequest) -> None:
+        if request.reference_image is not None:
+            raise ValueError(f"{self.spec.name} does not take an input_reference")
+
+    def decode_frames(self, state: StepState) -> np.ndarray:
+        """The decoded video as float32 T×H×W×3 in [0, 1], i.e. what
+        ``pipe(..., output_type="np").frames[0]`` returns."""
+        raise NotImplementedError
+
+    def decode(self, state: StepState) -> Media:
+        """``decode_frames`` as uint8 at the request's fps."""
+        if not isinstance(state, DiffusersState):
+            raise TypeError(f"expected a DiffusersState, got {type(state).__name__}")
+        return Media(frames=to_uint8(self.decode_frames(state)), fps=state.request.fps)

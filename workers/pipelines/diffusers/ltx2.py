@@ -1,0 +1,415 @@
+"""LTX-2 joint video + audio (``diffusers.LTX2Pipeline``) one denoise step at a time.
+
+Mirrors ``LTX2Pipeline.__call__`` (diffusers 0.42) for one prompt and one video:
+``prepare`` = everything before its denoising loop (``check_inputs``, Gemma prompt
+encoding with the [negative, positive] CFG batch, the text connectors, packed video and
+audio latents drawn from the job's generator in that order, sigmas ``1 → 1/N`` shifted by
+``mu`` of the video sequence length on two private scheduler copies (video and audio, as
+``__call__`` deep-copies one for audio), RoPE coordinates), ``step`` = one loop iteration
+(batched CFG pass, then the optional spatio-temporal-guidance and modality-isolation
+passes, all combined in x0 space with guidance rescale, one step per scheduler),
+``decode`` = what follows the loop (unpack, de-normalise, optional decode-timestep noise
+from the job's generator, video VAE, audio VAE → mel → vocoder).
+
+Request: ``width``/``height`` (multiples of 32), ``num_frames`` (8k+1 for the released
+VAE), ``fps`` = ``frame_rate``, ``guidance_scale`` (default 3.0), ``negative_prompt``
+(default ""). Extras (``request.extra``), the ``__call__`` arguments of the same names and
+defaults: ``stg_scale`` (1.0), ``modality_scale`` (3.0), ``guidance_rescale`` (0.7),
+``audio_guidance_scale`` (7.0), ``audio_stg_scale`` (1.0), ``audio_modality_scale`` (3.0),
+``audio_guidance_rescale`` (0.7), ``use_cross_timestep`` (True), ``motion_speed`` (1.0),
+``decode_timestep`` (0.0), ``decode_noise_scale`` (= decode_timestep), plus
+``stg_blocks``: comma-separated block indices for ``spatio_temporal_guidance_blocks``
+(default "28"; "" disables STG). As in ``__call__``, an ``audio_*`` value of 0 falls back
+to the video value. Options: ``vae_use_tiling`` / ``vae_use_slicing``.
+
+Not supported (``__call__`` features outside this adapter): prompt enhancement, the
+duration head's automatic ``num_frames``, input latents and ``noise_scale`` (only used
+with them), ``num_videos_per_prompt`` > 1. A diffusers cache hook (FirstBlockCache …) on
+the shared transformer would mix jobs that are interleaved step by step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import LTX2Pipeline
+from diffusers.pipelines.ltx2.pipeline_ltx2 import (
+    calculate_shift,
+    rescale_noise_cfg,
+    retrieve_timesteps,
+)
+from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
+from diffusers.utils.torch_utils import randn_tensor
+
+from workers.pipelines.base import GenerationRequest, Media, StepState
+from workers.pipelines.diffusers.common import (
+    DiffusersAdapter,
+    DiffusersState,
+    call_default,
+    grey_preview,
+    guidance_scale,
+    job_scheduler,
+    make_generator,
+    to_uint8,
+    vae_options,
+)
+
+_KNOBS = (
+    "stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale",
+    "audio_stg_scale", "audio_modality_scale", "audio_guidance_rescale",
+)
+# Every ``request.extra`` key this adapter reads (FAMILY_SPECS declares the same).
+EXTRA_PARAMS = (
+    *_KNOBS, "stg_blocks", "use_cross_timestep", "motion_speed", "decode_timestep",
+    "decode_noise_scale",
+)
+
+
+@dataclass(kw_only=True)
+class LTX2State(DiffusersState):
+    """One LTX-2 job. ``latents`` (video) and ``audio_latents`` are packed B×tokens×C;
+    ``embeds``/``audio_embeds``/``attention_mask``/coords hold the [negative, positive]
+    batch under CFG, the ``guide_*`` fields what the STG / modality passes use."""
+
+    audio_scheduler: Any
+    audio_latents: torch.Tensor
+    # dtype of the text encoder's prompt embeddings: __call__ casts model inputs to it.
+    dtype: torch.dtype
+    scales: dict[str, float]
+    stg_blocks: list[int] | None
+    use_cross_timestep: bool
+    embeds: torch.Tensor
+    audio_embeds: torch.Tensor
+    attention_mask: torch.Tensor
+    video_coords: torch.Tensor
+    audio_coords: torch.Tensor
+    guide_embeds: torch.Tensor
+    guide_audio_embeds: torch.Tensor
+    guide_attention_mask: torch.Tensor
+    guide_video_coords: torch.Tensor
+    guide_audio_coords: torch.Tensor
+    conditioning_fps: float
+    latent_num_frames: int
+    latent_height: int
+    latent_width: int
+    audio_num_frames: int
+    latent_mel_bins: int
+    device: torch.device
+
+    @property
+    def do_stg(self) -> bool:
+        return self.scales["stg_scale"] > 0.0 or self.scales["audio_stg_scale"] > 0.0
+
+    @property
+    def do_modality(self) -> bool:
+        return self.scales["modality_scale"] > 1.0 or self.scales["audio_modality_scale"] > 1.0
+
+
+class LTX2Adapter(DiffusersAdapter):
+    """``LTX2Pipeline`` (Lightricks LTX-2 text-to-video with sound)."""
+
+    family = "diffusers.ltx2"
+    pipeline_class = LTX2Pipeline
+
+    def _scales(self, request: GenerationRequest) -> dict[str, float]:
+        """Guidance knobs: request.extra, else ``__call__``'s defaults; ``audio_* or video``."""
+        pipe = self._loaded()
+        s = {"guidance_scale": guidance_scale(pipe, request)}
+        for name in _KNOBS:
+            value = request.extra.get(name)
+            s[name] = float(call_default(pipe, name) if value is None else value)
+        for name in ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale"):
+            s[f"audio_{name}"] = s[f"audio_{name}"] or s[name]
+        return s
+
+    def _stg_blocks(self, request: GenerationRequest) -> list[int] | None:
+        raw = request.extra.get("stg_blocks")
+        if raw is None:
+            default = call_default(self._loaded(), "spatio_temporal_guidance_blocks")
+            return None if default is None else [int(block) for block in default]
+        try:
+            blocks = [int(part) for part in str(raw).replace(" ", "").split(",") if part]
+        except ValueError:
+            raise ValueError(f"stg_blocks must be comma-separated integers, got {raw!r}") from None
+        return blocks or None
+
+    @torch.no_grad()
+    def prepare(self, request: GenerationRequest) -> LTX2State:
+        """Everything ``__call__`` does before its loop; nothing is written to the pipe."""
+        pipe = self._loaded()
+        self._no_reference(request)
+        height, width = request.height, request.width
+        num_frames, fps, extra = request.num_frames, request.fps, request.extra
+        scales = self._scales(request)
+        stg_blocks = self._stg_blocks(request)
+        cross = extra.get("use_cross_timestep", call_default(pipe, "use_cross_timestep"))
+        motion_speed = float(extra.get("motion_speed", call_default(pipe, "motion_speed")))
+        cond_fps = conditioning_frame_rate(fps, motion_speed)
+        pipe.check_inputs(
+            prompt=request.prompt, height=height, width=width,
+            spatio_temporal_guidance_blocks=stg_blocks, stg_scale=scales["stg_scale"],
+            audio_stg_scale=scales["audio_stg_scale"], num_frames=num_frames,
+        )
+        do_cfg = scales["guidance_scale"] > 1.0 or scales["audio_guidance_scale"] > 1.0
+        device = pipe._execution_device
+
+        # Prompt encoding ([negative, positive] under CFG), then the text connectors.
+        embeds, mask, neg_embeds, neg_mask = pipe.encode_prompt(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            do_classifier_free_guidance=do_cfg,
+            num_videos_per_prompt=1,
+            max_sequence_length=self._seq_len(call_default(pipe, "max_sequence_length")),
+            device=device,
+        )
+        if do_cfg:
+            embeds = torch.cat([neg_embeds, embeds], dim=0)
+            mask = torch.cat([neg_mask, mask], dim=0)
+        padding_side = getattr(pipe.tokenizer, "padding_side", "left")
+        video_embeds, audio_embeds, conn_mask = pipe.connectors(
+            embeds, mask, padding_side=padding_side
+        )
+
+        # Video then audio latents, both from the job's generator (noise_scale 0).
+        generator = make_generator(request.seed)
+        latent_num_frames = (num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
+        latent_height = height // pipe.vae_spatial_compression_ratio
+        latent_width = width // pipe.vae_spatial_compression_ratio
+        latents = pipe.prepare_latents(
+            1, pipe.transformer.config.in_channels, height, width, num_frames, 0.0,
+            torch.float32, device, generator,
+        )
+        audio_per_second = (
+            pipe.audio_sampling_rate / pipe.audio_hop_length
+            / float(pipe.audio_vae_temporal_compression_ratio)
+        )
+        audio_num_frames = round(num_frames / fps * audio_per_second)
+        num_mel_bins = pipe.audio_vae.config.mel_bins
+        latent_mel_bins = num_mel_bins // pipe.audio_vae_mel_compression_ratio
+        audio_latents = pipe.prepare_audio_latents(
+            1, num_channels_latents=pipe.audio_vae.config.latent_channels,
+            audio_latent_length=audio_num_frames, num_mel_bins=num_mel_bins, noise_scale=0.0,
+            dtype=torch.float32, device=device, generator=generator,
+        )
+
+        # Timesteps on two private scheduler copies (video, audio).
+        steps = request.num_inference_steps
+        sigmas: Any = np.linspace(1.0, 1 / steps, steps)
+        config = pipe.scheduler.config
+        mu = calculate_shift(
+            latents.shape[1],
+            config.get("base_image_seq_len", 1024),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.95),
+            config.get("max_shift", 2.05),
+        )
+        scheduler, audio_scheduler = job_scheduler(pipe.scheduler), job_scheduler(pipe.scheduler)
+        retrieve_timesteps(audio_scheduler, steps, device, None, sigmas=sigmas, mu=mu)
+        timesteps, _ = retrieve_timesteps(scheduler, steps, device, None, sigmas=sigmas, mu=mu)
+        scheduler.set_begin_index(0)
+        audio_scheduler.set_begin_index(0)
+
+        # RoPE coordinates; the guidance passes use the positive half of the batch.
+        video_coords = pipe.transformer.rope.prepare_video_coords(
+            latents.shape[0], latent_num_frames, latent_height, latent_width, latents.device,
+            fps=cond_fps,
+        )
+        audio_coords = pipe.transformer.audio_rope.prepare_audio_coords(
+            audio_latents.shape[0], audio_num_frames, audio_latents.device
+        )
+        guide = (video_embeds, audio_embeds, conn_mask, video_coords, audio_coords)
+        if do_cfg:
+            video_coords = video_coords.repeat((2,) + (1,) * (video_coords.ndim - 1))
+            audio_coords = audio_coords.repeat((2,) + (1,) * (audio_coords.ndim - 1))
+            guide = (
+                video_embeds.chunk(2, dim=0)[1], audio_embeds.chunk(2, dim=0)[1],
+                conn_mask.chunk(2, dim=0)[1], video_coords.chunk(2, dim=0)[0],
+                audio_coords.chunk(2, dim=0)[0],
+            )
+        return LTX2State(
+            num_steps=len(timesteps), request=request, generator=generator,
+            scheduler=scheduler, timesteps=timesteps, latents=latents,
+            guidance_scale=scales["guidance_scale"], do_cfg=do_cfg,
+            audio_scheduler=audio_scheduler, audio_latents=audio_latents, dtype=embeds.dtype,
+            scales=scales,
+            stg_blocks=stg_blocks,
+            use_cross_timestep=bool(cross),
+            embeds=video_embeds, audio_embeds=audio_embeds, attention_mask=conn_mask,
+            video_coords=video_coords, audio_coords=audio_coords, guide_embeds=guide[0],
+            guide_audio_embeds=guide[1], guide_attention_mask=guide[2],
+            guide_video_coords=guide[3], guide_audio_coords=guide[4], conditioning_fps=cond_fps,
+            latent_num_frames=latent_num_frames, latent_height=latent_height,
+            latent_width=latent_width, audio_num_frames=audio_num_frames,
+            latent_mel_bins=latent_mel_bins, device=device,
+        )
+
+    def _forward(
+        self, s: LTX2State, video: torch.Tensor, audio: torch.Tensor, timestep: torch.Tensor,
+        *, guide: bool, isolate: bool = False, stg: list[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One transformer call with the loop's arguments; float32 velocity predictions."""
+        pipe = self._loaded()
+        dtype = s.dtype
+        embeds = (s.guide_embeds, s.guide_audio_embeds, s.guide_attention_mask) if guide else (
+            s.embeds, s.audio_embeds, s.attention_mask)
+        coords = (s.guide_video_coords, s.guide_audio_coords) if guide else (
+            s.video_coords, s.audio_coords)
+        out_video, out_audio = pipe.transformer(
+            hidden_states=video.to(dtype), audio_hidden_states=audio.to(dtype),
+            encoder_hidden_states=embeds[0], audio_encoder_hidden_states=embeds[1],
+            timestep=timestep, sigma=timestep, encoder_attention_mask=embeds[2],
+            audio_encoder_attention_mask=embeds[2], num_frames=s.latent_num_frames,
+            height=s.latent_height, width=s.latent_width, fps=s.conditioning_fps,
+            audio_num_frames=s.audio_num_frames, video_coords=coords[0], audio_coords=coords[1],
+            isolate_modalities=isolate, spatio_temporal_guidance_blocks=stg,
+            perturbation_mask=None, use_cross_timestep=s.use_cross_timestep,
+            attention_kwargs=None, return_dict=False,
+        )
+        return out_video.float(), out_audio.float()
+
+    @torch.no_grad()
+    def step(self, state: StepState) -> None:
+        """One loop iteration: CFG / STG / modality guidance in x0 space, both schedulers."""
+        pipe, s = self._loaded(), _state(state)
+        i, t, sc = s.step_index, s.timesteps[s.step_index], s.scales
+        latents, audio_latents = s.latents, s.audio_latents
+        video_sched, audio_sched = s.scheduler, s.audio_scheduler
+
+        def x0(sample: torch.Tensor, v: torch.Tensor, sched: Any) -> torch.Tensor:
+            return pipe.convert_velocity_to_x0(sample, v, i, sched)
+
+        video_in = torch.cat([latents] * 2) if s.do_cfg else latents
+        audio_in = torch.cat([audio_latents] * 2) if s.do_cfg else audio_latents
+        timestep = t.expand(video_in.shape[0])
+        with pipe.transformer.cache_context("cond_uncond"):
+            pred_v, pred_a = self._forward(s, video_in, audio_in, timestep, guide=False)
+        # Deltas that are off stay 0, as in __call__ (``x + 0`` is exact).
+        cfg_v: torch.Tensor | float = 0.0
+        cfg_a: torch.Tensor | float = 0.0
+        stg_v: torch.Tensor | float = 0.0
+        stg_a: torch.Tensor | float = 0.0
+        mod_v: torch.Tensor | float = 0.0
+        mod_a: torch.Tensor | float = 0.0
+        if s.do_cfg:
+            uncond_v, pred_v = pred_v.chunk(2)
+            pred_v, uncond_v = x0(latents, pred_v, video_sched), x0(latents, uncond_v, video_sched)
+            cfg_v = (sc["guidance_scale"] - 1) * (pred_v - uncond_v)
+            uncond_a, pred_a = pred_a.chunk(2)
+            pred_a = x0(audio_latents, pred_a, audio_sched)
+            uncond_a = x0(audio_latents, uncond_a, audio_sched)
+            cfg_a = (sc["audio_guidance_scale"] - 1) * (pred_a - uncond_a)
+            timestep = timestep.chunk(2, dim=0)[0]
+        else:
+            pred_v = x0(latents, pred_v, video_sched)
+            pred_a = x0(audio_latents, pred_a, audio_sched)
+
+        if s.do_stg:
+            with pipe.transformer.cache_context("uncond_stg"):
+                stg_pv, stg_pa = self._forward(
+                    s, latents, audio_latents, timestep, guide=True, stg=s.stg_blocks
+                )
+            stg_v = sc["stg_scale"] * (pred_v - x0(latents, stg_pv, video_sched))
+            stg_a = sc["audio_stg_scale"] * (pred_a - x0(audio_latents, stg_pa, audio_sched))
+        if s.do_modality:
+            with pipe.transformer.cache_context("uncond_modality"):
+                mod_pv, mod_pa = self._forward(
+                    s, latents, audio_latents, timestep, guide=True, isolate=True
+                )
+            mod_v = (sc["modality_scale"] - 1) * (pred_v - x0(latents, mod_pv, video_sched))
+            mod_a = (sc["audio_modality_scale"] - 1) * (
+                pred_a - x0(audio_latents, mod_pa, audio_sched)
+            )
+
+        guided_v = pred_v + cfg_v + stg_v + mod_v
+        guided_a = pred_a + cfg_a + stg_a + mod_a
+        if sc["guidance_rescale"] > 0:
+            guided_v = rescale_noise_cfg(guided_v, pred_v, guidance_rescale=sc["guidance_rescale"])
+        if sc["audio_guidance_rescale"] > 0:
+            guided_a = rescale_noise_cfg(
+                guided_a, pred_a, guidance_rescale=sc["audio_guidance_rescale"]
+            )
+        velocity_v = pipe.convert_x0_to_velocity(latents, guided_v, i, video_sched)
+        velocity_a = pipe.convert_x0_to_velocity(audio_latents, guided_a, i, audio_sched)
+        s.latents = video_sched.step(velocity_v, t, latents, return_dict=False)[0]
+        s.audio_latents = audio_sched.step(velocity_a, t, audio_latents, return_dict=False)[0]
+        s.step_index += 1
+
+    def _unpacked(self, latents: torch.Tensor, s: LTX2State) -> torch.Tensor:
+        pipe = self._loaded()
+        return pipe._unpack_latents(
+            latents, s.latent_num_frames, s.latent_height, s.latent_width,
+            pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size,
+        )
+
+    @torch.no_grad()
+    def decode_frames(self, state: StepState) -> np.ndarray:
+        """Video tail of ``__call__``: unpack, decode-timestep noise (timestep-conditioned
+        VAEs), de-normalise, VAE decode; float32 T×H×W×3 in [0, 1] (``output_type="np"``)."""
+        pipe, s = self._loaded(), _state(state)
+        vae = pipe.vae
+        latents = self._unpacked(s.latents, s).to(s.dtype)
+        timestep: torch.Tensor | None = None
+        if vae.config.timestep_conditioning:
+            noise = randn_tensor(
+                latents.shape, generator=s.generator, device=s.device, dtype=latents.dtype
+            )
+            decode_timestep = float(
+                s.request.extra.get("decode_timestep", call_default(pipe, "decode_timestep"))
+            )
+            noise_scale = float(s.request.extra.get("decode_noise_scale", decode_timestep))
+            timestep = torch.tensor([decode_timestep], device=s.device, dtype=latents.dtype)
+            scale = torch.tensor([noise_scale], device=s.device, dtype=latents.dtype)
+            scale = scale[:, None, None, None, None]
+            latents = (1 - scale) * latents + scale * noise
+        latents = pipe._denormalize_latents(
+            latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
+        )
+        latents = latents.to(vae.dtype)
+        opts = s.request.options
+        with vae_options(vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
+            video = vae.decode(latents, timestep, return_dict=False)[0]
+        frames: np.ndarray = pipe.video_processor.postprocess_video(video, output_type="np")
+        return frames[0]
+
+    @torch.no_grad()
+    def decode_audio(self, state: StepState) -> torch.Tensor:
+        """Audio tail of ``__call__``: de-normalise, unpack, audio VAE → mel → vocoder;
+        B×channels×samples (``LTX2PipelineOutput.audio``)."""
+        pipe, s = self._loaded(), _state(state)
+        audio_vae = pipe.audio_vae
+        latents = pipe._denormalize_audio_latents(
+            s.audio_latents, audio_vae.latents_mean, audio_vae.latents_std
+        )
+        latents = pipe._unpack_audio_latents(
+            latents, s.audio_num_frames, num_mel_bins=s.latent_mel_bins
+        )
+        mel = audio_vae.decode(latents.to(audio_vae.dtype), return_dict=False)[0]
+        audio: torch.Tensor = pipe.vocoder(mel)
+        return audio
+
+    def decode(self, state: StepState) -> Media:
+        """uint8 frames at the request's fps plus float32 (channels, samples) audio at the
+        vocoder's ``output_sampling_rate``."""
+        s = _state(state)
+        frames = to_uint8(self.decode_frames(s))
+        audio = self.decode_audio(s)[0].float().cpu().numpy()
+        return Media(
+            frames=frames,
+            fps=s.request.fps,
+            audio=np.ascontiguousarray(audio, dtype=np.float32),
+            sample_rate=int(self._loaded().vocoder.config.output_sampling_rate),
+        )
+
+    def preview(self, state: StepState) -> np.ndarray | None:
+        """Grey middle latent frame of the unpacked video latents (B×C×F×h×w)."""
+        s = _state(state)
+        return grey_preview(self._unpacked(s.latents, s), channel_dim=1, frame_dim=2)
+
+
+def _state(state: StepState) -> LTX2State:
+    if not isinstance(state, LTX2State):
+        raise TypeError(f"expected an LTX2State, got {type(state).__name__}")
+    return state

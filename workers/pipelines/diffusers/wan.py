@@ -1,0 +1,201 @@
+"""Wan 2.1 / 2.2 text-to-video (``diffusers.WanPipeline``) run one denoise step at a time.
+
+Mirrors ``WanPipeline.__call__`` (diffusers 0.42): ``prepare`` = steps 1-5 (checks,
+rounding, prompt encoding, timesteps, latents), ``step`` = one iteration of step 6 (the
+denoising loop, including Wan 2.2's two-transformer ``boundary_ratio`` switch with
+``guidance_scale_2`` and the ``expand_timesteps`` per-token timesteps of TI2V-5B),
+``decode`` = the tail (latent de-normalisation, VAE decode, ``postprocess_video``).
+
+Request options: ``guidance_scale_2``, ``boundary_ratio`` (overrides the pipeline's
+config for this job), ``flow_shift`` (job scheduler built with that shift),
+``vae_use_tiling`` / ``vae_use_slicing``. Image-to-video is not supported here
+(``WanImageToVideoPipeline`` needs an image encoder and a different loop).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import WanPipeline
+from diffusers.utils.torch_utils import get_module_execution_device
+
+from workers.pipelines.base import GenerationRequest, StepState
+from workers.pipelines.diffusers.common import (
+    DiffusersAdapter,
+    DiffusersState,
+    call_default,
+    cfg,
+    grey_preview,
+    guidance_scale,
+    job_scheduler,
+    make_generator,
+    vae_options,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class WanState(DiffusersState):
+    """One Wan job: embeddings, latents, its scheduler copy and RNG, the stage switch."""
+
+    prompt_embeds: torch.Tensor
+    negative_prompt_embeds: torch.Tensor | None
+    guidance_scale_2: float  # low-noise stage (only read when boundary_timestep is set)
+    boundary_timestep: float | None
+    transformer_dtype: torch.dtype
+
+
+class WanAdapter(DiffusersAdapter):
+    """``WanPipeline`` (T2V 1.3B/14B, Wan 2.2 A14B with ``transformer_2``, TI2V-5B)."""
+
+    family = "diffusers.wan"
+    pipeline_class = WanPipeline
+
+    @torch.no_grad()
+    def prepare(self, request: GenerationRequest) -> WanState:
+        """``__call__`` steps 1-5; nothing is written to the shared pipe."""
+        pipe = self._loaded()
+        self._no_reference(request)
+        opts = request.options
+        prompt, negative_prompt = request.prompt, request.negative_prompt
+        height, width, num_frames = request.height, request.width, request.num_frames
+        scale = guidance_scale(pipe, request)
+        scale_2 = opts.get("guidance_scale_2")
+        boundary_ratio = opts.get("boundary_ratio", pipe.config.boundary_ratio)
+
+        # 1. Check inputs (guidance_scale_2 against this job's boundary_ratio).
+        pipe.check_inputs(prompt, negative_prompt, height, width)
+        if boundary_ratio is None and scale_2 is not None:
+            raise ValueError("guidance_scale_2 needs a boundary_ratio (a two-stage Wan 2.2 model)")
+        if boundary_ratio is not None and pipe.transformer_2 is None:
+            raise ValueError("boundary_ratio needs a Wan 2.2 model with transformer_2")
+
+        temporal = pipe.vae_scale_factor_temporal
+        if num_frames % temporal != 1:
+            logger.warning("num_frames - 1 has to be divisible by %d; rounding", temporal)
+            num_frames = num_frames // temporal * temporal + 1
+        num_frames = max(num_frames, 1)
+        main = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+        patch_size = main.config.patch_size
+        h_multiple = pipe.vae_scale_factor_spatial * patch_size[1]
+        w_multiple = pipe.vae_scale_factor_spatial * patch_size[2]
+        calc_height = height // h_multiple * h_multiple
+        calc_width = width // w_multiple * w_multiple
+        if (height, width) != (calc_height, calc_width):
+            logger.warning("adjusting (%d, %d) -> (%d, %d)", height, width, calc_height, calc_width)
+            height, width = calc_height, calc_width
+        if boundary_ratio is not None and scale_2 is None:
+            scale_2 = scale
+        do_cfg = scale > 1.0
+        device = pipe._execution_device
+
+        # 3. Encode input prompt.
+        prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
+            prompt=prompt,
+            negative_prompt=negative_prompt,
+            do_classifier_free_guidance=do_cfg,
+            num_videos_per_prompt=1,
+            max_sequence_length=self._seq_len(call_default(pipe, "max_sequence_length")),
+            device=device,
+        )
+        transformer_dtype = main.dtype
+        prompt_embeds = prompt_embeds.to(transformer_dtype)
+        if negative_prompt_embeds is not None:
+            negative_prompt_embeds = negative_prompt_embeds.to(transformer_dtype)
+
+        # 4. Prepare timesteps (on this job's scheduler copy).
+        scheduler = job_scheduler(pipe.scheduler, opts.get("flow_shift"))
+        scheduler.set_timesteps(request.num_inference_steps, device=device)
+        timesteps = scheduler.timesteps
+
+        # 5. Prepare latent variables.
+        generator = make_generator(request.seed)
+        latents = pipe.prepare_latents(
+            1, main.config.in_channels, height, width, num_frames, torch.float32, device, generator
+        )
+        scheduler.set_begin_index(0)
+        boundary = (
+            None if boundary_ratio is None
+            else float(boundary_ratio) * scheduler.config.num_train_timesteps
+        )
+        return WanState(
+            num_steps=len(timesteps), request=request, generator=generator,
+            scheduler=scheduler, timesteps=timesteps, latents=latents,
+            guidance_scale=scale, do_cfg=do_cfg, prompt_embeds=prompt_embeds,
+            negative_prompt_embeds=negative_prompt_embeds,
+            guidance_scale_2=scale if scale_2 is None else float(scale_2),
+            boundary_timestep=boundary, transformer_dtype=transformer_dtype,
+        )
+
+    @torch.no_grad()
+    def step(self, state: StepState) -> None:
+        """One iteration of ``__call__``'s step 6 (the denoising loop)."""
+        pipe, s = self._loaded(), _state(state)
+        i = s.step_index
+        t = s.timesteps[i]
+        if s.boundary_timestep is None or t >= s.boundary_timestep:
+            model, scale = pipe.transformer, s.guidance_scale  # wan2.1 / high-noise stage
+        else:
+            model, scale = pipe.transformer_2, s.guidance_scale_2  # low-noise stage
+        latents = s.latents
+        latent_model_input = latents.to(s.transformer_dtype)
+        if pipe.config.expand_timesteps:
+            # One timestep per token: mask[0][0][:, ::2, ::2] * t with an all-ones mask.
+            ones = torch.ones(latents.shape[2:], dtype=torch.float32, device=latents.device)
+            timestep = (ones[:, ::2, ::2] * t).flatten().unsqueeze(0).expand(latents.shape[0], -1)
+        else:
+            timestep = t.expand(latents.shape[0])
+        cache_kwargs: dict[str, Any] = {
+            "step_index": i,
+            "sigma": float(s.scheduler.sigmas[i]),
+            "num_inference_steps": len(s.timesteps),
+        }
+        with model.cache_context("cond", **cache_kwargs):
+            noise_pred = model(
+                hidden_states=latent_model_input, timestep=timestep,
+                encoder_hidden_states=s.prompt_embeds, attention_kwargs=None, return_dict=False,
+            )[0]
+        if s.do_cfg:
+            with model.cache_context("uncond", **cache_kwargs):
+                noise_uncond = model(
+                    hidden_states=latent_model_input, timestep=timestep,
+                    encoder_hidden_states=s.negative_prompt_embeds, attention_kwargs=None,
+                    return_dict=False,
+                )[0]
+            noise_pred = cfg(noise_uncond, noise_pred, scale)
+        s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+        s.step_index += 1
+
+    @torch.no_grad()
+    def decode_frames(self, state: StepState) -> np.ndarray:
+        """The tail of ``__call__``: de-normalise with the VAE's latents_mean/std, decode,
+        ``postprocess_video(output_type="np")``."""
+        pipe, s = self._loaded(), _state(state)
+        vae = pipe.vae
+        latents = s.latents.to(get_module_execution_device(vae), dtype=vae.dtype)
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
+        std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(
+            latents.device, latents.dtype
+        )
+        latents = latents / std + mean
+        opts = s.request.options
+        with vae_options(vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
+            video = vae.decode(latents, return_dict=False)[0]
+        frames: np.ndarray = pipe.video_processor.postprocess_video(video, output_type="np")
+        return frames[0]
+
+    def preview(self, state: StepState) -> np.ndarray | None:
+        """Grey middle latent frame (latents are B×C×F×h×w)."""
+        return grey_preview(_state(state).latents, channel_dim=1, frame_dim=2)
+
+
+def _state(state: StepState) -> WanState:
+    if not isinstance(state, WanState):
+        raise TypeError(f"expected a WanState, got {type(state).__name__}")
+    return state

@@ -267,28 +267,62 @@ def main() -> None:
     )
 
     # ---- cancel latency ---------------------------------------------------------------
+    # The executor runs on this (main) thread as in a solo-pool worker; a second thread
+    # plays the API and cancels. "observed" is when the executor's ownership check first
+    # saw the cancel (the loop stops computing there); "returned" is when run() returned,
+    # after cleanup (temp files, objects, gc, CUDA cache).
+    observed: list[float] = []
+    original_update = jobs.update_running
+    original_owned = jobs.still_owned
+
+    def update_running(*a: Any, **kw: Any) -> bool:
+        ok = original_update(*a, **kw)
+        if not ok and not observed:
+            observed.append(time.perf_counter())
+        return ok
+
+    def still_owned(*a: Any, **kw: Any) -> bool:
+        ok = original_owned(*a, **kw)
+        if not ok and not observed:
+            observed.append(time.perf_counter())
+        return ok
+
+    release_ms: list[float] = []
+    original_release = executor._release_memory
+
+    def release(**kw: Any) -> None:
+        t = time.perf_counter()
+        original_release(**kw)
+        release_ms.append((time.perf_counter() - t) * 1000)
+
+    executor._release_memory = release  # type: ignore[method-assign]
+    jobs.update_running = update_running  # type: ignore[method-assign]
+    jobs.still_owned = still_owned  # type: ignore[method-assign]
     cancels = []
     for at in [int(s) for s in args.cancel_steps.split(",")]:
         job_id = new_job(2)
-        result: dict[str, Any] = {}
+        observed.clear()
+        requested: list[float] = []
 
-        def run_job(j: str = job_id, res: dict[str, Any] = result) -> None:
-            res["o"] = executor.run(j)
+        def canceller(j: str = job_id, step: int = at, req: list[float] = requested) -> None:
+            while (row := jobs.get(j)) is not None and row.step < step:
+                time.sleep(0.001)
+            req.append(time.perf_counter())
+            jobs.cancel(j)
 
-        thread = threading.Thread(target=run_job)
+        thread = threading.Thread(target=canceller)
         thread.start()
-        while (row := jobs.get(job_id)) is not None and row.step < at:
-            time.sleep(0.001)
-        requested = time.perf_counter()
-        jobs.cancel(job_id)
+        outcome = executor.run(job_id)
+        returned = time.perf_counter()
         thread.join()
-        stopped = time.perf_counter()
         torch.cuda.synchronize()
         cancels.append(
             {
                 "at_step": at,
-                "outcome": result.get("o"),
-                "cancel_to_stopped_ms": round((stopped - requested) * 1000, 1),
+                "outcome": outcome,
+                "cancel_to_observed_ms": round((observed[0] - requested[0]) * 1000, 1),
+                "cancel_to_returned_ms": round((returned - requested[0]) * 1000, 1),
+                "release_memory_ms": round(release_ms[-1], 1),
                 "memory_after_minus_baseline": torch.cuda.memory_allocated() - baseline,
                 "temp_dirs_left": len(list(work.glob("omniq-*"))),
             }

@@ -188,6 +188,8 @@ class ServedModel(BaseModel):
     dtype: str = "bfloat16"
     # None: the worker's device (OMNIQ_WORKER__DEVICE).
     device: str | None = None
+    # Extra keyword arguments of the adapter's constructor (e.g. max_sequence_length).
+    adapter_options: dict[str, Any] = Field(default_factory=dict)
     spec: ModelSpec
 
 

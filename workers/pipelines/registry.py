@@ -28,7 +28,7 @@ def build_adapter(model: ServedModel) -> Pipeline:
     if model.adapter == "reference.video":
         pipe: Pipeline = cls()
     else:
-        pipe = cls(path=model.path, dtype=model.dtype, spec=model.spec)
+        pipe = cls(path=model.path, dtype=model.dtype, spec=model.spec, **model.adapter_options)
     pipe.spec = model.spec
     return pipe
 

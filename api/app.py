@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
-from api.routes import system, videos
+from api.routes import system, video_events, videos
 from api.state import AppState
 from storage.settings import Settings, get_settings
 
@@ -32,7 +32,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield {"app": state}
         finally:
-            state.close()
+            await state.aclose()
 
     app = FastAPI(
         title="omniqueue",
@@ -46,4 +46,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(system.router)
     app.include_router(videos.router)
+    app.include_router(video_events.router)
     return app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, WebSocket
 from starlette.concurrency import run_in_threadpool
 
 from api.state import AppState
@@ -46,3 +46,23 @@ async def current_owner(request: Request, state: StateDep) -> str:
 
 
 CurrentOwner = Annotated[str, Depends(current_owner)]
+
+
+INSECURE_KEY_PROTOCOL = "openai-insecure-api-key."
+
+
+async def websocket_owner(websocket: WebSocket, state: AppState) -> tuple[str | None, str | None]:
+    """The caller of a WebSocket and the subprotocol to accept: a bearer header, or the
+    ``openai-insecure-api-key.<key>`` subprotocol browsers use (OpenAI Realtime)."""
+    offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",")]
+    chosen = next((p for p in offered if p.startswith(INSECURE_KEY_PROTOCOL)), None)
+    if state.settings.auth == "off":
+        return LOCAL_OWNER, chosen
+    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+    secret = token.strip() if scheme.lower() == "bearer" else ""
+    if not secret and chosen:
+        secret = chosen[len(INSECURE_KEY_PROTOCOL) :]
+    if not secret:
+        return None, None
+    key = await run_in_threadpool(state.keys.verify, secret)
+    return (key.id if key else None), chosen

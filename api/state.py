@@ -5,10 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+import redis.asyncio
 from sqlalchemy import Engine, text
 
 from models.catalog import ModelSpec
 from storage.artifacts import ArtifactStore, make_s3_client
+from storage.bus import AsyncEventBus, EventBus
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.keys import ApiKeyStore
@@ -25,6 +28,8 @@ class AppState:
     artifacts: ArtifactStore
     queue: JobQueue
     specs: dict[str, ModelSpec]
+    bus: EventBus
+    abus: AsyncEventBus
 
     @classmethod
     def build(cls, settings: Settings, *, s3_client: Any | None = None) -> AppState:
@@ -42,10 +47,18 @@ class AppState:
             ),
             queue=JobQueue(make_celery(settings)),
             specs=served_specs(settings),
+            bus=EventBus(redis.Redis.from_url(settings.redis.url), ttl_s=settings.events_ttl_s),
+            abus=AsyncEventBus(
+                # event readers block up to 15 s (XREAD BLOCK): keep the socket timeout above it
+                redis.asyncio.Redis.from_url(settings.redis.url, socket_timeout=60),
+                ttl_s=settings.events_ttl_s,
+            ),
         )
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         self.queue.close()
+        self.bus.redis.close()
+        await self.abus.redis.aclose()
         self.engine.dispose()
 
     def readiness(self) -> dict[str, str]:

@@ -18,9 +18,10 @@ from api.state import AppState
 from api.validation import ResolvedVideo, parse_create, resolve
 from models.db import Artifact, Job, JobStatus
 from models.errors import Gone, InvalidRequest, NotFound, NotReady, ServiceUnavailable
+from models.events import DoneEvent, StatusEvent
 from models.videos import StageDurations, VideoError, VideoObject, VideoPage
 from storage.artifacts import StorageError
-from storage.constants import ID_PREFIX, job_prefix
+from storage.constants import ID_PREFIX, job_events_key, job_prefix
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ class VideoService:
             )
         job, created = await run_in_threadpool(self._persist, resolved, png, owner, idempotency_key)
         positions = await run_in_threadpool(self.state.jobs.queue_positions, [job])
+        if created:
+            event = StatusEvent(status="queued", queue_position=positions.get(job.id))
+            await self.state.abus.publish(job_events_key(job.id), event)
         return self.to_wire(job, positions.get(job.id)), created
 
     def _persist(
@@ -176,13 +180,25 @@ class VideoService:
     def cancel(self, job_id: str, owner: str) -> VideoObject:
         """Cancel a queued or running job; a finished job is returned unchanged."""
         job = self.get_job(job_id, owner)
-        self.state.jobs.cancel(job.id)
+        self.cancel_job(job.id, "cancelled by the client")
         return self.retrieve(job_id, owner)
+
+    def cancel_job(self, job_id: str, message: str) -> bool:
+        """Fail the job with ``cancelled`` if it is still active, and tell its watchers.
+        The worker notices at its next step boundary and cleans up."""
+        if not self.state.jobs.cancel(job_id, message):
+            return False
+        error = VideoError(code="cancelled", message=message)
+        try:
+            self.state.bus.publish(job_events_key(job_id), DoneEvent(status="failed", error=error))
+        except Exception:  # the row is the truth; watchers also poll it
+            log.warning("could not publish the cancel of %s", job_id, exc_info=True)
+        return True
 
     def delete(self, job_id: str, owner: str) -> None:
         """Cancel if active, delete every object under the job's prefix, then the record."""
         job = self.get_job(job_id, owner)
-        self.state.jobs.cancel(job.id, "deleted by the client")
+        self.cancel_job(job.id, "deleted by the client")
         try:
             self.state.artifacts.delete_prefix(job_prefix(job.kind, job.id))
         except StorageError as exc:
@@ -191,6 +207,7 @@ class VideoService:
                 code="storage_error",
             ) from exc
         self.state.jobs.delete(job.id)
+        self.state.bus.delete(job_events_key(job.id))
 
     def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[Job, Artifact]:
         job = self.get_job(job_id, owner)

@@ -26,3 +26,18 @@ def job_queue(model: str) -> str:
 def job_prefix(kind: str, job_id: str) -> str:
     """S3 key prefix holding everything of one job: ``videos/{id}/``."""
     return f"{kind}s/{job_id}/"
+
+
+def job_events_key(job_id: str) -> str:
+    """Redis Stream of one job's events (status, progress, preview, chunk, done)."""
+    return f"{KEY_PREFIX}job:{job_id}:events"
+
+
+def session_in_key(session_id: str) -> str:
+    """Commands API → worker of one realtime session."""
+    return f"{KEY_PREFIX}session:{session_id}:in"
+
+
+def session_out_key(session_id: str) -> str:
+    """Outputs worker → API of one realtime session."""
+    return f"{KEY_PREFIX}session:{session_id}:out"

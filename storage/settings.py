@@ -100,6 +100,9 @@ class WorkerSettings(BaseModel):
     reconcile_interval_s: float = 10.0
     # Multipart uploads older than this are aborted by the reconciler (seconds).
     stale_upload_s: float = 3600.0
+    # Publish a preview JPEG every N denoise steps (0: off; previews cost a decode).
+    preview_every: int = 0
+    preview_max_side: int = 256
     # Tests only: a JSON file of fault-injection points (see workers/failpoints.py).
     failpoints_file: str | None = None
 
@@ -139,6 +142,8 @@ class Settings(BaseSettings):
     sync_timeout_s: float = 600.0
     # Idempotency-Key reuse window (seconds).
     idempotency_ttl_s: int = 24 * 3600
+    # Job event streams (Redis) expire this long after their last event (seconds).
+    events_ttl_s: int = 24 * 3600
     # Hint for pollers (``openai-poll-after-ms``).
     poll_after_ms: int = 1000
 

@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 
 from models.catalog import ServedModel
 from storage.artifacts import ArtifactStore, make_s3_client
+from storage.bus import EventBus
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.queue import JobQueue, make_celery
@@ -50,14 +51,10 @@ class WorkerContext:
         artifacts = ArtifactStore(make_s3_client(settings.s3), settings.s3)
         pipelines = PipelineRegistry(worker_models(settings), settings.worker.device)
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
-        executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id)
-        reconciler = Reconciler(
-            settings,
-            jobs,
-            artifacts,
-            JobQueue(make_celery(settings)),
-            redis.Redis.from_url(settings.redis.url),
-        )
+        client = redis.Redis.from_url(settings.redis.url)
+        bus = EventBus(client, ttl_s=settings.events_ttl_s)
+        executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id, bus)
+        reconciler = Reconciler(settings, jobs, artifacts, JobQueue(make_celery(settings)), client)
         return cls(settings, engine, jobs, artifacts, pipelines, executor, worker_id, reconciler)
 
     def start_background(self) -> None:

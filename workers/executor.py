@@ -9,6 +9,7 @@ job's S3 prefix is deleted (multipart uploads are aborted by the store itself).
 
 from __future__ import annotations
 
+import base64
 import gc
 import io
 import logging
@@ -26,8 +27,11 @@ import torch
 from PIL import Image
 
 from models.db import Artifact, ErrorCode, Job, JobStatus
+from models.events import DoneEvent, PreviewEvent, ProgressEvent, StatusEvent
+from models.videos import VideoError
 from storage.artifacts import ArtifactStore, StorageError, UploadAborted
-from storage.constants import job_prefix
+from storage.bus import EventBus
+from storage.constants import job_events_key, job_prefix
 from storage.jobs import JobStore
 from storage.settings import Settings
 from workers.failpoints import Failpoints
@@ -77,12 +81,14 @@ class StepExecutor:
         artifacts: ArtifactStore,
         pipelines: PipelineRegistry,
         worker_id: str,
+        bus: EventBus | None = None,
     ) -> None:
         self.settings = settings
         self.jobs = jobs
         self.artifacts = artifacts
         self.pipelines = pipelines
         self.worker_id = worker_id
+        self.bus = bus
         self.failpoints = Failpoints(settings.worker.failpoints_file)
 
     # ---- entry ------------------------------------------------------------------
@@ -100,6 +106,7 @@ class StepExecutor:
         run.progress = job.progress  # a taken-over job never reports less than before
         run.attempt = job.attempt
         run.durations["queue"] = round(max((job.started_at or time.time()) - job.created_at, 0), 4)
+        self._publish(job, StatusEvent(status="in_progress"))
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
         stop_heartbeat = self._start_heartbeat(run)
         completed = False
@@ -151,11 +158,10 @@ class StepExecutor:
         if job.heartbeat_at is not None and job.heartbeat_at >= stale_before:
             return False  # a live worker owns it: this is a duplicate delivery
         if job.attempt >= w.max_attempts:
-            self.jobs.fail(
-                job_id,
-                ErrorCode.WORKER_LOST,
-                f"the worker running this job was lost {job.attempt} times",
-            )
+            message = f"the worker running this job was lost {job.attempt} times"
+            if self.jobs.fail(job_id, ErrorCode.WORKER_LOST, message):
+                error = VideoError(code=ErrorCode.WORKER_LOST.value, message=message)
+                self._publish(job, DoneEvent(status="failed", error=error))
             self._delete_objects(job)
             return False
         return self.jobs.take_over(
@@ -176,6 +182,7 @@ class StepExecutor:
         state = pipe.prepare(request)
         del request
         self._enter(run, "denoise")
+        preview_every = self.settings.worker.preview_every
         while not state.done:
             self._failpoint(run, f"step:{state.step_index}")
             pipe.step(state)
@@ -183,6 +190,8 @@ class StepExecutor:
             span = DENOISE_END - STAGE_START["denoise"]
             progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps
             self._report(run, progress, force=state.done)
+            if preview_every and state.step_index % preview_every == 0 and not state.done:
+                self._preview(run, pipe, state)
 
         self._enter(run, "decode")
         self._failpoint(run, "decode")
@@ -217,6 +226,8 @@ class StepExecutor:
             inference_time_s=round(inference_time, 4),
             peak_memory_mb=_peak_memory_mb(),
         )
+        if done:
+            self._publish(job, DoneEvent(status="completed"))
         return done
 
     def _request(self, job: Job) -> GenerationRequest:
@@ -294,6 +305,13 @@ class StepExecutor:
             )
             if not ok:
                 raise JobLost
+            event = ProgressEvent(
+                progress=run.progress,
+                step=run.step,
+                num_steps=run.job.num_inference_steps,
+                stage=run.stage,
+            )
+            self._publish(run.job, event)
         else:
             self._check(run)
 
@@ -314,7 +332,7 @@ class StepExecutor:
 
     def _fail(self, run: _Run, code: ErrorCode, message: str) -> None:
         run.end_stage()
-        self.jobs.fail(
+        failed = self.jobs.fail(
             run.job.id,
             code,
             message,
@@ -322,6 +340,32 @@ class StepExecutor:
             stage_durations=run.durations,
             stage=run.stage,
         )
+        if failed:
+            error = VideoError(code=code.value, message=message)
+            self._publish(run.job, DoneEvent(status="failed", error=error))
+
+    def _preview(self, run: _Run, pipe: Pipeline, state: Any) -> None:
+        image = pipe.preview(state)
+        if image is None:
+            return
+        jpeg = preview_jpeg(image, self.settings.worker.preview_max_side)
+        event = PreviewEvent(
+            step=run.step,
+            width=jpeg.width,
+            height=jpeg.height,
+            jpeg_b64=base64.b64encode(jpeg.data).decode(),
+        )
+        self._publish(run.job, event)
+
+    def _publish(self, job: Job, event: Any) -> None:
+        """Events are best effort: a bus failure never fails the job (the row is the
+        truth, and pollers still see it)."""
+        if self.bus is None:
+            return
+        try:
+            self.bus.publish(job_events_key(job.id), event)
+        except Exception:
+            log.warning("could not publish %s of %s", event.type, job.id, exc_info=True)
 
     def _start_heartbeat(self, run: _Run) -> threading.Event:
         """Heartbeat from a thread, so a long stage (decode, upload) is not taken for a
@@ -361,6 +405,22 @@ class StepExecutor:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class _Jpeg:
+    data: bytes
+    width: int
+    height: int
+
+
+def preview_jpeg(image: np.ndarray, max_side: int) -> _Jpeg:
+    """A small JPEG of a uint8 H×W×3 (or H×W) preview, longer side ≤ ``max_side``."""
+    img = Image.fromarray(np.asarray(image, dtype=np.uint8))
+    img.thumbnail((max_side, max_side), Image.Resampling.BILINEAR)
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="JPEG", quality=70)
+    return _Jpeg(buf.getvalue(), img.width, img.height)
 
 
 def _thumbnail_frame(media: Media) -> np.ndarray:

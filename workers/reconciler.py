@@ -30,8 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from models.db import ErrorCode, JobStatus
+from models.events import DoneEvent
+from models.videos import VideoError
 from storage.artifacts import ArtifactStore, StorageError
-from storage.constants import KEY_PREFIX, job_prefix
+from storage.bus import EventBus
+from storage.constants import KEY_PREFIX, job_events_key, job_prefix
 from storage.jobs import JobStore
 from storage.queue import JobQueue
 from storage.settings import Settings
@@ -65,6 +68,7 @@ class Reconciler:
         self.artifacts = artifacts
         self.queue = queue
         self.redis = redis
+        self.bus = EventBus(redis, ttl_s=settings.events_ttl_s)
 
     def run_once(self) -> ReconcileReport | None:
         """One pass, or None when another worker holds the lock."""
@@ -91,6 +95,10 @@ class Reconciler:
                 if self.jobs.fail(job.id, ErrorCode.WORKER_LOST, message):
                     report.worker_lost.append(job.id)
                     self._delete(job.kind, job.id)
+                    error = VideoError(code=ErrorCode.WORKER_LOST.value, message=message)
+                    self.bus.publish(
+                        job_events_key(job.id), DoneEvent(status="failed", error=error)
+                    )
                 continue
             # One re-enqueue per heartbeat window, however often the reconciler runs.
             marker = REQUEUED_KEY + job.id

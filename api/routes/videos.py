@@ -61,10 +61,10 @@ async def create_video_sync(
         if job.status in (JobStatus.COMPLETED, JobStatus.FAILED):
             break
         if await request.is_disconnected():
-            await run_in_threadpool(videos.state.jobs.cancel, video.id, "client disconnected")
+            await run_in_threadpool(videos.cancel_job, video.id, "client disconnected")
             return Response(status_code=499)
         if time.monotonic() >= deadline:
-            await run_in_threadpool(videos.state.jobs.cancel, video.id, "sync timeout")
+            await run_in_threadpool(videos.cancel_job, video.id, "sync timeout")
             raise SyncTimeout(
                 f"video {video.id} did not finish within {videos.settings.sync_timeout_s:g} s "
                 "and was cancelled",

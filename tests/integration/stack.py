@@ -53,6 +53,7 @@ class Stack:
                 "OMNIQ_WORKER__TMP_DIR": str(self.tmp_dir),
                 "OMNIQ_WORKER__PROGRESS_INTERVAL_S": "0.05",
                 "OMNIQ_POLL_AFTER_MS": "100",
+                "OMNIQ_WORKER__PREVIEW_EVERY": "2",
                 "PYTHONPATH": str(REPO),
                 "PYTHONUNBUFFERED": "1",
             }

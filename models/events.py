@@ -1,0 +1,57 @@
+"""Job events: what watchers of a job receive over SSE (``/events``) and WebSocket
+(``/stream``). Every event carries the bus stream id as its ``id`` on the wire."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from models.videos import VideoError, VideoStatus
+
+
+class StatusEvent(BaseModel):
+    type: Literal["status"] = "status"
+    status: VideoStatus
+    queue_position: int | None = None
+
+
+class ProgressEvent(BaseModel):
+    type: Literal["progress"] = "progress"
+    progress: int
+    step: int
+    num_steps: int
+    stage: str
+
+
+class PreviewEvent(BaseModel):
+    """A small JPEG of the current estimate (base64 over SSE and in this model)."""
+
+    type: Literal["preview"] = "preview"
+    step: int
+    width: int
+    height: int
+    jpeg_b64: str
+
+
+class ChunkEvent(BaseModel):
+    """An fMP4 fragment of a model that streams frames; over WS the bytes follow as one
+    binary frame, over SSE they are in ``data_b64``."""
+
+    type: Literal["chunk"] = "chunk"
+    seq: int
+    byte_length: int
+    num_frames: int
+    data_b64: str | None = None
+
+
+class DoneEvent(BaseModel):
+    type: Literal["done"] = "done"
+    status: VideoStatus
+    error: VideoError | None = None
+
+
+JobEvent = Annotated[
+    StatusEvent | ProgressEvent | PreviewEvent | ChunkEvent | DoneEvent,
+    Field(discriminator="type"),
+]

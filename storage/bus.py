@@ -1,0 +1,105 @@
+"""The event bus: Redis Streams, one per job or session direction.
+
+Each entry holds a JSON ``event`` and optionally binary ``data``; the stream id (e.g.
+``1764460000123-0``) is the event's id on the wire, so a watcher resumes by passing the
+last id it saw (SSE ``Last-Event-ID``). Streams are bounded (``MAXLEN ~``) and expire
+``ttl_s`` after their last entry, so nothing outlives its retention. The worker publishes
+with the synchronous :class:`EventBus`; the API reads with :class:`AsyncEventBus`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+DEFAULT_MAXLEN = 2000
+
+
+@dataclass(frozen=True)
+class BusEntry:
+    id: str
+    event: dict[str, Any]
+    data: bytes | None = None
+
+    @property
+    def type(self) -> str:
+        return str(self.event.get("type", ""))
+
+
+def _fields(event: BaseModel | dict[str, Any], data: bytes | None) -> dict[str, Any]:
+    body = event.model_dump(mode="json") if isinstance(event, BaseModel) else event
+    fields: dict[str, Any] = {"event": json.dumps(body, separators=(",", ":"))}
+    if data is not None:
+        fields["data"] = data
+    return fields
+
+
+def _entries(raw: Any) -> list[BusEntry]:
+    out = []
+    for entry_id, fields in raw:
+        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        event = json.loads(fields[b"event"])
+        out.append(BusEntry(eid, event, fields.get(b"data")))
+    return out
+
+
+class EventBus:
+    """Synchronous publisher/reader (workers)."""
+
+    def __init__(self, redis: Any, *, ttl_s: int, maxlen: int = DEFAULT_MAXLEN) -> None:
+        self.redis = redis
+        self.ttl_s = ttl_s
+        self.maxlen = maxlen
+
+    def publish(
+        self, stream: str, event: BaseModel | dict[str, Any], data: bytes | None = None
+    ) -> str:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
+        pipe.expire(stream, self.ttl_s)
+        entry_id, _ = pipe.execute()
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+    def read(
+        self, stream: str, after: str = "0-0", *, block_ms: int | None = None, count: int = 100
+    ) -> list[BusEntry]:
+        raw = self.redis.xread({stream: after}, count=count, block=block_ms)
+        return _entries(raw[0][1]) if raw else []
+
+    def delete(self, *streams: str) -> None:
+        if streams:
+            self.redis.delete(*streams)
+
+
+class AsyncEventBus:
+    """asyncio publisher/reader (the API)."""
+
+    def __init__(self, redis: Any, *, ttl_s: int, maxlen: int = DEFAULT_MAXLEN) -> None:
+        self.redis = redis
+        self.ttl_s = ttl_s
+        self.maxlen = maxlen
+
+    async def publish(
+        self, stream: str, event: BaseModel | dict[str, Any], data: bytes | None = None
+    ) -> str:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
+            pipe.expire(stream, self.ttl_s)
+            entry_id, _ = await pipe.execute()
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+    async def read(
+        self, stream: str, after: str = "0-0", *, block_ms: int | None = None, count: int = 100
+    ) -> list[BusEntry]:
+        raw = await self.redis.xread({stream: after}, count=count, block=block_ms)
+        return _entries(raw[0][1]) if raw else []
+
+    async def exists(self, stream: str) -> bool:
+        return bool(await self.redis.exists(stream))
+
+    async def delete(self, *streams: str) -> None:
+        if streams:
+            await self.redis.delete(*streams)

@@ -225,7 +225,7 @@ def parse_registry(text: str, source: str = "model registry") -> dict[str, Serve
         if not isinstance(entry, dict) or "name" not in entry or "adapter" not in entry:
             raise CatalogError(f"{where} needs 'name' and 'adapter'")
         name, adapter = str(entry["name"]), str(entry["adapter"])
-        base = FAMILY_SPECS.get(adapter)
+        base = REFERENCE_VIDEO if adapter == "reference.video" else FAMILY_SPECS.get(adapter)
         if base is None and ":" not in adapter:
             known = ", ".join(sorted(FAMILY_SPECS))
             raise CatalogError(

@@ -6,7 +6,6 @@ import re
 
 # Celery task names (the API sends by name; it never imports workers).
 TASK_RUN_JOB = "omniqueue.run_job"
-TASK_RECONCILE = "omniqueue.reconcile"
 
 # Job id prefixes per kind.
 ID_PREFIX = {"video": "video_", "audio": "audio_"}

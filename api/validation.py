@@ -99,7 +99,7 @@ def parse_create(raw: dict[str, Any]) -> VideoCreate:
 def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -> ResolvedVideo:
     """Check a parsed request against the named model's spec and the server's limits."""
     limits = settings.limits
-    model = req.model or next(iter(specs))
+    model = req.model or next((n for n, s in specs.items() if not s.streaming), "")
     spec = specs.get(model)
     if spec is None:
         raise ModelNotFound(
@@ -108,6 +108,11 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         )
     if spec.modality != "video":
         raise InvalidRequest(f"model {model!r} does not make video", param="model")
+    if spec.streaming:
+        raise InvalidRequest(
+            f"model {model!r} streams realtime sessions: use WS /v1/realtime/video",
+            param="model",
+        )
 
     prompt = req.prompt.strip()
     if not prompt:

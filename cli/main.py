@@ -47,17 +47,28 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     worker = settings.worker.model_copy(update=update)
     settings = settings.model_copy(update={"worker": worker})
     settings.check_secrets()
-    context = WorkerContext.build(settings, name=args.name)
+    realtime = bool(args.realtime)
+    context = WorkerContext.build(settings, name=args.name, realtime=realtime)
+    queues = worker_queues(settings, realtime=realtime)
+    if not queues:
+        kind = "streaming" if realtime else "job"
+        print(f"omniqueue worker: no {kind} model is served", file=sys.stderr)
+        return 2
     context.pipelines.load_all()
     context.start_background()
     app = create_worker_app(settings, context)
+    # Jobs: one at a time per device (solo). Sessions: one thread per slot.
+    pool = (
+        ["--pool=threads", f"--concurrency={settings.realtime.slots}"]
+        if realtime
+        else ["--pool=solo", "--concurrency=1"]
+    )
     argv = [
         "worker",
-        "--pool=solo",
-        "--concurrency=1",
+        *pool,
         "--prefetch-multiplier=1",
         "-Q",
-        ",".join(worker_queues(settings)),
+        ",".join(queues),
         "-n",
         f"{args.name}@%h",
         "--loglevel=INFO",
@@ -151,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--name", default="worker")
     worker.add_argument("--models", default=None, help="comma-separated served models")
     worker.add_argument("--device", default=None, help="cpu, cuda, cuda:1, …")
+    worker.add_argument(
+        "--realtime",
+        action="store_true",
+        help="serve realtime sessions of streaming models (OMNIQ_REALTIME__SLOTS threads)",
+    )
     worker.set_defaults(func=_cmd_worker)
 
     mig = sub.add_parser("migrate", help="upgrade the database schema to the latest revision")

@@ -189,11 +189,13 @@ def run_up(host: str, port: int, data_dir: Path, workers: int) -> int:
         if migrate.returncode != 0:
             _say(f"omniqueue up: migration failed with code {migrate.returncode}")
             return 1
-        _say(f"starting the API on {url} and {workers} worker(s)…")
+        _say(f"starting the API on {url}, {workers} worker(s) and a realtime worker…")
         children = ProcessGroup(env)
         children.spawn("api", _cli("api", "--host", host, "--port", str(port)))
         for i in range(workers):
             children.spawn(f"worker {i}", _cli("worker", "--name", f"embedded-{i}"))
+        # one realtime worker (OMNIQ_REALTIME__SLOTS session threads) for streaming models
+        children.spawn("realtime worker", _cli("worker", "--realtime", "--name", "embedded-rt"))
         problem = _wait_healthy(url, children, HEALTH_TIMEOUT_S)
         if problem is not None:
             _say(f"omniqueue up: {problem}")

@@ -39,6 +39,8 @@ class ModelSpec(BaseModel):
     max_steps: int = 200
     default_steps: int = 30
     has_audio: bool = False
+    # Serves realtime sessions (WS /v1/realtime/video), not /v1/videos jobs.
+    streaming: bool = False
     supports_image_input: bool = False
     max_outputs: int = 1
     # Optional request fields the pipeline uses (others are accepted and ignored).
@@ -80,7 +82,38 @@ REFERENCE_VIDEO = ModelSpec(
     extra_ranges={"motion": (0.0, 10.0)},
 )
 
-BUILTIN_SPECS: dict[str, ModelSpec] = {REFERENCE_VIDEO.name: REFERENCE_VIDEO}
+REFERENCE_WORLD = ModelSpec(
+    name="reference/world",
+    description=(
+        "Procedural reference world model for streaming sessions: a scene rendered from the "
+        "prompt, steered by w/a/s/d camera actions, delivered in chunks of flow-matching "
+        "Euler steps. CPU, no weights, deterministic per seed."
+    ),
+    streaming=True,
+    min_size=16,
+    max_width=1280,
+    max_height=1280,
+    size_multiple=16,
+    default_size=(480, 272),
+    frame_multiple=12,  # the chunk lattice: 9, 21, 33, ... frames
+    frame_offset=9,
+    min_frames=9,
+    max_frames=957,  # 80 chunks, about a minute at 16 fps
+    default_fps=16,
+    default_seconds=189 / 16,  # 16 chunks
+    min_steps=1,
+    max_steps=50,
+    default_steps=4,  # Euler steps per chunk
+    supports_image_input=True,
+    parameters=["negative_prompt"],
+    extra_params={"flow_shift": "float"},
+    extra_ranges={"flow_shift": (0.1, 20.0)},
+)
+
+BUILTIN_SPECS: dict[str, ModelSpec] = {
+    REFERENCE_VIDEO.name: REFERENCE_VIDEO,
+    REFERENCE_WORLD.name: REFERENCE_WORLD,
+}
 
 
 # Defaults per adapter family: a served model from the registry file starts from its
@@ -100,7 +133,10 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # Wan 2.2 (two transformers) also takes guidance_scale_2 and boundary_ratio: add
         # them in the registry entry's [model.spec] parameters.
         parameters=[
-            "guidance_scale", "negative_prompt", "flow_shift", "vae_use_tiling",
+            "guidance_scale",
+            "negative_prompt",
+            "flow_shift",
+            "vae_use_tiling",
             "vae_use_slicing",
         ],
     ),
@@ -116,10 +152,13 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
         # LTXPipeline.__call__ arguments of the same names (used by timestep-conditioned VAEs).
         extra_params={
-            "decode_timestep": "float", "decode_noise_scale": "float", "guidance_rescale": "float",
+            "decode_timestep": "float",
+            "decode_noise_scale": "float",
+            "guidance_rescale": "float",
         },
         extra_ranges={
-            "decode_timestep": (0.0, 1.0), "decode_noise_scale": (0.0, 1.0),
+            "decode_timestep": (0.0, 1.0),
+            "decode_noise_scale": (0.0, 1.0),
             "guidance_rescale": (0.0, 1.0),
         },
     ),
@@ -150,18 +189,30 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # LTX2Pipeline.__call__ arguments of the same names (its defaults apply when absent);
         # stg_blocks: comma-separated transformer block indices ("" turns STG off).
         extra_params={
-            "stg_scale": "float", "modality_scale": "float", "guidance_rescale": "float",
-            "audio_guidance_scale": "float", "audio_stg_scale": "float",
-            "audio_modality_scale": "float", "audio_guidance_rescale": "float",
-            "stg_blocks": "str", "use_cross_timestep": "bool", "motion_speed": "float",
-            "decode_timestep": "float", "decode_noise_scale": "float",
+            "stg_scale": "float",
+            "modality_scale": "float",
+            "guidance_rescale": "float",
+            "audio_guidance_scale": "float",
+            "audio_stg_scale": "float",
+            "audio_modality_scale": "float",
+            "audio_guidance_rescale": "float",
+            "stg_blocks": "str",
+            "use_cross_timestep": "bool",
+            "motion_speed": "float",
+            "decode_timestep": "float",
+            "decode_noise_scale": "float",
         },
         extra_ranges={
-            "stg_scale": (0.0, 10.0), "modality_scale": (0.0, 10.0),
-            "guidance_rescale": (0.0, 1.0), "audio_guidance_scale": (0.0, 20.0),
-            "audio_stg_scale": (0.0, 10.0), "audio_modality_scale": (0.0, 10.0),
-            "audio_guidance_rescale": (0.0, 1.0), "motion_speed": (0.05, 10.0),
-            "decode_timestep": (0.0, 1.0), "decode_noise_scale": (0.0, 1.0),
+            "stg_scale": (0.0, 10.0),
+            "modality_scale": (0.0, 10.0),
+            "guidance_rescale": (0.0, 1.0),
+            "audio_guidance_scale": (0.0, 20.0),
+            "audio_stg_scale": (0.0, 10.0),
+            "audio_modality_scale": (0.0, 10.0),
+            "audio_guidance_rescale": (0.0, 1.0),
+            "motion_speed": (0.05, 10.0),
+            "decode_timestep": (0.0, 1.0),
+            "decode_noise_scale": (0.0, 1.0),
         },
     ),
     "diffusers.stable_audio": ModelSpec(
@@ -194,9 +245,10 @@ class ServedModel(BaseModel):
 
 
 BUILTIN_MODELS: dict[str, ServedModel] = {
-    REFERENCE_VIDEO.name: ServedModel(
-        name=REFERENCE_VIDEO.name, adapter="reference.video", dtype="float32", spec=REFERENCE_VIDEO
+    spec.name: ServedModel(
+        name=spec.name, adapter=spec.name.replace("/", "."), dtype="float32", spec=spec
     )
+    for spec in (REFERENCE_VIDEO, REFERENCE_WORLD)
 }
 
 
@@ -225,7 +277,8 @@ def parse_registry(text: str, source: str = "model registry") -> dict[str, Serve
         if not isinstance(entry, dict) or "name" not in entry or "adapter" not in entry:
             raise CatalogError(f"{where} needs 'name' and 'adapter'")
         name, adapter = str(entry["name"]), str(entry["adapter"])
-        base = REFERENCE_VIDEO if adapter == "reference.video" else FAMILY_SPECS.get(adapter)
+        builtin = {m.adapter: m.spec for m in BUILTIN_MODELS.values()}
+        base = builtin.get(adapter) or FAMILY_SPECS.get(adapter)
         if base is None and ":" not in adapter:
             known = ", ".join(sorted(FAMILY_SPECS))
             raise CatalogError(

@@ -6,6 +6,7 @@ import re
 
 # Celery task names (the API sends by name; it never imports workers).
 TASK_RUN_JOB = "omniqueue.run_job"
+TASK_RUN_SESSION = "omniqueue.run_session"
 
 # Job id prefixes per kind.
 ID_PREFIX = {"video": "video_", "audio": "audio_"}
@@ -20,6 +21,11 @@ KEY_PREFIX = "oq:"
 def job_queue(model: str) -> str:
     """The Celery queue a model's jobs go to: ``jobs.reference-video`` for ``reference/video``."""
     return "jobs." + re.sub(r"[^A-Za-z0-9_.-]+", "-", model).strip("-")
+
+
+def realtime_queue(model: str) -> str:
+    """The Celery queue realtime sessions of a model are placed on."""
+    return "realtime." + re.sub(r"[^A-Za-z0-9_.-]+", "-", model).strip("-")
 
 
 def job_prefix(kind: str, job_id: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery
 
-from storage.constants import TASK_RUN_JOB, job_queue
+from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtime_queue
 from storage.settings import Settings
 
 
@@ -54,6 +54,19 @@ class JobQueue:
 
     def enqueue(self, job_id: str, model: str) -> None:
         self._app.send_task(TASK_RUN_JOB, args=[job_id], task_id=job_id, queue=job_queue(model))
+
+    def start_session(
+        self, session_id: str, model: str, config: dict[str, Any], *, expires_s: float
+    ) -> None:
+        """Place a realtime session on the model's realtime queue. A message no worker
+        took within ``expires_s`` is discarded by Celery instead of being run late."""
+        self._app.send_task(
+            TASK_RUN_SESSION,
+            args=[session_id, config],
+            task_id=session_id,
+            queue=realtime_queue(model),
+            expires=expires_s,
+        )
 
     def ping(self) -> None:
         with self._app.connection_for_write() as conn:

@@ -112,6 +112,21 @@ class WorkerSettings(BaseModel):
         return _split_list(value)
 
 
+class RealtimeSettings(BaseModel):
+    # The first message (session.start) must arrive within this many seconds.
+    start_timeout_s: float = 10.0
+    max_start_bytes: int = 4 * 1024 * 1024
+    # No client message for this long → error "stalled" and close.
+    stall_timeout_s: float = 60.0
+    # A session waits this long for a worker slot, then gets "resource_exhausted".
+    admission_timeout_s: float = 10.0
+    # Session slots of one realtime worker process (threads).
+    slots: int = 2
+    # Worker ↔ API keep-alives on the session streams, and when silence means "lost".
+    keepalive_s: float = 1.0
+    lost_after_s: float = 10.0
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="OMNIQ_", env_nested_delimiter="__", extra="ignore"
@@ -130,6 +145,7 @@ class Settings(BaseSettings):
     auth: Literal["off", "required"] = "required"
     limits: LimitSettings = Field(default_factory=LimitSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
 
     # Served models (comma-separated); the first is the default for requests naming none.
     # Unset: every model of the registry file, or ``reference/video`` without one.

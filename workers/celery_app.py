@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 
-from storage.constants import TASK_RUN_JOB, job_queue
+from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtime_queue
 from storage.queue import make_celery
 from storage.settings import Settings
 from workers.context import WorkerContext, worker_models
@@ -18,8 +20,14 @@ def create_worker_app(settings: Settings, context: WorkerContext) -> Celery:
     def run_job(job_id: str) -> str:
         return context.executor.run(job_id)
 
+    @app.task(name=TASK_RUN_SESSION, ignore_result=True, acks_late=False)
+    def run_session(session_id: str, config: dict[str, Any]) -> str:
+        # A session is not redelivered: its client is gone by the time it could be.
+        return context.sessions.run(session_id, config)
+
     return app
 
 
-def worker_queues(settings: Settings) -> list[str]:
-    return [job_queue(m) for m in worker_models(settings)]
+def worker_queues(settings: Settings, *, realtime: bool = False) -> list[str]:
+    models = worker_models(settings, realtime=realtime)
+    return [(realtime_queue if realtime else job_queue)(m) for m in models]

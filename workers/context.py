@@ -20,12 +20,18 @@ from storage.settings import Settings
 from workers.executor import StepExecutor
 from workers.pipelines.registry import PipelineRegistry
 from workers.reconciler import Reconciler, start_reconciler_thread
+from workers.sessions import SessionRunner
 
 
-def worker_models(settings: Settings) -> dict[str, ServedModel]:
-    """The served models this worker runs (``OMNIQ_WORKER__MODELS``, default all)."""
-    served = settings.served_models()
-    wanted = settings.worker.models or list(served)
+def worker_models(settings: Settings, *, realtime: bool = False) -> dict[str, ServedModel]:
+    """The served models this worker runs (``OMNIQ_WORKER__MODELS``, default all): the
+    streaming ones for a realtime worker, the others for a job worker."""
+    served = {
+        name: model
+        for name, model in settings.served_models().items()
+        if model.spec.streaming == realtime
+    }
+    wanted = [m for m in settings.worker.models if m in served] or list(served)
     unknown = [m for m in wanted if m not in served]
     if unknown:
         raise ValueError(f"OMNIQ_WORKER__MODELS names unserved model(s): {', '.join(unknown)}")
@@ -42,20 +48,36 @@ class WorkerContext:
     executor: StepExecutor
     worker_id: str
     reconciler: Reconciler
+    sessions: SessionRunner
     _stop_reconciler: threading.Event | None = None
 
     @classmethod
-    def build(cls, settings: Settings, name: str = "worker") -> WorkerContext:
+    def build(
+        cls, settings: Settings, name: str = "worker", *, realtime: bool = False
+    ) -> WorkerContext:
         engine = make_engine(settings.database)
         jobs = JobStore(make_sessionmaker(engine))
         artifacts = ArtifactStore(make_s3_client(settings.s3), settings.s3)
-        pipelines = PipelineRegistry(worker_models(settings), settings.worker.device)
+        pipelines = PipelineRegistry(
+            worker_models(settings, realtime=realtime), settings.worker.device
+        )
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
         client = redis.Redis.from_url(settings.redis.url)
         bus = EventBus(client, ttl_s=settings.events_ttl_s)
         executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id, bus)
         reconciler = Reconciler(settings, jobs, artifacts, JobQueue(make_celery(settings)), client)
-        return cls(settings, engine, jobs, artifacts, pipelines, executor, worker_id, reconciler)
+        sessions = SessionRunner(settings, pipelines, bus, worker_id)
+        return cls(
+            settings,
+            engine,
+            jobs,
+            artifacts,
+            pipelines,
+            executor,
+            worker_id,
+            reconciler,
+            sessions,
+        )
 
     def start_background(self) -> None:
         """Start the reconciler loop (every worker runs one; a lock serializes passes)."""

@@ -83,13 +83,15 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def start(self, workers: int = 1) -> None:
+    def start(self, workers: int = 1, realtime_workers: int = 0) -> None:
         self.port = self.port or free_port()
         self._spawn("api", "api", "--host", "127.0.0.1", "--port", str(self.port))
         for i in range(workers):
             self.start_worker(f"w{i}")
+        for i in range(realtime_workers):
+            self._spawn(f"rt{i}", "worker", "--realtime", "--name", f"rt{i}")
         self.wait_ready()
-        self.wait_workers(workers)
+        self.wait_workers(workers + realtime_workers)
 
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:
         return self._spawn(name, "worker", "--name", name)

@@ -12,6 +12,7 @@ from workers.pipelines.base import Pipeline
 # Adapter ids of the registry file → "module:Class".
 ADAPTERS: dict[str, str] = {
     "reference.video": "workers.pipelines.reference_video:ReferenceVideoPipeline",
+    "reference.world": "workers.pipelines.reference_world:ReferenceWorldPipeline",
     "diffusers.wan": "workers.pipelines.diffusers.wan:WanAdapter",
     "diffusers.ltx": "workers.pipelines.diffusers.ltx:LTXAdapter",
     "diffusers.cogvideox": "workers.pipelines.diffusers.cogvideox:CogVideoXAdapter",
@@ -25,7 +26,7 @@ def build_adapter(model: ServedModel) -> Pipeline:
     target = ADAPTERS.get(model.adapter, model.adapter)
     module_name, _, class_name = target.partition(":")
     cls: Any = getattr(importlib.import_module(module_name), class_name)
-    if model.adapter == "reference.video":
+    if model.adapter.startswith("reference."):
         pipe: Pipeline = cls()
     else:
         pipe = cls(path=model.path, dtype=model.dtype, spec=model.spec, **model.adapter_options)

@@ -1,0 +1,398 @@
+"""Sans-I/O state machine of one ``WS /v1/realtime/video`` session.
+
+As in the ``websockets`` core: no asyncio, sockets, Redis or clock; the caller owns
+them (``now``: any monotonic float, seconds). AWAITING_START →(valid start) STARTING
+→``started()`` STREAMING →``finished()`` DONE; ``session.stop`` → STOPPING
+→``finished()`` DONE; a bad, late or oversized start, ``failed()``, the stall timeout
+or ``connection_lost()`` → FAILED.
+
+In: ``receive_text`` / ``receive_binary`` / ``connection_lost`` (client), ``started`` /
+``chunk`` / ``finished`` / ``failed`` (worker relay), ``check_timeouts`` (due at
+``next_deadline()``). Out: ``events_received()``, commands for the worker
+(``command.system``: interaction and stop are system-class and go ahead of queued
+data); ``data_to_send()``, frames in order (``str`` text, ``bytes`` binary);
+``close_expected()`` / ``close_code``: close once those frames are sent.
+
+Rules: a ``video.chunk_metadata`` and its binary frame are never split; media indices
+run 0, 1, 2… up to ``config.chunks``; the first binary frame starts with ``ftyp``;
+nothing follows the trailer; an unstopped rollout ends with exactly ``config.chunks``
+media chunks (``session.done.chunks`` = media chunks sent). ``video.start`` is the
+first frame of an admitted session: earlier replies (pong, acks, non-fatal errors)
+are held until then. Interrupts jump the queue (STYLE rule 5): a stop or fatal error
+drops chunk pairs not yet taken by ``data_to_send()``; chunks after a stop are
+checked, not sent. Any client message and any worker progress (``started``,
+``chunk``) refresh the stall clock, as in vLLM-Omni. Client mistakes never raise:
+they become ``error`` events (fatal before the start, close 1008); an illegal
+worker-side call raises ``ProtocolError``. Once DONE or FAILED, input is ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pydantic import TypeAdapter, ValidationError
+
+import models.realtime_video as wire
+from models.errors import OmniqueueError
+
+CLOSE_NORMAL = 1000
+CLOSE_POLICY = 1008  # bad or late session.start, message too big
+CLOSE_INTERNAL = 1011  # worker failure, stall, internal error
+CLOSE_TRY_AGAIN = 1013  # no worker slot (resource_exhausted)
+
+Code = wire.VideoErrorCode
+_Reply = wire.SessionPong | wire.SessionInteractionQueued | wire.ErrorEvent
+StopReason = Literal["client", "disconnected", "stalled"]
+
+
+class State(enum.Enum):
+    AWAITING_START = "awaiting_start"
+    STARTING = "starting"  # start accepted, waiting for a worker to admit the session
+    STREAMING = "streaming"
+    STOPPING = "stopping"  # stop requested, waiting for the worker's finished()
+    DONE = "done"
+    FAILED = "failed"
+
+
+_LIVE = (State.STARTING, State.STREAMING, State.STOPPING)
+_ENDED = (State.DONE, State.FAILED)
+
+
+class ProtocolError(OmniqueueError):
+    """The relay or worker drove the session illegally (a bug, never a client error)."""
+
+    default_code = "internal_error"
+
+
+@dataclass(frozen=True)
+class StartRequested:
+    """Admit the session on a worker: ``start`` as sent, ``config`` as resolved."""
+
+    system: ClassVar[bool] = False
+    start: wire.SessionStart
+    config: wire.VideoConfig
+
+
+@dataclass(frozen=True)
+class InteractionRequested:
+    """Apply a prompt/camera change from a later chunk (system-class)."""
+
+    system: ClassVar[bool] = True
+    event_id: str
+    prompt: str | None
+    camera: wire.CameraActions | dict[str, Any] | None
+    transition_chunks: int | None  # None: the model's default transition
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """Stop at the next step boundary and release the slot (system-class)."""
+
+    system: ClassVar[bool] = True
+    reason: StopReason
+
+
+Command = StartRequested | InteractionRequested | StopRequested
+
+
+@dataclass(frozen=True)
+class VideoSessionOptions:
+    """Limits and defaults of a session (the handler fills them from the settings)."""
+
+    start_timeout: float = 10.0
+    stall_timeout: float = 60.0
+    max_start_bytes: int = 4 * 1024 * 1024
+    max_control_bytes: int = 128 * 1024
+    default_width: int = 832
+    default_height: int = 480
+    default_fps: float = 16.0
+    default_num_frames: int = 81
+    max_chunks: int | None = None
+    models: frozenset[str] | None = None  # accepted ``model`` values; None: any
+
+
+# one or two frames to send; kind set for a chunk pair (data-class: dropped on interrupt)
+_Out = tuple[tuple[str | bytes, ...], wire.ChunkKind | None]
+_CLIENT_EVENT: TypeAdapter[wire.ClientEvent] = TypeAdapter(wire.ClientEvent)
+
+
+class VideoSessionProtocol:
+    """One session; ``request_id`` comes from the caller (it keys the bus streams)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        now: float,
+        options: VideoSessionOptions | None = None,
+        *,
+        new_event_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self.request_id = request_id
+        self.options = options or VideoSessionOptions()
+        self.config: wire.VideoConfig | None = None  # set once session.start is accepted
+        self.close_code: int | None = None
+        self.chunks_sent = 0  # media chunks handed out (or pending), not dropped
+        self.state = State.AWAITING_START
+        self._new_event_id = new_event_id
+        self._opened_at = self._last_activity = now
+        self._video_started = self._trailer_seen = False
+        self._next_index = self._transport_index = 0
+        self._event_ids: set[str] = set()
+        self._default_transition: int | None = None  # extra_params.transition_chunks
+        self._commands: list[Command] = []
+        self._out: list[_Out] = []
+        self._held: list[_Out] = []
+
+    def events_received(self) -> list[Command]:
+        """Commands for the worker since the last call, in order."""
+        commands, self._commands = self._commands, []
+        return commands
+
+    def data_to_send(self) -> list[str | bytes]:
+        """Frames to send since the last call: ``str`` as text, ``bytes`` as binary."""
+        out, self._out = self._out, []
+        return [frame for frames, _ in out for frame in frames]
+
+    def close_expected(self) -> bool:
+        """True once the caller should close the socket with ``close_code``."""
+        return self.close_code is not None
+
+    def next_deadline(self) -> float | None:
+        """When ``check_timeouts`` may next fire; None once the session has ended."""
+        if self.state is State.AWAITING_START:
+            return self._opened_at + self.options.start_timeout
+        if self.state in _LIVE:
+            return self._last_activity + self.options.stall_timeout
+        return None
+
+    def receive_text(self, data: str | bytes, now: float) -> None:
+        """A text frame from the client (``bytes``: its UTF-8 encoding)."""
+        if self.state in _ENDED:
+            return
+        self._last_activity = now
+        awaiting = self.state is State.AWAITING_START
+        cap = self.options.max_start_bytes if awaiting else self.options.max_control_bytes
+        size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "replace"))
+        reject: Callable[[Code, str], None] = self._fatal if awaiting else self._error
+        if size > cap:
+            return reject(Code.MESSAGE_TOO_LARGE, f"message larger than {cap} bytes")
+        try:
+            message = json.loads(data, parse_constant=_no_constant)
+        except (ValueError, RecursionError):
+            return reject(Code.INVALID_JSON, "invalid JSON")
+        if not isinstance(message, dict):
+            return reject(Code.INVALID_JSON, "messages must be JSON objects")
+        kind = message.get("type")
+        if awaiting and kind == "session.start":
+            return self._start(message, now)
+        if awaiting:
+            return self._fatal(Code.SESSION_START_REQUIRED, f"Expected session.start, got: {kind}")
+        if kind not in wire.CLIENT_EVENT_TYPES:
+            return self._error(Code.UNKNOWN_EVENT, f"Unknown message type: {kind}")
+        if kind == "session.start":
+            return self._error(Code.INVALID_STATE, "session.start was already received")
+        try:
+            event = _CLIENT_EVENT.validate_python(message)
+        except ValidationError as exc:
+            interaction = kind == "session.interaction"
+            code = Code.INVALID_INTERACTION if interaction else Code.INVALID_EVENT
+            return self._error(code, f"Invalid {kind}: {wire.describe_error(exc)}")
+        if isinstance(event, wire.SessionInteraction):
+            self._interaction(event)
+        elif isinstance(event, wire.SessionPing):
+            self._reply(wire.SessionPong())
+        elif isinstance(event, wire.SessionStop) and self.state is not State.STOPPING:
+            self.state = State.STOPPING
+            self._commands.append(StopRequested("client"))
+            self._drop_data()
+
+    def receive_binary(self, data: bytes, now: float) -> None:
+        """A binary frame from the client: not part of this protocol."""
+        if self.state in _ENDED:
+            return
+        self._last_activity = now
+        if self.state is State.AWAITING_START:
+            return self._fatal(Code.SESSION_START_REQUIRED, "Expected session.start, got binary")
+        self._error(Code.BINARY_NOT_SUPPORTED, "binary frames are not accepted")
+
+    def connection_lost(self) -> None:
+        """The client went away: a worker is told to stop; nothing more is sent."""
+        if self.state in (State.STARTING, State.STREAMING):
+            self._commands.append(StopRequested("disconnected"))
+        if self.state not in _ENDED:
+            self.state = State.FAILED
+            self._out.clear()
+            self._held.clear()
+
+    def started(self, *, now: float, config: wire.VideoConfig | None = None) -> None:
+        """A worker admitted the session; ``config``: its resolved rollout, if different."""
+        if self.state in _ENDED:
+            return
+        if self.state not in (State.STARTING, State.STOPPING) or self._video_started:
+            raise ProtocolError(f"started() in state {self.state.name}")
+        self.config = config or self.config
+        assert self.config is not None
+        self._last_activity = now
+        self._video_started = True
+        if self.state is State.STARTING:
+            self.state = State.STREAMING
+        start = wire.VideoStart(request_id=self.request_id, config=self.config)
+        self._out.append(((start.to_json(),), None))
+        self._flush_held()
+
+    def chunk(
+        self,
+        kind: wire.ChunkKind,
+        data: bytes,
+        *,
+        now: float,
+        produced_at: float,
+        generation_chunk_index: int | None = None,
+        num_frames: int = 0,
+        started_event_ids: Iterable[str] = (),
+        active_event_ids: Iterable[str] = (),
+        completed_event_ids: Iterable[str] = (),
+    ) -> None:
+        """One encoded fMP4 fragment → its ``video.chunk_metadata`` and binary frame."""
+        if self.state in _ENDED:
+            return
+        if self.state not in (State.STREAMING, State.STOPPING) or not self._video_started:
+            raise ProtocolError(f"chunk() in state {self.state.name}")
+        assert self.config is not None
+        if not data or self._trailer_seen:
+            raise ProtocolError("a chunk is not empty and nothing follows the trailer")
+        if kind == "media":
+            if generation_chunk_index != self._next_index:
+                raise ProtocolError(f"chunk {generation_chunk_index}, not {self._next_index}")
+            if self._next_index >= self.config.chunks or num_frames < 1:
+                raise ProtocolError(f"beyond {self.config.chunks} chunks, or no frames")
+            self._next_index += 1
+        elif kind == "trailer" and generation_chunk_index is None and num_frames == 0:
+            self._trailer_seen = True
+        else:
+            raise ProtocolError(f"bad {kind!r} chunk (a trailer has no index, no frames)")
+        self._last_activity = now
+        if self.state is State.STOPPING:
+            return  # data-class output after an interrupt is dropped
+        if self._transport_index == 0 and data[4:8] != b"ftyp":
+            raise ProtocolError("the first binary frame must begin with the ftyp box")
+        metadata = wire.VideoChunkMetadata(
+            request_id=self.request_id,
+            kind=kind,
+            generation_chunk_index=generation_chunk_index,
+            transport_chunk_index=self._transport_index,
+            num_frames=num_frames,
+            byte_length=len(data),
+            started_event_ids=list(started_event_ids),
+            active_event_ids=list(active_event_ids),
+            completed_event_ids=list(completed_event_ids),
+            produced_at=produced_at,
+        )
+        self._transport_index += 1
+        self.chunks_sent += kind == "media"
+        self._out.append(((metadata.to_json(), bytes(data)), kind))
+
+    def finished(self, *, stopped: bool, artifact_id: str | None = None) -> None:
+        """The worker ended the rollout (``stopped``: before its last chunk)."""
+        if self.state in _ENDED:
+            return
+        if self.state not in (State.STREAMING, State.STOPPING):
+            raise ProtocolError(f"finished() in state {self.state.name}")
+        assert self.config is not None
+        stopped = stopped or self.state is State.STOPPING
+        if not stopped and self._next_index != self.config.chunks:
+            raise ProtocolError(f"finished after {self._next_index}/{self.config.chunks} chunks")
+        self._flush_held()
+        done = wire.SessionDone(
+            request_id=self.request_id, chunks=self.chunks_sent, stopped=stopped
+        )
+        done.artifact_id = artifact_id
+        self._out.append(((done.to_json(),), None))
+        self.state = State.DONE
+        self.close_code = CLOSE_NORMAL
+
+    def failed(self, code: str, message: str) -> None:
+        """The session cannot go on; ``message`` must be safe to show the client."""
+        if self.state in _ENDED:
+            return
+        if self.state is State.AWAITING_START:
+            raise ProtocolError("failed() before session.start")
+        close = CLOSE_TRY_AGAIN if code == Code.RESOURCE_EXHAUSTED else CLOSE_INTERNAL
+        self._fatal(code, message, CLOSE_POLICY if code == Code.INVALID_REQUEST else close)
+
+    def check_timeouts(self, now: float) -> None:
+        """Apply the start and stall timeouts at ``now``."""
+        if self.state is State.AWAITING_START:
+            if now - self._opened_at >= self.options.start_timeout:
+                self._fatal(Code.START_TIMEOUT, "Timeout waiting for session.start")
+        elif self.state in _LIVE and now - self._last_activity >= self.options.stall_timeout:
+            if self.state is not State.STOPPING:
+                self._commands.append(StopRequested("stalled"))
+            self._fatal(Code.STALLED, "Stall timeout: no message and no progress", CLOSE_INTERNAL)
+
+    def _start(self, message: dict[str, Any], now: float) -> None:
+        o = self.options
+        try:
+            start, config = wire.resolve_start(
+                message,
+                default_width=o.default_width,
+                default_height=o.default_height,
+                default_fps=o.default_fps,
+                default_num_frames=o.default_num_frames,
+                max_chunks=o.max_chunks,
+                models=o.models,
+            )
+        except wire.StartRejected as exc:
+            return self._fatal(exc.code, exc.message)
+        self.config = config
+        self._default_transition = start.extra_params.transition_chunks
+        self.state = State.STARTING
+        self._last_activity = now
+        self._commands.append(StartRequested(start, config))
+
+    def _interaction(self, message: wire.SessionInteraction) -> None:
+        interaction = message.interaction
+        prompt, camera = interaction.event.prompt, interaction.event.camera
+        event_id = interaction.event_id or self._new_event_id()
+        if self.state is State.STOPPING:
+            return self._error(Code.INVALID_STATE, "the session is stopping", event_id)
+        if event_id in self._event_ids:
+            return self._error(Code.EVENT_ID_CONFLICT, "event_id_conflict", event_id)
+        self._event_ids.add(event_id)
+        transition = interaction.transition_chunks
+        transition = self._default_transition if transition is None else transition
+        self._commands.append(InteractionRequested(event_id, prompt, camera, transition))
+        self._reply(wire.SessionInteractionQueued(request_id=self.request_id, event_id=event_id))
+
+    def _reply(self, event: _Reply) -> None:
+        (self._out if self._video_started else self._held).append(((event.to_json(),), None))
+
+    def _error(self, code: Code, message: str, event_id: str | None = None) -> None:
+        rid = self.request_id
+        self._reply(wire.ErrorEvent(message=message, code=code, request_id=rid, event_id=event_id))
+
+    def _fatal(self, code: str, message: str, close_code: int = CLOSE_POLICY) -> None:
+        request_id = None if self.state is State.AWAITING_START else self.request_id
+        self._drop_data()
+        self._flush_held()
+        error = wire.ErrorEvent(message=message, code=code, request_id=request_id)
+        self._out.append(((error.to_json(),), None))
+        self.state = State.FAILED
+        self.close_code = close_code
+
+    def _drop_data(self) -> None:
+        self.chunks_sent -= sum(kind == "media" for _, kind in self._out)
+        self._out = [item for item in self._out if item[1] is None]
+
+    def _flush_held(self) -> None:
+        self._out.extend(self._held)
+        self._held.clear()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")

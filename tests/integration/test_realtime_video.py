@@ -1,0 +1,216 @@
+"""``WS /v1/realtime/video`` end to end: a websockets client, the API process, Redis
+Streams, and a realtime worker process with two session slots running reference/world."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import av
+import pytest
+import redis
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from cli.embedded import EmbeddedS3
+from migrations.runner import upgrade
+from tests.integration.conftest import REDIS_BASE_URL, _drop_pg_database, _new_pg_database
+from tests.integration.stack import Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REDIS_DB = 13
+START = {
+    "type": "session.start",
+    "model": "reference/world",
+    "prompt": "a red ball at sunset",
+    "width": 64,
+    "height": 64,
+    "num_frames": 33,
+    "fps": 16,
+    "seed": 3,
+}
+# 80 chunks at 256x256: long enough (seconds) to hold a slot while the test acts
+LONG = {**START, "width": 256, "height": 256, "num_frames": 957}
+
+
+@pytest.fixture(scope="module")
+def rstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+    db_name, url = _new_pg_database()
+    upgrade(url)
+    redis_url = f"{REDIS_BASE_URL}/{REDIS_DB}"
+    redis.Redis.from_url(redis_url).flushdb()
+    st = Stack(
+        work=Path(tmp_path_factory.mktemp("realtime")),
+        database_url=url,
+        redis_url=redis_url,
+        s3=s3_server,
+        auth="off",
+        extra_env={
+            "OMNIQ_REALTIME__SLOTS": "2",
+            "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "3",
+            "OMNIQ_REALTIME__START_TIMEOUT_S": "2",
+            "OMNIQ_REALTIME__LOST_AFTER_S": "4",
+            "OMNIQ_REALTIME__KEEPALIVE_S": "0.5",
+        },
+    )
+    st.start(workers=0, realtime_workers=1)
+    try:
+        yield st
+    finally:
+        st.stop()
+        redis.Redis.from_url(redis_url).flushdb()
+        _drop_pg_database(db_name)
+
+
+def _ws(st: Stack) -> ClientConnection:
+    return connect(
+        st.url.replace("http://", "ws://") + "/v1/realtime/video", max_size=16 * 1024 * 1024
+    )
+
+
+def _json(ws: ClientConnection, timeout: float = 30) -> dict[str, Any]:
+    message = ws.recv(timeout=timeout)
+    assert isinstance(message, str), "expected a JSON text frame"
+    return dict(json.loads(message))
+
+
+def _until(ws: ClientConnection, kind: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = ws.recv(timeout=timeout)
+        if isinstance(message, str) and json.loads(message)["type"] == kind:
+            return dict(json.loads(message))
+    raise AssertionError(f"no {kind}")
+
+
+def test_full_session_streams_a_playable_fmp4(rstack: Stack) -> None:
+    with _ws(rstack) as ws:
+        ws.send(json.dumps(START))
+        start = _json(ws)
+        assert start["type"] == "video.start"
+        assert start["config"] == {
+            "width": 64,
+            "height": 64,
+            "fps": 16.0,
+            "num_frames": 33,
+            "chunks": 3,
+        }
+        blobs, metas = [], []
+        while True:
+            meta = _json(ws)
+            if meta["type"] == "session.done":
+                done = meta
+                break
+            assert meta["type"] == "video.chunk_metadata"
+            blob = ws.recv(timeout=30)
+            assert isinstance(blob, bytes) and len(blob) == meta["byte_length"]
+            arrived = time.time()
+            assert 0 <= arrived - meta["produced_at"] < 5
+            metas.append(meta)
+            blobs.append(blob)
+    media = [m for m in metas if m["kind"] == "media"]
+    assert [m["generation_chunk_index"] for m in media] == [0, 1, 2]
+    assert [m["num_frames"] for m in media] == [9, 12, 12]
+    assert [m["transport_chunk_index"] for m in metas] == list(range(len(metas)))
+    assert done == {**done, "chunks": 3, "stopped": False, "request_id": start["request_id"]}
+    assert blobs[0][4:8] == b"ftyp"
+    with av.open(io.BytesIO(b"".join(blobs))) as container:
+        frames = list(container.decode(video=0))
+    assert len(frames) == 33 and (frames[0].width, frames[0].height) == (64, 64)
+
+
+def test_interaction_ping_and_conflicts(rstack: Stack) -> None:
+    with _ws(rstack) as ws:
+        ws.send(json.dumps({**START, "num_frames": 93}))  # 8 chunks
+        assert _json(ws)["type"] == "video.start"
+        ws.send(json.dumps({"type": "session.ping"}))
+        assert _until(ws, "session.pong")
+        change = {
+            "type": "session.interaction",
+            "interaction": {
+                "event_id": "e1",
+                "event": {"prompt": "a blue forest at night"},
+                "transition_chunks": 2,
+            },
+        }
+        ws.send(json.dumps(change))
+        queued = _until(ws, "session.interaction.queued")
+        assert queued["event_id"] == "e1"
+        ws.send(json.dumps(change))
+        error = _until(ws, "error")
+        assert error["code"] == "event_id_conflict" and error["event_id"] == "e1"
+        started_ids: list[str] = []
+        while True:
+            msg = _json(ws)
+            if msg["type"] == "session.done":
+                break
+            if msg["type"] == "video.chunk_metadata":
+                started_ids += msg["started_event_ids"]
+                ws.recv(timeout=30)
+        assert started_ids == ["e1"]
+        assert msg["chunks"] == 8
+
+
+def test_stop_ends_with_stopped_and_frees_the_slot(rstack: Stack) -> None:
+    with _ws(rstack) as ws:
+        ws.send(json.dumps(LONG))
+        assert _json(ws)["type"] == "video.start"
+        _until(ws, "video.chunk_metadata")
+        ws.send(json.dumps({"type": "session.stop"}))
+        done = _until(ws, "session.done")
+        assert done["stopped"] is True and done["chunks"] < 80
+    _two_slots_then_exhausted(rstack)
+
+
+def _two_slots_then_exhausted(rstack: Stack) -> None:
+    long = LONG
+    with _ws(rstack) as a, _ws(rstack) as b:
+        for ws in (a, b):
+            ws.send(json.dumps(long))
+            assert _json(ws)["type"] == "video.start"
+        with _ws(rstack) as c:
+            c.send(json.dumps(long))
+            error = _until(c, "error", timeout=20)
+            assert error["code"] == "resource_exhausted"
+            with pytest.raises(ConnectionClosed):
+                c.recv(timeout=10)
+        # a disconnect frees its slot within a step: a new session gets in
+        a.close()
+        with _ws(rstack) as d:
+            d.send(json.dumps(long))
+            assert _json(d, timeout=20)["type"] == "video.start"
+
+
+def test_start_timeout_and_bad_start(rstack: Stack) -> None:
+    with _ws(rstack) as ws:
+        error = _json(ws, timeout=10)
+        assert error["type"] == "error" and error["code"] == "start_timeout"
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=5)
+    with _ws(rstack) as ws:
+        ws.send(json.dumps({**START, "width": 60}))
+        assert _json(ws)["code"] == "invalid_size"
+
+
+def test_worker_dying_mid_session_ends_it_with_an_error(rstack: Stack) -> None:
+    with _ws(rstack) as ws:
+        ws.send(json.dumps(LONG))
+        assert _json(ws)["type"] == "video.start"
+        _until(ws, "video.chunk_metadata")
+        rstack.stop_process("rt0", signal.SIGKILL)
+        try:
+            error = _until(ws, "error", timeout=20)
+            assert error["code"] == "worker_lost"
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    ws.recv(timeout=10)
+        finally:
+            rstack._spawn("rt0", "worker", "--realtime", "--name", "rt0")
+            rstack.wait_workers(0)
+            time.sleep(3)

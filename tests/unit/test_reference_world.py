@@ -1,0 +1,329 @@
+"""The procedural ``reference/world`` streaming pipeline: chunks, camera, interactions."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from workers.pipelines.reference_world import (
+    REFERENCE_WORLD,
+    DuplicateEventError,
+    ReferenceWorldPipeline,
+    WorldConfig,
+    WorldState,
+    chunk_frame_range,
+    frames_for_chunks,
+    num_chunks_for,
+)
+
+PROMPT = "a red ball over a green meadow"
+HOLD: list[list[str]] = [[], [], []]
+
+
+def _config(**overrides: Any) -> WorldConfig:
+    fields: dict[str, Any] = {
+        "prompt": PROMPT, "width": 64, "height": 48, "num_frames": 21, "fps": 16.0,
+        "seed": 3, "steps_per_chunk": 2,
+    }
+    fields.update(overrides)
+    return WorldConfig(**fields)
+
+
+def _pipe() -> ReferenceWorldPipeline:
+    pipe = ReferenceWorldPipeline()
+    pipe.load("cpu")
+    return pipe
+
+
+def _next_chunk(pipe: ReferenceWorldPipeline, state: WorldState) -> np.ndarray:
+    while not pipe.chunk_done(state):
+        pipe.step(state)
+    return pipe.take_chunk(state)
+
+
+def _run(config: WorldConfig) -> list[np.ndarray]:
+    pipe = _pipe()
+    state = pipe.start(config)
+    return [_next_chunk(pipe, state) for _ in range(pipe.num_chunks(state))]
+
+
+def _red(frame: np.ndarray) -> np.ndarray:
+    f = frame.astype(int)
+    return (f[..., 0] > 150) & (f[..., 1] < 90) & (f[..., 2] < 90)
+
+
+@pytest.mark.parametrize(
+    ("num_frames", "chunks", "total"),
+    [(9, 1, 9), (20, 1, 9), (21, 2, 21), (33, 3, 33), (40, 3, 33), (189, 16, 189)],
+)
+def test_chunk_arithmetic(num_frames: int, chunks: int, total: int) -> None:
+    assert num_chunks_for(num_frames) == chunks
+    assert frames_for_chunks(chunks) == total
+    assert chunk_frame_range(0) == (0, 9) and chunk_frame_range(1) == (9, 21)
+    assert REFERENCE_WORLD.snap_frames(num_frames) >= total  # the spec's lattice: 9 + 12k
+
+
+@pytest.mark.parametrize(("num_frames", "chunks"), [(9, 1), (33, 3), (45, 4)])
+def test_chunk_counts_and_frame_counts(num_frames: int, chunks: int) -> None:
+    pipe = _pipe()
+    state = pipe.start(_config(width=32, height=32, num_frames=num_frames))
+    assert pipe.num_chunks(state) == chunks and state.num_frames == frames_for_chunks(chunks)
+    sizes = []
+    while not state.done:
+        steps = 0
+        while not pipe.chunk_done(state):
+            pipe.step(state)
+            steps += 1
+        assert steps == state.steps_per_chunk == 2
+        frames = pipe.take_chunk(state)
+        assert frames.dtype == np.uint8 and frames.shape[1:] == (32, 32, 3)
+        sizes.append(len(frames))
+    assert sizes == [9] + [12] * (chunks - 1)
+    assert sum(sizes) == num_frames
+    with pytest.raises(RuntimeError):
+        pipe.step(state)
+
+
+def test_take_before_the_chunk_is_finished_raises() -> None:
+    pipe = _pipe()
+    state = pipe.start(_config())
+    pipe.step(state)
+    with pytest.raises(RuntimeError, match="not finished"):
+        pipe.take_chunk(state)
+    pipe.step(state)
+    with pytest.raises(RuntimeError, match="take_chunk"):
+        pipe.step(state)
+    assert len(pipe.take_chunk(state)) == 9
+
+
+def test_same_seed_is_bit_identical_and_seeds_differ() -> None:
+    script = [[["w"], ["d"], []], [["a"], ["s"], ["w", "d"]]]
+    a = np.concatenate(_run(_config(camera_action_script=script)))
+    b = np.concatenate(_run(_config(camera_action_script=script)))
+    c = np.concatenate(_run(_config(camera_action_script=script, seed=4)))
+    assert np.array_equal(a, b)
+    assert np.abs(a.astype(float) - c).mean() > 1.0
+
+
+def test_steps_per_chunk_changes_the_cost_not_the_frames() -> None:
+    one = np.concatenate(_run(_config(steps_per_chunk=1)))
+    many = np.concatenate(_run(_config(steps_per_chunk=6, flow_shift=5.0)))
+    assert np.array_equal(one, many)
+
+
+def test_frames_are_a_moving_scene_continuous_across_chunks() -> None:
+    frames = np.concatenate(_run(_config(num_frames=33))).astype(float)
+    steps = np.abs(np.diff(frames, axis=0)).mean(axis=(1, 2, 3))
+    assert steps.max() > 0.0  # something moves while the camera holds
+    assert steps[8] < 3 * np.median(steps) + 1  # no jump from chunk 0 to chunk 1
+    assert frames.std() > 20
+
+
+@pytest.mark.parametrize(("key", "bigger"), [("w", True), ("s", False)])
+def test_w_zooms_in_and_s_zooms_out(key: str, bigger: bool) -> None:
+    config = _config(width=96, height=96, num_frames=9)
+    hold = _run(config)[0][-1]
+    pipe = _pipe()
+    state = pipe.start(_config(width=96, height=96, num_frames=9,
+                               camera_action_script=[[[key], [key], [key]]]))
+    moved = _next_chunk(pipe, state)[-1]
+    zoom = math.exp(state.camera.log_zoom)
+    assert (zoom > 1.2) if bigger else (zoom < 0.85)
+    ratio = _red(moved).sum() / _red(hold).sum()  # the ball's apparent area
+    assert ratio == pytest.approx(zoom**2, rel=0.15)
+
+
+@pytest.mark.parametrize(("key", "direction"), [("d", -1), ("a", 1)])
+def test_d_pans_right_so_the_scene_shifts_left(key: str, direction: int) -> None:
+    hold = _run(_config(width=96, height=96, num_frames=9))[0][-1]
+    pipe = _pipe()
+    state = pipe.start(_config(width=96, height=96, num_frames=9,
+                               camera_action_script=[[[key], [key], [key]]]))
+    moved = _next_chunk(pipe, state)[-1]
+    shift_px = -state.camera.pan * 96  # the ball is on the ground: it moves with the terrain
+    assert direction * shift_px > 15
+    centre = lambda f: float(np.nonzero(_red(f))[1].mean())  # noqa: E731
+    assert centre(moved) - centre(hold) == pytest.approx(shift_px, abs=1.5)
+
+
+def test_script_runs_per_latent_frame_and_holds_after_it_ends() -> None:
+    pipe = _pipe()
+    state = pipe.start(_config(num_frames=45, camera_action_script=[HOLD, [["d"], [], []]]))
+    _next_chunk(pipe, state)
+    assert state.camera.pan == 0.0
+    _next_chunk(pipe, state)  # "d" during its first latent frame only (4 frames)
+    pan_after_script = state.camera.pan
+    assert pan_after_script > 0
+    _next_chunk(pipe, state)
+    _next_chunk(pipe, state)
+    assert state.camera.pan - pan_after_script < 0.05  # inertia settles, then it holds
+
+
+def test_camera_interaction_equals_the_same_script() -> None:
+    pipe = _pipe()
+    state = pipe.start(_config(num_frames=33))
+    chunks = [_next_chunk(pipe, state)]
+    pipe.interact(state, None, "wd", 1, "turn")  # chunk 1 has not begun: from chunk 1
+    chunks += [_next_chunk(pipe, state), _next_chunk(pipe, state)]
+    wd = [["w", "d"]] * 3
+    scripted = _run(_config(num_frames=33, camera_action_script=[HOLD, wd, wd]))
+    assert np.array_equal(np.concatenate(chunks), np.concatenate(scripted))
+
+
+def test_interaction_during_a_chunk_waits_for_the_next_one() -> None:
+    pipe = _pipe()
+    state = pipe.start(_config(num_frames=33))
+    pipe.step(state)  # chunk 0 has begun
+    pipe.interact(state, None, "d", 1, "late")
+    chunks = [_next_chunk(pipe, state)]
+    assert pipe.events_for_chunk(state) == ([], [], [])
+    chunks += [_next_chunk(pipe, state), _next_chunk(pipe, state)]
+    d = [["d"]] * 3
+    scripted = _run(_config(num_frames=33, camera_action_script=[HOLD, d, d]))
+    assert np.array_equal(np.concatenate(chunks), np.concatenate(scripted))
+    assert pipe.events_for_chunk(state) == ([], [], [])  # it completed in chunk 1
+
+
+def test_prompt_interaction_fades_over_transition_chunks() -> None:
+    night = PROMPT + " at night"
+    pipe = _pipe()
+    state = pipe.start(_config(num_frames=57))  # 5 chunks
+    events = []
+    chunks = [_next_chunk(pipe, state)]
+    events.append(pipe.events_for_chunk(state))
+    pipe.interact(state, night, None, 3, "dusk")  # chunks 1..3 fade, chunk 3 ends fully night
+    for _ in range(4):
+        chunks.append(_next_chunk(pipe, state))
+        events.append(pipe.events_for_chunk(state))
+    day_run, night_run = _run(_config(num_frames=57)), _run(_config(num_frames=57, prompt=night))
+
+    assert np.array_equal(chunks[0], day_run[0])  # unchanged before it takes effect
+    brightness = [float(c.mean()) for c in chunks]
+    assert all(a > b + 2 for a, b in itertools.pairwise(brightness[:4]))
+    frame_means = np.concatenate(chunks[1:4]).astype(float).mean(axis=(1, 2, 3))
+    assert np.all(np.diff(frame_means) < 0.5)  # it darkens frame by frame
+    assert np.array_equal(chunks[3][-1], night_run[3][-1])  # fully night at the end
+    assert np.array_equal(chunks[4], night_run[4])
+    assert not np.array_equal(chunks[2], night_run[2])
+    assert state.prompt == night
+    assert events == [
+        ([], [], []),
+        (["dusk"], ["dusk"], []),
+        ([], ["dusk"], []),
+        ([], ["dusk"], ["dusk"]),
+        ([], [], []),
+    ]
+
+
+def test_prompt_cut_and_overlapping_events() -> None:
+    night, red_sky = PROMPT + " at night", PROMPT + " under a pink sky"
+    pipe = _pipe()
+    state = pipe.start(_config(num_frames=45))  # 4 chunks
+    _next_chunk(pipe, state)
+    pipe.interact(state, night, None, 0, "cut")
+    cut = _next_chunk(pipe, state)
+    assert np.array_equal(cut, _run(_config(num_frames=45, prompt=night))[1])
+    assert pipe.events_for_chunk(state) == (["cut"], ["cut"], ["cut"])
+    pipe.interact(state, red_sky, None, 2, "sky")
+    pipe.interact(state, None, "d", 0, "go")
+    _next_chunk(pipe, state)
+    assert pipe.events_for_chunk(state) == (["sky", "go"], ["sky", "go"], ["go"])
+    last = _next_chunk(pipe, state)
+    assert pipe.events_for_chunk(state) == ([], ["sky"], ["sky"])
+    assert state.done
+    assert np.array_equal(last[-1], _run(_config(
+        num_frames=45, prompt=red_sky, camera_action_script=[HOLD, HOLD, [["d"]] * 3, [["d"]] * 3],
+    ))[3][-1])
+
+
+def test_interaction_checks() -> None:
+    pipe = _pipe()
+    state = pipe.start(_config())
+    pipe.interact(state, "a blue box", None, 1, "e1")
+    with pytest.raises(DuplicateEventError, match="e1"):
+        pipe.interact(state, "a green box", None, 1, "e1")
+    with pytest.raises(ValueError, match="camera"):
+        pipe.interact(state, None, "x", 1, "e2")
+    with pytest.raises(ValueError, match="transition_chunks"):
+        pipe.interact(state, None, "w", -1, "e3")
+    with pytest.raises(ValueError, match="prompt"):
+        pipe.interact(state, " ", None, 1, "e4")
+    with pytest.raises(ValueError, match="event_id"):
+        pipe.interact(state, None, "w", 1, "")
+    with pytest.raises(RuntimeError, match="no chunk"):
+        pipe.events_for_chunk(state)
+
+
+def test_interleaved_sessions_match_separate_runs() -> None:
+    pipe = _pipe()
+    script = [[["d"], ["d"], ["w"]], HOLD, [["s"], ["a"], []]]
+    configs = [_config(num_frames=33, camera_action_script=script),
+               _config(num_frames=33, seed=9, prompt="a blue box flying over the desert")]
+    states = [pipe.start(c) for c in configs]
+    out: list[list[np.ndarray]] = [[], []]
+    for i in range(3):
+        if i == 1:
+            pipe.interact(states[1], "a blue box flying over the desert at night", "a", 1, "x")
+        while not all(pipe.chunk_done(s) for s in states):
+            for s in states:
+                if not pipe.chunk_done(s):
+                    pipe.step(s)
+        for n, s in enumerate(states):
+            out[n].append(pipe.take_chunk(s))
+    assert np.array_equal(np.concatenate(out[0]), np.concatenate(_run(configs[0])))
+
+    alone = pipe.start(configs[1])
+    separate = [_next_chunk(pipe, alone)]
+    pipe.interact(alone, "a blue box flying over the desert at night", "a", 1, "x")
+    separate += [_next_chunk(pipe, alone), _next_chunk(pipe, alone)]
+    assert np.array_equal(np.concatenate(out[1]), np.concatenate(separate))
+
+
+def test_reference_image_is_frame_zero_and_pans_with_the_camera() -> None:
+    h, w = 48, 64
+    yy, xx = np.mgrid[0:h, 0:w]
+    image = np.stack([xx * 4, yy * 5, (xx + yy) * 2], axis=-1).clip(0, 255).astype(np.uint8)
+    image.setflags(write=False)
+    frames = _run(_config(reference_image=image, camera_action_script=[[["d"]] * 3]))[0]
+    assert np.abs(frames[0].astype(float) - image).mean() < 1.0
+    # The red channel is a left-to-right ramp: panning right raises it.
+    assert frames[-1][..., 0].astype(float).mean() > image[..., 0].mean() + 5
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ("w", "must be a list with one entry per chunk"),
+        ([[["w"], ["w"]]], r"camera_action_script\[0\] must be a list of 3"),
+        ([HOLD, [["w"], ["w"], ["w"], ["w"]]], r"camera_action_script\[1\] must be a list of 3"),
+        ([["w", "w", "w"]], r"camera_action_script\[0\]\[0\] must be a list of actions"),
+        ([[["w"], ["x"], []]], r"camera_action_script\[0\]\[1\] has unknown action 'x'"),
+        ([[["W"], [], []]], "unknown action 'W'"),
+        ([HOLD, HOLD, HOLD], "has 3 entries but the session has 2 chunks"),
+        ([None], r"camera_action_script\[0\] must be a list of 3"),
+    ],
+)
+def test_bad_action_script_names_the_problem(script: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _pipe().start(_config(camera_action_script=script))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"width": 72}, "width must be a multiple of 16"),
+        ({"height": 8}, "height"),
+        ({"num_frames": 8}, "num_frames"),
+        ({"fps": 0.0}, "fps"),
+        ({"steps_per_chunk": 0}, "steps_per_chunk"),
+        ({"prompt": ""}, "prompt"),
+        ({"reference_image": np.zeros((48, 64, 3), dtype=np.float32)}, "reference_image"),
+    ],
+)
+def test_bad_config_raises(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _pipe().start(_config(**overrides))

@@ -1,0 +1,177 @@
+"""Streaming fragmented MP4 (H.264, ``yuv420p``) with PyAV, one fragment per chunk.
+
+:class:`FragmentedMP4Writer` turns chunks of frames into bytes as soon as each chunk is
+written: the first call returns the init segment (``ftyp`` + ``moov``) followed by the
+chunk's ``moof`` + ``mdat``; every later call returns only its own ``moof`` + ``mdat``.
+The concatenation of everything returned is a playable fragmented MP4, and every chunk
+starts with an IDR frame, so the init segment followed by any single chunk also decodes
+(a viewer may join late).
+
+How the bytes come out at the chunk boundary, with no ffmpeg CLI:
+
+* One libx264 encoder lives for the whole stream, tuned ``zerolatency`` (no B-frames, no
+  lookahead), so every frame handed to it comes back as a packet at once; the first frame
+  of each chunk is forced to be an IDR frame (``pict_type = I`` with ``forced-idr``).
+  Without a global header x264 repeats SPS/PPS before every IDR frame.
+* The mov muxer writes a fragment only when it is told to flush (``frag_custom``: PyAV 18
+  exposes no ``av_write_frame(ctx, NULL)``) or when the *next* packet arrives
+  (``frag_keyframe``, ``frag_every_frame``: the last chunk would be held back until the
+  next one starts). So each chunk is muxed by a short-lived mp4 muxer (``empty_moov`` +
+  ``default_base_moof`` + ``frag_custom``) whose ``close`` flushes the fragment.
+  ``frag_discont`` makes it keep the chunk's real decode time in ``tfdt``,
+  ``fragment_index`` continues the ``mfhd`` sequence numbers, and ``skip_trailer`` leaves
+  out the ``mfra`` index. Each such muxer writes the same ``ftyp`` + ``moov`` (checked);
+  only the first one is sent.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from types import TracebackType
+
+import av
+import numpy as np
+from av.packet import Packet
+from av.video.codeccontext import VideoCodecContext
+from av.video.frame import PictureType
+
+_MOVFLAGS = "empty_moov+default_base_moof+frag_custom+frag_discont+skip_trailer"
+_INIT_BOXES = (b"ftyp", b"moov")
+
+
+class _Sink:
+    """A write-only, non-seekable file object that keeps what the muxer writes."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> int:
+        self.data += data
+        return len(data)
+
+
+class FragmentedMP4Writer:
+    """H.264 fragmented MP4 for a stream of frame chunks; each call returns its bytes.
+
+    ``write_chunk(frames)`` (uint8 T×H×W×3 RGB) encodes the chunk and returns its bytes
+    right away: the first call's bytes start with the init segment (``ftyp`` + ``moov``),
+    followed by the chunk's ``moof`` + ``mdat``; later calls return only their fragment.
+    ``close()`` ends the stream; it returns any trailing bytes (normally ``b""``: every
+    chunk is complete when ``write_chunk`` returns). Width and height must be even.
+    """
+
+    def __init__(
+        self, width: int, height: int, fps: float, *, crf: int = 23, preset: str = "veryfast"
+    ) -> None:
+        if width < 2 or height < 2 or width % 2 or height % 2:
+            raise ValueError(f"yuv420p needs even width and height >= 2, got {width}x{height}")
+        if not fps > 0:
+            raise ValueError(f"fps must be positive, got {fps}")
+        self.width, self.height = width, height
+        self.rate = Fraction(fps).limit_denominator(1001)
+        encoder = av.CodecContext.create("libx264", "w")
+        assert isinstance(encoder, VideoCodecContext)
+        encoder.width, encoder.height, encoder.pix_fmt = width, height, "yuv420p"
+        encoder.time_base = 1 / self.rate
+        encoder.framerate = self.rate
+        encoder.options = {
+            "crf": str(crf), "preset": preset, "tune": "zerolatency", "forced-idr": "1",
+        }
+        encoder.open()
+        self._encoder = encoder
+        self._init: bytes | None = None
+        self._frames = 0
+        self._fragments = 0
+        self._closed = False
+
+    @property
+    def init_segment(self) -> bytes | None:
+        """``ftyp`` + ``moov`` (for a viewer joining late), or None before the first chunk."""
+        return self._init
+
+    @property
+    def frames_written(self) -> int:
+        return self._frames
+
+    def write_chunk(self, frames: np.ndarray) -> bytes:
+        """Encode one chunk (starting with an IDR frame) and return its bytes."""
+        if self._closed:
+            raise RuntimeError("the writer is closed")
+        shape = (self.height, self.width, 3)
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != shape:
+            raise ValueError(
+                f"frames must be uint8 T×{shape[0]}×{shape[1]}×3, got {frames.dtype} "
+                f"{frames.shape}"
+            )
+        if len(frames) == 0:
+            raise ValueError("a chunk needs at least one frame")
+        packets: list[Packet] = []
+        for index, pixels in enumerate(np.ascontiguousarray(frames)):
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            frame.pts = self._frames + index
+            frame.time_base = self._encoder.time_base
+            if index == 0:
+                frame.pict_type = PictureType.I  # with forced-idr: an IDR frame
+            packets.extend(self._encoder.encode(frame))
+        if len(packets) != len(frames) or not packets[0].is_keyframe:
+            raise RuntimeError("the encoder held frames back or did not start with a keyframe")
+        self._frames += len(frames)
+        return self._mux(packets)
+
+    def close(self) -> bytes:
+        """Flush the encoder and end the stream; returns trailing bytes (usually empty)."""
+        if self._closed:
+            return b""
+        self._closed = True
+        packets = list(self._encoder.encode(None))
+        return self._mux(packets) if packets else b""
+
+    def __enter__(self) -> FragmentedMP4Writer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _mux(self, packets: list[Packet]) -> bytes:
+        """Mux ``packets`` as one fragment; return the init segment (first time) + it."""
+        sink = _Sink()
+        options = {
+            "movflags": _MOVFLAGS, "fragment_index": str(self._fragments + 1),
+            "use_editlist": "0", "avoid_negative_ts": "disabled",
+        }
+        with av.open(sink, mode="w", format="mp4", container_options=options) as container:
+            stream = container.add_mux_stream(
+                "h264", rate=self.rate, width=self.width, height=self.height
+            )
+            stream.time_base = self._encoder.time_base
+            for packet in packets:
+                if not packet.duration:
+                    packet.duration = 1  # one frame, in the encoder's time base
+                packet.stream = stream
+                container.mux(packet)
+        self._fragments += 1
+        data = bytes(sink.data)
+        split = _init_length(data)
+        init, fragment = data[:split], data[split:]
+        if self._init is None:
+            self._init = init
+            return data
+        if init != self._init:
+            raise RuntimeError("the muxer wrote a different init segment for a later chunk")
+        return fragment
+
+
+def _init_length(data: bytes) -> int:
+    """Length of the leading ``ftyp`` + ``moov`` boxes of ``data``."""
+    offset = 0
+    while offset + 8 <= len(data) and data[offset + 4 : offset + 8] in _INIT_BOXES:
+        size = int.from_bytes(data[offset : offset + 4], "big")
+        if size == 1:  # 64-bit largesize follows the type
+            size = int.from_bytes(data[offset + 8 : offset + 16], "big")
+        if size < 8:
+            raise RuntimeError(f"malformed MP4 box at offset {offset}")
+        offset += size
+    return offset

@@ -1,0 +1,525 @@
+"""``reference/world``: a procedural, steerable world streamed chunk by chunk (no weights).
+
+The streaming counterpart of ``reference/video`` for ``WS /v1/realtime/video`` sessions:
+CPU, nothing to download, deterministic per seed. It does not understand language; it
+reuses reference/video's scene (prompt words and seed pick sky, terrain, palette, shapes)
+and renderer, and adds what a world model session needs:
+
+* **Chunks.** A session of ``num_frames`` frames is cut the way the LingBot-World server
+  cuts it: 3 latent frames per chunk, temporal compression 4, so
+  ``chunks = ((num_frames - 1) // 4 + 1) // 3``; chunk 0 holds 9 frames, every later
+  chunk 12, ``(chunks * 3 - 1) * 4 + 1`` frames in all (``num_frames`` is rounded down to
+  that). Each chunk is produced by ``steps_per_chunk`` flow-matching Euler steps
+  (``step``); ``take_chunk`` hands out its frames and moves on to the next chunk.
+* **Camera.** Each latent frame of a chunk carries a set of actions from ``w a s d``
+  (``camera_action_script``: one entry per chunk, each a list of three action lists).
+  ``w`` dollies forward (zoom in towards the horizon), ``s`` back, ``a`` / ``d`` pan left /
+  right (the terrain and the shape on it move at full speed, the sky at 15 %, small
+  flying shapes at half speed: parallax). The camera has a little inertia and its
+  position carries over from chunk to chunk.
+* **Interactions.** ``interact`` queues a prompt and/or camera change that takes effect
+  from the next chunk not yet begun; a new prompt cross-fades from the current look to the new scene
+  over ``transition_chunks`` chunks (0: a cut). The state reports which events started,
+  were active and completed in each chunk (``events_for_chunk``).
+
+All per-session state lives in :class:`WorldState`, so sessions share one pipeline.
+See ``docs/reference-world.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from models.catalog import ModelSpec
+from workers.pipelines.base import GenerationRequest
+from workers.pipelines.reference_video import (
+    _RENDER_BUDGET,
+    _STEP_BUDGET,
+    _background,
+    _blur,
+    _build_scene,
+    _chunks,
+    _draw_shape,
+    _encode,
+    _Scene,
+)
+
+REFERENCE_WORLD = ModelSpec(
+    name="reference/world",
+    description=(
+        "Procedural reference world model for streaming sessions: a scene rendered from the "
+        "prompt, steered by w/a/s/d camera actions, delivered in chunks of flow-matching "
+        "Euler steps. CPU, no weights, deterministic per seed."
+    ),
+    min_size=16,
+    max_width=1280,
+    max_height=1280,
+    size_multiple=16,
+    default_size=(480, 272),
+    frame_multiple=12,  # the chunk lattice: 9, 21, 33, ... frames
+    frame_offset=9,
+    min_frames=9,
+    max_frames=957,  # 80 chunks, about a minute at 16 fps
+    default_fps=16,
+    default_seconds=189 / 16,  # 16 chunks
+    min_steps=1,
+    max_steps=50,
+    default_steps=4,  # Euler steps per chunk
+    has_audio=False,
+    supports_image_input=True,
+    parameters=["negative_prompt"],
+    # camera_action_script (a list) cannot be declared here: extra_params holds scalars.
+    extra_params={"flow_shift": "float"},
+    extra_ranges={"flow_shift": (0.1, 20.0)},
+)
+
+ACTIONS = ("w", "a", "s", "d")
+LATENT_FRAMES_PER_CHUNK = 3
+TEMPORAL_COMPRESSION = 4
+PAN_SPEED = 0.6  # frame heights per second while "a" or "d" is held
+ZOOM_RATE = 0.5  # natural-log zoom per second while "w" or "s" is held
+ZOOM_RANGE = (0.7, 3.0)  # the dolly stops at these magnifications
+CAMERA_LAG = 0.1  # seconds: time constant of the camera's inertia
+_SMALL_SHAPE_PARALLAX = 0.5  # small shapes fly between the sky (0.15) and the ground (1)
+_U64 = 2**64 - 1
+
+ActionScript = Sequence[Sequence[Sequence[str]]]
+
+
+def num_chunks_for(num_frames: int) -> int:
+    """Chunks in a session of ``num_frames`` frames (the LingBot-World arithmetic)."""
+    latent = (num_frames - 1) // TEMPORAL_COMPRESSION + 1
+    return max(0, latent // LATENT_FRAMES_PER_CHUNK)
+
+
+def frames_for_chunks(chunks: int) -> int:
+    """Frames in ``chunks`` chunks: 9 for the first, 12 for each later one."""
+    return (chunks * LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1 if chunks else 0
+
+
+def chunk_frame_range(chunk: int) -> tuple[int, int]:
+    """Global frame indices ``[start, stop)`` of chunk ``chunk``."""
+    return frames_for_chunks(chunk), frames_for_chunks(chunk + 1)
+
+
+@dataclass
+class WorldConfig:
+    """What a session starts from (``session.start`` after the server resolved it)."""
+
+    prompt: str
+    width: int
+    height: int
+    num_frames: int  # rounded down to the chunk lattice: see num_chunks_for
+    fps: float
+    seed: int
+    negative_prompt: str | None = None
+    # One entry per chunk, each three per-latent-frame lists of "w"/"a"/"s"/"d";
+    # None, or fewer entries than chunks: the camera holds where the script has none.
+    camera_action_script: ActionScript | None = None
+    reference_image: np.ndarray | None = None  # uint8 height×width×3: the background
+    steps_per_chunk: int = 4
+    flow_shift: float = 3.0  # shift of the sigma schedule (changes only the steps)
+
+
+class DuplicateEventError(ValueError):
+    """``interact`` got an ``event_id`` this session has already used."""
+
+
+@dataclass
+class _Event:
+    event_id: str
+    first_chunk: int  # the chunk it takes effect in
+    last_chunk: int  # the chunk in which its transition ends
+    prompt: str | None
+    camera: frozenset[str] | None
+    transition_chunks: int
+
+
+@dataclass
+class _Layer:
+    """A scene faded in over frames ``start .. full`` (weight 1 from ``full`` on)."""
+
+    scene: _Scene
+    start: int
+    full: int
+
+    def weights(self, frames: torch.Tensor) -> torch.Tensor:
+        if self.full <= self.start:
+            return (frames >= self.start).float()
+        return ((frames - self.start + 1) / (self.full - self.start + 1)).clamp(0, 1)
+
+
+@dataclass
+class _Camera:
+    pan: float = 0.0  # frame heights to the right
+    log_zoom: float = 0.0
+    pan_velocity: float = 0.0
+    zoom_velocity: float = 0.0
+
+
+@dataclass(kw_only=True)
+class WorldState:
+    """One session: its config, chunk and step counters, camera, look and events.
+
+    Read ``chunk_index`` (the chunk being generated), ``step_index`` (steps done in it),
+    ``num_chunks``, ``num_frames`` (after rounding), ``steps_per_chunk``, ``prompt`` (the
+    latest one) and ``done``; the rest is the pipeline's business.
+    """
+
+    config: WorldConfig
+    num_chunks: int
+    num_frames: int
+    steps_per_chunk: int
+    sigmas: torch.Tensor  # steps_per_chunk + 1 values from 1 down to 0 (float64)
+    scene: _Scene  # the look every layer fades in over
+    prompt: str
+    chunk_index: int = 0
+    step_index: int = 0
+    layers: list[_Layer] = field(default_factory=list)
+    camera: _Camera = field(default_factory=_Camera)
+    camera_override: frozenset[str] | None = None  # set by an interaction: replaces the script
+    events: list[_Event] = field(default_factory=list)
+    last_events: tuple[list[str], list[str], list[str]] | None = None
+    # The chunk in progress (None between chunks).
+    target: torch.Tensor | None = None  # uint8 T×3×H×W: the clean render
+    clean: torch.Tensor | None = None  # latent target: 2x pooled, [-1, 1]
+    mean: torch.Tensor | None = None
+    latents: torch.Tensor | None = None
+
+    @property
+    def done(self) -> bool:
+        """All chunks have been taken."""
+        return self.chunk_index >= self.num_chunks
+
+
+class ReferenceWorldPipeline:
+    """Streams a procedural world in chunks; share one instance across sessions.
+
+    Session loop (the caller checks stop, stall and deadlines between calls)::
+
+        state = pipe.start(config)
+        while not state.done:
+            while not pipe.chunk_done(state):
+                pipe.step(state)                  # one Euler step of the current chunk
+            frames = pipe.take_chunk(state)       # uint8 T×H×W×3: 9, then 12 per chunk
+            started, active, completed = pipe.events_for_chunk(state)
+
+    ``interact`` may be called at any point between those calls.
+    """
+
+    spec = REFERENCE_WORLD
+
+    def __init__(self) -> None:
+        self._device = torch.device("cpu")
+
+    def load(self, device: str) -> None:
+        """Select the device; there are no weights."""
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+            raise ValueError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:n]'")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+        self._device = torch.device(device)
+
+    def start(self, config: WorldConfig) -> WorldState:
+        """Check the config and build the session state (cheap: nothing is rendered yet)."""
+        chunks = _validate(config)
+        sigmas = torch.linspace(1.0, 0.0, config.steps_per_chunk + 1, dtype=torch.float64)
+        sigmas = config.flow_shift * sigmas / (1 + (config.flow_shift - 1) * sigmas)
+        return WorldState(
+            config=config, num_chunks=chunks, num_frames=frames_for_chunks(chunks),
+            steps_per_chunk=config.steps_per_chunk, sigmas=sigmas,
+            scene=self._scene(config, config.prompt), prompt=config.prompt,
+        )
+
+    def num_chunks(self, state: WorldState) -> int:
+        return state.num_chunks
+
+    def chunk_done(self, state: WorldState) -> bool:
+        """All steps of the current chunk have run: ``take_chunk`` may be called."""
+        return not state.done and state.step_index >= state.steps_per_chunk
+
+    def step(self, state: WorldState) -> None:
+        """One Euler step of the current chunk (the first one also renders the chunk)."""
+        if state.done:
+            raise RuntimeError("the session has no chunk left to generate")
+        if state.step_index >= state.steps_per_chunk:
+            raise RuntimeError(f"chunk {state.chunk_index} is finished; call take_chunk")
+        if state.step_index == 0:
+            self._begin_chunk(state)
+        assert state.latents is not None and state.clean is not None and state.mean is not None
+        sigma = float(state.sigmas[state.step_index])
+        sigma_next = float(state.sigmas[state.step_index + 1])
+        t, _, lh, lw = state.latents.shape
+        level = sigma_next**2 * max(0.0, math.log2(min(lh, lw)) - 1)  # blur octaves
+        for start, stop in _chunks(t, 3 * lh * lw, _STEP_BUDGET):
+            x, x0 = state.latents[start:stop], state.clean[start:stop]
+            if sigma_next > 0:  # x0_hat: the target, blurred and flattened by the noise level
+                x0 = state.mean + (_blur(x0, level) - state.mean) * (1 - 0.5 * sigma_next)
+                x.add_((x - x0).mul_((sigma_next - sigma) / sigma))
+            else:
+                x.copy_(x0)  # x + (0 - s) * (x - x0) / s == x0, without rounding error
+        state.step_index += 1
+
+    def take_chunk(self, state: WorldState) -> np.ndarray:
+        """The finished chunk's frames (uint8 T×H×W×3); advances to the next chunk."""
+        if not self.chunk_done(state):
+            raise RuntimeError(
+                f"chunk {state.chunk_index} is not finished "
+                f"({state.step_index}/{state.steps_per_chunk} steps)"
+            )
+        assert state.target is not None
+        # After the last step the latents equal the encoded render, so the decoded
+        # frames are the render itself.
+        frames = state.target.permute(0, 2, 3, 1).contiguous().cpu().numpy()
+        k = state.chunk_index
+        state.last_events = (
+            [e.event_id for e in state.events if e.first_chunk == k],
+            [e.event_id for e in state.events if e.first_chunk <= k <= e.last_chunk],
+            [e.event_id for e in state.events if e.last_chunk == k],
+        )
+        state.target = state.clean = state.mean = state.latents = None
+        state.chunk_index += 1
+        state.step_index = 0
+        return frames
+
+    def events_for_chunk(self, state: WorldState) -> tuple[list[str], list[str], list[str]]:
+        """(started, active, completed) event ids of the chunk ``take_chunk`` returned last.
+
+        An event is *started* in the chunk it takes effect in (see ``interact``), *active*
+        from there to the chunk its transition ends in (``max(1, transition_chunks)``
+        chunks in all), and *completed* in that last chunk. Lists keep the queue order.
+        """
+        if state.last_events is None:
+            raise RuntimeError("no chunk has been taken yet")
+        started, active, completed = state.last_events
+        return list(started), list(active), list(completed)
+
+    def interact(
+        self, state: WorldState, prompt: str | None, camera: str | None,
+        transition_chunks: int, event_id: str,
+    ) -> None:
+        """Queue a change that takes effect from the first chunk not yet begun.
+
+        That is the current chunk if none of its steps has run yet (between
+        ``take_chunk`` and the next ``step``), otherwise the chunk after it.
+
+        ``prompt``: the new look, cross-faded in over ``transition_chunks`` chunks (0: a
+        cut at the first frame of that chunk). ``camera``: the actions to hold from then
+        on, a string of ``w a s d`` (``"w"``, ``"wd"``; ``""`` stands still); it replaces
+        ``camera_action_script`` for the rest of the session. None leaves either as it is.
+        Raises ``DuplicateEventError`` for an ``event_id`` already used in this session,
+        ``ValueError`` for anything else malformed. An event queued during the last chunk
+        has no chunk left to take effect in and never shows up in ``events_for_chunk``.
+        """
+        if not isinstance(event_id, str) or not event_id:
+            raise ValueError("event_id must be a non-empty string")
+        if any(e.event_id == event_id for e in state.events):
+            raise DuplicateEventError(f"event_id {event_id!r} was already used in this session")
+        if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+            raise ValueError("prompt must be a non-empty string")
+        keys = None
+        if camera is not None:
+            if not isinstance(camera, str) or set(camera) - set(ACTIONS):
+                raise ValueError(f"camera must be a string of 'w', 'a', 's', 'd', got {camera!r}")
+            keys = frozenset(camera)
+        if (isinstance(transition_chunks, bool) or not isinstance(transition_chunks, int)
+                or transition_chunks < 0):
+            raise ValueError(
+                f"transition_chunks must be an integer >= 0, got {transition_chunks!r}"
+            )
+        if state.done:
+            raise RuntimeError("the session has finished")
+        first = state.chunk_index + (1 if state.step_index else 0)  # first chunk not begun
+        state.events.append(_Event(
+            event_id=event_id, first_chunk=first, last_chunk=first + max(1, transition_chunks) - 1,
+            prompt=prompt, camera=keys, transition_chunks=transition_chunks,
+        ))
+
+    # --- one chunk ---------------------------------------------------------------------
+
+    def _scene(self, config: WorldConfig, prompt: str) -> _Scene:
+        request = GenerationRequest(
+            prompt=prompt, width=config.width, height=config.height,
+            num_frames=config.num_frames, fps=config.fps, num_inference_steps=1,
+            seed=config.seed, negative_prompt=config.negative_prompt,
+            reference_image=config.reference_image,
+        )
+        return _build_scene(request, 1.0, "static", self._device)
+
+    def _begin_chunk(self, state: WorldState) -> None:
+        """Apply the chunk's events, move the camera, render the chunk, draw the noise."""
+        k, cfg = state.chunk_index, state.config
+        start, stop = chunk_frame_range(k)
+        for event in state.events:
+            if event.first_chunk != k:
+                continue
+            if event.camera is not None:
+                state.camera_override = event.camera
+            if event.prompt is not None:
+                full = start  # a cut, unless it fades in up to the last frame of last_chunk
+                if event.transition_chunks:
+                    full = chunk_frame_range(event.last_chunk)[1] - 1
+                state.layers.append(_Layer(self._scene(cfg, event.prompt), start, full))
+                state.prompt = event.prompt
+        # A layer that is fully faded in by the first frame becomes the base look.
+        for i in reversed(range(len(state.layers))):
+            if state.layers[i].full <= start:
+                state.scene = state.layers[i].scene
+                del state.layers[: i + 1]
+                break
+
+        pan, zoom = _move_camera(state, start, stop)
+        frames = torch.arange(start, stop, dtype=torch.float32, device=self._device)
+        h, w = cfg.height, cfg.width
+        target = torch.empty((stop - start, 3, h, w), dtype=torch.uint8, device=self._device)
+        for a, b in _chunks(stop - start, h * w, _RENDER_BUDGET):
+            img = _render(state.scene, frames[a:b], pan[a:b], zoom[a:b])
+            for layer in state.layers:
+                weight = layer.weights(frames[a:b]).view(-1, 1, 1, 1)
+                over = _render(layer.scene, frames[a:b], pan[a:b], zoom[a:b])
+                img = torch.lerp(img, over, weight)
+            target[a:b] = img.mul_(255).round_()
+        clean = _encode(target)
+        digest = hashlib.blake2b(f"{cfg.seed & _U64}:{k}".encode(), digest_size=8).digest()
+        generator = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "big") >> 1)
+        state.target, state.clean = target, clean
+        state.mean = clean.mean(dim=(0, 2, 3), keepdim=True)
+        state.latents = torch.randn(clean.shape, generator=generator).to(self._device)
+
+
+def _actions(state: WorldState, frame: int) -> frozenset[str]:
+    """The actions held during global frame ``frame``."""
+    latent = (frame + TEMPORAL_COMPRESSION - 1) // TEMPORAL_COMPRESSION
+    chunk, j = divmod(latent, LATENT_FRAMES_PER_CHUNK)
+    if state.camera_override is not None:
+        return state.camera_override
+    script = state.config.camera_action_script
+    if script is None or chunk >= len(script):
+        return frozenset()
+    return frozenset(script[chunk][j])
+
+
+def _move_camera(state: WorldState, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Advance the camera through frames ``start:stop``; their pan and zoom."""
+    cam, dt = state.camera, 1.0 / state.config.fps
+    ease = 1 - math.exp(-dt / CAMERA_LAG)
+    low, high = math.log(ZOOM_RANGE[0]), math.log(ZOOM_RANGE[1])
+    pans, zooms = [], []
+    for frame in range(start, stop):
+        keys = _actions(state, frame)
+        pan_goal = PAN_SPEED * (("d" in keys) - ("a" in keys))
+        zoom_goal = ZOOM_RATE * (("w" in keys) - ("s" in keys))
+        cam.pan_velocity += (pan_goal - cam.pan_velocity) * ease
+        cam.zoom_velocity += (zoom_goal - cam.zoom_velocity) * ease
+        if frame > 0:  # frame 0 shows the starting view
+            cam.pan += cam.pan_velocity * dt
+            cam.log_zoom = min(high, max(low, cam.log_zoom + cam.zoom_velocity * dt))
+        pans.append(cam.pan)
+        zooms.append(math.exp(cam.log_zoom))
+    return torch.tensor(pans), torch.tensor(zooms)
+
+
+def _render(
+    sc: _Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tensor
+) -> torch.Tensor:
+    """Frames (global indices) of scene ``sc`` seen by the camera: T×3×H×W in [0, 1].
+
+    Like reference/video's renderer with its camera replaced: the view zooms around the
+    horizon's centre and pans; the main shape moves with the ground, small shapes at half
+    speed, and the shapes repeat every two frame widths so a long pan keeps meeting them.
+    """
+    dev = frames.device
+    h, w, a = sc.height, sc.width, sc.aspect
+    t = frames.view(-1, 1, 1) / sc.fps  # scene time (motion 1)
+    pan = pan.to(dev, torch.float32).view(-1, 1, 1)
+    zoom = zoom.to(dev, torch.float32).view(-1, 1, 1)
+    xs = (torch.arange(w, device=dev, dtype=torch.float32).view(1, 1, -1) + 0.5) / h
+    ys = (torch.arange(h, device=dev, dtype=torch.float32).view(1, -1, 1) + 0.5) / h
+    x = (xs - a / 2) / zoom + a / 2  # world coordinates in frame heights
+    y = (ys - sc.horizon) / zoom + sc.horizon
+    px = 1 / (h * zoom)  # world units per pixel, for anti-aliased edges
+    if sc.image is not None:
+        grid = torch.stack(torch.broadcast_tensors(2 * (x + pan) / a - 1, 2 * y - 1), dim=-1)
+        img = F.grid_sample(sc.image.expand(len(grid), -1, -1, -1), grid, mode="bilinear",
+                            padding_mode="reflection", align_corners=False)
+        ramp = (t / 0.75).clamp(0, 1)
+        fade = ramp * ramp * (3 - 2 * ramp)  # shapes fade in: frame 0 is the image
+    else:
+        img, fade = _background(sc, x, y, pan, t, px), torch.ones_like(t)
+    for i, shape in enumerate(sc.shapes):
+        parallax = 1.0 if i == len(sc.shapes) - 1 else _SMALL_SHAPE_PARALLAX
+        wrapped = torch.remainder(x + parallax * pan + a / 2, 2 * a) - a / 2
+        img = _draw_shape(img, shape, wrapped, y, t, px, fade)
+    return img.clamp(0, 1).expand(-1, 3, h, w).contiguous()
+
+
+def _validate(cfg: WorldConfig) -> int:
+    """Check the config; return the number of chunks."""
+    if not isinstance(cfg.prompt, str) or not cfg.prompt.strip():
+        raise ValueError("prompt must be a non-empty string")
+    spec = REFERENCE_WORLD
+    for name, value, top in (("width", cfg.width, spec.max_width),
+                             ("height", cfg.height, spec.max_height)):
+        if not spec.min_size <= value <= top or value % spec.size_multiple:
+            raise ValueError(
+                f"{name} must be a multiple of {spec.size_multiple} in "
+                f"[{spec.min_size}, {top}], got {value}"
+            )
+    if not cfg.fps > 0:
+        raise ValueError(f"fps must be positive, got {cfg.fps}")
+    chunks = num_chunks_for(cfg.num_frames)
+    if chunks < 1:
+        raise ValueError(f"num_frames must be at least 9 (one chunk), got {cfg.num_frames}")
+    if not spec.min_steps <= cfg.steps_per_chunk <= spec.max_steps:
+        raise ValueError(
+            f"steps_per_chunk must be in [{spec.min_steps}, {spec.max_steps}], "
+            f"got {cfg.steps_per_chunk}"
+        )
+    if not cfg.flow_shift > 0:
+        raise ValueError(f"flow_shift must be positive, got {cfg.flow_shift}")
+    img, shape = cfg.reference_image, (cfg.height, cfg.width, 3)
+    if img is not None and (img.dtype != np.uint8 or img.shape != shape):
+        raise ValueError(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
+    if cfg.camera_action_script is not None:
+        validate_action_script(cfg.camera_action_script, chunks)
+    return chunks
+
+
+def validate_action_script(script: Any, chunks: int | None = None) -> None:
+    """Raise ValueError naming the first problem of a ``camera_action_script``.
+
+    It must be a list with at most ``chunks`` entries (one per chunk; missing ones hold
+    the camera), each a list of exactly three lists (one per latent frame) of actions
+    drawn from ``"w" "a" "s" "d"`` (``[[], [], []]`` holds).
+    """
+    name = "camera_action_script"
+    if not isinstance(script, list | tuple):
+        raise ValueError(
+            f"{name} must be a list with one entry per chunk, got {type(script).__name__}"
+        )
+    if chunks is not None and len(script) > chunks:
+        raise ValueError(f"{name} has {len(script)} entries but the session has {chunks} chunks")
+    for i, entry in enumerate(script):
+        if not isinstance(entry, list | tuple) or len(entry) != LATENT_FRAMES_PER_CHUNK:
+            got = f"{len(entry)} items" if isinstance(entry, list | tuple) else repr(entry)
+            raise ValueError(
+                f"{name}[{i}] must be a list of {LATENT_FRAMES_PER_CHUNK} per-latent-frame "
+                f"action lists, got {got}"
+            )
+        for j, actions in enumerate(entry):
+            if not isinstance(actions, list | tuple):
+                raise ValueError(f"{name}[{i}][{j}] must be a list of actions, got {actions!r}")
+            for action in actions:
+                if action not in ACTIONS:
+                    raise ValueError(
+                        f"{name}[{i}][{j}] has unknown action {action!r}; use 'w', 'a', 's', 'd'"
+                    )

@@ -1,0 +1,164 @@
+"""Realtime video sessions on a worker: one thread per session slot.
+
+The API owns the client socket and the protocol; the worker owns the model state. They
+talk over two Redis Streams (``oq:session:{id}:in`` commands, ``…:out`` outputs):
+
+    in  (API → worker): stop, interaction, keepalive
+    out (worker → API): accepted, started, chunk (+ fMP4 bytes), finished, failed, keepalive
+
+Between any two denoise steps the runner drains commands (a stop or interaction jumps
+ahead of further computation), so ``session.stop`` or a vanished client ends the session
+within one step and frees the slot. If the API falls silent (no command or keep-alive for
+``lost_after_s``), the runner stops on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from storage.bus import EventBus
+from storage.constants import session_in_key, session_out_key
+from storage.settings import Settings
+from workers.fmp4 import FragmentedMP4Writer
+from workers.pipelines.reference_world import WorldConfig
+from workers.pipelines.registry import PipelineRegistry
+
+log = logging.getLogger(__name__)
+
+ABANDONED = "oq:session:{}:abandoned"
+
+
+class SessionRunner:
+    def __init__(
+        self,
+        settings: Settings,
+        pipelines: PipelineRegistry,
+        bus: EventBus,
+        worker_id: str,
+        persist: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.pipelines = pipelines
+        self.bus = bus
+        self.worker_id = worker_id
+        # Callable(session_id, owner, model, path) -> artifact id, for extra_params.persist.
+        self.persist = persist
+
+    def run(self, session_id: str, config: dict[str, Any]) -> str:
+        out, inbox = session_out_key(session_id), session_in_key(session_id)
+        if self.bus.redis.exists(ABANDONED.format(session_id)):
+            return "abandoned"  # the API gave up waiting for a slot
+        self.bus.publish(out, {"type": "accepted", "worker_id": self.worker_id})
+        tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{session_id}-"))
+        try:
+            outcome = self._roll_out(session_id, config, out, inbox, tmp)
+        except ValueError as exc:
+            self.bus.publish(
+                out, {"type": "failed", "code": "invalid_request", "message": str(exc)[:300]}
+            )
+            outcome = "invalid_request"
+        except Exception:
+            log.exception("session %s failed", session_id)
+            self.bus.publish(
+                out,
+                {
+                    "type": "failed",
+                    "code": "internal_error",
+                    "message": "the session failed on the worker",
+                },
+            )
+            outcome = "internal_error"
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        log.info("session %s: %s", session_id, outcome)
+        return outcome
+
+    def _roll_out(
+        self, session_id: str, config: dict[str, Any], out: str, inbox: str, tmp: Path
+    ) -> str:
+        rt = self.settings.realtime
+        pipe: Any = self.pipelines.get(config["model"])
+        extra = config.get("extra_params") or {}
+        world = WorldConfig(
+            prompt=config["prompt"],
+            width=config["width"],
+            height=config["height"],
+            num_frames=config["num_frames"],
+            fps=config["fps"],
+            seed=config["seed"],
+            negative_prompt=config.get("negative_prompt"),
+            camera_action_script=extra.get("camera_action_script"),
+        )
+        state = pipe.start(world)
+        total = pipe.num_chunks(state)
+        writer = FragmentedMP4Writer(world.width, world.height, world.fps)
+        persisted = open(tmp / "session.mp4", "wb") if extra.get("persist") else None  # noqa: SIM115
+        self.bus.publish(out, {"type": "started"})
+        after, heard, beat = "0-0", time.monotonic(), 0.0
+        stopped = False
+        sent = 0
+        try:
+            while sent < total:
+                for entry in self.bus.read(inbox, after, count=100):
+                    after, heard = entry.id, time.monotonic()
+                    kind = entry.event.get("type")
+                    if kind == "stop":
+                        stopped = True
+                    elif kind == "interaction":
+                        e = entry.event
+                        pipe.interact(
+                            state,
+                            e.get("prompt"),
+                            e.get("camera"),
+                            int(e.get("transition_chunks") or 0),
+                            e["event_id"],
+                        )
+                now = time.monotonic()
+                if stopped or now - heard > rt.lost_after_s:
+                    stopped = True
+                    break
+                if now - beat >= rt.keepalive_s:
+                    beat = now
+                    self.bus.publish(out, {"type": "keepalive"})
+                pipe.step(state)
+                if pipe.chunk_done(state):
+                    frames = pipe.take_chunk(state)
+                    data = writer.write_chunk(frames)
+                    begun, active, completed = pipe.events_for_chunk(state)
+                    if persisted is not None:
+                        persisted.write(data)
+                    self.bus.publish(
+                        out,
+                        {
+                            "type": "chunk",
+                            "kind": "media",
+                            "generation_chunk_index": sent,
+                            "num_frames": len(frames),
+                            "produced_at": time.time(),
+                            "started_event_ids": begun,
+                            "active_event_ids": active,
+                            "completed_event_ids": completed,
+                        },
+                        data,
+                    )
+                    sent += 1
+            tail = writer.close()
+            if tail and not stopped:
+                if persisted is not None:
+                    persisted.write(tail)
+                self.bus.publish(
+                    out, {"type": "chunk", "kind": "trailer", "produced_at": time.time()}, tail
+                )
+        finally:
+            if persisted is not None:
+                persisted.close()
+        artifact_id = None
+        if persisted is not None and not stopped and self.persist is not None:
+            artifact_id = self.persist(session_id, config, tmp / "session.mp4")
+        self.bus.publish(out, {"type": "finished", "stopped": stopped, "artifact_id": artifact_id})
+        return "stopped" if stopped else "completed"

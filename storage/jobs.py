@@ -153,6 +153,14 @@ class JobStore:
                 select(Artifact).where(Artifact.job_id == job_id, Artifact.variant == variant)
             ).first()
 
+    def insert_finished(self, job: Job, artifacts: list[Artifact]) -> None:
+        """Store a job that finished elsewhere (a persisted realtime session) with its
+        artifacts, in one transaction."""
+        with self._sessions() as s:
+            s.add(job)
+            s.add_all(artifacts)
+            s.commit()
+
     # ---- reconciler ---------------------------------------------------------------
 
     def stale_running(self, stale_before: float, limit: int = 100) -> list[Job]:

@@ -18,6 +18,7 @@ from storage.jobs import JobStore
 from storage.queue import JobQueue, make_celery
 from storage.settings import Settings
 from workers.executor import StepExecutor
+from workers.persist import SessionPersister
 from workers.pipelines.registry import PipelineRegistry
 from workers.reconciler import Reconciler, start_reconciler_thread
 from workers.sessions import SessionRunner
@@ -66,7 +67,8 @@ class WorkerContext:
         bus = EventBus(client, ttl_s=settings.events_ttl_s)
         executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id, bus)
         reconciler = Reconciler(settings, jobs, artifacts, JobQueue(make_celery(settings)), client)
-        sessions = SessionRunner(settings, pipelines, bus, worker_id)
+        persist = SessionPersister(settings, jobs, artifacts)
+        sessions = SessionRunner(settings, pipelines, bus, worker_id, persist)
         return cls(
             settings,
             engine,

@@ -156,3 +156,21 @@ def _feed_audio(
         frame.time_base = Fraction(1, sample_rate)
         container.mux(stream.encode(frame))
     return max(start, stop)
+
+
+def remux_faststart(src: str | Path, dst: str | Path) -> int:
+    """Copy the video packets of ``src`` (e.g. a fragmented MP4 of a streamed session)
+    into a progressive MP4 with the ``moov`` atom first; no re-encode. Returns the bytes
+    written."""
+    with (
+        av.open(str(src)) as inp,
+        av.open(str(dst), "w", format="mp4", options={"movflags": "+faststart"}) as out,
+    ):
+        source = inp.streams.video[0]
+        target = out.add_stream_from_template(source)
+        for packet in inp.demux(source):
+            if packet.dts is None:  # the demuxer's flush packet
+                continue
+            packet.stream = target
+            out.mux(packet)
+    return Path(dst).stat().st_size

@@ -94,6 +94,8 @@ class SessionRunner:
             negative_prompt=config.get("negative_prompt"),
             camera_action_script=extra.get("camera_action_script"),
         )
+        if extra.get("flow_shift"):
+            world.flow_shift = float(extra["flow_shift"])
         state = pipe.start(world)
         total = pipe.num_chunks(state)
         writer = FragmentedMP4Writer(world.width, world.height, world.fps)

@@ -91,7 +91,7 @@ class _Session:
     async def _place(self, cmd: StartRequested) -> None:
         start, cfg = cmd.start, cmd.config
         self.model = start.model or next(iter(self.protocol.options.models or []), None)
-        extra = dict(start.extra_params or {}) if start.extra_params else {}
+        extra = start.extra_params.model_dump(exclude_none=True) if start.extra_params else {}
         config = {
             "model": self.model,
             "owner": self.owner,

@@ -214,3 +214,17 @@ def test_worker_dying_mid_session_ends_it_with_an_error(rstack: Stack) -> None:
             rstack._spawn("rt0", "worker", "--realtime", "--name", "rt0")
             rstack.wait_workers(0)
             time.sleep(3)
+
+
+def test_persisted_session_becomes_a_video(rstack: Stack) -> None:
+    with _ws(rstack) as ws:
+        ws.send(json.dumps({**START, "extra_params": {"persist": True}}))
+        done = _until(ws, "session.done")
+    assert done["stopped"] is False and done["artifact_id"].startswith("video_")
+    with rstack.client() as c:
+        video = c.get(f"/v1/videos/{done['artifact_id']}").json()
+        assert video["status"] == "completed" and video["num_frames"] == 33
+        data = c.get(f"/v1/videos/{done['artifact_id']}/content").content
+    assert data.find(b"moov") < data.find(b"mdat")  # progressive, not fragmented
+    with av.open(io.BytesIO(data)) as container:
+        assert len(list(container.decode(video=0))) == 33

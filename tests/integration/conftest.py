@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -74,6 +76,37 @@ def redis_url() -> Iterator[str]:
     finally:
         client.flushdb()
         client.close()
+
+
+_S = TypeVar("_S", bound=Stack)
+
+
+@contextmanager
+def isolated_stack(
+    work: Path,
+    s3: EmbeddedS3,
+    *,
+    redis_db: int,
+    extra_env: dict[str, str],
+    workers: int = 1,
+    realtime_workers: int = 0,
+    cls: type[_S] = Stack,  # type: ignore[assignment]
+) -> Iterator[_S]:
+    """A deployment of its own: a fresh PostgreSQL database, its own Redis index (so
+    no other test's worker takes its jobs), auth off, on the shared S3 server."""
+    db_name, url = _new_pg_database()
+    upgrade(url)
+    redis_url = f"{REDIS_BASE_URL}/{redis_db}"
+    redis.Redis.from_url(redis_url).flushdb()
+    st = cls(
+        work=work, database_url=url, redis_url=redis_url, s3=s3, auth="off", extra_env=extra_env
+    )
+    try:
+        yield st
+    finally:
+        st.stop()
+        redis.Redis.from_url(redis_url).flushdb()
+        _drop_pg_database(db_name)
 
 
 @pytest.fixture(scope="session")

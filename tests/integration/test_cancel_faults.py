@@ -24,9 +24,8 @@ import redis
 from sqlalchemy import create_engine, func, select
 
 from cli.embedded import EmbeddedS3
-from migrations.runner import upgrade
 from models.db import Artifact
-from tests.integration.conftest import REDIS_BASE_URL, _drop_pg_database, _new_pg_database
+from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -48,35 +47,20 @@ class FaultStack(Stack):
 
 @pytest.fixture(scope="module")
 def fstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[FaultStack]:
-    name, url = _new_pg_database()
-    upgrade(url)
-    redis_url = f"{REDIS_BASE_URL}/{REDIS_DB}"
-    redis.Redis.from_url(redis_url).flushdb()
     work = Path(tmp_path_factory.mktemp("faults"))
-    st = FaultStack(
-        work=work,
-        database_url=url,
-        redis_url=redis_url,
-        s3=s3_server,
-        auth="off",
-        extra_env={
-            "OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json"),
-            "OMNIQ_WORKER__HEARTBEAT_S": "0.5",
-            "OMNIQ_WORKER__HEARTBEAT_TIMEOUT_S": "3",
-            "OMNIQ_WORKER__RECONCILE_INTERVAL_S": "0.5",
-            "OMNIQ_WORKER__MAX_ATTEMPTS": "2",
-            # every artifact goes up as a multipart upload, so upload cancels abort one
-            "OMNIQ_S3__MULTIPART_THRESHOLD_BYTES": "1",
-        },
-    )
-    st.set_failpoints({})
-    st.start(workers=1)
-    try:
+    env = {
+        "OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json"),
+        "OMNIQ_WORKER__HEARTBEAT_S": "0.5",
+        "OMNIQ_WORKER__HEARTBEAT_TIMEOUT_S": "3",
+        "OMNIQ_WORKER__RECONCILE_INTERVAL_S": "0.5",
+        "OMNIQ_WORKER__MAX_ATTEMPTS": "2",
+        # every artifact goes up as a multipart upload, so upload cancels abort one
+        "OMNIQ_S3__MULTIPART_THRESHOLD_BYTES": "1",
+    }
+    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=FaultStack) as st:
+        st.set_failpoints({})
+        st.start(workers=1)
         yield st
-    finally:
-        st.stop()
-        redis.Redis.from_url(redis_url).flushdb()
-        _drop_pg_database(name)
 
 
 @pytest.fixture

@@ -12,12 +12,10 @@ from typing import Any
 import av
 import numpy as np
 import pytest
-import redis
 import torch
 
 from cli.embedded import EmbeddedS3
-from migrations.runner import upgrade
-from tests.integration.conftest import REDIS_BASE_URL, _drop_pg_database, _new_pg_database
+from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.unit.diffusers_fixtures import (
     TINY_SEQ_LEN,
@@ -65,25 +63,10 @@ def dstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
         )
     registry = work / "models.toml"
     registry.write_text("\n".join(entries))
-    db_name, url = _new_pg_database()
-    upgrade(url)
-    redis_url = f"{REDIS_BASE_URL}/{REDIS_DB}"
-    redis.Redis.from_url(redis_url).flushdb()
-    st = Stack(
-        work=work,
-        database_url=url,
-        redis_url=redis_url,
-        s3=s3_server,
-        auth="off",
-        extra_env={"OMNIQ_MODEL_REGISTRY": str(registry)},
-    )
-    st.start(workers=1)
-    try:
+    env = {"OMNIQ_MODEL_REGISTRY": str(registry)}
+    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+        st.start(workers=1)
         yield st
-    finally:
-        st.stop()
-        redis.Redis.from_url(redis_url).flushdb()
-        _drop_pg_database(db_name)
 
 
 def _decode(data: bytes) -> tuple[np.ndarray, bool]:

@@ -13,13 +13,11 @@ from typing import Any
 
 import av
 import pytest
-import redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from cli.embedded import EmbeddedS3
-from migrations.runner import upgrade
-from tests.integration.conftest import REDIS_BASE_URL, _drop_pg_database, _new_pg_database
+from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -41,31 +39,17 @@ LONG = {**START, "width": 256, "height": 256, "num_frames": 957}
 
 @pytest.fixture(scope="module")
 def rstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
-    db_name, url = _new_pg_database()
-    upgrade(url)
-    redis_url = f"{REDIS_BASE_URL}/{REDIS_DB}"
-    redis.Redis.from_url(redis_url).flushdb()
-    st = Stack(
-        work=Path(tmp_path_factory.mktemp("realtime")),
-        database_url=url,
-        redis_url=redis_url,
-        s3=s3_server,
-        auth="off",
-        extra_env={
-            "OMNIQ_REALTIME__SLOTS": "2",
-            "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "3",
-            "OMNIQ_REALTIME__START_TIMEOUT_S": "2",
-            "OMNIQ_REALTIME__LOST_AFTER_S": "4",
-            "OMNIQ_REALTIME__KEEPALIVE_S": "0.5",
-        },
-    )
-    st.start(workers=0, realtime_workers=1)
-    try:
+    env = {
+        "OMNIQ_REALTIME__SLOTS": "2",
+        "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "3",
+        "OMNIQ_REALTIME__START_TIMEOUT_S": "2",
+        "OMNIQ_REALTIME__LOST_AFTER_S": "4",
+        "OMNIQ_REALTIME__KEEPALIVE_S": "0.5",
+    }
+    work = Path(tmp_path_factory.mktemp("realtime"))
+    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+        st.start(workers=0, realtime_workers=1)
         yield st
-    finally:
-        st.stop()
-        redis.Redis.from_url(redis_url).flushdb()
-        _drop_pg_database(db_name)
 
 
 def _ws(st: Stack) -> ClientConnection:
@@ -228,3 +212,33 @@ def test_persisted_session_becomes_a_video(rstack: Stack) -> None:
     assert data.find(b"moov") < data.find(b"mdat")  # progressive, not fragmented
     with av.open(io.BytesIO(data)) as container:
         assert len(list(container.decode(video=0))) == 33
+
+
+def test_stall_timeout_closes_the_session(rstack: Stack, tmp_path: Path) -> None:
+    """A second API process on the same bus with a 1 s stall timeout; a 1280x720 chunk
+    takes longer than that to make, so neither the client nor the worker says anything
+    for a second."""
+    impatient = Stack(
+        work=tmp_path,
+        database_url=rstack.database_url,
+        redis_url=rstack.redis_url,
+        s3=rstack.s3,
+        auth="off",
+        extra_env={**rstack.extra_env, "OMNIQ_REALTIME__STALL_TIMEOUT_S": "1"},
+    )
+    impatient.start(workers=0)
+    try:
+        with _ws(impatient) as ws:
+            ws.send(json.dumps({**START, "width": 1280, "height": 720, "num_frames": 957}))
+            assert _json(ws)["type"] == "video.start"
+            error = _until(ws, "error", timeout=30)
+            assert error["code"] == "stalled"
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    ws.recv(timeout=10)
+        # the worker stops within a step once told, and its slot serves the next session
+        with _ws(rstack) as ws:
+            ws.send(json.dumps(START))
+            assert _json(ws, timeout=30)["type"] == "video.start"
+    finally:
+        impatient.stop()

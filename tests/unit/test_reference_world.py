@@ -174,6 +174,17 @@ def test_camera_interaction_equals_the_same_script() -> None:
     assert np.array_equal(np.concatenate(chunks), np.concatenate(scripted))
 
 
+def test_camera_block_interaction_repeats_in_every_later_chunk() -> None:
+    block = [["w"], [], ["a", "s"]]
+    pipe = _pipe()
+    state = pipe.start(_config(num_frames=45, camera_action_script=[HOLD, [["d"]] * 3]))
+    chunks = [_next_chunk(pipe, state)]
+    pipe.interact(state, None, block, 0, "block")  # replaces the script's "d" chunk too
+    chunks += [_next_chunk(pipe, state) for _ in range(3)]
+    scripted = _run(_config(num_frames=45, camera_action_script=[HOLD, block, block, block]))
+    assert np.array_equal(np.concatenate(chunks), np.concatenate(scripted))
+
+
 def test_interaction_during_a_chunk_waits_for_the_next_one() -> None:
     pipe = _pipe()
     state = pipe.start(_config(num_frames=33))
@@ -246,8 +257,9 @@ def test_interaction_checks() -> None:
     pipe.interact(state, "a blue box", None, 1, "e1")
     with pytest.raises(DuplicateEventError, match="e1"):
         pipe.interact(state, "a green box", None, 1, "e1")
-    with pytest.raises(ValueError, match="camera"):
-        pipe.interact(state, None, "x", 1, "e2")
+    for camera in ("x", [["w"], ["w"]], [["w"], ["up"], []], {"yaw": 0.1}, [[["w"]], [], []]):
+        with pytest.raises(ValueError, match="camera"):
+            pipe.interact(state, None, camera, 1, "e2")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="transition_chunks"):
         pipe.interact(state, None, "w", -1, "e3")
     with pytest.raises(ValueError, match="prompt"):

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.catalog import ModelSpec
+from models.catalog import REFERENCE_WORLD
 from workers.pipelines.base import GenerationRequest
 from workers.pipelines.reference_video import (
     _RENDER_BUDGET,
@@ -53,35 +53,6 @@ from workers.pipelines.reference_video import (
     _Scene,
 )
 
-REFERENCE_WORLD = ModelSpec(
-    name="reference/world",
-    description=(
-        "Procedural reference world model for streaming sessions: a scene rendered from the "
-        "prompt, steered by w/a/s/d camera actions, delivered in chunks of flow-matching "
-        "Euler steps. CPU, no weights, deterministic per seed."
-    ),
-    min_size=16,
-    max_width=1280,
-    max_height=1280,
-    size_multiple=16,
-    default_size=(480, 272),
-    frame_multiple=12,  # the chunk lattice: 9, 21, 33, ... frames
-    frame_offset=9,
-    min_frames=9,
-    max_frames=957,  # 80 chunks, about a minute at 16 fps
-    default_fps=16,
-    default_seconds=189 / 16,  # 16 chunks
-    min_steps=1,
-    max_steps=50,
-    default_steps=4,  # Euler steps per chunk
-    has_audio=False,
-    supports_image_input=True,
-    parameters=["negative_prompt"],
-    # camera_action_script (a list) cannot be declared here: extra_params holds scalars.
-    extra_params={"flow_shift": "float"},
-    extra_ranges={"flow_shift": (0.1, 20.0)},
-)
-
 ACTIONS = ("w", "a", "s", "d")
 LATENT_FRAMES_PER_CHUNK = 3
 TEMPORAL_COMPRESSION = 4
@@ -92,7 +63,9 @@ CAMERA_LAG = 0.1  # seconds: time constant of the camera's inertia
 _SMALL_SHAPE_PARALLAX = 0.5  # small shapes fly between the sky (0.15) and the ground (1)
 _U64 = 2**64 - 1
 
-ActionScript = Sequence[Sequence[Sequence[str]]]
+ActionBlock = Sequence[Sequence[str]]  # one chunk: three per-latent-frame action lists
+ActionScript = Sequence[ActionBlock]
+_Block = tuple[frozenset[str], frozenset[str], frozenset[str]]
 
 
 def num_chunks_for(num_frames: int) -> int:
@@ -140,7 +113,7 @@ class _Event:
     first_chunk: int  # the chunk it takes effect in
     last_chunk: int  # the chunk in which its transition ends
     prompt: str | None
-    camera: frozenset[str] | None
+    camera: _Block | None
     transition_chunks: int
 
 
@@ -186,7 +159,7 @@ class WorldState:
     step_index: int = 0
     layers: list[_Layer] = field(default_factory=list)
     camera: _Camera = field(default_factory=_Camera)
-    camera_override: frozenset[str] | None = None  # set by an interaction: replaces the script
+    camera_override: _Block | None = None  # set by an interaction: replaces the script
     events: list[_Event] = field(default_factory=list)
     last_events: tuple[list[str], list[str], list[str]] | None = None
     # The chunk in progress (None between chunks).
@@ -304,7 +277,7 @@ class ReferenceWorldPipeline:
         return list(started), list(active), list(completed)
 
     def interact(
-        self, state: WorldState, prompt: str | None, camera: str | None,
+        self, state: WorldState, prompt: str | None, camera: str | ActionBlock | None,
         transition_chunks: int, event_id: str,
     ) -> None:
         """Queue a change that takes effect from the first chunk not yet begun.
@@ -313,9 +286,11 @@ class ReferenceWorldPipeline:
         ``take_chunk`` and the next ``step``), otherwise the chunk after it.
 
         ``prompt``: the new look, cross-faded in over ``transition_chunks`` chunks (0: a
-        cut at the first frame of that chunk). ``camera``: the actions to hold from then
-        on, a string of ``w a s d`` (``"w"``, ``"wd"``; ``""`` stands still); it replaces
-        ``camera_action_script`` for the rest of the session. None leaves either as it is.
+        cut at the first frame of that chunk). ``camera``: the actions for every later
+        chunk, replacing ``camera_action_script`` for the rest of the session: either a
+        block like one script entry (three per-latent-frame lists, ``[["w"], ["w"], []]``)
+        or a string of keys held throughout (``"w"``, ``"wd"``; ``""`` stands still).
+        None leaves the prompt or the camera as it is.
         Raises ``DuplicateEventError`` for an ``event_id`` already used in this session,
         ``ValueError`` for anything else malformed. An event queued during the last chunk
         has no chunk left to take effect in and never shows up in ``events_for_chunk``.
@@ -326,11 +301,7 @@ class ReferenceWorldPipeline:
             raise DuplicateEventError(f"event_id {event_id!r} was already used in this session")
         if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
             raise ValueError("prompt must be a non-empty string")
-        keys = None
-        if camera is not None:
-            if not isinstance(camera, str) or set(camera) - set(ACTIONS):
-                raise ValueError(f"camera must be a string of 'w', 'a', 's', 'd', got {camera!r}")
-            keys = frozenset(camera)
+        keys = None if camera is None else _camera_block(camera)
         if (isinstance(transition_chunks, bool) or not isinstance(transition_chunks, int)
                 or transition_chunks < 0):
             raise ValueError(
@@ -401,7 +372,7 @@ def _actions(state: WorldState, frame: int) -> frozenset[str]:
     latent = (frame + TEMPORAL_COMPRESSION - 1) // TEMPORAL_COMPRESSION
     chunk, j = divmod(latent, LATENT_FRAMES_PER_CHUNK)
     if state.camera_override is not None:
-        return state.camera_override
+        return state.camera_override[j]
     script = state.config.camera_action_script
     if script is None or chunk >= len(script):
         return frozenset()
@@ -523,3 +494,21 @@ def validate_action_script(script: Any, chunks: int | None = None) -> None:
                     raise ValueError(
                         f"{name}[{i}][{j}] has unknown action {action!r}; use 'w', 'a', 's', 'd'"
                     )
+
+
+def _camera_block(camera: Any) -> _Block:
+    """An interaction's ``camera`` (a key string or a three-list block) as a block."""
+    if isinstance(camera, str):
+        if set(camera) - set(ACTIONS):
+            raise ValueError(f"camera must use only 'w', 'a', 's', 'd', got {camera!r}")
+        keys = frozenset(camera)
+        return keys, keys, keys
+    if not isinstance(camera, list | tuple) or len(camera) != LATENT_FRAMES_PER_CHUNK or not all(
+        isinstance(keys, list | tuple) and all(key in ACTIONS for key in keys) for keys in camera
+    ):
+        raise ValueError(
+            "camera must be a string of 'w', 'a', 's', 'd' or three per-latent-frame lists "
+            f"of them, got {camera!r}"
+        )
+    first, second, third = (frozenset(a) for a in camera)
+    return first, second, third

@@ -78,6 +78,21 @@ class SessionRunner:
         log.info("session %s: %s", session_id, outcome)
         return outcome
 
+    @staticmethod
+    def _interact(pipe: Any, state: Any, event: dict[str, Any]) -> None:
+        """Queue an interaction; the API already checked its shape and its event id, so
+        a change the model still refuses is logged and the session goes on."""
+        try:
+            pipe.interact(
+                state,
+                event.get("prompt"),
+                event.get("camera"),
+                int(event.get("transition_chunks") or 0),
+                event["event_id"],
+            )
+        except ValueError as exc:
+            log.warning("interaction %s ignored: %s", event.get("event_id"), exc)
+
     def _roll_out(
         self, session_id: str, config: dict[str, Any], out: str, inbox: str, tmp: Path
     ) -> str:
@@ -112,14 +127,7 @@ class SessionRunner:
                     if kind == "stop":
                         stopped = True
                     elif kind == "interaction":
-                        e = entry.event
-                        pipe.interact(
-                            state,
-                            e.get("prompt"),
-                            e.get("camera"),
-                            int(e.get("transition_chunks") or 0),
-                            e["event_id"],
-                        )
+                        self._interact(pipe, state, entry.event)
                 now = time.monotonic()
                 if stopped or now - heard > rt.lost_after_s:
                     stopped = True

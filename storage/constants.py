@@ -46,3 +46,8 @@ def session_in_key(session_id: str) -> str:
 def session_out_key(session_id: str) -> str:
     """Outputs worker → API of one realtime session."""
     return f"{KEY_PREFIX}session:{session_id}:out"
+
+
+def session_abandoned_key(session_id: str) -> str:
+    """Set by the API when it gave up waiting for a slot: a late worker must not start."""
+    return f"{KEY_PREFIX}session:{session_id}:abandoned"

@@ -75,7 +75,10 @@ class FragmentedMP4Writer:
         encoder.time_base = 1 / self.rate
         encoder.framerate = self.rate
         encoder.options = {
-            "crf": str(crf), "preset": preset, "tune": "zerolatency", "forced-idr": "1",
+            "crf": str(crf),
+            "preset": preset,
+            "tune": "zerolatency",
+            "forced-idr": "1",
         }
         encoder.open()
         self._encoder = encoder
@@ -100,8 +103,7 @@ class FragmentedMP4Writer:
         shape = (self.height, self.width, 3)
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != shape:
             raise ValueError(
-                f"frames must be uint8 T×{shape[0]}×{shape[1]}×3, got {frames.dtype} "
-                f"{frames.shape}"
+                f"frames must be uint8 T×{shape[0]}×{shape[1]}×3, got {frames.dtype} {frames.shape}"
             )
         if len(frames) == 0:
             raise ValueError("a chunk needs at least one frame")
@@ -130,7 +132,9 @@ class FragmentedMP4Writer:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.close()
@@ -139,8 +143,10 @@ class FragmentedMP4Writer:
         """Mux ``packets`` as one fragment; return the init segment (first time) + it."""
         sink = _Sink()
         options = {
-            "movflags": _MOVFLAGS, "fragment_index": str(self._fragments + 1),
-            "use_editlist": "0", "avoid_negative_ts": "disabled",
+            "movflags": _MOVFLAGS,
+            "fragment_index": str(self._fragments + 1),
+            "use_editlist": "0",
+            "avoid_negative_ts": "disabled",
         }
         with av.open(sink, mode="w", format="mp4", container_options=options) as container:
             stream = container.add_mux_stream(

@@ -22,15 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from storage.bus import EventBus
-from storage.constants import session_in_key, session_out_key
+from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import Settings
 from workers.fmp4 import FragmentedMP4Writer
 from workers.pipelines.reference_world import WorldConfig
 from workers.pipelines.registry import PipelineRegistry
 
 log = logging.getLogger(__name__)
-
-ABANDONED = "oq:session:{}:abandoned"
 
 
 class SessionRunner:
@@ -51,7 +49,7 @@ class SessionRunner:
 
     def run(self, session_id: str, config: dict[str, Any]) -> str:
         out, inbox = session_out_key(session_id), session_in_key(session_id)
-        if self.bus.redis.exists(ABANDONED.format(session_id)):
+        if self.bus.redis.exists(session_abandoned_key(session_id)):
             return "abandoned"  # the API gave up waiting for a slot
         self.bus.publish(out, {"type": "accepted", "worker_id": self.worker_id})
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{session_id}-"))

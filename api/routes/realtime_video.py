@@ -27,11 +27,9 @@ from realtime.video_protocol import (
     VideoSessionOptions,
     VideoSessionProtocol,
 )
-from storage.constants import session_in_key, session_out_key
+from storage.constants import session_abandoned_key, session_in_key, session_out_key
 
 router = APIRouter(tags=["realtime"])
-
-ABANDONED = "oq:session:{}:abandoned"
 
 
 class _Session:
@@ -129,7 +127,7 @@ class _Session:
             now = time.monotonic()
             if not entries:
                 if not admitted and now > deadline:
-                    await self.state.abus.redis.set(ABANDONED.format(self.id), 1, ex=3600)
+                    await self.state.abus.redis.set(session_abandoned_key(self.id), 1, ex=3600)
                     self.protocol.failed("resource_exhausted", "no worker slot is free")
                 elif admitted and now - heard > rt.lost_after_s:
                     self.protocol.failed("worker_lost", "the worker running the session is gone")

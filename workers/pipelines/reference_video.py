@@ -50,37 +50,97 @@ _U64 = 2**64 - 1
 
 Colour = tuple[float, float, float]
 _COLOURS: dict[str, Colour] = {
-    "red": (0.9, 0.15, 0.12), "orange": (1.0, 0.55, 0.1), "yellow": (1.0, 0.85, 0.15),
-    "green": (0.2, 0.75, 0.25), "blue": (0.15, 0.35, 0.9), "purple": (0.55, 0.25, 0.75),
-    "pink": (1.0, 0.45, 0.7), "white": (0.95, 0.95, 0.95), "black": (0.06, 0.06, 0.07),
-    "gray": (0.5, 0.5, 0.52), "brown": (0.5, 0.3, 0.15), "gold": (1.0, 0.78, 0.2),
-    "silver": (0.78, 0.8, 0.85), "cyan": (0.1, 0.75, 0.8), "magenta": (0.9, 0.2, 0.75),
+    "red": (0.9, 0.15, 0.12),
+    "orange": (1.0, 0.55, 0.1),
+    "yellow": (1.0, 0.85, 0.15),
+    "green": (0.2, 0.75, 0.25),
+    "blue": (0.15, 0.35, 0.9),
+    "purple": (0.55, 0.25, 0.75),
+    "pink": (1.0, 0.45, 0.7),
+    "white": (0.95, 0.95, 0.95),
+    "black": (0.06, 0.06, 0.07),
+    "gray": (0.5, 0.5, 0.52),
+    "brown": (0.5, 0.3, 0.15),
+    "gold": (1.0, 0.78, 0.2),
+    "silver": (0.78, 0.8, 0.85),
+    "cyan": (0.1, 0.75, 0.8),
+    "magenta": (0.9, 0.2, 0.75),
 }
 _COLOURS |= {"grey": _COLOURS["gray"], "golden": _COLOURS["gold"], "violet": _COLOURS["purple"]}
-_BRIGHT: list[Colour] = [(0.95, 0.3, 0.2), (1.0, 0.75, 0.15), (0.25, 0.8, 0.4), (0.2, 0.5, 1.0),
-                         (0.8, 0.35, 0.9), (1.0, 0.5, 0.7), (0.1, 0.8, 0.85), (1.0, 0.6, 0.2)]
+_BRIGHT: list[Colour] = [
+    (0.95, 0.3, 0.2),
+    (1.0, 0.75, 0.15),
+    (0.25, 0.8, 0.4),
+    (0.2, 0.5, 1.0),
+    (0.8, 0.35, 0.9),
+    (1.0, 0.5, 0.7),
+    (0.1, 0.8, 0.85),
+    (1.0, 0.6, 0.2),
+]
 _SKIES: dict[str, tuple[Colour, Colour]] = {  # top and horizon colours
-    "day": ((0.25, 0.5, 0.9), (0.72, 0.86, 1.0)), "night": ((0.01, 0.02, 0.08), (0.07, 0.1, 0.25)),
+    "day": ((0.25, 0.5, 0.9), (0.72, 0.86, 1.0)),
+    "night": ((0.01, 0.02, 0.08), (0.07, 0.1, 0.25)),
     "sunset": ((0.28, 0.18, 0.45), (1.0, 0.55, 0.25)),
 }
 _GROUND: dict[str, Colour] = {
-    "sea": (0.08, 0.3, 0.6), "forest": (0.1, 0.35, 0.15), "mountains": (0.42, 0.42, 0.52),
-    "dunes": (0.85, 0.68, 0.42), "hills": (0.3, 0.6, 0.25),
+    "sea": (0.08, 0.3, 0.6),
+    "forest": (0.1, 0.35, 0.15),
+    "mountains": (0.42, 0.42, 0.52),
+    "dunes": (0.85, 0.68, 0.42),
+    "hills": (0.3, 0.6, 0.25),
 }
-_TERRAIN_WORDS = {word: terrain for terrain, words in {
-    "sea": ("ocean", "sea", "beach", "water", "lake", "waves", "river", "bay"),
-    "forest": ("forest", "tree", "trees", "woods", "jungle", "park"),
-    "mountains": ("mountain", "mountains", "peaks", "alps", "snow"),
-    "dunes": ("desert", "sand", "dunes", "dune"),
-    "hills": ("hill", "hills", "meadow", "field", "grass", "valley"),
-}.items() for word in words}
+_TERRAIN_WORDS = {
+    word: terrain
+    for terrain, words in {
+        "sea": ("ocean", "sea", "beach", "water", "lake", "waves", "river", "bay"),
+        "forest": ("forest", "tree", "trees", "woods", "jungle", "park"),
+        "mountains": ("mountain", "mountains", "peaks", "alps", "snow"),
+        "dunes": ("desert", "sand", "dunes", "dune"),
+        "hills": ("hill", "hills", "meadow", "field", "grass", "valley"),
+    }.items()
+    for word in words
+}
 _NIGHT = {"night", "midnight", "stars", "starry", "space", "moon", "moonlight", "dark"}
 _SUNSET = {"sunset", "sunrise", "dusk", "dawn", "twilight", "evening"}
 _DARK = _NIGHT | {"rain", "sad", "storm", "gloomy", "fog", "winter", "cold"}
-_ROUND = {"ball", "balls", "sphere", "circle", "orb", "planet", "bubble", "bubbles", "balloon",
-          "balloons", "wheel", "coin", "dot", "marble", "apple"}
-_BOXY = {"box", "boxes", "cube", "cubes", "square", "block", "blocks", "car", "cars", "truck",
-         "house", "crate", "card", "brick", "robot", "train", "bus", "boat", "kite"}
+_ROUND = {
+    "ball",
+    "balls",
+    "sphere",
+    "circle",
+    "orb",
+    "planet",
+    "bubble",
+    "bubbles",
+    "balloon",
+    "balloons",
+    "wheel",
+    "coin",
+    "dot",
+    "marble",
+    "apple",
+}
+_BOXY = {
+    "box",
+    "boxes",
+    "cube",
+    "cubes",
+    "square",
+    "block",
+    "blocks",
+    "car",
+    "cars",
+    "truck",
+    "house",
+    "crate",
+    "card",
+    "brick",
+    "robot",
+    "train",
+    "bus",
+    "boat",
+    "kite",
+}
 _MOTIONS = {  # verb stem -> path
     **dict.fromkeys(("bounc", "jump", "hop"), "bounce"),
     **dict.fromkeys(("orbit", "circl", "spin", "swirl", "danc"), "orbit"),
@@ -176,9 +236,15 @@ class ReferenceVideoPipeline(Pipeline):
         sigmas = torch.linspace(1.0, 0.0, request.num_inference_steps + 1, dtype=torch.float64)
         sigmas = _SHIFT * sigmas / (1 + (_SHIFT - 1) * sigmas)
         return ReferenceVideoState(
-            num_steps=request.num_inference_steps, scene=scene, target=target, clean=clean,
-            mean=clean.mean(dim=(0, 2, 3), keepdim=True), latents=noise, sigmas=sigmas,
-            timesteps=sigmas[:-1] * 1000, generator=generator,
+            num_steps=request.num_inference_steps,
+            scene=scene,
+            target=target,
+            clean=clean,
+            mean=clean.mean(dim=(0, 2, 3), keepdim=True),
+            latents=noise,
+            sigmas=sigmas,
+            timesteps=sigmas[:-1] * 1000,
+            generator=generator,
         )
 
     def step(self, state: StepState) -> None:
@@ -325,11 +391,18 @@ def _build_scene(
 
     horizon = rng.uniform(0.55, 0.65)
     shapes = [
-        _Shape(rng.choice(["circle", "rect"]), loose.pop(0) if loose else rng.choice(_BRIGHT),
-               rng.uniform(0.025, 0.05), rng.choice(["drift", "orbit"]),
-               aspect * rng.uniform(0.15, 0.85), rng.uniform(0.15, horizon - 0.08),
-               aspect * rng.uniform(0.05, 0.15), rng.uniform(0.02, 0.06),
-               rng.uniform(0, 2 * math.pi), rng.uniform(-1.5, 1.5))
+        _Shape(
+            rng.choice(["circle", "rect"]),
+            loose.pop(0) if loose else rng.choice(_BRIGHT),
+            rng.uniform(0.025, 0.05),
+            rng.choice(["drift", "orbit"]),
+            aspect * rng.uniform(0.15, 0.85),
+            rng.uniform(0.15, horizon - 0.08),
+            aspect * rng.uniform(0.05, 0.15),
+            rng.uniform(0.02, 0.06),
+            rng.uniform(0, 2 * math.pi),
+            rng.uniform(-1.5, 1.5),
+        )
         for _ in range(rng.randint(1, 3))
     ]
     shapes.append(_main_shape(words, paired, loose, rng, aspect, horizon))
@@ -344,16 +417,35 @@ def _build_scene(
         image = torch.from_numpy(req.reference_image.copy()).to(device).permute(2, 0, 1)[None]
         image = image / 255.0
     return _Scene(
-        width=req.width, height=req.height, aspect=aspect, fps=req.fps, motion=motion,
-        camera=camera, sky=(top, bottom), ground=ground, horizon=horizon, terrain=terrain,
-        terrain_phase=rng.uniform(0, 100), night=mood == "night", orb=orb, shapes=shapes,
-        grade=max(-0.3, min(0.3, grade)), root_midi=45 + key % 8, minor=bool(vocab & _DARK),
+        width=req.width,
+        height=req.height,
+        aspect=aspect,
+        fps=req.fps,
+        motion=motion,
+        camera=camera,
+        sky=(top, bottom),
+        ground=ground,
+        horizon=horizon,
+        terrain=terrain,
+        terrain_phase=rng.uniform(0, 100),
+        night=mood == "night",
+        orb=orb,
+        shapes=shapes,
+        grade=max(-0.3, min(0.3, grade)),
+        root_midi=45 + key % 8,
+        minor=bool(vocab & _DARK),
         image=image,
     )
 
 
-def _main_shape(words: list[str], paired: dict[str, Colour], loose: list[Colour],
-                rng: random.Random, aspect: float, horizon: float) -> _Shape:
+def _main_shape(
+    words: list[str],
+    paired: dict[str, Colour],
+    loose: list[Colour],
+    rng: random.Random,
+    aspect: float,
+    horizon: float,
+) -> _Shape:
     """The subject: first shape-like noun, its colour word, the first motion verb."""
     noun = next((w for w in words if w in _ROUND | _BOXY), "")
     kind = "rect" if noun in _BOXY else "circle" if noun else rng.choice(["circle", "rect"])
@@ -394,8 +486,13 @@ def _render(sc: _Scene, start: int, stop: int, dev: torch.device) -> torch.Tenso
     px = 1 / (h * zoom)  # world units per pixel, for anti-aliased edges
     if sc.image is not None:
         grid = torch.stack(torch.broadcast_tensors(2 * (x + pan) / a - 1, 2 * y - 1), dim=-1)
-        img = F.grid_sample(sc.image.expand(len(grid), -1, -1, -1), grid, mode="bilinear",
-                            padding_mode="reflection", align_corners=False)
+        img = F.grid_sample(
+            sc.image.expand(len(grid), -1, -1, -1),
+            grid,
+            mode="bilinear",
+            padding_mode="reflection",
+            align_corners=False,
+        )
         ramp = (t / 0.75).clamp(0, 1)
         fade = ramp * ramp * (3 - 2 * ramp)  # shapes and grading fade in: frame 0 == image
     else:
@@ -422,8 +519,14 @@ def _frac(v: torch.Tensor) -> torch.Tensor:
     return v - torch.floor(v)
 
 
-def _background(sc: _Scene, x: torch.Tensor, y: torch.Tensor, pan: torch.Tensor,
-                tau: torch.Tensor, px: torch.Tensor) -> torch.Tensor:
+def _background(
+    sc: _Scene,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    pan: torch.Tensor,
+    tau: torch.Tensor,
+    px: torch.Tensor,
+) -> torch.Tensor:
     """Sky gradient, stars, sun or moon with glow, terrain (terrain pans faster: parallax)."""
     top, bottom, ground = _col(sc.sky[0], x), _col(sc.sky[1], x), _col(sc.ground, x)
     img = torch.lerp(top, bottom, (y / sc.horizon).clamp(0, 1).unsqueeze(1) ** 0.8)
@@ -487,8 +590,15 @@ def _path(s: _Shape, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return x, y, s.spin * tau
 
 
-def _draw_shape(img: torch.Tensor, s: _Shape, x: torch.Tensor, y: torch.Tensor,
-                tau: torch.Tensor, px: torch.Tensor, fade: torch.Tensor) -> torch.Tensor:
+def _draw_shape(
+    img: torch.Tensor,
+    s: _Shape,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    tau: torch.Tensor,
+    px: torch.Tensor,
+    fade: torch.Tensor,
+) -> torch.Tensor:
     sx, sy, angle = _path(s, tau)
     dx, dy, r = x - sx, y - sy, s.size
     if s.path in ("bounce", "roll"):  # soft contact shadow, fainter while airborne

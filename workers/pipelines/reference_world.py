@@ -208,9 +208,13 @@ class ReferenceWorldPipeline:
         sigmas = torch.linspace(1.0, 0.0, config.steps_per_chunk + 1, dtype=torch.float64)
         sigmas = config.flow_shift * sigmas / (1 + (config.flow_shift - 1) * sigmas)
         return WorldState(
-            config=config, num_chunks=chunks, num_frames=frames_for_chunks(chunks),
-            steps_per_chunk=config.steps_per_chunk, sigmas=sigmas,
-            scene=self._scene(config, config.prompt), prompt=config.prompt,
+            config=config,
+            num_chunks=chunks,
+            num_frames=frames_for_chunks(chunks),
+            steps_per_chunk=config.steps_per_chunk,
+            sigmas=sigmas,
+            scene=self._scene(config, config.prompt),
+            prompt=config.prompt,
         )
 
     def num_chunks(self, state: WorldState) -> int:
@@ -277,8 +281,12 @@ class ReferenceWorldPipeline:
         return list(started), list(active), list(completed)
 
     def interact(
-        self, state: WorldState, prompt: str | None, camera: str | ActionBlock | None,
-        transition_chunks: int, event_id: str,
+        self,
+        state: WorldState,
+        prompt: str | None,
+        camera: str | ActionBlock | None,
+        transition_chunks: int,
+        event_id: str,
     ) -> None:
         """Queue a change that takes effect from the first chunk not yet begun.
 
@@ -302,26 +310,40 @@ class ReferenceWorldPipeline:
         if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
             raise ValueError("prompt must be a non-empty string")
         keys = None if camera is None else _camera_block(camera)
-        if (isinstance(transition_chunks, bool) or not isinstance(transition_chunks, int)
-                or transition_chunks < 0):
+        if (
+            isinstance(transition_chunks, bool)
+            or not isinstance(transition_chunks, int)
+            or transition_chunks < 0
+        ):
             raise ValueError(
                 f"transition_chunks must be an integer >= 0, got {transition_chunks!r}"
             )
         if state.done:
             raise RuntimeError("the session has finished")
         first = state.chunk_index + (1 if state.step_index else 0)  # first chunk not begun
-        state.events.append(_Event(
-            event_id=event_id, first_chunk=first, last_chunk=first + max(1, transition_chunks) - 1,
-            prompt=prompt, camera=keys, transition_chunks=transition_chunks,
-        ))
+        state.events.append(
+            _Event(
+                event_id=event_id,
+                first_chunk=first,
+                last_chunk=first + max(1, transition_chunks) - 1,
+                prompt=prompt,
+                camera=keys,
+                transition_chunks=transition_chunks,
+            )
+        )
 
     # --- one chunk ---------------------------------------------------------------------
 
     def _scene(self, config: WorldConfig, prompt: str) -> _Scene:
         request = GenerationRequest(
-            prompt=prompt, width=config.width, height=config.height,
-            num_frames=config.num_frames, fps=config.fps, num_inference_steps=1,
-            seed=config.seed, negative_prompt=config.negative_prompt,
+            prompt=prompt,
+            width=config.width,
+            height=config.height,
+            num_frames=config.num_frames,
+            fps=config.fps,
+            num_inference_steps=1,
+            seed=config.seed,
+            negative_prompt=config.negative_prompt,
             reference_image=config.reference_image,
         )
         return _build_scene(request, 1.0, "static", self._device)
@@ -420,8 +442,13 @@ def _render(
     px = 1 / (h * zoom)  # world units per pixel, for anti-aliased edges
     if sc.image is not None:
         grid = torch.stack(torch.broadcast_tensors(2 * (x + pan) / a - 1, 2 * y - 1), dim=-1)
-        img = F.grid_sample(sc.image.expand(len(grid), -1, -1, -1), grid, mode="bilinear",
-                            padding_mode="reflection", align_corners=False)
+        img = F.grid_sample(
+            sc.image.expand(len(grid), -1, -1, -1),
+            grid,
+            mode="bilinear",
+            padding_mode="reflection",
+            align_corners=False,
+        )
         ramp = (t / 0.75).clamp(0, 1)
         fade = ramp * ramp * (3 - 2 * ramp)  # shapes fade in: frame 0 is the image
     else:
@@ -438,8 +465,10 @@ def _validate(cfg: WorldConfig) -> int:
     if not isinstance(cfg.prompt, str) or not cfg.prompt.strip():
         raise ValueError("prompt must be a non-empty string")
     spec = REFERENCE_WORLD
-    for name, value, top in (("width", cfg.width, spec.max_width),
-                             ("height", cfg.height, spec.max_height)):
+    for name, value, top in (
+        ("width", cfg.width, spec.max_width),
+        ("height", cfg.height, spec.max_height),
+    ):
         if not spec.min_size <= value <= top or value % spec.size_multiple:
             raise ValueError(
                 f"{name} must be a multiple of {spec.size_multiple} in "
@@ -503,8 +532,13 @@ def _camera_block(camera: Any) -> _Block:
             raise ValueError(f"camera must use only 'w', 'a', 's', 'd', got {camera!r}")
         keys = frozenset(camera)
         return keys, keys, keys
-    if not isinstance(camera, list | tuple) or len(camera) != LATENT_FRAMES_PER_CHUNK or not all(
-        isinstance(keys, list | tuple) and all(key in ACTIONS for key in keys) for keys in camera
+    if (
+        not isinstance(camera, list | tuple)
+        or len(camera) != LATENT_FRAMES_PER_CHUNK
+        or not all(
+            isinstance(keys, list | tuple) and all(key in ACTIONS for key in keys)
+            for keys in camera
+        )
     ):
         raise ValueError(
             "camera must be a string of 'w', 'a', 's', 'd' or three per-latent-frame lists "

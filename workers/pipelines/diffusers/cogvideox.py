@@ -77,8 +77,12 @@ class CogVideoXAdapter(DiffusersAdapter):
         # max_text_seq_length (226 in every released model = __call__'s default).
         seq_len = self._seq_len(transformer_config.max_text_seq_length)
         embeds, neg_embeds = pipe.encode_prompt(
-            request.prompt, request.negative_prompt, do_cfg,
-            num_videos_per_prompt=1, max_sequence_length=seq_len, device=device,
+            request.prompt,
+            request.negative_prompt,
+            do_cfg,
+            num_videos_per_prompt=1,
+            max_sequence_length=seq_len,
+            device=device,
         )
         if do_cfg:
             embeds = torch.cat([neg_embeds, embeds], dim=0)
@@ -113,11 +117,20 @@ class CogVideoXAdapter(DiffusersAdapter):
             else None
         )
         return CogVideoXState(
-            num_steps=len(timesteps), request=request, generator=generator,
-            scheduler=scheduler, timesteps=timesteps, latents=latents, guidance_scale=scale,
-            do_cfg=do_cfg, prompt_embeds=embeds, image_rotary_emb=rotary,
-            extra_step_kwargs=step_kwargs, use_dynamic_cfg=use_dynamic_cfg,
-            num_inference_steps=steps, additional_frames=additional_frames,
+            num_steps=len(timesteps),
+            request=request,
+            generator=generator,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            latents=latents,
+            guidance_scale=scale,
+            do_cfg=do_cfg,
+            prompt_embeds=embeds,
+            image_rotary_emb=rotary,
+            extra_step_kwargs=step_kwargs,
+            use_dynamic_cfg=use_dynamic_cfg,
+            num_inference_steps=steps,
+            additional_frames=additional_frames,
             is_dpm=isinstance(scheduler, CogVideoXDPMScheduler),
         )
 
@@ -173,7 +186,7 @@ class CogVideoXAdapter(DiffusersAdapter):
         """The tail of ``__call__``: drop 1.5's padding frames, ``decode_latents``
         (permute to B×C×F×h×w, divide by the VAE scaling factor, decode), postprocess."""
         pipe, s = self._loaded(), _state(state)
-        latents = s.latents[:, s.additional_frames:]
+        latents = s.latents[:, s.additional_frames :]
         opts = s.request.options
         with vae_options(pipe.vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
             video = pipe.decode_latents(latents)
@@ -183,7 +196,7 @@ class CogVideoXAdapter(DiffusersAdapter):
     def preview(self, state: StepState) -> np.ndarray | None:
         """Grey middle latent frame (latents are B×F×C×h×w)."""
         s = _state(state)
-        return grey_preview(s.latents[:, s.additional_frames:], channel_dim=2, frame_dim=1)
+        return grey_preview(s.latents[:, s.additional_frames :], channel_dim=2, frame_dim=1)
 
 
 def _state(state: StepState) -> CogVideoXState:

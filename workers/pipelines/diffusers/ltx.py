@@ -93,8 +93,14 @@ class LTXAdapter(DiffusersAdapter):
         # 4. Prepare latent variables (packed into tokens).
         generator = make_generator(request.seed)
         latents = pipe.prepare_latents(
-            1, pipe.transformer.config.in_channels, height, width, num_frames, torch.float32,
-            device, generator,
+            1,
+            pipe.transformer.config.in_channels,
+            height,
+            width,
+            num_frames,
+            torch.float32,
+            device,
+            generator,
         )
 
         # 5. Prepare timesteps: sigmas 1 → 1/N shifted by mu(video sequence length).
@@ -121,12 +127,22 @@ class LTXAdapter(DiffusersAdapter):
             pipe.vae_spatial_compression_ratio,
         )
         return LTXState(
-            num_steps=len(timesteps), request=request, generator=generator,
-            scheduler=scheduler, timesteps=timesteps, latents=latents, guidance_scale=scale,
-            do_cfg=do_cfg, prompt_embeds=embeds, prompt_attention_mask=mask,
-            guidance_rescale=rescale, latent_num_frames=latent_num_frames,
-            latent_height=latent_height, latent_width=latent_width,
-            rope_interpolation_scale=rope_scale, device=device,
+            num_steps=len(timesteps),
+            request=request,
+            generator=generator,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            latents=latents,
+            guidance_scale=scale,
+            do_cfg=do_cfg,
+            prompt_embeds=embeds,
+            prompt_attention_mask=mask,
+            guidance_rescale=rescale,
+            latent_num_frames=latent_num_frames,
+            latent_height=latent_height,
+            latent_width=latent_width,
+            rope_interpolation_scale=rope_scale,
+            device=device,
         )
 
     @torch.no_grad()
@@ -165,8 +181,12 @@ class LTXAdapter(DiffusersAdapter):
     def _unpacked(self, latents: torch.Tensor, s: LTXState) -> torch.Tensor:
         pipe = self._loaded()
         return pipe._unpack_latents(
-            latents, s.latent_num_frames, s.latent_height, s.latent_width,
-            pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size,
+            latents,
+            s.latent_num_frames,
+            s.latent_height,
+            s.latent_width,
+            pipe.transformer_spatial_patch_size,
+            pipe.transformer_temporal_patch_size,
         )
 
     @torch.no_grad()
@@ -184,7 +204,9 @@ class LTXAdapter(DiffusersAdapter):
             extra = s.request.extra
             # Drawn from a clone: decoding twice gives the same video.
             noise = randn_tensor(
-                latents.shape, generator=clone_generator(s.generator), device=s.device,
+                latents.shape,
+                generator=clone_generator(s.generator),
+                device=s.device,
                 dtype=latents.dtype,
             )
             default = call_default(pipe, "decode_timestep")

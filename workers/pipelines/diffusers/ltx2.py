@@ -58,12 +58,21 @@ from workers.pipelines.diffusers.common import (
 )
 
 _KNOBS = (
-    "stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale",
-    "audio_stg_scale", "audio_modality_scale", "audio_guidance_rescale",
+    "stg_scale",
+    "modality_scale",
+    "guidance_rescale",
+    "audio_guidance_scale",
+    "audio_stg_scale",
+    "audio_modality_scale",
+    "audio_guidance_rescale",
 )
 # Every ``request.extra`` key this adapter reads (FAMILY_SPECS declares the same).
 EXTRA_PARAMS = (
-    *_KNOBS, "stg_blocks", "use_cross_timestep", "motion_speed", "decode_timestep",
+    *_KNOBS,
+    "stg_blocks",
+    "use_cross_timestep",
+    "motion_speed",
+    "decode_timestep",
     "decode_noise_scale",
 )
 
@@ -149,9 +158,13 @@ class LTX2Adapter(DiffusersAdapter):
         motion_speed = float(extra.get("motion_speed", call_default(pipe, "motion_speed")))
         cond_fps = conditioning_frame_rate(fps, motion_speed)
         pipe.check_inputs(
-            prompt=request.prompt, height=height, width=width,
-            spatio_temporal_guidance_blocks=stg_blocks, stg_scale=scales["stg_scale"],
-            audio_stg_scale=scales["audio_stg_scale"], num_frames=num_frames,
+            prompt=request.prompt,
+            height=height,
+            width=width,
+            spatio_temporal_guidance_blocks=stg_blocks,
+            stg_scale=scales["stg_scale"],
+            audio_stg_scale=scales["audio_stg_scale"],
+            num_frames=num_frames,
         )
         do_cfg = scales["guidance_scale"] > 1.0 or scales["audio_guidance_scale"] > 1.0
         device = pipe._execution_device
@@ -179,20 +192,33 @@ class LTX2Adapter(DiffusersAdapter):
         latent_height = height // pipe.vae_spatial_compression_ratio
         latent_width = width // pipe.vae_spatial_compression_ratio
         latents = pipe.prepare_latents(
-            1, pipe.transformer.config.in_channels, height, width, num_frames, 0.0,
-            torch.float32, device, generator,
+            1,
+            pipe.transformer.config.in_channels,
+            height,
+            width,
+            num_frames,
+            0.0,
+            torch.float32,
+            device,
+            generator,
         )
         audio_per_second = (
-            pipe.audio_sampling_rate / pipe.audio_hop_length
+            pipe.audio_sampling_rate
+            / pipe.audio_hop_length
             / float(pipe.audio_vae_temporal_compression_ratio)
         )
         audio_num_frames = round(num_frames / fps * audio_per_second)
         num_mel_bins = pipe.audio_vae.config.mel_bins
         latent_mel_bins = num_mel_bins // pipe.audio_vae_mel_compression_ratio
         audio_latents = pipe.prepare_audio_latents(
-            1, num_channels_latents=pipe.audio_vae.config.latent_channels,
-            audio_latent_length=audio_num_frames, num_mel_bins=num_mel_bins, noise_scale=0.0,
-            dtype=torch.float32, device=device, generator=generator,
+            1,
+            num_channels_latents=pipe.audio_vae.config.latent_channels,
+            audio_latent_length=audio_num_frames,
+            num_mel_bins=num_mel_bins,
+            noise_scale=0.0,
+            dtype=torch.float32,
+            device=device,
+            generator=generator,
         )
 
         # Timesteps on two private scheduler copies (video, audio).
@@ -214,7 +240,11 @@ class LTX2Adapter(DiffusersAdapter):
 
         # RoPE coordinates; the guidance passes use the positive half of the batch.
         video_coords = pipe.transformer.rope.prepare_video_coords(
-            latents.shape[0], latent_num_frames, latent_height, latent_width, latents.device,
+            latents.shape[0],
+            latent_num_frames,
+            latent_height,
+            latent_width,
+            latents.device,
             fps=cond_fps,
         )
         audio_coords = pipe.transformer.audio_rope.prepare_audio_coords(
@@ -225,48 +255,92 @@ class LTX2Adapter(DiffusersAdapter):
             video_coords = video_coords.repeat((2,) + (1,) * (video_coords.ndim - 1))
             audio_coords = audio_coords.repeat((2,) + (1,) * (audio_coords.ndim - 1))
             guide = (
-                video_embeds.chunk(2, dim=0)[1], audio_embeds.chunk(2, dim=0)[1],
-                conn_mask.chunk(2, dim=0)[1], video_coords.chunk(2, dim=0)[0],
+                video_embeds.chunk(2, dim=0)[1],
+                audio_embeds.chunk(2, dim=0)[1],
+                conn_mask.chunk(2, dim=0)[1],
+                video_coords.chunk(2, dim=0)[0],
                 audio_coords.chunk(2, dim=0)[0],
             )
         return LTX2State(
-            num_steps=len(timesteps), request=request, generator=generator,
-            scheduler=scheduler, timesteps=timesteps, latents=latents,
-            guidance_scale=scales["guidance_scale"], do_cfg=do_cfg,
-            audio_scheduler=audio_scheduler, audio_latents=audio_latents, dtype=embeds.dtype,
+            num_steps=len(timesteps),
+            request=request,
+            generator=generator,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            latents=latents,
+            guidance_scale=scales["guidance_scale"],
+            do_cfg=do_cfg,
+            audio_scheduler=audio_scheduler,
+            audio_latents=audio_latents,
+            dtype=embeds.dtype,
             scales=scales,
             stg_blocks=stg_blocks,
             use_cross_timestep=bool(cross),
-            embeds=video_embeds, audio_embeds=audio_embeds, attention_mask=conn_mask,
-            video_coords=video_coords, audio_coords=audio_coords, guide_embeds=guide[0],
-            guide_audio_embeds=guide[1], guide_attention_mask=guide[2],
-            guide_video_coords=guide[3], guide_audio_coords=guide[4], conditioning_fps=cond_fps,
-            latent_num_frames=latent_num_frames, latent_height=latent_height,
-            latent_width=latent_width, audio_num_frames=audio_num_frames,
-            latent_mel_bins=latent_mel_bins, device=device,
+            embeds=video_embeds,
+            audio_embeds=audio_embeds,
+            attention_mask=conn_mask,
+            video_coords=video_coords,
+            audio_coords=audio_coords,
+            guide_embeds=guide[0],
+            guide_audio_embeds=guide[1],
+            guide_attention_mask=guide[2],
+            guide_video_coords=guide[3],
+            guide_audio_coords=guide[4],
+            conditioning_fps=cond_fps,
+            latent_num_frames=latent_num_frames,
+            latent_height=latent_height,
+            latent_width=latent_width,
+            audio_num_frames=audio_num_frames,
+            latent_mel_bins=latent_mel_bins,
+            device=device,
         )
 
     def _forward(
-        self, s: LTX2State, video: torch.Tensor, audio: torch.Tensor, timestep: torch.Tensor,
-        *, guide: bool, isolate: bool = False, stg: list[int] | None = None,
+        self,
+        s: LTX2State,
+        video: torch.Tensor,
+        audio: torch.Tensor,
+        timestep: torch.Tensor,
+        *,
+        guide: bool,
+        isolate: bool = False,
+        stg: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One transformer call with the loop's arguments; float32 velocity predictions."""
         pipe = self._loaded()
         dtype = s.dtype
-        embeds = (s.guide_embeds, s.guide_audio_embeds, s.guide_attention_mask) if guide else (
-            s.embeds, s.audio_embeds, s.attention_mask)
-        coords = (s.guide_video_coords, s.guide_audio_coords) if guide else (
-            s.video_coords, s.audio_coords)
+        embeds = (
+            (s.guide_embeds, s.guide_audio_embeds, s.guide_attention_mask)
+            if guide
+            else (s.embeds, s.audio_embeds, s.attention_mask)
+        )
+        coords = (
+            (s.guide_video_coords, s.guide_audio_coords)
+            if guide
+            else (s.video_coords, s.audio_coords)
+        )
         out_video, out_audio = pipe.transformer(
-            hidden_states=video.to(dtype), audio_hidden_states=audio.to(dtype),
-            encoder_hidden_states=embeds[0], audio_encoder_hidden_states=embeds[1],
-            timestep=timestep, sigma=timestep, encoder_attention_mask=embeds[2],
-            audio_encoder_attention_mask=embeds[2], num_frames=s.latent_num_frames,
-            height=s.latent_height, width=s.latent_width, fps=s.conditioning_fps,
-            audio_num_frames=s.audio_num_frames, video_coords=coords[0], audio_coords=coords[1],
-            isolate_modalities=isolate, spatio_temporal_guidance_blocks=stg,
-            perturbation_mask=None, use_cross_timestep=s.use_cross_timestep,
-            attention_kwargs=None, return_dict=False,
+            hidden_states=video.to(dtype),
+            audio_hidden_states=audio.to(dtype),
+            encoder_hidden_states=embeds[0],
+            audio_encoder_hidden_states=embeds[1],
+            timestep=timestep,
+            sigma=timestep,
+            encoder_attention_mask=embeds[2],
+            audio_encoder_attention_mask=embeds[2],
+            num_frames=s.latent_num_frames,
+            height=s.latent_height,
+            width=s.latent_width,
+            fps=s.conditioning_fps,
+            audio_num_frames=s.audio_num_frames,
+            video_coords=coords[0],
+            audio_coords=coords[1],
+            isolate_modalities=isolate,
+            spatio_temporal_guidance_blocks=stg,
+            perturbation_mask=None,
+            use_cross_timestep=s.use_cross_timestep,
+            attention_kwargs=None,
+            return_dict=False,
         )
         return out_video.float(), out_audio.float()
 
@@ -340,8 +414,12 @@ class LTX2Adapter(DiffusersAdapter):
     def _unpacked(self, latents: torch.Tensor, s: LTX2State) -> torch.Tensor:
         pipe = self._loaded()
         return pipe._unpack_latents(
-            latents, s.latent_num_frames, s.latent_height, s.latent_width,
-            pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size,
+            latents,
+            s.latent_num_frames,
+            s.latent_height,
+            s.latent_width,
+            pipe.transformer_spatial_patch_size,
+            pipe.transformer_temporal_patch_size,
         )
 
     @torch.no_grad()

@@ -139,11 +139,20 @@ class StableAudioAdapter(DiffusersAdapter):
             repeat_interleave_real=False,
         )
         return StableAudioState(
-            num_steps=len(timesteps), request=request, generator=generator,
-            scheduler=scheduler, timesteps=timesteps, latents=latents, guidance_scale=scale,
-            do_cfg=do_cfg, text_audio_duration_embeds=text_audio_duration_embeds,
-            audio_duration_embeds=audio_duration_embeds, rotary_embedding=rotary_embedding,
-            step_kwargs=step_kwargs, waveform_start=waveform_start, waveform_end=waveform_end,
+            num_steps=len(timesteps),
+            request=request,
+            generator=generator,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            latents=latents,
+            guidance_scale=scale,
+            do_cfg=do_cfg,
+            text_audio_duration_embeds=text_audio_duration_embeds,
+            audio_duration_embeds=audio_duration_embeds,
+            rotary_embedding=rotary_embedding,
+            step_kwargs=step_kwargs,
+            waveform_start=waveform_start,
+            waveform_end=waveform_end,
         )
 
     @torch.no_grad()

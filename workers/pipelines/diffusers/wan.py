@@ -120,16 +120,24 @@ class WanAdapter(DiffusersAdapter):
         )
         scheduler.set_begin_index(0)
         boundary = (
-            None if boundary_ratio is None
+            None
+            if boundary_ratio is None
             else float(boundary_ratio) * scheduler.config.num_train_timesteps
         )
         return WanState(
-            num_steps=len(timesteps), request=request, generator=generator,
-            scheduler=scheduler, timesteps=timesteps, latents=latents,
-            guidance_scale=scale, do_cfg=do_cfg, prompt_embeds=prompt_embeds,
+            num_steps=len(timesteps),
+            request=request,
+            generator=generator,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            latents=latents,
+            guidance_scale=scale,
+            do_cfg=do_cfg,
+            prompt_embeds=prompt_embeds,
             negative_prompt_embeds=negative_prompt_embeds,
             guidance_scale_2=scale if scale_2 is None else float(scale_2),
-            boundary_timestep=boundary, transformer_dtype=transformer_dtype,
+            boundary_timestep=boundary,
+            transformer_dtype=transformer_dtype,
         )
 
     @torch.no_grad()
@@ -157,14 +165,19 @@ class WanAdapter(DiffusersAdapter):
         }
         with model.cache_context("cond", **cache_kwargs):
             noise_pred = model(
-                hidden_states=latent_model_input, timestep=timestep,
-                encoder_hidden_states=s.prompt_embeds, attention_kwargs=None, return_dict=False,
+                hidden_states=latent_model_input,
+                timestep=timestep,
+                encoder_hidden_states=s.prompt_embeds,
+                attention_kwargs=None,
+                return_dict=False,
             )[0]
         if s.do_cfg:
             with model.cache_context("uncond", **cache_kwargs):
                 noise_uncond = model(
-                    hidden_states=latent_model_input, timestep=timestep,
-                    encoder_hidden_states=s.negative_prompt_embeds, attention_kwargs=None,
+                    hidden_states=latent_model_input,
+                    timestep=timestep,
+                    encoder_hidden_states=s.negative_prompt_embeds,
+                    attention_kwargs=None,
                     return_dict=False,
                 )[0]
             noise_pred = cfg(noise_uncond, noise_pred, scale)

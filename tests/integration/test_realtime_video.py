@@ -196,8 +196,7 @@ def test_worker_dying_mid_session_ends_it_with_an_error(rstack: Stack) -> None:
                     ws.recv(timeout=10)
         finally:
             rstack._spawn("rt0", "worker", "--realtime", "--name", "rt0")
-            rstack.wait_workers(0)
-            time.sleep(3)
+            rstack.wait_workers(1)  # the new rt0 logged "ready." since its spawn
 
 
 def test_persisted_session_becomes_a_video(rstack: Stack) -> None:

@@ -34,7 +34,7 @@ from models.events import DoneEvent
 from models.videos import VideoError
 from storage.artifacts import ArtifactStore, StorageError
 from storage.bus import EventBus
-from storage.constants import KEY_PREFIX, job_events_key, job_prefix
+from storage.constants import ID_PREFIX, KEY_PREFIX, job_events_key, job_prefix
 from storage.jobs import JobStore
 from storage.queue import JobQueue
 from storage.settings import Settings
@@ -136,15 +136,27 @@ def temp_root(settings: Settings) -> Path:
     return Path(settings.worker.tmp_dir or tempfile.gettempdir())
 
 
-def sweep_temp_dirs(root: Path, jobs: JobStore) -> int:
+def sweep_temp_dirs(root: Path, jobs: JobStore, unknown_after_s: float = 3600.0) -> int:
     """Remove job temp directories (``omniq-{job_id}-…``) no live job of this host needs:
-    the job ended, is gone, or its worker on this host is no longer alive."""
+    the job ended, or its worker on this host is no longer alive. A directory whose job
+    this database does not know (deleted, or another deployment's sharing the temp dir)
+    is removed only once it is older than ``unknown_after_s``. Session directories
+    (``omniq-rtv_…``) belong to their session thread and are never swept."""
     host = socket.gethostname()
     removed = 0
     for path in root.glob(TEMP_PREFIX + "*"):
         job_id = path.name[len(TEMP_PREFIX) :].rsplit("-", 1)[0]
+        if not job_id.startswith(tuple(ID_PREFIX.values())):
+            continue
         job = jobs.get(job_id)
-        if job is not None and job.status == JobStatus.IN_PROGRESS and job.worker_id:
+        if job is None:
+            try:
+                age = time.time() - path.stat().st_mtime
+            except OSError:
+                continue
+            if age < unknown_after_s:
+                continue
+        elif job.status == JobStatus.IN_PROGRESS and job.worker_id:
             owner_host, _, rest = job.worker_id.partition(":")
             pid = rest.partition(":")[0]
             if owner_host != host or (pid.isdigit() and _alive(int(pid))):
@@ -172,7 +184,7 @@ def start_reconciler_thread(reconciler: Reconciler, interval_s: float) -> thread
     def loop() -> None:
         while not stop.wait(interval_s):
             try:
-                sweep_temp_dirs(root, reconciler.jobs)
+                sweep_temp_dirs(root, reconciler.jobs, reconciler.settings.worker.stale_upload_s)
             except Exception:
                 log.warning("temp directory sweep failed", exc_info=True)
             try:

@@ -52,7 +52,9 @@ class SessionRunner:
         if self.bus.redis.exists(session_abandoned_key(session_id)):
             return "abandoned"  # the API gave up waiting for a slot
         self.bus.publish(out, {"type": "accepted", "worker_id": self.worker_id})
-        tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{session_id}-"))
+        tmp = Path(
+            tempfile.mkdtemp(prefix=f"omniq-{session_id}-", dir=self.settings.worker.tmp_dir)
+        )
         try:
             outcome = self._roll_out(session_id, config, out, inbox, tmp)
         except ValueError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,13 +167,10 @@ def test_one_pass_at_a_time(parts: tuple[Reconciler, JobStore, Settings]) -> Non
     assert rec.redis.get(LOCK_KEY) is None
 
 
-def test_sweep_removes_temp_dirs_of_ended_or_unknown_jobs(
+def test_sweep_removes_temp_dirs_of_ended_jobs_and_dead_workers(
     parts: tuple[Reconciler, JobStore, Settings], tmp_path: Path
 ) -> None:
     _, jobs, _ = parts
-    import os
-    import socket
-
     done = _job(jobs, f"video_sw1{time.time_ns()}", status="failed")
     mine = _job(
         jobs,
@@ -185,7 +184,13 @@ def test_sweep_removes_temp_dirs_of_ended_or_unknown_jobs(
         status="in_progress",
         worker_id=f"{socket.gethostname()}:999999999:w",
     )
-    for job_id in (done.id, mine.id, dead.id, "video_unknown"):
-        (tmp_path / f"omniq-{job_id}-abc123").mkdir()
-    assert sweep_temp_dirs(tmp_path, jobs) == 3
-    assert [p.name for p in tmp_path.iterdir()] == [f"omniq-{mine.id}-abc123"]
+    names = [f"omniq-{j}-abc123" for j in (done.id, mine.id, dead.id)]
+    unknown_old, unknown_new = "omniq-video_gone1-abc", "omniq-video_gone2-abc"
+    session = "omniq-rtv_0123456789-abc"
+    for name in [*names, unknown_old, unknown_new, session]:
+        (tmp_path / name).mkdir()
+    old = time.time() - 7200
+    os.utime(tmp_path / unknown_old, (old, old))
+    assert sweep_temp_dirs(tmp_path, jobs, unknown_after_s=3600) == 3
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([names[1], unknown_new, session])

@@ -28,6 +28,15 @@ Per N it reports:
   ``worker_to_redis`` = stored − ``produced_at`` (the worker's publish) and
   ``redis_to_client`` = arrival − stored (the API's XREAD relay, the WebSocket send and
   the client's receive).
+* ``client_loop_lag_ms``: how late this script's event loop wakes from a 10 ms sleep
+  (the client's own share of ``redis_to_client``).
+* ``cpu_cores_used``: average cores busy during the level, by this script and its stack
+  and by every other process. The machine may be shared: other work inflates every
+  latency here, so compare only runs where ``other_processes`` is near 0.
+
+Diagnostics: ``--worker-nice 10`` renices the realtime worker (API, Valkey and client
+then win the CPU), ``--stack-env KEY=VALUE`` passes extra environment to the stack,
+``--up-log`` keeps the stack's log, ``--keep-raw`` writes every chunk's timestamps.
 
 Checks per session: the media chunk count equals ``((num_frames-1)//4+1)//3``,
 ``generation_chunk_index`` runs 0,1,2… and ``transport_chunk_index`` 0,1,2…, every binary

@@ -205,6 +205,15 @@ class ReferenceVideoState(StepState):
     x0_preview: torch.Tensor | None = None  # 3xhxw middle frame of the last x0_hat
 
 
+def select_device(device: str) -> torch.device:
+    """``cpu`` or ``cuda[:n]`` (CUDA must be there) for the weightless reference models."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ValueError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:n]'")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+    return torch.device(device)
+
+
 class ReferenceVideoPipeline(Pipeline):
     """Procedural video and audio reached by a flow-matching Euler sampler loop."""
 
@@ -215,11 +224,7 @@ class ReferenceVideoPipeline(Pipeline):
 
     def load(self, device: str) -> None:
         """Select the device; there are no weights."""
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-            raise ValueError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:n]'")
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-        self._device = torch.device(device)
+        self._device = select_device(device)
 
     def prepare(self, request: GenerationRequest) -> ReferenceVideoState:
         """Build and render the scene, encode it to latent space, draw the noise."""

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +50,7 @@ from workers.pipelines.reference_video import (
     _draw_shape,
     _encode,
     _Scene,
+    select_device,
 )
 
 ACTIONS = ("w", "a", "s", "d")
@@ -196,11 +196,7 @@ class ReferenceWorldPipeline:
 
     def load(self, device: str) -> None:
         """Select the device; there are no weights."""
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-            raise ValueError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:n]'")
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-        self._device = torch.device(device)
+        self._device = select_device(device)
 
     def start(self, config: WorldConfig) -> WorldState:
         """Check the config and build the session state (cheap: nothing is rendered yet)."""

@@ -233,3 +233,16 @@ class DiffusersAdapter(Pipeline):
         if not isinstance(state, DiffusersState):
             raise TypeError(f"expected a DiffusersState, got {type(state).__name__}")
         return Media(frames=to_uint8(self.decode_frames(state)), fps=state.request.fps)
+
+
+def unpack_video_latents(pipe: Any, latents: torch.Tensor, state: Any) -> torch.Tensor:
+    """LTX/LTX-2 packed token latents → B×C×F×H×W, with the state's latent grid."""
+    unpacked: torch.Tensor = pipe._unpack_latents(
+        latents,
+        state.latent_num_frames,
+        state.latent_height,
+        state.latent_width,
+        pipe.transformer_spatial_patch_size,
+        pipe.transformer_temporal_patch_size,
+    )
+    return unpacked

@@ -54,6 +54,7 @@ from workers.pipelines.diffusers.common import (
     job_scheduler,
     make_generator,
     to_uint8,
+    unpack_video_latents,
     vae_options,
 )
 
@@ -412,15 +413,7 @@ class LTX2Adapter(DiffusersAdapter):
         s.step_index += 1
 
     def _unpacked(self, latents: torch.Tensor, s: LTX2State) -> torch.Tensor:
-        pipe = self._loaded()
-        return pipe._unpack_latents(
-            latents,
-            s.latent_num_frames,
-            s.latent_height,
-            s.latent_width,
-            pipe.transformer_spatial_patch_size,
-            pipe.transformer_temporal_patch_size,
-        )
+        return unpack_video_latents(self._loaded(), latents, s)
 
     @torch.no_grad()
     def decode_frames(self, state: StepState) -> np.ndarray:

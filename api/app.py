@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
-from api.routes import realtime_video, system, video_events, videos
+from api.routes import realtime, realtime_video, system, video_events, videos
 from api.state import AppState
 from storage.settings import Settings, get_settings
 
@@ -48,4 +48,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(videos.router)
     app.include_router(video_events.router)
     app.include_router(realtime_video.router)
+    app.include_router(realtime.router)
     return app

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -30,6 +30,8 @@ class AppState:
     specs: dict[str, ModelSpec]
     bus: EventBus
     abus: AsyncEventBus
+    # Live /v1/realtime sessions of this process by id (duplex resume looks them up).
+    voice_sessions: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def build(cls, settings: Settings, *, s3_client: Any | None = None) -> AppState:

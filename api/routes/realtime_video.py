@@ -39,7 +39,7 @@ class _Session:
         self.owner = owner
         self.id = "rtv_" + secrets.token_hex(12)
         rt = state.settings.realtime
-        streaming = {n for n, s in state.specs.items() if s.streaming}
+        streaming = {n for n, s in state.specs.items() if s.streaming and s.modality == "video"}
         self.protocol = VideoSessionProtocol(
             self.id,
             time.monotonic(),

@@ -1,0 +1,334 @@
+"""``WS /v1/realtime`` (OpenAI Realtime GA) and its duplex alias ``/v1/duplex``: the thin
+asyncio shell around ``RealtimeProtocol``.
+
+The protocol decides everything (sans-I/O); this module moves data and owns the clocks.
+Client frames go through the protocol (voice-activity detection runs there, in a worker
+thread so the event loop stays free); the protocol's commands go to the worker over the
+session's ``in`` stream; the worker's outputs (``audio``, ``response_finished``,
+``failed``) come back from the ``out`` stream. Admission (no worker slot within the
+admission timeout → ``resource_exhausted``) and liveness (a silent worker →
+``worker_lost``) are judged here, as for video sessions.
+
+Duplex sessions outlive their socket for ``realtime.resume_grace_s``: the session keeps
+running and logging events; ``session.resume`` on a new socket of the same API process
+re-attaches it (``app_state.voice_sessions``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import websocket_owner
+from api.state import AppState
+from realtime.audio_protocol import (
+    Cancel,
+    RealtimeOptions,
+    RealtimeProtocol,
+    Respond,
+    State,
+    Stop,
+)
+from storage.constants import session_abandoned_key, session_in_key, session_out_key
+
+router = APIRouter(tags=["realtime"])
+
+
+def _vad_factory(threshold: float, silence_duration_ms: int) -> Any:
+    from realtime.vad import SileroVAD  # torch-backed: imported when a session needs it
+
+    return SileroVAD(threshold=threshold, silence_duration_ms=silence_duration_ms)
+
+
+class VoiceSession:
+    """One realtime audio session: its protocol, its worker and (while attached) a socket."""
+
+    def __init__(self, state: AppState, owner: str, model: str, duplex: bool) -> None:
+        self.state = state
+        self.owner = owner
+        self.model = model
+        self.id = "sess_" + secrets.token_hex(12)
+        self.protocol = RealtimeProtocol(
+            self.id, RealtimeOptions(model=model, duplex=duplex), _vad_factory, time.monotonic()
+        )
+        self.inbox, self.outbox = session_in_key(self.id), session_out_key(self.id)
+        self.lock = asyncio.Lock()  # the protocol is driven from the socket and the relay
+        self.ws: WebSocket | None = None
+        self.placed = False
+        self.tasks: list[asyncio.Task[None]] = []
+        self.grace: asyncio.Task[None] | None = None
+        self.ended = asyncio.Event()
+
+    # ---------------------------------------------------------------- socket side
+
+    async def flush(self) -> None:
+        """Send what the protocol produced; commands go to the worker first."""
+        for cmd in self.protocol.commands():
+            await self._command(cmd)
+        ws = self.ws
+        if ws is None:
+            return  # detached: frames wait in the replay log
+        for frame in self.protocol.data_to_send():
+            try:
+                await ws.send_text(frame)
+            except (RuntimeError, OSError, WebSocketDisconnect):
+                return  # the reader notices the drop
+        if self.protocol.close_expected():
+            with contextlib.suppress(RuntimeError, OSError):
+                await ws.close(code=self.protocol.close_code or 1000)
+            self.ended.set()
+
+    async def receive(self, text: str) -> None:
+        async with self.lock:
+            now = time.monotonic()
+            if self.protocol.vad_active and '"input_audio_buffer.append"' in text[:200]:
+                await run_in_threadpool(self.protocol.receive_text, text, now)
+            else:
+                self.protocol.receive_text(text, now)
+            if not self.placed and not self.protocol.close_expected():
+                await self.place()
+            await self.flush()
+
+    async def tick(self) -> None:
+        async with self.lock:
+            self.protocol.check_timeouts(time.monotonic())
+            await self.flush()
+
+    # ---------------------------------------------------------------- worker side
+
+    async def place(self) -> None:
+        """Put the session on a worker of the model's realtime queue."""
+        self.placed = True
+        rt = self.state.settings.realtime
+        await self.state.abus.publish(self.inbox, {"type": "keepalive"})  # stream + TTL
+        config = {"kind": "voice", "model": self.model, "owner": self.owner, "sample_rate": 24000}
+        await run_in_threadpool(
+            self.state.queue.start_session,
+            self.id,
+            self.model,
+            config,
+            expires_s=rt.admission_timeout_s,
+        )
+        self.tasks.append(asyncio.create_task(self._relay()))
+        self.tasks.append(asyncio.create_task(self._keepalive()))
+
+    async def _command(self, cmd: Respond | Cancel | Stop) -> None:
+        if isinstance(cmd, Respond):
+            event: dict[str, Any] = {
+                "type": "respond",
+                "response_id": cmd.response_id,
+                "turn": {
+                    "text": cmd.text,
+                    "voice": cmd.voice,
+                    "speed": cmd.speed,
+                    "instructions": cmd.instructions,
+                },
+            }
+            await self.state.abus.publish(self.inbox, event, cmd.pcm16 or None)
+        elif isinstance(cmd, Cancel):
+            await self.state.abus.publish(
+                self.inbox, {"type": "cancel", "response_id": cmd.response_id, "reason": cmd.reason}
+            )
+        elif self.placed:
+            await self.state.abus.publish(self.inbox, {"type": "stop", "reason": cmd.reason})
+
+    async def _relay(self) -> None:
+        """Worker outputs → protocol → socket, with the admission and liveness clocks."""
+        rt = self.state.settings.realtime
+        after, admitted = "0-0", False
+        deadline = time.monotonic() + rt.admission_timeout_s
+        heard = time.monotonic()
+        while not self.protocol.close_expected():
+            entries = await self.state.abus.read(self.outbox, after, block_ms=250)
+            now = time.monotonic()
+            async with self.lock:
+                if not entries:
+                    if not admitted and now > deadline:
+                        await self.state.abus.redis.set(session_abandoned_key(self.id), 1, ex=3600)
+                        self.protocol.worker_failed("resource_exhausted", "no worker slot is free")
+                    elif admitted and now - heard > rt.lost_after_s:
+                        self.protocol.worker_failed(
+                            "worker_lost", "the worker running the session is gone"
+                        )
+                for entry in entries:
+                    after, heard = entry.id, now
+                    admitted = admitted or entry.type == "accepted"
+                    self._apply(entry.event, entry.data, now)
+                await self.flush()
+        await self.finish()
+
+    def _apply(self, event: dict[str, Any], data: bytes | None, now: float) -> None:
+        kind = event.get("type")
+        if kind == "audio":
+            self.protocol.worker_audio(
+                event["response_id"], data or b"", event.get("text"), event.get("produced_at")
+            )
+        elif kind == "response_finished":
+            self.protocol.worker_finished(event["response_id"], event["status"], now)
+        elif kind == "failed":
+            self.protocol.worker_failed(event["code"], event["message"])
+        elif kind == "finished" and not self.protocol.close_expected():
+            self.protocol.worker_failed("worker_lost", "the worker ended the session")
+
+    async def _keepalive(self) -> None:
+        interval = self.state.settings.realtime.keepalive_s
+        while not self.protocol.close_expected():
+            await asyncio.sleep(interval)
+            await self.state.abus.publish(self.inbox, {"type": "keepalive"})
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def attach(self, ws: WebSocket) -> None:
+        self.ws = ws
+        if self.grace is not None:
+            self.grace.cancel()
+            self.grace = None
+
+    async def disconnected(self) -> None:
+        """The socket is gone: a duplex session waits for a resume, others end."""
+        async with self.lock:
+            self.ws = None
+            self.protocol.connection_lost(time.monotonic())
+            await self.flush()
+        if self.protocol.state is State.DETACHED:
+            self.grace = asyncio.create_task(self._expire())
+        else:
+            await self.finish()
+
+    async def _expire(self) -> None:
+        await asyncio.sleep(self.state.settings.realtime.resume_grace_s)
+        async with self.lock:
+            if self.protocol.state is State.DETACHED:
+                self.protocol.close("resume_grace_expired", time.monotonic())
+                await self.flush()
+        await self.finish()
+
+    async def finish(self) -> None:
+        self.state.voice_sessions.pop(self.id, None)
+        self.ended.set()
+        current = asyncio.current_task()
+        for task in self.tasks:
+            if task is not current:
+                task.cancel()
+
+
+def _pick_model(state: AppState, requested: str | None) -> str | None:
+    voice = [n for n, s in state.specs.items() if s.streaming and s.modality == "audio"]
+    if requested:
+        return requested if requested in voice else None
+    return voice[0] if voice else None
+
+
+async def _serve(websocket: WebSocket, duplex: bool) -> None:
+    state: AppState = websocket.state.app
+    owner, subprotocol = await websocket_owner(websocket, state)
+    if owner is None:
+        await websocket.close(code=1008, reason="invalid or missing API key")
+        return
+    await websocket.accept(subprotocol=subprotocol)
+    requested = websocket.query_params.get("model")
+    model = _pick_model(state, requested)
+    if model is None:
+        await websocket.send_json(
+            {
+                "type": "error",
+                "event_id": "event_" + secrets.token_hex(10),
+                "error": {
+                    "type": "invalid_request_error",
+                    "code": "model_not_found",
+                    "message": f"model {requested!r} does not serve realtime audio sessions",
+                    "param": "model",
+                },
+            }
+        )
+        await websocket.close(code=1008)
+        return
+    session = VoiceSession(state, owner, model, duplex)
+    session.attach(websocket)
+    state.voice_sessions[session.id] = session
+    await session.flush()  # session.created
+    if not duplex:
+        await session.place()  # placed now, so the first response does not wait for it
+    try:
+        await _read_loop(websocket, session, state, owner)
+    except WebSocketDisconnect:
+        pass
+    finally:
+        current = _current(websocket, session)
+        if current.ws is websocket:
+            await current.disconnected()
+
+
+def _current(websocket: WebSocket, session: VoiceSession) -> VoiceSession:
+    return getattr(websocket.state, "voice_session", session)
+
+
+async def _read_loop(
+    websocket: WebSocket, session: VoiceSession, state: AppState, owner: str
+) -> None:
+    first = True
+    while True:
+        current = _current(websocket, session)
+        if current.ended.is_set() or current.protocol.close_expected():
+            return
+        deadline = current.protocol.next_deadline()
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        try:
+            message = await asyncio.wait_for(websocket.receive(), min(timeout or 1.0, 1.0))
+        except TimeoutError:
+            await current.tick()
+            continue
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        text = message.get("text")
+        if text is None:
+            continue  # binary frames carry nothing in this protocol
+        if first and session.protocol.options.duplex and '"session.resume"' in text[:100]:
+            first = False
+            resumed = await _try_resume(websocket, session, state, owner, text)
+            if resumed is not None:
+                websocket.state.voice_session = resumed
+                await session.finish()  # the fresh session was never placed
+                continue
+        first = False
+        await current.receive(text)
+
+
+async def _try_resume(
+    websocket: WebSocket, fresh: VoiceSession, state: AppState, owner: str, text: str
+) -> VoiceSession | None:
+    import json
+
+    try:
+        event = json.loads(text)
+        target = state.voice_sessions.get(str(event.get("session_id")))
+        token = str(event.get("resume_token", ""))
+        last_seq = int(event.get("last_received_server_event_seq", -1))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if target is None or target is fresh or target.owner != owner or target.ws is not None:
+        return None
+    async with target.lock:
+        if not target.protocol.resume(token, last_seq):
+            return None
+        target.attach(websocket)
+        fresh.ws = None
+        await target.flush()
+    return target
+
+
+@router.websocket("/v1/realtime")
+async def realtime(websocket: WebSocket) -> None:
+    duplex = websocket.query_params.get("duplex", "").lower() in ("1", "true", "yes")
+    await _serve(websocket, duplex)
+
+
+@router.websocket("/v1/duplex")
+async def duplex(websocket: WebSocket) -> None:
+    await _serve(websocket, True)

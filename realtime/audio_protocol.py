@@ -1,0 +1,1063 @@
+"""Sans-I/O state machine of one ``WS /v1/realtime`` session (OpenAI Realtime GA, plus
+the duplex extension of ``protocols/realtime-audio.md``).
+
+As in the ``websockets`` core: no asyncio, sockets, Redis or clock; the caller owns
+them (``now``: any monotonic float, seconds). The voice-activity detector is injected
+(``vad_factory``), so the tests drive the machine with scripted detectors.
+
+In: ``receive_text`` (client frames), ``worker_accepted`` / ``worker_audio`` /
+``worker_finished`` / ``worker_failed`` (the relay of the worker's outputs),
+``check_timeouts`` (due at ``next_deadline()``), ``connection_lost`` and, in duplex
+sessions, ``resume``. Out: ``commands()`` for the worker (``Respond``, ``Cancel``,
+``Stop``); ``data_to_send()``, JSON text frames in order; ``close_expected()`` /
+``close_code``.
+
+Rules:
+- Client mistakes never raise and never close: they become ``error`` events naming the
+  ``param`` and change nothing (the state is updated only after a whole event checks).
+- One response at a time. ``response.done`` is always emitted, once per response,
+  after the worker confirmed the end (or ``cancel_grace_s`` later if it stays silent).
+- Interrupts jump the queue (STYLE rule 5): a cancel, a barge-in (speech while a
+  response runs and ``interrupt_response``), ``output_audio_buffer.clear`` or a close
+  drop every later audio delta of that response at once, before the worker confirms.
+- Duplex: every server event carries ``server_event_seq`` and is kept in a bounded
+  replay log; ``resume(last_seq)`` replays what followed, exactly once and in order.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import collections
+import enum
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+import models.realtime as wire
+
+CLOSE_NORMAL = 1000
+CLOSE_INTERNAL = 1011  # worker lost or failed
+CLOSE_TRY_AGAIN = 1013  # no worker slot (resource_exhausted)
+
+BYTES_PER_MS = wire.SAMPLE_RATE * 2 // 1000  # PCM16 mono 24 kHz: 48 bytes per ms
+
+
+class VadEventLike(Protocol):
+    kind: str
+    audio_ms: int
+
+
+class Detector(Protocol):
+    def feed(self, pcm16: bytes) -> list[Any]: ...
+
+    def configure(self, *, threshold: float, silence_duration_ms: int) -> None: ...
+
+
+VadFactory = Callable[[float, int], Detector]
+
+
+@dataclass(frozen=True)
+class Respond:
+    """Generate a response on the worker, answering ``pcm16`` / ``text`` (the user turn)."""
+
+    response_id: str
+    pcm16: bytes
+    text: str | None
+    voice: str
+    speed: float
+    instructions: str | None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Stop a response at the next model step (system-class)."""
+
+    response_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the worker session and free its slot."""
+
+    reason: str
+
+
+Command = Respond | Cancel | Stop
+
+
+class State(enum.Enum):
+    OPEN = "open"
+    DETACHED = "detached"  # duplex: socket gone, waiting for session.resume
+    CLOSED = "closed"
+
+
+@dataclass
+class RealtimeOptions:
+    model: str
+    duplex: bool = False
+    max_event_bytes: int = 15 * 1024 * 1024
+    max_buffer_bytes: int = 64 * 1024 * 1024
+    # Audio kept in the conversation (oldest items lose their audio first).
+    max_conversation_audio_bytes: int = 64 * 1024 * 1024
+    # Duplex replay log (events), and how long a silent worker may take to confirm a cancel.
+    replay_events: int = 8192
+    cancel_grace_s: float = 2.0
+
+
+@dataclass
+class _Item:
+    item: wire.ConversationItem
+    # PCM16 per content index (audio parts only).
+    audio: dict[int, bytearray] = field(default_factory=dict)
+
+
+@dataclass
+class _Response:
+    id: str
+    item_id: str
+    output_index: int
+    in_conversation: bool
+    metadata: dict[str, str] | None
+    transcript: str = ""
+    audio_bytes: int = 0
+    cancel_reason: str | None = None
+    muted: bool = False
+    cancel_deadline: float | None = None
+    started_at: float = 0.0
+    played_ms: int | None = None
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + secrets.token_hex(10)
+
+
+# Fields dropped from server events when null: our extensions, and fields of other item
+# types, so each event reads as the OpenAI server's own.
+_OMIT_IF_NULL = frozenset(
+    {
+        "server_event_seq",
+        "capabilities",
+        "resume_token",
+        "produced_at",
+        "call_id",
+        "name",
+        "arguments",
+        "output",
+        "audio",
+        "text",
+    }
+)
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if not (v is None and k in _OMIT_IF_NULL)}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+class RealtimeProtocol:
+    def __init__(
+        self,
+        session_id: str,
+        options: RealtimeOptions,
+        vad_factory: VadFactory,
+        now: float,
+    ) -> None:
+        self.id = session_id
+        self.options = options
+        self.state = State.OPEN
+        self.close_code: int | None = None
+        self._vad_factory = vad_factory
+        self._out: list[str] = []
+        self._cmds: list[Command] = []
+        self._seq = 0
+        self._replay: collections.deque[tuple[int, str]] = collections.deque(
+            maxlen=options.replay_events
+        )
+        self.resume_token = secrets.token_urlsafe(24) if options.duplex else None
+        self.session = wire.RealtimeSession(
+            id=session_id,
+            model=options.model,
+            capabilities=wire.Capabilities() if options.duplex else None,
+            resume_token=self.resume_token,
+        )
+        # Input audio: everything appended, as a position, and the uncommitted buffer.
+        self._input_bytes = 0
+        self._buffer = bytearray()
+        self._buffer_start = 0  # input position (bytes) of _buffer[0]
+        self._vad: Detector | None = None
+        self._vad_origin = 0  # input position (bytes) when the detector started
+        self._speech_item: str | None = None
+        self._speech_start = 0  # bytes
+        self._idle_deadline: float | None = None
+        self._items: collections.OrderedDict[str, _Item] = collections.OrderedDict()
+        self._conversation_audio = 0
+        self.active: _Response | None = None
+        self._responses = 0
+        self._sync_vad()
+        self._emit(wire.SessionCreatedEvent(session=self.session))
+
+    # ------------------------------------------------------------------ outputs
+
+    def data_to_send(self) -> list[str]:
+        out, self._out = self._out, []
+        return out
+
+    def commands(self) -> list[Command]:
+        """Commands for the worker; cancels and stops first (system-class)."""
+        cmds, self._cmds = self._cmds, []
+        return [c for c in cmds if not isinstance(c, Respond)] + [
+            c for c in cmds if isinstance(c, Respond)
+        ]
+
+    def close_expected(self) -> bool:
+        return self.state is State.CLOSED
+
+    @property
+    def vad_active(self) -> bool:
+        return self._vad is not None
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    def next_deadline(self) -> float | None:
+        deadlines = [self._idle_deadline]
+        if self.active is not None:
+            deadlines.append(self.active.cancel_deadline)
+        live = [d for d in deadlines if d is not None]
+        return min(live) if live else None
+
+    def _emit(self, event: wire.ServerEvent) -> None:
+        if self.state is State.CLOSED:
+            return
+        event.event_id = _new_id("event_")
+        if self.options.duplex:
+            self._seq += 1
+            event.server_event_seq = self._seq
+        text = json.dumps(_strip(event.model_dump(mode="json")), separators=(",", ":"))
+        if self.options.duplex:
+            self._replay.append((self._seq, text))
+        self._out.append(text)
+
+    def _error(
+        self,
+        message: str,
+        *,
+        code: str = "invalid_value",
+        param: str | None = None,
+        event_id: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        self._emit(
+            wire.ErrorEvent(
+                error=wire.RealtimeError(
+                    type=type, code=code, message=message, param=param, event_id=event_id
+                )
+            )
+        )
+
+    # ------------------------------------------------------------------ client input
+
+    def receive_text(self, text: str, now: float) -> None:
+        if self.state is not State.OPEN:
+            return
+        if len(text) > self.options.max_event_bytes:
+            self._error(
+                f"event is {len(text)} bytes; the limit is {self.options.max_event_bytes}",
+                code="event_too_large",
+            )
+            return
+        try:
+            raw = json.loads(text)
+        except ValueError:
+            self._error("the message is not valid JSON", code="invalid_json")
+            return
+        if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
+            self._error(
+                "every event needs a string 'type'", code="missing_required_parameter", param="type"
+            )
+            return
+        kind = raw["type"]
+        client_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+        cls = wire.CLIENT_EVENTS.get(kind)
+        if cls is None or (kind in wire.DUPLEX_ONLY and not self.options.duplex):
+            where = " (duplex sessions only: connect with ?duplex=1)" if cls else ""
+            self._error(f"unsupported event type {kind!r}{where}", param="type", event_id=client_id)
+            return
+        try:
+            event = cls.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            param = ".".join(str(p) for p in err["loc"])
+            code = "missing_required_parameter" if err["type"] == "missing" else "invalid_value"
+            self._error(f"{param}: {err['msg']}", code=code, param=param, event_id=client_id)
+            return
+        handler = getattr(self, "_on_" + kind.replace(".", "_"))
+        handler(event, now)
+
+    def _on_session_update(self, event: wire.SessionUpdateEvent, now: float) -> None:
+        eid = event.event_id
+        update = event.session
+        current = self.session.model_dump(exclude={"capabilities", "resume_token"})
+        try:
+            merged = wire.RealtimeSession.model_validate(
+                _deep_merge(current, {k: v for k, v in update.items() if k != "object"})
+            )
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            param = "session." + ".".join(str(p) for p in err["loc"])
+            self._error(f"{param}: {err['msg']}", param=param, event_id=eid)
+            return
+        problem = self._unsupported(update, merged)
+        if problem is not None:
+            param, message = problem
+            self._error(message, code="unsupported_value", param=param, event_id=eid)
+            return
+        merged.capabilities = self.session.capabilities
+        merged.resume_token = self.session.resume_token
+        self.session = merged
+        self._sync_vad()
+        self._emit(wire.SessionUpdatedEvent(session=self.session))
+
+    def _unsupported(
+        self, update: dict[str, Any], merged: wire.RealtimeSession
+    ) -> tuple[str, str] | None:
+        if update.get("type", "realtime") != "realtime":
+            return "session.type", "only 'realtime' sessions are served here"
+        if "model" in update and update["model"] != self.options.model:
+            return "session.model", "the model is fixed when the session is created"
+        if merged.output_modalities != ["audio"]:
+            return (
+                "session.output_modalities",
+                "this model answers with audio (and its transcript): use ['audio']",
+            )
+        for side in ("input", "output"):
+            fmt = getattr(merged.audio, side).format
+            if fmt.type != "audio/pcm":
+                return (
+                    f"session.audio.{side}.format.type",
+                    f"{fmt.type!r} is not supported; use 'audio/pcm' (PCM16, 24 kHz, mono)",
+                )
+            if fmt.rate not in (None, wire.SAMPLE_RATE):
+                return f"session.audio.{side}.format.rate", "only 24000 Hz is supported"
+        td = merged.audio.input.turn_detection
+        if td is not None and td.type != "server_vad":
+            return (
+                "session.audio.input.turn_detection.type",
+                f"{td.type!r} is not supported; use 'server_vad' or null",
+            )
+        if merged.audio.output.voice not in wire.VOICES:
+            return (
+                "session.audio.output.voice",
+                f"unknown voice {merged.audio.output.voice!r}; one of {', '.join(wire.VOICES)}",
+            )
+        if merged.audio.input.transcription:
+            return (
+                "session.audio.input.transcription",
+                "input transcription is not available on this model",
+            )
+        if merged.audio.input.noise_reduction:
+            return "session.audio.input.noise_reduction", "noise reduction is not available"
+        if merged.tools:
+            return "session.tools", "this model does not call tools (MCP or functions)"
+        return None
+
+    def _sync_vad(self) -> None:
+        td = self.session.audio.input.turn_detection
+        if td is None:
+            self._vad = None
+            self._speech_item = None
+            return
+        if self._vad is None:
+            self._vad = self._vad_factory(td.threshold, td.silence_duration_ms)
+            self._vad_origin = self._input_bytes
+        else:
+            self._vad.configure(threshold=td.threshold, silence_duration_ms=td.silence_duration_ms)
+
+    def _on_input_audio_buffer_append(
+        self, event: wire.InputAudioBufferAppendEvent, now: float
+    ) -> None:
+        try:
+            pcm = base64.b64decode(event.audio, validate=True)
+        except (binascii.Error, ValueError):
+            self._error("audio is not valid base64", param="audio", event_id=event.event_id)
+            return
+        if len(pcm) % 2:
+            self._error(
+                "audio must be whole PCM16 samples (an even number of bytes)",
+                param="audio",
+                event_id=event.event_id,
+            )
+            return
+        if len(self._buffer) + len(pcm) > self.options.max_buffer_bytes:
+            self._error(
+                f"the input audio buffer is limited to {self.options.max_buffer_bytes} bytes; "
+                "commit or clear it",
+                code="input_audio_buffer_full",
+                param="audio",
+                event_id=event.event_id,
+            )
+            return
+        self._buffer += pcm
+        self._input_bytes += len(pcm)
+        if self._vad is None:
+            return
+        for vad_event in self._vad.feed(pcm):
+            at = self._vad_origin + int(vad_event.audio_ms) * BYTES_PER_MS
+            if vad_event.kind == "speech_started":
+                self._speech_started(at, now)
+            elif vad_event.kind == "speech_stopped":
+                self._speech_stopped(at, now)
+        if self._speech_item is None:
+            # Between turns keep only what a next turn's prefix padding may need.
+            td = self.session.audio.input.turn_detection
+            keep = ((td.prefix_padding_ms if td else 0) + 1000) * BYTES_PER_MS
+            if len(self._buffer) > keep:
+                drop = len(self._buffer) - keep
+                del self._buffer[:drop]
+                self._buffer_start += drop
+
+    def _speech_started(self, at: int, now: float) -> None:
+        td = self.session.audio.input.turn_detection
+        assert td is not None
+        self._idle_deadline = None
+        self._speech_item = _new_id("item_")
+        self._speech_start = max(self._buffer_start, at - td.prefix_padding_ms * BYTES_PER_MS)
+        self._emit(
+            wire.SpeechStartedEvent(
+                audio_start_ms=self._speech_start // BYTES_PER_MS, item_id=self._speech_item
+            )
+        )
+        if self.active is not None and td.interrupt_response:
+            self._cancel_active("turn_detected", now)
+
+    def _speech_stopped(self, at: int, now: float) -> None:
+        td = self.session.audio.input.turn_detection
+        if self._speech_item is None or td is None:
+            return
+        item_id, self._speech_item = self._speech_item, None
+        end = min(self._input_bytes, at + td.silence_duration_ms * BYTES_PER_MS)
+        self._emit(wire.SpeechStoppedEvent(audio_end_ms=end // BYTES_PER_MS, item_id=item_id))
+        # The item holds prefix padding, the speech and the silence that ended it; audio
+        # after that stays in the buffer for the next turn.
+        start = max(self._speech_start - self._buffer_start, 0)
+        stop = max(end - self._buffer_start, start)
+        pcm = bytes(self._buffer[start:stop])
+        del self._buffer[:stop]
+        self._buffer_start += stop
+        self._commit_audio(pcm, item_id)
+        if td.create_response and self.active is None:
+            self._start_response(None, now)
+
+    def _on_input_audio_buffer_commit(
+        self, event: wire.InputAudioBufferCommitEvent, now: float
+    ) -> None:
+        if not self._buffer:
+            self._error(
+                "the input audio buffer is empty: append audio before committing",
+                code="input_audio_buffer_commit_empty",
+                event_id=event.event_id,
+            )
+            return
+        pcm = bytes(self._buffer)
+        self._buffer_start += len(self._buffer)
+        self._buffer.clear()
+        item_id, self._speech_item = self._speech_item or _new_id("item_"), None
+        self._commit_audio(pcm, item_id)
+
+    def _commit_audio(self, pcm: bytes, item_id: str) -> None:
+        previous = next(reversed(self._items), None)
+        item = wire.ConversationItem(
+            id=item_id,
+            type="message",
+            role="user",
+            status="completed",
+            content=[wire.ContentPart(type="input_audio", transcript=None)],
+        )
+        self._emit(wire.InputAudioBufferCommittedEvent(previous_item_id=previous, item_id=item_id))
+        self._add_item(_Item(item, {0: bytearray(pcm)}), previous)
+
+    def _on_input_audio_buffer_clear(
+        self, event: wire.InputAudioBufferClearEvent, now: float
+    ) -> None:
+        self._buffer_start += len(self._buffer)
+        self._buffer.clear()
+        self._speech_item = None
+        self._emit(wire.InputAudioBufferClearedEvent())
+
+    # ------------------------------------------------------------------ conversation
+
+    def _add_item(self, entry: _Item, previous: str | None) -> None:
+        """Insert after ``previous`` (None: first, as OpenAI's ``root``)."""
+        item_id = entry.item.id
+        assert item_id is not None
+        self._items[item_id] = entry
+        if previous is None:
+            self._items.move_to_end(item_id, last=False)
+        elif list(self._items)[-2] != previous:
+            self._place_after(item_id, previous)
+        self._conversation_audio += sum(len(a) for a in entry.audio.values())
+        self._trim_conversation_audio()
+        shown = self._public(entry)
+        self._emit(wire.ItemAddedEvent(previous_item_id=previous, item=shown))
+        if entry.item.status != "in_progress":
+            self._emit(wire.ItemDoneEvent(previous_item_id=previous, item=shown))
+
+    def _place_after(self, item_id: str, previous: str) -> None:
+        keys = list(self._items)
+        keys.remove(item_id)
+        keys.insert(keys.index(previous) + 1, item_id)
+        for key in keys:
+            self._items.move_to_end(key)
+
+    def _trim_conversation_audio(self) -> None:
+        for entry in self._items.values():
+            if self._conversation_audio <= self.options.max_conversation_audio_bytes:
+                return
+            for audio in entry.audio.values():
+                self._conversation_audio -= len(audio)
+                audio.clear()
+
+    @staticmethod
+    def _public(entry: _Item, with_audio: bool = False) -> wire.ConversationItem:
+        item = entry.item.model_copy(deep=True)
+        if with_audio:
+            for index, audio in entry.audio.items():
+                item.content[index].audio = base64.b64encode(bytes(audio)).decode()
+        return item
+
+    def _on_conversation_item_create(
+        self, event: wire.ConversationItemCreateEvent, now: float
+    ) -> None:
+        eid, item = event.event_id, event.item.model_copy(deep=True)
+        previous = event.previous_item_id
+        if previous == "root":
+            previous = None
+        elif previous is None:
+            previous = next(reversed(self._items), None)
+        elif previous not in self._items:
+            self._error(
+                f"no item {previous!r} in the conversation",
+                code="item_not_found",
+                param="previous_item_id",
+                event_id=eid,
+            )
+            return
+        if item.id is not None and item.id in self._items:
+            self._error(
+                f"item {item.id!r} already exists",
+                code="item_id_conflict",
+                param="item.id",
+                event_id=eid,
+            )
+            return
+        allowed = {
+            "user": {"input_text", "input_audio"},
+            "system": {"input_text"},
+            "assistant": {"output_text", "output_audio", "text", "audio"},
+        }
+        if item.type == "message":
+            if item.role is None:
+                self._error(
+                    "a message needs a role",
+                    code="missing_required_parameter",
+                    param="item.role",
+                    event_id=eid,
+                )
+                return
+            audio: dict[int, bytearray] = {}
+            for i, part in enumerate(item.content):
+                if part.type not in allowed[item.role]:
+                    self._error(
+                        f"content type {part.type!r} is not allowed in a {item.role} message",
+                        param=f"item.content.{i}.type",
+                        event_id=eid,
+                    )
+                    return
+                if part.audio is not None:
+                    try:
+                        pcm = base64.b64decode(part.audio, validate=True)
+                    except (binascii.Error, ValueError):
+                        self._error(
+                            "audio is not valid base64",
+                            param=f"item.content.{i}.audio",
+                            event_id=eid,
+                        )
+                        return
+                    audio[i] = bytearray(pcm)
+                    part.audio = None
+        elif item.type == "function_call_output":
+            if item.call_id is None or item.output is None:
+                self._error(
+                    "function_call_output needs call_id and output",
+                    code="missing_required_parameter",
+                    param="item.call_id",
+                    event_id=eid,
+                )
+                return
+            audio = {}
+        else:
+            self._error(
+                f"items of type {item.type!r} cannot be created by the client",
+                param="item.type",
+                event_id=eid,
+            )
+            return
+        item.id = item.id or _new_id("item_")
+        item.status = "completed"
+        self._add_item(_Item(item, audio), previous)
+
+    def _find(self, item_id: str, event_id: str | None) -> _Item | None:
+        entry = self._items.get(item_id)
+        if entry is None:
+            self._error(
+                f"no item {item_id!r} in the conversation",
+                code="item_not_found",
+                param="item_id",
+                event_id=event_id,
+            )
+        return entry
+
+    def _on_conversation_item_retrieve(
+        self, event: wire.ConversationItemRetrieveEvent, now: float
+    ) -> None:
+        entry = self._find(event.item_id, event.event_id)
+        if entry is not None:
+            self._emit(wire.ItemRetrievedEvent(item=self._public(entry, with_audio=True)))
+
+    def _on_conversation_item_delete(
+        self, event: wire.ConversationItemDeleteEvent, now: float
+    ) -> None:
+        entry = self._find(event.item_id, event.event_id)
+        if entry is None:
+            return
+        self._conversation_audio -= sum(len(a) for a in entry.audio.values())
+        del self._items[event.item_id]
+        self._emit(wire.ItemDeletedEvent(item_id=event.item_id))
+
+    def _on_conversation_item_truncate(
+        self, event: wire.ConversationItemTruncateEvent, now: float
+    ) -> None:
+        eid = event.event_id
+        entry = self._find(event.item_id, eid)
+        if entry is None:
+            return
+        if entry.item.role != "assistant" or event.content_index not in entry.audio:
+            self._error(
+                "only the audio of an assistant message can be truncated",
+                param="content_index",
+                event_id=eid,
+            )
+            return
+        audio = entry.audio[event.content_index]
+        length_ms = len(audio) // BYTES_PER_MS
+        if event.audio_end_ms > length_ms:
+            self._error(
+                f"audio_end_ms {event.audio_end_ms} is past the audio's end ({length_ms} ms)",
+                param="audio_end_ms",
+                event_id=eid,
+            )
+            return
+        self._truncate(entry, event.content_index, event.audio_end_ms)
+
+    def _truncate(self, entry: _Item, index: int, end_ms: int) -> None:
+        audio = entry.audio[index]
+        cut = end_ms * BYTES_PER_MS
+        self._conversation_audio -= max(len(audio) - cut, 0)
+        del audio[cut:]
+        # The transcript of unheard audio must not stay in the context.
+        entry.item.content[index].transcript = None
+        if self.active is not None and self.active.item_id == entry.item.id:
+            self.active.muted = True
+        assert entry.item.id is not None
+        self._emit(
+            wire.ItemTruncatedEvent(item_id=entry.item.id, content_index=index, audio_end_ms=end_ms)
+        )
+
+    # ------------------------------------------------------------------ responses
+
+    def _on_response_create(self, event: wire.ResponseCreateEvent, now: float) -> None:
+        if self.active is not None:
+            self._error(
+                f"response {self.active.id} is still in progress; cancel it or wait for "
+                "response.done",
+                code="conversation_already_has_active_response",
+                event_id=event.event_id,
+            )
+            return
+        overrides = event.response or wire.ResponseOverrides()
+        if overrides.output_modalities not in (None, ["audio"]):
+            self._error(
+                "this model answers with audio: use ['audio']",
+                code="unsupported_value",
+                param="response.output_modalities",
+                event_id=event.event_id,
+            )
+            return
+        if overrides.tools:
+            self._error(
+                "this model does not call tools",
+                code="unsupported_value",
+                param="response.tools",
+                event_id=event.event_id,
+            )
+            return
+        if overrides.conversation not in ("auto", "none"):
+            self._error(
+                "conversation must be 'auto' or 'none'",
+                param="response.conversation",
+                event_id=event.event_id,
+            )
+            return
+        voice = ((overrides.audio or {}).get("output") or {}).get("voice")
+        if voice is not None and voice not in wire.VOICES:
+            self._error(
+                f"unknown voice {voice!r}",
+                param="response.audio.output.voice",
+                event_id=event.event_id,
+            )
+            return
+        self._start_response(overrides, now)
+
+    def _turn(self) -> tuple[bytes, str | None]:
+        """The latest user message: its audio and its text."""
+        for entry in reversed(self._items.values()):
+            if entry.item.role == "user":
+                pcm = b"".join(bytes(a) for _, a in sorted(entry.audio.items()))
+                texts = [p.text for p in entry.item.content if p.text]
+                return pcm, " ".join(texts) if texts else None
+        return b"", None
+
+    def _start_response(self, overrides: wire.ResponseOverrides | None, now: float) -> None:
+        overrides = overrides or wire.ResponseOverrides()
+        in_conversation = overrides.conversation != "none"
+        self._responses += 1
+        response = _Response(
+            id=_new_id("resp_"),
+            item_id=_new_id("item_"),
+            output_index=0,
+            in_conversation=in_conversation,
+            metadata=overrides.metadata,
+            started_at=now,
+        )
+        self.active = response
+        self._idle_deadline = None
+        out = self.session.audio.output
+        voice = ((overrides.audio or {}).get("output") or {}).get("voice") or out.voice
+        self._emit(
+            wire.ResponseCreatedEvent(
+                response=wire.RealtimeResponse(
+                    id=response.id,
+                    status="in_progress",
+                    metadata=overrides.metadata,
+                    conversation_id=self.id if in_conversation else None,
+                )
+            )
+        )
+        item = wire.ConversationItem(
+            id=response.item_id, role="assistant", status="in_progress", content=[]
+        )
+        self._emit(wire.OutputItemAddedEvent(response_id=response.id, output_index=0, item=item))
+        if in_conversation:
+            previous = next(reversed(self._items), None)
+            stored = item.model_copy(deep=True)
+            stored.content = [wire.ContentPart(type="output_audio", transcript="")]
+            entry = _Item(stored, {0: bytearray()})
+            self._items[response.item_id] = entry
+            self._emit(wire.ItemAddedEvent(previous_item_id=previous, item=item))
+        self._emit(
+            wire.ContentPartAddedEvent(
+                **self._ref(response), part=wire.ContentPart(type="audio", transcript="")
+            )
+        )
+        pcm, text = self._turn()
+        self._cmds.append(
+            Respond(
+                response_id=response.id,
+                pcm16=pcm,
+                text=text,
+                voice=voice,
+                speed=out.speed,
+                instructions=overrides.instructions or self.session.instructions or None,
+            )
+        )
+
+    @staticmethod
+    def _ref(response: _Response) -> dict[str, Any]:
+        return {
+            "response_id": response.id,
+            "item_id": response.item_id,
+            "output_index": response.output_index,
+            "content_index": 0,
+        }
+
+    def _on_response_cancel(self, event: wire.ResponseCancelEvent, now: float) -> None:
+        active = self.active
+        if active is None or active.cancel_reason is not None:
+            self._error(
+                "there is no response in progress to cancel",
+                code="response_cancel_not_active",
+                event_id=event.event_id,
+            )
+            return
+        if event.response_id is not None and event.response_id != active.id:
+            self._error(
+                f"response {event.response_id!r} is not in progress",
+                code="response_cancel_not_active",
+                param="response_id",
+                event_id=event.event_id,
+            )
+            return
+        self._cancel_active("client_cancelled", now)
+
+    def _cancel_active(self, reason: str, now: float) -> None:
+        active = self.active
+        if active is None or active.cancel_reason is not None:
+            return
+        active.cancel_reason = reason
+        active.muted = True
+        active.cancel_deadline = now + self.options.cancel_grace_s
+        self._cmds.append(Cancel(active.id, reason))
+
+    def _on_output_audio_buffer_clear(
+        self, event: wire.OutputAudioBufferClearEvent, now: float
+    ) -> None:
+        if self.active is None:
+            self._error(
+                "no response audio is being sent",
+                code="response_cancel_not_active",
+                event_id=event.event_id,
+            )
+            return
+        self.active.muted = True
+        self._emit(wire.OutputAudioBufferClearedEvent(response_id=self.active.id))
+
+    # ------------------------------------------------------------------ duplex
+
+    def _on_session_heartbeat(self, event: wire.SessionHeartbeatEvent, now: float) -> None:
+        self._emit(wire.HeartbeatAckEvent())
+
+    def _on_session_close(self, event: wire.SessionCloseEvent, now: float) -> None:
+        self.close(event.reason or "client_closed", now)
+
+    def _on_playback_ack(self, event: wire.PlaybackAckEvent, now: float) -> None:
+        active = self.active
+        if active is not None and event.response_id in (None, active.id):
+            active.played_ms = event.played_ms
+        self._emit(
+            wire.PlaybackAcknowledgedEvent(
+                played_ms=event.played_ms,
+                response_id=event.response_id or (active.id if active else None),
+                item_id=event.item_id or (active.item_id if active else None),
+            )
+        )
+
+    def _on_session_resume(self, event: wire.SessionResumeEvent, now: float) -> None:
+        # A resume names another (detached) session: the shell looks it up before
+        # handing frames to this machine, so reaching here means there was none.
+        self._emit(
+            wire.ResyncRequiredEvent(
+                session_id=event.session_id,
+                reason="no resumable session with that id and token (expired or unknown)",
+            )
+        )
+
+    def detach(self) -> None:
+        """Duplex: the socket dropped; keep running and logging until a resume."""
+        if self.state is State.OPEN:
+            self.state = State.DETACHED
+
+    def resume(self, token: str, last_seq: int) -> bool:
+        """Attach a new socket after ``last_seq``: ``session.resumed`` then the missed
+        events, exactly once and in order; False (nothing changes) when they are gone."""
+        if self.state is State.CLOSED or not secrets.compare_digest(token, self.resume_token or ""):
+            return False
+        oldest = self._replay[0][0] if self._replay else self._seq + 1
+        if last_seq > self._seq or last_seq + 1 < oldest:
+            return False
+        missed = [text for seq, text in self._replay if seq > last_seq]
+        self.state = State.OPEN
+        resumed = wire.SessionResumedEvent(
+            session_id=self.id, replayed=len(missed), last_server_event_seq=self._seq
+        )
+        resumed.event_id = _new_id("event_")
+        self._out = [json.dumps(_strip(resumed.model_dump(mode="json"))), *missed]
+        return True
+
+    # ------------------------------------------------------------------ worker relay
+
+    def worker_audio(
+        self, response_id: str, pcm16: bytes, text: str | None, produced_at: float | None
+    ) -> None:
+        active = self.active
+        if active is None or active.id != response_id or active.muted:
+            return  # data-class: dropped once the response was interrupted
+        ref = self._ref(active)
+        if pcm16:
+            active.audio_bytes += len(pcm16)
+            entry = self._items.get(active.item_id)
+            if entry is not None:
+                entry.audio[0] += pcm16
+                self._conversation_audio += len(pcm16)
+            self._emit(
+                wire.AudioDeltaEvent(
+                    **ref, delta=base64.b64encode(pcm16).decode(), produced_at=produced_at
+                )
+            )
+        if text:
+            active.transcript += text
+            self._emit(wire.TranscriptDeltaEvent(**ref, delta=text))
+
+    def worker_finished(
+        self, response_id: str, status: str, now: float, message: str | None = None
+    ) -> None:
+        active = self.active
+        if active is None or active.id != response_id:
+            return
+        self._finish(status, message)
+        played_s = now - active.started_at
+        self.arm_idle_timeout(now, max(active.audio_bytes / BYTES_PER_MS - played_s * 1000, 0))
+
+    def _finish(self, worker_status: str, message: str | None = None) -> None:
+        active = self.active
+        assert active is not None
+        self.active = None
+        if active.cancel_reason is not None:
+            status, details = (
+                "cancelled",
+                wire.StatusDetails(type="cancelled", reason=active.cancel_reason),
+            )
+        elif worker_status == "completed":
+            status, details = "completed", None
+        else:
+            status = "failed"
+            details = wire.StatusDetails(
+                type="failed",
+                error=wire.StatusError(
+                    type="server_error", code=worker_status, message=message or "the model failed"
+                ),
+            )
+        ref = self._ref(active)
+        entry = self._items.get(active.item_id)
+        heard = active.transcript
+        if entry is not None and entry.item.content and entry.item.content[0].transcript is None:
+            heard = ""  # truncated: the unheard transcript is gone
+        part = wire.ContentPart(type="audio", transcript=heard)
+        self._emit(wire.AudioDoneEvent(**ref))
+        self._emit(wire.TranscriptDoneEvent(**ref, transcript=heard))
+        self._emit(wire.ContentPartDoneEvent(**ref, part=part))
+        item = wire.ConversationItem(
+            id=active.item_id,
+            role="assistant",
+            status="completed" if status == "completed" else "incomplete",
+            content=[wire.ContentPart(type="output_audio", transcript=heard)],
+        )
+        if entry is not None:
+            entry.item = item.model_copy(deep=True)
+        self._emit(wire.OutputItemDoneEvent(response_id=active.id, output_index=0, item=item))
+        if active.in_conversation:
+            self._emit(wire.ItemDoneEvent(item=item))
+        audio_ms = active.audio_bytes // BYTES_PER_MS
+        tokens = -(-audio_ms // 100)
+        self._emit(
+            wire.ResponseDoneEvent(
+                response=wire.RealtimeResponse(
+                    id=active.id,
+                    status=status,
+                    status_details=details,
+                    output=[item],
+                    conversation_id=self.id if active.in_conversation else None,
+                    metadata=active.metadata,
+                    usage=wire.Usage(
+                        total_tokens=tokens,
+                        output_tokens=tokens,
+                        output_token_details={"text_tokens": 0, "audio_tokens": tokens},
+                    ),
+                )
+            )
+        )
+        if (
+            active.cancel_reason == "turn_detected"
+            and active.played_ms is not None
+            and entry is not None
+            and 0 in entry.audio
+        ):
+            # Duplex barge-in: keep in the conversation only what the client played.
+            self._truncate(entry, 0, min(active.played_ms, len(entry.audio[0]) // BYTES_PER_MS))
+
+    def worker_failed(self, code: str, message: str) -> None:
+        """The session failed on the worker (or no worker took it): end it."""
+        if self.state is State.CLOSED:
+            return
+        if self.active is not None:
+            self._finish(code, message)
+        error_type = "server_error" if code != "invalid_request" else "invalid_request_error"
+        self._error(message, code=code, type=error_type)
+        self.state = State.CLOSED
+        self.close_code = CLOSE_TRY_AGAIN if code == "resource_exhausted" else CLOSE_INTERNAL
+
+    # ------------------------------------------------------------------ clocks / end
+
+    def check_timeouts(self, now: float) -> None:
+        active = self.active
+        deadline = active.cancel_deadline if active is not None else None
+        if deadline is not None and now >= deadline:
+            self._finish("cancelled")
+        if self._idle_deadline is not None and now >= self._idle_deadline:
+            self._idle_deadline = None
+            self._idle_timeout(now)
+
+    def _idle_timeout(self, now: float) -> None:
+        if self.active is not None or self._speech_item is not None:
+            return
+        item_id = _new_id("item_")
+        at = self._input_bytes // BYTES_PER_MS
+        self._emit(wire.TimeoutTriggeredEvent(audio_start_ms=at, audio_end_ms=at, item_id=item_id))
+        pcm = bytes(self._buffer)
+        self._buffer_start += len(self._buffer)
+        self._buffer.clear()
+        self._commit_audio(pcm, item_id)
+        self._start_response(None, now)
+
+    def arm_idle_timeout(self, now: float, audio_ms_left: float = 0.0) -> None:
+        td = self.session.audio.input.turn_detection
+        if td is not None and td.idle_timeout_ms and self.active is None:
+            self._idle_deadline = now + audio_ms_left / 1000 + td.idle_timeout_ms / 1000
+
+    def close(self, reason: str, now: float) -> None:
+        """End the session (client ``session.close``, disconnect, grace expiry)."""
+        if self.state is State.CLOSED:
+            return
+        if self.active is not None:
+            self._cancel_active("client_cancelled", now)
+            self._finish("cancelled")
+        if self.options.duplex:
+            self._emit(wire.SessionClosedEvent(reason=reason))
+        self._cmds.append(Stop(reason))
+        self.state = State.CLOSED
+        self.close_code = CLOSE_NORMAL
+
+    def connection_lost(self, now: float) -> None:
+        if self.options.duplex and self.state is State.OPEN:
+            self.detach()
+        else:
+            self.close("disconnected", now)

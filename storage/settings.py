@@ -125,6 +125,8 @@ class RealtimeSettings(BaseModel):
     # Worker ↔ API keep-alives on the session streams, and when silence means "lost".
     keepalive_s: float = 1.0
     lost_after_s: float = 10.0
+    # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
+    resume_grace_s: float = 30.0
 
 
 class Settings(BaseSettings):

@@ -33,12 +33,14 @@ import enum
 import json
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 import models.realtime as wire
+from realtime.conversation import Conversation, Entry
+from realtime.session_config import SessionConfigError, apply_update
 
 CLOSE_NORMAL = 1000
 CLOSE_INTERNAL = 1011  # worker lost or failed
@@ -111,13 +113,6 @@ class RealtimeOptions:
 
 
 @dataclass
-class _Item:
-    item: wire.ConversationItem
-    # PCM16 per content index (audio parts only).
-    audio: dict[int, bytearray] = field(default_factory=dict)
-
-
-@dataclass
 class _Response:
     id: str
     item_id: str
@@ -163,16 +158,6 @@ def _strip(value: Any) -> Any:
     return value
 
 
-def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 class RealtimeProtocol:
     def __init__(
         self,
@@ -208,8 +193,7 @@ class RealtimeProtocol:
         self._speech_item: str | None = None
         self._speech_start = 0  # bytes
         self._idle_deadline: float | None = None
-        self._items: collections.OrderedDict[str, _Item] = collections.OrderedDict()
-        self._conversation_audio = 0
+        self.conversation = Conversation(options.max_conversation_audio_bytes)
         self.active: _Response | None = None
         self._responses = 0
         self._sync_vad()
@@ -315,71 +299,13 @@ class RealtimeProtocol:
         handler(event, now)
 
     def _on_session_update(self, event: wire.SessionUpdateEvent, now: float) -> None:
-        eid = event.event_id
-        update = event.session
-        current = self.session.model_dump(exclude={"capabilities", "resume_token"})
         try:
-            merged = wire.RealtimeSession.model_validate(
-                _deep_merge(current, {k: v for k, v in update.items() if k != "object"})
-            )
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            param = "session." + ".".join(str(p) for p in err["loc"])
-            self._error(f"{param}: {err['msg']}", param=param, event_id=eid)
+            self.session = apply_update(self.session, event.session, self.options.model)
+        except SessionConfigError as exc:
+            self._error(exc.message, code=exc.code, param=exc.param, event_id=event.event_id)
             return
-        problem = self._unsupported(update, merged)
-        if problem is not None:
-            param, message = problem
-            self._error(message, code="unsupported_value", param=param, event_id=eid)
-            return
-        merged.capabilities = self.session.capabilities
-        merged.resume_token = self.session.resume_token
-        self.session = merged
         self._sync_vad()
         self._emit(wire.SessionUpdatedEvent(session=self.session))
-
-    def _unsupported(
-        self, update: dict[str, Any], merged: wire.RealtimeSession
-    ) -> tuple[str, str] | None:
-        if update.get("type", "realtime") != "realtime":
-            return "session.type", "only 'realtime' sessions are served here"
-        if "model" in update and update["model"] != self.options.model:
-            return "session.model", "the model is fixed when the session is created"
-        if merged.output_modalities != ["audio"]:
-            return (
-                "session.output_modalities",
-                "this model answers with audio (and its transcript): use ['audio']",
-            )
-        for side in ("input", "output"):
-            fmt = getattr(merged.audio, side).format
-            if fmt.type != "audio/pcm":
-                return (
-                    f"session.audio.{side}.format.type",
-                    f"{fmt.type!r} is not supported; use 'audio/pcm' (PCM16, 24 kHz, mono)",
-                )
-            if fmt.rate not in (None, wire.SAMPLE_RATE):
-                return f"session.audio.{side}.format.rate", "only 24000 Hz is supported"
-        td = merged.audio.input.turn_detection
-        if td is not None and td.type != "server_vad":
-            return (
-                "session.audio.input.turn_detection.type",
-                f"{td.type!r} is not supported; use 'server_vad' or null",
-            )
-        if merged.audio.output.voice not in wire.VOICES:
-            return (
-                "session.audio.output.voice",
-                f"unknown voice {merged.audio.output.voice!r}; one of {', '.join(wire.VOICES)}",
-            )
-        if merged.audio.input.transcription:
-            return (
-                "session.audio.input.transcription",
-                "input transcription is not available on this model",
-            )
-        if merged.audio.input.noise_reduction:
-            return "session.audio.input.noise_reduction", "noise reduction is not available"
-        if merged.tools:
-            return "session.tools", "this model does not call tools (MCP or functions)"
-        return None
 
     def _sync_vad(self) -> None:
         td = self.session.audio.input.turn_detection
@@ -485,7 +411,7 @@ class RealtimeProtocol:
         self._commit_audio(pcm, item_id)
 
     def _commit_audio(self, pcm: bytes, item_id: str) -> None:
-        previous = next(reversed(self._items), None)
+        previous = self.conversation.last_id()
         item = wire.ConversationItem(
             id=item_id,
             type="message",
@@ -494,7 +420,7 @@ class RealtimeProtocol:
             content=[wire.ContentPart(type="input_audio", transcript=None)],
         )
         self._emit(wire.InputAudioBufferCommittedEvent(previous_item_id=previous, item_id=item_id))
-        self._add_item(_Item(item, {0: bytearray(pcm)}), previous)
+        self._add_item(Entry(item, {0: bytearray(pcm)}), previous)
 
     def _on_input_audio_buffer_clear(
         self, event: wire.InputAudioBufferClearEvent, now: float
@@ -506,44 +432,12 @@ class RealtimeProtocol:
 
     # ------------------------------------------------------------------ conversation
 
-    def _add_item(self, entry: _Item, previous: str | None) -> None:
-        """Insert after ``previous`` (None: first, as OpenAI's ``root``)."""
-        item_id = entry.item.id
-        assert item_id is not None
-        self._items[item_id] = entry
-        if previous is None:
-            self._items.move_to_end(item_id, last=False)
-        elif list(self._items)[-2] != previous:
-            self._place_after(item_id, previous)
-        self._conversation_audio += sum(len(a) for a in entry.audio.values())
-        self._trim_conversation_audio()
-        shown = self._public(entry)
+    def _add_item(self, entry: Entry, previous: str | None) -> None:
+        self.conversation.add(entry, previous)
+        shown = Conversation.public(entry)
         self._emit(wire.ItemAddedEvent(previous_item_id=previous, item=shown))
         if entry.item.status != "in_progress":
             self._emit(wire.ItemDoneEvent(previous_item_id=previous, item=shown))
-
-    def _place_after(self, item_id: str, previous: str) -> None:
-        keys = list(self._items)
-        keys.remove(item_id)
-        keys.insert(keys.index(previous) + 1, item_id)
-        for key in keys:
-            self._items.move_to_end(key)
-
-    def _trim_conversation_audio(self) -> None:
-        for entry in self._items.values():
-            if self._conversation_audio <= self.options.max_conversation_audio_bytes:
-                return
-            for audio in entry.audio.values():
-                self._conversation_audio -= len(audio)
-                audio.clear()
-
-    @staticmethod
-    def _public(entry: _Item, with_audio: bool = False) -> wire.ConversationItem:
-        item = entry.item.model_copy(deep=True)
-        if with_audio:
-            for index, audio in entry.audio.items():
-                item.content[index].audio = base64.b64encode(bytes(audio)).decode()
-        return item
 
     def _on_conversation_item_create(
         self, event: wire.ConversationItemCreateEvent, now: float
@@ -553,8 +447,8 @@ class RealtimeProtocol:
         if previous == "root":
             previous = None
         elif previous is None:
-            previous = next(reversed(self._items), None)
-        elif previous not in self._items:
+            previous = self.conversation.last_id()
+        elif previous not in self.conversation:
             self._error(
                 f"no item {previous!r} in the conversation",
                 code="item_not_found",
@@ -562,7 +456,7 @@ class RealtimeProtocol:
                 event_id=eid,
             )
             return
-        if item.id is not None and item.id in self._items:
+        if item.id is not None and item.id in self.conversation:
             self._error(
                 f"item {item.id!r} already exists",
                 code="item_id_conflict",
@@ -624,10 +518,10 @@ class RealtimeProtocol:
             return
         item.id = item.id or _new_id("item_")
         item.status = "completed"
-        self._add_item(_Item(item, audio), previous)
+        self._add_item(Entry(item, audio), previous)
 
-    def _find(self, item_id: str, event_id: str | None) -> _Item | None:
-        entry = self._items.get(item_id)
+    def _find(self, item_id: str, event_id: str | None) -> Entry | None:
+        entry = self.conversation.get(item_id)
         if entry is None:
             self._error(
                 f"no item {item_id!r} in the conversation",
@@ -642,7 +536,7 @@ class RealtimeProtocol:
     ) -> None:
         entry = self._find(event.item_id, event.event_id)
         if entry is not None:
-            self._emit(wire.ItemRetrievedEvent(item=self._public(entry, with_audio=True)))
+            self._emit(wire.ItemRetrievedEvent(item=Conversation.public(entry, with_audio=True)))
 
     def _on_conversation_item_delete(
         self, event: wire.ConversationItemDeleteEvent, now: float
@@ -650,8 +544,7 @@ class RealtimeProtocol:
         entry = self._find(event.item_id, event.event_id)
         if entry is None:
             return
-        self._conversation_audio -= sum(len(a) for a in entry.audio.values())
-        del self._items[event.item_id]
+        self.conversation.delete(event.item_id)
         self._emit(wire.ItemDeletedEvent(item_id=event.item_id))
 
     def _on_conversation_item_truncate(
@@ -679,13 +572,8 @@ class RealtimeProtocol:
             return
         self._truncate(entry, event.content_index, event.audio_end_ms)
 
-    def _truncate(self, entry: _Item, index: int, end_ms: int) -> None:
-        audio = entry.audio[index]
-        cut = end_ms * BYTES_PER_MS
-        self._conversation_audio -= max(len(audio) - cut, 0)
-        del audio[cut:]
-        # The transcript of unheard audio must not stay in the context.
-        entry.item.content[index].transcript = None
+    def _truncate(self, entry: Entry, index: int, end_ms: int) -> None:
+        self.conversation.truncate(entry, index, end_ms * BYTES_PER_MS)
         if self.active is not None and self.active.item_id == entry.item.id:
             self.active.muted = True
         assert entry.item.id is not None
@@ -738,15 +626,6 @@ class RealtimeProtocol:
             return
         self._start_response(overrides, now)
 
-    def _turn(self) -> tuple[bytes, str | None]:
-        """The latest user message: its audio and its text."""
-        for entry in reversed(self._items.values()):
-            if entry.item.role == "user":
-                pcm = b"".join(bytes(a) for _, a in sorted(entry.audio.items()))
-                texts = [p.text for p in entry.item.content if p.text]
-                return pcm, " ".join(texts) if texts else None
-        return b"", None
-
     def _start_response(self, overrides: wire.ResponseOverrides | None, now: float) -> None:
         overrides = overrides or wire.ResponseOverrides()
         in_conversation = overrides.conversation != "none"
@@ -778,18 +657,18 @@ class RealtimeProtocol:
         )
         self._emit(wire.OutputItemAddedEvent(response_id=response.id, output_index=0, item=item))
         if in_conversation:
-            previous = next(reversed(self._items), None)
+            previous = self.conversation.last_id()
             stored = item.model_copy(deep=True)
             stored.content = [wire.ContentPart(type="output_audio", transcript="")]
-            entry = _Item(stored, {0: bytearray()})
-            self._items[response.item_id] = entry
+            entry = Entry(stored, {0: bytearray()})
+            self.conversation.add(entry, previous)
             self._emit(wire.ItemAddedEvent(previous_item_id=previous, item=item))
         self._emit(
             wire.ContentPartAddedEvent(
                 **self._ref(response), part=wire.ContentPart(type="audio", transcript="")
             )
         )
-        pcm, text = self._turn()
+        pcm, text = self.conversation.latest_user_turn()
         self._cmds.append(
             Respond(
                 response_id=response.id,
@@ -914,10 +793,7 @@ class RealtimeProtocol:
         ref = self._ref(active)
         if pcm16:
             active.audio_bytes += len(pcm16)
-            entry = self._items.get(active.item_id)
-            if entry is not None:
-                entry.audio[0] += pcm16
-                self._conversation_audio += len(pcm16)
+            self.conversation.append_audio(active.item_id, 0, pcm16)
             self._emit(
                 wire.AudioDeltaEvent(
                     **ref, delta=base64.b64encode(pcm16).decode(), produced_at=produced_at
@@ -957,7 +833,7 @@ class RealtimeProtocol:
                 ),
             )
         ref = self._ref(active)
-        entry = self._items.get(active.item_id)
+        entry = self.conversation.get(active.item_id)
         heard = active.transcript
         if entry is not None and entry.item.content and entry.item.content[0].transcript is None:
             heard = ""  # truncated: the unheard transcript is gone

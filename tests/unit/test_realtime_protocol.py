@@ -495,7 +495,7 @@ def test_items_create_retrieve_delete_and_order() -> None:
             },
         }
     )
-    assert list(c.p._items) == ["item_b", "item_a"]
+    assert c.p.conversation.ids() == ["item_b", "item_a"]
     got = c.send({"type": "conversation.item.retrieve", "item_id": "item_b"})
     assert got[0]["type"] == "conversation.item.retrieved"
     assert got[0]["item"]["content"][0]["audio"] == audio
@@ -520,7 +520,7 @@ def test_items_create_retrieve_delete_and_order() -> None:
         },
     ):
         assert c.send(bad)[0]["type"] == "error", bad
-    assert list(c.p._items) == ["item_a"]
+    assert c.p.conversation.ids() == ["item_a"]
 
 
 def test_truncate_drops_unheard_audio_and_transcript() -> None:

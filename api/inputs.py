@@ -47,6 +47,37 @@ def decode_data_url(url: str, param: str) -> bytes:
     raise InvalidRequest(f"{param} must be a base64 data URL", param=param)
 
 
+def fetch_image_url(url: str, limits: LimitSettings, param: str, timeout_s: float = 10.0) -> bytes:
+    """The bytes behind a ``data:`` or http(s) URL, at most ``limits.max_upload_bytes``."""
+    if url.startswith("data:"):
+        return decode_data_url(url, param)
+    if not url.startswith(("http://", "https://")):
+        raise InvalidRequest(f"{param} must be an http(s) or data: URL", param=param)
+    import httpx
+
+    data = bytearray()
+    try:
+        with (
+            httpx.Client(timeout=timeout_s, follow_redirects=True) as client,
+            client.stream("GET", url) as response,
+        ):
+            if response.status_code != 200:
+                raise InvalidRequest(
+                    f"{param}: fetching it answered HTTP {response.status_code}", param=param
+                )
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > limits.max_upload_bytes:
+                    raise PayloadTooLarge(
+                        f"{param} is larger than {limits.max_upload_bytes} bytes", param=param
+                    )
+    except httpx.HTTPError as exc:
+        raise InvalidRequest(
+            f"{param} could not be fetched ({type(exc).__name__})", param=param
+        ) from exc
+    return bytes(data)
+
+
 def reference_frame_png(
     data: bytes, width: int, height: int, limits: LimitSettings, param: str
 ) -> bytes:

@@ -323,7 +323,8 @@ class VideoSessionProtocol:
         if self.state is State.AWAITING_START:
             raise ProtocolError("failed() before session.start")
         close = CLOSE_TRY_AGAIN if code == Code.RESOURCE_EXHAUSTED else CLOSE_INTERNAL
-        self._fatal(code, message, CLOSE_POLICY if code == Code.INVALID_REQUEST else close)
+        policy = code in (Code.INVALID_REQUEST, Code.INVALID_IMAGE_REFERENCE)
+        self._fatal(code, message, CLOSE_POLICY if policy else close)
 
     def check_timeouts(self, now: float) -> None:
         """Apply the start and stall timeouts at ``now``."""

@@ -93,6 +93,20 @@ class SessionRunner:
         except ValueError as exc:
             log.warning("interaction %s ignored: %s", event.get("event_id"), exc)
 
+    def _reference_image(self, inbox: str) -> Any:
+        """The first frame the API put on the session's ``in`` stream (a PNG already
+        fitted to the session size), as uint8 H×W×3, or None."""
+        for entry in self.bus.read(inbox, "0-0", count=10):
+            if entry.type == "reference_image" and entry.data:
+                import io
+
+                import numpy as np
+                from PIL import Image
+
+                with Image.open(io.BytesIO(entry.data)) as image:
+                    return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
+        return None
+
     def _roll_out(
         self, session_id: str, config: dict[str, Any], out: str, inbox: str, tmp: Path
     ) -> str:
@@ -111,6 +125,7 @@ class SessionRunner:
         )
         if extra.get("flow_shift"):
             world.flow_shift = float(extra["flow_shift"])
+        world.reference_image = self._reference_image(inbox)
         state = pipe.start(world)
         total = pipe.num_chunks(state)
         writer = FragmentedMP4Writer(world.width, world.height, world.fps)

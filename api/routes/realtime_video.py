@@ -19,7 +19,10 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import websocket_owner
+from api.inputs import fetch_image_url, reference_frame_png
 from api.state import AppState
+from models.errors import OmniqueueError
+from models.realtime_video import VideoErrorCode
 from realtime.video_protocol import (
     InteractionRequested,
     StartRequested,
@@ -105,6 +108,18 @@ class _Session:
             "extra_params": extra,
         }
         rt = self.state.settings.realtime
+        if start.image_reference is not None:
+            # The first frame, decoded and fitted here so the worker gets exactly its size.
+            limits, url = self.state.settings.limits, start.image_reference.image_url
+            try:
+                raw = await run_in_threadpool(fetch_image_url, url, limits, "image_reference")
+                png = await run_in_threadpool(
+                    reference_frame_png, raw, cfg.width, cfg.height, limits, "image_reference"
+                )
+            except OmniqueueError as exc:
+                self.protocol.failed(VideoErrorCode.INVALID_IMAGE_REFERENCE, str(exc))
+                return
+            await self.state.abus.publish(self.inbox, {"type": "reference_image"}, png)
         await self.command({"type": "keepalive"})  # creates the in stream with its TTL
         await run_in_threadpool(
             self.state.queue.start_session,

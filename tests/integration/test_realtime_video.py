@@ -109,6 +109,51 @@ def test_full_session_streams_a_playable_fmp4(rstack: Stack) -> None:
     assert len(frames) == 33 and (frames[0].width, frames[0].height) == (64, 64)
 
 
+def _png_data_url(color: tuple[int, int, int]) -> str:
+    import base64
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (96, 48), color).save(out, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def test_image_reference_is_the_first_frame(rstack: Stack) -> None:
+    color = (200, 40, 30)
+    with _ws(rstack) as ws:
+        ws.send(
+            json.dumps(
+                {**START, "num_frames": 9, "image_reference": {"image_url": _png_data_url(color)}}
+            )
+        )
+        assert _json(ws)["type"] == "video.start"
+        blobs = []
+        while True:
+            meta = _json(ws)
+            if meta["type"] == "session.done":
+                break
+            blobs.append(ws.recv(timeout=30))
+    with av.open(io.BytesIO(b"".join(blobs))) as container:
+        first = next(container.decode(video=0)).to_ndarray(format="rgb24")
+    mean = first.reshape(-1, 3).mean(axis=0)
+    assert all(abs(m - c) < 25 for m, c in zip(mean, color, strict=True)), mean
+
+
+def test_a_broken_image_reference_is_refused(rstack: Stack) -> None:
+    with _ws(rstack) as ws:
+        ws.send(
+            json.dumps(
+                {**START, "image_reference": {"image_url": "data:image/png;base64,aGVsbG8="}}
+            )
+        )
+        error = _until(ws, "error")
+        assert error["code"] == "invalid_image_reference"
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
 def test_interaction_ping_and_conflicts(rstack: Stack) -> None:
     with _ws(rstack) as ws:
         ws.send(json.dumps({**START, "num_frames": 93}))  # 8 chunks

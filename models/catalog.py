@@ -35,6 +35,8 @@ class ModelSpec(BaseModel):
     default_fps: int = 24
     max_fps: int = 60
     default_seconds: float = 4.0
+    # Longest clip of an audio model (None: only the server's limits.max_seconds).
+    max_seconds: float | None = None
     min_steps: int = 1
     max_steps: int = 200
     default_steps: int = 30
@@ -110,9 +112,28 @@ REFERENCE_WORLD = ModelSpec(
     extra_ranges={"flow_shift": (0.1, 20.0)},
 )
 
+REFERENCE_AUDIO = ModelSpec(
+    name="reference/audio",
+    modality="audio",
+    description=(
+        "Procedural reference audio model: a flow-matching Euler sampler carries Gaussian "
+        "noise toward music and textures composed from the prompt's words. CPU, no weights, "
+        "deterministic per seed."
+    ),
+    default_seconds=5.0,
+    max_seconds=60.0,
+    default_steps=20,
+    max_steps=200,
+    has_audio=True,
+    parameters=["guidance_scale", "negative_prompt", "speed", "voice", "instructions"],
+    extra_params={"bpm": "float"},
+    extra_ranges={"bpm": (30.0, 300.0)},
+)
+
 BUILTIN_SPECS: dict[str, ModelSpec] = {
     REFERENCE_VIDEO.name: REFERENCE_VIDEO,
     REFERENCE_WORLD.name: REFERENCE_WORLD,
+    REFERENCE_AUDIO.name: REFERENCE_AUDIO,
 }
 
 
@@ -220,6 +241,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         modality="audio",
         default_steps=100,
         default_seconds=10.0,
+        max_seconds=47.55,
         parameters=["guidance_scale", "negative_prompt"],
         # Window of the generated clip in seconds; the adapter's default end is
         # num_frames / fps. 47.55 s is stable-audio-open-1.0's maximum.
@@ -248,7 +270,7 @@ BUILTIN_MODELS: dict[str, ServedModel] = {
     spec.name: ServedModel(
         name=spec.name, adapter=spec.name.replace("/", "."), dtype="float32", spec=spec
     )
-    for spec in (REFERENCE_VIDEO, REFERENCE_WORLD)
+    for spec in (REFERENCE_VIDEO, REFERENCE_WORLD, REFERENCE_AUDIO)
 }
 
 

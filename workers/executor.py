@@ -5,6 +5,10 @@ job row is no longer ``in_progress`` and ours), enforce the deadline and record 
 Cleanup lives here, not in the adapters: on every way out the temp directory is removed,
 per-request tensors are dropped, and unless the job completed every object under the
 job's S3 prefix is deleted (multipart uploads are aborted by the store itself).
+
+Video jobs become an MP4 and a thumbnail (``workers/media.py``); audio jobs (kind
+``audio``) one file in the requested format (``workers/audio_media.py``), and, when the
+job asked for it, their PCM16 samples as ``chunk`` events right after decoding.
 """
 
 from __future__ import annotations
@@ -27,13 +31,22 @@ import torch
 from PIL import Image
 
 from models.db import Artifact, ErrorCode, Job, JobStatus
-from models.events import DoneEvent, PreviewEvent, ProgressEvent, StatusEvent
+from models.events import ChunkEvent, DoneEvent, PreviewEvent, ProgressEvent, StatusEvent
 from models.videos import VideoError
 from storage.artifacts import ArtifactStore, StorageError, UploadAborted
 from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
 from storage.jobs import JobStore
 from storage.settings import Settings
+from workers.audio_media import (
+    EXTENSIONS,
+    MEDIA_TYPES,
+    AudioOut,
+    encode_audio,
+    output_rate,
+    pcm16,
+    prepare_audio,
+)
 from workers.failpoints import Failpoints
 from workers.media import encode_mp4, encode_thumbnail
 from workers.pipelines.base import GenerationRequest, Media, Pipeline
@@ -201,14 +214,17 @@ class StepExecutor:
 
         self._enter(run, "encode")
         self._failpoint(run, "encode")
-        video_path, thumb_path = tmp / "video.mp4", tmp / "thumbnail.jpg"
-        encode_mp4(media, video_path)
-        encode_thumbnail(_thumbnail_frame(media), thumb_path)
+        extra_values: dict[str, Any] = {}
+        if job.kind == "audio":
+            files, output = self._encode_audio(run, media, tmp)
+            extra_values["params"] = {**job.params, "output": output}
+        else:
+            files = self._encode_video(media, tmp)
         del media
 
         self._enter(run, "upload")
         self._failpoint(run, "upload")
-        artifacts = self._upload(run, video_path, thumb_path)
+        artifacts = self._upload(run, files)
         run.end_stage()
         self._failpoint(run, "complete")
 
@@ -217,6 +233,7 @@ class StepExecutor:
             job.id,
             self.worker_id,
             artifacts,
+            **extra_values,
             progress=100,
             step=job.num_inference_steps,
             stage="done",
@@ -252,15 +269,53 @@ class StepExecutor:
             extra=dict(params.get("extra") or {}),
         )
 
-    def _upload(self, run: _Run, video: Path, thumb: Path) -> list[Artifact]:
+    @staticmethod
+    def _encode_video(media: Media, tmp: Path) -> list[tuple[str, Path, str]]:
+        video_path, thumb_path = tmp / "video.mp4", tmp / "thumbnail.jpg"
+        encode_mp4(media, video_path)
+        encode_thumbnail(_thumbnail_frame(media), thumb_path)
+        return [("video", video_path, "video/mp4"), ("thumbnail", thumb_path, "image/jpeg")]
+
+    def _encode_audio(
+        self, run: _Run, media: Media, tmp: Path
+    ) -> tuple[list[tuple[str, Path, str]], dict[str, Any]]:
+        """Convert to the artifact's rate and channels, stream it as PCM16 chunks when the
+        job asked for it (before the encode, so listeners need not wait for it), encode."""
+        params = run.job.params
+        fmt = str(params.get("response_format") or "wav")
+        if media.audio is None or not media.sample_rate:
+            raise RuntimeError(f"model {run.job.model} made no audio")
+        rate = output_rate(fmt, media.sample_rate, params.get("sample_rate"))
+        audio = prepare_audio(
+            media.audio, media.sample_rate, rate=rate, channels=params.get("channels")
+        )
+        if params.get("stream_pcm"):
+            self._stream_pcm(run, audio)
+        path = tmp / f"audio.{EXTENSIONS[fmt]}"
+        encode_audio(audio, fmt, path)
+        output = {
+            "sample_rate": audio.sample_rate,
+            "channels": audio.channels,
+            "num_samples": audio.num_samples,
+        }
+        return [("audio", path, MEDIA_TYPES[fmt])], output
+
+    def _stream_pcm(self, run: _Run, audio: AudioOut) -> None:
+        """Publish the clip as ``chunk`` events of raw PCM16 (about 100 ms each)."""
+        size = max(1, audio.sample_rate // 10)
+        for seq, start in enumerate(range(0, audio.num_samples, size)):
+            data = pcm16(audio, start, start + size)
+            frames = min(size, audio.num_samples - start)
+            event = ChunkEvent(seq=seq, byte_length=len(data), num_frames=frames)
+            self._publish(run.job, event, data)
+        self._check(run)
+
+    def _upload(self, run: _Run, files: list[tuple[str, Path, str]]) -> list[Artifact]:
         job = run.job
         prefix = job_prefix(job.kind, job.id) + "output/"
         bucket = self.artifacts.bucket
         out = []
-        for variant, path, ctype in (
-            ("video", video, "video/mp4"),
-            ("thumbnail", thumb, "image/jpeg"),
-        ):
+        for variant, path, ctype in files:
             key = prefix + path.name
             size = self.artifacts.upload_file(
                 key, path, ctype, should_continue=lambda: self._next_part(run)
@@ -357,13 +412,13 @@ class StepExecutor:
         )
         self._publish(run.job, event)
 
-    def _publish(self, job: Job, event: Any) -> None:
+    def _publish(self, job: Job, event: Any, data: bytes | None = None) -> None:
         """Events are best effort: a bus failure never fails the job (the row is the
         truth, and pollers still see it)."""
         if self.bus is None:
             return
         try:
-            self.bus.publish(job_events_key(job.id), event)
+            self.bus.publish(job_events_key(job.id), event, data)
         except Exception:
             log.warning("could not publish %s of %s", event.type, job.id, exc_info=True)
 

@@ -1,0 +1,177 @@
+"""Wire schemas of the audio endpoints.
+
+* ``/v1/audio/generations``: async audio jobs, the video job lifecycle with object
+  ``"audio"`` (omniqueue's own shape, field names following ``/v1/videos``).
+* ``/v1/audio/speech``: the OpenAI text-to-speech request (``model, input, voice,
+  instructions, response_format, speed, stream_format``), plus vLLM-Omni's ``stream``,
+  ``sample_rate`` and ``seed`` extensions.
+* ``/v1/audio/generate``: vLLM-Omni's synchronous diffusion audio request
+  (``OpenAICreateAudioGenerateRequest``: ``input, model, response_format, speed,
+  stream_format, audio_length, audio_start, negative_prompt, guidance_scale,
+  num_inference_steps, seed``), plus ``sample_rate``, ``extra_params`` and ``timeout``.
+
+Values are checked against the served model by ``api/audio_validation.py``, so range and
+choice errors name their parameter in the OpenAI error body; the types here only parse.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from models.videos import StageDurations, VideoError, VideoStatus
+
+AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
+AUDIO_FORMATS: tuple[str, ...] = ("wav", "mp3", "flac", "opus", "aac", "pcm")
+# Content-Type of each format's bytes (Opus is in Ogg, AAC in ADTS, PCM is raw s16le).
+MEDIA_TYPES = {
+    "wav": "audio/wav",
+    "mp3": "audio/mpeg",
+    "flac": "audio/flac",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "pcm": "audio/pcm",
+}
+EXTENSIONS = {fmt: fmt for fmt in AUDIO_FORMATS}  # opus: Ogg Opus files end in .opus
+# Sample rates each codec takes (None: any).
+MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+AAC_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200,
+             96000)  # fmt: skip
+SAMPLE_RATES: dict[str, tuple[int, ...] | None] = {
+    "wav": None,
+    "pcm": None,
+    "flac": None,
+    "mp3": MP3_RATES,
+    "opus": OPUS_RATES,
+    "aac": AAC_RATES,
+}
+# What a request may ask for; the model's own rate may be anything (it is converted).
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192_000
+
+
+class AudioCreate(BaseModel):
+    """A ``POST /v1/audio/generations`` body (JSON, or multipart with string values)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str
+    model: str | None = None
+    # Clip length in seconds (default: the model's).
+    seconds: float | None = None
+    num_inference_steps: int | None = None
+    seed: int | None = None
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    response_format: str = "wav"
+    # Artifact sample rate (default: the model's, or the nearest one the format takes).
+    sample_rate: int | None = None
+    # 1 (mono) or 2 (stereo); default: what the model makes.
+    channels: int | None = None
+    extra_params: dict[str, Any] = Field(default_factory=dict)
+    timeout: float | None = None
+
+
+class SpeechCreate(BaseModel):
+    """``POST /v1/audio/speech``: OpenAI's text-to-speech request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    input: str
+    # A voice name, or OpenAI's custom voice object ``{"id": "voice_…"}``.
+    voice: str | dict[str, Any] | None = None
+    instructions: str | None = None
+    response_format: str = "mp3"
+    speed: float = 1.0
+    stream_format: Literal["sse", "audio"] | None = None
+    # vLLM-Omni extensions
+    stream: bool = False
+    sample_rate: int | None = None
+    seed: int | None = None
+    num_inference_steps: int | None = None
+
+
+class AudioGenerate(BaseModel):
+    """``POST /v1/audio/generate``: vLLM-Omni's synchronous diffusion audio request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: str
+    model: str | None = None
+    response_format: str = "wav"
+    speed: float | None = 1.0
+    stream_format: str | None = "audio"
+    audio_length: float | None = None
+    audio_start: float | None = 0.0
+    negative_prompt: str | None = None
+    guidance_scale: float | None = None
+    num_inference_steps: int | None = None
+    seed: int | None = None
+    # omniqueue extensions
+    sample_rate: int | None = None
+    extra_params: dict[str, Any] = Field(default_factory=dict)
+    timeout: float | None = None
+
+
+class AudioObject(BaseModel):
+    id: str
+    object: Literal["audio"] = "audio"
+    model: str
+    status: VideoStatus
+    progress: int = 0
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = None
+    prompt: str
+    seconds: str
+    error: VideoError | None = None
+    queue_position: int | None = None
+    started_at: int | None = None
+    seed: int
+    num_inference_steps: int
+    step: int = 0
+    stage: str = "queue"
+    response_format: AudioFormat = "wav"
+    media_type: str = "audio/wav"
+    # Of the artifact; the requested values until the job has completed (None: the
+    # model's own, known once it has).
+    sample_rate: int | None = None
+    channels: int | None = None
+    inference_time_s: float | None = None
+    stage_durations: StageDurations = Field(default_factory=StageDurations)
+    peak_memory_mb: float | None = None
+    attempt: int = 0
+
+
+class AudioPage(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[AudioObject]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class AudioDeleted(BaseModel):
+    id: str
+    object: Literal["audio.deleted"] = "audio.deleted"
+    deleted: bool = True
+
+
+class SpeechAudioDelta(BaseModel):
+    """OpenAI's ``stream_format="sse"`` event: base64 PCM16 of the next piece."""
+
+    type: Literal["speech.audio.delta"] = "speech.audio.delta"
+    audio: str
+
+
+class SpeechUsage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+
+class SpeechAudioDone(BaseModel):
+    type: Literal["speech.audio.done"] = "speech.audio.done"
+    usage: SpeechUsage = Field(default_factory=SpeechUsage)

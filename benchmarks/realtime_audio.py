@@ -1,0 +1,292 @@
+"""Realtime audio sessions (``WS /v1/realtime``): VAD, first-audio and barge-in latency of
+N concurrent voice conversations.
+
+    python benchmarks/realtime_audio.py --sessions 1,10,20,50
+
+Starts its own embedded stack (``python -m cli.main up`` on a free port, temporary data
+directory, ``OMNIQ_REALTIME__SLOTS`` = the largest N so every session gets a worker slot),
+then for each N runs N concurrent sessions of ``reference/voice`` with server VAD
+(defaults: threshold 0.5, 300 ms prefix padding, 500 ms silence). Each session plays a
+microphone: PCM16 of the espeak-ng fixtures (tests/fixtures/speech, true onsets and
+offsets in fixtures.json) in 100 ms appends, each sent when its 100 ms have "been
+recorded" (real-time pacing), silence between utterances:
+
+1. it speaks utterance A and waits for the answer's first audio delta;
+2. it speaks utterance B over the answer (barge-in), and keeps listening;
+3. it stays silent until the answer to B completes.
+
+Per N it reports (ms; p50/p95/p99/max over sessions):
+
+* ``vad_onset_ms``: ``speech_started`` received − the wall time the true onset was
+  "spoken" (utterance start + onset_ms). ``vad_offset_ms``: ``speech_stopped`` received −
+  the true offset's wall time; it includes the ``silence_duration_ms`` the detector must
+  wait by design (reported also without it).
+* ``first_audio_after_speech_stopped_ms``: ``speech_stopped`` received → first
+  ``response.output_audio.delta`` of the response it started.
+* ``barge_in_to_done_ms``: the interrupting speech's true onset → ``response.done``
+  (``cancelled``, ``turn_detected``) received; ``barge_in_to_last_delta_ms``: the same
+  onset → the last audio delta of the cancelled response received (≤ 0: no audio after
+  the onset at all); ``detection_to_done_ms``: ``speech_started`` received →
+  ``response.done`` (the "one model step + 20 ms" part).
+* ``rtf``: audio seconds of the completed answer ÷ wall seconds from its first to its
+  last delta (the worker paces answers to real time, so ≈ 1 with a lead buffer).
+* ``underruns``: playback simulation of the completed answer: playback starts at its
+  first delta; an underrun is a delta that arrives after the audio before it has played
+  out. Counted per session; ``sessions_with_underruns`` totals them.
+
+Checks per session: the first response ends ``cancelled`` / ``turn_detected``, the
+second ``completed``; a session that fails a check is reported in ``errors``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import wave
+from pathlib import Path
+from typing import Any
+
+import websockets
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from cli.embedded import free_port  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "speech"
+CHUNK_MS = 100
+BYTES_PER_MS = 48
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _summary(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {
+        "n": len(values),
+        "mean": round(statistics.fmean(values), 1),
+        "p50": round(_pct(values, 0.5), 1),
+        "p95": round(_pct(values, 0.95), 1),
+        "p99": round(_pct(values, 0.99), 1),
+        "max": round(max(values), 1),
+    }
+
+
+def _fixture(name: str) -> tuple[bytes, dict[str, Any]]:
+    meta = json.loads((FIXTURES / "fixtures.json").read_text())
+    truth = next(f for f in meta["fixtures"] if f["file"] == name)
+    with wave.open(str(FIXTURES / name)) as w:
+        return w.readframes(w.getnframes()), truth
+
+
+class Mic:
+    """Sends PCM as a microphone would: chunk k leaves at start + (k+1) × 100 ms."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    async def speak(self, pcm: bytes) -> float:
+        """Send ``pcm``; returns the wall time its first sample was "spoken"."""
+        start = time.monotonic()
+        step = CHUNK_MS * BYTES_PER_MS
+        for k, i in enumerate(range(0, len(pcm), step)):
+            delay = start + (k + 1) * CHUNK_MS / 1000 - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            event = {
+                "type": "input_audio_buffer.append",
+                "audio": base64.b64encode(pcm[i : i + step]).decode(),
+            }
+            await self.ws.send(json.dumps(event))
+        return start
+
+
+async def one_session(url: str, a: tuple[bytes, dict], b: tuple[bytes, dict]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with websockets.connect(url, max_size=32 * 1024 * 1024) as ws:
+        mic = Mic(ws)
+        events: list[tuple[float, dict[str, Any]]] = []
+        first_delta = asyncio.Event()
+
+        async def reader() -> None:
+            dones = 0
+            async for message in ws:
+                event = json.loads(message)
+                events.append((time.monotonic(), event))
+                if event["type"] == "response.output_audio.delta":
+                    first_delta.set()
+                if event["type"] == "error":
+                    out.setdefault("server_errors", []).append(event["error"])
+                if event["type"] == "response.done":
+                    dones += 1
+                    if dones == 2:
+                        return
+
+        task = asyncio.create_task(reader())
+        t_a = await mic.speak(a[0])
+        await asyncio.wait_for(first_delta.wait(), 30)
+        t_b = await mic.speak(b[0])
+        silence = b"\x00" * (CHUNK_MS * BYTES_PER_MS) * 30
+        speaker = asyncio.create_task(mic.speak(silence))
+        await asyncio.wait_for(task, 60)
+        speaker.cancel()
+    return _measure(events, (t_a, a[1]), (t_b, b[1]), out)
+
+
+def _measure(
+    events: list[tuple[float, dict[str, Any]]],
+    a: tuple[float, dict[str, Any]],
+    b: tuple[float, dict[str, Any]],
+    out: dict[str, Any],
+) -> dict[str, Any]:
+    def times(kind: str) -> list[tuple[float, dict[str, Any]]]:
+        return [(t, e) for t, e in events if e["type"] == kind]
+
+    started, stopped = (
+        times("input_audio_buffer.speech_started"),
+        times("input_audio_buffer.speech_stopped"),
+    )
+    dones = times("response.done")
+    if len(started) < 2 or len(stopped) < 2 or len(dones) < 2:
+        out["error"] = f"events: {len(started)} starts, {len(stopped)} stops, {len(dones)} done"
+        return out
+    (t_a, truth_a), (t_b, truth_b) = a, b
+    out["vad_onset_ms"] = [
+        (started[0][0] - (t_a + truth_a["onset_ms"] / 1000)) * 1000,
+        (started[1][0] - (t_b + truth_b["onset_ms"] / 1000)) * 1000,
+    ]
+    out["vad_offset_ms"] = [
+        (stopped[0][0] - (t_a + truth_a["offset_ms"] / 1000)) * 1000,
+        (stopped[1][0] - (t_b + truth_b["offset_ms"] / 1000)) * 1000,
+    ]
+    cancelled, completed = dones[0][1]["response"], dones[1][1]["response"]
+    if cancelled["status"] != "cancelled" or completed["status"] != "completed":
+        out["error"] = f"statuses {cancelled['status']} / {completed['status']}"
+        return out
+    deltas = times("response.output_audio.delta")
+    for stop_t, _ in stopped:
+        after = [t for t, e in deltas if t > stop_t]
+        if after:
+            out.setdefault("first_audio_ms", []).append((after[0] - stop_t) * 1000)
+    onset_b = t_b + truth_b["onset_ms"] / 1000
+    cancelled_deltas = [t for t, e in deltas if e["response_id"] == cancelled["id"]]
+    out["barge_in_to_done_ms"] = (dones[0][0] - onset_b) * 1000
+    out["barge_in_to_last_delta_ms"] = (max(cancelled_deltas) - onset_b) * 1000
+    out["detection_to_done_ms"] = (dones[0][0] - started[1][0]) * 1000
+    answer = [(t, e) for t, e in deltas if e["response_id"] == completed["id"]]
+    audio_s = [len(base64.b64decode(e["delta"])) / (BYTES_PER_MS * 1000) for _, e in answer]
+    wall = answer[-1][0] - answer[0][0]
+    out["rtf"] = sum(audio_s[:-1]) / wall if wall > 0 else None
+    underruns, play_end = 0, answer[0][0]
+    for i, ((t, _), dur) in enumerate(zip(answer, audio_s, strict=True)):
+        if i and t > play_end + 1e-3:
+            underruns += 1  # playback ran dry; it resumes when this delta arrives
+        play_end = max(play_end, t) + dur
+    out["underruns"] = underruns
+    return out
+
+
+async def run_n(url: str, n: int) -> list[dict[str, Any]]:
+    a, b = _fixture("hello.wav"), _fixture("stop.wav")
+    return list(await asyncio.gather(*(one_session(url, a, b) for _ in range(n))))
+
+
+def aggregate(n: int, sessions: list[dict[str, Any]], silence_ms: int) -> dict[str, Any]:
+    ok = [s for s in sessions if "error" not in s]
+
+    def flat(key: str) -> list[float]:
+        values: list[float] = []
+        for s in ok:
+            v = s.get(key)
+            values += v if isinstance(v, list) else [] if v is None else [v]
+        return values
+
+    return {
+        "sessions": n,
+        "completed_checks": len(ok),
+        "errors": [s.get("error") for s in sessions if "error" in s][:5],
+        "vad_onset_ms": _summary(flat("vad_onset_ms")),
+        "vad_offset_ms": _summary(flat("vad_offset_ms")),
+        "vad_offset_minus_silence_ms": _summary([v - silence_ms for v in flat("vad_offset_ms")]),
+        "first_audio_after_speech_stopped_ms": _summary(flat("first_audio_ms")),
+        "barge_in_to_done_ms": _summary(flat("barge_in_to_done_ms")),
+        "barge_in_to_last_delta_ms": _summary(flat("barge_in_to_last_delta_ms")),
+        "detection_to_done_ms": _summary(flat("detection_to_done_ms")),
+        "rtf": _summary(flat("rtf")),
+        "underruns": _summary(flat("underruns")),
+        "sessions_with_underruns": sum(1 for s in ok if s.get("underruns")),
+    }
+
+
+def _start_stack(slots: int, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "OMNIQ_REALTIME__SLOTS": str(slots)}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "up", "--port", str(port), "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=ROOT,
+    )
+    assert up.stdout is not None
+    line = up.stdout.readline().decode()
+    if "up: " not in line:
+        up.send_signal(signal.SIGINT)
+        up.wait(60)
+        raise SystemExit(f"omniqueue up did not start: {line!r}")
+    return up, line.split("up: ", 1)[1].split()[0]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sessions", default="1,10,20,50", help="comma-separated concurrency levels")
+    p.add_argument("--url", default=None, help="use a running server instead of starting one")
+    args = p.parse_args()
+    levels = [int(x) for x in args.sessions.split(",") if x]
+    data_dir = Path(tempfile.mkdtemp(prefix="oq-rta-bench-"))
+    up = None
+    if args.url:
+        url = args.url
+    else:
+        up, url = _start_stack(max(levels), data_dir)
+    ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=reference/voice"
+    report: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}",
+        "fixtures": ["hello.wav", "stop.wav (barge-in)"],
+        "slots": max(levels),
+        "results": [],
+    }
+    try:
+        asyncio.run(run_n(ws_url, 1))  # warm-up: loads the VAD and the voice pipeline
+        for n in levels:
+            print(f"running {n} session(s)…", file=sys.stderr, flush=True)
+            report["results"].append(aggregate(n, asyncio.run(run_n(ws_url, n)), 500))
+        print(json.dumps(report, indent=2))
+    finally:
+        if up is not None:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(60)
+            finally:
+                shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

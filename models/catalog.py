@@ -112,6 +112,19 @@ REFERENCE_WORLD = ModelSpec(
     extra_ranges={"flow_shift": (0.1, 20.0)},
 )
 
+REFERENCE_VOICE = ModelSpec(
+    name="reference/voice",
+    modality="audio",
+    description=(
+        "Weight-free reference voice responder for realtime audio sessions (WS /v1/realtime): "
+        "answers each user turn with speech-like audio (a source-filter vowel synthesizer) "
+        "whose length and pitch contour derive from that turn, plus a fixed acknowledgement "
+        "transcript. CPU, no weights, deterministic."
+    ),
+    streaming=True,
+    parameters=["voice", "speed", "instructions"],
+)
+
 REFERENCE_AUDIO = ModelSpec(
     name="reference/audio",
     modality="audio",
@@ -133,6 +146,7 @@ REFERENCE_AUDIO = ModelSpec(
 BUILTIN_SPECS: dict[str, ModelSpec] = {
     REFERENCE_VIDEO.name: REFERENCE_VIDEO,
     REFERENCE_WORLD.name: REFERENCE_WORLD,
+    REFERENCE_VOICE.name: REFERENCE_VOICE,
     REFERENCE_AUDIO.name: REFERENCE_AUDIO,
 }
 
@@ -270,7 +284,7 @@ BUILTIN_MODELS: dict[str, ServedModel] = {
     spec.name: ServedModel(
         name=spec.name, adapter=spec.name.replace("/", "."), dtype="float32", spec=spec
     )
-    for spec in (REFERENCE_VIDEO, REFERENCE_WORLD, REFERENCE_AUDIO)
+    for spec in (REFERENCE_VIDEO, REFERENCE_WORLD, REFERENCE_AUDIO, REFERENCE_VOICE)
 }
 
 

@@ -125,6 +125,9 @@ class RealtimeSettings(BaseModel):
     # Worker ↔ API keep-alives on the session streams, and when silence means "lost".
     keepalive_s: float = 1.0
     lost_after_s: float = 10.0
+    # Voice sessions: audio produced ahead of the wall clock since a response started;
+    # more lead rides out hiccups, less makes a cancel drop less already-sent audio.
+    audio_lead_ms: int = 300
     # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
     resume_grace_s: float = 30.0
 

@@ -23,6 +23,8 @@ def create_worker_app(settings: Settings, context: WorkerContext) -> Celery:
     @app.task(name=TASK_RUN_SESSION, ignore_result=True, acks_late=False)
     def run_session(session_id: str, config: dict[str, Any]) -> str:
         # A session is not redelivered: its client is gone by the time it could be.
+        if config.get("kind") == "voice":  # WS /v1/realtime; video sessions have no kind
+            return context.voice_sessions.run(session_id, config)
         return context.sessions.run(session_id, config)
 
     return app

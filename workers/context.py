@@ -22,6 +22,7 @@ from workers.persist import SessionPersister
 from workers.pipelines.registry import PipelineRegistry
 from workers.reconciler import Reconciler, start_reconciler_thread
 from workers.sessions import SessionRunner
+from workers.voice_sessions import VoiceSessionRunner
 
 
 def worker_models(settings: Settings, *, realtime: bool = False) -> dict[str, ServedModel]:
@@ -50,6 +51,7 @@ class WorkerContext:
     worker_id: str
     reconciler: Reconciler
     sessions: SessionRunner
+    voice_sessions: VoiceSessionRunner
     _stop_reconciler: threading.Event | None = None
 
     @classmethod
@@ -69,6 +71,7 @@ class WorkerContext:
         reconciler = Reconciler(settings, jobs, artifacts, JobQueue(make_celery(settings)), client)
         persist = SessionPersister(settings, jobs, artifacts)
         sessions = SessionRunner(settings, pipelines, bus, worker_id, persist)
+        voice_sessions = VoiceSessionRunner(settings, pipelines, bus, worker_id)
         return cls(
             settings,
             engine,
@@ -79,6 +82,7 @@ class WorkerContext:
             worker_id,
             reconciler,
             sessions,
+            voice_sessions,
         )
 
     def start_background(self) -> None:

@@ -345,7 +345,11 @@ def test_sync_returns_the_mp4(stack: Stack, client: httpx.Client) -> None:
 def test_models_health_ready(stack: Stack, client: httpx.Client) -> None:
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
-    assert [m["id"] for m in models["data"]] == ["reference/video", "reference/world"]
+    assert [m["id"] for m in models["data"]] == [
+        "reference/video",
+        "reference/world",
+        "reference/voice",
+    ]
     assert httpx.get(stack.url + "/health").json()["status"] == "ok"
     ready = httpx.get(stack.url + "/ready").json()
     assert ready == {"status": "ok", "checks": {"database": "ok", "redis": "ok", "s3": "ok"}}

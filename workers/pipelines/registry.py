@@ -13,6 +13,7 @@ from workers.pipelines.base import Pipeline
 ADAPTERS: dict[str, str] = {
     "reference.video": "workers.pipelines.reference_video:ReferenceVideoPipeline",
     "reference.world": "workers.pipelines.reference_world:ReferenceWorldPipeline",
+    "reference.voice": "workers.pipelines.reference_voice:ReferenceVoicePipeline",
     "reference.audio": "workers.pipelines.reference_audio:ReferenceAudioPipeline",
     "diffusers.wan": "workers.pipelines.diffusers.wan:WanAdapter",
     "diffusers.ltx": "workers.pipelines.diffusers.ltx:LTXAdapter",

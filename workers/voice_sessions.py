@@ -1,0 +1,258 @@
+"""Realtime voice sessions (``WS /v1/realtime``) on a worker: one thread per session slot.
+
+The API owns the client socket, the OpenAI Realtime protocol and the VAD; the worker owns
+the voice model and answers turns. They talk over the session's two Redis Streams:
+
+    in  (API → worker): keepalive; respond {response_id, turn} (+ the turn's PCM16 as data);
+                        cancel {response_id, reason}; stop
+    out (worker → API): accepted {worker_id}; keepalive; audio {response_id, produced_at,
+                        text} (+ one step of PCM16); response_finished {response_id,
+                        status, audio_ms, transcript}; failed {code, message}; finished
+
+One response runs at a time (a respond that arrives while one runs waits its turn). Between
+every two model steps the runner drains *all* pending commands first, so a cancel or stop
+is handled ahead of further audio (STYLE.md item 5): the cancelled response ends at once
+with ``response_finished`` ``cancelled``. Output is paced to real time: at most
+``realtime.audio_lead_ms`` of audio ahead of the wall clock since the response started,
+waiting in slices of at most 10 ms on the inbox itself (``XREAD BLOCK``), so a command
+that arrives during the wait is seen at once. With no response running the runner blocks
+on the inbox for 50 ms at a time. ``stop``, or no command nor keep-alive from the API for
+``realtime.lost_after_s``, ends the session with ``finished`` and frees the slot.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from storage.bus import BusEntry, EventBus
+from storage.constants import session_abandoned_key, session_in_key, session_out_key
+from storage.settings import Settings
+from workers.pipelines.registry import PipelineRegistry
+from workers.pipelines.voice import VoicePipeline, VoiceTurn
+
+log = logging.getLogger(__name__)
+
+IDLE_BLOCK_MS = 50
+PACE_SLICE_MS = 10
+DRAIN_COUNT = 100
+
+
+@dataclass
+class _Response:
+    id: str
+    turn: VoiceTurn
+    state: Any = None
+    started: float = 0.0  # monotonic time of its first step
+    samples: int = 0
+    transcript: list[str] = field(default_factory=list)
+
+
+class _Stop(Exception):
+    """The session ends: stop command or the API fell silent."""
+
+
+class VoiceSessionRunner:
+    def __init__(
+        self, settings: Settings, pipelines: PipelineRegistry, bus: EventBus, worker_id: str
+    ) -> None:
+        self.settings = settings
+        self.pipelines = pipelines
+        self.bus = bus
+        self.worker_id = worker_id
+
+    def run(self, session_id: str, config: dict[str, Any]) -> str:
+        if self.bus.redis.exists(session_abandoned_key(session_id)):
+            return "abandoned"  # the API gave up waiting for a slot
+        session = _VoiceSession(self, session_id)
+        self.bus.publish(session.out, {"type": "accepted", "worker_id": self.worker_id})
+        try:
+            outcome = session.serve(config)
+        except ValueError as exc:
+            session.fail_active()
+            self.bus.publish(
+                session.out,
+                {"type": "failed", "code": "invalid_request", "message": str(exc)[:300]},
+            )
+            outcome = "invalid_request"
+        except Exception:
+            log.exception("voice session %s failed", session_id)
+            session.fail_active()
+            self.bus.publish(
+                session.out,
+                {
+                    "type": "failed",
+                    "code": "internal_error",
+                    "message": "the voice session failed on the worker",
+                },
+            )
+            outcome = "internal_error"
+        log.info("voice session %s: %s", session_id, outcome)
+        return outcome
+
+
+class _VoiceSession:
+    """The state of one session while it runs on a slot."""
+
+    def __init__(self, runner: VoiceSessionRunner, session_id: str) -> None:
+        self.bus = runner.bus
+        self.settings = runner.settings
+        self.pipelines = runner.pipelines
+        self.out, self.inbox = session_out_key(session_id), session_in_key(session_id)
+        self.after = "0-0"
+        self.heard = time.monotonic()
+        self.beat = 0.0
+        self.stopping = False
+        self.active: _Response | None = None
+        self.queued: collections.deque[_Response] = collections.deque()
+        self.pipe: VoicePipeline | None = None
+
+    def serve(self, config: dict[str, Any]) -> str:
+        pipe: Any = self.pipelines.get(config["model"])
+        if not isinstance(pipe, VoicePipeline):
+            raise ValueError(f"model {config['model']!r} is not a voice model")
+        rate = int(config.get("sample_rate") or pipe.sample_rate)
+        if rate != pipe.sample_rate:
+            raise ValueError(f"sample_rate {rate} is not {pipe.sample_rate}")
+        self.pipe = pipe
+        lead_s = self.settings.realtime.audio_lead_ms / 1000
+        try:
+            while True:
+                wait_ms = self._wait_ms(lead_s)
+                self._drain(wait_ms)
+                self._tick()
+                if self.active is None and self.queued:
+                    self._begin(self.queued.popleft())
+                active = self.active
+                if active is not None and self._ahead_s(active, lead_s) <= 0:
+                    self._step(active)
+        except _Stop:
+            pass
+        if self.active is not None:
+            self._finish(self.active, "cancelled")
+        for queued in self.queued:
+            self._finish(queued, "cancelled")
+        self.queued.clear()
+        self.bus.publish(self.out, {"type": "finished"})
+        return "stopped"
+
+    # -- commands -------------------------------------------------------------------------
+
+    def _drain(self, block_ms: int | None) -> None:
+        """Read and handle every pending command (blocking up to ``block_ms`` for the first)."""
+        while True:
+            entries = self.bus.read(self.inbox, self.after, block_ms=block_ms, count=DRAIN_COUNT)
+            for entry in entries:
+                self.after, self.heard = entry.id, time.monotonic()
+                self._command(entry)
+            if self.stopping:
+                raise _Stop
+            if len(entries) < DRAIN_COUNT:
+                return
+            block_ms = None
+
+    def _command(self, entry: BusEntry) -> None:
+        event = entry.event
+        kind = entry.type
+        if kind == "stop":
+            self.stopping = True
+        elif kind == "respond":
+            turn = event.get("turn") or {}
+            self.queued.append(
+                _Response(
+                    id=str(event["response_id"]),
+                    turn=VoiceTurn(
+                        pcm16=entry.data or b"",
+                        text=turn.get("text"),
+                        voice=str(turn.get("voice") or "alloy"),
+                        speed=float(turn.get("speed") or 1.0),
+                        instructions=turn.get("instructions"),
+                    ),
+                )
+            )
+        elif kind == "cancel":
+            target = str(event.get("response_id"))
+            if self.active is not None and self.active.id == target:
+                self._finish(self.active, "cancelled")
+                self.active = None
+            else:
+                for queued in list(self.queued):
+                    if queued.id == target:
+                        self.queued.remove(queued)
+                        self._finish(queued, "cancelled")
+            # anything else: unknown or already finished, ignored
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self.heard > self.settings.realtime.lost_after_s:
+            raise _Stop
+        if now - self.beat >= self.settings.realtime.keepalive_s:
+            self.beat = now
+            self.bus.publish(self.out, {"type": "keepalive"})
+
+    # -- responses ------------------------------------------------------------------------
+
+    def _wait_ms(self, lead_s: float) -> int | None:
+        """How long the next inbox read may block: idle → 50 ms; ahead of the clock →
+        until due, at most 10 ms; a step is due → not at all."""
+        if self.active is None:
+            return None if self.queued else IDLE_BLOCK_MS
+        ahead = self._ahead_s(self.active, lead_s)
+        if ahead <= 0:
+            return None
+        return max(1, min(PACE_SLICE_MS, round(ahead * 1000)))
+
+    def _ahead_s(self, response: _Response, lead_s: float) -> float:
+        """Seconds until the next step is due (audio produced beyond wall clock + lead)."""
+        assert self.pipe is not None
+        produced = response.samples / self.pipe.sample_rate
+        return produced - (time.monotonic() - response.started) - lead_s
+
+    def _begin(self, response: _Response) -> None:
+        assert self.pipe is not None
+        self.active = response
+        response.state = self.pipe.start_response(response.turn)
+        response.started = time.monotonic()
+
+    def _step(self, response: _Response) -> None:
+        assert self.pipe is not None
+        chunk = self.pipe.step(response.state)
+        if chunk.pcm16:
+            response.samples += len(chunk.pcm16) // 2
+            if chunk.text:
+                response.transcript.append(chunk.text)
+            self.bus.publish(
+                self.out,
+                {
+                    "type": "audio",
+                    "response_id": response.id,
+                    "produced_at": time.time(),
+                    "text": chunk.text,
+                },
+                chunk.pcm16,
+            )
+        if self.pipe.done(response.state):
+            self._finish(response, "completed")
+            self.active = None
+
+    def _finish(self, response: _Response, status: str) -> None:
+        rate = self.pipe.sample_rate if self.pipe is not None else 24000
+        self.bus.publish(
+            self.out,
+            {
+                "type": "response_finished",
+                "response_id": response.id,
+                "status": status,
+                "audio_ms": response.samples * 1000 // rate,
+                "transcript": "".join(response.transcript),
+            },
+        )
+
+    def fail_active(self) -> None:
+        """A response in flight when the session failed ends as ``failed``."""
+        if self.active is not None:
+            active, self.active = self.active, None
+            self._finish(active, "failed")

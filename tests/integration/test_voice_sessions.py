@@ -1,0 +1,265 @@
+"""VoiceSessionRunner against a real Redis (db 15): the worker side of ``WS /v1/realtime``.
+
+The runner runs in a thread, exactly as on a realtime worker slot; the test plays the API
+by writing commands to ``oq:session:{id}:in`` and reading ``…:out``. Assertions are about
+order and state; the deadlines below only stop a broken runner from hanging the suite.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from models.catalog import BUILTIN_MODELS, ServedModel
+from storage.bus import BusEntry, EventBus
+from storage.constants import session_abandoned_key, session_in_key, session_out_key
+from storage.settings import RealtimeSettings, Settings
+from workers.pipelines.reference_voice import ReferenceVoicePipeline
+from workers.pipelines.registry import PipelineRegistry
+from workers.voice_sessions import VoiceSessionRunner
+
+pytestmark = pytest.mark.integration
+
+REDIS_URL = "redis://127.0.0.1:6379/15"
+HANG_GUARD_S = 30.0
+RATE = 24000
+
+
+class BrokenVoice(ReferenceVoicePipeline):
+    """reference/voice whose third step fails (``module:Class`` adapters get options)."""
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def step(self, state: Any) -> Any:
+        if state.pos >= 2 * self.step_samples:
+            raise RuntimeError("secret detail that must not reach the client")
+        return super().step(state)
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    r = redis.Redis.from_url(REDIS_URL)
+    r.flushdb()
+    try:
+        yield r
+    finally:
+        r.flushdb()
+        r.close()
+
+
+class Session:
+    """One session under test: the runner thread plus the API's ends of the streams."""
+
+    def __init__(self, client: redis.Redis, **realtime: Any) -> None:
+        settings = Settings(
+            realtime=RealtimeSettings(
+                **{"keepalive_s": 0.2, "lost_after_s": 5.0, "audio_lead_ms": 100, **realtime}
+            )
+        )
+        broken = ServedModel(
+            name="test/broken-voice",
+            adapter=f"{__name__}:BrokenVoice",
+            spec=BUILTIN_MODELS["reference/voice"].spec.model_copy(
+                update={"name": "test/broken-voice"}
+            ),
+        )
+        models = {"reference/voice": BUILTIN_MODELS["reference/voice"], broken.name: broken}
+        self.bus = EventBus(client, ttl_s=120)
+        self.runner = VoiceSessionRunner(
+            settings, PipelineRegistry(models, "cpu"), self.bus, "test-worker"
+        )
+        self.id = "sess_" + secrets.token_hex(6)
+        self.inbox, self.outbox = session_in_key(self.id), session_out_key(self.id)
+        self.after = "0-0"
+        self.outcome: str | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, model: str = "reference/voice", sample_rate: int = RATE) -> None:
+        self.send({"type": "keepalive"})  # the API creates the in stream first
+        config = {"kind": "voice", "model": model, "owner": "local", "sample_rate": sample_rate}
+
+        def run() -> None:
+            self.outcome = self.runner.run(self.id, config)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def send(self, event: dict[str, Any], data: bytes | None = None) -> str:
+        return self.bus.publish(self.inbox, event, data)
+
+    def respond(self, response_id: str, pcm: bytes = b"", text: str | None = None) -> str:
+        turn = {"text": text, "voice": "alloy", "speed": 1.0, "instructions": None}
+        return self.send({"type": "respond", "response_id": response_id, "turn": turn}, pcm or None)
+
+    def read_until(self, done: Any) -> list[BusEntry]:
+        """Outputs (keep-alives dropped) up to and including the first ``done(entry)``."""
+        got: list[BusEntry] = []
+        deadline = time.monotonic() + HANG_GUARD_S
+        while time.monotonic() < deadline:
+            for entry in self.bus.read(self.outbox, self.after, block_ms=200):
+                self.after = entry.id
+                if entry.type == "keepalive":
+                    continue
+                got.append(entry)
+                if done(entry):
+                    return got
+        raise AssertionError(f"no matching output; got {[e.event for e in got]}")
+
+    def join(self) -> str | None:
+        assert self.thread is not None
+        self.thread.join(HANG_GUARD_S)
+        assert not self.thread.is_alive()
+        return self.outcome
+
+
+def _finished(response_id: str):
+    return lambda e: e.type == "response_finished" and e.event["response_id"] == response_id
+
+
+def _audio(entries: list[BusEntry], response_id: str) -> list[BusEntry]:
+    return [e for e in entries if e.type == "audio" and e.event["response_id"] == response_id]
+
+
+def test_respond_streams_audio_then_completes(client: redis.Redis) -> None:
+    s = Session(client)
+    s.start()
+    turn = b"\x00\x00" * int(RATE * 1.4)
+    s.respond("resp_1", turn)
+    out = s.read_until(_finished("resp_1"))
+    assert out[0].event == {"type": "accepted", "worker_id": "test-worker"}
+    audio = _audio(out, "resp_1")
+    assert out[1:-1] == audio  # nothing else in between
+    step_bytes = RATE * 40 // 1000 * 2
+    assert all(len(e.data or b"") == step_bytes for e in audio)
+    assert all(isinstance(e.event["produced_at"], float) for e in audio)
+    done = out[-1].event
+    assert done["status"] == "completed"
+    total = sum(len(e.data or b"") for e in audio)
+    assert done["audio_ms"] == total // 2 * 1000 // RATE
+    # Same answer as the pipeline gives on its own (0.6 + 0.5 x 1.4 s = 1.3 s).
+    assert done["audio_ms"] == 1320
+    assert done["transcript"] == "I heard you speak for 1.4 seconds."
+    assert "".join(e.event["text"] or "" for e in audio) == done["transcript"]
+    # A second turn on the same session, text only.
+    s.respond("resp_2", text="one two three")
+    out = s.read_until(_finished("resp_2"))
+    assert out[-1].event["status"] == "completed"
+    assert out[-1].event["transcript"] == "You wrote 3 words."
+    s.send({"type": "stop"})
+    assert s.read_until(lambda e: e.type == "finished")[-1].event == {"type": "finished"}
+    assert s.join() == "stopped"
+
+
+def test_cancel_ends_the_response_within_one_step(client: redis.Redis) -> None:
+    s = Session(client, audio_lead_ms=300)
+    s.start()
+    s.respond("resp_long", b"\x00\x00" * RATE * 8)  # a 4.6 s answer
+    first = s.read_until(lambda e: e.type == "audio")
+    s.send({"type": "cancel", "response_id": "resp_unknown", "reason": "client_cancelled"})
+    cancel_id = s.send({"type": "cancel", "response_id": "resp_long", "reason": "turn_detected"})
+    out = first + s.read_until(_finished("resp_long"))
+    done = out[-1].event
+    assert done["status"] == "cancelled"
+    audio = _audio(out, "resp_long")
+    assert done["audio_ms"] == sum(len(e.data or b"") for e in audio) // 2 * 1000 // RATE
+    assert 0 < done["audio_ms"] < 4600
+    # Redis stamps both streams' ids from its own clock: at most the one step that was
+    # being computed when the cancel arrived was published after it.
+    cancel_ms = int(cancel_id.split("-")[0])
+    assert sum(int(e.id.split("-")[0]) > cancel_ms for e in audio) <= 1
+    assert done["transcript"] == "".join(e.event["text"] or "" for e in audio)
+    # The unknown id was ignored; a cancel after the end is ignored too; the session goes on.
+    assert not any(e.type == "response_finished" and e is not out[-1] for e in out)
+    s.send({"type": "cancel", "response_id": "resp_long", "reason": "client_cancelled"})
+    s.respond("resp_next")
+    nxt = s.read_until(_finished("resp_next"))
+    assert [e.type for e in nxt if e.type != "audio"] == ["response_finished"]
+    assert nxt[-1].event["status"] == "completed"
+    s.send({"type": "stop"})
+    s.read_until(lambda e: e.type == "finished")
+    assert s.join() == "stopped"
+
+
+def test_respond_while_busy_waits_its_turn_and_can_be_cancelled(client: redis.Redis) -> None:
+    s = Session(client)
+    s.start()
+    s.respond("resp_a")
+    s.respond("resp_b")
+    s.respond("resp_c")
+    s.send({"type": "cancel", "response_id": "resp_b", "reason": "client_cancelled"})
+    out = s.read_until(_finished("resp_c"))
+    finished = [
+        (e.event["response_id"], e.event["status"]) for e in out if e.type == "response_finished"
+    ]
+    assert finished == [("resp_b", "cancelled"), ("resp_a", "completed"), ("resp_c", "completed")]
+    assert _audio(out, "resp_b") == []
+    last_a = max(i for i, e in enumerate(out) if e.event.get("response_id") == "resp_a")
+    first_c = min(i for i, e in enumerate(out) if e.event.get("response_id") == "resp_c")
+    assert last_a < first_c  # one response at a time
+    s.send({"type": "stop"})
+    s.read_until(lambda e: e.type == "finished")
+    assert s.join() == "stopped"
+
+
+def test_stop_mid_response_cancels_it_and_finishes(client: redis.Redis) -> None:
+    s = Session(client)
+    s.start()
+    s.respond("resp_1", b"\x00\x00" * RATE * 8)
+    s.read_until(lambda e: e.type == "audio")
+    s.send({"type": "stop"})
+    out = s.read_until(lambda e: e.type == "finished")
+    assert [e.type for e in out if e.type != "audio"] == ["response_finished", "finished"]
+    assert out[-2].event["status"] == "cancelled"
+    assert s.join() == "stopped"
+
+
+def test_api_silence_ends_the_session(client: redis.Redis) -> None:
+    s = Session(client, lost_after_s=0.5, keepalive_s=0.1)
+    s.start()
+    got: list[BusEntry] = []
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not any(e.type == "finished" for e in got) and time.monotonic() < deadline:
+        got += s.bus.read(s.outbox, got[-1].id if got else "0-0", block_ms=200)
+    types = [e.type for e in got]
+    assert types[0] == "accepted"
+    assert "keepalive" in types  # the worker kept talking while the API was silent
+    assert types[-1] == "finished"
+    assert s.join() == "stopped"
+
+
+def test_abandoned_session_is_not_started(client: redis.Redis) -> None:
+    s = Session(client)
+    client.set(session_abandoned_key(s.id), "1", ex=60)
+    assert s.runner.run(s.id, {"kind": "voice", "model": "reference/voice"}) == "abandoned"
+    assert s.bus.read(s.outbox) == []
+
+
+def test_wrong_sample_rate_fails_the_session(client: redis.Redis) -> None:
+    s = Session(client)
+    s.start(sample_rate=16000)
+    out = s.read_until(lambda e: e.type == "failed")
+    assert out[-1].event["code"] == "invalid_request"
+    assert s.join() == "invalid_request"
+
+
+def test_model_failure_fails_the_response_and_the_session(client: redis.Redis) -> None:
+    s = Session(client)
+    s.start(model="test/broken-voice")
+    s.respond("resp_1", b"\x00\x00" * RATE)
+    out = s.read_until(lambda e: e.type == "failed")
+    assert [e.type for e in out] == ["accepted", "audio", "audio", "response_finished", "failed"]
+    assert out[-2].event["status"] == "failed"
+    assert out[-2].event["audio_ms"] == 80
+    assert out[-1].event == {
+        "type": "failed",
+        "code": "internal_error",
+        "message": "the voice session failed on the worker",
+    }
+    assert s.join() == "internal_error"

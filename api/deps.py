@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request, WebSocket
 from starlette.concurrency import run_in_threadpool
 
+from api.audio_service import AudioService
 from api.state import AppState
 from api.videos_service import VideoService
 from models.errors import AuthenticationError
@@ -26,6 +27,13 @@ def get_videos(state: StateDep) -> VideoService:
 
 
 VideosDep = Annotated[VideoService, Depends(get_videos)]
+
+
+def get_audio(state: StateDep) -> AudioService:
+    return AudioService(state)
+
+
+AudioDep = Annotated[AudioService, Depends(get_audio)]
 
 
 async def current_owner(request: Request, state: StateDep) -> str:

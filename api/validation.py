@@ -11,9 +11,9 @@ import math
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from models.catalog import ModelSpec
 from models.errors import InvalidRequest, ModelNotFound
@@ -82,8 +82,17 @@ def parse_create(raw: dict[str, Any]) -> VideoCreate:
         if isinstance(value, str) and value == "" and name != "prompt":
             continue  # an empty form field means "not given"
         fields[name] = value
+    return parse_model(VideoCreate, fields)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def parse_model(cls: type[_M], fields: dict[str, Any]) -> _M:
+    """Validate ``fields`` as ``cls``; the first error becomes an :class:`InvalidRequest`
+    naming its parameter (``unknown_parameter`` / ``missing`` / ``invalid_value``)."""
     try:
-        return VideoCreate.model_validate(fields)
+        return cls.model_validate(fields)
     except ValidationError as exc:
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
@@ -99,7 +108,7 @@ def parse_create(raw: dict[str, Any]) -> VideoCreate:
 def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -> ResolvedVideo:
     """Check a parsed request against the named model's spec and the server's limits."""
     limits = settings.limits
-    model = req.model or next((n for n, s in specs.items() if not s.streaming), "")
+    model = req.model or default_model(specs, "video")
     spec = specs.get(model)
     if spec is None:
         raise ModelNotFound(
@@ -107,7 +116,10 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
             param="model",
         )
     if spec.modality != "video":
-        raise InvalidRequest(f"model {model!r} does not make video", param="model")
+        raise InvalidRequest(
+            f"model {model!r} makes {spec.modality}, not video: use /v1/audio/generations",
+            param="model",
+        )
     if spec.streaming:
         raise InvalidRequest(
             f"model {model!r} streams realtime sessions: use WS /v1/realtime/video",
@@ -173,7 +185,14 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         has_audio=spec.has_audio,
         negative_prompt=req.negative_prompt,
         options=options,
-        extra=_check_extra(req.extra_params, spec),
+        extra=check_extra(req.extra_params, spec),
+    )
+
+
+def default_model(specs: dict[str, ModelSpec], modality: str) -> str:
+    """The first served job model (not a streaming one) of ``modality``; "" if none."""
+    return next(
+        (n for n, s in specs.items() if not s.streaming and s.modality == modality), ""
     )
 
 
@@ -247,7 +266,8 @@ def _resolve_timing(
 _CASTS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
 
 
-def _check_extra(extra: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+def check_extra(extra: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
+    """``extra_params`` checked against the keys, types, choices and ranges the model declares."""
     out: dict[str, Any] = {}
     for key, value in extra.items():
         kind = spec.extra_params.get(key)

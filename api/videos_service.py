@@ -6,7 +6,6 @@ runs in the thread pool, never on the event loop.
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 from typing import Any
@@ -14,24 +13,21 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from api.inputs import decode_data_url, reference_frame_png
-from api.state import AppState
+from api.jobs_service import JobService
+from api.jobs_service import epoch as _int
 from api.validation import ResolvedVideo, parse_create, resolve
-from models.db import Artifact, Job, JobStatus
-from models.errors import Gone, InvalidRequest, NotFound, NotReady, ServiceUnavailable
-from models.events import DoneEvent, StatusEvent
+from models.db import Job, JobStatus
+from models.errors import InvalidRequest
 from models.videos import StageDurations, VideoError, VideoObject, VideoPage
-from storage.artifacts import StorageError
-from storage.constants import ID_PREFIX, job_events_key, job_prefix
-
-log = logging.getLogger(__name__)
+from storage.constants import ID_PREFIX, job_prefix
 
 REFERENCE_KEY = "input/reference.png"
 
 
-class VideoService:
-    def __init__(self, state: AppState) -> None:
-        self.state = state
-        self.settings = state.settings
+class VideoService(JobService):
+    kind = "video"
+    noun = "video"
+    id_param = "video_id"
 
     # ---- create -----------------------------------------------------------------
 
@@ -71,23 +67,16 @@ class VideoService:
                 "input_reference",
             )
         job, created = await run_in_threadpool(self._persist, resolved, png, owner, idempotency_key)
-        positions = await run_in_threadpool(self.state.jobs.queue_positions, [job])
-        if created:
-            event = StatusEvent(status="queued", queue_position=positions.get(job.id))
-            await self.state.abus.publish(job_events_key(job.id), event)
-        return self.to_wire(job, positions.get(job.id)), created
+        position = await self.announce(job, created)
+        return self.to_wire(job, position), created
 
     def _persist(
         self, r: ResolvedVideo, png: bytes | None, owner: str, idempotency_key: str | None
     ) -> tuple[Job, bool]:
-        jobs = self.state.jobs
-        window = self.settings.idempotency_ttl_s
-        now = time.time()
         job_id = ID_PREFIX["video"] + secrets.token_hex(12)
         params = r.params()
-        prefix = job_prefix("video", job_id)
         if png is not None:
-            params["reference_key"] = prefix + REFERENCE_KEY
+            params["reference_key"] = job_prefix("video", job_id) + REFERENCE_KEY
         job = Job(
             id=job_id,
             kind="video",
@@ -107,52 +96,20 @@ class VideoService:
             step=0,
             stage="queue",
             stage_durations={},
-            created_at=now,
+            created_at=time.time(),
             deadline_at=None,
             idempotency_key=idempotency_key,
             attempt=0,
             cancel_requested=False,
         )
-        if idempotency_key:
-            existing = jobs.find_idempotent(owner, idempotency_key, window)
-            if existing is not None:
-                return existing, False
-        if png is not None:
-            try:
-                self.state.artifacts.put_bytes(params["reference_key"], png, "image/png")
-            except StorageError as exc:
-                raise ServiceUnavailable(
-                    "object storage is unavailable", code="storage_error"
-                ) from exc
-        try:
-            stored, created = jobs.create(job, idempotency_window_s=window)
-        except Exception:
-            self._drop_objects(prefix)
-            raise
-        if not created:  # lost an idempotency race: ours is not needed
-            self._drop_objects(prefix)
-            return stored, False
-        try:
-            self.state.queue.enqueue(job_id, r.model)
-        except Exception as exc:
-            jobs.delete(job_id)
-            self._drop_objects(prefix)
-            raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
-        return stored, True
 
-    def _drop_objects(self, prefix: str) -> None:
-        try:
-            self.state.artifacts.delete_prefix(prefix)
-        except StorageError:
-            log.warning("could not delete %s; the reconciler will", prefix)
+        def store_reference() -> None:
+            assert png is not None
+            self.state.artifacts.put_bytes(params["reference_key"], png, "image/png")
+
+        return self.store(job, idempotency_key, store_reference if png is not None else None)
 
     # ---- read -------------------------------------------------------------------
-
-    def get_job(self, job_id: str, owner: str) -> Job:
-        job = self.state.jobs.get(job_id, owner)
-        if job is None or job.kind != "video":
-            raise NotFound(f"no video with id {job_id!r}", param="video_id")
-        return job
 
     def retrieve(self, job_id: str, owner: str) -> VideoObject:
         job = self.get_job(job_id, owner)
@@ -160,13 +117,7 @@ class VideoService:
         return self.to_wire(job, positions.get(job.id))
 
     def page(self, owner: str, after: str | None, limit: int, order: str) -> VideoPage:
-        try:
-            rows, has_more = self.state.jobs.page(
-                owner, after=after, limit=limit, order=order, kind="video"
-            )
-        except KeyError as exc:
-            raise InvalidRequest(f"after: no video with id {after!r}", param="after") from exc
-        positions = self.state.jobs.queue_positions(rows)
+        rows, has_more, positions = self.page_rows(owner, after, limit, order)
         data = [self.to_wire(j, positions.get(j.id)) for j in rows]
         return VideoPage(
             data=data,
@@ -175,53 +126,11 @@ class VideoService:
             has_more=has_more,
         )
 
-    # ---- cancel / delete --------------------------------------------------------
-
     def cancel(self, job_id: str, owner: str) -> VideoObject:
         """Cancel a queued or running job; a finished job is returned unchanged."""
         job = self.get_job(job_id, owner)
         self.cancel_job(job.id, "cancelled by the client")
         return self.retrieve(job_id, owner)
-
-    def cancel_job(self, job_id: str, message: str) -> bool:
-        """Fail the job with ``cancelled`` if it is still active, and tell its watchers.
-        The worker notices at its next step boundary and cleans up."""
-        if not self.state.jobs.cancel(job_id, message):
-            return False
-        error = VideoError(code="cancelled", message=message)
-        try:
-            self.state.bus.publish(job_events_key(job_id), DoneEvent(status="failed", error=error))
-        except Exception:  # the row is the truth; watchers also poll it
-            log.warning("could not publish the cancel of %s", job_id, exc_info=True)
-        return True
-
-    def delete(self, job_id: str, owner: str) -> None:
-        """Cancel if active, delete every object under the job's prefix, then the record."""
-        job = self.get_job(job_id, owner)
-        self.cancel_job(job.id, "deleted by the client")
-        try:
-            self.state.artifacts.delete_prefix(job_prefix(job.kind, job.id))
-        except StorageError as exc:
-            raise ServiceUnavailable(
-                "object storage is unavailable; the video was cancelled, retry the delete",
-                code="storage_error",
-            ) from exc
-        self.state.jobs.delete(job.id)
-        self.state.bus.delete(job_events_key(job.id))
-
-    def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[Job, Artifact]:
-        job = self.get_job(job_id, owner)
-        if job.status != JobStatus.COMPLETED:
-            raise NotReady(
-                f"video {job_id} is {job.status}; content is available once it is completed",
-                param="video_id",
-            )
-        if job.expires_at is not None and job.expires_at <= time.time():
-            raise Gone(f"the content of video {job_id} has expired", param="video_id")
-        artifact = self.state.jobs.artifact(job.id, variant)
-        if artifact is None:
-            raise NotFound(f"video {job_id} has no {variant!r} variant", param="variant")
-        return job, artifact
 
     # ---- wire -------------------------------------------------------------------
 
@@ -258,7 +167,3 @@ class VideoService:
             peak_memory_mb=job.peak_memory_mb,
             attempt=job.attempt,
         )
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None else int(value)

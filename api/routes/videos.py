@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-import re
-import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from api.content import stream_artifact
 from api.deps import CurrentOwner, StateDep, VideosDep
 from api.forms import read_create_body
-from api.videos_service import VideoService
-from models.db import Artifact, JobStatus
-from models.errors import (
-    Gone,
-    InvalidRequest,
-    JobFailed,
-    RangeNotSatisfiable,
-    ServiceUnavailable,
-    SyncTimeout,
-)
+from api.jobs_service import ClientGone
 from models.videos import VideoDeleted, VideoObject, VideoPage
-from storage.artifacts import ObjectMissing, StorageError
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
-_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
-_CHUNK = 256 * 1024
 
 
 def _object_response(state_poll_ms: int, video: VideoObject) -> JSONResponse:
@@ -55,33 +41,16 @@ async def create_video_sync(
     A client that disconnects cancels its job."""
     raw, reference = await read_create_body(request, videos.settings.limits)
     video, _ = await videos.create(raw, reference, owner, idempotency_key)
-    deadline = time.monotonic() + videos.settings.sync_timeout_s
-    while True:
-        job = await run_in_threadpool(videos.get_job, video.id, owner)
-        if job.status in (JobStatus.COMPLETED, JobStatus.FAILED):
-            break
-        if await request.is_disconnected():
-            await run_in_threadpool(videos.cancel_job, video.id, "client disconnected")
-            return Response(status_code=499)
-        if time.monotonic() >= deadline:
-            await run_in_threadpool(videos.cancel_job, video.id, "sync timeout")
-            raise SyncTimeout(
-                f"video {video.id} did not finish within {videos.settings.sync_timeout_s:g} s "
-                "and was cancelled",
-                param="timeout",
-            )
-        await asyncio.sleep(0.2)
-    if job.status == JobStatus.FAILED:
-        raise JobFailed(
-            f"video {video.id} failed: {job.error_message or 'the job failed'}",
-            code=job.error_code or "internal_error",
-        )
+    try:
+        job = await videos.wait_done(request, video.id, owner)
+    except ClientGone:
+        return Response(status_code=499)
     _, artifact = await run_in_threadpool(videos.content_artifact, video.id, owner, "video")
     headers = {
         "X-Request-Id": video.id,
         "X-Inference-Time-S": f"{job.inference_time_s or 0.0:.3f}",
     }
-    return await _stream_artifact(videos, artifact, None, headers)
+    return await stream_artifact(videos.state.artifacts, artifact, None, headers)
 
 
 @router.get("", response_model=VideoPage)
@@ -130,57 +99,4 @@ async def video_content(
             state.artifacts.presign_get, artifact.key, filename=f"{job.id}.{ext}"
         )
         return RedirectResponse(url, status_code=302)
-    return await _stream_artifact(videos, artifact, range_header, {})
-
-
-async def _stream_artifact(
-    videos: VideoService, artifact: Artifact, range_header: str | None, headers: dict[str, str]
-) -> Response:
-    store = videos.state.artifacts
-    size = artifact.size_bytes
-    start: int | None = None
-    end: int | None = None
-    if range_header:
-        start, end = _parse_range(range_header, size)
-    try:
-        obj = await run_in_threadpool(store.open, artifact.key, start, end)
-    except ObjectMissing as exc:
-        raise Gone(
-            f"the content of {artifact.job_id} is no longer stored", param="video_id"
-        ) from exc
-    except StorageError as exc:
-        raise ServiceUnavailable("object storage is unavailable", code="storage_error") from exc
-    out = {
-        **headers,
-        "Accept-Ranges": "bytes",
-        "Content-Length": str(obj.content_length),
-        "Cache-Control": "private, max-age=3600",
-    }
-    status = 200
-    if obj.partial:
-        status = 206
-        out["Content-Range"] = f"bytes {obj.start}-{obj.end}/{obj.total_size}"
-    return StreamingResponse(
-        obj.body.iter_chunks(_CHUNK),
-        status_code=status,
-        media_type=artifact.content_type,
-        headers=out,
-    )
-
-
-def _parse_range(header: str, size: int) -> tuple[int, int]:
-    """One ``bytes=a-b`` range → inclusive (start, end); 416 when unsatisfiable."""
-    m = _RANGE_RE.match(header.strip())
-    if not m or (not m.group(1) and not m.group(2)):
-        raise InvalidRequest("Range must look like 'bytes=START-END'", param="Range")
-    if not m.group(1):  # suffix: the last N bytes
-        n = int(m.group(2))
-        start, end = max(size - n, 0), size - 1
-    else:
-        start = int(m.group(1))
-        end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
-    if start >= size or start > end:
-        raise RangeNotSatisfiable(
-            f"Range {header} is outside the {size}-byte object", param="Range"
-        )
-    return start, end
+    return await stream_artifact(state.artifacts, artifact, range_header, {})

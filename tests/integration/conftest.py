@@ -91,15 +91,16 @@ def isolated_stack(
     workers: int = 1,
     realtime_workers: int = 0,
     cls: type[_S] = Stack,  # type: ignore[assignment]
+    auth: str = "off",
 ) -> Iterator[_S]:
     """A deployment of its own: a fresh PostgreSQL database, its own Redis index (so
-    no other test's worker takes its jobs), auth off, on the shared S3 server."""
+    no other test's worker takes its jobs), auth off unless asked, on the shared S3 server."""
     db_name, url = _new_pg_database()
     upgrade(url)
     redis_url = f"{REDIS_BASE_URL}/{redis_db}"
     redis.Redis.from_url(redis_url).flushdb()
     st = cls(
-        work=work, database_url=url, redis_url=redis_url, s3=s3, auth="off", extra_env=extra_env
+        work=work, database_url=url, redis_url=redis_url, s3=s3, auth=auth, extra_env=extra_env
     )
     try:
         yield st

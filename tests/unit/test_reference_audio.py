@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -74,7 +75,7 @@ def test_each_step_moves_from_noise_toward_the_target(pipe: ReferenceAudioPipeli
     while not state.done:
         pipe.step(state)
         distances.append(float(np.abs(state.latents - state.clean).mean()))
-    assert all(b < a for a, b in zip(distances, distances[1:], strict=False))
+    assert all(b < a for a, b in itertools.pairwise(distances))
     assert distances[-1] == 0.0
     assert state.latents.shape == (2, 36_000 // POOL)
     with pytest.raises(RuntimeError):

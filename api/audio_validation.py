@@ -1,0 +1,316 @@
+"""Audio request validation: the three request shapes (generations, OpenAI speech,
+vLLM-Omni generate) → one :class:`ResolvedAudio`, checked against the model's spec.
+
+Pure functions, no I/O: errors are :class:`InvalidRequest` naming the parameter as the
+client spelled it (``input`` for speech, ``audio_length`` for generate), raised before
+anything is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.validation import check_extra, default_model, parse_model
+from models.audio import (
+    AUDIO_FORMATS,
+    MAX_SAMPLE_RATE,
+    MIN_SAMPLE_RATE,
+    SAMPLE_RATES,
+    AudioCreate,
+    AudioGenerate,
+    SpeechCreate,
+)
+from models.catalog import ModelSpec
+from models.errors import InvalidRequest, ModelNotFound
+from storage.settings import Settings
+
+# Fields that carry JSON text in multipart bodies.
+_JSON_FIELDS = ("extra_params",)
+# Field aliases clients send to /v1/audio/generations.
+_ALIASES = {"input": "prompt", "audio_length": "seconds"}
+# Speech: seconds per word and a fixed lead, at speed 1 (see speech_seconds).
+_SECONDS_PER_WORD = 0.4
+_SPEECH_LEAD_S = 0.3
+
+
+@dataclass
+class ResolvedAudio:
+    """An audio request that passed every check: what the job row and the worker need."""
+
+    model: str
+    prompt: str
+    seconds: float
+    num_inference_steps: int
+    seed: int
+    timeout_s: float
+    response_format: str
+    sample_rate: int | None = None
+    channels: int | None = None
+    # Publish the PCM16 samples as ``chunk`` events (speech streaming, pcm jobs).
+    stream_pcm: bool = False
+    negative_prompt: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "negative_prompt": self.negative_prompt,
+            "options": self.options,
+            "extra": self.extra,
+            "seconds": f"{self.seconds:g}",
+            "timeout_s": self.timeout_s,
+            "response_format": self.response_format,
+            "sample_rate": self.sample_rate,
+            "channels": self.channels,
+            "stream_pcm": self.stream_pcm,
+        }
+
+
+def parse_generation(raw: dict[str, Any]) -> AudioCreate:
+    """JSON or multipart fields of ``POST /v1/audio/generations`` → :class:`AudioCreate`."""
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = _ALIASES.get(key, key)
+        if name in _JSON_FIELDS and isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise InvalidRequest(f"{key} must be a JSON object", param=key) from exc
+        if isinstance(value, str) and value == "" and name != "prompt":
+            continue  # an empty form field means "not given"
+        if name in fields:
+            raise InvalidRequest(f"{key} is given more than once (or with its alias)", param=key)
+        fields[name] = value
+    return parse_model(AudioCreate, fields)
+
+
+def resolve_audio(
+    req: AudioCreate,
+    specs: dict[str, ModelSpec],
+    settings: Settings,
+    *,
+    options: dict[str, Any] | None = None,
+    stream_pcm: bool | None = None,
+    prompt_param: str = "prompt",
+    seconds_param: str = "seconds",
+) -> ResolvedAudio:
+    """Check a parsed request against the named audio model and the server's limits.
+    ``options`` are speech options (speed, voice, instructions), kept for models that
+    declare them in ``ModelSpec.parameters``."""
+    limits = settings.limits
+    model = req.model or default_model(specs, "audio")
+    spec = specs.get(model)
+    if spec is None:
+        raise ModelNotFound(
+            f"model {model!r} is not served here; GET /v1/models lists the served models"
+            if model
+            else "no audio model is served here",
+            param="model",
+        )
+    if spec.modality != "audio":
+        raise InvalidRequest(
+            f"model {model!r} makes {spec.modality}, not audio: use /v1/videos", param="model"
+        )
+    if spec.streaming:
+        raise InvalidRequest(f"model {model!r} serves realtime sessions only", param="model")
+
+    if not req.prompt.strip():
+        raise InvalidRequest(f"{prompt_param} must not be empty", param=prompt_param)
+    if len(req.prompt) > limits.max_prompt_chars:
+        raise InvalidRequest(
+            f"{prompt_param} is longer than {limits.max_prompt_chars} characters",
+            param=prompt_param,
+        )
+    if req.negative_prompt and len(req.negative_prompt) > limits.max_prompt_chars:
+        raise InvalidRequest(
+            f"negative_prompt is longer than {limits.max_prompt_chars} characters",
+            param="negative_prompt",
+        )
+
+    fmt = req.response_format.strip().lower()
+    if fmt not in AUDIO_FORMATS:
+        raise InvalidRequest(
+            f"response_format must be one of {', '.join(AUDIO_FORMATS)}", param="response_format"
+        )
+    seconds = spec.default_seconds if req.seconds is None else req.seconds
+    top = max_seconds(spec, settings)
+    if not math.isfinite(seconds) or not 0 < seconds <= top:
+        raise InvalidRequest(
+            f"{seconds_param} must be above 0 and at most {top:g} for {model}", param=seconds_param
+        )
+    seconds = max(round(seconds, 3), 0.001)
+
+    steps = spec.default_steps if req.num_inference_steps is None else req.num_inference_steps
+    top_steps = min(spec.max_steps, limits.max_steps)
+    if not spec.min_steps <= steps <= top_steps:
+        raise InvalidRequest(
+            f"num_inference_steps must be between {spec.min_steps} and {top_steps}",
+            param="num_inference_steps",
+        )
+    _check_rate(req.sample_rate, fmt)
+    if req.channels is not None and req.channels not in (1, 2):
+        raise InvalidRequest("channels must be 1 or 2", param="channels")
+
+    kept: dict[str, Any] = {}
+    if req.guidance_scale is not None:
+        if not math.isfinite(req.guidance_scale) or req.guidance_scale < 0:
+            raise InvalidRequest(
+                "guidance_scale must be a non-negative number", param="guidance_scale"
+            )
+        if "guidance_scale" in spec.parameters:
+            kept["guidance_scale"] = req.guidance_scale
+    for name, value in (options or {}).items():
+        if value is not None and name in spec.parameters:
+            kept[name] = value
+
+    seed = req.seed if req.seed is not None and req.seed >= 0 else secrets.randbelow(2**31)
+    if seed >= 2**63:
+        raise InvalidRequest("seed must be below 2**63", param="seed")
+    timeout = req.timeout if req.timeout is not None else limits.default_job_timeout_s
+    if not 0 < timeout <= limits.max_job_timeout_s:
+        raise InvalidRequest(
+            f"timeout must be between 0 and {limits.max_job_timeout_s} seconds", param="timeout"
+        )
+    return ResolvedAudio(
+        model=model,
+        prompt=req.prompt,
+        seconds=seconds,
+        num_inference_steps=steps,
+        seed=seed,
+        timeout_s=timeout,
+        response_format=fmt,
+        sample_rate=req.sample_rate,
+        channels=req.channels,
+        stream_pcm=fmt == "pcm" if stream_pcm is None else stream_pcm,
+        negative_prompt=req.negative_prompt,
+        options=kept,
+        extra=check_extra(req.extra_params, spec),
+    )
+
+
+def max_seconds(spec: ModelSpec, settings: Settings) -> float:
+    top = settings.limits.max_seconds
+    return min(top, spec.max_seconds) if spec.max_seconds is not None else top
+
+
+def _check_rate(rate: int | None, fmt: str) -> None:
+    if rate is None:
+        return
+    allowed = SAMPLE_RATES[fmt]
+    if allowed is not None and rate not in allowed:
+        choices = ", ".join(str(r) for r in allowed)
+        raise InvalidRequest(f"sample_rate for {fmt} must be one of {choices}", param="sample_rate")
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise InvalidRequest(
+            f"sample_rate must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE}",
+            param="sample_rate",
+        )
+
+
+# ---- OpenAI speech ----------------------------------------------------------------------
+
+
+def speech_seconds(text: str, speed: float) -> float:
+    """How long a clip ``text`` becomes: a lead plus 0.4 s per word, divided by ``speed``."""
+    words = max(1, len(re.findall(r"\w+", text)))
+    return (_SPEECH_LEAD_S + _SECONDS_PER_WORD * words) / speed
+
+
+def resolve_speech(
+    raw: dict[str, Any], specs: dict[str, ModelSpec], settings: Settings
+) -> tuple[ResolvedAudio, SpeechCreate]:
+    """``POST /v1/audio/speech`` → a mono 24 kHz (unless ``sample_rate``) audio job whose
+    length follows the text (:func:`speech_seconds`, capped at the model's maximum)."""
+    body = parse_model(SpeechCreate, raw)
+    if not math.isfinite(body.speed) or not 0.25 <= body.speed <= 4.0:
+        raise InvalidRequest("speed must be between 0.25 and 4.0", param="speed")
+    voice = body.voice.get("id") if isinstance(body.voice, dict) else body.voice
+    if isinstance(body.voice, dict) and not isinstance(voice, str):
+        raise InvalidRequest("voice must be a name or an object with an 'id'", param="voice")
+    fmt = body.response_format.strip().lower()
+    if body.stream_format == "sse" and fmt != "pcm":
+        raise InvalidRequest(
+            "stream_format 'sse' sends PCM16: use response_format 'pcm'", param="stream_format"
+        )
+    if body.instructions and len(body.instructions) > settings.limits.max_prompt_chars:
+        raise InvalidRequest("instructions is too long", param="instructions")
+    model = body.model or default_model(specs, "audio")
+    spec = specs.get(model)
+    seconds = speech_seconds(body.input, body.speed)
+    if spec is not None:
+        seconds = min(seconds, max_seconds(spec, settings))
+    req = AudioCreate(
+        prompt=body.input,
+        model=body.model,
+        seconds=seconds,
+        num_inference_steps=body.num_inference_steps,
+        seed=body.seed,
+        response_format=fmt,
+        sample_rate=body.sample_rate or 24_000,
+        channels=1,
+    )
+    options = {"speed": body.speed, "voice": voice, "instructions": body.instructions}
+    resolved = resolve_audio(
+        req,
+        specs,
+        settings,
+        options=options,
+        stream_pcm=fmt == "pcm",  # PCM always streams as it is produced
+        prompt_param="input",
+    )
+    return resolved, body
+
+
+# ---- vLLM-Omni generate -----------------------------------------------------------------
+
+
+def resolve_generate(
+    raw: dict[str, Any], specs: dict[str, ModelSpec], settings: Settings
+) -> ResolvedAudio:
+    """``POST /v1/audio/generate`` (vLLM-Omni): ``audio_length`` seconds starting at
+    ``audio_start`` (models declaring ``audio_start_in_s`` get the window as extras)."""
+    body = parse_model(AudioGenerate, raw)
+    if body.stream_format not in (None, "audio"):
+        raise InvalidRequest("stream_format must be 'audio'", param="stream_format")
+    speed = 1.0 if body.speed is None else body.speed
+    if not math.isfinite(speed) or not 0.25 <= speed <= 4.0:
+        raise InvalidRequest("speed must be between 0.25 and 4.0", param="speed")
+    start = body.audio_start or 0.0
+    if not math.isfinite(start) or start < 0:
+        raise InvalidRequest("audio_start must be a non-negative number", param="audio_start")
+    extra = dict(body.extra_params)
+    model = body.model or default_model(specs, "audio")
+    spec = specs.get(model)
+    if start and spec is not None:
+        if "audio_start_in_s" not in spec.extra_params:
+            raise InvalidRequest(f"model {model!r} does not take audio_start", param="audio_start")
+        extra["audio_start_in_s"] = start
+        length = body.audio_length if body.audio_length is not None else spec.default_seconds
+        extra["audio_end_in_s"] = start + length
+    req = AudioCreate(
+        prompt=body.input,
+        model=body.model,
+        seconds=body.audio_length,
+        num_inference_steps=body.num_inference_steps,
+        seed=body.seed,
+        guidance_scale=body.guidance_scale,
+        negative_prompt=body.negative_prompt,
+        response_format=body.response_format,
+        sample_rate=body.sample_rate,
+        extra_params=extra,
+        timeout=body.timeout,
+    )
+    return resolve_audio(
+        req,
+        specs,
+        settings,
+        options={"speed": speed},
+        stream_pcm=False,
+        prompt_param="input",
+        seconds_param="audio_length",
+    )

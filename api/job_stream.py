@@ -1,0 +1,85 @@
+"""Following a job's events on the bus, for any kind of job (SSE, WebSocket, streamed
+speech): a late watcher gets the retained history first, ``after`` resumes exactly after
+the last event seen, and the stream ends with ``done``. When the stream has expired (or a
+``done`` was never published) the job row is the truth: a watcher of a finished job gets a
+``status`` and a ``done`` made from it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from api.jobs_service import JobService
+from api.state import AppState
+from models.db import JobStatus
+from models.errors import OmniqueueError
+from models.events import DoneEvent, StatusEvent
+from models.videos import VideoError
+from storage.bus import BusEntry
+from storage.constants import job_events_key
+
+BLOCK_MS = 15_000
+# Ids of events made from the job row; they sort before any real stream id.
+_SYNTHETIC = ("0-1", "0-2")
+
+
+def _synthetic(service: JobService, job_id: str, owner: str) -> list[BusEntry] | None:
+    """``status`` + ``done`` from the row if the job has ended, else None."""
+    try:
+        job = service.get_job(job_id, owner)
+    except OmniqueueError:
+        return []  # deleted meanwhile: end the stream
+    if job.status not in (JobStatus.COMPLETED, JobStatus.FAILED):
+        return None
+    error = None
+    if job.status == JobStatus.FAILED:
+        error = VideoError(code=job.error_code or "internal_error", message=job.error_message or "")
+    status = job.status.value if isinstance(job.status, JobStatus) else str(job.status)
+    events = [
+        StatusEvent(status=status),
+        DoneEvent(status=status, error=error),
+    ]
+    return [BusEntry(i, e.model_dump(mode="json")) for i, e in zip(_SYNTHETIC, events, strict=True)]
+
+
+async def follow(
+    state: AppState, service: JobService, job_id: str, owner: str, after: str
+) -> AsyncIterator[BusEntry | None]:
+    """The job's events after ``after``, then live ones, ending with ``done``; yields None
+    as a keep-alive when nothing happened for a while."""
+    stream = job_events_key(job_id)
+    while True:
+        entries = await state.abus.read(stream, after, block_ms=BLOCK_MS)
+        if not entries:
+            synthetic = await run_in_threadpool(_synthetic, service, job_id, owner)
+            if synthetic is not None:
+                for entry in synthetic:
+                    if entry.id > after:  # synthetic ids sort before real ones
+                        yield entry
+                return
+            yield None
+            continue
+        for entry in entries:
+            after = entry.id
+            yield entry
+            if entry.type == "done":
+                return
+
+
+def wire(entry: BusEntry) -> dict[str, Any]:
+    return {"id": entry.id, **entry.event}
+
+
+def sse(entry: BusEntry | None) -> str:
+    """One Server-Sent Event (binary data base64 in ``data_b64``), or a keep-alive."""
+    if entry is None:
+        return ": keep-alive\n\n"
+    body = wire(entry)
+    if entry.data is not None:
+        body["data_b64"] = base64.b64encode(entry.data).decode()
+    return f"id: {entry.id}\nevent: {entry.type}\ndata: {json.dumps(body)}\n\n"

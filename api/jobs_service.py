@@ -1,0 +1,206 @@
+"""What every kind of job shares as the API sees it: store + enqueue, read, page, cancel,
+delete, content lookup, and waiting for the end (the ``sync`` endpoints).
+
+:class:`api.videos_service.VideoService` and :class:`api.audio_service.AudioService` add
+their request validation and wire objects on top. Methods are blocking (database, S3)
+and run in the thread pool, except the ``async`` ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import anyio
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from api.state import AppState
+from models.db import Artifact, Job, JobStatus
+from models.errors import (
+    Gone,
+    InvalidRequest,
+    JobFailed,
+    NotFound,
+    NotReady,
+    ServiceUnavailable,
+    SyncTimeout,
+)
+from models.events import DoneEvent, StatusEvent
+from models.videos import VideoError
+from storage.artifacts import StorageError
+from storage.constants import job_events_key, job_prefix
+
+log = logging.getLogger(__name__)
+
+
+class ClientGone(Exception):
+    """The client of a ``sync`` request disconnected; its job was cancelled."""
+
+
+class JobService:
+    kind = "video"
+    noun = "video"  # in error messages
+    id_param = "video_id"
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+        self.settings = state.settings
+
+    # ---- create -----------------------------------------------------------------
+
+    def store(
+        self,
+        job: Job,
+        idempotency_key: str | None,
+        before_insert: Callable[[], None] | None = None,
+    ) -> tuple[Job, bool]:
+        """Insert ``job`` and enqueue it; the owner's job with the same idempotency key
+        (within the window) instead, if there is one. ``before_insert`` stores inputs
+        under the job's prefix; whatever fails, nothing is left behind."""
+        jobs = self.state.jobs
+        window = self.settings.idempotency_ttl_s
+        prefix = job_prefix(job.kind, job.id)
+        if idempotency_key:
+            existing = jobs.find_idempotent(job.owner, idempotency_key, window)
+            if existing is not None:
+                return existing, False
+        if before_insert is not None:
+            try:
+                before_insert()
+            except StorageError as exc:
+                raise ServiceUnavailable(
+                    "object storage is unavailable", code="storage_error"
+                ) from exc
+        try:
+            stored, created = jobs.create(job, idempotency_window_s=window)
+        except Exception:
+            self._drop_objects(prefix)
+            raise
+        if not created:  # lost an idempotency race: ours is not needed
+            self._drop_objects(prefix)
+            return stored, False
+        try:
+            self.state.queue.enqueue(job.id, job.model)
+        except Exception as exc:
+            jobs.delete(job.id)
+            self._drop_objects(prefix)
+            raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
+        return stored, True
+
+    async def announce(self, job: Job, created: bool) -> int | None:
+        """The job's queue position; a new job's first ``status`` event."""
+        positions = await run_in_threadpool(self.state.jobs.queue_positions, [job])
+        if created:
+            event = StatusEvent(status="queued", queue_position=positions.get(job.id))
+            await self.state.abus.publish(job_events_key(job.id), event)
+        return positions.get(job.id)
+
+    def _drop_objects(self, prefix: str) -> None:
+        try:
+            self.state.artifacts.delete_prefix(prefix)
+        except StorageError:
+            log.warning("could not delete %s; the reconciler will", prefix)
+
+    # ---- read -------------------------------------------------------------------
+
+    def get_job(self, job_id: str, owner: str) -> Job:
+        job = self.state.jobs.get(job_id, owner)
+        if job is None or job.kind != self.kind:
+            raise NotFound(f"no {self.noun} with id {job_id!r}", param=self.id_param)
+        return job
+
+    def page_rows(
+        self, owner: str, after: str | None, limit: int, order: str
+    ) -> tuple[list[Job], bool, dict[str, int]]:
+        try:
+            rows, has_more = self.state.jobs.page(
+                owner, after=after, limit=limit, order=order, kind=self.kind
+            )
+        except KeyError as exc:
+            raise InvalidRequest(f"after: no {self.noun} with id {after!r}", param="after") from exc
+        return rows, has_more, self.state.jobs.queue_positions(rows)
+
+    # ---- cancel / delete --------------------------------------------------------
+
+    def cancel_job(self, job_id: str, message: str) -> bool:
+        """Fail the job with ``cancelled`` if it is still active, and tell its watchers.
+        The worker notices at its next step boundary and cleans up."""
+        if not self.state.jobs.cancel(job_id, message):
+            return False
+        error = VideoError(code="cancelled", message=message)
+        try:
+            self.state.bus.publish(job_events_key(job_id), DoneEvent(status="failed", error=error))
+        except Exception:  # the row is the truth; watchers also poll it
+            log.warning("could not publish the cancel of %s", job_id, exc_info=True)
+        return True
+
+    def delete(self, job_id: str, owner: str) -> None:
+        """Cancel if active, delete every object under the job's prefix, then the record."""
+        job = self.get_job(job_id, owner)
+        self.cancel_job(job.id, "deleted by the client")
+        try:
+            self.state.artifacts.delete_prefix(job_prefix(job.kind, job.id))
+        except StorageError as exc:
+            raise ServiceUnavailable(
+                f"object storage is unavailable; the {self.noun} was cancelled, retry the delete",
+                code="storage_error",
+            ) from exc
+        self.state.jobs.delete(job.id)
+        self.state.bus.delete(job_events_key(job.id))
+
+    def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[Job, Artifact]:
+        job = self.get_job(job_id, owner)
+        if job.status != JobStatus.COMPLETED:
+            raise NotReady(
+                f"{self.noun} {job_id} is {job.status}; content is available once it is completed",
+                param=self.id_param,
+            )
+        if job.expires_at is not None and job.expires_at <= time.time():
+            raise Gone(f"the content of {self.noun} {job_id} has expired", param=self.id_param)
+        artifact = self.state.jobs.artifact(job.id, variant)
+        if artifact is None:
+            raise NotFound(f"{self.noun} {job_id} has no {variant!r} variant", param="variant")
+        return job, artifact
+
+    # ---- sync -------------------------------------------------------------------
+
+    async def wait_done(self, request: Request, job_id: str, owner: str) -> Job:
+        """Wait for the job to end; cancel it when the client disconnects
+        (:class:`ClientGone`) or the sync timeout passes (504). A failed job raises."""
+        deadline = time.monotonic() + self.settings.sync_timeout_s
+        while True:
+            job = await run_in_threadpool(self.get_job, job_id, owner)
+            if job.status in (JobStatus.COMPLETED, JobStatus.FAILED):
+                break
+            if await request.is_disconnected():
+                await self.cancel_quietly(job_id, "client disconnected")
+                raise ClientGone(job_id)
+            if time.monotonic() >= deadline:
+                await run_in_threadpool(self.cancel_job, job_id, "sync timeout")
+                raise SyncTimeout(
+                    f"{self.noun} {job_id} did not finish within "
+                    f"{self.settings.sync_timeout_s:g} s and was cancelled",
+                    param="timeout",
+                )
+            await asyncio.sleep(0.2)
+        if job.status == JobStatus.FAILED:
+            raise JobFailed(
+                f"{self.noun} {job_id} failed: {job.error_message or 'the job failed'}",
+                code=job.error_code or "internal_error",
+            )
+        return job
+
+    async def cancel_quietly(self, job_id: str, message: str) -> None:
+        """Cancel from a cleanup path, even while the surrounding task is being cancelled."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await run_in_threadpool(self.cancel_job, job_id, message)
+            except Exception:
+                log.warning("could not cancel %s", job_id, exc_info=True)
+
+
+def epoch(value: float | None) -> int | None:
+    return None if value is None else int(value)

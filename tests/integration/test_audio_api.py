@@ -1,0 +1,425 @@
+"""Audio jobs end to end: ``/v1/audio/generations``, ``/v1/audio/speech`` (with the OpenAI
+SDK) and ``/v1/audio/generate`` against an API process, Redis, a Celery worker process,
+PostgreSQL and S3; every artifact is decoded with PyAV."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+from sqlalchemy import create_engine, func, select
+
+from cli.embedded import EmbeddedS3
+from models.db import Job
+from tests.integration.conftest import isolated_stack
+from tests.integration.stack import Stack
+from workers.audio_media import decode_audio
+
+pytestmark = pytest.mark.integration
+
+REDIS_DB = 14
+SMALL: dict[str, Any] = {"seconds": 1.0, "num_inference_steps": 3}
+AAC_SLACK = 2048  # ADTS cannot signal the encoder's priming samples
+
+
+class AudioStack(Stack):
+    @property
+    def failpoints(self) -> Path:
+        return self.work / "failpoints.json"
+
+    def set_failpoints(self, points: dict[str, str]) -> None:
+        tmp = self.failpoints.with_suffix(".tmp")
+        tmp.write_text(json.dumps(points))
+        tmp.replace(self.failpoints)
+
+    def wait_audio(
+        self, client: httpx.Client, audio_id: str, until: tuple[str, ...] = ("completed", "failed")
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + 120
+        body: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            resp = client.get(f"/v1/audio/generations/{audio_id}")
+            resp.raise_for_status()
+            body = resp.json()
+            if body["status"] in until:
+                return body
+            time.sleep(0.1)
+        raise TimeoutError(f"{audio_id} still {body.get('status')}:\n" + self.log("w0"))
+
+
+@pytest.fixture(scope="module")
+def astack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[AudioStack]:
+    work = Path(tmp_path_factory.mktemp("audio"))
+    env = {"OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json")}
+    with isolated_stack(
+        work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=AudioStack, auth="required"
+    ) as st:
+        st.set_failpoints({})
+        st.start(workers=1)
+        yield st
+
+
+@pytest.fixture(scope="module")
+def key(astack: AudioStack) -> str:
+    return astack.create_key("alice")
+
+
+@pytest.fixture(scope="module")
+def client(astack: AudioStack, key: str) -> Iterator[httpx.Client]:
+    with astack.client(key) as c:
+        yield c
+
+
+def _count_jobs(stack: Stack) -> int:
+    engine = create_engine(stack.database_url)
+    with engine.connect() as conn:
+        n = conn.execute(select(func.count()).select_from(Job)).scalar_one()
+    engine.dispose()
+    return int(n)
+
+
+def _objects(stack: Stack, audio_id: str) -> list[str]:
+    resp = stack.s3.client().list_objects_v2(Bucket=stack.s3.bucket, Prefix=f"audios/{audio_id}/")
+    return [o["Key"] for o in resp.get("Contents", [])]
+
+
+def _create(client: httpx.Client, **fields: Any) -> dict[str, Any]:
+    body = {"prompt": "rain and drums at night", **SMALL, **fields}
+    resp = client.post("/v1/audio/generations", json=body)
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json())
+
+
+def _duration(data: bytes, fmt: str, rate: int, channels: int) -> float:
+    if fmt == "pcm":
+        assert len(data) % (2 * channels) == 0
+        return len(data) / (2 * channels) / rate
+    samples, decoded_rate = decode_audio(io.BytesIO(data))
+    assert samples.shape[0] == channels
+    return samples.shape[1] / decoded_rate
+
+
+def test_every_format_end_to_end(astack: AudioStack, client: httpx.Client) -> None:
+    formats = ["wav", "mp3", "flac", "opus", "aac", "pcm"]
+    created = {fmt: _create(client, response_format=fmt, seed=5) for fmt in formats}
+    for fmt, job in created.items():
+        assert job["object"] == "audio" and job["status"] == "queued"
+        assert job["seconds"] == "1" and job["seed"] == 5 and job["model"] == "reference/audio"
+        assert job["id"].startswith("audio_")
+        done = astack.wait_audio(client, job["id"])
+        assert done["status"] == "completed", done
+        assert done["progress"] == 100 and done["step"] == 3 and done["error"] is None
+        assert set(done["stage_durations"]) >= {"denoise", "encode", "upload"}
+        rate, channels = done["sample_rate"], done["channels"]
+        assert (channels, rate) == (2, 24_000)
+        resp = client.get(f"/v1/audio/generations/{job['id']}/content")
+        assert resp.status_code == 200
+        assert resp.headers["content-type"] == done["media_type"]
+        seconds = _duration(resp.content, fmt, rate, channels)
+        slack = AAC_SLACK / rate if fmt == "aac" else 0.0
+        assert 1.0 <= seconds <= 1.0 + slack, (fmt, seconds)
+        assert _objects(astack, job["id"]) == [f"audios/{job['id']}/output/audio.{fmt}"]
+    assert {fmt: job["media_type"] for fmt, job in created.items()} == {
+        "wav": "audio/wav",
+        "mp3": "audio/mpeg",
+        "flac": "audio/flac",
+        "opus": "audio/ogg",
+        "aac": "audio/aac",
+        "pcm": "audio/pcm",
+    }
+
+    # Same seed, lossless formats: the same samples.
+    wav, _ = decode_audio(
+        io.BytesIO(client.get(f"/v1/audio/generations/{created['wav']['id']}/content").content)
+    )
+    pcm = client.get(f"/v1/audio/generations/{created['pcm']['id']}/content").content
+    ints = np.frombuffer(pcm, dtype="<i2").reshape(-1, 2).T
+    assert np.abs(ints / 32768.0 - wav).max() < 1e-4
+
+    wid = created["wav"]["id"]
+    data = client.get(f"/v1/audio/generations/{wid}/content").content
+    part = client.get(f"/v1/audio/generations/{wid}/content", headers={"Range": "bytes=4-99"})
+    assert part.status_code == 206 and part.content == data[4:100]
+    assert part.headers["content-range"] == f"bytes 4-99/{len(data)}"
+    bad = client.get(
+        f"/v1/audio/generations/{wid}/content", headers={"Range": f"bytes={len(data)}-"}
+    )
+    assert bad.status_code == 416
+    redirect = client.get(f"/v1/audio/generations/{wid}/content", params={"redirect": "true"})
+    assert redirect.status_code == 302
+    assert httpx.get(redirect.headers["location"]).content == data
+
+    page = client.get("/v1/audio/generations", params={"limit": 4, "order": "asc"}).json()
+    assert page["object"] == "list" and len(page["data"]) == 4 and page["has_more"]
+    rest = client.get(
+        "/v1/audio/generations", params={"after": page["last_id"], "order": "asc"}
+    ).json()
+    listed = [a["id"] for a in page["data"] + rest["data"]]
+    assert [created[f]["id"] for f in formats] == [
+        i for i in listed if i in {c["id"] for c in created.values()}
+    ]
+    assert all(v["object"] != "video" for v in rest["data"])
+    assert client.get("/v1/videos").json()["data"] == []  # audio jobs are not videos
+
+
+def test_events_end_with_done_and_carry_the_pcm(astack: AudioStack, client: httpx.Client) -> None:
+    job = _create(client, response_format="pcm", seconds=0.5, sample_rate=16_000, channels=1)
+    events: list[dict[str, Any]] = []
+    with client.stream("GET", f"/v1/audio/generations/{job['id']}/events", timeout=60) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if events[-1]["type"] == "done":
+                    break
+    types = [e["type"] for e in events]
+    assert types[0] == "status" and types[-1] == "done" and events[-1]["status"] == "completed"
+    assert "progress" in types
+    chunks = [e for e in events if e["type"] == "chunk"]
+    assert chunks and [c["seq"] for c in chunks] == list(range(len(chunks)))
+    streamed = b"".join(base64.b64decode(c["data_b64"]) for c in chunks)
+    stored = client.get(f"/v1/audio/generations/{job['id']}/content")
+    assert stored.headers["x-sample-rate"] == "16000" and stored.headers["x-channels"] == "1"
+    assert streamed == stored.content and len(streamed) == 2 * 8000
+
+
+def test_multipart_and_idempotency(astack: AudioStack, client: httpx.Client) -> None:
+    fields = {
+        "prompt": "ocean waves",
+        "seconds": "0.5",
+        "num_inference_steps": "2",
+        "seed": "9",
+        "guidance_scale": "7.5",
+        "response_format": "flac",
+        "extra_params": json.dumps({"bpm": 90}),
+    }
+    headers = {"Idempotency-Key": "audio-order-1"}
+    first = client.post("/v1/audio/generations", data=fields, headers=headers)
+    assert first.status_code == 200, first.text
+    again = client.post("/v1/audio/generations", data=fields, headers=headers)
+    assert again.json()["id"] == first.json()["id"]
+    assert astack.wait_audio(client, first.json()["id"])["status"] == "completed"
+
+
+def test_cancel_and_delete_leave_nothing(astack: AudioStack, client: httpx.Client) -> None:
+    astack.set_failpoints({"step:1": "pause"})
+    try:
+        job = _create(client, prompt="cancel me")
+        astack.wait_audio(client, job["id"], until=("in_progress",))
+        cancelled = client.post(f"/v1/audio/generations/{job['id']}/cancel")
+        assert cancelled.status_code == 200
+        body = cancelled.json()
+        assert body["status"] == "failed" and body["error"]["code"] == "cancelled"
+        assert client.get(f"/v1/audio/generations/{job['id']}/content").status_code == 404
+
+        doomed = _create(client, prompt="delete me")
+        astack.wait_audio(client, doomed["id"], until=("in_progress",))
+        deleted = client.delete(f"/v1/audio/generations/{doomed['id']}")
+        assert deleted.status_code == 200
+        assert deleted.json() == {"id": doomed["id"], "object": "audio.deleted", "deleted": True}
+        assert client.delete(f"/v1/audio/generations/{doomed['id']}").status_code == 404
+        assert client.get(f"/v1/audio/generations/{doomed['id']}").status_code == 404
+    finally:
+        astack.set_failpoints({})
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and list(astack.tmp_dir.iterdir()):
+        time.sleep(0.1)
+    assert list(astack.tmp_dir.iterdir()) == []
+    assert _objects(astack, job["id"]) == [] and _objects(astack, doomed["id"]) == []
+    # A finished job's cancel is a no-op; deleting it removes the row and the object.
+    done = astack.wait_audio(client, _create(client, prompt="finished")["id"])
+    assert client.post(f"/v1/audio/generations/{done['id']}/cancel").json()["status"] == "completed"
+    before = _count_jobs(astack)
+    assert client.delete(f"/v1/audio/generations/{done['id']}").status_code == 200
+    assert _count_jobs(astack) == before - 1 and _objects(astack, done["id"]) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("/v1/audio/generations", {"response_format": "ogg"}, "response_format"),
+        ("/v1/audio/generations", {"seconds": 0}, "seconds"),
+        ("/v1/audio/generations", {"seconds": 61}, "seconds"),
+        ("/v1/audio/generations", {"seconds": "abc"}, "seconds"),
+        ("/v1/audio/generations", {"model": "reference/video"}, "model"),
+        ("/v1/audio/generations", {"model": "no/such-model"}, "model"),
+        ("/v1/audio/generations", {"prompt": ""}, "prompt"),
+        ("/v1/audio/generations", {"num_inference_steps": 0}, "num_inference_steps"),
+        ("/v1/audio/generations", {"response_format": "opus", "sample_rate": 44100}, "sample_rate"),
+        ("/v1/audio/generations", {"channels": 3}, "channels"),
+        ("/v1/audio/generations", {"extra_params": {"bogus": 1}}, "extra_params.bogus"),
+        ("/v1/audio/generations", {"extra_params": {"bpm": 1000}}, "extra_params.bpm"),
+        ("/v1/audio/generations", {"surprise": 1}, "surprise"),
+        ("/v1/audio/speech", {"input": "hi", "voice": "alloy", "speed": 4.5}, "speed"),
+        ("/v1/audio/speech", {"input": "hi", "voice": "alloy", "speed": 0.1}, "speed"),
+        ("/v1/audio/speech", {"input": "", "voice": "alloy"}, "input"),
+        ("/v1/audio/speech", {"input": "  ", "voice": "alloy"}, "input"),
+        ("/v1/audio/speech", {"input": "hi", "response_format": "ogg"}, "response_format"),
+        ("/v1/audio/speech", {"input": "hi", "stream_format": "sse"}, "stream_format"),
+        ("/v1/audio/speech", {"input": "hi", "model": "reference/video"}, "model"),
+        ("/v1/audio/generate", {"input": "hi", "audio_length": -1}, "audio_length"),
+        ("/v1/audio/generate", {"input": "hi", "audio_start": 2}, "audio_start"),
+        ("/v1/audio/generate", {"input": ""}, "input"),
+        ("/v1/videos", {"prompt": "hi", "model": "reference/audio"}, "model"),
+    ],
+)
+def test_bad_input_is_refused_and_stores_nothing(
+    astack: AudioStack, client: httpx.Client, path: str, fields: dict[str, Any], param: str
+) -> None:
+    before = _count_jobs(astack)
+    body = {"prompt": "p", **SMALL, **fields} if path == "/v1/audio/generations" else fields
+    resp = client.post(path, json=body)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+    assert error["message"]
+    if param == "model":
+        assert "audio" in error["message"] or "not served" in error["message"]
+    assert _count_jobs(astack) == before
+    assert list(astack.tmp_dir.iterdir()) == []
+
+
+def test_jobs_are_invisible_to_other_keys(astack: AudioStack, client: httpx.Client) -> None:
+    aid = _create(client, prompt="private")["id"]
+    astack.wait_audio(client, aid)
+    with astack.client(astack.create_key("mallory")) as other:
+        for method, path in [
+            ("GET", f"/v1/audio/generations/{aid}"),
+            ("GET", f"/v1/audio/generations/{aid}/content"),
+            ("GET", f"/v1/audio/generations/{aid}/events"),
+            ("POST", f"/v1/audio/generations/{aid}/cancel"),
+            ("DELETE", f"/v1/audio/generations/{aid}"),
+        ]:
+            resp = other.request(method, path)
+            assert resp.status_code == 404, (method, path, resp.text)
+            assert resp.json()["error"]["param"] == "audio_id"
+        assert aid not in [a["id"] for a in other.get("/v1/audio/generations").json()["data"]]
+    with astack.client() as anonymous:
+        assert anonymous.get(f"/v1/audio/generations/{aid}").status_code == 401
+        assert anonymous.post("/v1/audio/speech", json={"input": "x"}).status_code == 401
+    assert client.get(f"/v1/audio/generations/{aid}").json()["status"] == "completed"
+
+
+def test_models_list_audio_and_video_keeps_its_default(
+    astack: AudioStack, client: httpx.Client
+) -> None:
+    models = {m["id"]: m["modality"] for m in client.get("/v1/models").json()["data"]}
+    assert models["reference/audio"] == "audio" and models["reference/video"] == "video"
+    video = client.post(
+        "/v1/videos", json={"prompt": "default model", "size": "32x32", "num_frames": 2}
+    )
+    assert video.status_code == 200 and video.json()["model"] == "reference/video"
+    assert client.delete(f"/v1/videos/{video.json()['id']}").status_code == 200
+
+
+def test_openai_sdk_speech(astack: AudioStack, key: str) -> None:
+    sdk = OpenAI(base_url=astack.url + "/v1", api_key=key, max_retries=0, timeout=60)
+    text = "hello from the reference model"  # 5 words: (0.3 + 5 * 0.4) / speed seconds
+    wav = sdk.audio.speech.create(
+        model="reference/audio", voice="alloy", input=text, response_format="wav", speed=1.15
+    )
+    samples, rate = decode_audio(io.BytesIO(wav.content))
+    assert (samples.shape[0], rate) == (1, 24_000)  # OpenAI's TTS shape: mono 24 kHz
+    assert samples.shape[1] == 48_000  # 2.3 s / 1.15
+
+    mp3 = sdk.audio.speech.create(model="reference/audio", voice="nova", input=text)
+    samples, rate = decode_audio(io.BytesIO(mp3.read()))
+    assert rate == 24_000 and samples.shape[1] == round(2.3 * 24_000)
+
+    with sdk.audio.speech.with_streaming_response.create(
+        model="reference/audio",
+        voice={"id": "voice_1234"},
+        input=text,
+        instructions="speak softly",
+        response_format="pcm",
+    ) as resp:
+        assert resp.headers["content-type"] == "audio/pcm"
+        pieces = list(resp.iter_bytes())
+    pcm = b"".join(pieces)
+    assert len(pcm) == 2 * round(2.3 * 24_000)
+    assert np.abs(np.frombuffer(pcm, dtype="<i2")).max() > 10_000  # not silence
+
+
+def test_speech_sse_stream(astack: AudioStack, client: httpx.Client) -> None:
+    body = {
+        "input": "one two three",
+        "voice": "echo",
+        "response_format": "pcm",
+        "stream_format": "sse",
+    }
+    events = []
+    with client.stream("POST", "/v1/audio/speech", json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    assert events[-1]["type"] == "speech.audio.done"
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
+    assert len(pcm) == 2 * round(1.5 * 24_000)
+
+
+def test_generate_sync_like_vllm_omni(astack: AudioStack, client: httpx.Client) -> None:
+    body = {
+        "input": "a warm pad",
+        "audio_length": 1.5,
+        "num_inference_steps": 4,
+        "guidance_scale": 7.0,
+        "negative_prompt": "noise",
+        "seed": 3,
+        "response_format": "flac",
+    }
+    resp = client.post("/v1/audio/generate", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"] == "audio/flac"
+    samples, rate = decode_audio(io.BytesIO(resp.content))
+    assert samples.shape[1] / rate == 1.5
+    job = client.get(f"/v1/audio/generations/{resp.headers['x-request-id']}").json()
+    assert job["status"] == "completed" and job["seed"] == 3 and job["seconds"] == "1.5"
+    again = client.post("/v1/audio/generate", json=body, timeout=120)
+    assert again.content == resp.content  # deterministic per seed
+
+
+def test_sync_client_disconnect_cancels_the_job(astack: AudioStack, client: httpx.Client) -> None:
+    astack.set_failpoints({"step:1": "pause"})
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            client.post(
+                "/v1/audio/generate",
+                json={"input": "abandoned generate"},
+                timeout=httpx.Timeout(30, read=1.5),
+            )
+        with (
+            pytest.raises(httpx.ReadTimeout),
+            client.stream(
+                "POST",
+                "/v1/audio/speech",
+                json={"input": "abandoned speech", "response_format": "pcm"},
+                timeout=httpx.Timeout(30, read=1.5),
+            ) as resp,
+        ):
+            resp.read()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            mine = client.get("/v1/audio/generations", params={"limit": 5}).json()["data"]
+            abandoned = [a for a in mine if a["prompt"].startswith("abandoned")]
+            if len(abandoned) == 2 and all(a["status"] == "failed" for a in abandoned):
+                break
+            time.sleep(0.2)
+    finally:
+        astack.set_failpoints({})
+    assert len(abandoned) == 2
+    for job in abandoned:
+        assert job["status"] == "failed" and job["error"]["code"] == "cancelled", job
+        assert _objects(astack, job["id"]) == []

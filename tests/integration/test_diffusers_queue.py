@@ -1,10 +1,12 @@
-"""Real diffusers pipelines through the real queue: tiny random-weight Wan, LTX, CogVideoX
-and LTX-2 pipelines saved to disk, named in a model-registry file, served by the API and
-run step by step by a Celery worker process; the MP4 matches the pipeline's own call."""
+"""Real diffusers pipelines through the real queue: tiny random-weight Wan, LTX, CogVideoX,
+LTX-2 and Stable Audio pipelines saved to disk, named in a model-registry file, served by
+the API and run step by step by a Celery worker process; the MP4 (or the audio file)
+matches the pipeline's own call."""
 
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,8 @@ from tests.unit.diffusers_fixtures import (
     tiny_ltx_pipeline,
     tiny_wan_pipeline,
 )
-from tests.unit.diffusers_fixtures_av import tiny_ltx2_pipeline
+from tests.unit.diffusers_fixtures_av import tiny_ltx2_pipeline, tiny_stable_audio_pipeline
+from workers.audio_media import decode_audio
 from workers.media import encode_mp4
 from workers.pipelines.base import Media
 
@@ -31,6 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REDIS_DB = 12
 PROMPT = "a red ball"
+AUDIO_MODEL = "tiny/stable-audio"
 
 
 # name → (builder, family, frames, fps, spec overrides)
@@ -61,6 +65,13 @@ def dstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
             f'dtype = "float32"\n[model.adapter_options]\nmax_sequence_length = {TINY_SEQ_LEN}\n'
             + (f"[model.spec]\n{spec}" if spec else "")
         )
+    # The tiny Stable Audio makes at most 4 s (sample_size 16 x hop 2 at 8 Hz).
+    sa_path = work / "tiny_stable_audio"
+    tiny_stable_audio_pipeline().save_pretrained(sa_path)
+    entries.append(
+        f'[[model]]\nname = "{AUDIO_MODEL}"\nadapter = "diffusers.stable_audio"\n'
+        f'path = "{sa_path}"\ndtype = "float32"\n[model.spec]\nmax_seconds = 4.0\n'
+    )
     registry = work / "models.toml"
     registry.write_text("\n".join(entries))
     env = {"OMNIQ_MODEL_REGISTRY": str(registry)}
@@ -127,3 +138,58 @@ def test_diffusers_model_runs_through_the_queue(dstack: Stack, name: str, tmp_pa
     encode_mp4(Media(frames=expected, fps=fps), reference)
     decoded, _ = _decode(reference.read_bytes())
     assert np.abs(decoded.astype(int) - video.astype(int)).mean() < 4
+
+
+def _wait_audio(stack: Stack, client: Any, audio_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        body: dict[str, Any] = client.get(f"/v1/audio/generations/{audio_id}").json()
+        if body["status"] in ("completed", "failed"):
+            return body
+        time.sleep(0.1)
+    raise TimeoutError(f"{audio_id}:\n" + stack.log("w0"))
+
+
+def test_stable_audio_runs_through_the_queue(dstack: Stack) -> None:
+    request = {
+        "model": AUDIO_MODEL,
+        "prompt": PROMPT,
+        "seconds": 1.5,
+        "num_inference_steps": 3,
+        "seed": 7,
+        "guidance_scale": 6.0,
+        "negative_prompt": "muffled noise",
+    }
+    content: dict[str, bytes] = {}
+    with dstack.client() as c:
+        models = {m["id"]: m["modality"] for m in c.get("/v1/models").json()["data"]}
+        assert models[AUDIO_MODEL] == "audio"
+        for fmt in ("wav", "pcm", "mp3"):
+            resp = c.post("/v1/audio/generations", json={**request, "response_format": fmt})
+            assert resp.status_code == 200, resp.text
+            done = _wait_audio(dstack, c, resp.json()["id"])
+            assert done["status"] == "completed", (done, dstack.log("w0"))
+            assert done["step"] == 3 and done["channels"] == 2
+            # The model's own rate (8 Hz) where the format takes it; MP3 resamples.
+            assert done["sample_rate"] == (8000 if fmt == "mp3" else 8)
+            content[fmt] = c.get(f"/v1/audio/generations/{done['id']}/content").content
+
+    # The pipeline's own __call__ for the same seed: 1.5 s at 8 Hz = 12 stereo samples.
+    out = tiny_stable_audio_pipeline()(
+        PROMPT,
+        negative_prompt="muffled noise",
+        audio_end_in_s=1.5,
+        num_inference_steps=3,
+        guidance_scale=6.0,
+        generator=torch.Generator().manual_seed(7),
+        output_type="pt",
+    )
+    expected = out.audios[0].float().numpy().clip(-1.0, 1.0)
+    assert expected.shape == (2, 12)
+    wav, rate = decode_audio(io.BytesIO(content["wav"]))
+    assert rate == 8 and wav.shape == (2, 12)
+    assert np.abs(wav - expected).max() <= 2 / 32768  # 16-bit quantization only
+    pcm = np.frombuffer(content["pcm"], dtype="<i2").reshape(-1, 2).T
+    assert np.abs(pcm - np.round(expected * 32767)).max() <= 1
+    mp3, rate = decode_audio(io.BytesIO(content["mp3"]))
+    assert mp3.shape[1] / rate == 1.5

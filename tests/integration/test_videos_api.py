@@ -348,6 +348,7 @@ def test_models_health_ready(stack: Stack, client: httpx.Client) -> None:
     assert [m["id"] for m in models["data"]] == [
         "reference/video",
         "reference/world",
+        "reference/audio",
         "reference/voice",
     ]
     assert httpx.get(stack.url + "/health").json()["status"] == "ok"

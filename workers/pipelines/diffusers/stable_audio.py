@@ -8,8 +8,8 @@ and the rotary embedding), ``step`` = one iteration of its step 8, ``decode`` = 
 (VAE decode, crop to ``[audio_start_in_s, audio_end_in_s)``).
 
 Duration: ``audio_end_in_s`` is ``request.extra["audio_end_in_s"]`` when given, otherwise
-``request.num_frames / request.fps`` seconds (the video-shaped request the API sends today;
-proper audio requests come later); ``audio_start_in_s`` is ``request.extra
+``request.num_frames / request.fps`` seconds (audio jobs carry their length as
+milliseconds: ``num_frames`` ms at ``fps`` 1000); ``audio_start_in_s`` is ``request.extra
 ["audio_start_in_s"]`` or 0.0. The model's maximum is ``transformer.sample_size *
 vae.hop_length / vae.sampling_rate`` (47.55 s for stable-audio-open-1.0).
 

@@ -42,6 +42,18 @@ def _dtype_kwarg() -> str:
     return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
 
 
+def _own_weights(pipe: Any) -> None:
+    """Copy every weight of a loaded pipeline into memory of its own. On the CPU the
+    loaders leave tensors in the memory-mapped safetensors file at offsets that need not
+    be 64-byte aligned, and a misaligned weight makes the SIMD kernels round differently
+    (and run slower): the same weights then give different latents than in memory.
+    (``.to("cuda")`` copies anyway.)"""
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            for tensor in [*component.parameters(), *component.buffers()]:
+                tensor.data = tensor.data.clone()
+
+
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     """``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"``, ``"float32"``/``"fp32"`` → dtype."""
     if isinstance(name, torch.dtype):
@@ -203,6 +215,8 @@ class DiffusersAdapter(Pipeline):
             self.pipe = self.pipeline_class.from_pretrained(
                 self.path, local_files_only=True, **{_DTYPE_KWARG: self.dtype}
             )
+            if torch.device(device).type == "cpu":
+                _own_weights(self.pipe)
         if not isinstance(self.pipe, self.pipeline_class):
             raise TypeError(
                 f"{type(self).__name__} drives {self.pipeline_class.__name__}, "

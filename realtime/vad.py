@@ -216,7 +216,7 @@ class SileroVAD:
         threshold: float = 0.5,
         silence_duration_ms: int = 500,
         sample_rate: int = 24000,
-        min_speech_ms: int = 100,
+        min_speech_ms: int = 64,
         backend: str | None = None,
     ) -> None:
         self._net = load_model(backend)

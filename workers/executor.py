@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from workers.audio_media import (
 )
 from workers.failpoints import Failpoints
 from workers.media import encode_mp4, encode_thumbnail
-from workers.pipelines.base import GenerationRequest, Media, Pipeline
+from workers.pipelines.base import GenerationRequest, Media, Pipeline, checkpoints
 from workers.pipelines.registry import PipelineRegistry
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 # Progress (0–100) at the start of each stage; denoise fills its span step by step.
 STAGE_START = {"prepare": 0, "denoise": 5, "decode": 85, "encode": 90, "upload": 95}
 DENOISE_END = 85
+# Inside prepare/decode, the ownership check runs at most this often (a DB read each).
+STOP_POINT_INTERVAL_S = 0.02
 
 
 class JobLost(Exception):
@@ -192,7 +195,8 @@ class StepExecutor:
 
         request = self._request(job)
         self._failpoint(run, "prepare")
-        state = pipe.prepare(request)
+        with checkpoints(self._stop_point(run)):
+            state = pipe.prepare(request)
         del request
         self._enter(run, "denoise")
         preview_every = self.settings.worker.preview_every
@@ -208,7 +212,8 @@ class StepExecutor:
 
         self._enter(run, "decode")
         self._failpoint(run, "decode")
-        media = pipe.decode(state)
+        with checkpoints(self._stop_point(run)):
+            media = pipe.decode(state)
         del state
         inference_time = time.monotonic() - started
 
@@ -377,6 +382,23 @@ class StepExecutor:
         """Asked before each part of a multipart upload: go on only while the job is ours."""
         self._failpoint(run, "upload_part")
         return self._owned(run)
+
+    def _stop_point(self, run: _Run) -> Callable[[], None]:
+        """What ``checkpoint()`` runs inside prepare and decode: the deadline and the
+        ownership check of a step boundary, at most every ``STOP_POINT_INTERVAL_S``."""
+        last = time.monotonic()
+
+        def check() -> None:
+            nonlocal last
+            now = time.monotonic()
+            if now - last < STOP_POINT_INTERVAL_S:
+                return
+            last = now
+            if time.time() > run.deadline:
+                raise JobTimedOut
+            self._check(run)
+
+        return check
 
     def _check(self, run: _Run) -> None:
         if not self._owned(run):

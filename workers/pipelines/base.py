@@ -14,12 +14,42 @@ returned by :meth:`Pipeline.prepare`, never on the adapter. The executor owns th
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from models.catalog import ModelSpec
+
+# Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
+_checkpoint: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "omniq_checkpoint", default=None
+)
+
+
+def checkpoint() -> None:
+    """A point inside a long adapter call where the job may stop (cancel, deadline).
+
+    Adapters call it between the pieces of ``prepare`` and ``decode`` (render chunks, VAE
+    blocks, text-encoder layers), so a cancel need not wait out the whole call. It raises
+    the executor's stop exception when the job is no longer to run, and does nothing
+    outside a job (tests, sessions)."""
+    check = _checkpoint.get()
+    if check is not None:
+        check()
+
+
+@contextlib.contextmanager
+def checkpoints(check: Callable[[], None]) -> Iterator[None]:
+    """Make ``checkpoint()`` call ``check`` in this context (the executor's job thread)."""
+    token = _checkpoint.set(check)
+    try:
+        yield
+    finally:
+        _checkpoint.reset(token)
 
 
 @dataclass

@@ -39,12 +39,18 @@ import torch
 import torch.nn.functional as F
 
 from models.catalog import REFERENCE_VIDEO
-from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
+from workers.pipelines.base import (
+    GenerationRequest,
+    Media,
+    Pipeline,
+    StepState,
+    checkpoint,
+)
 
 SAMPLE_RATE = 48_000
 _SHIFT = 3.0  # timestep shift of the sigma schedule, as in SD3/Wan flow-matching schedulers
 _CAMERAS = ("static", "pan", "zoom")
-_RENDER_BUDGET = 4_000_000  # pixels per render chunk (bounds temporaries)
+_RENDER_BUDGET = 1_000_000  # pixels per render chunk (bounds temporaries; cancel points)
 _STEP_BUDGET = 8_000_000  # latent values per step chunk
 _U64 = 2**64 - 1
 
@@ -234,6 +240,7 @@ class ReferenceVideoPipeline(Pipeline):
         target = torch.empty((t, 3, h, w), dtype=torch.uint8, device=self._device)
         clean = torch.empty((t, 3, (h + 1) // 2, (w + 1) // 2), device=self._device)
         for start, stop in _chunks(t, h * w, _RENDER_BUDGET):
+            checkpoint()
             target[start:stop] = _render(scene, start, stop, self._device).mul_(255).round_()
             clean[start:stop] = _encode(target[start:stop])
         generator = torch.Generator(device="cpu").manual_seed(request.seed & _U64)
@@ -279,10 +286,12 @@ class ReferenceVideoPipeline(Pipeline):
         detail = 1.0 - float(st.sigmas[st.step_index])  # 1 once all steps have run
         frames = np.empty((t, h, w, 3), dtype=np.uint8)
         for start, stop in _chunks(t, h * w, _RENDER_BUDGET):
+            checkpoint()
             full = st.target[start:stop].float() / 127.5 - 1
             out = _upsample(st.latents[start:stop], h, w)
             out += detail * (full - _upsample(st.clean[start:stop], h, w))  # clean == encode(full)
             frames[start:stop] = _to_uint8(out).permute(0, 2, 3, 1).cpu().numpy()
+        checkpoint()
         audio = _soundtrack(st.scene, round(t / st.scene.fps * SAMPLE_RATE))
         return Media(frames=frames, fps=st.scene.fps, audio=audio, sample_rate=SAMPLE_RATE)
 

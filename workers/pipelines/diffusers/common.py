@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from models.catalog import FAMILY_SPECS, ModelSpec
-from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
+from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, checkpoint
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -40,6 +41,30 @@ def _dtype_kwarg() -> str:
     from diffusers.utils import deprecation_utils
 
     return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
+
+
+_HOOKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def _checkpoint_hook(module: torch.nn.Module, args: Any) -> None:
+    checkpoint()
+
+
+def _install_checkpoints(pipe: Any) -> None:
+    """Cancel points inside prepare and decode: a forward pre-hook calling ``checkpoint()``
+    on every block (each element of a ``ModuleList``) of the text encoders, VAEs and
+    vocoders. The denoiser gets none: the executor checks between steps. Outside a job's
+    prepare/decode the hook is one context-variable read."""
+    for name, component in pipe.components.items():
+        if not isinstance(component, torch.nn.Module) or name.startswith(("transformer", "unet")):
+            continue
+        if component in _HOOKED:
+            continue
+        for module in component.modules():
+            if isinstance(module, torch.nn.ModuleList):
+                for block in module:
+                    block.register_forward_pre_hook(_checkpoint_hook)
+        _HOOKED.add(component)
 
 
 def _own_weights(pipe: Any) -> None:
@@ -224,6 +249,7 @@ class DiffusersAdapter(Pipeline):
             )
         self.pipe.to(device)
         self.device = torch.device(device)
+        _install_checkpoints(self.pipe)
 
     def _loaded(self) -> Any:
         if self.pipe is None:

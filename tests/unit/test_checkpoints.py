@@ -1,0 +1,98 @@
+"""Cancel points inside ``prepare`` and ``decode``: a long call of an adapter stops at the
+next ``checkpoint()`` once the executor's check raises, and the pipeline is unharmed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.unit.test_diffusers_video import CASES, FAMILIES, _adapter, _request, _run
+from workers.pipelines.base import GenerationRequest, checkpoint, checkpoints
+from workers.pipelines.reference_video import ReferenceVideoPipeline
+
+
+class Stop(Exception):
+    pass
+
+
+class Counter:
+    """A check that counts its calls and raises from call ``stop_at`` on."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.calls = 0
+        self.stop_at = stop_at
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.stop_at is not None and self.calls >= self.stop_at:
+            raise Stop
+
+
+def test_checkpoint_is_a_no_op_outside_a_job_and_scoped_inside() -> None:
+    checkpoint()  # no context: nothing happens
+    counter = Counter()
+    with checkpoints(counter):
+        checkpoint()
+        checkpoint()
+    checkpoint()
+    assert counter.calls == 2
+
+
+def _video_request() -> GenerationRequest:
+    return GenerationRequest(
+        prompt="a red ball rolling over green hills",
+        width=320,
+        height=192,
+        num_frames=48,
+        fps=24,
+        num_inference_steps=2,
+        seed=1,
+    )
+
+
+def test_reference_video_prepare_and_decode_stop_midway() -> None:
+    pipe = ReferenceVideoPipeline()
+    pipe.load("cpu")
+    counting = Counter()
+    with checkpoints(counting):
+        state = pipe.prepare(_video_request())
+    assert counting.calls >= 3  # several cancel points in one prepare (48 frames, 3 chunks)
+    with checkpoints(Counter(stop_at=2)), pytest.raises(Stop):
+        pipe.prepare(_video_request())
+    while not state.done:
+        pipe.step(state)
+    expected = pipe.decode(state).frames
+    counting = Counter()
+    with checkpoints(counting):
+        pipe.decode(state)
+    assert counting.calls >= 3
+    with checkpoints(Counter(stop_at=2)), pytest.raises(Stop):
+        pipe.decode(state)
+    np.testing.assert_array_equal(pipe.decode(state).frames, expected)  # unharmed
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_diffusers_text_encoder_and_vae_blocks_are_cancel_points(name: str) -> None:
+    case = CASES[name]
+    adapter = _adapter(case, case.build())
+    req = _request(case)
+    expected, _ = _run(adapter, req)
+    counting = Counter()
+    with checkpoints(counting):
+        state: Any = adapter.prepare(req)
+    assert counting.calls >= 2  # text-encoder blocks
+    with checkpoints(Counter(stop_at=1)), pytest.raises(Stop):
+        adapter.prepare(req)
+    while not state.done:
+        adapter.step(state)
+    counting = Counter()
+    with checkpoints(counting):
+        adapter.decode(state)
+    assert counting.calls >= 2  # VAE blocks
+    with checkpoints(Counter(stop_at=2)), pytest.raises(Stop):
+        adapter.decode(state)
+    # an interrupted decode leaves nothing behind: the next job is bit-identical
+    again, _ = _run(adapter, req)
+    np.testing.assert_array_equal(again, expected)

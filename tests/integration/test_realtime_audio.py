@@ -220,59 +220,60 @@ async def _json(ws: ClientConnection, timeout: float = 30) -> dict[str, Any]:
 
 
 def test_duplex_resume_replays_missed_events_exactly_once(rstack: Stack) -> None:
+    """The OpenAI SDK's client, unchanged, on the duplex extension: connect with
+    ``duplex=1``, lose the network mid-answer, reconnect and ``session.resume``."""
+
+    async def recv(conn: Any) -> dict[str, Any]:
+        # raw JSON: the extension's events are not in the SDK's union of event types
+        return dict(json.loads(await asyncio.wait_for(conn.recv_bytes(), 30)))
+
     async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        ws = await _raw(rstack, "/v1/realtime?model=reference/voice&duplex=1")
-        created = await _json(ws)
+        client = sdk(rstack)
+        duplex = {"duplex": "1"}
+        first = await client.realtime.connect(model="reference/voice", extra_query=duplex).enter()
+        created = await recv(first)
         session = created["session"]
         assert session["capabilities"]["supports_session_resume"] is True
         before = [created]
-        await ws.send(json.dumps({"type": "session.update", "session": MANUAL}))
-        await ws.send(
-            json.dumps(
-                {
-                    "type": "conversation.item.create",
-                    "item": {
-                        "type": "message",
-                        "role": "user",
-                        "content": [{"type": "input_text", "text": "tell me about the sea"}],
-                    },
-                }
-            )
+        await first.session.update(session=MANUAL)
+        await first.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "tell me about the sea"}],
+            }
         )
-        await ws.send(json.dumps({"type": "response.create"}))
-        while True:
-            before.append(await _json(ws))
-            if before[-1]["type"] == "response.output_audio.delta":
-                break
-        ws.transport.abort()  # a dropped network, no close handshake
-        await asyncio.sleep(1.0)  # the response goes on while nobody listens
+        await first.response.create()
+        while before[-1]["type"] != "response.output_audio.delta":
+            before.append(await recv(first))
+        first._connection.transport.abort()  # a dropped network, no close handshake
+        await asyncio.sleep(1.0)  # the answer goes on while nobody listens
         last = before[-1]["server_event_seq"]
-        ws2 = await _raw(rstack, "/v1/duplex")
-        fresh = await _json(ws2)
+        second = await client.realtime.connect(model="reference/voice", extra_query=duplex).enter()
+        fresh = await recv(second)
         assert fresh["type"] == "session.created" and fresh["session"]["id"] != session["id"]
-        await ws2.send(
-            json.dumps(
-                {
-                    "type": "session.resume",
-                    "session_id": session["id"],
-                    "resume_token": session["resume_token"],
-                    "last_received_server_event_seq": last,
-                }
-            )
+        await second.send(
+            {
+                "type": "session.resume",
+                "session_id": session["id"],
+                "resume_token": session["resume_token"],
+                "last_received_server_event_seq": last,
+            }
         )
-        after = [await _json(ws2)]
+        after = [await recv(second)]
         while after[-1]["type"] != "response.done":
-            after.append(await _json(ws2))
-        await ws2.send(json.dumps({"type": "session.heartbeat"}))
-        after.append(await _json(ws2))
-        await ws2.send(json.dumps({"type": "session.close", "reason": "done"}))
-        after.append(await _json(ws2))
-        await ws2.close()
+            after.append(await recv(second))
+        await second.send({"type": "session.heartbeat"})
+        after.append(await recv(second))
+        await second.send({"type": "session.close", "reason": "done"})
+        after.append(await recv(second))
+        await second.close()
         return before, after
 
     before, after = asyncio.run(run())
     assert after[0]["type"] == "session.resumed"
     replayed = after[1:-2]
+    assert after[0]["replayed"] == len(replayed)
     seqs = [e["server_event_seq"] for e in before] + [e["server_event_seq"] for e in replayed]
     assert seqs == list(range(1, len(seqs) + 1))  # every event once, in order, none missing
     assert replayed[-1]["response"]["status"] == "completed"

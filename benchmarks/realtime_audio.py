@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import json
 import os
 import platform
@@ -57,6 +58,7 @@ import wave
 from pathlib import Path
 from typing import Any
 
+import psutil
 import websockets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +130,7 @@ async def one_session(url: str, a: tuple[bytes, dict], b: tuple[bytes, dict]) ->
             dones = 0
             async for message in ws:
                 event = json.loads(message)
+                event["_wall"] = time.time()
                 events.append((time.monotonic(), event))
                 if event["type"] == "response.output_audio.delta":
                     first_delta.set()
@@ -184,6 +187,15 @@ def _measure(
         after = [t for t, e in deltas if t > stop_t]
         if after:
             out.setdefault("first_audio_ms", []).append((after[0] - stop_t) * 1000)
+    for stop_t, stop_e in stopped:
+        first = next((e for t, e in deltas if t > stop_t), None)
+        if first is not None and first.get("produced_at"):
+            # split: speech_stopped at the client → audio made on the worker → delivered
+            made = (first["produced_at"] - stop_e["_wall"]) * 1000
+            out.setdefault("first_audio_made_ms", []).append(made)
+    out["transport_ms"] = [
+        (e["_wall"] - e["produced_at"]) * 1000 for _, e in deltas if e.get("produced_at")
+    ]
     onset_b = t_b + truth_b["onset_ms"] / 1000
     cancelled_deltas = [t for t, e in deltas if e["response_id"] == cancelled["id"]]
     out["barge_in_to_done_ms"] = (dones[0][0] - onset_b) * 1000
@@ -193,13 +205,31 @@ def _measure(
     audio_s = [len(base64.b64decode(e["delta"])) / (BYTES_PER_MS * 1000) for _, e in answer]
     wall = answer[-1][0] - answer[0][0]
     out["rtf"] = sum(audio_s[:-1]) / wall if wall > 0 else None
-    underruns, play_end = 0, answer[0][0]
+    underruns, dry_s, play_end = 0, 0.0, answer[0][0]
     for i, ((t, _), dur) in enumerate(zip(answer, audio_s, strict=True)):
         if i and t > play_end + 1e-3:
             underruns += 1  # playback ran dry; it resumes when this delta arrives
+            out.setdefault("underrun_at", []).append(i)
+            dry_s += t - play_end
         play_end = max(play_end, t) + dur
     out["underruns"] = underruns
+    out["underrun_ms"] = dry_s * 1000
+    out["max_delta_gap_ms"] = max(b[0] - a[0] for a, b in itertools.pairwise(answer)) * 1000
+    out["answer_lead_ms"] = [  # audio received ahead of playback when each delta arrived
+        (play - t) * 1000 for t, play in _buffer_levels(answer, audio_s)
+    ]
     return out
+
+
+def _buffer_levels(
+    answer: list[tuple[float, dict[str, Any]]], audio_s: list[float]
+) -> list[tuple[float, float]]:
+    """(arrival, playback end of everything received so far) per delta."""
+    levels, play_end = [], answer[0][0]
+    for (t, _), dur in zip(answer, audio_s, strict=True):
+        play_end = max(play_end, t) + dur
+        levels.append((t, play_end - dur))
+    return levels
 
 
 async def run_n(url: str, n: int) -> list[dict[str, Any]]:
@@ -225,13 +255,48 @@ def aggregate(n: int, sessions: list[dict[str, Any]], silence_ms: int) -> dict[s
         "vad_offset_ms": _summary(flat("vad_offset_ms")),
         "vad_offset_minus_silence_ms": _summary([v - silence_ms for v in flat("vad_offset_ms")]),
         "first_audio_after_speech_stopped_ms": _summary(flat("first_audio_ms")),
+        "first_audio_made_after_speech_stopped_ms": _summary(flat("first_audio_made_ms")),
+        "audio_transport_ms": _summary(flat("transport_ms")),
         "barge_in_to_done_ms": _summary(flat("barge_in_to_done_ms")),
         "barge_in_to_last_delta_ms": _summary(flat("barge_in_to_last_delta_ms")),
         "detection_to_done_ms": _summary(flat("detection_to_done_ms")),
         "rtf": _summary(flat("rtf")),
         "underruns": _summary(flat("underruns")),
+        "underrun_ms": _summary(flat("underrun_ms")),
+        "max_delta_gap_ms": _summary(flat("max_delta_gap_ms")),
+        "buffered_at_arrival_ms": _summary(flat("answer_lead_ms")),
         "sessions_with_underruns": sum(1 for s in ok if s.get("underruns")),
     }
+
+
+def _cpu_by_process(up_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far: this client, and each process of the stack by its role."""
+    out = {"client": sum(psutil.Process().cpu_times()[:2])}
+    if up_pid is None:
+        return out
+    for proc in psutil.Process(up_pid).children(recursive=True):
+        try:
+            cmd = " ".join(proc.cmdline())
+            used = sum(proc.cpu_times()[:2])
+        except psutil.Error:
+            continue
+        role = (
+            "realtime_worker"
+            if "--realtime" in cmd
+            else "api"
+            if " api" in cmd
+            else "valkey"
+            if "valkey" in cmd
+            else "job_worker"
+            if " worker" in cmd
+            else "other_stack"
+        )
+        out[role] = out.get(role, 0.0) + used
+    return out
+
+
+def _cores_used(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
+    return {k: round((after[k] - before.get(k, 0.0)) / wall, 2) for k in after}
 
 
 def _start_stack(slots: int, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -277,7 +342,13 @@ def main() -> None:
         asyncio.run(run_n(ws_url, 1))  # warm-up: loads the VAD and the voice pipeline
         for n in levels:
             print(f"running {n} session(s)…", file=sys.stderr, flush=True)
-            report["results"].append(aggregate(n, asyncio.run(run_n(ws_url, n)), 500))
+            before, t0 = _cpu_by_process(up.pid if up else None), time.monotonic()
+            result = aggregate(n, asyncio.run(run_n(ws_url, n)), 500)
+            wall = time.monotonic() - t0
+            result["cores_used"] = _cores_used(
+                before, _cpu_by_process(up.pid if up else None), wall
+            )
+            report["results"].append(result)
         print(json.dumps(report, indent=2))
     finally:
         if up is not None:

@@ -10,6 +10,7 @@ with the synchronous :class:`EventBus`; the API reads with :class:`AsyncEventBus
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,18 @@ class EventBus:
         pipe.expire(stream, self.ttl_s)
         entry_id, _ = pipe.execute()
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+    def publish_many(
+        self, stream: str, events: Sequence[tuple[BaseModel | dict[str, Any], bytes | None]]
+    ) -> None:
+        """Publish several events in one round trip (readers see them together)."""
+        if not events:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for event, data in events:
+            pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
+        pipe.expire(stream, self.ttl_s)
+        pipe.execute()
 
     def read(
         self, stream: str, after: str = "0-0", *, block_ms: int | None = None, count: int = 100

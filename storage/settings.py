@@ -128,6 +128,9 @@ class RealtimeSettings(BaseModel):
     # Voice sessions: audio produced ahead of the wall clock since a response started;
     # more lead rides out hiccups, less makes a cancel drop less already-sent audio.
     audio_lead_ms: int = 300
+    # The first audio of a response is sent once this much is made (one burst), so a
+    # client that starts playing at the first delta has a cushion against jitter.
+    audio_prebuffer_ms: int = 200
     # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
     resume_grace_s: float = 30.0
 

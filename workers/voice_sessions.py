@@ -47,8 +47,12 @@ class _Response:
     turn: VoiceTurn
     state: Any = None
     started: float = 0.0  # monotonic time of its first step
-    samples: int = 0
+    samples: int = 0  # made so far
+    published: int = 0  # samples sent to the API
     transcript: list[str] = field(default_factory=list)
+    # The first audio waits here until ``audio_prebuffer_ms`` is made, then goes in one burst.
+    held: list[tuple[dict[str, Any], bytes | None]] = field(default_factory=list)
+    released: bool = False
 
 
 class _Stop(Exception):
@@ -218,27 +222,42 @@ class _VoiceSession:
         response.started = time.monotonic()
 
     def _step(self, response: _Response) -> None:
+        """One model step; until the prebuffer is full, the steps it needs back to back
+        (no command read between them: that audio is not sent before the burst, and the
+        commands are read right after it)."""
         assert self.pipe is not None
-        chunk = self.pipe.step(response.state)
-        if chunk.pcm16:
-            response.samples += len(chunk.pcm16) // 2
-            if chunk.text:
-                response.transcript.append(chunk.text)
-            self.bus.publish(
-                self.out,
-                {
+        prebuffer = self.settings.realtime.audio_prebuffer_ms * self.pipe.sample_rate // 1000
+        while True:
+            chunk = self.pipe.step(response.state)
+            if chunk.pcm16:
+                response.samples += len(chunk.pcm16) // 2
+                if chunk.text:
+                    response.transcript.append(chunk.text)
+                event = {
                     "type": "audio",
                     "response_id": response.id,
                     "produced_at": time.time(),
                     "text": chunk.text,
-                },
-                chunk.pcm16,
-            )
-        if self.pipe.done(response.state):
+                }
+                response.held.append((event, chunk.pcm16))
+            done = self.pipe.done(response.state)
+            if response.released or response.samples >= prebuffer or done:
+                break
+        self._release(response)
+        if done:
             self._finish(response, "completed")
             self.active = None
 
+    def _release(self, response: _Response) -> None:
+        """Send the audio made and not yet sent (one round trip)."""
+        response.released = True
+        if response.held:
+            self.bus.publish_many(self.out, response.held)
+            response.published += sum(len(data or b"") // 2 for _, data in response.held)
+            response.held = []
+
     def _finish(self, response: _Response, status: str) -> None:
+        """Report the end; audio still held back (a cancel during the prebuffer) is dropped."""
         rate = self.pipe.sample_rate if self.pipe is not None else 24000
         self.bus.publish(
             self.out,
@@ -246,8 +265,8 @@ class _VoiceSession:
                 "type": "response_finished",
                 "response_id": response.id,
                 "status": status,
-                "audio_ms": response.samples * 1000 // rate,
-                "transcript": "".join(response.transcript),
+                "audio_ms": response.published * 1000 // rate,
+                "transcript": "".join(response.transcript) if response.released else "",
             },
         )
 

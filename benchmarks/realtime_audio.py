@@ -299,11 +299,24 @@ def _cores_used(before: dict[str, float], after: dict[str, float], wall: float) 
     return {k: round((after[k] - before.get(k, 0.0)) / wall, 2) for k in after}
 
 
-def _start_stack(slots: int, data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start_stack(
+    slots: int, data_dir: Path, realtime_workers: int = 1
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "OMNIQ_REALTIME__SLOTS": str(slots)}
+    env = {**os.environ, "OMNIQ_REALTIME__SLOTS": str(-(-slots // realtime_workers))}
     up = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "up", "--port", str(port), "--data-dir", str(data_dir)],
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--realtime-workers",
+            str(realtime_workers),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -322,6 +335,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sessions", default="1,10,20,50", help="comma-separated concurrency levels")
     p.add_argument("--url", default=None, help="use a running server instead of starting one")
+    p.add_argument(
+        "--realtime-workers",
+        type=int,
+        default=1,
+        help="realtime worker processes; the sessions' slots are split among them",
+    )
     args = p.parse_args()
     levels = [int(x) for x in args.sessions.split(",") if x]
     data_dir = Path(tempfile.mkdtemp(prefix="oq-rta-bench-"))
@@ -329,13 +348,14 @@ def main() -> None:
     if args.url:
         url = args.url
     else:
-        up, url = _start_stack(max(levels), data_dir)
+        up, url = _start_stack(max(levels), data_dir, args.realtime_workers)
     ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=reference/voice"
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}",
         "fixtures": ["hello.wav", "stop.wav (barge-in)"],
         "slots": max(levels),
+        "realtime_workers": args.realtime_workers,
         "results": [],
     }
     try:

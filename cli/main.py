@@ -124,7 +124,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from cli.up import run_up
 
     return run_up(
-        host=args.host, port=args.port, data_dir=Path(args.data_dir), workers=args.workers
+        host=args.host,
+        port=args.port,
+        data_dir=Path(args.data_dir),
+        workers=args.workers,
+        realtime_workers=args.realtime_workers,
     )
 
 
@@ -155,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--data-dir", default="omniqueue-data")
     up.add_argument("--workers", type=int, default=1)
+    up.add_argument(
+        "--realtime-workers",
+        type=int,
+        default=1,
+        help="realtime worker processes (each with OMNIQ_REALTIME__SLOTS session threads)",
+    )
     up.set_defaults(func=_cmd_up)
 
     api = sub.add_parser("api", help="serve the HTTP API")

@@ -61,8 +61,12 @@ class ProcessGroup:
 
     def spawn(self, name: str, argv: list[str]) -> None:
         self._procs[name] = subprocess.Popen(
-            argv, env=self._env, stdin=subprocess.DEVNULL, stdout=_STDERR_FD,
-            stderr=_STDERR_FD, **child_popen_kwargs(signal.SIGTERM),
+            argv,
+            env=self._env,
+            stdin=subprocess.DEVNULL,
+            stdout=_STDERR_FD,
+            stderr=_STDERR_FD,
+            **child_popen_kwargs(signal.SIGTERM),
         )
 
     def first_exited(self) -> tuple[str, int] | None:
@@ -163,7 +167,7 @@ def _wait_healthy(url: str, children: ProcessGroup, timeout: float) -> str | Non
     return f"the API did not answer {url}/health within {timeout:.0f} s"
 
 
-def run_up(host: str, port: int, data_dir: Path, workers: int) -> int:
+def run_up(host: str, port: int, data_dir: Path, workers: int, realtime_workers: int = 1) -> int:
     """Run the embedded stack until SIGINT/SIGTERM (exit 0) or a child dies (exit 1)."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -183,19 +187,29 @@ def run_up(host: str, port: int, data_dir: Path, workers: int) -> int:
         env = child_env(host, port, data_dir, valkey, s3)
         _say("migrating the database…")
         migrate = subprocess.run(
-            _cli("migrate"), env=env, stdin=subprocess.DEVNULL, stdout=_STDERR_FD,
-            timeout=MIGRATE_TIMEOUT_S, check=False, **child_popen_kwargs(signal.SIGTERM),
+            _cli("migrate"),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=_STDERR_FD,
+            timeout=MIGRATE_TIMEOUT_S,
+            check=False,
+            **child_popen_kwargs(signal.SIGTERM),
         )
         if migrate.returncode != 0:
             _say(f"omniqueue up: migration failed with code {migrate.returncode}")
             return 1
-        _say(f"starting the API on {url}, {workers} worker(s) and a realtime worker…")
+        _say(
+            f"starting the API on {url}, {workers} worker(s) and "
+            f"{realtime_workers} realtime worker(s)…"
+        )
         children = ProcessGroup(env)
         children.spawn("api", _cli("api", "--host", host, "--port", str(port)))
         for i in range(workers):
             children.spawn(f"worker {i}", _cli("worker", "--name", f"embedded-{i}"))
-        # one realtime worker (OMNIQ_REALTIME__SLOTS session threads) for streaming models
-        children.spawn("realtime worker", _cli("worker", "--realtime", "--name", "embedded-rt"))
+        # realtime workers (OMNIQ_REALTIME__SLOTS session threads each) for streaming models
+        for i in range(realtime_workers):
+            name = "embedded-rt" if i == 0 else f"embedded-rt{i}"
+            children.spawn(f"realtime worker {i}", _cli("worker", "--realtime", "--name", name))
         problem = _wait_healthy(url, children, HEALTH_TIMEOUT_S)
         if problem is not None:
             _say(f"omniqueue up: {problem}")

@@ -13,10 +13,11 @@ One response runs at a time (a respond that arrives while one runs waits its tur
 every two model steps the runner drains *all* pending commands first, so a cancel or stop
 is handled ahead of further audio (STYLE.md item 5): the cancelled response ends at once
 with ``response_finished`` ``cancelled``. Output is paced to real time: at most
-``realtime.audio_lead_ms`` of audio ahead of the wall clock since the response started,
-waiting in slices of at most 10 ms on the inbox itself (``XREAD BLOCK``), so a command
-that arrives during the wait is seen at once. With no response running the runner blocks
-on the inbox for 50 ms at a time. ``stop``, or no command nor keep-alive from the API for
+``realtime.audio_lead_ms`` of audio ahead of the wall clock since the response started;
+the first ``realtime.audio_prebuffer_ms`` go out in one burst. The runner waits on the
+inbox itself (``XREAD BLOCK`` until the next step is due, or the next keep-alive when
+idle), so a command that arrives during a wait is seen at once, and a session thread
+wakes only when it has work. ``stop``, or no command nor keep-alive from the API for
 ``realtime.lost_after_s``, ends the session with ``finished`` and frees the slot.
 """
 
@@ -36,8 +37,8 @@ from workers.pipelines.voice import VoicePipeline, VoiceTurn
 
 log = logging.getLogger(__name__)
 
-IDLE_BLOCK_MS = 50
-PACE_SLICE_MS = 10
+# Longest inbox wait of an idle session (the keep-alive still goes out on time).
+IDLE_BLOCK_MS = 250
 DRAIN_COUNT = 100
 
 
@@ -200,14 +201,19 @@ class _VoiceSession:
     # -- responses ------------------------------------------------------------------------
 
     def _wait_ms(self, lead_s: float) -> int | None:
-        """How long the next inbox read may block: idle → 50 ms; ahead of the clock →
-        until due, at most 10 ms; a step is due → not at all."""
+        """How long the next inbox read may block: until the next step is due (idle: until
+        the next keep-alive, at most ``IDLE_BLOCK_MS``); a step is due → not at all. The
+        read returns as soon as a command arrives, so a long wait delays no cancel; few
+        wake-ups matter with dozens of session threads sharing one GIL."""
         if self.active is None:
-            return None if self.queued else IDLE_BLOCK_MS
+            if self.queued:
+                return None
+            beat_in = self.beat + self.settings.realtime.keepalive_s - time.monotonic()
+            return max(1, min(IDLE_BLOCK_MS, round(beat_in * 1000)))
         ahead = self._ahead_s(self.active, lead_s)
         if ahead <= 0:
             return None
-        return max(1, min(PACE_SLICE_MS, round(ahead * 1000)))
+        return max(1, round(ahead * 1000))
 
     def _ahead_s(self, response: _Response, lead_s: float) -> float:
         """Seconds until the next step is due (audio produced beyond wall clock + lead)."""

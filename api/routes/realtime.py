@@ -156,10 +156,11 @@ class VoiceSession:
                         self.protocol.worker_failed(
                             "worker_lost", "the worker running the session is gone"
                         )
-                for entry in entries:
-                    after, heard = entry.id, now
-                    admitted = admitted or entry.type == "accepted"
-                    self._apply(entry.event, entry.data, now)
+                for event, data in _coalesce(entries):
+                    admitted = admitted or event.get("type") == "accepted"
+                    self._apply(event, data, now)
+                if entries:
+                    after, heard = entries[-1].id, now
                 await self.flush()
         await self.finish()
 
@@ -216,6 +217,23 @@ class VoiceSession:
         for task in self.tasks:
             if task is not current:
                 task.cancel()
+
+
+def _coalesce(entries: list[Any]) -> list[tuple[dict[str, Any], bytes | None]]:
+    """The worker's entries, with consecutive ``audio`` steps of one response joined into
+    one delta: entries that arrive together (a prebuffer burst, a relay that fell behind)
+    cost one client event instead of one per 40 ms step."""
+    out: list[tuple[dict[str, Any], bytes | None]] = []
+    for entry in entries:
+        event, data = entry.event, entry.data
+        if out and event.get("type") == "audio":
+            last, pcm = out[-1]
+            if last.get("type") == "audio" and last["response_id"] == event["response_id"]:
+                text = (last.get("text") or "") + (event.get("text") or "")
+                out[-1] = ({**last, "text": text or None}, (pcm or b"") + (data or b""))
+                continue
+        out.append((event, data))
+    return out
 
 
 def _pick_model(state: AppState, requested: str | None) -> str | None:

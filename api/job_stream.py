@@ -12,8 +12,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastapi import WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
+from api.deps import websocket_owner
 from api.jobs_service import JobService
 from api.state import AppState
 from models.db import JobStatus
@@ -83,3 +85,34 @@ def sse(entry: BusEntry | None) -> str:
     if entry.data is not None:
         body["data_b64"] = base64.b64encode(entry.data).decode()
     return f"id: {entry.id}\nevent: {entry.type}\ndata: {json.dumps(body)}\n\n"
+
+
+async def serve_websocket(
+    websocket: WebSocket, service: JobService, job_id: str, last_event_id: str
+) -> None:
+    """``WS …/{id}/stream``: the same events as SSE, one JSON text frame each; an event
+    with binary data (``chunk``) carries ``byte_length`` and is followed by one binary
+    frame. Same auth and 404 rules as GET (close 1008 before accepting)."""
+    owner, subprotocol = await websocket_owner(websocket, service.state)
+    if owner is None:
+        await websocket.close(code=1008, reason="invalid or missing API key")
+        return
+    try:
+        await run_in_threadpool(service.get_job, job_id, owner)
+    except OmniqueueError as exc:
+        await websocket.close(code=1008, reason=exc.message[:120])
+        return
+    await websocket.accept(subprotocol=subprotocol)
+    try:
+        async for entry in follow(service.state, service, job_id, owner, last_event_id):
+            if entry is None:
+                continue
+            message = wire(entry)
+            if entry.data is not None:
+                message["byte_length"] = len(entry.data)
+            await websocket.send_text(json.dumps(message))
+            if entry.data is not None:
+                await websocket.send_bytes(entry.data)
+        await websocket.close(code=1000)
+    except WebSocketDisconnect:
+        return

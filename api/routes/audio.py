@@ -6,14 +6,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.audio_service import AudioService
 from api.content import stream_artifact
 from api.deps import AudioDep, CurrentOwner
 from api.forms import read_create_body
-from api.job_stream import follow, sse
+from api.job_stream import follow, serve_websocket, sse
 from models.audio import EXTENSIONS, AudioDeleted, AudioObject, AudioPage
 
 router = APIRouter(prefix="/v1/audio/generations", tags=["audio"])
@@ -111,3 +112,10 @@ async def audio_events(
 
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+
+@router.websocket("/{audio_id}/stream")
+async def audio_stream(websocket: WebSocket, audio_id: str, last_event_id: str = "0-0") -> None:
+    """The job's events over a WebSocket, as ``WS /v1/videos/{id}/stream``; a ``pcm`` job's
+    ``chunk`` events are each followed by one binary frame of PCM16."""
+    await serve_websocket(websocket, AudioService(websocket.state.app), audio_id, last_event_id)

@@ -8,19 +8,16 @@ exactly after the last event seen. The stream ends with ``done`` (see
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Header, Query, WebSocket
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CurrentOwner, VideosDep, websocket_owner
-from api.job_stream import follow, sse, wire
-from api.state import AppState
+from api.deps import CurrentOwner, VideosDep
+from api.job_stream import follow, serve_websocket, sse
 from api.videos_service import VideoService
-from models.errors import OmniqueueError
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
 
@@ -46,28 +43,4 @@ async def video_events(
 
 @router.websocket("/{video_id}/stream")
 async def video_stream(websocket: WebSocket, video_id: str, last_event_id: str = "0-0") -> None:
-    state: AppState = websocket.state.app
-    videos = VideoService(state)
-    owner, subprotocol = await websocket_owner(websocket, state)
-    if owner is None:
-        await websocket.close(code=1008, reason="invalid or missing API key")
-        return
-    try:
-        await run_in_threadpool(videos.get_job, video_id, owner)
-    except OmniqueueError as exc:
-        await websocket.close(code=1008, reason=exc.message[:120])
-        return
-    await websocket.accept(subprotocol=subprotocol)
-    try:
-        async for entry in follow(state, videos, video_id, owner, last_event_id):
-            if entry is None:
-                continue
-            message = wire(entry)
-            if entry.data is not None:
-                message["byte_length"] = len(entry.data)
-            await websocket.send_text(json.dumps(message))
-            if entry.data is not None:
-                await websocket.send_bytes(entry.data)
-        await websocket.close(code=1000)
-    except WebSocketDisconnect:
-        return
+    await serve_websocket(websocket, VideoService(websocket.state.app), video_id, last_event_id)

@@ -193,6 +193,32 @@ def test_events_end_with_done_and_carry_the_pcm(astack: AudioStack, client: http
     assert streamed == stored.content and len(streamed) == 2 * 8000
 
 
+def test_websocket_stream_sends_pcm_as_binary_frames(
+    astack: AudioStack, client: httpx.Client, key: str
+) -> None:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    job = _create(client, response_format="pcm", seconds=0.5, sample_rate=16_000, channels=1)
+    url = astack.url.replace("http://", "ws://") + f"/v1/audio/generations/{job['id']}/stream"
+    events, blobs = [], []
+    with connect(url, additional_headers={"Authorization": f"Bearer {key}"}) as ws:
+        while True:
+            event = json.loads(ws.recv(timeout=60))
+            events.append(event)
+            if "byte_length" in event:
+                blob = ws.recv(timeout=60)
+                assert isinstance(blob, bytes) and len(blob) == event["byte_length"]
+                blobs.append(blob)
+            if event["type"] == "done":
+                break
+    assert events[-1]["status"] == "completed"
+    stored = client.get(f"/v1/audio/generations/{job['id']}/content")
+    assert b"".join(blobs) == stored.content and len(stored.content) == 2 * 8000
+    with pytest.raises(InvalidStatus), connect(url):  # no key: refused before accept
+        pass
+
+
 def test_multipart_and_idempotency(astack: AudioStack, client: httpx.Client) -> None:
     fields = {
         "prompt": "ocean waves",

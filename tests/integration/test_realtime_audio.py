@@ -63,6 +63,10 @@ def sdk(st: Stack) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=st.url + "/v1", api_key="not-needed-auth-is-off", max_retries=0)
 
 
+def sdk_key(st: Stack, key: str) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=st.url + "/v1", api_key=key, max_retries=0)
+
+
 def as_dict(event: Any) -> dict[str, Any]:
     return dict(event.model_dump(mode="json", exclude_unset=True))
 
@@ -306,7 +310,7 @@ def test_resume_with_a_wrong_token_asks_for_resync(rstack: Stack) -> None:
 
 
 def test_sessions_beyond_the_worker_slots_get_resource_exhausted(rstack: Stack) -> None:
-    async def run() -> dict[str, Any]:
+    async def run() -> tuple[dict[str, Any], dict[str, Any], int | None]:
         held = []
         for _ in range(2):
             ws = await _raw(rstack, "/v1/realtime?model=reference/voice")
@@ -316,12 +320,61 @@ def test_sessions_beyond_the_worker_slots_get_resource_exhausted(rstack: Stack) 
         third = await _raw(rstack, "/v1/realtime?model=reference/voice")
         await _json(third)  # session.created
         error = await _json(third, timeout=15)
-        for ws in held:
+        await asyncio.wait_for(third.wait_closed(), 10)
+        code = third.close_code
+        # a client that goes away frees its slot: the next session is admitted and answers
+        await held[0].close()
+        await asyncio.sleep(1.0)
+        fourth = await _raw(rstack, "/v1/realtime?model=reference/voice")
+        await _json(fourth)
+        await fourth.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "hi"}],
+                    },
+                }
+            )
+        )
+        await fourth.send(json.dumps({"type": "response.create"}))
+        while (done := await _json(fourth))["type"] != "response.done":
+            pass
+        for ws in (held[1], fourth):
             await ws.close()
-        return error
+        return error, done, code
 
-    error = asyncio.run(run())
+    error, done, code = asyncio.run(run())
     assert error["type"] == "error" and error["error"]["code"] == "resource_exhausted"
+    assert code == 1013
+    assert done["response"]["status"] == "completed"
+
+
+def test_auth_by_bearer_header_or_browser_subprotocol(stack: Stack) -> None:
+    """The main stack requires keys (it has no realtime worker: only the handshake and
+    ``session.created`` are checked here)."""
+    from websockets.exceptions import InvalidStatus
+
+    key = stack.create_key("realtime-auth")
+
+    async def run() -> tuple[str, str, str | None]:
+        async with sdk_key(stack, key).realtime.connect(model="reference/voice") as conn:
+            by_header = as_dict(await conn.recv())["type"]
+        url = stack.url.replace("http://", "ws://") + "/v1/realtime?model=reference/voice"
+        protocols = ["realtime", f"openai-insecure-api-key.{key}"]
+        async with connect(url, subprotocols=protocols) as ws:
+            by_protocol = json.loads(await ws.recv())["type"]
+            chosen = ws.subprotocol
+        with pytest.raises(InvalidStatus):
+            async with connect(url, additional_headers={"Authorization": "Bearer oq_wrong"}):
+                pass
+        return by_header, by_protocol, chosen
+
+    by_header, by_protocol, chosen = asyncio.run(run())
+    assert by_header == by_protocol == "session.created"
+    assert chosen == f"openai-insecure-api-key.{key}"
 
 
 def test_unknown_model_is_refused(rstack: Stack) -> None:

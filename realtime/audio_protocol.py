@@ -32,35 +32,20 @@ import collections
 import enum
 import json
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 import models.realtime as wire
-from realtime.conversation import Conversation, Entry
+from realtime.conversation import Conversation, Entry, ItemError, client_entry
+from realtime.input_audio import BYTES_PER_MS, InputAudio, VadFactory
+from realtime.responses import ResponseRun, final_status, usage
 from realtime.session_config import SessionConfigError, apply_update
 
 CLOSE_NORMAL = 1000
 CLOSE_INTERNAL = 1011  # worker lost or failed
 CLOSE_TRY_AGAIN = 1013  # no worker slot (resource_exhausted)
-
-BYTES_PER_MS = wire.SAMPLE_RATE * 2 // 1000  # PCM16 mono 24 kHz: 48 bytes per ms
-
-
-class VadEventLike(Protocol):
-    kind: str
-    audio_ms: int
-
-
-class Detector(Protocol):
-    def feed(self, pcm16: bytes) -> list[Any]: ...
-
-    def configure(self, *, threshold: float, silence_duration_ms: int) -> None: ...
-
-
-VadFactory = Callable[[float, int], Detector]
 
 
 @dataclass(frozen=True)
@@ -112,22 +97,6 @@ class RealtimeOptions:
     cancel_grace_s: float = 2.0
 
 
-@dataclass
-class _Response:
-    id: str
-    item_id: str
-    output_index: int
-    in_conversation: bool
-    metadata: dict[str, str] | None
-    transcript: str = ""
-    audio_bytes: int = 0
-    cancel_reason: str | None = None
-    muted: bool = False
-    cancel_deadline: float | None = None
-    started_at: float = 0.0
-    played_ms: int | None = None
-
-
 def _new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(10)
 
@@ -170,7 +139,6 @@ class RealtimeProtocol:
         self.options = options
         self.state = State.OPEN
         self.close_code: int | None = None
-        self._vad_factory = vad_factory
         self._out: list[str] = []
         self._cmds: list[Command] = []
         self._seq = 0
@@ -184,17 +152,12 @@ class RealtimeProtocol:
             capabilities=wire.Capabilities() if options.duplex else None,
             resume_token=self.resume_token,
         )
-        # Input audio: everything appended, as a position, and the uncommitted buffer.
-        self._input_bytes = 0
-        self._buffer = bytearray()
-        self._buffer_start = 0  # input position (bytes) of _buffer[0]
-        self._vad: Detector | None = None
-        self._vad_origin = 0  # input position (bytes) when the detector started
-        self._speech_item: str | None = None
+        self.input = InputAudio(vad_factory)
+        self._speech_item: str | None = None  # the turn the detector has open
         self._speech_start = 0  # bytes
         self._idle_deadline: float | None = None
         self.conversation = Conversation(options.max_conversation_audio_bytes)
-        self.active: _Response | None = None
+        self.active: ResponseRun | None = None
         self._responses = 0
         self._sync_vad()
         self._emit(wire.SessionCreatedEvent(session=self.session))
@@ -217,7 +180,7 @@ class RealtimeProtocol:
 
     @property
     def vad_active(self) -> bool:
-        return self._vad is not None
+        return self.input.vad is not None
 
     @property
     def last_seq(self) -> int:
@@ -308,16 +271,9 @@ class RealtimeProtocol:
         self._emit(wire.SessionUpdatedEvent(session=self.session))
 
     def _sync_vad(self) -> None:
-        td = self.session.audio.input.turn_detection
-        if td is None:
-            self._vad = None
+        self.input.configure(self.session.audio.input.turn_detection)
+        if self.input.vad is None:
             self._speech_item = None
-            return
-        if self._vad is None:
-            self._vad = self._vad_factory(td.threshold, td.silence_duration_ms)
-            self._vad_origin = self._input_bytes
-        else:
-            self._vad.configure(threshold=td.threshold, silence_duration_ms=td.silence_duration_ms)
 
     def _on_input_audio_buffer_append(
         self, event: wire.InputAudioBufferAppendEvent, now: float
@@ -334,7 +290,7 @@ class RealtimeProtocol:
                 event_id=event.event_id,
             )
             return
-        if len(self._buffer) + len(pcm) > self.options.max_buffer_bytes:
+        if len(self.input.buffer) + len(pcm) > self.options.max_buffer_bytes:
             self._error(
                 f"the input audio buffer is limited to {self.options.max_buffer_bytes} bytes; "
                 "commit or clear it",
@@ -343,31 +299,22 @@ class RealtimeProtocol:
                 event_id=event.event_id,
             )
             return
-        self._buffer += pcm
-        self._input_bytes += len(pcm)
-        if self._vad is None:
-            return
-        for vad_event in self._vad.feed(pcm):
-            at = self._vad_origin + int(vad_event.audio_ms) * BYTES_PER_MS
-            if vad_event.kind == "speech_started":
-                self._speech_started(at, now)
-            elif vad_event.kind == "speech_stopped":
-                self._speech_stopped(at, now)
-        if self._speech_item is None:
+        for boundary in self.input.append(pcm):
+            if boundary.kind == "speech_started":
+                self._speech_started(boundary.at, now)
+            elif boundary.kind == "speech_stopped":
+                self._speech_stopped(boundary.at, now)
+        td = self.session.audio.input.turn_detection
+        if td is not None and self._speech_item is None:
             # Between turns keep only what a next turn's prefix padding may need.
-            td = self.session.audio.input.turn_detection
-            keep = ((td.prefix_padding_ms if td else 0) + 1000) * BYTES_PER_MS
-            if len(self._buffer) > keep:
-                drop = len(self._buffer) - keep
-                del self._buffer[:drop]
-                self._buffer_start += drop
+            self.input.keep_last((td.prefix_padding_ms + 1000) * BYTES_PER_MS)
 
     def _speech_started(self, at: int, now: float) -> None:
         td = self.session.audio.input.turn_detection
         assert td is not None
         self._idle_deadline = None
         self._speech_item = _new_id("item_")
-        self._speech_start = max(self._buffer_start, at - td.prefix_padding_ms * BYTES_PER_MS)
+        self._speech_start = max(self.input.start, at - td.prefix_padding_ms * BYTES_PER_MS)
         self._emit(
             wire.SpeechStartedEvent(
                 audio_start_ms=self._speech_start // BYTES_PER_MS, item_id=self._speech_item
@@ -381,15 +328,11 @@ class RealtimeProtocol:
         if self._speech_item is None or td is None:
             return
         item_id, self._speech_item = self._speech_item, None
-        end = min(self._input_bytes, at + td.silence_duration_ms * BYTES_PER_MS)
+        end = min(self.input.position, at + td.silence_duration_ms * BYTES_PER_MS)
         self._emit(wire.SpeechStoppedEvent(audio_end_ms=end // BYTES_PER_MS, item_id=item_id))
         # The item holds prefix padding, the speech and the silence that ended it; audio
         # after that stays in the buffer for the next turn.
-        start = max(self._speech_start - self._buffer_start, 0)
-        stop = max(end - self._buffer_start, start)
-        pcm = bytes(self._buffer[start:stop])
-        del self._buffer[:stop]
-        self._buffer_start += stop
+        pcm = self.input.take(self._speech_start, end)
         self._commit_audio(pcm, item_id)
         if td.create_response and self.active is None:
             self._start_response(None, now)
@@ -397,16 +340,14 @@ class RealtimeProtocol:
     def _on_input_audio_buffer_commit(
         self, event: wire.InputAudioBufferCommitEvent, now: float
     ) -> None:
-        if not self._buffer:
+        if not self.input.buffer:
             self._error(
                 "the input audio buffer is empty: append audio before committing",
                 code="input_audio_buffer_commit_empty",
                 event_id=event.event_id,
             )
             return
-        pcm = bytes(self._buffer)
-        self._buffer_start += len(self._buffer)
-        self._buffer.clear()
+        pcm = self.input.take()
         item_id, self._speech_item = self._speech_item or _new_id("item_"), None
         self._commit_audio(pcm, item_id)
 
@@ -425,8 +366,7 @@ class RealtimeProtocol:
     def _on_input_audio_buffer_clear(
         self, event: wire.InputAudioBufferClearEvent, now: float
     ) -> None:
-        self._buffer_start += len(self._buffer)
-        self._buffer.clear()
+        self.input.take()
         self._speech_item = None
         self._emit(wire.InputAudioBufferClearedEvent())
 
@@ -464,61 +404,14 @@ class RealtimeProtocol:
                 event_id=eid,
             )
             return
-        allowed = {
-            "user": {"input_text", "input_audio"},
-            "system": {"input_text"},
-            "assistant": {"output_text", "output_audio", "text", "audio"},
-        }
-        if item.type == "message":
-            if item.role is None:
-                self._error(
-                    "a message needs a role",
-                    code="missing_required_parameter",
-                    param="item.role",
-                    event_id=eid,
-                )
-                return
-            audio: dict[int, bytearray] = {}
-            for i, part in enumerate(item.content):
-                if part.type not in allowed[item.role]:
-                    self._error(
-                        f"content type {part.type!r} is not allowed in a {item.role} message",
-                        param=f"item.content.{i}.type",
-                        event_id=eid,
-                    )
-                    return
-                if part.audio is not None:
-                    try:
-                        pcm = base64.b64decode(part.audio, validate=True)
-                    except (binascii.Error, ValueError):
-                        self._error(
-                            "audio is not valid base64",
-                            param=f"item.content.{i}.audio",
-                            event_id=eid,
-                        )
-                        return
-                    audio[i] = bytearray(pcm)
-                    part.audio = None
-        elif item.type == "function_call_output":
-            if item.call_id is None or item.output is None:
-                self._error(
-                    "function_call_output needs call_id and output",
-                    code="missing_required_parameter",
-                    param="item.call_id",
-                    event_id=eid,
-                )
-                return
-            audio = {}
-        else:
-            self._error(
-                f"items of type {item.type!r} cannot be created by the client",
-                param="item.type",
-                event_id=eid,
-            )
+        try:
+            entry = client_entry(item)
+        except ItemError as exc:
+            self._error(exc.message, code=exc.code, param=exc.param, event_id=eid)
             return
         item.id = item.id or _new_id("item_")
         item.status = "completed"
-        self._add_item(Entry(item, audio), previous)
+        self._add_item(entry, previous)
 
     def _find(self, item_id: str, event_id: str | None) -> Entry | None:
         entry = self.conversation.get(item_id)
@@ -630,7 +523,7 @@ class RealtimeProtocol:
         overrides = overrides or wire.ResponseOverrides()
         in_conversation = overrides.conversation != "none"
         self._responses += 1
-        response = _Response(
+        response = ResponseRun(
             id=_new_id("resp_"),
             item_id=_new_id("item_"),
             output_index=0,
@@ -681,7 +574,7 @@ class RealtimeProtocol:
         )
 
     @staticmethod
-    def _ref(response: _Response) -> dict[str, Any]:
+    def _ref(response: ResponseRun) -> dict[str, Any]:
         return {
             "response_id": response.id,
             "item_id": response.item_id,
@@ -708,7 +601,9 @@ class RealtimeProtocol:
             return
         self._cancel_active("client_cancelled", now)
 
-    def _cancel_active(self, reason: str, now: float) -> None:
+    def _cancel_active(
+        self, reason: Literal["turn_detected", "client_cancelled"], now: float
+    ) -> None:
         active = self.active
         if active is None or active.cancel_reason is not None:
             return
@@ -817,21 +712,7 @@ class RealtimeProtocol:
         active = self.active
         assert active is not None
         self.active = None
-        if active.cancel_reason is not None:
-            status, details = (
-                "cancelled",
-                wire.StatusDetails(type="cancelled", reason=active.cancel_reason),
-            )
-        elif worker_status == "completed":
-            status, details = "completed", None
-        else:
-            status = "failed"
-            details = wire.StatusDetails(
-                type="failed",
-                error=wire.StatusError(
-                    type="server_error", code=worker_status, message=message or "the model failed"
-                ),
-            )
+        status, details = final_status(active, worker_status, message)
         ref = self._ref(active)
         entry = self.conversation.get(active.item_id)
         heard = active.transcript
@@ -852,8 +733,6 @@ class RealtimeProtocol:
         self._emit(wire.OutputItemDoneEvent(response_id=active.id, output_index=0, item=item))
         if active.in_conversation:
             self._emit(wire.ItemDoneEvent(item=item))
-        audio_ms = active.audio_bytes // BYTES_PER_MS
-        tokens = -(-audio_ms // 100)
         self._emit(
             wire.ResponseDoneEvent(
                 response=wire.RealtimeResponse(
@@ -863,11 +742,7 @@ class RealtimeProtocol:
                     output=[item],
                     conversation_id=self.id if active.in_conversation else None,
                     metadata=active.metadata,
-                    usage=wire.Usage(
-                        total_tokens=tokens,
-                        output_tokens=tokens,
-                        output_token_details={"text_tokens": 0, "audio_tokens": tokens},
-                    ),
+                    usage=usage(active),
                 )
             )
         )
@@ -906,12 +781,9 @@ class RealtimeProtocol:
         if self.active is not None or self._speech_item is not None:
             return
         item_id = _new_id("item_")
-        at = self._input_bytes // BYTES_PER_MS
+        at = self.input.position // BYTES_PER_MS
         self._emit(wire.TimeoutTriggeredEvent(audio_start_ms=at, audio_end_ms=at, item_id=item_id))
-        pcm = bytes(self._buffer)
-        self._buffer_start += len(self._buffer)
-        self._buffer.clear()
-        self._commit_audio(pcm, item_id)
+        self._commit_audio(self.input.take(), item_id)
         self._start_response(None, now)
 
     def arm_idle_timeout(self, now: float, audio_ms_left: float = 0.0) -> None:

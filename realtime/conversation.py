@@ -8,6 +8,7 @@ bounded: past ``max_audio_bytes`` the oldest items lose their audio first.
 from __future__ import annotations
 
 import base64
+import binascii
 import collections
 from dataclasses import dataclass, field
 
@@ -19,6 +20,53 @@ class Entry:
     item: wire.ConversationItem
     # PCM16 per content index (audio parts only).
     audio: dict[int, bytearray] = field(default_factory=dict)
+
+
+class ItemError(ValueError):
+    """A client's item that cannot enter the conversation (mapped to an ``error`` event)."""
+
+    def __init__(self, message: str, param: str, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+# Content types each role may carry in a client's conversation.item.create.
+_ALLOWED = {
+    "user": {"input_text", "input_audio"},
+    "system": {"input_text"},
+    "assistant": {"output_text", "output_audio", "text", "audio"},
+}
+
+
+def client_entry(item: wire.ConversationItem) -> Entry:
+    """Check a client-created item and move its base64 audio out of the wire item (the
+    item is changed in place). Raises :class:`ItemError` naming the offending field."""
+    audio: dict[int, bytearray] = {}
+    if item.type == "message":
+        if item.role is None:
+            raise ItemError("a message needs a role", "item.role", "missing_required_parameter")
+        for i, part in enumerate(item.content):
+            if part.type not in _ALLOWED[item.role]:
+                raise ItemError(
+                    f"content type {part.type!r} is not allowed in a {item.role} message",
+                    f"item.content.{i}.type",
+                )
+            if part.audio is not None:
+                try:
+                    audio[i] = bytearray(base64.b64decode(part.audio, validate=True))
+                except (binascii.Error, ValueError) as exc:
+                    raise ItemError("audio is not valid base64", f"item.content.{i}.audio") from exc
+                part.audio = None
+    elif item.type == "function_call_output":
+        if item.call_id is None or item.output is None:
+            raise ItemError(
+                "function_call_output needs call_id and output",
+                "item.call_id",
+                "missing_required_parameter",
+            )
+    else:
+        raise ItemError(f"items of type {item.type!r} cannot be created by the client", "item.type")
+    return Entry(item, audio)
 
 
 class Conversation:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -142,3 +147,55 @@ def test_without_voiced_input_the_voice_base_pitch_is_used(pipe: ReferenceVoiceP
         _, chunks = _run(pipe, _turn(text="what is the weather like today", voice=voice))
         f0 = estimate_f0(b"".join(c.pcm16 for c in chunks), RATE)
         assert np.median(f0[f0 > 0]) == pytest.approx(BASE_PITCH_HZ[voice], rel=0.1)
+
+
+FAKE_ESPEAK = r'''#!{python}
+"""A stand-in for espeak-ng: records its arguments, writes 1.5 s of a 22.05 kHz tone."""
+import io, json, math, os, sys, wave
+open(os.environ["FAKE_ESPEAK_LOG"], "a").write(json.dumps(sys.argv[1:]) + "\n")
+n = int(22050 * 1.5)
+frames = b"".join(
+    int(8000 * math.sin(2 * math.pi * 200 * i / 22050)).to_bytes(2, "little", signed=True)
+    if 2205 <= i < n - 2205 else b"\x00\x00"
+    for i in range(n)
+)
+out = io.BytesIO()
+with wave.open(out, "wb") as w:
+    w.setnchannels(1); w.setsampwidth(2); w.setframerate(22050); w.writeframes(frames)
+sys.stdout.buffer.write(out.getvalue())
+'''
+
+
+def test_espeak_speech_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``speech="espeak-ng"`` speaks the transcript through the espeak-ng command line
+    (a fake binary here: the real one is optional): arguments, 24 kHz resampling, whole
+    40 ms steps, words revealed over the audio."""
+    fake = tmp_path / "espeak-ng"
+    fake.write_text(FAKE_ESPEAK.replace("{python}", sys.executable))
+    fake.chmod(0o755)
+    log = tmp_path / "args.jsonl"
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ESPEAK_LOG", str(log))
+    pipe = ReferenceVoicePipeline(speech="espeak-ng")
+    pipe.load("cpu")
+    turn = VoiceTurn(
+        pcm16=_tone(240, 240, 1.0), text=None, voice="marin", speed=1.2, instructions=None
+    )
+    state = pipe.start_response(turn)
+    chunks = []
+    while not pipe.done(state):
+        chunks.append(pipe.step(state))
+    args = json.loads(log.read_text().splitlines()[0])
+    assert args[:7] == ["--stdout", "-v", "en-us+f3", "-s", "210", "-p", args[6]]
+    assert int(args[6]) > 50  # the user spoke above marin's base pitch
+    assert args[7] == "I heard you speak for 1.0 seconds."
+    assert all(len(c.pcm16) == STEP_BYTES for c in chunks)
+    assert len(chunks) == -(-int(1.5 * RATE) // (STEP_BYTES // 2))
+    assert "".join(c.text or "" for c in chunks) == args[7]
+    pcm = np.frombuffer(b"".join(c.pcm16 for c in chunks), "<i2")
+    assert np.abs(pcm[: int(0.08 * RATE)]).max() < 200 and np.abs(pcm).max() > 6000
+
+
+def test_speech_option_is_checked() -> None:
+    with pytest.raises(ValueError, match="speech"):
+        ReferenceVoicePipeline(speech="festival")

@@ -24,6 +24,9 @@ anywhere. What it does (see ``docs/reference-voice.md``):
   syllable of the transcript, gliding from the previous syllable's), under a raised-cosine
   syllable envelope, with a short noise burst at each syllable onset and a pause between
   words. ``instructions`` are accepted and ignored.
+* **espeak-ng** (``speech="espeak-ng"``, from the registry's ``adapter_options``): the same
+  transcript spoken by eSpeak NG instead (:mod:`workers.pipelines.espeak`), its pitch set
+  from the user's median F0; the answer is as long as espeak speaks it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from models.catalog import REFERENCE_VOICE
+from workers.pipelines import espeak
 from workers.pipelines.voice import VoiceChunk, VoicePipeline, VoiceTurn
 
 MIN_REPLY_S = 0.6
@@ -73,6 +77,19 @@ VOWELS = {
 }
 BANDWIDTHS = np.array([80.0, 100.0, 120.0])
 _VOWEL_GROUP = re.compile(r"[aeiouy]+")
+
+
+@dataclass
+class SpokenState:
+    """An answer spoken by espeak-ng, precomputed and handed out step by step."""
+
+    words: list[str]
+    transcript: str
+    pcm: bytes  # whole steps (the last one padded with silence)
+    word_start: np.ndarray  # per word, in samples
+    turn_s: float
+    pos: int = 0
+    next_word: int = 0
 
 
 @dataclass
@@ -159,14 +176,24 @@ class ReferenceVoicePipeline(VoicePipeline):
     sample_rate = 24000
     step_ms = 40
 
+    def __init__(self, speech: str = "synth") -> None:
+        """``speech``: ``"synth"`` (the source-filter model, the default) or ``"espeak-ng"``
+        (the transcript spoken by eSpeak NG; registry ``adapter_options``)."""
+        if speech not in ("synth", "espeak-ng"):
+            raise ValueError(f"speech must be 'synth' or 'espeak-ng', got {speech!r}")
+        self.speech = speech
+
     def load(self, device: str) -> None:
-        """Nothing to load: numpy on the CPU whatever the worker's device."""
+        """Nothing to load: numpy on the CPU whatever the worker's device (espeak-ng must
+        be on PATH when it is asked for)."""
+        if self.speech == "espeak-ng" and not espeak.available():
+            raise RuntimeError("reference/voice speech='espeak-ng' needs espeak-ng on PATH")
 
     @property
     def step_samples(self) -> int:
         return self.sample_rate * self.step_ms // 1000
 
-    def start_response(self, turn: VoiceTurn) -> VoiceState:
+    def start_response(self, turn: VoiceTurn) -> VoiceState | SpokenState:
         rate = self.sample_rate
         audio_s = (len(turn.pcm16) // 2) / rate
         if turn.pcm16:
@@ -180,6 +207,8 @@ class ReferenceVoicePipeline(VoicePipeline):
             turn_s = 0.0
             transcript = "I am listening."
         speed = min(max(float(turn.speed), 0.25), 1.5)
+        if self.speech == "espeak-ng":
+            return self._spoken(turn, transcript, speed, turn_s)
         duration = min(MAX_REPLY_S, (MIN_REPLY_S + PER_TURN_S * turn_s) / speed)
         steps = math.ceil(duration * 1000 / self.step_ms - 1e-9)
         total = steps * self.step_samples
@@ -237,12 +266,35 @@ class ReferenceVoicePipeline(VoicePipeline):
             user_f0=user_f0,
         )
 
-    def done(self, state: VoiceState) -> bool:
+    def _spoken(self, turn: VoiceTurn, transcript: str, speed: float, turn_s: float) -> SpokenState:
+        """The transcript spoken by espeak-ng, at a pitch following the user's median F0."""
+        base = BASE_PITCH_HZ.get(turn.voice, DEFAULT_PITCH_HZ)
+        user_f0 = estimate_f0(turn.pcm16, self.sample_rate) if turn.pcm16 else np.zeros(0)
+        voiced = user_f0[user_f0 > 0]
+        median = float(np.median(voiced)) if len(voiced) >= 3 else None
+        pitch = espeak.espeak_pitch(median, base)
+        samples = espeak.synthesize(transcript, turn.voice, speed, pitch, self.sample_rate)
+        steps = max(1, math.ceil(len(samples) / self.step_samples))
+        pcm = np.zeros(steps * self.step_samples, np.int16)
+        pcm[: len(samples)] = samples
+        # Words are revealed in proportion to their place in the text, over the voiced span.
+        loud = np.flatnonzero(np.abs(samples) > 300)
+        first, last = (int(loud[0]), int(loud[-1])) if len(loud) else (0, len(samples))
+        words = transcript.split()
+        offsets = np.cumsum([0] + [len(w) + 1 for w in words[:-1]]) / max(len(transcript), 1)
+        starts = (first + offsets * (last - first)).astype(np.int64)
+        return SpokenState(words, transcript, pcm.astype("<i2").tobytes(), starts, turn_s)
+
+    def done(self, state: VoiceState | SpokenState) -> bool:
+        if isinstance(state, SpokenState):
+            return state.pos >= len(state.pcm) // 2
         return state.pos >= state.total
 
-    def step(self, state: VoiceState) -> VoiceChunk:
+    def step(self, state: VoiceState | SpokenState) -> VoiceChunk:
         if self.done(state):
             return VoiceChunk(b"", None)
+        if isinstance(state, SpokenState):
+            return self._step_spoken(state)
         rate = self.sample_rate
         n = np.arange(state.pos, min(state.pos + self.step_samples, state.total))
         f0 = np.interp(n, state.f0_times, state.f0_hz)
@@ -278,6 +330,17 @@ class ReferenceVoicePipeline(VoicePipeline):
         pcm = np.clip(np.round(out * 32767), -32768, 32767).astype("<i2").tobytes()
 
         end = state.pos + len(n)
+        text = []
+        while state.next_word < len(state.words) and state.word_start[state.next_word] < end:
+            word = state.words[state.next_word]
+            text.append(word if state.next_word == 0 else " " + word)
+            state.next_word += 1
+        state.pos = end
+        return VoiceChunk(pcm, "".join(text) or None)
+
+    def _step_spoken(self, state: SpokenState) -> VoiceChunk:
+        end = state.pos + self.step_samples
+        pcm = state.pcm[state.pos * 2 : end * 2]
         text = []
         while state.next_word < len(state.words) and state.word_start[state.next_word] < end:
             word = state.words[state.next_word]

@@ -29,7 +29,7 @@ def build_adapter(model: ServedModel) -> Pipeline:
     module_name, _, class_name = target.partition(":")
     cls: Any = getattr(importlib.import_module(module_name), class_name)
     if model.adapter.startswith("reference."):
-        pipe: Pipeline = cls()
+        pipe: Pipeline = cls(**model.adapter_options)
     else:
         pipe = cls(path=model.path, dtype=model.dtype, spec=model.spec, **model.adapter_options)
     pipe.spec = model.spec

@@ -35,7 +35,7 @@ class BrokenVoice(ReferenceVoicePipeline):
     """reference/voice whose third step fails (``module:Class`` adapters get options)."""
 
     def __init__(self, **_: Any) -> None:
-        pass
+        super().__init__()
 
     def step(self, state: Any) -> Any:
         if state.pos >= 2 * self.step_samples:

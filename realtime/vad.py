@@ -148,7 +148,6 @@ class _Resampler:
     """
 
     HALF = 16  # input samples each side of an output sample
-    BLOCK = 4096  # output samples per vectorized pass
 
     def __init__(self, rate: int) -> None:
         g = gcd(rate, VAD_RATE)
@@ -172,7 +171,11 @@ class _Resampler:
             taps = h[p::u]
             phases[p, : len(taps)] = taps
         self._phases = phases  # phase p: taps h[p + u·j], j = 0..width-1
+        self._taps_reversed = np.ascontiguousarray(phases[:, ::-1])
         self._width = width
+        # Zeros stand for the input before the first sample.
+        self._buf = np.zeros(width, np.float32)
+        self._start = -width
 
     def push(self, x: np.ndarray) -> np.ndarray:
         self._fed += len(x)
@@ -186,10 +189,7 @@ class _Resampler:
         count = last + 1 - self._made
         if count <= 0:
             return np.zeros(0, np.float32)
-        out = np.empty(count, np.float32)
-        for at in range(0, count, self.BLOCK):  # bounded index matrices for long inputs
-            n = min(self.BLOCK, count - at)
-            out[at : at + n] = self._filter(np.arange(self._made + at, self._made + at + n))
+        out = self._filter_range(self._made, count)
         self._made += count
         newest = ((self._made - 1) * self.down + self._centre) // self.up
         keep_from = newest + 1 - self._width - self._start
@@ -198,13 +198,19 @@ class _Resampler:
             self._start += keep_from
         return out
 
-    def _filter(self, m: np.ndarray) -> np.ndarray:
-        n0 = m * self.down + self._centre
-        phase = n0 % self.up
-        base = (n0 - phase) // self.up  # newest input index used
-        idx = base[:, None] - np.arange(self._width)[None, :] - self._start
-        window = np.where(idx >= 0, self._buf[np.clip(idx, 0, None)], 0.0)  # zeros before 0
-        return np.einsum("mj,mj->m", window, self._phases[phase]).astype(np.float32)
+    def _filter_range(self, m0: int, n: int) -> np.ndarray:
+        """Outputs ``m0 … m0+n-1``. Outputs ``up`` apart share a filter phase and their
+        input windows lie ``down`` samples apart, so each of the ``up`` interleaved series
+        is one strided view times one tap vector (no index arithmetic per sample)."""
+        out = np.empty(n, np.float32)
+        windows = np.lib.stride_tricks.sliding_window_view(self._buf, self._width)
+        for r in range(min(self.up, n)):
+            n0 = (m0 + r) * self.down + self._centre
+            phase, base = n0 % self.up, n0 // self.up  # base: newest input index used
+            first = base - self._width + 1 - self._start
+            rows = windows[first :: self.down][: len(range(r, n, self.up))]
+            out[r :: self.up] = rows @ self._taps_reversed[phase]
+        return out
 
 
 class SileroVAD:

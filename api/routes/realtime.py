@@ -95,10 +95,15 @@ class VoiceSession:
                 await self.place()
             await self.flush()
 
-    async def tick(self) -> None:
-        async with self.lock:
-            self.protocol.check_timeouts(time.monotonic())
-            await self.flush()
+    async def clock(self) -> None:
+        """The protocol's deadlines (cancel grace, idle timeout), checked when due."""
+        while not self.protocol.close_expected():
+            deadline = self.protocol.next_deadline()
+            wait = 1.0 if deadline is None else deadline - time.monotonic()
+            await asyncio.sleep(min(max(wait, 0.01), 1.0))
+            async with self.lock:
+                self.protocol.check_timeouts(time.monotonic())
+                await self.flush()
 
     # ---------------------------------------------------------------- worker side
 
@@ -270,6 +275,7 @@ async def _serve(websocket: WebSocket, duplex: bool) -> None:
     session = VoiceSession(state, owner, model, duplex)
     session.attach(websocket)
     state.voice_sessions[session.id] = session
+    session.tasks.append(asyncio.create_task(session.clock()))
     await session.flush()  # session.created
     if not duplex:
         await session.place()  # placed now, so the first response does not wait for it
@@ -295,13 +301,9 @@ async def _read_loop(
         current = _current(websocket, session)
         if current.ended.is_set() or current.protocol.close_expected():
             return
-        deadline = current.protocol.next_deadline()
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        try:
-            message = await asyncio.wait_for(websocket.receive(), min(timeout or 1.0, 1.0))
-        except TimeoutError:
-            await current.tick()
-            continue
+        # No timeout here: a timer per message costs the event loop dearly at hundreds of
+        # appends a second; the protocol's clocks run in the session's clock task.
+        message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
         text = message.get("text")

@@ -259,16 +259,16 @@ def test_persisted_session_becomes_a_video(rstack: Stack) -> None:
 
 
 def test_stall_timeout_closes_the_session(rstack: Stack, tmp_path: Path) -> None:
-    """A second API process on the same bus with a 1 s stall timeout; a 1280x720 chunk
-    takes longer than that to make, so neither the client nor the worker says anything
-    for a second."""
+    """A second API process on the same bus with a 0.3 s stall timeout; a 1280x720 chunk
+    takes several times that to make, so neither the client nor the worker says anything
+    for that long."""
     impatient = Stack(
         work=tmp_path,
         database_url=rstack.database_url,
         redis_url=rstack.redis_url,
         s3=rstack.s3,
         auth="off",
-        extra_env={**rstack.extra_env, "OMNIQ_REALTIME__STALL_TIMEOUT_S": "1"},
+        extra_env={**rstack.extra_env, "OMNIQ_REALTIME__STALL_TIMEOUT_S": "0.3"},
     )
     impatient.start(workers=0)
     try:

@@ -228,12 +228,19 @@ class _VoiceSession:
         response.started = time.monotonic()
 
     def _step(self, response: _Response) -> None:
-        """One model step; until the prebuffer is full, the steps it needs back to back
-        (no command read between them: that audio is not sent before the burst, and the
-        commands are read right after it)."""
+        """One model step; until the prebuffer is full, the steps it needs back to back.
+        Commands are read between those steps only once a step's worth of audio time has
+        passed since the last read: a fast model fills the prebuffer without a Redis round
+        trip, a slow one still sees a cancel within a step."""
         assert self.pipe is not None
         prebuffer = self.settings.realtime.audio_prebuffer_ms * self.pipe.sample_rate // 1000
+        read_at = time.monotonic()
         while True:
+            if time.monotonic() - read_at > self.pipe.step_ms / 1000:
+                self._drain(None)  # a stop raises; a cancel ends the response
+                read_at = time.monotonic()
+                if self.active is not response:
+                    return
             chunk = self.pipe.step(response.state)
             if chunk.pcm16:
                 response.samples += len(chunk.pcm16) // 2

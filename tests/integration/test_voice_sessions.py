@@ -43,6 +43,21 @@ class BrokenVoice(ReferenceVoicePipeline):
         return super().step(state)
 
 
+class SlowVoice(ReferenceVoicePipeline):
+    """reference/voice whose steps take 60 ms (longer than the 40 ms of audio they make),
+    counting the steps it ran."""
+
+    steps = 0
+
+    def __init__(self, **_: Any) -> None:
+        super().__init__()
+
+    def step(self, state: Any) -> Any:
+        time.sleep(0.06)
+        type(self).steps += 1
+        return super().step(state)
+
+
 @pytest.fixture
 def client() -> Iterator[redis.Redis]:
     r = redis.Redis.from_url(REDIS_URL)
@@ -70,7 +85,18 @@ class Session:
                 update={"name": "test/broken-voice"}
             ),
         )
-        models = {"reference/voice": BUILTIN_MODELS["reference/voice"], broken.name: broken}
+        slow = ServedModel(
+            name="test/slow-voice",
+            adapter=f"{__name__}:SlowVoice",
+            spec=BUILTIN_MODELS["reference/voice"].spec.model_copy(
+                update={"name": "test/slow-voice"}
+            ),
+        )
+        models = {
+            "reference/voice": BUILTIN_MODELS["reference/voice"],
+            broken.name: broken,
+            slow.name: slow,
+        }
         self.bus = EventBus(client, ttl_s=120)
         self.runner = VoiceSessionRunner(
             settings, PipelineRegistry(models, "cpu"), self.bus, "test-worker"
@@ -264,3 +290,24 @@ def test_model_failure_fails_the_response_and_the_session(client: redis.Redis) -
         "message": "the voice session failed on the worker",
     }
     assert s.join() == "internal_error"
+
+
+def test_a_slow_model_sees_a_cancel_while_filling_the_prebuffer(client: redis.Redis) -> None:
+    """The 200 ms prebuffer takes a slow model five 60 ms steps; a cancel sent once the
+    first step ran ends the response after the step in progress, and none of its audio
+    is sent."""
+    s = Session(client, audio_prebuffer_ms=200, audio_lead_ms=300)
+    s.start(model="test/slow-voice")
+    s.read_until(lambda e: e.type == "accepted")
+    SlowVoice.steps = 0
+    s.respond("resp_1", b"\x00\x00" * RATE)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while SlowVoice.steps == 0 and time.monotonic() < deadline:  # the prebuffer is filling
+        time.sleep(0.005)
+    s.send({"type": "cancel", "response_id": "resp_1", "reason": "client_cancelled"})
+    out = s.read_until(_finished("resp_1"))
+    assert _audio(out, "resp_1") == []
+    assert out[-1].event["status"] == "cancelled" and out[-1].event["audio_ms"] == 0
+    assert 1 <= SlowVoice.steps < 5  # stopped before the prebuffer was full
+    s.send({"type": "stop"})
+    assert s.join() == "stopped"

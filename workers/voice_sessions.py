@@ -229,19 +229,21 @@ class _VoiceSession:
 
     def _step(self, response: _Response) -> None:
         """One model step; until the prebuffer is full, the steps it needs back to back.
-        Commands are read between those steps only once a step's worth of audio time has
-        passed since the last read: a fast model fills the prebuffer without a Redis round
-        trip, a slow one still sees a cancel within a step."""
+        Commands are read between those steps only after a step that took longer than the
+        audio it made: a fast model fills the prebuffer without a Redis round trip (each
+        one costs a GIL hand-off among dozens of session threads), a slow one still sees a
+        cancel within a step."""
         assert self.pipe is not None
         prebuffer = self.settings.realtime.audio_prebuffer_ms * self.pipe.sample_rate // 1000
-        read_at = time.monotonic()
+        slow = False
         while True:
-            if time.monotonic() - read_at > self.pipe.step_ms / 1000:
+            if slow:
                 self._drain(None)  # a stop raises; a cancel ends the response
-                read_at = time.monotonic()
                 if self.active is not response:
                     return
+            began = time.monotonic()
             chunk = self.pipe.step(response.state)
+            slow = time.monotonic() - began > self.pipe.step_ms / 1000
             if chunk.pcm16:
                 response.samples += len(chunk.pcm16) // 2
                 if chunk.text:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import time
 from typing import Any
@@ -323,8 +324,6 @@ async def _read_loop(
 async def _try_resume(
     websocket: WebSocket, fresh: VoiceSession, state: AppState, owner: str, text: str
 ) -> VoiceSession | None:
-    import json
-
     try:
         event = json.loads(text)
         target = state.voice_sessions.get(str(event.get("session_id")))

@@ -23,17 +23,16 @@ from api.audio_validation import (
     resolve_generate,
     resolve_speech,
 )
-from api.jobs_service import JobService, epoch
+from api.jobs_service import JobService
 from models.audio import MEDIA_TYPES, AudioObject, AudioPage, SpeechCreate
 from models.db import Job, JobStatus
 from models.errors import InvalidRequest
-from models.videos import StageDurations, VideoError
 from storage.constants import ID_PREFIX
 
 MS = 1000.0
 
 
-class AudioService(JobService):
+class AudioService(JobService[AudioObject]):
     kind = "audio"
     noun = "audio"
     id_param = "audio_id"
@@ -105,26 +104,8 @@ class AudioService(JobService):
 
     # ---- read -------------------------------------------------------------------
 
-    def retrieve(self, job_id: str, owner: str) -> AudioObject:
-        job = self.get_job(job_id, owner)
-        positions = self.state.jobs.queue_positions([job])
-        return self.to_wire(job, positions.get(job.id))
-
     def page(self, owner: str, after: str | None, limit: int, order: str) -> AudioPage:
-        rows, has_more, positions = self.page_rows(owner, after, limit, order)
-        data = [self.to_wire(j, positions.get(j.id)) for j in rows]
-        return AudioPage(
-            data=data,
-            first_id=data[0].id if data else None,
-            last_id=data[-1].id if data else None,
-            has_more=has_more,
-        )
-
-    def cancel(self, job_id: str, owner: str) -> AudioObject:
-        """Cancel a queued or running job; a finished job is returned unchanged."""
-        job = self.get_job(job_id, owner)
-        self.cancel_job(job.id, "cancelled by the client")
-        return self.retrieve(job_id, owner)
+        return AudioPage(**self.page_fields(owner, after, limit, order))
 
     # ---- wire -------------------------------------------------------------------
 
@@ -132,35 +113,11 @@ class AudioService(JobService):
         params: dict[str, Any] = job.params
         output: dict[str, Any] = params.get("output") or {}
         fmt = str(params.get("response_format") or "wav")
-        error = None
-        if job.status == JobStatus.FAILED:
-            error = VideoError(
-                code=job.error_code or "internal_error",
-                message=job.error_message or "the job failed",
-            )
         return AudioObject(
-            id=job.id,
-            model=job.model,
-            status=job.status,
-            progress=job.progress,
-            created_at=int(job.created_at),
-            started_at=epoch(job.started_at),
-            completed_at=epoch(job.completed_at),
-            expires_at=epoch(job.expires_at),
-            prompt=job.prompt,
+            **self.wire_fields(job, queue_position),
             seconds=str(params.get("seconds", f"{job.num_frames / MS:g}")),
-            seed=job.seed,
-            num_inference_steps=job.num_inference_steps,
-            step=job.step,
-            stage=job.stage,
-            error=error,
-            queue_position=queue_position if job.status == JobStatus.QUEUED else None,
             response_format=fmt,
             media_type=MEDIA_TYPES.get(fmt, "application/octet-stream"),
             sample_rate=output.get("sample_rate", params.get("sample_rate")),
             channels=output.get("channels", params.get("channels")),
-            inference_time_s=job.inference_time_s,
-            stage_durations=StageDurations(**(job.stage_durations or {})),
-            peak_memory_mb=job.peak_memory_mb,
-            attempt=job.attempt,
         )

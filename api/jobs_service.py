@@ -8,10 +8,12 @@ and run in the thread pool, except the ``async`` ones.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import anyio
 from fastapi import Request
@@ -29,7 +31,7 @@ from models.errors import (
     SyncTimeout,
 )
 from models.events import DoneEvent, StatusEvent
-from models.videos import VideoError
+from models.videos import StageDurations, VideoError
 from storage.artifacts import StorageError
 from storage.constants import job_events_key, job_prefix
 
@@ -40,7 +42,10 @@ class ClientGone(Exception):
     """The client of a ``sync`` request disconnected; its job was cancelled."""
 
 
-class JobService:
+WireT = TypeVar("WireT")
+
+
+class JobService(abc.ABC, Generic[WireT]):
     kind = "video"
     noun = "video"  # in error messages
     id_param = "video_id"
@@ -123,7 +128,66 @@ class JobService:
             raise InvalidRequest(f"after: no {self.noun} with id {after!r}", param="after") from exc
         return rows, has_more, self.state.jobs.queue_positions(rows)
 
+    def retrieve(self, job_id: str, owner: str) -> WireT:
+        job = self.get_job(job_id, owner)
+        positions = self.state.jobs.queue_positions([job])
+        return self.to_wire(job, positions.get(job.id))
+
+    def page_fields(self, owner: str, after: str | None, limit: int, order: str) -> dict[str, Any]:
+        """``data``, ``first_id``, ``last_id``, ``has_more`` of a list page."""
+        rows, has_more, positions = self.page_rows(owner, after, limit, order)
+        data = [self.to_wire(j, positions.get(j.id)) for j in rows]
+        return {
+            "data": data,
+            "first_id": rows[0].id if rows else None,
+            "last_id": rows[-1].id if rows else None,
+            "has_more": has_more,
+        }
+
+    # ---- wire -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def to_wire(self, job: Job, queue_position: int | None = None) -> WireT:
+        """The job as its wire object (``video`` / ``audio``)."""
+
+    @staticmethod
+    def wire_fields(job: Job, queue_position: int | None) -> dict[str, Any]:
+        """The fields every job object shares (status, progress, times, error, …)."""
+        error = None
+        if job.status == JobStatus.FAILED:
+            error = VideoError(
+                code=job.error_code or "internal_error",
+                message=job.error_message or "the job failed",
+            )
+        return {
+            "id": job.id,
+            "model": job.model,
+            "status": job.status,
+            "progress": job.progress,
+            "created_at": int(job.created_at),
+            "started_at": epoch(job.started_at),
+            "completed_at": epoch(job.completed_at),
+            "expires_at": epoch(job.expires_at),
+            "prompt": job.prompt,
+            "seed": job.seed,
+            "num_inference_steps": job.num_inference_steps,
+            "step": job.step,
+            "stage": job.stage,
+            "error": error,
+            "queue_position": queue_position if job.status == JobStatus.QUEUED else None,
+            "inference_time_s": job.inference_time_s,
+            "stage_durations": StageDurations(**(job.stage_durations or {})),
+            "peak_memory_mb": job.peak_memory_mb,
+            "attempt": job.attempt,
+        }
+
     # ---- cancel / delete --------------------------------------------------------
+
+    def cancel(self, job_id: str, owner: str) -> WireT:
+        """Cancel a queued or running job; a finished job is returned unchanged."""
+        job = self.get_job(job_id, owner)
+        self.cancel_job(job.id, "cancelled by the client")
+        return self.retrieve(job_id, owner)
 
     def cancel_job(self, job_id: str, message: str) -> bool:
         """Fail the job with ``cancelled`` if it is still active, and tell its watchers.

@@ -14,17 +14,16 @@ from starlette.concurrency import run_in_threadpool
 
 from api.inputs import decode_data_url, reference_frame_png
 from api.jobs_service import JobService
-from api.jobs_service import epoch as _int
 from api.validation import ResolvedVideo, parse_create, resolve
 from models.db import Job, JobStatus
 from models.errors import InvalidRequest
-from models.videos import StageDurations, VideoError, VideoObject, VideoPage
+from models.videos import VideoObject, VideoPage
 from storage.constants import ID_PREFIX, job_prefix
 
 REFERENCE_KEY = "input/reference.png"
 
 
-class VideoService(JobService):
+class VideoService(JobService[VideoObject]):
     kind = "video"
     noun = "video"
     id_param = "video_id"
@@ -111,59 +110,17 @@ class VideoService(JobService):
 
     # ---- read -------------------------------------------------------------------
 
-    def retrieve(self, job_id: str, owner: str) -> VideoObject:
-        job = self.get_job(job_id, owner)
-        positions = self.state.jobs.queue_positions([job])
-        return self.to_wire(job, positions.get(job.id))
-
     def page(self, owner: str, after: str | None, limit: int, order: str) -> VideoPage:
-        rows, has_more, positions = self.page_rows(owner, after, limit, order)
-        data = [self.to_wire(j, positions.get(j.id)) for j in rows]
-        return VideoPage(
-            data=data,
-            first_id=data[0].id if data else None,
-            last_id=data[-1].id if data else None,
-            has_more=has_more,
-        )
-
-    def cancel(self, job_id: str, owner: str) -> VideoObject:
-        """Cancel a queued or running job; a finished job is returned unchanged."""
-        job = self.get_job(job_id, owner)
-        self.cancel_job(job.id, "cancelled by the client")
-        return self.retrieve(job_id, owner)
+        return VideoPage(**self.page_fields(owner, after, limit, order))
 
     # ---- wire -------------------------------------------------------------------
 
     def to_wire(self, job: Job, queue_position: int | None = None) -> VideoObject:
-        error = None
-        if job.status == JobStatus.FAILED:
-            error = VideoError(
-                code=job.error_code or "internal_error",
-                message=job.error_message or "the job failed",
-            )
         return VideoObject(
-            id=job.id,
-            model=job.model,
-            status=job.status,
-            progress=job.progress,
-            created_at=int(job.created_at),
-            started_at=_int(job.started_at),
-            completed_at=_int(job.completed_at),
-            expires_at=_int(job.expires_at),
-            prompt=job.prompt,
+            **self.wire_fields(job, queue_position),
             size=f"{job.width}x{job.height}",
             seconds=str(job.params.get("seconds", f"{job.num_frames / job.fps:g}")),
             fps=job.fps,
             num_frames=job.num_frames,
-            seed=job.seed,
-            num_inference_steps=job.num_inference_steps,
-            step=job.step,
-            stage=job.stage,
-            error=error,
-            queue_position=queue_position if job.status == JobStatus.QUEUED else None,
             has_audio=job.has_audio,
-            inference_time_s=job.inference_time_s,
-            stage_durations=StageDurations(**(job.stage_durations or {})),
-            peak_memory_mb=job.peak_memory_mb,
-            attempt=job.attempt,
         )

@@ -11,11 +11,17 @@ from __future__ import annotations
 import json
 import math
 import re
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.validation import check_extra, default_model, parse_model
+from api.validation import (
+    check_extra,
+    default_model,
+    parse_model,
+    resolve_seed,
+    resolve_steps,
+    resolve_timeout,
+)
 from models.audio import (
     AUDIO_FORMATS,
     MAX_SAMPLE_RATE,
@@ -145,13 +151,7 @@ def resolve_audio(
         )
     seconds = max(round(seconds, 3), 0.001)
 
-    steps = spec.default_steps if req.num_inference_steps is None else req.num_inference_steps
-    top_steps = min(spec.max_steps, limits.max_steps)
-    if not spec.min_steps <= steps <= top_steps:
-        raise InvalidRequest(
-            f"num_inference_steps must be between {spec.min_steps} and {top_steps}",
-            param="num_inference_steps",
-        )
+    steps = resolve_steps(req.num_inference_steps, spec, limits)
     _check_rate(req.sample_rate, fmt)
     if req.channels is not None and req.channels not in (1, 2):
         raise InvalidRequest("channels must be 1 or 2", param="channels")
@@ -168,14 +168,8 @@ def resolve_audio(
         if value is not None and name in spec.parameters:
             kept[name] = value
 
-    seed = req.seed if req.seed is not None and req.seed >= 0 else secrets.randbelow(2**31)
-    if seed >= 2**63:
-        raise InvalidRequest("seed must be below 2**63", param="seed")
-    timeout = req.timeout if req.timeout is not None else limits.default_job_timeout_s
-    if not 0 < timeout <= limits.max_job_timeout_s:
-        raise InvalidRequest(
-            f"timeout must be between 0 and {limits.max_job_timeout_s} seconds", param="timeout"
-        )
+    seed = resolve_seed(req.seed)
+    timeout = resolve_timeout(req.timeout, limits)
     return ResolvedAudio(
         model=model,
         prompt=req.prompt,

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from models.catalog import ModelSpec
 from models.errors import InvalidRequest, ModelNotFound
 from models.videos import VideoCreate
-from storage.settings import Settings
+from storage.settings import LimitSettings, Settings
 
 # Optional numeric/boolean fields passed to a pipeline that declares them in
 # ``ModelSpec.parameters``; for other models they are accepted and ignored.
@@ -142,13 +142,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
     width, height = _resolve_size(req, spec, settings)
     fps, num_frames, seconds = _resolve_timing(req, spec, settings)
 
-    steps = spec.default_steps if req.num_inference_steps is None else req.num_inference_steps
-    top = min(spec.max_steps, limits.max_steps)
-    if not spec.min_steps <= steps <= top:
-        raise InvalidRequest(
-            f"num_inference_steps must be between {spec.min_steps} and {top}",
-            param="num_inference_steps",
-        )
+    steps = resolve_steps(req.num_inference_steps, spec, limits)
     if req.n > spec.max_outputs or req.n < 1:
         raise InvalidRequest(f"n must be between 1 and {spec.max_outputs} for {model}", param="n")
     if req.lora is not None and "lora" not in spec.parameters:
@@ -161,16 +155,8 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         if value is not None and name in spec.parameters:
             options[name] = value
 
-    seed = req.seed if req.seed is not None and req.seed >= 0 else secrets.randbelow(2**31)
-    if seed >= 2**63:
-        raise InvalidRequest("seed must be below 2**63", param="seed")
-
-    timeout = req.timeout if req.timeout is not None else limits.default_job_timeout_s
-    if not 0 < timeout <= limits.max_job_timeout_s:
-        raise InvalidRequest(
-            f"timeout must be between 0 and {limits.max_job_timeout_s} seconds", param="timeout"
-        )
-
+    seed = resolve_seed(req.seed)
+    timeout = resolve_timeout(req.timeout, limits)
     return ResolvedVideo(
         model=model,
         prompt=req.prompt,
@@ -187,6 +173,35 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         options=options,
         extra=check_extra(req.extra_params, spec),
     )
+
+
+def resolve_steps(requested: int | None, spec: ModelSpec, limits: LimitSettings) -> int:
+    """``num_inference_steps``: the model's default, within its and the server's range."""
+    steps = spec.default_steps if requested is None else requested
+    top = min(spec.max_steps, limits.max_steps)
+    if not spec.min_steps <= steps <= top:
+        raise InvalidRequest(
+            f"num_inference_steps must be between {spec.min_steps} and {top}",
+            param="num_inference_steps",
+        )
+    return steps
+
+
+def resolve_seed(requested: int | None) -> int:
+    """A negative or missing seed draws one."""
+    seed = requested if requested is not None and requested >= 0 else secrets.randbelow(2**31)
+    if seed >= 2**63:
+        raise InvalidRequest("seed must be below 2**63", param="seed")
+    return seed
+
+
+def resolve_timeout(requested: float | None, limits: LimitSettings) -> float:
+    timeout = requested if requested is not None else limits.default_job_timeout_s
+    if not 0 < timeout <= limits.max_job_timeout_s:
+        raise InvalidRequest(
+            f"timeout must be between 0 and {limits.max_job_timeout_s} seconds", param="timeout"
+        )
+    return timeout
 
 
 def default_model(specs: dict[str, ModelSpec], modality: str) -> str:

@@ -49,8 +49,6 @@ import os
 import platform
 import shutil
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,29 +63,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cli.embedded import free_port  # noqa: E402
+from benchmarks.common import start_up, summary  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "speech"
 CHUNK_MS = 100
 BYTES_PER_MS = 48
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def _summary(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {
-        "n": len(values),
-        "mean": round(statistics.fmean(values), 1),
-        "p50": round(_pct(values, 0.5), 1),
-        "p95": round(_pct(values, 0.95), 1),
-        "p99": round(_pct(values, 0.99), 1),
-        "max": round(max(values), 1),
-    }
 
 
 def _fixture(name: str) -> tuple[bytes, dict[str, Any]]:
@@ -251,20 +231,20 @@ def aggregate(n: int, sessions: list[dict[str, Any]], silence_ms: int) -> dict[s
         "sessions": n,
         "completed_checks": len(ok),
         "errors": [s.get("error") for s in sessions if "error" in s][:5],
-        "vad_onset_ms": _summary(flat("vad_onset_ms")),
-        "vad_offset_ms": _summary(flat("vad_offset_ms")),
-        "vad_offset_minus_silence_ms": _summary([v - silence_ms for v in flat("vad_offset_ms")]),
-        "first_audio_after_speech_stopped_ms": _summary(flat("first_audio_ms")),
-        "first_audio_made_after_speech_stopped_ms": _summary(flat("first_audio_made_ms")),
-        "audio_transport_ms": _summary(flat("transport_ms")),
-        "barge_in_to_done_ms": _summary(flat("barge_in_to_done_ms")),
-        "barge_in_to_last_delta_ms": _summary(flat("barge_in_to_last_delta_ms")),
-        "detection_to_done_ms": _summary(flat("detection_to_done_ms")),
-        "rtf": _summary(flat("rtf")),
-        "underruns": _summary(flat("underruns")),
-        "underrun_ms": _summary(flat("underrun_ms")),
-        "max_delta_gap_ms": _summary(flat("max_delta_gap_ms")),
-        "buffered_at_arrival_ms": _summary(flat("answer_lead_ms")),
+        "vad_onset_ms": summary(flat("vad_onset_ms")),
+        "vad_offset_ms": summary(flat("vad_offset_ms")),
+        "vad_offset_minus_silence_ms": summary([v - silence_ms for v in flat("vad_offset_ms")]),
+        "first_audio_after_speech_stopped_ms": summary(flat("first_audio_ms")),
+        "first_audio_made_after_speech_stopped_ms": summary(flat("first_audio_made_ms")),
+        "audio_transport_ms": summary(flat("transport_ms")),
+        "barge_in_to_done_ms": summary(flat("barge_in_to_done_ms")),
+        "barge_in_to_last_delta_ms": summary(flat("barge_in_to_last_delta_ms")),
+        "detection_to_done_ms": summary(flat("detection_to_done_ms")),
+        "rtf": summary(flat("rtf")),
+        "underruns": summary(flat("underruns")),
+        "underrun_ms": summary(flat("underrun_ms")),
+        "max_delta_gap_ms": summary(flat("max_delta_gap_ms")),
+        "buffered_at_arrival_ms": summary(flat("answer_lead_ms")),
         "sessions_with_underruns": sum(1 for s in ok if s.get("underruns")),
     }
 
@@ -299,38 +279,6 @@ def _cores_used(before: dict[str, float], after: dict[str, float], wall: float) 
     return {k: round((after[k] - before.get(k, 0.0)) / wall, 2) for k in after}
 
 
-def _start_stack(
-    slots: int, data_dir: Path, realtime_workers: int = 1
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {**os.environ, "OMNIQ_REALTIME__SLOTS": str(-(-slots // realtime_workers))}
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cli.main",
-            "up",
-            "--port",
-            str(port),
-            "--data-dir",
-            str(data_dir),
-            "--realtime-workers",
-            str(realtime_workers),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-        cwd=ROOT,
-    )
-    assert up.stdout is not None
-    line = up.stdout.readline().decode()
-    if "up: " not in line:
-        up.send_signal(signal.SIGINT)
-        up.wait(60)
-        raise SystemExit(f"omniqueue up did not start: {line!r}")
-    return up, line.split("up: ", 1)[1].split()[0]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sessions", default="1,10,20,50", help="comma-separated concurrency levels")
@@ -348,7 +296,12 @@ def main() -> None:
     if args.url:
         url = args.url
     else:
-        up, url = _start_stack(max(levels), data_dir, args.realtime_workers)
+        slots = -(-max(levels) // args.realtime_workers)
+        up, url = start_up(
+            data_dir,
+            env={"OMNIQ_REALTIME__SLOTS": str(slots)},
+            args=["--realtime-workers", str(args.realtime_workers)],
+        )
     ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=reference/voice"
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "

@@ -58,7 +58,6 @@ import platform
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,28 +72,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from cli.embedded import free_port  # noqa: E402
+from benchmarks.common import start_up, summary, valkey_url  # noqa: E402
 from storage.constants import session_out_key  # noqa: E402
 
 MAX_SIZE = 16 * 1024 * 1024
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def _summary(values: list[float], digits: int = 2) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {
-        "n": len(values),
-        "mean": round(statistics.fmean(values), digits),
-        "p50": round(_pct(values, 0.5), digits),
-        "p95": round(_pct(values, 0.95), digits),
-        "p99": round(_pct(values, 0.99), digits),
-        "max": round(max(values), digits),
-    }
 
 
 def expected_chunks(num_frames: int) -> int:
@@ -246,8 +227,8 @@ def _breakdown(redis_url: str, sessions: list[dict[str, Any]]) -> dict[str, Any]
         client.close()
     return {
         "note": "stream ids have 1 ms resolution (floored)",
-        "worker_to_redis": _summary(to_redis),
-        "redis_to_client": _summary(to_client),
+        "worker_to_redis": summary(to_redis, 2),
+        "redis_to_client": summary(to_client, 2),
     }
 
 
@@ -303,15 +284,15 @@ def aggregate(
         if ok
         else None,
         "batch_wall_s": round(max((s["batch_wall_s"] for s in sessions), default=0), 2),
-        "time_to_first_chunk_s": _summary([s["ttfc_s"] for s in ok], 3),
-        "inter_chunk_ms": _summary(intervals, 1),
-        "steady_rtf": _summary([s["steady_rtf"] for s in ok if s["steady_rtf"]], 3),
-        "rtf_all_media": _summary([s["rtf_all_media"] for s in ok if s["rtf_all_media"]], 3),
-        "stall_ratio": _summary([s["stall_ratio"] for s in ok], 3),
-        "stalls_per_session": _summary([float(s["stalls"]) for s in ok], 1),
-        "transport_overhead_ms": _summary(overhead),
-        "transport_overhead_media_only_ms": _summary(media_overhead),
-        "client_loop_lag_ms": _summary(lags),
+        "time_to_first_chunk_s": summary([s["ttfc_s"] for s in ok], 3),
+        "inter_chunk_ms": summary(intervals, 1),
+        "steady_rtf": summary([s["steady_rtf"] for s in ok if s["steady_rtf"]], 3),
+        "rtf_all_media": summary([s["rtf_all_media"] for s in ok if s["rtf_all_media"]], 3),
+        "stall_ratio": summary([s["stall_ratio"] for s in ok], 3),
+        "stalls_per_session": summary([float(s["stalls"]) for s in ok], 1),
+        "transport_overhead_ms": summary(overhead, 2),
+        "transport_overhead_media_only_ms": summary(media_overhead, 2),
+        "client_loop_lag_ms": summary(lags, 2),
     }
     if redis_url is not None:
         out["breakdown_ms"] = _breakdown(redis_url, sessions)
@@ -356,30 +337,6 @@ def _renice_realtime_worker(up_pid: int, increment: int) -> None:
     raise SystemExit("no realtime worker under omniqueue up")
 
 
-def _start_stack(
-    slots: int, data_dir: Path, log: Path | None, extra_env: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], str, str]:
-    port = free_port()
-    env = {**os.environ, **extra_env, "OMNIQ_REALTIME__SLOTS": str(slots)}
-    up = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "up", "--port", str(port), "--data-dir", str(data_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL if log is None else log.open("ab"),
-        env=env,
-        cwd=ROOT,
-    )
-    assert up.stdout is not None
-    line = up.stdout.readline().decode()
-    if "up: " not in line:
-        up.send_signal(signal.SIGINT)
-        up.wait(60)
-        raise SystemExit(f"omniqueue up did not start: {line!r}")
-    url = line.split("up: ", 1)[1].split()[0]
-    conf = (data_dir / "valkey" / "valkey.conf").read_text().split("\n")
-    vport = next(ln.split()[1] for ln in conf if ln.startswith("port "))
-    return up, url, f"redis://127.0.0.1:{vport}/0"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--sessions", default="1,20", help="comma-separated concurrency levels")
@@ -417,9 +374,11 @@ def main() -> None:
         "fps": args.fps,
     }
     data_dir = Path(tempfile.mkdtemp(prefix="oq-rtv-bench-"))
-    up, url, redis_url = _start_stack(
-        max(levels), data_dir, args.up_log, dict(kv.split("=", 1) for kv in args.stack_env)
+    extra_env = dict(kv.split("=", 1) for kv in args.stack_env)
+    up, url = start_up(
+        data_dir, env={**extra_env, "OMNIQ_REALTIME__SLOTS": str(max(levels))}, log=args.up_log
     )
+    redis_url = valkey_url(data_dir)
     ws_url = url.replace("http://", "ws://") + "/v1/realtime/video"
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import collections
 import enum
 import json
 import secrets
@@ -40,6 +39,7 @@ from pydantic import ValidationError
 import models.realtime as wire
 from realtime.conversation import Conversation, Entry, ItemError, client_entry
 from realtime.input_audio import BYTES_PER_MS, InputAudio, VadFactory
+from realtime.outbox import Outbox, encode, new_id
 from realtime.responses import ResponseRun, final_status, usage
 from realtime.session_config import SessionConfigError, apply_update
 
@@ -97,36 +97,6 @@ class RealtimeOptions:
     cancel_grace_s: float = 2.0
 
 
-def _new_id(prefix: str) -> str:
-    return prefix + secrets.token_hex(10)
-
-
-# Fields dropped from server events when null: our extensions, and fields of other item
-# types, so each event reads as the OpenAI server's own.
-_OMIT_IF_NULL = frozenset(
-    {
-        "server_event_seq",
-        "capabilities",
-        "resume_token",
-        "produced_at",
-        "call_id",
-        "name",
-        "arguments",
-        "output",
-        "audio",
-        "text",
-    }
-)
-
-
-def _strip(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if not (v is None and k in _OMIT_IF_NULL)}
-    if isinstance(value, list):
-        return [_strip(v) for v in value]
-    return value
-
-
 class RealtimeProtocol:
     def __init__(
         self,
@@ -139,12 +109,8 @@ class RealtimeProtocol:
         self.options = options
         self.state = State.OPEN
         self.close_code: int | None = None
-        self._out: list[str] = []
+        self._outbox = Outbox(duplex=options.duplex, replay_events=options.replay_events)
         self._cmds: list[Command] = []
-        self._seq = 0
-        self._replay: collections.deque[tuple[int, str]] = collections.deque(
-            maxlen=options.replay_events
-        )
         self.resume_token = secrets.token_urlsafe(24) if options.duplex else None
         self.session = wire.RealtimeSession(
             id=session_id,
@@ -165,8 +131,7 @@ class RealtimeProtocol:
     # ------------------------------------------------------------------ outputs
 
     def data_to_send(self) -> list[str]:
-        out, self._out = self._out, []
-        return out
+        return self._outbox.take()
 
     def commands(self) -> list[Command]:
         """Commands for the worker; cancels and stops first (system-class)."""
@@ -184,7 +149,7 @@ class RealtimeProtocol:
 
     @property
     def last_seq(self) -> int:
-        return self._seq
+        return self._outbox.seq
 
     def next_deadline(self) -> float | None:
         deadlines = [self._idle_deadline]
@@ -196,14 +161,7 @@ class RealtimeProtocol:
     def _emit(self, event: wire.ServerEvent) -> None:
         if self.state is State.CLOSED:
             return
-        event.event_id = _new_id("event_")
-        if self.options.duplex:
-            self._seq += 1
-            event.server_event_seq = self._seq
-        text = json.dumps(_strip(event.model_dump(mode="json")), separators=(",", ":"))
-        if self.options.duplex:
-            self._replay.append((self._seq, text))
-        self._out.append(text)
+        self._outbox.put(event)
 
     def _error(
         self,
@@ -313,7 +271,7 @@ class RealtimeProtocol:
         td = self.session.audio.input.turn_detection
         assert td is not None
         self._idle_deadline = None
-        self._speech_item = _new_id("item_")
+        self._speech_item = new_id("item_")
         self._speech_start = max(self.input.start, at - td.prefix_padding_ms * BYTES_PER_MS)
         self._emit(
             wire.SpeechStartedEvent(
@@ -348,7 +306,7 @@ class RealtimeProtocol:
             )
             return
         pcm = self.input.take()
-        item_id, self._speech_item = self._speech_item or _new_id("item_"), None
+        item_id, self._speech_item = self._speech_item or new_id("item_"), None
         self._commit_audio(pcm, item_id)
 
     def _commit_audio(self, pcm: bytes, item_id: str) -> None:
@@ -409,7 +367,7 @@ class RealtimeProtocol:
         except ItemError as exc:
             self._error(exc.message, code=exc.code, param=exc.param, event_id=eid)
             return
-        item.id = item.id or _new_id("item_")
+        item.id = item.id or new_id("item_")
         item.status = "completed"
         self._add_item(entry, previous)
 
@@ -524,8 +482,8 @@ class RealtimeProtocol:
         in_conversation = overrides.conversation != "none"
         self._responses += 1
         response = ResponseRun(
-            id=_new_id("resp_"),
-            item_id=_new_id("item_"),
+            id=new_id("resp_"),
+            item_id=new_id("item_"),
             output_index=0,
             in_conversation=in_conversation,
             metadata=overrides.metadata,
@@ -665,16 +623,15 @@ class RealtimeProtocol:
         events, exactly once and in order; False (nothing changes) when they are gone."""
         if self.state is State.CLOSED or not secrets.compare_digest(token, self.resume_token or ""):
             return False
-        oldest = self._replay[0][0] if self._replay else self._seq + 1
-        if last_seq > self._seq or last_seq + 1 < oldest:
+        missed = self._outbox.since(last_seq)
+        if missed is None:
             return False
-        missed = [text for seq, text in self._replay if seq > last_seq]
         self.state = State.OPEN
         resumed = wire.SessionResumedEvent(
-            session_id=self.id, replayed=len(missed), last_server_event_seq=self._seq
+            session_id=self.id, replayed=len(missed), last_server_event_seq=self._outbox.seq
         )
-        resumed.event_id = _new_id("event_")
-        self._out = [json.dumps(_strip(resumed.model_dump(mode="json"))), *missed]
+        resumed.event_id = new_id("event_")  # outside the numbering: it is not replayed
+        self._outbox.restart([encode(resumed), *missed])
         return True
 
     # ------------------------------------------------------------------ worker relay
@@ -780,7 +737,7 @@ class RealtimeProtocol:
     def _idle_timeout(self, now: float) -> None:
         if self.active is not None or self._speech_item is not None:
             return
-        item_id = _new_id("item_")
+        item_id = new_id("item_")
         at = self.input.position // BYTES_PER_MS
         self._emit(wire.TimeoutTriggeredEvent(audio_start_ms=at, audio_end_ms=at, item_id=item_id))
         self._commit_audio(self.input.take(), item_id)

@@ -28,6 +28,7 @@ with ``importlib.util.find_spec``.
 
 from __future__ import annotations
 
+import abc
 import importlib.util
 import threading
 import warnings
@@ -57,15 +58,16 @@ def _weights(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data" / name
 
 
-class _Net:
+class _Net(abc.ABC):
     """silero's 16 kHz network as a pure function: ``(x [1, CONTEXT + FRAME], state
     [2, 1, 128]) -> (p, state)``; the caller keeps the state, so one instance serves
     every detector (both runtimes allow concurrent calls on one loaded model)."""
 
     backend: str
 
+    @abc.abstractmethod
     def __call__(self, x: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
-        raise NotImplementedError
+        """Speech probability of the frame, and the next recurrent state."""
 
 
 class _OnnxNet(_Net):

@@ -36,6 +36,7 @@ from realtime.audio_protocol import (
     State,
     Stop,
 )
+from realtime.worker_watch import WorkerWatch
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 
 router = APIRouter(tags=["realtime"])
@@ -147,26 +148,23 @@ class VoiceSession:
     async def _relay(self) -> None:
         """Worker outputs → protocol → socket, with the admission and liveness clocks."""
         rt = self.state.settings.realtime
-        after, admitted = "0-0", False
-        deadline = time.monotonic() + rt.admission_timeout_s
-        heard = time.monotonic()
+        watch = WorkerWatch(rt.admission_timeout_s, rt.lost_after_s, time.monotonic())
+        after = "0-0"
         while not self.protocol.close_expected():
             entries = await self.state.abus.read(self.outbox, after, block_ms=250)
             now = time.monotonic()
+            watch.heard([e.type for e in entries], now)
             async with self.lock:
-                if not entries:
-                    if not admitted and now > deadline:
+                verdict = None if entries else watch.verdict(now)
+                if verdict is not None:
+                    code, message = verdict
+                    if code == "resource_exhausted":  # a late worker must not start it
                         await self.state.abus.redis.set(session_abandoned_key(self.id), 1, ex=3600)
-                        self.protocol.worker_failed("resource_exhausted", "no worker slot is free")
-                    elif admitted and now - heard > rt.lost_after_s:
-                        self.protocol.worker_failed(
-                            "worker_lost", "the worker running the session is gone"
-                        )
+                    self.protocol.worker_failed(code, message)
                 for event, data in _coalesce(entries):
-                    admitted = admitted or event.get("type") == "accepted"
                     self._apply(event, data, now)
                 if entries:
-                    after, heard = entries[-1].id, now
+                    after = entries[-1].id
                 await self.flush()
         await self.finish()
 

@@ -30,6 +30,7 @@ from realtime.video_protocol import (
     VideoSessionOptions,
     VideoSessionProtocol,
 )
+from realtime.worker_watch import WorkerWatch
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 
 router = APIRouter(tags=["realtime"])
@@ -134,26 +135,29 @@ class _Session:
     async def _relay(self) -> None:
         """Worker outputs → protocol → socket, with the admission and liveness clocks."""
         rt = self.state.settings.realtime
-        after, admitted = "0-0", False
-        deadline = time.monotonic() + rt.admission_timeout_s
-        heard = time.monotonic()
+        watch = WorkerWatch(rt.admission_timeout_s, rt.lost_after_s, time.monotonic())
+        after = "0-0"
         while not self.protocol.close_expected():
             entries = await self.state.abus.read(self.outbox, after, block_ms=250)
             now = time.monotonic()
+            watch.heard([e.type for e in entries], now)
             if not entries:
-                if not admitted and now > deadline:
-                    await self.state.abus.redis.set(session_abandoned_key(self.id), 1, ex=3600)
-                    self.protocol.failed("resource_exhausted", "no worker slot is free")
-                elif admitted and now - heard > rt.lost_after_s:
-                    self.protocol.failed("worker_lost", "the worker running the session is gone")
+                verdict = watch.verdict(now)
+                if verdict is not None:
+                    await self._give_up(verdict)
                 await self.flush()
                 continue
             for entry in entries:
-                after, heard = entry.id, now
+                after = entry.id
                 self._apply(entry.event, entry.data, now)
-                admitted = admitted or entry.event.get("type") == "accepted"
             await self.dispatch()
             await self.flush()
+
+    async def _give_up(self, verdict: tuple[str, str]) -> None:
+        code, message = verdict
+        if code == "resource_exhausted":  # a worker that takes it late must not start it
+            await self.state.abus.redis.set(session_abandoned_key(self.id), 1, ex=3600)
+        self.protocol.failed(code, message)
 
     def _apply(self, event: dict[str, Any], data: bytes | None, now: float) -> None:
         kind = event.get("type")

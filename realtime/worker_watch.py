@@ -1,0 +1,28 @@
+"""The API's view of the worker running a session, as a clock (sans-I/O): a session not
+admitted by a worker within the admission timeout has no slot (``resource_exhausted``);
+an admitted one whose worker stays silent for ``lost_after_s`` lost it (``worker_lost``).
+Video and voice sessions share it."""
+
+from __future__ import annotations
+
+
+class WorkerWatch:
+    def __init__(self, admission_timeout_s: float, lost_after_s: float, now: float) -> None:
+        self.admitted = False
+        self._admit_by = now + admission_timeout_s
+        self._lost_after_s = lost_after_s
+        self._heard = now
+
+    def heard(self, kinds: list[str], now: float) -> None:
+        """Entries of these types arrived from the worker."""
+        if kinds:
+            self._heard = now
+            self.admitted = self.admitted or "accepted" in kinds
+
+    def verdict(self, now: float) -> tuple[str, str] | None:
+        """``(code, message)`` when the session must end for want of its worker."""
+        if not self.admitted and now > self._admit_by:
+            return "resource_exhausted", "no worker slot is free"
+        if self.admitted and now - self._heard > self._lost_after_s:
+            return "worker_lost", "the worker running the session is gone"
+        return None

@@ -3,6 +3,8 @@
 The content decides the type, never the declared MIME type. Images (PNG, JPEG, WebP) are
 decoded with Pillow, videos (MP4/MOV) with PyAV (first frame). The result is resized and
 centre-cropped to the job's size, so the worker gets exactly the first frame it needs.
+Remote http(s) URLs are fetched only through :mod:`storage.url_guard` (SSRF guard), as
+``OMNIQ_INPUTS__URL_FETCH`` allows, and every failure of one reads the same.
 """
 
 from __future__ import annotations
@@ -10,12 +12,16 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import logging
 
 import av
 from PIL import Image
 
-from models.errors import InvalidRequest, PayloadTooLarge
-from storage.settings import LimitSettings
+from models.errors import InvalidRequest, OmniqueueError, PayloadTooLarge
+from storage.settings import InputSettings, LimitSettings, Settings
+from storage.url_guard import URLFetchError, fetch_url
+
+_log = logging.getLogger(__name__)
 
 
 def sniff(data: bytes) -> str | None:
@@ -32,7 +38,7 @@ def sniff(data: bytes) -> str | None:
 
 
 def decode_data_url(url: str, param: str) -> bytes:
-    """The bytes of a ``data:`` URL (remote URLs are not fetched)."""
+    """The bytes of a ``data:`` URL (remote URLs go through :func:`reference_from_url`)."""
     if not url.startswith("data:"):
         raise InvalidRequest(
             f"{param} must be a data: URL or an uploaded file; remote URLs are not fetched",
@@ -47,35 +53,56 @@ def decode_data_url(url: str, param: str) -> bytes:
     raise InvalidRequest(f"{param} must be a base64 data URL", param=param)
 
 
-def fetch_image_url(url: str, limits: LimitSettings, param: str, timeout_s: float = 10.0) -> bytes:
-    """The bytes behind a ``data:`` or http(s) URL, at most ``limits.max_upload_bytes``."""
+def check_url(url: str, inputs: InputSettings, param: str) -> None:
+    """Refuse, before any work, a URL that is neither ``data:`` nor a fetchable http(s)."""
     if url.startswith("data:"):
-        return decode_data_url(url, param)
-    if not url.startswith(("http://", "https://")):
+        return
+    if not url.lower().startswith(("http://", "https://")):
         raise InvalidRequest(f"{param} must be an http(s) or data: URL", param=param)
-    import httpx
-
-    data = bytearray()
-    try:
-        with (
-            httpx.Client(timeout=timeout_s, follow_redirects=True) as client,
-            client.stream("GET", url) as response,
-        ):
-            if response.status_code != 200:
-                raise InvalidRequest(
-                    f"{param}: fetching it answered HTTP {response.status_code}", param=param
-                )
-            for chunk in response.iter_bytes():
-                data += chunk
-                if len(data) > limits.max_upload_bytes:
-                    raise PayloadTooLarge(
-                        f"{param} is larger than {limits.max_upload_bytes} bytes", param=param
-                    )
-    except httpx.HTTPError as exc:
+    if inputs.url_fetch == "off":
         raise InvalidRequest(
-            f"{param} could not be fetched ({type(exc).__name__})", param=param
-        ) from exc
-    return bytes(data)
+            f"{param} must be a data: URL or an uploaded file; remote URLs are not fetched "
+            "on this server",
+            param=param,
+        )
+
+
+def url_fetch_failed(param: str) -> InvalidRequest:
+    """The one answer to every refused or failed remote fetch: refused host, closed port,
+    HTTP status, too large, slow or not a usable image all read the same to the caller."""
+    return InvalidRequest(
+        f"{param} could not be fetched as a usable image or video", param=param,
+        code="url_fetch_failed",
+    )
+
+
+def reference_from_url(
+    url: str, width: int, height: int, settings: Settings, param: str
+) -> bytes:
+    """The width×height PNG first frame behind a ``data:`` or http(s) URL.
+
+    Remote URLs are fetched through :mod:`storage.url_guard` under
+    ``settings.inputs.url_fetch``; any failure, decoding included, is
+    :func:`url_fetch_failed` (the reason goes to the log only).
+    """
+    limits, inputs = settings.limits, settings.inputs
+    check_url(url, inputs, param)
+    if url.startswith("data:"):
+        return reference_frame_png(decode_data_url(url, param), width, height, limits, param)
+    assert inputs.url_fetch != "off"
+    try:
+        data = fetch_url(
+            url,
+            max_bytes=limits.max_upload_bytes,
+            timeout_s=inputs.url_fetch_timeout_s,
+            policy=inputs.url_fetch,
+            max_redirects=inputs.url_fetch_max_redirects,
+            headers={"Accept": "image/*, video/*"},
+        )
+        return reference_frame_png(data, width, height, limits, param)
+    except (URLFetchError, OmniqueueError) as exc:
+        _log.info("%s: remote reference refused or failed: %s", param, exc)
+        raise url_fetch_failed(param) from None
 
 
 def reference_frame_png(

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from api.inputs import decode_data_url, reference_frame_png
+from api.inputs import check_url, decode_data_url, reference_frame_png, reference_from_url
 from api.jobs_service import JobService
 from api.validation import ResolvedVideo, parse_create, resolve
 from models.db import Job, JobStatus
@@ -39,24 +39,30 @@ class VideoService(JobService[VideoObject]):
     ) -> tuple[VideoObject, bool]:
         """Validate, store the reference frame, insert the job, enqueue. Nothing is stored
         unless every check passed."""
+        remote: tuple[str, str] | None = None  # (http(s) URL, param): fetched once valid
         if "input_reference" in raw:
             value = raw.pop("input_reference")
             if isinstance(value, dict):
                 value = value.get("image_url")
             if reference is None and value:
-                reference = decode_data_url(str(value), "input_reference")
+                reference, remote = self._reference(str(value), "input_reference")
         req = parse_create(raw)
         if req.input_reference_url:
-            reference = decode_data_url(req.input_reference_url, "input_reference_url")
+            reference, remote = self._reference(req.input_reference_url, "input_reference_url")
         resolved = resolve(req, self.state.specs, self.settings)
         spec = self.state.specs[resolved.model]
         png = None
-        if reference is not None:
-            if not spec.supports_image_input:
-                raise InvalidRequest(
-                    f"model {resolved.model!r} does not take an input_reference",
-                    param="input_reference",
-                )
+        if (reference is not None or remote is not None) and not spec.supports_image_input:
+            raise InvalidRequest(
+                f"model {resolved.model!r} does not take an input_reference",
+                param="input_reference",
+            )
+        if remote is not None:
+            png = await run_in_threadpool(
+                reference_from_url, remote[0], resolved.width, resolved.height, self.settings,
+                remote[1],
+            )
+        elif reference is not None:
             png = await run_in_threadpool(
                 reference_frame_png,
                 reference,
@@ -68,6 +74,14 @@ class VideoService(JobService[VideoObject]):
         job, created = await run_in_threadpool(self._persist, resolved, png, owner, idempotency_key)
         position = await self.announce(job, created)
         return self.to_wire(job, position), created
+
+    def _reference(self, url: str, param: str) -> tuple[bytes | None, tuple[str, str] | None]:
+        """A ``data:`` URL's bytes now, or an http(s) URL to fetch once the request is valid
+        (refused here when fetching is off or the scheme is neither)."""
+        check_url(url, self.settings.inputs, param)
+        if url.startswith("data:"):
+            return decode_data_url(url, param), None
+        return None, (url, param)
 
     def _persist(
         self, r: ResolvedVideo, png: bytes | None, owner: str, idempotency_key: str | None

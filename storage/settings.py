@@ -85,6 +85,18 @@ class LimitSettings(BaseModel):
     default_job_timeout_s: int = 1800
 
 
+class InputSettings(BaseModel):
+    # Remote http(s) URLs given as input references (``input_reference``,
+    # ``image_reference``): ``off`` refuses them, ``public`` fetches only hosts whose every
+    # address is public (no loopback, private, link-local, metadata ...), ``any`` fetches
+    # any host, loopback and the private network included: opt in only when every caller
+    # is trusted. ``data:`` URLs work in every mode.
+    url_fetch: Literal["off", "public", "any"] = "public"
+    # One fetch, DNS and redirects included, gives up after this many seconds.
+    url_fetch_timeout_s: float = Field(default=10.0, gt=0)
+    url_fetch_max_redirects: int = Field(default=3, ge=0, le=10)
+
+
 class WorkerSettings(BaseModel):
     # Models this worker serves (comma-separated); empty means every served model.
     models: ModelList = Field(default_factory=list)
@@ -152,6 +164,7 @@ class Settings(BaseSettings):
     # ``OMNIQ_AUTH=off`` is allowed only while the API listens on loopback.
     auth: Literal["off", "required"] = "required"
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    inputs: InputSettings = Field(default_factory=InputSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
 

@@ -19,7 +19,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import websocket_owner
-from api.inputs import fetch_image_url, reference_frame_png
+from api.inputs import reference_from_url
 from api.state import AppState
 from models.errors import OmniqueueError
 from models.realtime_video import VideoErrorCode
@@ -111,11 +111,11 @@ class _Session:
         rt = self.state.settings.realtime
         if start.image_reference is not None:
             # The first frame, decoded and fitted here so the worker gets exactly its size.
-            limits, url = self.state.settings.limits, start.image_reference.image_url
+            url = start.image_reference.image_url
             try:
-                raw = await run_in_threadpool(fetch_image_url, url, limits, "image_reference")
                 png = await run_in_threadpool(
-                    reference_frame_png, raw, cfg.width, cfg.height, limits, "image_reference"
+                    reference_from_url, url, cfg.width, cfg.height, self.state.settings,
+                    "image_reference",
                 )
             except OmniqueueError as exc:
                 self.protocol.failed(VideoErrorCode.INVALID_IMAGE_REFERENCE, str(exc))

@@ -5,6 +5,9 @@
 directory that survives restarts. Each runs in its own session, so a terminal's Ctrl-C
 does not reach it and the launcher picks the shutdown order; on Linux each also gets a
 parent-death signal, so it dies with the process that started it.
+
+SeaweedFS serves objects to signed S3 requests only: its filer and volume HTTP ports
+require JWTs signed with keys made fresh on every start (:meth:`EmbeddedS3.environment`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import ctypes
 import functools
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -50,6 +54,12 @@ _WEED_SOCKETS = {
 }
 _WEED_SOCKET_DIR = Path("/tmp")
 _PROBE_KEY = ".omniqueue-ready-probe"
+# security.toml's [jwt.signing], [jwt.signing.read], [jwt.filer_signing] and
+# [jwt.filer_signing.read] keys: writes and reads on the volume servers and the filer.
+_WEED_JWT_KEYS = (
+    "WEED_JWT_SIGNING_KEY", "WEED_JWT_SIGNING_READ_KEY",
+    "WEED_JWT_FILER_SIGNING_KEY", "WEED_JWT_FILER_SIGNING_READ_KEY",
+)
 
 # Persistence: the append-only file plus RDB snapshots, so queued jobs survive a restart.
 _VALKEY_CONFIG: dict[str, Any] = {
@@ -229,6 +239,7 @@ class EmbeddedS3:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0
         self._finalizer: weakref.finalize[..., Any] | None = None
+        self.jwt_keys: dict[str, str] = {}
 
     @property
     def endpoint_url(self) -> str:
@@ -338,16 +349,28 @@ class EmbeddedS3:
             "-master.telemetry=false",
         ]
 
+    def environment(self) -> dict[str, str]:
+        """weed's environment: ours plus fresh JWT signing keys (weed reads ``security.toml``
+        keys from ``WEED_*`` variables), so only the S3 gateway, which signs with them, can
+        read or write through the filer and volume HTTP ports; anonymous GETs there get 401.
+        The S3 port itself serves signed (and presigned) requests only: its identity file has
+        no anonymous identity. New keys on every start (:attr:`jwt_keys`, for tests)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WEED_")}
+        env.update(self.jwt_keys)
+        return env
+
     def _spawn(self) -> None:
         (self.data_dir / "master").mkdir(parents=True, exist_ok=True)
         cmd = self.command()
+        self.jwt_keys = {name: secrets.token_urlsafe(32) for name in _WEED_JWT_KEYS}
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== omniqueue: {' '.join(cmd)}\n".encode())
             log.flush()
             self._log_offset = log.tell()
             self._proc = subprocess.Popen(
                 cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, **child_popen_kwargs(signal.SIGKILL),
+                stderr=subprocess.STDOUT, env=self.environment(),
+                **child_popen_kwargs(signal.SIGKILL),
             )
         self._finalizer = weakref.finalize(self, kill_process_group, self._proc.pid)
 

@@ -68,7 +68,12 @@ def test_objects_are_served_to_signed_requests_only(s3_server: EmbeddedS3) -> No
         "filer listing": f"{filer}/buckets/{s3_server.bucket}/videos/",
         **{f"volume {fid}": f"{volume}/{fid}" for fid in fids},
     }
-    answers = {name: httpx.get(url, timeout=10) for name, url in anonymous.items()}
+    master = f"http://127.0.0.1:{s3_server.ports['master.port']}"
+    anonymous.update({f"master {fid}": f"{master}/{fid}" for fid in fids})  # → volume
+    answers = {
+        name: httpx.get(url, timeout=10, follow_redirects=True)
+        for name, url in anonymous.items()
+    }
     for name, resp in answers.items():
         assert resp.status_code in (401, 403), (name, resp.status_code, resp.content[:200])
         assert SECRET[:40] not in resp.content, name

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -169,16 +170,20 @@ def fetch_url(
     resolver: Resolver = system_resolver,
     allow: Callable[[IPAddress], bool] = is_public_address,
     headers: dict[str, str] | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> bytes:
     """GET ``url`` (following at most ``max_redirects`` redirects, each re-checked) and
-    return its body: status 200 only, at most ``max_bytes``, all within ``timeout_s``."""
+    return its body: status 200 only, at most ``max_bytes``, all within ``timeout_s``.
+    TLS certificates are checked against the URL's host (``verify``: httpx's option)."""
     deadline = time.monotonic() + timeout_s
     try:
         current = httpx.URL(url)
     except (httpx.InvalidURL, TypeError) as exc:
         raise URLFetchError(f"invalid URL: {exc}") from None
     try:
-        with httpx.Client(trust_env=False, follow_redirects=False, timeout=timeout_s) as client:
+        with httpx.Client(
+            trust_env=False, follow_redirects=False, timeout=timeout_s, verify=verify
+        ) as client:
             for _hop in range(max_redirects + 1):
                 address = pin(
                     current, policy=policy, resolver=resolver, allow=allow,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import trustme
 
 from storage.url_guard import IPAddress, URLFetchError, fetch_url, is_public_address
 
@@ -20,7 +22,7 @@ BODY = b"\x89PNG\r\n\x1a\n" + b"x" * 1000
 class _Server:
     """A ThreadingHTTPServer whose routes are ``path → (status, headers, body)``."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    def __init__(self, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> None:
         self.routes: dict[str, tuple[int, dict[str, str], bytes]] = {}
         self.requests: list[tuple[str, str]] = []  # (path, Host header)
         server = self
@@ -49,6 +51,8 @@ class _Server:
 
         self.httpd = ThreadingHTTPServer((host, 0), Handler)
         self.httpd.daemon_threads = True
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.port = int(self.httpd.server_address[1])
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -185,6 +189,36 @@ def test_connects_to_the_address_it_checked(second_loopback: _Server) -> None:
     assert _fetch(url, resolver=rebinding, allow=_only("127.0.0.2")) == BODY
     assert calls == ["pictures.example"]
     assert srv.requests == [("/img.png", f"pictures.example:{srv.port}")]
+
+
+@pytest.mark.parametrize("cert_host", ["pictures.example", "elsewhere.example"])
+def test_tls_to_the_pinned_address_verifies_the_original_host(cert_host: str) -> None:
+    """Connecting to the IP does not weaken TLS: the server name sent and the name the
+    certificate must carry are the URL's host."""
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(cert_host).configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    try:
+        srv = _Server("127.0.0.2", tls=server_ctx)
+    except OSError:
+        pytest.fail("127.0.0.2 is not routable to loopback on this machine")
+    srv.routes["/img.png"] = (200, {}, BODY)
+    calls: list[str] = []
+    resolver = _resolver({"pictures.example": ["127.0.0.2"]}, calls)
+    url = f"https://pictures.example:{srv.port}/img.png"
+    try:
+        if cert_host == "pictures.example":
+            body = _fetch(url, resolver=resolver, allow=_only("127.0.0.2"), verify=client_ctx)
+            assert body == BODY
+            assert srv.requests == [("/img.png", f"pictures.example:{srv.port}")]
+        else:
+            with pytest.raises(URLFetchError, match=r"CERTIFICATE_VERIFY_FAILED|certificate"):
+                _fetch(url, resolver=resolver, allow=_only("127.0.0.2"), verify=client_ctx)
+            assert srv.requests == []
+    finally:
+        srv.close()
 
 
 def test_a_redirect_to_loopback_is_refused(

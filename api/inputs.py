@@ -103,6 +103,9 @@ def reference_from_url(
     except (URLFetchError, OmniqueueError) as exc:
         _log.info("%s: remote reference refused or failed: %s", param, exc)
         raise url_fetch_failed(param) from None
+    except Exception:  # a decoder choking on fetched bytes must not answer differently
+        _log.warning("%s: remote reference failed unexpectedly", param, exc_info=True)
+        raise url_fetch_failed(param) from None
 
 
 def reference_frame_png(

@@ -139,7 +139,7 @@ def pin(
     resolves to (any refused address refuses the host: no picking the good one)."""
     if url.scheme not in ("http", "https"):
         raise URLFetchError(f"scheme {url.scheme!r} is not http(s)")
-    host = url.host.rstrip(".").lower()
+    host = url.raw_host.decode("ascii").rstrip(".").lower()  # IDNA (punycode) form
     if not host:
         raise URLFetchError("the URL has no host")
     if url.userinfo:
@@ -192,7 +192,10 @@ def fetch_url(
                 location = _get(client, current, address, max_bytes, deadline, headers or {})
                 if isinstance(location, bytes):
                     return location
-                current = current.join(location)
+                try:
+                    current = current.join(location)
+                except (httpx.InvalidURL, ValueError) as exc:
+                    raise URLFetchError(f"bad redirect location: {exc}") from None
     except httpx.HTTPError as exc:
         raise URLFetchError(f"fetch failed: {exc!r}") from None
     raise URLFetchError(f"more than {max_redirects} redirects")
@@ -215,7 +218,7 @@ def _get(
         "GET",
         url.copy_with(host=str(address)),
         headers={**headers, "Host": host_header, "Accept-Encoding": "identity"},
-        extensions={"sni_hostname": url.host},
+        extensions={"sni_hostname": url.raw_host.decode("ascii")},
         timeout=httpx.Timeout(remaining),
     )
     response = client.send(request, stream=True)

@@ -247,6 +247,9 @@ def test_redirects_are_followed_and_bounded(server: _Server) -> None:
     server.routes["/ftp"] = (302, {"Location": "ftp://example.com/x"}, b"")
     with pytest.raises(URLFetchError, match="scheme"):
         _fetch(f"{base}/ftp", policy="any")
+    server.routes["/broken"] = (302, {"Location": "http://[::1"}, b"")
+    with pytest.raises(URLFetchError, match="redirect location"):
+        _fetch(f"{base}/broken", policy="any")
 
 
 def test_status_size_and_time_bounds(server: _Server) -> None:

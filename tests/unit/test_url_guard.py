@@ -248,7 +248,7 @@ def test_redirects_are_followed_and_bounded(server: _Server) -> None:
     with pytest.raises(URLFetchError, match="scheme"):
         _fetch(f"{base}/ftp", policy="any")
     server.routes["/broken"] = (302, {"Location": "http://[::1"}, b"")
-    with pytest.raises(URLFetchError, match="redirect location"):
+    with pytest.raises(URLFetchError, match=r"(?i)location"):
         _fetch(f"{base}/broken", policy="any")
 
 

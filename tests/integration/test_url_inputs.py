@@ -1,7 +1,8 @@
-"""URL input references through the real stack (API process, PostgreSQL, Redis, SeaweedFS):
-under the default ``OMNIQ_INPUTS__URL_FETCH=public`` a loopback URL is refused before any
-connection, with 400 naming the param and nothing stored, on the job endpoints and on
-``WS /v1/realtime/video``; with ``any`` (an operator's opt-in) a local image is fetched."""
+"""URL input references through the real stack (API process, PostgreSQL and SQLite,
+Redis, SeaweedFS): under the default ``OMNIQ_INPUTS__URL_FETCH=public`` a loopback URL is
+refused before any connection, with 400 naming the param and nothing stored, on the job
+endpoints and on ``WS /v1/realtime/video``; with ``any`` (an operator's opt-in) a local
+image is fetched."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from PIL import Image
 from sqlalchemy import create_engine, text
 from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
-from tests.integration.conftest import isolated_stack
+from migrations.runner import upgrade
+from tests.integration.conftest import REDIS_BASE_URL, isolated_stack
 from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -65,14 +68,28 @@ def images() -> Iterator[_ImageServer]:
     srv.httpd.server_close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["postgresql", "sqlite"])
 def public_stack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
 ) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("url-public"))
-    with isolated_stack(work, s3_server, redis_db=14, extra_env={}) as st:
+    """The default settings, on PostgreSQL (isolated_stack) and on SQLite."""
+    work = Path(tmp_path_factory.mktemp(f"url-public-{request.param}"))
+    if request.param == "postgresql":
+        with isolated_stack(work, s3_server, redis_db=14, extra_env={}) as st:
+            st.start(workers=0)
+            yield st
+        return
+    url = f"sqlite:///{work / 'omniqueue.db'}"
+    upgrade(url)
+    redis_url = f"{REDIS_BASE_URL}/14"
+    redis.Redis.from_url(redis_url).flushdb()
+    st = Stack(work=work, database_url=url, redis_url=redis_url, s3=s3_server, auth="off")
+    try:
         st.start(workers=0)
         yield st
+    finally:
+        st.stop()
+        redis.Redis.from_url(redis_url).flushdb()
 
 
 @pytest.fixture(scope="module")

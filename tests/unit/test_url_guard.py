@@ -271,6 +271,13 @@ def test_unresolvable_and_malformed_urls_fail_cleanly() -> None:
 
     with pytest.raises(URLFetchError, match="resolving"):
         _fetch("http://nowhere.example/a.png", resolver=broken)
+
+    def hanging(host: str, port: int) -> list[str]:
+        time.sleep(2)
+        return ["8.8.8.8"]
+
+    with pytest.raises(URLFetchError, match=r"resolving .* timed out"):
+        _fetch("http://slow-dns.example/a.png", resolver=hanging, timeout_s=0.2)
     for url in ("http://", "file:///etc/passwd", "http://user:pw@8.8.8.8/", "http://[::1"):
         with pytest.raises(URLFetchError):
             _fetch(url)

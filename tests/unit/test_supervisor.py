@@ -66,6 +66,8 @@ def test_it_gives_up_after_repeated_fast_failures_naming_the_child() -> None:
             sup.check()
             clock.now += 1
     assert child.starts == 2  # the first death, then two failed restarts: the third failure
+    assert "worker 0 exited with code 1; restarting it in 1 s" in said[0]
+    assert "worker 0 could not be restarted (port taken); restarting it in 2 s" in said[1]
 
 
 def test_a_child_that_ran_long_enough_starts_a_fresh_count() -> None:

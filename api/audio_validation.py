@@ -39,6 +39,20 @@ from storage.settings import Settings
 _JSON_FIELDS = ("extra_params",)
 # Field aliases clients send to /v1/audio/generations.
 _ALIASES = {"input": "prompt", "audio_length": "seconds"}
+# vLLM-Omni speech fields that change the output: refused for models that do not declare
+# them in ModelSpec.parameters (what each asks for, for the error message).
+_OUTPUT_FIELDS = {
+    "ref_audio": "voice cloning from reference audio",
+    "ref_text": "the transcript of a voice-cloning reference",
+    "ref_audio_2": "a second reference speaker",
+    "speaker_embedding": "voice cloning from a speaker embedding",
+    "x_vector_only_mode": "voice cloning from a speaker embedding",
+    "ambient_sound": "ambient sound synthesis",
+    "word_timestamps": "per-word timestamps",
+}
+# Hints a model may ignore without changing what the client asked for.
+_HINT_FIELDS = ("language", "max_new_tokens", "initial_codec_chunk_frames", "non_streaming_mode")
+_INT64_MAX = 2**63 - 1
 # Speech: seconds per word and a fixed lead, at speed 1 (see speech_seconds).
 _SECONDS_PER_WORD = 0.4
 _SPEECH_LEAD_S = 0.3
@@ -220,8 +234,11 @@ def resolve_speech(
 ) -> tuple[ResolvedAudio, SpeechCreate]:
     """``POST /v1/audio/speech`` → a mono 24 kHz (unless ``sample_rate``) audio job whose
     length follows the text (:func:`speech_seconds`, capped at the model's maximum)."""
+    if "voice" in raw and "speaker" in raw:
+        raise InvalidRequest("give voice or speaker (its alias), not both", param="speaker")
     body = parse_model(SpeechCreate, raw)
-    if not math.isfinite(body.speed) or not 0.25 <= body.speed <= 4.0:
+    speed = 1.0 if body.speed is None else body.speed
+    if not math.isfinite(speed) or not 0.25 <= speed <= 4.0:
         raise InvalidRequest("speed must be between 0.25 and 4.0", param="speed")
     voice = body.voice.get("id") if isinstance(body.voice, dict) else body.voice
     if isinstance(body.voice, dict) and not isinstance(voice, str):
@@ -235,9 +252,13 @@ def resolve_speech(
         raise InvalidRequest("instructions is too long", param="instructions")
     model = body.model or default_model(specs, "audio")
     spec = specs.get(model)
-    seconds = speech_seconds(body.input, body.speed)
-    if spec is not None:
+    options = {"speed": speed, "voice": voice, "instructions": body.instructions}
+    seconds = speech_seconds(body.input, speed)
+    if spec is not None:  # else resolve_audio names the model
+        options |= _speech_extensions(body, spec)
         seconds = min(seconds, max_seconds(spec, settings))
+    if body.duration_seconds is not None:  # the clip length asked for (resolve_audio checks it)
+        seconds = body.duration_seconds
     req = AudioCreate(
         prompt=body.input,
         model=body.model,
@@ -247,8 +268,8 @@ def resolve_speech(
         response_format=fmt,
         sample_rate=body.sample_rate or 24_000,
         channels=1,
+        extra_params=body.extra_params or {},
     )
-    options = {"speed": body.speed, "voice": voice, "instructions": body.instructions}
     resolved = resolve_audio(
         req,
         specs,
@@ -256,8 +277,39 @@ def resolve_speech(
         options=options,
         stream_pcm=fmt == "pcm",  # PCM always streams as it is produced
         prompt_param="input",
+        seconds_param="seconds" if body.duration_seconds is None else "duration_seconds",
     )
     return resolved, body
+
+
+def _speech_extensions(body: SpeechCreate, spec: ModelSpec) -> dict[str, Any]:
+    """vLLM-Omni's speech fields → options for ``spec``. A field that would change the
+    output is refused (400 naming it) unless the model declares it in ``parameters``;
+    hints (``language``, ``max_new_tokens`` as an upper bound, …) are checked, then kept
+    only for models that declare them and otherwise ignored."""
+    if body.max_new_tokens is not None and not 1 <= body.max_new_tokens <= _INT64_MAX:
+        raise InvalidRequest("max_new_tokens must be a positive integer", param="max_new_tokens")
+    frames = body.initial_codec_chunk_frames
+    if frames is not None and not 0 <= frames <= _INT64_MAX:
+        raise InvalidRequest(
+            "initial_codec_chunk_frames must be a non-negative integer",
+            param="initial_codec_chunk_frames",
+        )
+    task = body.task_type
+    if task not in (None, "CustomVoice") and "task_type" not in spec.parameters:
+        what = "voice design" if task == "VoiceDesign" else "voice cloning"
+        raise InvalidRequest(
+            f"task_type {task!r} ({what}) is not supported by model {spec.name!r}; "
+            "omit it or use 'CustomVoice'",
+            param="task_type",
+        )
+    for name, what in _OUTPUT_FIELDS.items():
+        value = getattr(body, name)
+        if value not in (None, False) and name not in spec.parameters:
+            raise InvalidRequest(
+                f"{name} ({what}) is not supported by model {spec.name!r}", param=name
+            )
+    return {name: getattr(body, name) for name in (*_HINT_FIELDS, *_OUTPUT_FIELDS, "task_type")}
 
 
 # ---- vLLM-Omni generate -----------------------------------------------------------------

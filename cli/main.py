@@ -29,7 +29,8 @@ def _cmd_api(args: argparse.Namespace) -> int:
     port = args.port or settings.port
     settings.check_auth_binding(host)
     uvicorn.run(
-        create_app(settings), host=host, port=port, log_level="info", timeout_graceful_shutdown=10
+        create_app(settings), host=host, port=port, log_level="info",
+        timeout_graceful_shutdown=settings.shutdown_grace_s,
     )
     return 0
 

@@ -2,9 +2,14 @@
 
 Valkey and SeaweedFS run embedded (:mod:`cli.embedded`), the database is a SQLite file,
 and the API and the workers are ``omniqueue api`` / ``omniqueue worker`` child processes
-configured through ``OMNIQ_`` environment variables. Ctrl-C or SIGTERM stops the
-children first (they may still need Redis and S3 while they finish), then S3, then
-Valkey. Progress goes to stderr; stdout gets one line once the API answers.
+configured through ``OMNIQ_`` environment variables. Once up, every one of them is
+supervised (:mod:`cli.supervisor`): one that dies is restarted after a backoff, so a killed
+worker's job is taken over and the API stays up; one that keeps dying right after each
+start stops the whole stack (exit 1). Ctrl-C or SIGTERM stops the children first (they
+may still need Redis and S3 while they finish), then S3, then Valkey; the API's own
+graceful shutdown (``OMNIQ_SHUTDOWN_GRACE_S``) is kept shorter than the time it gets, so
+open SSE streams and WebSockets never get it killed. Progress goes to stderr; stdout gets
+one line once the API answers.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -28,9 +34,14 @@ from cli.embedded import (
     child_popen_kwargs,
     kill_process_group,
 )
+from cli.supervisor import GaveUp, Supervisor
+from storage.settings import get_settings
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 CHILD_STOP_TIMEOUT_S = 10.0
+# A child gets at least this long beyond the API's graceful shutdown before it is killed.
+STOP_MARGIN_S = 5.0
+SUPERVISE_INTERVAL_S = 0.5
 HEALTH_TIMEOUT_S = 60.0
 MIGRATE_TIMEOUT_S = 300.0
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -58,8 +69,14 @@ class ProcessGroup:
     def __init__(self, env: dict[str, str]) -> None:
         self._env = env
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._argv: dict[str, list[str]] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._procs)
 
     def spawn(self, name: str, argv: list[str]) -> None:
+        self._argv[name] = argv
         self._procs[name] = subprocess.Popen(
             argv,
             env=self._env,
@@ -68,6 +85,15 @@ class ProcessGroup:
             stderr=_STDERR_FD,
             **child_popen_kwargs(signal.SIGTERM),
         )
+
+    def exit_code(self, name: str) -> int | None:
+        return self._procs[name].poll()
+
+    def respawn(self, name: str) -> None:
+        """Start ``name`` again with the same command line, after what is left of its
+        process group (a dead worker's own children) is killed."""
+        kill_process_group(self._procs[name].pid)
+        self.spawn(name, self._argv[name])
 
     def first_exited(self) -> tuple[str, int] | None:
         """The name and exit code of a child that has exited, if any."""
@@ -168,13 +194,16 @@ def _wait_healthy(url: str, children: ProcessGroup, timeout: float) -> str | Non
 
 
 def run_up(host: str, port: int, data_dir: Path, workers: int, realtime_workers: int = 1) -> int:
-    """Run the embedded stack until SIGINT/SIGTERM (exit 0) or a child dies (exit 1)."""
+    """Run the embedded stack until SIGINT/SIGTERM (exit 0), or until a child keeps
+    dying however often it is restarted (exit 1)."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     url = f"http://{_url_host(host)}:{port}"
     if not _port_free(host, port):
         _say(f"omniqueue up: {host}:{port} is in use (another omniqueue up?); pick --port")
         return 1
+    # The API drains open requests for shutdown_grace_s; it must not be killed meanwhile.
+    stop_timeout = max(CHILD_STOP_TIMEOUT_S, get_settings().shutdown_grace_s + STOP_MARGIN_S)
     valkey = EmbeddedValkey(data_dir / "valkey")
     s3 = EmbeddedS3(data_dir / "s3", bucket="omniqueue")
     children: ProcessGroup | None = None
@@ -221,9 +250,16 @@ def run_up(host: str, port: int, data_dir: Path, workers: int, realtime_workers:
                 "omniqueue keys create --name NAME"
             )
         print(f"omniqueue is up: {url}  (data: {data_dir})", flush=True)
-        while (exited := children.first_exited()) is None:
-            time.sleep(0.5)
-        _say(f"omniqueue up: {exited[0]} exited unexpectedly with code {exited[1]}")
+        supervisor = Supervisor(_say)
+        supervisor.add("valkey", valkey.exit_code, valkey.restart)
+        supervisor.add("S3 (SeaweedFS)", s3.exit_code, s3.restart)
+        for name in children.names:
+            supervisor.add(name, partial(children.exit_code, name), partial(children.respawn, name))
+        while True:
+            supervisor.check()
+            time.sleep(SUPERVISE_INTERVAL_S)
+    except GaveUp as exc:
+        _say(f"omniqueue up: {exc}; stopping everything")
         return 1
     except _Signalled:
         _say("shutting down…")
@@ -235,15 +271,17 @@ def run_up(host: str, port: int, data_dir: Path, workers: int, realtime_workers:
         # Further signals are ignored: every step below is bounded in time.
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
-        _shutdown(children, s3, valkey)
+        _shutdown(children, s3, valkey, stop_timeout)
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
-def _shutdown(children: ProcessGroup | None, s3: EmbeddedS3, valkey: EmbeddedValkey) -> None:
+def _shutdown(
+    children: ProcessGroup | None, s3: EmbeddedS3, valkey: EmbeddedValkey, timeout: float
+) -> None:
     if children is not None:
         _say("stopping the API and workers…")
-        children.stop()
+        children.stop(timeout)
     _say("stopping S3…")
     s3.stop()
     _say("stopping valkey…")

@@ -3,8 +3,9 @@
 * ``/v1/audio/generations``: async audio jobs, the video job lifecycle with object
   ``"audio"`` (omniqueue's own shape, field names following ``/v1/videos``).
 * ``/v1/audio/speech``: the OpenAI text-to-speech request (``model, input, voice,
-  instructions, response_format, speed, stream_format``), plus vLLM-Omni's ``stream``,
-  ``sample_rate`` and ``seed`` extensions.
+  instructions, response_format, speed, stream_format``), plus every field of vLLM-Omni's
+  ``OpenAICreateSpeechRequest`` (``stream``, ``sample_rate``, ``seed``, ``task_type``,
+  ``language``, ``ref_audio``, ``max_new_tokens``, …) and ``num_inference_steps``.
 * ``/v1/audio/generate``: vLLM-Omni's synchronous diffusion audio request
   (``OpenAICreateAudioGenerateRequest``: ``input, model, response_format, speed,
   stream_format, audio_length, audio_start, negative_prompt, guidance_scale,
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
 from models.videos import StageDurations, VideoError, VideoStatus
 
@@ -74,23 +75,43 @@ class AudioCreate(BaseModel):
 
 
 class SpeechCreate(BaseModel):
-    """``POST /v1/audio/speech``: OpenAI's text-to-speech request."""
+    """``POST /v1/audio/speech``: OpenAI's text-to-speech request, plus every field of
+    vLLM-Omni's ``OpenAICreateSpeechRequest`` (``protocol/audio.py``) so its TTS clients
+    are not refused at parse time. Which of them a served model honours, ignores as a
+    hint, or refuses is decided in ``api/audio_validation.py``."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     input: str
-    # A voice name, or OpenAI's custom voice object ``{"id": "voice_…"}``.
-    voice: str | dict[str, Any] | None = None
+    # A voice name, or OpenAI's custom voice object ``{"id": "voice_…"}``; vLLM-Omni also
+    # takes the name as ``speaker``.
+    voice: str | dict[str, Any] | None = Field(
+        default=None, validation_alias=AliasChoices("voice", "speaker")
+    )
     instructions: str | None = None
     response_format: str = "mp3"
-    speed: float = 1.0
+    speed: float | None = 1.0
     stream_format: Literal["sse", "audio"] | None = None
     # vLLM-Omni extensions
     stream: bool = False
     sample_rate: int | None = None
     seed: int | None = None
     num_inference_steps: int | None = None
+    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    language: str | None = None
+    ref_audio: str | list[str] | None = None
+    ref_text: str | None = None
+    ref_audio_2: str | None = None
+    ambient_sound: str | None = None
+    duration_seconds: StrictFloat | None = None
+    x_vector_only_mode: bool | None = None
+    speaker_embedding: list[float] | list[list[float]] | None = None
+    max_new_tokens: StrictInt | None = None
+    initial_codec_chunk_frames: StrictInt | None = None
+    non_streaming_mode: bool | None = None
+    extra_params: dict[str, Any] | None = None
+    word_timestamps: bool = False
 
 
 class AudioGenerate(BaseModel):

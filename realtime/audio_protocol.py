@@ -5,8 +5,8 @@ As in the ``websockets`` core: no asyncio, sockets, Redis or clock; the caller o
 them (``now``: any monotonic float, seconds). The voice-activity detector is injected
 (``vad_factory``), so the tests drive the machine with scripted detectors.
 
-In: ``receive_text`` (client frames), ``worker_accepted`` / ``worker_audio`` /
-``worker_finished`` / ``worker_failed`` (the relay of the worker's outputs),
+In: ``receive_text`` (client frames), ``worker_audio`` / ``worker_finished`` /
+``worker_failed`` (the relay of the worker's outputs),
 ``check_timeouts`` (due at ``next_deadline()``), ``connection_lost`` and, in duplex
 sessions, ``resume``. Out: ``commands()`` for the worker (``Respond``, ``Cancel``,
 ``Stop``); ``data_to_send()``, JSON text frames in order; ``close_expected()`` /
@@ -21,7 +21,8 @@ Rules:
   response runs and ``interrupt_response``), ``output_audio_buffer.clear`` or a close
   drop every later audio delta of that response at once, before the worker confirms.
 - Duplex: every server event carries ``server_event_seq`` and is kept in a bounded
-  replay log; ``resume(last_seq)`` replays what followed, exactly once and in order.
+  replay log; ``resume(token, last_seq)`` replays what followed, exactly once and in
+  order.
 """
 
 from __future__ import annotations

@@ -183,6 +183,9 @@ class Settings(BaseSettings):
     events_ttl_s: int = 24 * 3600
     # Hint for pollers (``openai-poll-after-ms``).
     poll_after_ms: int = 1000
+    # The API's graceful shutdown: open requests (SSE streams, WebSockets) get this long
+    # to finish before they are cancelled (``omniqueue up`` waits 5 s longer than this).
+    shutdown_grace_s: int = Field(default=5, ge=0)
 
     @field_validator("models", mode="before")
     @classmethod

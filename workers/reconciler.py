@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import LockError
+
 from models.db import ErrorCode, JobStatus
 from models.events import DoneEvent
 from models.videos import VideoError
@@ -73,8 +75,10 @@ class Reconciler:
     def run_once(self) -> ReconcileReport | None:
         """One pass, or None when another worker holds the lock."""
         ttl = max(int(self.settings.worker.reconcile_interval_s * 3), 30)
-        token = str(time.time())
-        if not self.redis.set(LOCK_KEY, token, nx=True, ex=ttl):
+        # redis-py's Lock: a random token per holder, released by a Lua script that deletes
+        # the key only while it still holds our token (no GET-then-DELETE window).
+        lock = self.redis.lock(LOCK_KEY, timeout=ttl, blocking=False)
+        if not lock.acquire():
             return None
         try:
             report = ReconcileReport()
@@ -83,8 +87,10 @@ class Reconciler:
             self._stale_uploads(report)
             return report
         finally:
-            if self.redis.get(LOCK_KEY) == token.encode():
-                self.redis.delete(LOCK_KEY)
+            try:
+                lock.release()
+            except LockError:  # it expired during the pass; another worker may hold it now
+                log.warning("reconciler lock expired before the pass ended (ttl %d s)", ttl)
 
     def _lost_workers(self, report: ReconcileReport) -> None:
         w = self.settings.worker

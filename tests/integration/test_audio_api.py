@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from openai import OpenAI
+from openai import BadRequestError, OpenAI
 from sqlalchemy import create_engine, func, select
 
 from cli.embedded import EmbeddedS3
@@ -394,6 +394,119 @@ def test_speech_sse_stream(astack: AudioStack, client: httpx.Client) -> None:
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
     pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
     assert len(pcm) == 2 * round(1.5 * 24_000)
+
+
+# vLLM-Omni's examples/online_serving/qwen3_tts/openai_speech_client.py builds this body
+# (CustomVoice with an emotion instruction, --language and --max-new-tokens given); only
+# "model" differs: its Qwen3-TTS name is not served here.
+VLLM_OMNI_TTS_BODY: dict[str, Any] = {
+    "model": "reference/audio",
+    "input": "I'm so happy!",
+    "voice": "Vivian",
+    "response_format": "wav",
+    "instructions": "Speak with excitement",
+    "task_type": "CustomVoice",
+    "language": "English",
+    "max_new_tokens": 2048,
+}
+# Every other field of vLLM-Omni's OpenAICreateSpeechRequest, at a value that asks for
+# nothing this model cannot do.
+VLLM_OMNI_HARMLESS: dict[str, Any] = {
+    "sample_rate": 24_000,
+    "speed": None,
+    "stream": False,
+    "stream_format": "audio",
+    "seed": 7,
+    "ref_audio": None,
+    "ref_text": None,
+    "ref_audio_2": None,
+    "ambient_sound": None,
+    "duration_seconds": 1.25,
+    "x_vector_only_mode": False,
+    "speaker_embedding": None,
+    "initial_codec_chunk_frames": 0,
+    "non_streaming_mode": True,
+    "extra_params": {"bpm": 90},
+    "word_timestamps": False,
+}
+
+
+def test_vllm_omni_tts_client_body_is_served(astack: AudioStack, client: httpx.Client) -> None:
+    resp = client.post("/v1/audio/speech", json=VLLM_OMNI_TTS_BODY, timeout=120)
+    assert resp.status_code == 200, resp.text
+    samples, rate = decode_audio(io.BytesIO(resp.content))
+    assert (samples.shape[0], rate) == (1, 24_000)
+    assert samples.shape[1] == round((0.3 + 0.4 * 4) * 24_000)  # 4 words; the hints change nothing
+
+    body = {**VLLM_OMNI_TTS_BODY, **VLLM_OMNI_HARMLESS}
+    body.pop("voice")
+    body["speaker"] = "Vivian"  # vLLM-Omni's alias of voice
+    resp = client.post("/v1/audio/speech", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    samples, rate = decode_audio(io.BytesIO(resp.content))
+    assert samples.shape[1] == round(1.25 * 24_000)  # duration_seconds is honoured
+    job = client.get(f"/v1/audio/generations/{resp.headers['x-request-id']}").json()
+    assert job["status"] == "completed" and job["seed"] == 7
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"task_type": "Base", "ref_audio": "data:audio/wav;base64,UklGRg==",
+          "ref_text": "This is the reference transcript", "x_vector_only_mode": True},
+         "task_type"),  # the client example's voice-clone body
+        ({"task_type": "VoiceDesign"}, "task_type"),
+        ({"task_type": "Cloned"}, "task_type"),
+        ({"ref_audio": "https://example.com/reference.wav"}, "ref_audio"),
+        ({"ref_audio": ["data:audio/wav;base64,UklGRg=="]}, "ref_audio"),
+        ({"ref_text": "a transcript"}, "ref_text"),
+        ({"ref_audio_2": "data:audio/wav;base64,UklGRg=="}, "ref_audio_2"),
+        ({"speaker_embedding": [0.1, 0.2]}, "speaker_embedding"),
+        ({"x_vector_only_mode": True}, "x_vector_only_mode"),
+        ({"ambient_sound": "ocean waves"}, "ambient_sound"),
+        ({"word_timestamps": True}, "word_timestamps"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": True}, "max_new_tokens"),
+        ({"max_new_tokens": 2**63}, "max_new_tokens"),
+        ({"initial_codec_chunk_frames": -1}, "initial_codec_chunk_frames"),
+        ({"duration_seconds": 0}, "duration_seconds"),
+        ({"duration_seconds": 61}, "duration_seconds"),
+        ({"extra_params": {"bogus": 1}}, "extra_params.bogus"),
+        ({"speaker": "Ryan"}, "speaker"),  # together with voice
+        ({"language": 5}, "language"),
+    ],
+)
+def test_vllm_omni_speech_fields_the_model_cannot_honour_are_refused(
+    astack: AudioStack, client: httpx.Client, fields: dict[str, Any], param: str
+) -> None:
+    before = _count_jobs(astack)
+    resp = client.post("/v1/audio/speech", json={**VLLM_OMNI_TTS_BODY, **fields})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+    assert _count_jobs(astack) == before
+
+
+def test_openai_sdk_speech_with_vllm_omni_extra_body(astack: AudioStack, key: str) -> None:
+    sdk = OpenAI(base_url=astack.url + "/v1", api_key=key, max_retries=0, timeout=60)
+    wav = sdk.audio.speech.create(
+        model="reference/audio",
+        voice="alloy",
+        input="hello there",
+        response_format="wav",
+        extra_body={"language": "Auto", "task_type": "CustomVoice", "max_new_tokens": 512,
+                    "duration_seconds": 0.75},
+    )
+    samples, rate = decode_audio(io.BytesIO(wav.content))
+    assert (samples.shape[0], rate, samples.shape[1]) == (1, 24_000, 18_000)
+    with pytest.raises(BadRequestError) as refused:
+        sdk.audio.speech.create(
+            model="reference/audio",
+            voice="alloy",
+            input="clone me",
+            extra_body={"ref_audio": "https://example.com/reference.wav", "ref_text": "hi"},
+        )
+    assert refused.value.param == "ref_audio" and "ref_audio" in refused.value.message
 
 
 def test_generate_sync_like_vllm_omni(astack: AudioStack, client: httpx.Client) -> None:

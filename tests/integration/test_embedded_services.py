@@ -246,6 +246,12 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _is_api(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b" api " in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    return False
+
+
 def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], list[int]]:
     log = data_dir.parent / "up.log"
     with open(log, "a") as log_file:
@@ -269,9 +275,12 @@ def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], list[in
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_omniqueue_up_serves_generate_and_stops_when_a_child_dies(tmp_path: Path) -> None:
-    """``omniqueue generate`` against ``omniqueue up``; then the API dies and ``up`` takes
-    everything down with exit code 1 (signals and restarts: tests/integration/test_up.py)."""
+def test_omniqueue_up_serves_generate_and_gives_up_on_a_child_that_keeps_dying(
+    tmp_path: Path,
+) -> None:
+    """``omniqueue generate`` against ``omniqueue up``; then the API is killed each time it
+    is restarted, and after the 5th fast failure ``up`` takes everything down with exit
+    code 1 (a single death is restarted: tests/integration/test_up.py)."""
     from cli.generate import run_generate
 
     port = free_port()
@@ -283,9 +292,18 @@ def test_omniqueue_up_serves_generate_and_stops_when_a_child_dies(tmp_path: Path
             size="128x72", steps=2, output=out,
         )
         assert code == 0 and out.stat().st_size > 0
-        api = next(pid for pid in children if b" api " in Path(f"/proc/{pid}/cmdline")
-                   .read_bytes().replace(b"\0", b" "))
-        os.kill(api, signal.SIGKILL)
+        killed: list[int] = []
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            api = [pid for pid in _children(proc.pid) if _is_api(pid) and pid not in killed]
+            for pid in api:  # the first one, then each restarted API
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.05)
+        assert len(killed) == 5, killed
+        log = (tmp_path / "up.log").read_text()
+        assert "omniqueue up: api restarted" in log
+        assert "api exited with code -9: 5 failures in a row" in log and "giving up" in log
         assert proc.wait(60) == 1
         assert all(_wait_gone(pid) for pid in children)
         assert not _listening(port)

@@ -7,6 +7,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -165,6 +166,54 @@ def test_one_pass_at_a_time(parts: tuple[Reconciler, JobStore, Settings]) -> Non
     rec.redis.delete(LOCK_KEY)
     assert rec.run_once() is not None
     assert rec.redis.get(LOCK_KEY) is None
+
+
+class _TakeoverRedis(redis.Redis):
+    """A Redis client whose lock expires, and another worker takes it, right after the
+    first command that reads or releases the lock once the pass is over (the worst moment
+    for a check-then-delete release)."""
+
+    armed = False
+    other: redis.Redis | None = None
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        result = super().execute_command(*args, **options)
+        touches_lock = args[0] in ("GET", "EVALSHA", "EVAL") and LOCK_KEY in map(str, args)
+        if self.armed and touches_lock:
+            self.armed = False
+            assert self.other is not None
+            self.other.delete(LOCK_KEY)  # our lock expired...
+            assert self.other.set(LOCK_KEY, "worker-b", nx=True, ex=30)  # ...B took it
+        return result
+
+
+@pytest.mark.parametrize("takeover", ["after_check", "before_release"])
+def test_expired_holder_cannot_delete_the_new_holders_lock(
+    parts: tuple[Reconciler, JobStore, Settings],
+    monkeypatch: pytest.MonkeyPatch,
+    takeover: str,
+) -> None:
+    rec, jobs, settings = parts
+    racy = _TakeoverRedis.from_url(settings.redis.url)
+    racy.other = rec.redis
+    holder = Reconciler(settings, jobs, rec.artifacts, rec.queue, racy)
+    last_step = Reconciler._stale_uploads
+
+    def end_of_pass(self: Reconciler, report: Any) -> None:
+        last_step(self, report)
+        if takeover == "before_release":  # the pass outlived the lock's ttl
+            rec.redis.delete(LOCK_KEY)
+            assert rec.redis.set(LOCK_KEY, "worker-b", nx=True, ex=30)
+        else:
+            racy.armed = True
+
+    monkeypatch.setattr(Reconciler, "_stale_uploads", end_of_pass)
+    try:
+        assert holder.run_once() is not None  # the pass itself completes
+        assert rec.redis.get(LOCK_KEY) == b"worker-b"
+        assert rec.run_once() is None  # B's lock still keeps the others out
+    finally:
+        racy.close()
 
 
 def test_sweep_removes_temp_dirs_of_ended_jobs_and_dead_workers(

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -80,15 +83,18 @@ def _port_free(port: int) -> bool:
 
 
 class Up:
-    def __init__(self, data_dir: Path, port: int) -> None:
+    def __init__(
+        self, data_dir: Path, port: int, extra_env: dict[str, str] | None = None, workers: int = 1
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIQ_")}
         env["PYTHONPATH"] = str(REPO)
+        env.update(extra_env or {})
         self.log = data_dir.parent / f"up-{port}.log"
         self.port = port
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cli.main", "up", "--port", str(port),
-                 "--data-dir", str(data_dir), "--workers", "1"],
+                 "--data-dir", str(data_dir), "--workers", str(workers)],
                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
             )
         assert self.proc.stdout is not None
@@ -105,6 +111,20 @@ class Up:
         self.proc.send_signal(sig)
         code = self.proc.wait(60)
         return code, tree, ports
+
+    def child(self, *words: str) -> int:
+        """The pid of the one process below ``up`` whose command line has all ``words``."""
+        found = [pid for pid in _descendants(self.proc.pid) if _has_words(pid, words)]
+        assert len(found) == 1, (words, found)
+        return found[0]
+
+
+def _has_words(pid: int, words: tuple[str, ...]) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return False
+    return all(word in argv for word in words)
 
 
 def test_up_runs_stops_cleanly_and_keeps_data(tmp_path: Path) -> None:
@@ -142,4 +162,123 @@ def test_up_runs_stops_cleanly_and_keeps_data(tmp_path: Path) -> None:
     finally:
         code, tree, _ = again.stop(signal.SIGINT)
     assert code == 0
+    assert [pid for pid in tree if _alive(pid)] == []
+
+
+def _wait(predicate: Any, what: str, up: Up, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}:\n" + up.log.read_text()[-6000:]
+        time.sleep(0.2)
+
+
+def _status(c: httpx.Client, video_id: str) -> dict[str, Any]:
+    resp = c.get(f"/v1/videos/{video_id}")
+    assert resp.status_code == 200, resp.text  # the API never goes away
+    body: dict[str, Any] = resp.json()
+    return body
+
+
+SMALL_JOB = {"prompt": "a red kite", "size": "64x48", "seconds": "0.5", "num_inference_steps": 3}
+
+
+def test_a_killed_worker_is_restarted_and_its_job_taken_over(tmp_path: Path) -> None:
+    failpoints = tmp_path / "failpoints.json"
+    failpoints.write_text(json.dumps({"step:1@attempt1": "pause"}))
+    env = {
+        "OMNIQ_WORKER__FAILPOINTS_FILE": str(failpoints),
+        "OMNIQ_WORKER__HEARTBEAT_S": "0.5",
+        "OMNIQ_WORKER__HEARTBEAT_TIMEOUT_S": "3",
+        "OMNIQ_WORKER__RECONCILE_INTERVAL_S": "1",
+    }
+    up = Up(tmp_path / "data", free_port(), env)
+    try:
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            before = c.post("/v1/videos", json=SMALL_JOB).json()["id"]
+            _wait(lambda: _status(c, before)["status"] == "in_progress", "never started", up)
+            worker = up.child("worker", "embedded-0")
+            os.kill(worker, signal.SIGKILL)
+            failpoints.write_text("{}")  # the takeover (attempt 2) and later jobs run through
+            after = c.post("/v1/videos", json={**SMALL_JOB, "prompt": "after"}).json()["id"]
+            for video_id in (before, after):
+                _wait(lambda v=video_id: _status(c, v)["status"] == "completed", video_id, up)
+            assert _status(c, before)["attempt"] == 2  # taken over by the restarted worker
+            assert c.get("/ready").status_code == 200
+            assert up.child("worker", "embedded-0") != worker
+        log = up.log.read_text()
+        assert "worker 0 exited with code -9; restarting it in" in log
+        assert "omniqueue up: worker 0 restarted" in log
+    finally:
+        code, tree, _ = up.stop(signal.SIGTERM)
+    assert code == 0
+    assert [pid for pid in tree if _alive(pid)] == []
+
+
+def test_killed_valkey_and_seaweedfs_are_restarted(tmp_path: Path) -> None:
+    up = Up(tmp_path / "data", free_port())
+    try:
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            assert c.get("/ready").status_code == 200
+            api = up.child("api")
+            valkey = next(pid for pid in _descendants(up.proc.pid) if _has_valkey(pid))
+            weed = up.child("server", "-s3")
+            os.kill(valkey, signal.SIGKILL)
+            os.kill(weed, signal.SIGKILL)
+            _wait(lambda: "valkey restarted" in up.log.read_text(), "valkey not restarted", up)
+            _wait(lambda: "(SeaweedFS) restarted" in up.log.read_text(), "weed not back", up)
+            _wait(lambda: c.get("/ready").status_code == 200, "/ready not back to 200", up)
+            assert up.child("api") == api  # the API never went away
+            assert up.child("server", "-s3") != weed
+            video = c.post("/v1/videos", json=SMALL_JOB).json()["id"]
+            _wait(lambda: _status(c, video)["status"] == "completed", "no job after restart", up)
+            assert c.get(f"/v1/videos/{video}/content").status_code == 200
+    finally:
+        code, tree, _ = up.stop(signal.SIGTERM)
+    assert code == 0
+    assert [pid for pid in tree if _alive(pid)] == []
+
+
+def _has_valkey(pid: int) -> bool:
+    try:
+        return "valkey-server" in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    except OSError:
+        return False
+
+
+def test_stop_with_an_open_sse_stream_lets_the_api_exit_gracefully(tmp_path: Path) -> None:
+    # No job worker: the job stays queued, so its event stream stays open.
+    up = Up(tmp_path / "data", free_port(), workers=0)
+    stream_ended = threading.Event()
+    opened = threading.Event()
+    try:
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            video = c.post("/v1/videos", json=SMALL_JOB).json()["id"]
+            api = up.child("api")
+
+            def follow() -> None:
+                try:
+                    with c.stream("GET", f"/v1/videos/{video}/events") as resp:
+                        assert resp.status_code == 200
+                        for _ in resp.iter_raw():
+                            opened.set()
+                except httpx.HTTPError:
+                    pass
+                stream_ended.set()
+
+            reader = threading.Thread(target=follow, daemon=True)
+            reader.start()
+            assert opened.wait(30), up.log.read_text()[-4000:]
+            started = time.monotonic()
+            code, tree, _ = up.stop(signal.SIGTERM)
+            took = time.monotonic() - started
+            reader.join(5)
+    finally:
+        if up.proc.poll() is None:
+            up.stop(signal.SIGKILL)
+    log = up.log.read_text()
+    assert code == 0
+    assert stream_ended.is_set()
+    assert "api did not stop" not in log, log[-4000:]  # not SIGKILLed...
+    assert f"Finished server process [{api}]" in log  # ...uvicorn finished its shutdown
+    assert took < 10 + 5  # the child stop timeout, plus valkey's and weed's own stop
     assert [pid for pid in tree if _alive(pid)] == []

@@ -44,13 +44,14 @@ def check(value: Any, *, strings: bool = True) -> None:
         if len(path) > MAX_DEPTH:
             raise JsonInputError(f"the message nests deeper than {MAX_DEPTH} levels", _param(path))
         if isinstance(item, dict):
-            for key, child in item.items():
+            for key in item:
                 if strings and not _encodable(key):
                     message = "a key is not valid Unicode (lone surrogate)"
                     raise JsonInputError(message, _param(path))
-                stack.append((child, (*path, key)))
+            # pushed in reverse, so the first offending value in document order is named
+            stack.extend((item[key], (*path, key)) for key in reversed(item))
         elif isinstance(item, list):
-            stack.extend((child, (*path, str(i))) for i, child in enumerate(item))
+            stack.extend((item[i], (*path, str(i))) for i in reversed(range(len(item))))
         elif strings and isinstance(item, str) and not _encodable(item):
             raise JsonInputError(
                 f"{_param(path) or 'the message'} is not valid Unicode (lone surrogate)",

@@ -424,4 +424,3 @@ class VideoSessionProtocol:
     def _flush_held(self) -> None:
         self._out.extend(self._held)
         self._held.clear()
-

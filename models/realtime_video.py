@@ -18,10 +18,19 @@ chunk 12, and ``frames_for_chunks(16) == 189``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 LATENT_FRAMES_PER_CHUNK = 3
 TEMPORAL_COMPRESSION = 4
@@ -31,6 +40,22 @@ VideoFormat = Literal["m4s"]
 ChunkKind = Literal["media", "trailer"]
 # one chunk's camera actions: one list of pressed keys per latent frame (three of them)
 CameraActions = list[list[str]]
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    return value
+
+
+# Numbers of session.start: booleans are not numbers, and every value is bounded so a
+# 100-digit integer or 1e308 is a param error, never an overflow further on.
+_NoBool = BeforeValidator(_not_bool)
+_Side = Annotated[int, _NoBool, Field(ge=1, le=16384)]
+_Count = Annotated[int, _NoBool, Field(ge=0, le=2**53)]
+_Seed = Annotated[int, _NoBool, Field(ge=-(2**63), lt=2**63)]
+_Float = Annotated[float, _NoBool, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
+_Positive = Annotated[float, _NoBool, Field(gt=0, le=1e6, allow_inf_nan=False)]
 
 
 def chunks_for_frames(num_frames: int) -> int:
@@ -71,11 +96,11 @@ class ExtraParams(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    flow_shift: float | None = None
+    flow_shift: _Float | None = None
     # one entry per chunk, each three per-latent-frame key lists (shape checked by the
     # protocol, which knows the chunk count)
     camera_action_script: list[CameraActions] | None = None
-    transition_chunks: Annotated[int, Field(ge=0)] | None = None
+    transition_chunks: Annotated[int, _NoBool, Field(ge=0, le=10**6)] | None = None
     persist: bool = False
 
 
@@ -91,11 +116,11 @@ class SessionStart(BaseModel):
     type: Literal["session.start"] = "session.start"
     model: str | None = None
     prompt: str
-    width: int | None = None
-    height: int | None = None
-    num_frames: int | None = None
-    fps: Annotated[float, Field(gt=0)] | None = None
-    seed: int | None = None
+    width: _Side | None = None
+    height: _Side | None = None
+    num_frames: _Count | None = None
+    fps: _Positive | None = None
+    seed: _Seed | None = None
     negative_prompt: str | None = None
     image_reference: ImageReference | None = None
     format: VideoFormat = "m4s"
@@ -103,13 +128,13 @@ class SessionStart(BaseModel):
     sampling_params: dict[str, Any] | None = None
     # vLLM-Omni VideoGenerationRequest fields its clients send at the top level
     size: str | None = None
-    seconds: Annotated[float, Field(gt=0)] | None = None
-    num_inference_steps: Annotated[int, Field(ge=1)] | None = None
-    guidance_scale: float | None = None
-    guidance_scale_2: float | None = None
-    true_cfg_scale: float | None = None
-    boundary_ratio: float | None = None
-    flow_shift: float | None = None
+    seconds: _Positive | None = None
+    num_inference_steps: Annotated[int, _NoBool, Field(ge=1, le=10_000)] | None = None
+    guidance_scale: _Float | None = None
+    guidance_scale_2: _Float | None = None
+    true_cfg_scale: _Float | None = None
+    boundary_ratio: _Float | None = None
+    flow_shift: _Float | None = None
 
     @field_validator("extra_params", mode="before")
     @classmethod
@@ -246,6 +271,8 @@ class ErrorEvent(_ServerEvent):
     code: str | None = None
     request_id: str | None = None
     event_id: str | None = None
+    # the offending field of the client's message (``num_frames``, ``extra_params.x``)
+    param: str | None = None
 
 
 ServerEvent = Annotated[
@@ -283,20 +310,33 @@ class VideoErrorCode(enum.StrEnum):
     INVALID_STATE = "invalid_state"
     BINARY_NOT_SUPPORTED = "binary_not_supported"
     STALLED = "stalled"
+    SESSION_EXPIRED = "session_expired"  # ran past realtime.max_session_s
     # reported by the worker side
     RESOURCE_EXHAUSTED = "resource_exhausted"
     WORKER_LOST = "worker_lost"
     INTERACTION_FAILED = "interaction_failed"
     INTERNAL_ERROR = "internal_error"
+    BROKER_ERROR = "broker_error"  # the API lost Redis/Valkey mid-session (close 1011)
 
 
 class StartRejected(ValueError):
     """A ``session.start`` that cannot be served, with its ``error.code``."""
 
-    def __init__(self, code: VideoErrorCode, message: str) -> None:
+    def __init__(self, code: VideoErrorCode, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.param = param
+
+
+@dataclass(frozen=True)
+class StartLimits:
+    """What one served model (``ModelSpec``) and the server allow a session to ask for."""
+
+    max_width: int = 1920
+    max_height: int = 1920
+    max_frames: int | None = None
+    max_fps: float | None = None
 
 
 def describe_error(exc: ValidationError) -> str:
@@ -322,11 +362,16 @@ def resolve_start(
     default_num_frames: int,
     max_chunks: int | None = None,
     models: Collection[str] | None = None,
+    model_limits: Mapping[str, StartLimits] | None = None,
+    default_model: str | None = None,
+    max_session_s: float | None = None,
 ) -> tuple[SessionStart, VideoConfig]:
     """Validate a ``session.start`` and resolve its rollout; raises ``StartRejected``.
 
     Explicit fields win over ``size`` / ``seconds``, which win over the defaults;
-    ``num_frames`` is rounded down to whole chunks. ``models``: accepted model ids.
+    ``num_frames`` is rounded down to whole chunks. ``models``: accepted model ids;
+    ``model_limits``: each model's caps (``start.model`` or ``default_model``);
+    ``max_session_s``: the longest rollout (``num_frames / fps``) the server serves.
     """
     C = VideoErrorCode
     try:
@@ -339,40 +384,78 @@ def resolve_start(
             code = C.INVALID_CAMERA_ACTION_SCRIPT
         elif loc[:1] == ("image_reference",):
             code = C.INVALID_IMAGE_REFERENCE
-        raise StartRejected(code, f"Invalid session.start: {describe_error(exc)}") from None
+        elif loc[:1] in (("width",), ("height",), ("size",)):
+            code = C.INVALID_SIZE
+        elif loc[:1] in (("num_frames",), ("seconds",)):
+            code = C.INVALID_NUM_FRAMES
+        param = ".".join(str(part) for part in loc) or None
+        detail = f"Invalid session.start: {describe_error(exc)}"
+        raise StartRejected(code, detail, param) from None
     if models is not None and start.model is not None and start.model not in models:
-        raise StartRejected(C.MODEL_NOT_FOUND, f"unknown model {start.model!r}")
+        raise StartRejected(C.MODEL_NOT_FOUND, f"unknown model {start.model!r}", "model")
+    model = start.model or default_model
+    limits = (model_limits or {}).get(model or "", StartLimits())
     width, height = start.width, start.height
+    size_param = "size"
     if start.size is not None and (width is None or height is None):
         w, sep, h = start.size.lower().partition("x")
-        if not (sep and w.isdigit() and h.isdigit()):
-            raise StartRejected(C.INVALID_SIZE, "size must be WIDTHxHEIGHT")
+        if not (sep and _ascii_digits(w) and _ascii_digits(h)) or len(w) > 5 or len(h) > 5:
+            raise StartRejected(C.INVALID_SIZE, "size must be WIDTHxHEIGHT", "size")
         width, height = int(w) if width is None else width, int(h) if height is None else height
+    else:
+        size_param = "width" if start.width is not None else "height"
     width = default_width if width is None else width
     height = default_height if height is None else height
     if width <= 0 or height <= 0 or width % 16 or height % 16:
-        raise StartRejected(C.INVALID_SIZE, "width and height must be positive multiples of 16")
+        detail = "width and height must be positive multiples of 16"
+        raise StartRejected(C.INVALID_SIZE, detail, size_param)
+    if width > limits.max_width or height > limits.max_height:
+        detail = f"{model} renders at most {limits.max_width}x{limits.max_height}"
+        raise StartRejected(C.INVALID_SIZE, detail, size_param)
     fps = start.fps or default_fps
-    num_frames = start.num_frames
+    if limits.max_fps is not None and fps > limits.max_fps:
+        raise StartRejected(C.INVALID_REQUEST, f"fps must be at most {limits.max_fps:g}", "fps")
+    num_frames, frames_param = start.num_frames, "num_frames"
     if num_frames is None and start.seconds is not None:
-        num_frames = round(start.seconds * fps)
+        num_frames, frames_param = round(start.seconds * fps), "seconds"
     num_frames = default_num_frames if num_frames is None else num_frames
     chunks = chunks_for_frames(num_frames) if num_frames >= 1 else 0
     if chunks < 1:
-        raise StartRejected(C.INVALID_NUM_FRAMES, "num_frames must be at least 9 (one chunk)")
-    if max_chunks is not None and chunks > max_chunks:
-        limit = frames_for_chunks(max_chunks)
-        raise StartRejected(C.INVALID_NUM_FRAMES, f"num_frames must be at most {limit}")
+        detail = "num_frames must be at least 9 (one chunk)"
+        raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
+    top = _max_chunks(max_chunks, limits.max_frames, max_session_s, fps)
+    if top is not None and chunks > top:
+        most = frames_for_chunks(top) if top else 0
+        detail = f"num_frames must be at most {most} at {fps:g} fps"
+        detail += " (the model's max_frames and the server's session time limit)"
+        raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
     script = start.extra_params.camera_action_script
+    script_param = "extra_params.camera_action_script"
     if script is not None and len(script) != chunks:
         detail = f"camera_action_script needs one entry per chunk ({chunks}), got {len(script)}"
-        raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail)
+        raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, script_param)
     for index, actions in enumerate(script or ()):
         if not is_camera_block(actions):
             detail = f"camera_action_script[{index}] must be three lists of w/a/s/d"
-            raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail)
+            raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, f"{script_param}.{index}")
     image = start.image_reference
     if image is not None and not image.image_url.startswith(("http://", "https://", "data:")):
-        raise StartRejected(C.INVALID_IMAGE_REFERENCE, "image_url must be an http(s) or data: URL")
+        detail = "image_url must be an http(s) or data: URL"
+        raise StartRejected(C.INVALID_IMAGE_REFERENCE, detail, "image_reference.image_url")
     frames = frames_for_chunks(chunks)
     return start, VideoConfig(width=width, height=height, fps=fps, num_frames=frames, chunks=chunks)
+
+
+def _ascii_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _max_chunks(
+    max_chunks: int | None, max_frames: int | None, max_session_s: float | None, fps: float
+) -> int | None:
+    """The most chunks allowed by every cap given (None: no cap)."""
+    caps = [] if max_chunks is None else [max_chunks]
+    for frames in (max_frames, None if max_session_s is None else int(max_session_s * fps)):
+        if frames is not None:
+            caps.append(chunks_for_frames(frames) if frames >= 1 else 0)
+    return min(caps) if caps else None

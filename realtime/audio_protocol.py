@@ -7,7 +7,8 @@ them (``now``: any monotonic float, seconds). The voice-activity detector is inj
 
 In: ``receive_text`` (client frames), ``worker_audio`` / ``worker_finished`` /
 ``worker_failed`` (the relay of the worker's outputs),
-``check_timeouts`` (due at ``next_deadline()``), ``connection_lost`` and, in duplex
+``check_timeouts`` (due at ``next_deadline()``: the cancel grace, the idle timeout and
+the session time limit ``max_session_s``), ``connection_lost`` and, in duplex
 sessions, ``resume``. Out: ``commands()`` for the worker (``Respond``, ``Cancel``,
 ``Stop``); ``data_to_send()``, JSON text frames in order; ``close_expected()`` /
 ``close_code``.
@@ -30,7 +31,6 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
-import json
 import secrets
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -40,11 +40,13 @@ from pydantic import ValidationError
 import models.realtime as wire
 from realtime.conversation import Conversation, Entry, ItemError, client_entry
 from realtime.input_audio import BYTES_PER_MS, InputAudio, VadFactory
+from realtime.json_input import JsonInputError, parse
 from realtime.outbox import Outbox, encode, new_id
 from realtime.responses import ResponseRun, final_status, usage
 from realtime.session_config import SessionConfigError, apply_update
 
 CLOSE_NORMAL = 1000
+CLOSE_POLICY = 1008  # the session reached max_session_s
 CLOSE_INTERNAL = 1011  # worker lost or failed
 CLOSE_TRY_AGAIN = 1013  # no worker slot (resource_exhausted)
 
@@ -96,6 +98,9 @@ class RealtimeOptions:
     # Duplex replay log (events), and how long a silent worker may take to confirm a cancel.
     replay_events: int = 8192
     cancel_grace_s: float = 2.0
+    # realtime.max_session_s: the session ends (error session_expired) this long after
+    # it was created, attached or not; None: no limit
+    max_session_s: float | None = None
 
 
 class RealtimeProtocol:
@@ -123,6 +128,7 @@ class RealtimeProtocol:
         self._speech_item: str | None = None  # the turn the detector has open
         self._speech_start = 0  # bytes
         self._idle_deadline: float | None = None
+        self._expires_at = None if options.max_session_s is None else now + options.max_session_s
         self.conversation = Conversation(options.max_conversation_audio_bytes)
         self.active: ResponseRun | None = None
         self._responses = 0
@@ -153,7 +159,7 @@ class RealtimeProtocol:
         return self._outbox.seq
 
     def next_deadline(self) -> float | None:
-        deadlines = [self._idle_deadline]
+        deadlines = [self._idle_deadline, self._expires_at]
         if self.active is not None:
             deadlines.append(self.active.cancel_deadline)
         live = [d for d in deadlines if d is not None]
@@ -193,9 +199,9 @@ class RealtimeProtocol:
             )
             return
         try:
-            raw = json.loads(text)
-        except ValueError:
-            self._error("the message is not valid JSON", code="invalid_json")
+            raw = parse(text)
+        except JsonInputError as exc:
+            self._error(exc.message, code="invalid_json", param=exc.param)
             return
         if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
             self._error(
@@ -727,6 +733,9 @@ class RealtimeProtocol:
     # ------------------------------------------------------------------ clocks / end
 
     def check_timeouts(self, now: float) -> None:
+        if self._expires_at is not None and now >= self._expires_at:
+            self._expire(now)
+            return
         active = self.active
         deadline = active.cancel_deadline if active is not None else None
         if deadline is not None and now >= deadline:
@@ -743,6 +752,19 @@ class RealtimeProtocol:
         self._emit(wire.TimeoutTriggeredEvent(audio_start_ms=at, audio_end_ms=at, item_id=item_id))
         self._commit_audio(self.input.take(), item_id)
         self._start_response(None, now)
+
+    def _expire(self, now: float) -> None:
+        """The session reached ``max_session_s``: ``error session_expired``, close 1008."""
+        if self.state is State.CLOSED:
+            return
+        if self.active is not None:
+            self._cancel_active("client_cancelled", now)
+            self._finish("cancelled")
+        limit = f"{self.options.max_session_s:g}"
+        self._error(f"the session reached its {limit} s time limit", code="session_expired")
+        self._cmds.append(Stop("expired"))
+        self.state = State.CLOSED
+        self.close_code = CLOSE_POLICY
 
     def arm_idle_timeout(self, now: float, audio_ms_left: float = 0.0) -> None:
         td = self.session.audio.input.turn_detection

@@ -3,8 +3,10 @@
 As in the ``websockets`` core: no asyncio, sockets, Redis or clock; the caller owns
 them (``now``: any monotonic float, seconds). AWAITING_START →(valid start) STARTING
 →``started()`` STREAMING →``finished()`` DONE; ``session.stop`` → STOPPING
-→``finished()`` DONE; a bad, late or oversized start, ``failed()``, the stall timeout
-or ``connection_lost()`` → FAILED.
+→``finished()`` DONE; a bad, late or oversized start, ``failed()``, the stall timeout,
+the session time limit (``max_session_s`` after the start) or ``connection_lost()`` →
+FAILED. A start whose rollout breaks the model's ``max_frames`` or lasts longer than
+``max_session_s`` (``num_frames / fps``) is refused before any command is issued.
 
 In: ``receive_text`` / ``receive_binary`` / ``connection_lost`` (client), ``started`` /
 ``chunk`` / ``finished`` / ``failed`` (worker relay), ``check_timeouts`` (due at
@@ -29,16 +31,16 @@ worker-side call raises ``ProtocolError``. Once DONE or FAILED, input is ignored
 from __future__ import annotations
 
 import enum
-import json
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import TypeAdapter, ValidationError
 
 import models.realtime_video as wire
 from models.errors import OmniqueueError
+from realtime.json_input import JsonInputError, parse
 
 CLOSE_NORMAL = 1000
 CLOSE_POLICY = 1008  # bad or late session.start, message too big
@@ -47,7 +49,7 @@ CLOSE_TRY_AGAIN = 1013  # no worker slot (resource_exhausted)
 
 Code = wire.VideoErrorCode
 _Reply = wire.SessionPong | wire.SessionInteractionQueued | wire.ErrorEvent
-StopReason = Literal["client", "disconnected", "stalled"]
+StopReason = Literal["client", "disconnected", "stalled", "expired"]
 
 
 class State(enum.Enum):
@@ -114,6 +116,11 @@ class VideoSessionOptions:
     default_num_frames: int = 81
     max_chunks: int | None = None
     models: frozenset[str] | None = None  # accepted ``model`` values; None: any
+    # the model a start without ``model`` gets, and each model's caps (``max_frames``…)
+    default_model: str | None = None
+    model_limits: Mapping[str, wire.StartLimits] = field(default_factory=dict)
+    # realtime.max_session_s: the longest rollout accepted and the longest live session
+    max_session_s: float | None = 600.0
 
 
 # one or two frames to send; kind set for a chunk pair (data-class: dropped on interrupt)
@@ -140,6 +147,7 @@ class VideoSessionProtocol:
         self.state = State.AWAITING_START
         self._new_event_id = new_event_id
         self._opened_at = self._last_activity = now
+        self._expires_at: float | None = None  # set when the start is accepted
         self._video_started = self._trailer_seen = False
         self._next_index = self._transport_index = 0
         self._event_ids: set[str] = set()
@@ -167,7 +175,8 @@ class VideoSessionProtocol:
         if self.state is State.AWAITING_START:
             return self._opened_at + self.options.start_timeout
         if self.state in _LIVE:
-            return self._last_activity + self.options.stall_timeout
+            stall = self._last_activity + self.options.stall_timeout
+            return stall if self._expires_at is None else min(stall, self._expires_at)
         return None
 
     def receive_text(self, data: str | bytes, now: float) -> None:
@@ -178,13 +187,13 @@ class VideoSessionProtocol:
         awaiting = self.state is State.AWAITING_START
         cap = self.options.max_start_bytes if awaiting else self.options.max_control_bytes
         size = len(data) if isinstance(data, bytes) else len(data.encode("utf-8", "replace"))
-        reject: Callable[[Code, str], None] = self._fatal if awaiting else self._error
+        reject: Callable[..., None] = self._fatal if awaiting else self._error
         if size > cap:
             return reject(Code.MESSAGE_TOO_LARGE, f"message larger than {cap} bytes")
         try:
-            message = json.loads(data, parse_constant=_no_constant)
-        except (ValueError, RecursionError):
-            return reject(Code.INVALID_JSON, "invalid JSON")
+            message = parse(data)
+        except JsonInputError as exc:
+            return reject(Code.INVALID_JSON, exc.message, param=exc.param)
         if not isinstance(message, dict):
             return reject(Code.INVALID_JSON, "messages must be JSON objects")
         kind = message.get("type")
@@ -331,6 +340,11 @@ class VideoSessionProtocol:
         if self.state is State.AWAITING_START:
             if now - self._opened_at >= self.options.start_timeout:
                 self._fatal(Code.START_TIMEOUT, "Timeout waiting for session.start")
+        elif self.state in _LIVE and self._expires_at is not None and now >= self._expires_at:
+            if self.state is not State.STOPPING:
+                self._commands.append(StopRequested("expired"))
+            limit = f"{self.options.max_session_s:g}"
+            self._fatal(Code.SESSION_EXPIRED, f"the session reached its {limit} s time limit")
         elif self.state in _LIVE and now - self._last_activity >= self.options.stall_timeout:
             if self.state is not State.STOPPING:
                 self._commands.append(StopRequested("stalled"))
@@ -347,13 +361,18 @@ class VideoSessionProtocol:
                 default_num_frames=o.default_num_frames,
                 max_chunks=o.max_chunks,
                 models=o.models,
+                model_limits=o.model_limits,
+                default_model=o.default_model,
+                max_session_s=o.max_session_s,
             )
         except wire.StartRejected as exc:
-            return self._fatal(exc.code, exc.message)
+            return self._fatal(exc.code, exc.message, param=exc.param)
         self.config = config
         self._default_transition = start.extra_params.transition_chunks
         self.state = State.STARTING
         self._last_activity = now
+        if o.max_session_s is not None:
+            self._expires_at = now + o.max_session_s
         self._commands.append(StartRequested(start, config))
 
     def _interaction(self, message: wire.SessionInteraction) -> None:
@@ -373,15 +392,27 @@ class VideoSessionProtocol:
     def _reply(self, event: _Reply) -> None:
         (self._out if self._video_started else self._held).append(((event.to_json(),), None))
 
-    def _error(self, code: Code, message: str, event_id: str | None = None) -> None:
+    def _error(
+        self, code: Code, message: str, event_id: str | None = None, *, param: str | None = None
+    ) -> None:
         rid = self.request_id
-        self._reply(wire.ErrorEvent(message=message, code=code, request_id=rid, event_id=event_id))
+        error = wire.ErrorEvent(
+            message=message, code=code, request_id=rid, event_id=event_id, param=param
+        )
+        self._reply(error)
 
-    def _fatal(self, code: str, message: str, close_code: int = CLOSE_POLICY) -> None:
+    def _fatal(
+        self,
+        code: str,
+        message: str,
+        close_code: int = CLOSE_POLICY,
+        *,
+        param: str | None = None,
+    ) -> None:
         request_id = None if self.state is State.AWAITING_START else self.request_id
         self._drop_data()
         self._flush_held()
-        error = wire.ErrorEvent(message=message, code=code, request_id=request_id)
+        error = wire.ErrorEvent(message=message, code=code, request_id=request_id, param=param)
         self._out.append(((error.to_json(),), None))
         self.state = State.FAILED
         self.close_code = close_code
@@ -393,7 +424,3 @@ class VideoSessionProtocol:
     def _flush_held(self) -> None:
         self._out.extend(self._held)
         self._held.clear()
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")

@@ -145,6 +145,10 @@ class RealtimeSettings(BaseModel):
     audio_prebuffer_ms: int = 200
     # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
     resume_grace_s: float = 30.0
+    # The longest realtime session (video and voice), from its start to its end: a video
+    # session.start whose rollout (num_frames / fps) is longer is refused, and a live
+    # session of either kind is ended with error "session_expired" when it passes this.
+    max_session_s: float = Field(600.0, gt=0)
 
 
 class Settings(BaseSettings):

@@ -7,7 +7,8 @@ thread so the event loop stays free); the protocol's commands go to the worker o
 session's ``in`` stream; the worker's outputs (``audio``, ``response_finished``,
 ``failed``) come back from the ``out`` stream. Admission (no worker slot within the
 admission timeout → ``resource_exhausted``) and liveness (a silent worker →
-``worker_lost``) are judged here, as for video sessions.
+``worker_lost``) are judged here, as for video sessions, and so is the broker: a Redis
+command that fails mid-session ends it with ``error broker_error`` and close 1011.
 
 Duplex sessions outlive their socket for ``realtime.resume_grace_s``: the session keeps
 running and logging events; ``session.resume`` on a new socket of the same API process
@@ -24,6 +25,8 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import websocket_owner
@@ -36,10 +39,12 @@ from realtime.audio_protocol import (
     State,
     Stop,
 )
-from realtime.worker_watch import WorkerWatch
+from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE, WorkerWatch
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 
 router = APIRouter(tags=["realtime"])
+# Redis commands (the bus) and Celery's publish of the session (the queue)
+_BROKER_ERRORS = (RedisError, OperationalError)
 
 
 def _vad_factory(threshold: float, silence_duration_ms: int) -> Any:
@@ -56,9 +61,10 @@ class VoiceSession:
         self.owner = owner
         self.model = model
         self.id = "sess_" + secrets.token_hex(12)
-        self.protocol = RealtimeProtocol(
-            self.id, RealtimeOptions(model=model, duplex=duplex), _vad_factory, time.monotonic()
+        options = RealtimeOptions(
+            model=model, duplex=duplex, max_session_s=state.settings.realtime.max_session_s
         )
+        self.protocol = RealtimeProtocol(self.id, options, _vad_factory, time.monotonic())
         self.inbox, self.outbox = session_in_key(self.id), session_out_key(self.id)
         self.lock = asyncio.Lock()  # the protocol is driven from the socket and the relay
         self.ws: WebSocket | None = None
@@ -71,8 +77,11 @@ class VoiceSession:
 
     async def flush(self) -> None:
         """Send what the protocol produced; commands go to the worker first."""
-        for cmd in self.protocol.commands():
-            await self._command(cmd)
+        try:
+            for cmd in self.protocol.commands():
+                await self._command(cmd)
+        except _BROKER_ERRORS:
+            self.broker_lost()
         ws = self.ws
         if ws is None:
             return  # detached: frames wait in the replay log
@@ -109,19 +118,27 @@ class VoiceSession:
 
     # ---------------------------------------------------------------- worker side
 
+    def broker_lost(self) -> None:
+        """Redis is gone: the session ends with ``broker_error`` (sent at the next flush)."""
+        self.protocol.worker_failed(BROKER_ERROR, BROKER_ERROR_MESSAGE)
+
     async def place(self) -> None:
         """Put the session on a worker of the model's realtime queue."""
         self.placed = True
         rt = self.state.settings.realtime
-        await self.state.abus.publish(self.inbox, {"type": "keepalive"})  # stream + TTL
         config = {"kind": "voice", "model": self.model, "owner": self.owner, "sample_rate": 24000}
-        await run_in_threadpool(
-            self.state.queue.start_session,
-            self.id,
-            self.model,
-            config,
-            expires_s=rt.admission_timeout_s,
-        )
+        try:
+            await self.state.abus.publish(self.inbox, {"type": "keepalive"})  # stream + TTL
+            await run_in_threadpool(
+                self.state.queue.start_session,
+                self.id,
+                self.model,
+                config,
+                expires_s=rt.admission_timeout_s,
+            )
+        except _BROKER_ERRORS:
+            self.broker_lost()
+            return
         self.tasks.append(asyncio.create_task(self._relay()))
         self.tasks.append(asyncio.create_task(self._keepalive()))
 
@@ -151,7 +168,13 @@ class VoiceSession:
         watch = WorkerWatch(rt.admission_timeout_s, rt.lost_after_s, time.monotonic())
         after = "0-0"
         while not self.protocol.close_expected():
-            entries = await self.state.abus.read(self.outbox, after, block_ms=250)
+            try:
+                entries = await self.state.abus.read(self.outbox, after, block_ms=250)
+            except _BROKER_ERRORS:
+                async with self.lock:
+                    self.broker_lost()
+                    await self.flush()
+                break
             now = time.monotonic()
             watch.heard([e.type for e in entries], now)
             async with self.lock:
@@ -159,7 +182,9 @@ class VoiceSession:
                 if verdict is not None:
                     code, message = verdict
                     if code == "resource_exhausted":  # a late worker must not start it
-                        await self.state.abus.redis.set(session_abandoned_key(self.id), 1, ex=3600)
+                        with contextlib.suppress(*_BROKER_ERRORS):
+                            key = session_abandoned_key(self.id)
+                            await self.state.abus.redis.set(key, 1, ex=3600)
                     self.protocol.worker_failed(code, message)
                 for event, data in _coalesce(entries):
                     self._apply(event, data, now)
@@ -185,7 +210,12 @@ class VoiceSession:
         interval = self.state.settings.realtime.keepalive_s
         while not self.protocol.close_expected():
             await asyncio.sleep(interval)
-            await self.state.abus.publish(self.inbox, {"type": "keepalive"})
+            try:
+                await self.state.abus.publish(self.inbox, {"type": "keepalive"})
+            except _BROKER_ERRORS:
+                async with self.lock:
+                    self.broker_lost()
+                    await self.flush()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -278,6 +308,7 @@ async def _serve(websocket: WebSocket, duplex: bool) -> None:
     await session.flush()  # session.created
     if not duplex:
         await session.place()  # placed now, so the first response does not wait for it
+        await session.flush()  # the broker_error when it could not be placed
     try:
         await _read_loop(websocket, session, state, owner)
     except WebSocketDisconnect:

@@ -3,8 +3,10 @@
 The protocol object decides everything (sans-I/O); this handler only moves data: client
 frames in, commands out to the worker over the session's ``in`` stream, worker outputs
 from the ``out`` stream back into the protocol, and the protocol's frames to the socket.
-It owns the clocks: the start and stall timeouts, the admission timeout (no worker slot
-→ ``resource_exhausted``) and the worker's liveness (silent worker → ``worker_lost``).
+It owns the clocks: the start and stall timeouts, the session time limit, the admission
+timeout (no worker slot → ``resource_exhausted``) and the worker's liveness (silent
+worker → ``worker_lost``). Losing Redis mid-session ends it with ``error broker_error``
+and close 1011, never a bare dropped socket.
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import websocket_owner
 from api.inputs import reference_from_url
 from api.state import AppState
 from models.errors import OmniqueueError
-from models.realtime_video import VideoErrorCode
+from models.realtime_video import StartLimits, VideoErrorCode
 from realtime.video_protocol import (
     InteractionRequested,
     StartRequested,
@@ -30,10 +34,12 @@ from realtime.video_protocol import (
     VideoSessionOptions,
     VideoSessionProtocol,
 )
-from realtime.worker_watch import WorkerWatch
+from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE, WorkerWatch
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 
 router = APIRouter(tags=["realtime"])
+# Redis commands (the bus) and Celery's publish of the session (the queue)
+_BROKER_ERRORS = (RedisError, OperationalError)
 
 
 class _Session:
@@ -43,7 +49,7 @@ class _Session:
         self.owner = owner
         self.id = "rtv_" + secrets.token_hex(12)
         rt = state.settings.realtime
-        streaming = {n for n, s in state.specs.items() if s.streaming and s.modality == "video"}
+        streaming = [s for s in state.specs.values() if s.streaming and s.modality == "video"]
         self.protocol = VideoSessionProtocol(
             self.id,
             time.monotonic(),
@@ -51,7 +57,18 @@ class _Session:
                 start_timeout=rt.start_timeout_s,
                 stall_timeout=rt.stall_timeout_s,
                 max_start_bytes=rt.max_start_bytes,
-                models=frozenset(streaming),
+                models=frozenset(s.name for s in streaming),
+                default_model=streaming[0].name if streaming else None,
+                model_limits={
+                    s.name: StartLimits(
+                        max_width=s.max_width,
+                        max_height=s.max_height,
+                        max_frames=s.max_frames,
+                        max_fps=s.max_fps,
+                    )
+                    for s in streaming
+                },
+                max_session_s=rt.max_session_s,
             ),
         )
         self.inbox, self.outbox = session_in_key(self.id), session_out_key(self.id)
@@ -92,7 +109,7 @@ class _Session:
 
     async def _place(self, cmd: StartRequested) -> None:
         start, cfg = cmd.start, cmd.config
-        self.model = start.model or next(iter(self.protocol.options.models or []), None)
+        self.model = start.model or self.protocol.options.default_model
         extra = start.extra_params.model_dump(exclude_none=True) if start.extra_params else {}
         config = {
             "model": self.model,
@@ -132,7 +149,20 @@ class _Session:
         self.tasks.append(asyncio.create_task(self._relay()))
         self.tasks.append(asyncio.create_task(self._keepalive()))
 
+    async def broker_lost(self) -> None:
+        """Redis is gone: say so (``broker_error``) and close 1011."""
+        self.protocol.failed(BROKER_ERROR, BROKER_ERROR_MESSAGE)
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+            await self.flush()
+
     async def _relay(self) -> None:
+        """Worker outputs → protocol → socket; a broker loss ends the session."""
+        try:
+            await self._relay_outputs()
+        except _BROKER_ERRORS:
+            await self.broker_lost()
+
+    async def _relay_outputs(self) -> None:
         """Worker outputs → protocol → socket, with the admission and liveness clocks."""
         rt = self.state.settings.realtime
         watch = WorkerWatch(rt.admission_timeout_s, rt.lost_after_s, time.monotonic())
@@ -182,9 +212,12 @@ class _Session:
 
     async def _keepalive(self) -> None:
         interval = self.state.settings.realtime.keepalive_s
-        while not self.protocol.close_expected():
-            await asyncio.sleep(interval)
-            await self.command({"type": "keepalive"})
+        try:
+            while not self.protocol.close_expected():
+                await asyncio.sleep(interval)
+                await self.command({"type": "keepalive"})
+        except _BROKER_ERRORS:
+            await self.broker_lost()
 
     async def run(self) -> None:
         while not self.protocol.close_expected():
@@ -242,5 +275,7 @@ async def realtime_video(websocket: WebSocket) -> None:
         await session.run()
     except WebSocketDisconnect:
         disconnected = True
+    except _BROKER_ERRORS:  # placing the session or sending a command
+        await session.broker_lost()
     finally:
         await session.close(disconnected)

@@ -386,6 +386,91 @@ def test_unknown_model_is_refused(rstack: Stack) -> None:
     assert error["error"]["code"] == "model_not_found" and error["error"]["param"] == "model"
 
 
+def test_hostile_json_is_an_error_event_and_the_session_goes_on(rstack: Stack) -> None:
+    async def run() -> list[dict[str, Any]]:
+        ws = await _raw(rstack, "/v1/realtime?model=reference/voice")
+        try:
+            assert (await _json(ws))["type"] == "session.created"
+            errors = []
+            for hostile in (
+                "[" * 100_000,
+                '{"type": "session.update", "session": {"instructions": ' + "9" * 5000 + "}}",
+                '{"type": "session.update", "session": {"instructions": "\\ud800"}}',
+            ):
+                await ws.send(hostile)
+                errors.append(await _json(ws))
+            # the session is still open and still works
+            await ws.send(json.dumps({"type": "session.update", "session": MANUAL}))
+            updated = await _json(ws)
+            assert updated["type"] == "session.updated"
+            return errors
+        finally:
+            await ws.close()
+
+    errors = asyncio.run(run())
+    assert [e["type"] for e in errors] == ["error"] * 3
+    assert {e["error"]["type"] for e in errors} == {"invalid_request_error"}
+    assert errors[2]["error"]["param"] == "session.instructions"
+
+
+def test_beta_session_shape_from_the_sdks_beta_client(rstack: Stack) -> None:
+    """``client.beta.realtime`` sends the beta session shape: ``turn_detection: null`` at
+    the session's top level must turn server VAD off (it was dropped, VAD stayed on)."""
+
+    async def recv(conn: Any) -> dict[str, Any]:
+        return dict(json.loads(await asyncio.wait_for(conn.recv_bytes(), 30)))
+
+    async def until_beta(conn: Any, kind: str, seen: list[dict[str, Any]]) -> dict[str, Any]:
+        while True:
+            event = await recv(conn)
+            seen.append(event)
+            if event["type"] == kind:
+                return event
+
+    async def run() -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+        client = AsyncOpenAI(
+            base_url=rstack.url + "/v1",
+            websocket_base_url=rstack.url.replace("http://", "ws://") + "/v1",
+            api_key="not-needed-auth-is-off",
+            max_retries=0,
+        )
+        async with client.beta.realtime.connect(model="reference/voice") as conn:
+            seen: list[dict[str, Any]] = []
+            await until_beta(conn, "session.created", seen)
+            await conn.session.update(session={"turn_detecton": None})  # a typo
+            error = await until_beta(conn, "error", seen)
+            await conn.session.update(
+                session={
+                    "modalities": ["text", "audio"],
+                    "instructions": "be brief",
+                    "voice": "ash",
+                    "input_audio_format": "pcm16",
+                    "output_audio_format": "pcm16",
+                    "turn_detection": None,
+                }
+            )
+            updated = await until_beta(conn, "session.updated", seen)
+            # speech and a long silence: with VAD off nothing is detected or answered
+            await stream(conn, pcm("hello.wav") + bytes(24000 * 2 * 2))
+            await conn.input_audio_buffer.commit()
+            await until_beta(conn, "input_audio_buffer.committed", seen)
+            await conn.response.create()
+            await until_beta(conn, "response.done", seen)
+            return error, updated, seen
+
+    error, updated, seen = asyncio.run(run())
+    assert error["error"]["code"] == "unknown_parameter"
+    assert error["error"]["param"] == "session.turn_detecton"
+    session = updated["session"]
+    assert session["audio"]["input"]["turn_detection"] is None
+    assert session["audio"]["output"]["voice"] == "ash"
+    assert session["output_modalities"] == ["audio"] and session["instructions"] == "be brief"
+    kinds = [e["type"] for e in seen]
+    assert "input_audio_buffer.speech_started" not in kinds
+    assert kinds.count("response.created") == 1  # only the one asked for
+    assert seen[-1]["response"]["status"] == "completed"
+
+
 def test_worker_death_ends_the_session_with_an_error(rstack: Stack) -> None:
     async def run() -> dict[str, Any]:
         ws = await _raw(rstack, "/v1/realtime?model=reference/voice")

@@ -13,10 +13,12 @@ from typing import Any
 
 import av
 import pytest
+import redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from cli.embedded import EmbeddedS3
+from storage.constants import session_in_key
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 
@@ -286,3 +288,123 @@ def test_stall_timeout_closes_the_session(rstack: Stack, tmp_path: Path) -> None
             assert _json(ws, timeout=30)["type"] == "video.start"
     finally:
         impatient.stop()
+
+
+# ------------------------------------------------------------------ issue 9
+
+
+def _session_keys(st: Stack) -> set[bytes]:
+    """The command streams of sessions: placing a session creates its stream first."""
+    client = redis.Redis.from_url(st.redis_url)
+    try:
+        return set(client.scan_iter(match=session_in_key("*")))
+    finally:
+        client.close()
+
+
+def _closed_with(ws: ClientConnection) -> int | None:
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            ws.recv(timeout=10)
+    return closed.value.rcvd.code if closed.value.rcvd is not None else None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"num_frames": 10**12}, "num_frames"),
+        ({"num_frames": 957 + 12}, "num_frames"),  # one chunk past reference/world's 957
+        ({"num_frames": None, "seconds": 10**6}, "seconds"),
+        ({"num_frames": True}, "num_frames"),
+    ],
+)
+def test_rollout_beyond_max_frames_is_refused_before_placement(
+    rstack: Stack, fields: dict[str, Any], param: str
+) -> None:
+    before = _session_keys(rstack)
+    with _ws(rstack) as ws:
+        ws.send(json.dumps({k: v for k, v in {**START, **fields}.items() if v is not None}))
+        error = _json(ws, timeout=10)
+        assert (error["type"], error["code"], error["param"]) == (
+            "error",
+            "invalid_num_frames",
+            param,
+        )
+        assert _closed_with(ws) == 1008
+    # nothing was placed: no new session stream
+    assert _session_keys(rstack) - before == set()
+    with _ws(rstack) as ws:  # and both slots are free
+        ws.send(json.dumps(START))
+        assert _json(ws, timeout=20)["type"] == "video.start"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"seed": 10**100}, "seed"), ({"fps": True}, "fps"), ({"width": 4096}, "width")],
+)
+def test_huge_numbers_in_session_start_are_param_errors(
+    rstack: Stack, fields: dict[str, Any], param: str
+) -> None:
+    with _ws(rstack) as ws:
+        ws.send(json.dumps({**START, **fields}))
+        error = _json(ws, timeout=10)
+        assert error["type"] == "error" and error["param"] == param
+        assert _closed_with(ws) == 1008
+
+
+def test_hostile_json_is_an_error_and_the_session_goes_on(rstack: Stack) -> None:
+    with _ws(rstack) as ws:
+        ws.send('{"type": "session.start", "prompt": "\\ud800"}')  # a lone surrogate
+        error = _json(ws, timeout=10)
+        assert (error["code"], error["param"]) == ("invalid_json", "prompt")
+        assert _closed_with(ws) == 1008
+    with _ws(rstack) as ws:
+        ws.send(json.dumps({**START, "num_frames": 957}))
+        assert _json(ws)["type"] == "video.start"
+        for hostile in (
+            "[" * 100_000,
+            '{"type": "session.ping", "n": ' + "9" * 5000 + "}",
+            '{"type": "\\ud800"}',
+            '{"type": "session.interaction", "interaction": {"event_id": "\\udfff",'
+            ' "event": {"prompt": "x"}}}',
+        ):
+            ws.send(hostile)
+            assert _until(ws, "error")["code"] == "invalid_json"
+        ws.send(json.dumps({"type": "session.ping"}))
+        _until(ws, "session.pong")
+        ws.send(json.dumps({"type": "session.stop"}))
+        done = _until(ws, "session.done")
+        assert done["stopped"] is True
+
+
+def test_a_live_session_ends_at_the_session_time_limit(rstack: Stack, tmp_path: Path) -> None:
+    """A second API process on the same bus with a 1 s session limit; 45 frames at 60 fps
+    (0.75 s of video) pass the start check, but four 1280x720 chunks take longer to make."""
+    strict = Stack(
+        work=tmp_path,
+        database_url=rstack.database_url,
+        redis_url=rstack.redis_url,
+        s3=rstack.s3,
+        auth="off",
+        extra_env={**rstack.extra_env, "OMNIQ_REALTIME__MAX_SESSION_S": "1"},
+    )
+    strict.start(workers=0)
+    try:
+        with _ws(strict) as ws:
+            ws.send(json.dumps({**START, "num_frames": 69, "fps": 60}))  # 6 chunks: 1.15 s
+            error = _json(ws, timeout=10)
+            assert (error["code"], error["param"]) == ("invalid_num_frames", "num_frames")
+        with _ws(strict) as ws:
+            big = {"width": 1280, "height": 720, "num_frames": 45, "fps": 60}
+            ws.send(json.dumps({**START, **big}))
+            assert _json(ws, timeout=20)["type"] == "video.start"
+            error = _until(ws, "error", timeout=30)
+            assert error["code"] == "session_expired" and "1 s" in error["message"]
+            assert _closed_with(ws) == 1008
+        # the worker was told to stop: its slot serves the next session
+        with _ws(rstack) as a, _ws(rstack) as b:
+            for ws in (a, b):
+                ws.send(json.dumps(LONG))
+                assert _json(ws, timeout=30)["type"] == "video.start"
+    finally:
+        strict.stop()

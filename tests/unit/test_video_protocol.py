@@ -11,6 +11,7 @@ from pydantic import TypeAdapter
 
 from models.realtime_video import (
     ServerEvent,
+    StartLimits,
     chunks_for_frames,
     frames_for_chunks,
     frames_in_chunk,
@@ -553,3 +554,156 @@ def test_disconnect_stops_the_worker_and_later_input_is_ignored() -> None:
     p.finished(stopped=True)
     p.check_timeouts(1e9)
     assert p.data_to_send() == [] and p.events_received() == []
+
+
+# ------------------------------------------------------------------ caps (issue 9)
+
+WORLD = StartLimits(max_width=1280, max_height=1280, max_frames=957, max_fps=60)
+
+
+def _capped(**options: Any) -> VideoSessionProtocol:
+    limits = {"reference/world": WORLD}
+    return _session(models=frozenset(limits), model_limits=limits, **options)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"num_frames": 10**12}, "num_frames"),
+        ({"num_frames": 958 + 12}, "num_frames"),  # one chunk past the model's max_frames
+        ({"num_frames": None, "seconds": 10**9}, "seconds"),
+        ({"num_frames": None, "seconds": 1e308}, "seconds"),
+        ({"num_frames": None, "seconds": True}, "seconds"),
+        ({"num_frames": True}, "num_frames"),
+    ],
+)
+def test_rollout_beyond_the_models_max_frames_is_refused_before_placement(
+    fields: dict[str, Any], param: str
+) -> None:
+    p = _capped()
+    p.receive_text(_start(**{**fields, "extra_params": {}}), 0.0)
+    error = _error(p)
+    assert (error["code"], error["param"]) == ("invalid_num_frames", param), error
+    assert p.events_received() == [] and p.close_code == CLOSE_POLICY
+    assert p.config is None
+
+
+def test_model_max_frames_is_accepted_and_one_chunk_more_is_not() -> None:
+    p = _capped(max_session_s=None)
+    p.receive_text(_start(num_frames=957, extra_params={}), 0.0)
+    [cmd] = p.events_received()
+    assert isinstance(cmd, StartRequested) and cmd.config.chunks == 80
+
+
+def test_the_session_time_limit_bounds_num_frames_over_fps() -> None:
+    # 10 s at 16 fps: 160 frames → 13 whole chunks (153 frames); 14 chunks are refused
+    p = _capped(max_session_s=10.0)
+    p.receive_text(_start(num_frames=165, fps=16, extra_params={}), 0.0)
+    error = _error(p)
+    assert (error["code"], error["param"]) == ("invalid_num_frames", "num_frames")
+    assert "at most 153" in error["message"] and p.events_received() == []
+    p = _capped(max_session_s=10.0)
+    p.receive_text(_start(num_frames=153, fps=16, extra_params={}), 0.0)
+    assert isinstance(p.events_received()[0], StartRequested)
+    p = _capped(max_session_s=10.0)  # seconds are bounded the same way
+    p.receive_text(_start(num_frames=None, seconds=11, fps=16, extra_params={}), 0.0)
+    assert (_error(p)["param"], p.events_received()) == ("seconds", [])
+
+
+def test_a_start_without_model_gets_the_default_models_caps() -> None:
+    p = _capped(default_model="reference/world")
+    p.receive_text(_start(model=None, num_frames=2000, extra_params={}), 0.0)
+    assert (_error(p)["code"], p.events_received()) == ("invalid_num_frames", [])
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"width": True}, "width"),
+        ({"width": 10**100}, "width"),
+        ({"width": 2048}, "width"),  # over the model's max_width
+        ({"fps": True}, "fps"),
+        ({"fps": 1e308}, "fps"),
+        ({"fps": 61}, "fps"),  # over the model's max_fps
+        ({"seed": 10**100}, "seed"),
+        ({"seed": True}, "seed"),
+        ({"num_inference_steps": 10**40}, "num_inference_steps"),
+        ({"guidance_scale": 1e308}, "guidance_scale"),
+        ({"extra_params": {"flow_shift": True}}, "extra_params.flow_shift"),
+        ({"extra_params": {"transition_chunks": 10**30}}, "extra_params.transition_chunks"),
+    ],
+)
+def test_huge_numbers_and_booleans_are_param_errors(fields: dict[str, Any], param: str) -> None:
+    p = _capped()
+    p.receive_text(_start(**fields), 0.0)
+    error = _error(p)
+    assert error["param"] == param, error
+    assert p.events_received() == [] and p.close_code == CLOSE_POLICY
+
+
+def test_a_live_session_ends_at_the_time_limit() -> None:
+    p = _streaming(now=0.0, max_session_s=30.0, stall_timeout=60.0)
+    assert p.next_deadline() == 30.0
+    _media(p, 0, now=29.0)
+    p.data_to_send()
+    assert p.next_deadline() == 30.0  # progress refreshes the stall clock, not the limit
+    p.check_timeouts(29.9)
+    assert p.data_to_send() == [] and p.events_received() == []
+    p.check_timeouts(30.0)
+    assert p.events_received() == [StopRequested("expired")]
+    error = _error(p)
+    assert (error["code"], error["request_id"]) == ("session_expired", "video_stream-1")
+    assert "30 s" in error["message"]
+    assert p.state is State.FAILED and p.close_code == CLOSE_POLICY
+
+
+# ------------------------------------------------------------------ hostile JSON (issue 9)
+
+DEEP = "[" * 100_000
+SURROGATE = '{"type": "session.start", "prompt": "\\ud800"}'
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        (DEEP, None),
+        ('{"type": "session.start", "prompt": "x", "seed": ' + "9" * 5000 + "}", None),
+        (SURROGATE, "prompt"),
+        ('{"type": "\\udfff"}', "type"),
+        ('{"type": "session.start", "prompt": "x", "extra_params": {"a": '
+         + "[" * 500 + "]" * 500 + "}}", "extra_params.a.0.0.…"),
+    ],
+)  # fmt: skip
+def test_hostile_json_before_start_is_an_error_event(message: str, param: str | None) -> None:
+    p = _session()
+    p.receive_text(message, 0.0)
+    error = _error(p)  # also checks the frame is valid JSON of the schema
+    assert error["code"] == "invalid_json" and error.get("param") == param
+    assert p.events_received() == [] and p.close_code == CLOSE_POLICY
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        DEEP,
+        '{"type": "session.ping", "n": ' + "9" * 5000 + "}",
+        '{"type": "\\ud800"}',
+        '{"type": "session.interaction", "interaction": {"event_id": "\\ud800",'
+        ' "event": {"prompt": "x"}}}',
+    ],
+)
+def test_hostile_json_after_start_keeps_the_session(message: str) -> None:
+    p = _streaming()
+    p.receive_text(message, 1.0)
+    assert _error(p)["code"] == "invalid_json"
+    assert p.state is State.STREAMING and not p.close_expected()
+    assert p.events_received() == []
+    p.receive_text('{"type": "session.ping"}', 2.0)
+    assert _one(p)["type"] == "session.pong"
+
+
+def test_escaped_surrogate_pairs_are_fine() -> None:
+    p = _session()
+    p.receive_text(_start(prompt="a red \U0001f388 at sunset"), 0.0)  # json.dumps escapes it
+    [cmd] = p.events_received()
+    assert isinstance(cmd, StartRequested) and cmd.start.prompt.endswith("\U0001f388 at sunset")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.common import Int, Number
 from models.videos import StageDurations, VideoError, VideoStatus
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
@@ -59,18 +60,18 @@ class AudioCreate(BaseModel):
     prompt: str
     model: str | None = None
     # Clip length in seconds (default: the model's).
-    seconds: float | None = None
-    num_inference_steps: int | None = None
-    seed: int | None = None
-    guidance_scale: float | None = None
+    seconds: Number | None = None
+    num_inference_steps: Int | None = None
+    seed: Int | None = None
+    guidance_scale: Number | None = None
     negative_prompt: str | None = None
     response_format: str = "wav"
     # Artifact sample rate (default: the model's, or the nearest one the format takes).
-    sample_rate: int | None = None
+    sample_rate: Int | None = None
     # 1 (mono) or 2 (stereo); default: what the model makes.
-    channels: int | None = None
+    channels: Int | None = None
     extra_params: dict[str, Any] = Field(default_factory=dict)
-    timeout: float | None = None
+    timeout: Number | None = None
 
 
 class SpeechCreate(BaseModel):
@@ -84,13 +85,13 @@ class SpeechCreate(BaseModel):
     voice: str | dict[str, Any] | None = None
     instructions: str | None = None
     response_format: str = "mp3"
-    speed: float = 1.0
+    speed: Number = 1.0
     stream_format: Literal["sse", "audio"] | None = None
     # vLLM-Omni extensions
     stream: bool = False
-    sample_rate: int | None = None
-    seed: int | None = None
-    num_inference_steps: int | None = None
+    sample_rate: Int | None = None
+    seed: Int | None = None
+    num_inference_steps: Int | None = None
 
 
 class AudioGenerate(BaseModel):
@@ -101,18 +102,18 @@ class AudioGenerate(BaseModel):
     input: str
     model: str | None = None
     response_format: str = "wav"
-    speed: float | None = 1.0
+    speed: Number | None = 1.0
     stream_format: str | None = "audio"
-    audio_length: float | None = None
-    audio_start: float | None = 0.0
+    audio_length: Number | None = None
+    audio_start: Number | None = 0.0
     negative_prompt: str | None = None
-    guidance_scale: float | None = None
-    num_inference_steps: int | None = None
-    seed: int | None = None
+    guidance_scale: Number | None = None
+    num_inference_steps: Int | None = None
+    seed: Int | None = None
     # omniqueue extensions
-    sample_rate: int | None = None
+    sample_rate: Int | None = None
     extra_params: dict[str, Any] = Field(default_factory=dict)
-    timeout: float | None = None
+    timeout: Number | None = None
 
 
 class AudioObject(BaseModel):

@@ -96,6 +96,11 @@ def check_values(value: Any, root: str | None = None) -> None:
                 stack.extend((path, child, depth + 1) for child in item)
 
 
+def storable(text: str) -> bool:
+    """Whether every database can store and compare ``text`` (no NUL, no lone surrogate)."""
+    return _BAD_TEXT.search(text) is None
+
+
 def _check_text(text: str, path: str | None) -> None:
     m = _BAD_TEXT.search(text)
     if m is None:

@@ -305,3 +305,22 @@ def test_an_empty_after_is_ignored(client: httpx.Client, path: str) -> None:
     resp = client.get(path, params={"after": "", "limit": 2})
     assert resp.status_code == 200, resp.text
     assert resp.json() == client.get(path, params={"limit": 2}).json()
+
+
+# ---- ids and cursors that cannot exist ---------------------------------------------------
+
+
+@pytest.mark.parametrize("job_id", ["a%00b", "video_%ED%A0%80", "x" * 300])
+def test_an_id_that_cannot_exist_is_404(stack: Stack, client: httpx.Client, job_id: str) -> None:
+    for path in (f"/v1/videos/{job_id}", f"/v1/audio/generations/{job_id}"):
+        param = "video_id" if path.startswith("/v1/videos") else "audio_id"
+        _refused(stack, lambda p=path: client.get(p), param, 404)
+        _refused(stack, lambda p=path: client.get(p + "/content"), param, 404)
+        _refused(stack, lambda p=path: client.post(p + "/cancel"), param, 404)
+        _refused(stack, lambda p=path: client.delete(p), param, 404)
+
+
+@pytest.mark.parametrize("after", ["\0", "a\0b"])
+def test_a_list_cursor_with_nul_is_a_400(stack: Stack, client: httpx.Client, after: str) -> None:
+    for path in ("/v1/videos", "/v1/audio/generations"):
+        _refused(stack, lambda p=path: client.get(p, params={"after": after}), "after")

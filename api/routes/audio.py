@@ -17,6 +17,7 @@ from api.forms import read_create_body
 from api.job_stream import follow, parse_cursor, serve_websocket, sse
 from api.openapi import AUDIO_MEDIA_TYPES, REDIRECT, SSE, binary, create_body, errors
 from models.audio import EXTENSIONS, AudioCreate, AudioDeleted, AudioObject, AudioPage
+from models.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/audio/generations", tags=["audio"])
 
@@ -138,4 +139,9 @@ async def audio_events(
 async def audio_stream(websocket: WebSocket, audio_id: str, last_event_id: str = "0-0") -> None:
     """The job's events over a WebSocket, as ``WS /v1/videos/{id}/stream``; a ``pcm`` job's
     ``chunk`` events are each followed by one binary frame of PCM16."""
-    await serve_websocket(websocket, AudioService(websocket.state.app), audio_id, last_event_id)
+    try:
+        cursor = parse_cursor(None, last_event_id)
+    except InvalidRequest as exc:  # refused before accepting, like a bad key
+        await websocket.close(code=1008, reason=exc.message[:120])
+        return
+    await serve_websocket(websocket, AudioService(websocket.state.app), audio_id, cursor)

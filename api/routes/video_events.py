@@ -19,6 +19,7 @@ from api.deps import CurrentOwner, VideosDep
 from api.job_stream import follow, parse_cursor, serve_websocket, sse
 from api.openapi import SSE, errors
 from api.videos_service import VideoService
+from models.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
 
@@ -48,4 +49,9 @@ async def video_events(
 
 @router.websocket("/{video_id}/stream")
 async def video_stream(websocket: WebSocket, video_id: str, last_event_id: str = "0-0") -> None:
-    await serve_websocket(websocket, VideoService(websocket.state.app), video_id, last_event_id)
+    try:
+        cursor = parse_cursor(None, last_event_id)
+    except InvalidRequest as exc:  # refused before accepting, like a bad key
+        await websocket.close(code=1008, reason=exc.message[:120])
+        return
+    await serve_websocket(websocket, VideoService(websocket.state.app), video_id, cursor)

@@ -16,6 +16,8 @@ import httpx
 import pytest
 import redis
 from sqlalchemy import create_engine, func, select
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
@@ -258,6 +260,18 @@ def test_a_bad_event_cursor_is_a_400_before_the_stream_starts(
     else:
         send = lambda: client.get(url, params={"last_event_id": cursor})  # noqa: E731
     _refused(stack, send, "Last-Event-ID" if header else "last_event_id")
+
+
+def test_a_bad_websocket_cursor_is_refused_before_accepting(
+    stack: Stack, client: httpx.Client, done_video: str
+) -> None:
+    key = client.headers["Authorization"]
+    ws_url = stack.url.replace("http://", "ws://") + f"/v1/videos/{done_video}/stream"
+    with pytest.raises(InvalidStatus) as info:
+        connect(ws_url + "?last_event_id=garbage", additional_headers={"Authorization": key})
+    assert info.value.response.status_code == 403
+    with connect(ws_url + "?last_event_id=0-0", additional_headers={"Authorization": key}) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "status"
 
 
 def test_a_good_event_cursor_still_resumes(

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
+from api.openapi import install as install_openapi
 from api.routes import audio, realtime, realtime_video, speech, system, video_events, videos
 from api.state import AppState
 from storage.settings import Settings, get_settings
@@ -51,4 +52,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(audio.router)
     app.include_router(speech.router)
     app.include_router(realtime.router)
+    install_openapi(app)
     return app

@@ -8,12 +8,12 @@ anything is stored.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.payload import loads
 from api.validation import (
     check_extra,
     default_model,
@@ -97,10 +97,7 @@ def parse_generation(raw: dict[str, Any]) -> AudioCreate:
     for key, value in raw.items():
         name = _ALIASES.get(key, key)
         if name in _JSON_FIELDS and isinstance(value, str):
-            try:
-                value = json.loads(value) if value.strip() else {}
-            except json.JSONDecodeError as exc:
-                raise InvalidRequest(f"{key} must be a JSON object", param=key) from exc
+            value = loads(value, key) if value.strip() else {}
         if isinstance(value, str) and value == "" and name != "prompt":
             continue  # an empty form field means "not given"
         if name in fields:

@@ -12,7 +12,9 @@ from models.db import Artifact
 from models.errors import Gone, InvalidRequest, RangeNotSatisfiable, ServiceUnavailable
 from storage.artifacts import ArtifactStore, ObjectMissing, StorageError
 
-_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+# ASCII digits only; a position longer than any object size is refused, not parsed.
+_RANGE_RE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
+_MAX_POSITION_DIGITS = 19
 _CHUNK = 256 * 1024
 
 
@@ -57,6 +59,10 @@ def parse_range(header: str, size: int) -> tuple[int, int]:
     m = _RANGE_RE.match(header.strip())
     if not m or (not m.group(1) and not m.group(2)):
         raise InvalidRequest("Range must look like 'bytes=START-END'", param="Range")
+    if max(len(m.group(1)), len(m.group(2))) > _MAX_POSITION_DIGITS:
+        raise RangeNotSatisfiable(
+            f"Range positions must have at most {_MAX_POSITION_DIGITS} digits", param="Range"
+        )
     if not m.group(1):  # suffix: the last N bytes
         n = int(m.group(2))
         start, end = max(size - n, 0), size - 1

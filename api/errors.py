@@ -8,11 +8,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from models.common import ErrorBody, ErrorDetail
 from models.errors import OmniqueueError
 
 log = logging.getLogger(__name__)
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def error_response(
@@ -36,13 +39,26 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(422, message, "invalid_request_error", param=param, code="invalid_value")
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
     resp = error_response(exc.status_code, str(exc.detail), type_)
     if exc.headers:
         resp.headers.update(exc.headers)
+    if exc.status_code == 405:
+        resp.headers["Allow"] = ", ".join(allowed_methods(request))
     return resp
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path. Starlette's own 405 names only the
+    first route that matched the path (``POST`` for ``PUT /v1/videos``, not ``GET, POST``)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    ]
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:

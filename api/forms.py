@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
 
+from api.payload import check_values, loads
 from models.errors import InvalidRequest, PayloadTooLarge
 from storage.settings import LimitSettings
 
@@ -17,16 +17,17 @@ _FILE_FIELDS = ("input_reference", "input_references")
 async def read_create_body(
     request: Request, limits: LimitSettings
 ) -> tuple[dict[str, Any], bytes | None]:
-    """Return the plain fields and the reference file bytes (if one was uploaded)."""
+    """Return the plain fields and the reference file bytes (if one was uploaded). Every
+    value has passed :func:`api.payload.check_values` (400 naming the field if not)."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
-        return await _read_form(request, limits)
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(
-            "the body must be JSON or multipart/form-data", code="invalid_body"
-        ) from exc
+        fields, upload = await _read_form(request, limits)
+        check_values(fields)
+        return fields, upload
+    raw = await request.body()
+    if not raw.strip():
+        raise InvalidRequest("the body must be JSON or multipart/form-data", code="invalid_body")
+    body = loads(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("the JSON body must be an object", code="invalid_body")
     return body, None

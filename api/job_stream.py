@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,13 +20,16 @@ from api.deps import websocket_owner
 from api.jobs_service import JobService
 from api.state import AppState
 from models.db import JobStatus
-from models.errors import OmniqueueError
+from models.errors import InvalidRequest, OmniqueueError
 from models.events import DoneEvent, StatusEvent
 from models.videos import VideoError
 from storage.bus import BusEntry
 from storage.constants import job_events_key
 
 BLOCK_MS = 15_000
+# A Redis Stream id: ``<ms>`` or ``<ms>-<seq>``, each part an unsigned 64-bit integer.
+_CURSOR_RE = re.compile(r"^([0-9]{1,20})(?:-([0-9]{1,20}))?$")
+_U64_MAX = 2**64 - 1
 # Ids of events made from the job row; they sort before any real stream id.
 _SYNTHETIC = ("0-1", "0-2")
 
@@ -47,6 +51,19 @@ def _synthetic(service: JobService, job_id: str, owner: str) -> list[BusEntry] |
         DoneEvent(status=status, error=error),
     ]
     return [BusEntry(i, e.model_dump(mode="json")) for i, e in zip(_SYNTHETIC, events, strict=True)]
+
+
+def parse_cursor(header: str | None, query: str | None) -> str:
+    """The stream id to resume after, from ``Last-Event-ID`` (first) or ``?last_event_id=``;
+    a value that is not a stream id is refused (400 naming it) before any response starts."""
+    for value, param in ((header, "Last-Event-ID"), (query, "last_event_id")):
+        if not value:
+            continue
+        m = _CURSOR_RE.match(value.strip())
+        if m is None or any(int(part) > _U64_MAX for part in m.groups() if part is not None):
+            raise InvalidRequest(f"{param} must be an event id like '1700000000000-0'", param=param)
+        return value.strip()
+    return "0-0"
 
 
 async def follow(

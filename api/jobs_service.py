@@ -19,6 +19,7 @@ import anyio
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from api.payload import storable
 from api.state import AppState
 from models.db import Artifact, Job, JobStatus
 from models.errors import (
@@ -112,7 +113,7 @@ class JobService(abc.ABC, Generic[WireT]):
     # ---- read -------------------------------------------------------------------
 
     def get_job(self, job_id: str, owner: str) -> Job:
-        job = self.state.jobs.get(job_id, owner)
+        job = self.state.jobs.get(job_id, owner) if storable(job_id) else None
         if job is None or job.kind != self.kind:
             raise NotFound(f"no {self.noun} with id {job_id!r}", param=self.id_param)
         return job
@@ -120,6 +121,8 @@ class JobService(abc.ABC, Generic[WireT]):
     def page_rows(
         self, owner: str, after: str | None, limit: int, order: str
     ) -> tuple[list[Job], bool, dict[str, int]]:
+        if after is not None and not storable(after):
+            raise InvalidRequest(f"after: no {self.noun} with id {after!r}", param="after")
         try:
             rows, has_more = self.state.jobs.page(
                 owner, after=after, limit=limit, order=order, kind=self.kind

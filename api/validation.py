@@ -6,7 +6,6 @@ so a bad request is refused before anything is stored.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import secrets
@@ -15,6 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from api.payload import loads
 from models.catalog import ModelSpec
 from models.errors import InvalidRequest, ModelNotFound
 from models.videos import VideoCreate
@@ -35,7 +35,8 @@ PIPELINE_OPTIONS = (
 _ALIASES = {"num_outputs_per_prompt": "n"}
 # Multipart fields that carry JSON text.
 _JSON_FIELDS = ("extra_params", "lora")
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*[xX*]\s*(\d+)\s*$")
+# ASCII digits only (``int()`` would take full-width ones); 5 digits is past every limit.
+_SIZE_RE = re.compile(r"^\s*([0-9]{1,5})\s*[xX*]\s*([0-9]{1,5})\s*$")
 
 
 @dataclass
@@ -73,10 +74,7 @@ def parse_create(raw: dict[str, Any]) -> VideoCreate:
     for key, value in raw.items():
         name = _ALIASES.get(key, key)
         if name in _JSON_FIELDS and isinstance(value, str):
-            try:
-                value = json.loads(value) if value.strip() else None
-            except json.JSONDecodeError as exc:
-                raise InvalidRequest(f"{key} must be a JSON object", param=key) from exc
+            value = loads(value, key) if value.strip() else None
             if value is None and name == "extra_params":
                 value = {}
         if isinstance(value, str) and value == "" and name != "prompt":

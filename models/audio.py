@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictFloat, StrictInt
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from models.common import Int, Number
 from models.videos import StageDurations, VideoError, VideoStatus
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
@@ -60,18 +61,18 @@ class AudioCreate(BaseModel):
     prompt: str
     model: str | None = None
     # Clip length in seconds (default: the model's).
-    seconds: float | None = None
-    num_inference_steps: int | None = None
-    seed: int | None = None
-    guidance_scale: float | None = None
+    seconds: Number | None = None
+    num_inference_steps: Int | None = None
+    seed: Int | None = None
+    guidance_scale: Number | None = None
     negative_prompt: str | None = None
     response_format: str = "wav"
     # Artifact sample rate (default: the model's, or the nearest one the format takes).
-    sample_rate: int | None = None
+    sample_rate: Int | None = None
     # 1 (mono) or 2 (stereo); default: what the model makes.
-    channels: int | None = None
+    channels: Int | None = None
     extra_params: dict[str, Any] = Field(default_factory=dict)
-    timeout: float | None = None
+    timeout: Number | None = None
 
 
 class SpeechCreate(BaseModel):
@@ -91,24 +92,24 @@ class SpeechCreate(BaseModel):
     )
     instructions: str | None = None
     response_format: str = "mp3"
-    speed: float | None = 1.0
+    speed: Number | None = 1.0
     stream_format: Literal["sse", "audio"] | None = None
     # vLLM-Omni extensions
     stream: bool = False
-    sample_rate: int | None = None
-    seed: int | None = None
-    num_inference_steps: int | None = None
+    sample_rate: Int | None = None
+    seed: Int | None = None
+    num_inference_steps: Int | None = None
     task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
     language: str | None = None
     ref_audio: str | list[str] | None = None
     ref_text: str | None = None
     ref_audio_2: str | None = None
     ambient_sound: str | None = None
-    duration_seconds: StrictFloat | None = None
+    duration_seconds: Number | None = None
     x_vector_only_mode: bool | None = None
     speaker_embedding: list[float] | list[list[float]] | None = None
-    max_new_tokens: StrictInt | None = None
-    initial_codec_chunk_frames: StrictInt | None = None
+    max_new_tokens: Int | None = None
+    initial_codec_chunk_frames: Int | None = None
     non_streaming_mode: bool | None = None
     extra_params: dict[str, Any] | None = None
     word_timestamps: bool = False
@@ -122,18 +123,18 @@ class AudioGenerate(BaseModel):
     input: str
     model: str | None = None
     response_format: str = "wav"
-    speed: float | None = 1.0
+    speed: Number | None = 1.0
     stream_format: str | None = "audio"
-    audio_length: float | None = None
-    audio_start: float | None = 0.0
+    audio_length: Number | None = None
+    audio_start: Number | None = 0.0
     negative_prompt: str | None = None
-    guidance_scale: float | None = None
-    num_inference_steps: int | None = None
-    seed: int | None = None
+    guidance_scale: Number | None = None
+    num_inference_steps: Int | None = None
+    seed: Int | None = None
     # omniqueue extensions
-    sample_rate: int | None = None
+    sample_rate: Int | None = None
     extra_params: dict[str, Any] = Field(default_factory=dict)
-    timeout: float | None = None
+    timeout: Number | None = None
 
 
 class AudioObject(BaseModel):

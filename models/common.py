@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, BeforeValidator
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    return value
+
+
+# Numbers of request fields: pydantic's lax mode would read ``true`` as 1; strings
+# (multipart values) still parse, ASCII digits only.
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
 class ErrorDetail(BaseModel):

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from models.common import Int, Number
+
 VideoStatus = Literal["queued", "in_progress", "completed", "failed"]
 STAGES = ("queue", "prepare", "denoise", "decode", "encode", "upload")
 
@@ -22,25 +24,25 @@ class VideoCreate(BaseModel):
     prompt: str
     model: str | None = None
     size: str | None = None
-    width: int | None = None
-    height: int | None = None
-    seconds: float | None = None
-    num_frames: int | None = None
-    fps: float | None = None
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    guidance_scale_2: float | None = None
-    true_cfg_scale: float | None = None
-    flow_shift: float | None = None
-    boundary_ratio: float | None = None
-    seed: int | None = None
+    width: Int | None = None
+    height: Int | None = None
+    seconds: Number | None = None
+    num_frames: Int | None = None
+    fps: Number | None = None
+    num_inference_steps: Int | None = None
+    guidance_scale: Number | None = None
+    guidance_scale_2: Number | None = None
+    true_cfg_scale: Number | None = None
+    flow_shift: Number | None = None
+    boundary_ratio: Number | None = None
+    seed: Int | None = None
     negative_prompt: str | None = None
     extra_params: dict[str, Any] = Field(default_factory=dict)
     lora: dict[str, Any] | None = None
-    n: int = 1
+    n: Int = 1
     vae_use_slicing: bool | None = None
     vae_use_tiling: bool | None = None
-    timeout: float | None = None
+    timeout: Number | None = None
     input_reference_url: str | None = None
 
 

@@ -14,8 +14,10 @@ from api.audio_service import AudioService
 from api.content import stream_artifact
 from api.deps import AudioDep, CurrentOwner
 from api.forms import read_create_body
-from api.job_stream import follow, serve_websocket, sse
-from models.audio import EXTENSIONS, AudioDeleted, AudioObject, AudioPage
+from api.job_stream import follow, parse_cursor, serve_websocket, sse
+from api.openapi import AUDIO_MEDIA_TYPES, REDIRECT, SSE, binary, create_body, errors
+from models.audio import EXTENSIONS, AudioCreate, AudioDeleted, AudioObject, AudioPage
+from models.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/audio/generations", tags=["audio"])
 
@@ -28,7 +30,12 @@ def _object_response(poll_ms: int, audio: AudioObject) -> JSONResponse:
     )
 
 
-@router.post("", response_model=AudioObject)
+@router.post(
+    "",
+    response_model=AudioObject,
+    responses=errors(400, 401, 413, 422, 503),
+    openapi_extra=create_body(AudioCreate),
+)
 async def create_audio(
     request: Request, audio: AudioDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
@@ -37,7 +44,7 @@ async def create_audio(
     return _object_response(audio.settings.poll_after_ms, created)
 
 
-@router.get("", response_model=AudioPage)
+@router.get("", response_model=AudioPage, responses=errors(400, 401, 422))
 async def list_audio(
     audio: AudioDep,
     owner: CurrentOwner,
@@ -45,28 +52,38 @@ async def list_audio(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
 ) -> AudioPage:
-    return await run_in_threadpool(audio.page, owner, after, limit, order)
+    # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
+    return await run_in_threadpool(audio.page, owner, after or None, limit, order)
 
 
-@router.get("/{audio_id}", response_model=AudioObject)
+@router.get("/{audio_id}", response_model=AudioObject, responses=errors(401, 404, 422))
 async def retrieve_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> JSONResponse:
     found = await run_in_threadpool(audio.retrieve, audio_id, owner)
     return _object_response(audio.settings.poll_after_ms, found)
 
 
-@router.delete("/{audio_id}", response_model=AudioDeleted)
+@router.delete("/{audio_id}", response_model=AudioDeleted, responses=errors(401, 404, 422, 503))
 async def delete_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> AudioDeleted:
     await run_in_threadpool(audio.delete, audio_id, owner)
     return AudioDeleted(id=audio_id)
 
 
-@router.post("/{audio_id}/cancel", response_model=AudioObject)
+@router.post("/{audio_id}/cancel", response_model=AudioObject, responses=errors(401, 404, 422))
 async def cancel_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> JSONResponse:
     found = await run_in_threadpool(audio.cancel, audio_id, owner)
     return _object_response(audio.settings.poll_after_ms, found)
 
 
-@router.get("/{audio_id}/content")
+@router.get(
+    "/{audio_id}/content",
+    response_class=Response,
+    responses={
+        200: binary("The encoded file, by `response_format`.", *AUDIO_MEDIA_TYPES),
+        206: binary("The requested byte range.", *AUDIO_MEDIA_TYPES),
+        302: REDIRECT,
+        **errors(400, 401, 404, 410, 416, 422, 503),
+    },
+)
 async def audio_content(
     audio_id: str,
     audio: AudioDep,
@@ -93,7 +110,11 @@ async def audio_content(
     )
 
 
-@router.get("/{audio_id}/events")
+@router.get(
+    "/{audio_id}/events",
+    response_class=Response,
+    responses={200: SSE, **errors(400, 401, 404, 422)},
+)
 async def audio_events(
     audio_id: str,
     audio: AudioDep,
@@ -103,8 +124,8 @@ async def audio_events(
 ) -> StreamingResponse:
     """Server-Sent Events of the job, as ``/v1/videos/{id}/events``; ``pcm`` jobs also get
     ``chunk`` events with the PCM16 samples (base64 in ``data_b64``)."""
+    after = parse_cursor(last_event_id, last_event_id_q)
     await run_in_threadpool(audio.get_job, audio_id, owner)  # 404 for others' jobs
-    after = last_event_id or last_event_id_q or "0-0"
 
     async def body() -> AsyncIterator[str]:
         async for entry in follow(audio.state, audio, audio_id, owner, after):
@@ -118,4 +139,9 @@ async def audio_events(
 async def audio_stream(websocket: WebSocket, audio_id: str, last_event_id: str = "0-0") -> None:
     """The job's events over a WebSocket, as ``WS /v1/videos/{id}/stream``; a ``pcm`` job's
     ``chunk`` events are each followed by one binary frame of PCM16."""
-    await serve_websocket(websocket, AudioService(websocket.state.app), audio_id, last_event_id)
+    try:
+        cursor = parse_cursor(None, last_event_id)
+    except InvalidRequest as exc:  # refused before accepting, like a bad key
+        await websocket.close(code=1008, reason=exc.message[:120])
+        return
+    await serve_websocket(websocket, AudioService(websocket.state.app), audio_id, cursor)

@@ -28,7 +28,14 @@ from api.deps import AudioDep, CurrentOwner
 from api.forms import read_create_body
 from api.job_stream import follow
 from api.jobs_service import ClientGone
-from models.audio import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
+from api.openapi import AUDIO_MEDIA_TYPES, binary, create_body, errors
+from models.audio import (
+    AudioGenerate,
+    SpeechAudioDelta,
+    SpeechAudioDone,
+    SpeechCreate,
+    SpeechUsage,
+)
 from models.db import Job
 from models.errors import InvalidRequest, JobFailed, SyncTimeout
 from storage.bus import BusEntry
@@ -36,6 +43,8 @@ from storage.bus import BusEntry
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
+_ERRORS = errors(400, 401, 409, 413, 422, 503, 504)
+_HEADERS = {"X-Request-Id": "The id of the audio job.", "X-Sample-Rate": "Hz", "X-Channels": "1|2"}
 
 
 async def _body(request: Request, audio: AudioService) -> dict[str, Any]:
@@ -45,7 +54,12 @@ async def _body(request: Request, audio: AudioService) -> dict[str, Any]:
     return raw
 
 
-@router.post("/generate", response_class=Response)
+@router.post(
+    "/generate",
+    response_class=Response,
+    responses={200: binary("The encoded file.", *AUDIO_MEDIA_TYPES, headers=_HEADERS), **_ERRORS},
+    openapi_extra=create_body(AudioGenerate),
+)
 async def generate(
     request: Request, audio: AudioDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
 ) -> Response:
@@ -54,7 +68,21 @@ async def generate(
     return await _finished_file(request, audio, job, owner)
 
 
-@router.post("/speech", response_class=Response)
+@router.post(
+    "/speech",
+    response_class=Response,
+    responses={
+        200: binary(
+            "The encoded file; raw PCM16 for `pcm`, or OpenAI `speech.audio.delta` events "
+            "(`text/event-stream`) with `stream_format=sse`.",
+            *AUDIO_MEDIA_TYPES,
+            "text/event-stream",
+            headers=_HEADERS,
+        ),
+        **_ERRORS,
+    },
+    openapi_extra=create_body(SpeechCreate),
+)
 async def speech(
     request: Request, audio: AudioDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
 ) -> Response:

@@ -7,12 +7,13 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentOwner, StateDep
+from api.openapi import errors
 from models.common import Health, ModelList, ModelObject
 
 router = APIRouter(tags=["system"])
 
 
-@router.get("/v1/models", response_model=ModelList)
+@router.get("/v1/models", response_model=ModelList, responses=errors(401))
 async def list_models(state: StateDep, _owner: CurrentOwner) -> ModelList:
     return ModelList(
         data=[
@@ -28,7 +29,11 @@ async def health() -> Health:
     return Health(status="ok")
 
 
-@router.get("/ready", response_model=Health)
+@router.get(
+    "/ready",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "A dependency did not answer."}},
+)
 async def ready(state: StateDep) -> JSONResponse:
     """Readiness: the database, Redis and S3 answer; 503 otherwise."""
     checks = await run_in_threadpool(state.readiness)

@@ -12,17 +12,23 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, WebSocket
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentOwner, VideosDep
-from api.job_stream import follow, serve_websocket, sse
+from api.job_stream import follow, parse_cursor, serve_websocket, sse
+from api.openapi import SSE, errors
 from api.videos_service import VideoService
+from models.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
 
 
-@router.get("/{video_id}/events")
+@router.get(
+    "/{video_id}/events",
+    response_class=Response,
+    responses={200: SSE, **errors(400, 401, 404, 422)},
+)
 async def video_events(
     video_id: str,
     videos: VideosDep,
@@ -30,8 +36,8 @@ async def video_events(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     last_event_id_q: Annotated[str | None, Query(alias="last_event_id")] = None,
 ) -> StreamingResponse:
+    after = parse_cursor(last_event_id, last_event_id_q)
     await run_in_threadpool(videos.get_job, video_id, owner)  # 404 for others' jobs
-    after = last_event_id or last_event_id_q or "0-0"
 
     async def body() -> AsyncIterator[str]:
         async for entry in follow(videos.state, videos, video_id, owner, after):
@@ -43,4 +49,9 @@ async def video_events(
 
 @router.websocket("/{video_id}/stream")
 async def video_stream(websocket: WebSocket, video_id: str, last_event_id: str = "0-0") -> None:
-    await serve_websocket(websocket, VideoService(websocket.state.app), video_id, last_event_id)
+    try:
+        cursor = parse_cursor(None, last_event_id)
+    except InvalidRequest as exc:  # refused before accepting, like a bad key
+        await websocket.close(code=1008, reason=exc.message[:120])
+        return
+    await serve_websocket(websocket, VideoService(websocket.state.app), video_id, cursor)

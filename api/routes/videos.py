@@ -12,11 +12,16 @@ from api.content import stream_artifact
 from api.deps import CurrentOwner, StateDep, VideosDep
 from api.forms import read_create_body
 from api.jobs_service import ClientGone
-from models.videos import VideoDeleted, VideoObject, VideoPage
+from api.openapi import REDIRECT, VIDEO_MEDIA_TYPES, binary, create_body, errors
+from models.videos import VideoCreate, VideoDeleted, VideoObject, VideoPage
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
+_SYNC_HEADERS = {
+    "X-Request-Id": "The id of the job.",
+    "X-Inference-Time-S": "Seconds the worker spent on the job.",
+}
 
 
 def _object_response(state_poll_ms: int, video: VideoObject) -> JSONResponse:
@@ -24,7 +29,12 @@ def _object_response(state_poll_ms: int, video: VideoObject) -> JSONResponse:
     return JSONResponse(video.model_dump(mode="json"), headers=headers)
 
 
-@router.post("", response_model=VideoObject)
+@router.post(
+    "",
+    response_model=VideoObject,
+    responses=errors(400, 401, 413, 422, 503),
+    openapi_extra=create_body(VideoCreate),
+)
 async def create_video(
     request: Request, videos: VideosDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
@@ -33,7 +43,15 @@ async def create_video(
     return _object_response(videos.settings.poll_after_ms, video)
 
 
-@router.post("/sync", response_class=Response)
+@router.post(
+    "/sync",
+    response_class=Response,
+    responses={
+        200: binary("The MP4 of the finished job.", "video/mp4", headers=_SYNC_HEADERS),
+        **errors(400, 401, 409, 413, 422, 503, 504),
+    },
+    openapi_extra=create_body(VideoCreate),
+)
 async def create_video_sync(
     request: Request, videos: VideosDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
 ) -> Response:
@@ -53,7 +71,7 @@ async def create_video_sync(
     return await stream_artifact(videos.state.artifacts, artifact, None, headers)
 
 
-@router.get("", response_model=VideoPage)
+@router.get("", response_model=VideoPage, responses=errors(400, 401, 422))
 async def list_videos(
     videos: VideosDep,
     owner: CurrentOwner,
@@ -61,28 +79,38 @@ async def list_videos(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
 ) -> VideoPage:
-    return await run_in_threadpool(videos.page, owner, after, limit, order)
+    # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
+    return await run_in_threadpool(videos.page, owner, after or None, limit, order)
 
 
-@router.get("/{video_id}", response_model=VideoObject)
+@router.get("/{video_id}", response_model=VideoObject, responses=errors(401, 404, 422))
 async def retrieve_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> JSONResponse:
     video = await run_in_threadpool(videos.retrieve, video_id, owner)
     return _object_response(videos.settings.poll_after_ms, video)
 
 
-@router.delete("/{video_id}", response_model=VideoDeleted)
+@router.delete("/{video_id}", response_model=VideoDeleted, responses=errors(401, 404, 422, 503))
 async def delete_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> VideoDeleted:
     await run_in_threadpool(videos.delete, video_id, owner)
     return VideoDeleted(id=video_id)
 
 
-@router.post("/{video_id}/cancel", response_model=VideoObject)
+@router.post("/{video_id}/cancel", response_model=VideoObject, responses=errors(401, 404, 422))
 async def cancel_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> JSONResponse:
     video = await run_in_threadpool(videos.cancel, video_id, owner)
     return _object_response(videos.settings.poll_after_ms, video)
 
 
-@router.get("/{video_id}/content")
+@router.get(
+    "/{video_id}/content",
+    response_class=Response,
+    responses={
+        200: binary("The MP4 (`variant=video`) or a JPEG image.", *VIDEO_MEDIA_TYPES),
+        206: binary("The requested byte range.", *VIDEO_MEDIA_TYPES),
+        302: REDIRECT,
+        **errors(400, 401, 404, 410, 416, 422, 503),
+    },
+)
 async def video_content(
     video_id: str,
     videos: VideosDep,

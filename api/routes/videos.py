@@ -72,7 +72,8 @@ async def retrieve_video(video_id: str, videos: VideosDep, owner: CurrentOwner) 
 
 @router.delete("/{video_id}", response_model=VideoDeleted)
 async def delete_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> VideoDeleted:
-    await run_in_threadpool(videos.delete, video_id, owner)
+    # S3 deletes: on the S3 pool, so a stalled S3 cannot starve database reads
+    await videos.state.artifacts.run(videos.delete, video_id, owner)
     return VideoDeleted(id=video_id)
 
 

@@ -1,12 +1,14 @@
 """Serving a stored artifact over HTTP: stream it from S3 with ``Range`` support (206,
-416), for every kind of job."""
+416), for every kind of job. Every S3 call (open, each chunk read) runs on the store's own
+pool (:meth:`ArtifactStore.run`), never on the thread pool that serves database reads."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi.responses import Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from models.db import Artifact
 from models.errors import Gone, InvalidRequest, RangeNotSatisfiable, ServiceUnavailable
@@ -31,7 +33,7 @@ async def stream_artifact(
     if range_header:
         start, end = parse_range(range_header, size)
     try:
-        obj = await run_in_threadpool(store.open, artifact.key, start, end)
+        obj = await store.run(store.open, artifact.key, start, end)
     except ObjectMissing as exc:
         raise Gone(f"the content of {artifact.job_id} is no longer stored", param=id_param) from exc
     except StorageError as exc:
@@ -47,11 +49,20 @@ async def stream_artifact(
         status = 206
         out["Content-Range"] = f"bytes {obj.start}-{obj.end}/{obj.total_size}"
     return StreamingResponse(
-        obj.body.iter_chunks(_CHUNK),
+        _chunks(store, obj.body),
         status_code=status,
         media_type=artifact.content_type,
         headers=out,
     )
+
+
+async def _chunks(store: ArtifactStore, body: Any) -> AsyncIterator[bytes]:
+    """The object's bytes, one S3 read per chunk on the store's pool."""
+    try:
+        while chunk := await store.run(body.read, _CHUNK):
+            yield chunk
+    finally:
+        body.close()
 
 
 def parse_range(header: str, size: int) -> tuple[int, int]:

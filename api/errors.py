@@ -6,8 +6,9 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from models.common import ErrorBody, ErrorDetail
@@ -61,6 +62,12 @@ def allowed_methods(request: Request) -> list[str]:
     ]
 
 
+async def _client_disconnect(_: Request, exc: Exception) -> Response:
+    """The client left (or was closed for sending too slowly) while its body was read:
+    nobody to answer, nothing to log."""
+    return Response(status_code=499)
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal server error", "server_error", code="internal_error")
@@ -70,4 +77,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OmniqueueError, _omniqueue_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect)
     app.add_exception_handler(Exception, _unexpected_error)

@@ -2,7 +2,9 @@
 speech): a late watcher gets the retained history first, ``after`` resumes exactly after
 the last event seen, and the stream ends with ``done``. When the stream has expired (or a
 ``done`` was never published) the job row is the truth: a watcher of a finished job gets a
-``status`` and a ``done`` made from it.
+``status`` and a ``done`` made from it. When Redis does not answer (down or stalled), the
+watcher gets an ``error`` event (``broker_error``, no id) and the stream ends: SSE ends the
+response, the WebSocket closes with 1011.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from models.db import JobStatus
 from models.errors import InvalidRequest, OmniqueueError
 from models.events import DoneEvent, StatusEvent
 from models.videos import VideoError
-from storage.bus import BusEntry
+from storage.bus import BusEntry, BusUnavailable
 from storage.constants import job_events_key
 
 BLOCK_MS = 15_000
@@ -32,6 +34,17 @@ _CURSOR_RE = re.compile(r"^([0-9]{1,20})(?:-([0-9]{1,20}))?$")
 _U64_MAX = 2**64 - 1
 # Ids of events made from the job row; they sort before any real stream id.
 _SYNTHETIC = ("0-1", "0-2")
+BUS_ERROR = BusEntry(
+    "",
+    {
+        "type": "error",
+        "error": {
+            "code": "broker_error",
+            "message": "live events are unavailable (the event bus did not answer); "
+            "the job goes on: read its status, or reconnect with the last event id",
+        },
+    },
+)
 
 
 def _synthetic(service: JobService, job_id: str, owner: str) -> list[BusEntry] | None:
@@ -72,8 +85,13 @@ async def follow(
     """The job's events after ``after``, then live ones, ending with ``done``; yields None
     as a keep-alive when nothing happened for a while."""
     stream = job_events_key(job_id)
+    timeout = state.settings.redis.command_timeout_s
     while True:
-        entries = await state.abus.read(stream, after, block_ms=BLOCK_MS)
+        try:
+            entries = await state.abus.read(stream, after, block_ms=BLOCK_MS, timeout_s=timeout)
+        except BusUnavailable:
+            yield BUS_ERROR
+            return
         if not entries:
             synthetic = await run_in_threadpool(_synthetic, service, job_id, owner)
             if synthetic is not None:
@@ -91,7 +109,7 @@ async def follow(
 
 
 def wire(entry: BusEntry) -> dict[str, Any]:
-    return {"id": entry.id, **entry.event}
+    return {"id": entry.id, **entry.event} if entry.id else dict(entry.event)
 
 
 def sse(entry: BusEntry | None) -> str:
@@ -101,7 +119,8 @@ def sse(entry: BusEntry | None) -> str:
     body = wire(entry)
     if entry.data is not None:
         body["data_b64"] = base64.b64encode(entry.data).decode()
-    return f"id: {entry.id}\nevent: {entry.type}\ndata: {json.dumps(body)}\n\n"
+    frame = f"event: {entry.type}\ndata: {json.dumps(body)}\n\n"
+    return f"id: {entry.id}\n{frame}" if entry.id else frame  # no id: Last-Event-ID stays
 
 
 async def serve_websocket(
@@ -128,6 +147,9 @@ async def serve_websocket(
             if entry.data is not None:
                 message["byte_length"] = len(entry.data)
             await websocket.send_text(json.dumps(message))
+            if entry is BUS_ERROR:
+                await websocket.close(code=1011, reason="event bus unavailable")
+                return
             if entry.data is not None:
                 await websocket.send_bytes(entry.data)
         await websocket.close(code=1000)

@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 from fastapi import Request
+from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from api.payload import storable
@@ -34,6 +35,7 @@ from models.errors import (
 from models.events import DoneEvent, StatusEvent
 from models.videos import StageDurations, VideoError
 from storage.artifacts import StorageError
+from storage.bus import BusUnavailable
 from storage.constants import job_events_key, job_prefix
 
 log = logging.getLogger(__name__)
@@ -101,7 +103,11 @@ class JobService(abc.ABC, Generic[WireT]):
         positions = await run_in_threadpool(self.state.jobs.queue_positions, [job])
         if created:
             event = StatusEvent(status="queued", queue_position=positions.get(job.id))
-            await self.state.abus.publish(job_events_key(job.id), event)
+            timeout = self.settings.redis.command_timeout_s
+            try:  # the job is stored and enqueued; watchers fall back to its row
+                await self.state.abus.publish(job_events_key(job.id), event, timeout_s=timeout)
+            except BusUnavailable:
+                log.warning("could not publish the first status of %s", job.id)
         return positions.get(job.id)
 
     def _drop_objects(self, prefix: str) -> None:
@@ -216,7 +222,10 @@ class JobService(abc.ABC, Generic[WireT]):
                 code="storage_error",
             ) from exc
         self.state.jobs.delete(job.id)
-        self.state.bus.delete(job_events_key(job.id))
+        try:
+            self.state.bus.delete(job_events_key(job.id))
+        except RedisError:  # the stream expires with its TTL
+            log.warning("could not delete the event stream of %s", job.id)
 
     def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[Job, Artifact]:
         job = self.get_job(job_id, owner)

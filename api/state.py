@@ -1,8 +1,18 @@
-"""Clients the API creates at startup and hands to routes (Starlette lifespan state)."""
+"""Clients the API creates at startup and hands to routes (Starlette lifespan state).
+
+Every backing call of a request is bounded: the synchronous Redis client (cancel, delete,
+/ready) and the Celery publisher have a socket timeout, asyncio bus calls of a request
+pass ``timeout_s`` (:mod:`storage.bus`), boto3 has connect/read timeouts and attempts, and
+S3 work runs on a pool of its own so a stalled S3 cannot take the threads that serve
+database reads. ``/ready`` probes the three services in parallel under one deadline.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +50,16 @@ def _async_redis(url: str) -> redis.asyncio.Redis:
     )
 
 
+def _sync_redis(settings: Settings) -> redis.Redis:
+    """The API's blocking Redis client (thread pool): every command bounded."""
+    return redis.Redis.from_url(
+        settings.redis.url,
+        socket_timeout=settings.redis.command_timeout_s,
+        socket_connect_timeout=settings.redis.connect_timeout_s,
+        health_check_interval=30,
+    )
+
+
 @dataclass
 class AppState:
     settings: Settings
@@ -51,13 +71,21 @@ class AppState:
     specs: dict[str, ModelSpec]
     bus: EventBus
     abus: AsyncEventBus
+    s3_pool: ThreadPoolExecutor
     # Live /v1/realtime sessions of this process by id (duplex resume looks them up).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
+    # /ready: one thread per service, and a probe still running is awaited again rather
+    # than stacked, so a stalled service holds one thread however often /ready is asked.
+    _probe_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(3, thread_name_prefix="ready")
+    )
+    _probes: dict[str, Future[None]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, settings: Settings, *, s3_client: Any | None = None) -> AppState:
         engine = make_engine(settings.database)
         sessions = make_sessionmaker(engine)
+        s3_pool = ThreadPoolExecutor(settings.s3.api_threads, thread_name_prefix="s3")
         return cls(
             settings=settings,
             engine=engine,
@@ -67,11 +95,13 @@ class AppState:
                 s3_client or make_s3_client(settings.s3),
                 settings.s3,
                 presign_client=make_s3_client(settings.s3, public=True),
+                executor=s3_pool,
             ),
-            queue=JobQueue(make_celery(settings)),
+            queue=JobQueue(make_celery(settings, publisher=True)),
             specs=served_specs(settings),
-            bus=EventBus(redis.Redis.from_url(settings.redis.url), ttl_s=settings.events_ttl_s),
+            bus=EventBus(_sync_redis(settings), ttl_s=settings.events_ttl_s),
             abus=AsyncEventBus(_async_redis(settings.redis.url), ttl_s=settings.events_ttl_s),
+            s3_pool=s3_pool,
         )
 
     async def aclose(self) -> None:
@@ -79,25 +109,45 @@ class AppState:
         self.bus.redis.close()
         await self.abus.redis.aclose()
         self.engine.dispose()
+        self.s3_pool.shutdown(wait=False, cancel_futures=True)
+        self._probe_pool.shutdown(wait=False, cancel_futures=True)
 
-    def readiness(self) -> dict[str, str]:
-        """Reach every backing service; ``ok`` or the error class per service."""
+    async def readiness(self) -> dict[str, str]:
+        """Probe the database, Redis and S3 in parallel; ``ok``, the error class, or
+        ``unavailable (no answer within N s)`` per service, within
+        ``OMNIQ_HTTP__READY_TIMEOUT_S``."""
+        probes: dict[str, Callable[[], None]] = {
+            "database": self._ping_db,
+            "redis": self._ping_redis,
+            "s3": self.artifacts.ping,
+        }
+        futures = {name: asyncio.wrap_future(self._probe(name, fn)) for name, fn in probes.items()}
+        for fut in futures.values():  # a late failure is read, never logged as unretrieved
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        timeout = self.settings.http.ready_timeout_s
+        await asyncio.wait(futures.values(), timeout=timeout)
         checks: dict[str, str] = {}
-        for name, probe in (
-            ("database", self._ping_db),
-            ("redis", self.queue.ping),
-            ("s3", self.artifacts.ping),
-        ):
-            try:
-                probe()
-                checks[name] = "ok"
-            except Exception as exc:  # a readiness probe reports, it never raises
+        for name, fut in futures.items():
+            if not fut.done():
+                checks[name] = f"unavailable (no answer within {timeout:g} s)"
+            elif (exc := fut.exception()) is not None:  # a probe reports, it never raises
                 checks[name] = f"unavailable ({type(exc).__name__})"
+            else:
+                checks[name] = "ok"
         return checks
+
+    def _probe(self, name: str, fn: Callable[[], None]) -> Future[None]:
+        running = self._probes.get(name)
+        if running is None or running.done():
+            running = self._probes[name] = self._probe_pool.submit(fn)
+        return running
 
     def _ping_db(self) -> None:
         with self.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
+
+    def _ping_redis(self) -> None:
+        self.bus.redis.ping()
 
 
 def served_specs(settings: Settings) -> dict[str, ModelSpec]:

@@ -71,7 +71,9 @@ class VideoService(JobService[VideoObject]):
                 self.settings.limits,
                 "input_reference",
             )
-        job, created = await run_in_threadpool(self._persist, resolved, png, owner, idempotency_key)
+        # with a reference it uploads to S3: on the S3 pool, off the one serving DB reads
+        run = run_in_threadpool if png is None else self.state.artifacts.run
+        job, created = await run(self._persist, resolved, png, owner, idempotency_key)
         position = await self.announce(job, created)
         return self.to_wire(job, position), created
 

@@ -23,14 +23,21 @@ def _cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.http_deadlines import deadline_protocol
 
     settings = get_settings()
     host = args.host or settings.host
     port = args.port or settings.port
     settings.check_auth_binding(host)
+    # h11 with deadlines for receiving headers and body (slow clients are closed)
+    http = deadline_protocol(settings.http.header_timeout_s, settings.http.body_timeout_s)
     uvicorn.run(
-        create_app(settings), host=host, port=port, log_level="info",
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="info",
         timeout_graceful_shutdown=settings.shutdown_grace_s,
+        http=http,
     )
     return 0
 

@@ -12,11 +12,14 @@
     ├── Gone                          artifact expired    → 410
     ├── RangeNotSatisfiable           bad byte range      → 416
     ├── JobFailed                     /sync job failed    → by job error code
-    ├── ServiceUnavailable            a backing service is down → 503
+    ├── ServiceUnavailable            a backing service is down → 503, code
+    │                                 storage_error (S3) or broker_error (Redis, down
+    │                                 or not answering within its bounds)
     └── SyncTimeout                   /sync waited too long (job cancelled) → 504
 
 Each transport maps it once: HTTP in ``api/errors.py`` (status + OpenAI error body),
-jobs through ``models.db.ErrorCode``. Unexpected exceptions never reach a client as text.
+jobs through ``models.db.ErrorCode``. Job event streams (SSE / WebSocket) end with an
+``error`` event of code ``broker_error`` when the bus is lost (``api/job_stream.py``). Unexpected exceptions never reach a client as text.
 """
 
 from __future__ import annotations

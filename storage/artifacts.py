@@ -6,11 +6,14 @@ addressing, SigV4, and botocore's standard retry mode for transient 5xx/throttli
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -19,6 +22,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from storage.settings import S3Settings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class StorageError(Exception):
@@ -39,9 +44,10 @@ def make_s3_client(s3: S3Settings, *, public: bool = False) -> Any:
     config = Config(
         signature_version="s3v4",
         s3={"addressing_style": s3.addressing_style},
-        retries={"mode": "standard", "max_attempts": 5},
-        connect_timeout=5,
-        read_timeout=60,
+        retries={"mode": "standard", "max_attempts": s3.max_attempts},
+        connect_timeout=s3.connect_timeout_s,
+        read_timeout=s3.read_timeout_s,
+        max_pool_connections=max(10, s3.api_threads),
     )
     return boto3.client(
         "s3",
@@ -64,14 +70,30 @@ class ObjectRange:
 
 
 class ArtifactStore:
-    """One bucket of job artifacts. The client is injected (one per process)."""
+    """One bucket of job artifacts. The client is injected (one per process).
 
-    def __init__(self, client: Any, settings: S3Settings, presign_client: Any = None) -> None:
+    ``executor`` is where :meth:`run` puts blocking S3 work from asyncio code (the API
+    gives it a bounded pool of its own, so a stalled S3 cannot starve database reads).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        settings: S3Settings,
+        presign_client: Any = None,
+        executor: Executor | None = None,
+    ) -> None:
         self.client = client
         # Presigned URLs are signed for the endpoint clients will use.
         self._presigner = presign_client or client
         self.bucket = settings.bucket
         self._settings = settings
+        self._executor = executor
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` (blocking, S3) on the store's executor."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
     def ensure_bucket(self) -> None:
         try:

@@ -5,18 +5,44 @@ Each entry holds a JSON ``event`` and optionally binary ``data``; the stream id 
 last id it saw (SSE ``Last-Event-ID``). Streams are bounded (``MAXLEN ~``) and expire
 ``ttl_s`` after their last entry, so nothing outlives its retention. The worker publishes
 with the synchronous :class:`EventBus`; the API reads with :class:`AsyncEventBus`.
+
+The asyncio client has no per-command socket timeout (see ``api/state.py``); request-path
+callers pass ``timeout_s`` instead, which arms one timer around that call only and turns
+a dead or stalled Redis into :class:`BusUnavailable`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import redis.exceptions
 from pydantic import BaseModel
 
 DEFAULT_MAXLEN = 2000
+
+
+class BusUnavailable(Exception):
+    """Redis did not answer a bounded bus call (down, refusing, or stalled)."""
+
+
+@asynccontextmanager
+async def _bounded(timeout_s: float | None) -> AsyncIterator[None]:
+    """No timer when ``timeout_s`` is None (the realtime hot path); otherwise a deadline,
+    and Redis errors and the deadline both become :class:`BusUnavailable`. redis-py drops
+    a connection whose command was interrupted, so the pool stays consistent."""
+    if timeout_s is None:
+        yield
+        return
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except (TimeoutError, redis.exceptions.RedisError, OSError) as exc:
+        raise BusUnavailable(type(exc).__name__) from exc
 
 
 @dataclass(frozen=True)
@@ -96,18 +122,33 @@ class AsyncEventBus:
         self.maxlen = maxlen
 
     async def publish(
-        self, stream: str, event: BaseModel | dict[str, Any], data: bytes | None = None
+        self,
+        stream: str,
+        event: BaseModel | dict[str, Any],
+        data: bytes | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> str:
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with _bounded(timeout_s), self.redis.pipeline(transaction=False) as pipe:
             pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
             pipe.expire(stream, self.ttl_s)
             entry_id, _ = await pipe.execute()
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     async def read(
-        self, stream: str, after: str = "0-0", *, block_ms: int | None = None, count: int = 100
+        self,
+        stream: str,
+        after: str = "0-0",
+        *,
+        block_ms: int | None = None,
+        count: int = 100,
+        timeout_s: float | None = None,
     ) -> list[BusEntry]:
-        raw = await self.redis.xread({stream: after}, count=count, block=block_ms)
+        """``timeout_s`` bounds the call beyond ``block_ms`` (it is added to the block)."""
+        if timeout_s is not None and block_ms:
+            timeout_s += block_ms / 1000
+        async with _bounded(timeout_s):
+            raw = await self.redis.xread({stream: after}, count=count, block=block_ms)
         return _entries(raw[0][1]) if raw else []
 
     async def exists(self, stream: str) -> bool:

@@ -40,9 +40,33 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-def make_celery(settings: Settings, name: str = "omniqueue") -> Celery:
+def publisher_config(settings: Settings) -> dict[str, Any]:
+    """:func:`celery_config` for the API, which only publishes: every broker command is
+    bounded by ``OMNIQ_REDIS__COMMAND_TIMEOUT_S`` and a failed publish is retried once
+    (on a fresh connection), so a stalled broker costs a create at most about three
+    timeouts, then 503 ``broker_error``. Workers keep Celery's defaults: their BRPOP
+    loop has its own health checks."""
+    config = celery_config(settings)
+    redis = settings.redis
+    config["broker_transport_options"] = {
+        **config["broker_transport_options"],
+        "socket_timeout": redis.command_timeout_s,
+        "socket_connect_timeout": redis.connect_timeout_s,
+    }
+    config["broker_connection_timeout"] = redis.connect_timeout_s
+    config["task_publish_retry_policy"] = {
+        "max_retries": 1,
+        "interval_start": 0,
+        "interval_step": 0.2,
+        "interval_max": 0.2,
+    }
+    return config
+
+
+def make_celery(settings: Settings, name: str = "omniqueue", *, publisher: bool = False) -> Celery:
+    """The Celery app; ``publisher=True`` for the API (see :func:`publisher_config`)."""
     app = Celery(name, set_as_current=False)
-    app.conf.update(celery_config(settings))
+    app.conf.update(publisher_config(settings) if publisher else celery_config(settings))
     return app
 
 
@@ -67,10 +91,6 @@ class JobQueue:
             queue=realtime_queue(model),
             expires=expires_s,
         )
-
-    def ping(self) -> None:
-        with self._app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, timeout=2)
 
     def close(self) -> None:
         self._app.close()

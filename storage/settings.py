@@ -27,6 +27,11 @@ class DatabaseSettings(BaseModel):
 
 class RedisSettings(BaseModel):
     url: str = "redis://127.0.0.1:6379/0"
+    # Bound on one Redis command of a request (create's enqueue and first event, cancel,
+    # delete, /ready, an event-stream read beyond its 15 s block): a stalled Redis gives
+    # 503 broker_error / an error event instead of a hang (seconds).
+    command_timeout_s: float = Field(default=2.0, gt=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0)
 
 
 def _split_list(value: Any) -> Any:
@@ -63,6 +68,13 @@ class S3Settings(BaseModel):
     part_size_bytes: int = 8 * 1024 * 1024
     # Path-style addressing works with SeaweedFS, MinIO and AWS alike.
     addressing_style: Literal["path", "virtual", "auto"] = "path"
+    # botocore timeouts (seconds) and attempts per call (standard retry mode).
+    connect_timeout_s: float = Field(default=3.0, gt=0)
+    read_timeout_s: float = Field(default=10.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    # Threads of the API's own S3 pool: content streaming, uploads of inputs and deletes
+    # run there, never on the pool that serves database reads.
+    api_threads: int = Field(default=16, ge=1)
 
     @field_validator("endpoint_url", "public_endpoint_url", mode="before")
     @classmethod
@@ -151,6 +163,16 @@ class RealtimeSettings(BaseModel):
     max_session_s: float = Field(600.0, gt=0)
 
 
+class HttpSettings(BaseModel):
+    # A client must send a request's headers within this many seconds of starting it
+    # (or of opening the connection), and its whole body within ``body_timeout_s`` of
+    # the headers; otherwise the API answers 408 and closes the connection.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=120.0, gt=0)
+    # /ready answers within this many seconds, naming the services that did not answer.
+    ready_timeout_s: float = Field(default=1.5, gt=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="OMNIQ_", env_nested_delimiter="__", extra="ignore"
@@ -171,6 +193,7 @@ class Settings(BaseSettings):
     inputs: InputSettings = Field(default_factory=InputSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
+    http: HttpSettings = Field(default_factory=HttpSettings)
 
     # Served models (comma-separated); the first is the default for requests naming none.
     # Unset: every model of the registry file, or ``reference/video`` without one.

@@ -64,7 +64,8 @@ async def retrieve_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) ->
 
 @router.delete("/{audio_id}", response_model=AudioDeleted, responses=errors(401, 404, 422, 503))
 async def delete_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> AudioDeleted:
-    await run_in_threadpool(audio.delete, audio_id, owner)
+    # S3 deletes: on the S3 pool, so a stalled S3 cannot starve database reads
+    await audio.state.artifacts.run(audio.delete, audio_id, owner)
     return AudioDeleted(id=audio_id)
 
 

@@ -26,7 +26,7 @@ from api.audio_service import AudioService
 from api.content import stream_artifact
 from api.deps import AudioDep, CurrentOwner
 from api.forms import read_create_body
-from api.job_stream import follow
+from api.job_stream import BUS_ERROR, follow
 from api.jobs_service import ClientGone
 from api.openapi import AUDIO_MEDIA_TYPES, binary, create_body, errors
 from models.audio import (
@@ -37,7 +37,7 @@ from models.audio import (
     SpeechUsage,
 )
 from models.db import Job
-from models.errors import InvalidRequest, JobFailed, SyncTimeout
+from models.errors import InvalidRequest, JobFailed, ServiceUnavailable, SyncTimeout
 from storage.bus import BusEntry
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
@@ -121,6 +121,8 @@ async def _pcm_stream(
         if entry is not None and entry.type == "chunk" and entry.data is not None:
             first = entry
             break
+        if entry is BUS_ERROR:  # nothing sent yet: a plain 503
+            raise ServiceUnavailable("the event bus is unavailable", code="broker_error")
         if entry is not None and entry.type == "done":
             if entry.event.get("status") == "failed":
                 error = entry.event.get("error") or {}

@@ -91,7 +91,8 @@ async def retrieve_video(video_id: str, videos: VideosDep, owner: CurrentOwner) 
 
 @router.delete("/{video_id}", response_model=VideoDeleted, responses=errors(401, 404, 422, 503))
 async def delete_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> VideoDeleted:
-    await run_in_threadpool(videos.delete, video_id, owner)
+    # S3 deletes: on the S3 pool, so a stalled S3 cannot starve database reads
+    await videos.state.artifacts.run(videos.delete, video_id, owner)
     return VideoDeleted(id=video_id)
 
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, WebSocket
-from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.audio_service import AudioService
@@ -15,6 +15,7 @@ from api.content import stream_artifact
 from api.deps import AudioDep, CurrentOwner
 from api.forms import read_create_body
 from api.job_stream import follow, serve_websocket, sse
+from api.responses import json_response
 from models.audio import EXTENSIONS, AudioDeleted, AudioObject, AudioPage
 
 router = APIRouter(prefix="/v1/audio/generations", tags=["audio"])
@@ -22,16 +23,14 @@ router = APIRouter(prefix="/v1/audio/generations", tags=["audio"])
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
 
 
-def _object_response(poll_ms: int, audio: AudioObject) -> JSONResponse:
-    return JSONResponse(
-        audio.model_dump(mode="json"), headers={"openai-poll-after-ms": str(poll_ms)}
-    )
+def _object_response(poll_ms: int, audio: AudioObject) -> Response:
+    return json_response(audio, {"openai-poll-after-ms": str(poll_ms)})
 
 
 @router.post("", response_model=AudioObject)
 async def create_audio(
     request: Request, audio: AudioDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
-) -> JSONResponse:
+) -> Response:
     raw, upload = await read_create_body(request, audio.settings.limits)
     created = await audio.create(raw, upload, owner, idempotency_key)
     return _object_response(audio.settings.poll_after_ms, created)
@@ -44,12 +43,12 @@ async def list_audio(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
-) -> AudioPage:
-    return await run_in_threadpool(audio.page, owner, after, limit, order)
+) -> Response:
+    return json_response(await run_in_threadpool(audio.page, owner, after, limit, order))
 
 
 @router.get("/{audio_id}", response_model=AudioObject)
-async def retrieve_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> JSONResponse:
+async def retrieve_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> Response:
     found = await run_in_threadpool(audio.retrieve, audio_id, owner)
     return _object_response(audio.settings.poll_after_ms, found)
 
@@ -61,7 +60,7 @@ async def delete_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> A
 
 
 @router.post("/{audio_id}/cancel", response_model=AudioObject)
-async def cancel_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> JSONResponse:
+async def cancel_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> Response:
     found = await run_in_threadpool(audio.cancel, audio_id, owner)
     return _object_response(audio.settings.poll_after_ms, found)
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.content import stream_artifact
 from api.deps import CurrentOwner, StateDep, VideosDep
 from api.forms import read_create_body
 from api.jobs_service import ClientGone
+from api.responses import json_response
 from models.videos import VideoDeleted, VideoObject, VideoPage
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
@@ -19,15 +20,14 @@ router = APIRouter(prefix="/v1/videos", tags=["videos"])
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
 
 
-def _object_response(state_poll_ms: int, video: VideoObject) -> JSONResponse:
-    headers = {"openai-poll-after-ms": str(state_poll_ms)}
-    return JSONResponse(video.model_dump(mode="json"), headers=headers)
+def _object_response(state_poll_ms: int, video: VideoObject) -> Response:
+    return json_response(video, {"openai-poll-after-ms": str(state_poll_ms)})
 
 
 @router.post("", response_model=VideoObject)
 async def create_video(
     request: Request, videos: VideosDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
-) -> JSONResponse:
+) -> Response:
     raw, reference = await read_create_body(request, videos.settings.limits)
     video, _ = await videos.create(raw, reference, owner, idempotency_key)
     return _object_response(videos.settings.poll_after_ms, video)
@@ -60,12 +60,12 @@ async def list_videos(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
-) -> VideoPage:
-    return await run_in_threadpool(videos.page, owner, after, limit, order)
+) -> Response:
+    return json_response(await run_in_threadpool(videos.page, owner, after, limit, order))
 
 
 @router.get("/{video_id}", response_model=VideoObject)
-async def retrieve_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> JSONResponse:
+async def retrieve_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> Response:
     video = await run_in_threadpool(videos.retrieve, video_id, owner)
     return _object_response(videos.settings.poll_after_ms, video)
 
@@ -77,7 +77,7 @@ async def delete_video(video_id: str, videos: VideosDep, owner: CurrentOwner) ->
 
 
 @router.post("/{video_id}/cancel", response_model=VideoObject)
-async def cancel_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> JSONResponse:
+async def cancel_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> Response:
     video = await run_in_threadpool(videos.cancel, video_id, owner)
     return _object_response(videos.settings.poll_after_ms, video)
 

@@ -9,7 +9,6 @@ and run in the thread pool, except the ``async`` ones.
 from __future__ import annotations
 
 import abc
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -39,6 +38,9 @@ from storage.bus import BusUnavailable
 from storage.constants import job_events_key, job_prefix
 
 log = logging.getLogger(__name__)
+
+# How long a ``sync`` wait listens to a quiet event stream before it reads the job's row.
+ROW_CHECK_MS = 15_000
 
 
 class ClientGone(Exception):
@@ -244,30 +246,66 @@ class JobService(abc.ABC, Generic[WireT]):
     # ---- sync -------------------------------------------------------------------
 
     async def wait_done(self, request: Request, job_id: str, owner: str) -> Job:
-        """Wait for the job to end; cancel it when the client disconnects
-        (:class:`ClientGone`) or the sync timeout passes (504). A failed job raises."""
-        deadline = time.monotonic() + self.settings.sync_timeout_s
-        while True:
-            job = await run_in_threadpool(self.get_job, job_id, owner)
-            if job.status in (JobStatus.COMPLETED, JobStatus.FAILED):
-                break
-            if await request.is_disconnected():
-                await self.cancel_quietly(job_id, "client disconnected")
-                raise ClientGone(job_id)
-            if time.monotonic() >= deadline:
-                await run_in_threadpool(self.cancel_job, job_id, "sync timeout")
-                raise SyncTimeout(
-                    f"{self.noun} {job_id} did not finish within "
-                    f"{self.settings.sync_timeout_s:g} s and was cancelled",
-                    param="timeout",
-                )
-            await asyncio.sleep(0.2)
+        """Wait for the job to end by following its event stream; cancel it when the
+        client disconnects (:class:`ClientGone`) or the sync timeout passes (504). A
+        failed job raises.
+
+        The stream is read from its start, so a ``done`` published before this call is
+        seen at once; the row is read when the job has ended, and when the stream was
+        quiet for :data:`ROW_CHECK_MS` (a ``done`` lost to a Redis blip, or expired)."""
+        gone = False
+        with anyio.move_on_after(self.settings.sync_timeout_s) as timer:
+            async with anyio.create_task_group() as tg:
+
+                async def watch_client() -> None:
+                    nonlocal gone
+                    await _disconnected(request)
+                    gone = True
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch_client)
+                job = await self._until_ended(job_id, owner)
+                tg.cancel_scope.cancel()
+        if gone:
+            await self.cancel_quietly(job_id, "client disconnected")
+            raise ClientGone(job_id)
+        if timer.cancelled_caught:
+            await self.cancel_quietly(job_id, "sync timeout")
+            raise SyncTimeout(
+                f"{self.noun} {job_id} did not finish within "
+                f"{self.settings.sync_timeout_s:g} s and was cancelled",
+                param="timeout",
+            )
         if job.status == JobStatus.FAILED:
             raise JobFailed(
                 f"{self.noun} {job_id} failed: {job.error_message or 'the job failed'}",
                 code=job.error_code or "internal_error",
             )
         return job
+
+    async def _until_ended(self, job_id: str, owner: str) -> Job:
+        """The job's row once its stream says ``done`` or the row says it ended. The
+        first read does not wait: an empty stream (expired, or the job ended long ago)
+        sends us to the row at once."""
+        stream = job_events_key(job_id)
+        after = "0-0"
+        block_ms: int | None = None
+        while True:
+            try:
+                entries = await self.state.abus.read(stream, after, block_ms=block_ms)
+            except RedisError:
+                log.warning("cannot follow %s on the bus; reading its row", job_id)
+                entries = []
+                await anyio.sleep(1.0)
+            if any(entry.type == "done" for entry in entries):
+                return await run_in_threadpool(self.get_job, job_id, owner)
+            if entries:
+                after = entries[-1].id
+            else:
+                job = await run_in_threadpool(self.get_job, job_id, owner)
+                if job.status in (JobStatus.COMPLETED, JobStatus.FAILED):
+                    return job
+            block_ms = ROW_CHECK_MS
 
     async def cancel_quietly(self, job_id: str, message: str) -> None:
         """Cancel from a cleanup path, even while the surrounding task is being cancelled."""
@@ -276,6 +314,12 @@ class JobService(abc.ABC, Generic[WireT]):
                 await run_in_threadpool(self.cancel_job, job_id, message)
             except Exception:
                 log.warning("could not cancel %s", job_id, exc_info=True)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client of ``request`` (whose body has been read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def epoch(value: float | None) -> int | None:

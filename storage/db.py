@@ -17,17 +17,24 @@ from storage.settings import DatabaseSettings
 def make_engine(db: DatabaseSettings) -> Engine:
     """Create the engine; SQLite gets WAL, a busy timeout and foreign keys."""
     url = make_url(db.url)
-    kwargs: dict[str, Any] = {"echo": db.echo, "pool_pre_ping": True}
+    # Both pools keep ``pool_size`` connections and allow as many again under a burst.
+    # SQLite's default (5 + 10 overflow) closed every connection beyond five on return,
+    # so concurrent reads kept opening files and re-running the PRAGMAs below.
+    kwargs: dict[str, Any] = {
+        "echo": db.echo,
+        "pool_size": db.pool_size,
+        "max_overflow": db.pool_size,
+    }
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        # No pre-ping: a local file does not drop connections, and the ping was one
+        # extra statement per checkout.
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         engine = create_engine(url, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    kwargs["pool_size"] = db.pool_size
-    kwargs["max_overflow"] = db.pool_size
-    return create_engine(url, **kwargs)
+    return create_engine(url, pool_pre_ping=True, **kwargs)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

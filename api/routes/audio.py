@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, WebSocket
-from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.audio_service import AudioService
@@ -16,6 +16,7 @@ from api.deps import AudioDep, CurrentOwner
 from api.forms import read_create_body
 from api.job_stream import follow, parse_cursor, serve_websocket, sse
 from api.openapi import AUDIO_MEDIA_TYPES, REDIRECT, SSE, binary, create_body, errors
+from api.responses import json_response
 from models.audio import EXTENSIONS, AudioCreate, AudioDeleted, AudioObject, AudioPage
 from models.errors import InvalidRequest
 
@@ -24,10 +25,8 @@ router = APIRouter(prefix="/v1/audio/generations", tags=["audio"])
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
 
 
-def _object_response(poll_ms: int, audio: AudioObject) -> JSONResponse:
-    return JSONResponse(
-        audio.model_dump(mode="json"), headers={"openai-poll-after-ms": str(poll_ms)}
-    )
+def _object_response(poll_ms: int, audio: AudioObject) -> Response:
+    return json_response(audio, {"openai-poll-after-ms": str(poll_ms)})
 
 
 @router.post(
@@ -38,7 +37,7 @@ def _object_response(poll_ms: int, audio: AudioObject) -> JSONResponse:
 )
 async def create_audio(
     request: Request, audio: AudioDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
-) -> JSONResponse:
+) -> Response:
     raw, upload = await read_create_body(request, audio.settings.limits)
     created = await audio.create(raw, upload, owner, idempotency_key)
     return _object_response(audio.settings.poll_after_ms, created)
@@ -51,13 +50,15 @@ async def list_audio(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
-) -> AudioPage:
+) -> Response:
     # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
-    return await run_in_threadpool(audio.page, owner, after or None, limit, order)
+    return json_response(
+        await run_in_threadpool(audio.page, owner, after or None, limit, order)
+    )
 
 
 @router.get("/{audio_id}", response_model=AudioObject, responses=errors(401, 404, 422))
-async def retrieve_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> JSONResponse:
+async def retrieve_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> Response:
     found = await run_in_threadpool(audio.retrieve, audio_id, owner)
     return _object_response(audio.settings.poll_after_ms, found)
 
@@ -70,7 +71,7 @@ async def delete_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> A
 
 
 @router.post("/{audio_id}/cancel", response_model=AudioObject, responses=errors(401, 404, 422))
-async def cancel_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> JSONResponse:
+async def cancel_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> Response:
     found = await run_in_threadpool(audio.cancel, audio_id, owner)
     return _object_response(audio.settings.poll_after_ms, found)
 

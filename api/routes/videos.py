@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.content import stream_artifact
@@ -13,6 +13,7 @@ from api.deps import CurrentOwner, StateDep, VideosDep
 from api.forms import read_create_body
 from api.jobs_service import ClientGone
 from api.openapi import REDIRECT, VIDEO_MEDIA_TYPES, binary, create_body, errors
+from api.responses import json_response
 from models.videos import VideoCreate, VideoDeleted, VideoObject, VideoPage
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
@@ -24,9 +25,8 @@ _SYNC_HEADERS = {
 }
 
 
-def _object_response(state_poll_ms: int, video: VideoObject) -> JSONResponse:
-    headers = {"openai-poll-after-ms": str(state_poll_ms)}
-    return JSONResponse(video.model_dump(mode="json"), headers=headers)
+def _object_response(state_poll_ms: int, video: VideoObject) -> Response:
+    return json_response(video, {"openai-poll-after-ms": str(state_poll_ms)})
 
 
 @router.post(
@@ -37,7 +37,7 @@ def _object_response(state_poll_ms: int, video: VideoObject) -> JSONResponse:
 )
 async def create_video(
     request: Request, videos: VideosDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
-) -> JSONResponse:
+) -> Response:
     raw, reference = await read_create_body(request, videos.settings.limits)
     video, _ = await videos.create(raw, reference, owner, idempotency_key)
     return _object_response(videos.settings.poll_after_ms, video)
@@ -78,13 +78,15 @@ async def list_videos(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
-) -> VideoPage:
+) -> Response:
     # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
-    return await run_in_threadpool(videos.page, owner, after or None, limit, order)
+    return json_response(
+        await run_in_threadpool(videos.page, owner, after or None, limit, order)
+    )
 
 
 @router.get("/{video_id}", response_model=VideoObject, responses=errors(401, 404, 422))
-async def retrieve_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> JSONResponse:
+async def retrieve_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> Response:
     video = await run_in_threadpool(videos.retrieve, video_id, owner)
     return _object_response(videos.settings.poll_after_ms, video)
 
@@ -97,7 +99,7 @@ async def delete_video(video_id: str, videos: VideosDep, owner: CurrentOwner) ->
 
 
 @router.post("/{video_id}/cancel", response_model=VideoObject, responses=errors(401, 404, 422))
-async def cancel_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> JSONResponse:
+async def cancel_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> Response:
     video = await run_in_threadpool(videos.cancel, video_id, owner)
     return _object_response(videos.settings.poll_after_ms, video)
 

@@ -1,0 +1,160 @@
+"""``POST /v1/videos/sync`` follows the job's event stream instead of polling its row.
+
+A stack of its own (PostgreSQL, Redis, SeaweedFS, an API and a worker process) whose API
+logs every SQL statement (``OMNIQ_DATABASE__ECHO``), so a test can count the ``SELECT``s
+the API made on ``jobs`` while a sync request waited.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from cli.embedded import EmbeddedS3
+from storage.constants import job_events_key
+from tests.integration.conftest import isolated_stack
+from tests.integration.stack import Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 4}
+REDIS_DB = 15
+# A statement that reads the jobs table, as SQLAlchemy's echo writes it.
+_JOBS_READ = re.compile(r"SELECT\b[^;]*?\bFROM jobs\b", re.S)
+
+
+class SyncStack(Stack):
+    @property
+    def failpoints(self) -> Path:
+        return self.work / "failpoints.json"
+
+    def set_failpoints(self, points: dict[str, str]) -> None:
+        tmp = self.failpoints.with_suffix(".tmp")
+        tmp.write_text(json.dumps(points))
+        tmp.replace(self.failpoints)
+
+    def api_log_size(self) -> int:
+        return (self.work / "api.log").stat().st_size
+
+    def api_log_from(self, offset: int) -> str:
+        with (self.work / "api.log").open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def sstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[SyncStack]:
+    work = Path(tmp_path_factory.mktemp("sync"))
+    env = {
+        "OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json"),
+        "OMNIQ_DATABASE__ECHO": "true",
+    }
+    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=SyncStack) as st:
+        st.set_failpoints({})
+        st.start(workers=1)
+        yield st
+
+
+@pytest.fixture
+def client(sstack: SyncStack) -> Iterator[httpx.Client]:
+    sstack.set_failpoints({})
+    with sstack.client(timeout=60) as c:
+        yield c
+    sstack.set_failpoints({})
+
+
+def _find(client: httpx.Client, prompt: str, *statuses: str) -> dict[str, Any]:
+    """The newest video with ``prompt`` once it has one of ``statuses``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for video in client.get("/v1/videos", params={"limit": 10}).json()["data"]:
+            if video["prompt"] == prompt and video["status"] in statuses:
+                return dict(video)
+        time.sleep(0.1)
+    raise AssertionError(f"no video {prompt!r} with status in {statuses}")
+
+
+def _sync_in_background(
+    client: httpx.Client, body: dict[str, Any]
+) -> tuple[threading.Thread, list[httpx.Response]]:
+    out: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: out.append(client.post("/v1/videos/sync", json=body)))
+    thread.start()
+    return thread, out
+
+
+def test_sync_waits_on_the_event_stream_not_the_row(
+    sstack: SyncStack, client: httpx.Client
+) -> None:
+    sstack.set_failpoints({"step:1": "sleep:3"})
+    body = {"prompt": "sync without polling", **SMALL}
+    thread, out = _sync_in_background(client, body)
+    video = _find(client, body["prompt"], "in_progress")
+    offset = sstack.api_log_size()
+    time.sleep(1.0)  # the old wait read the row 5 times in a second
+    reads_while_waiting = _JOBS_READ.findall(sstack.api_log_from(offset))
+    thread.join(60)
+    assert reads_while_waiting == []
+    (resp,) = out
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"] == "video/mp4"
+    assert resp.headers["x-request-id"] == video["id"]
+    assert resp.content[4:8] == b"ftyp"
+    stored = client.get(f"/v1/videos/{video['id']}").json()
+    assert stored["status"] == "completed"
+    assert float(resp.headers["x-inference-time-s"]) == pytest.approx(
+        stored["inference_time_s"], abs=0.001
+    )
+
+
+def test_sync_of_a_job_that_fails_answers_its_error(
+    client: httpx.Client, sstack: SyncStack
+) -> None:
+    sstack.set_failpoints({"step:1": "raise"})
+    resp = client.post("/v1/videos/sync", json={"prompt": "sync that fails", **SMALL})
+    assert resp.status_code == 500, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "internal_error"
+    video = _find(client, "sync that fails", "failed")
+    assert video["error"]["code"] == "internal_error"
+
+
+def test_sync_client_disconnect_cancels_the_job(sstack: SyncStack, client: httpx.Client) -> None:
+    sstack.set_failpoints({"step:1": "pause"})
+    with pytest.raises(httpx.ReadTimeout):
+        client.post(
+            "/v1/videos/sync",
+            json={"prompt": "sync abandoned", **SMALL},
+            timeout=httpx.Timeout(30, read=1.5),
+        )
+    video = _find(client, "sync abandoned", "failed")
+    assert video["error"]["code"] == "cancelled"
+    assert video["error"]["message"] == "client disconnected"
+
+
+def test_sync_of_a_job_that_ended_before_the_wait(sstack: SyncStack, client: httpx.Client) -> None:
+    """Idempotent replay of a finished job: its ``done`` is on the stream, or (stream
+    expired) only in the row; both answer at once with the stored video."""
+    body = {"prompt": "sync replay", **SMALL}
+    first = client.post("/v1/videos/sync", json=body, headers={"Idempotency-Key": "replay-1"})
+    assert first.status_code == 200, first.text
+    video_id = first.headers["x-request-id"]
+    again = client.post("/v1/videos/sync", json=body, headers={"Idempotency-Key": "replay-1"})
+    assert again.status_code == 200 and again.headers["x-request-id"] == video_id
+    assert again.content == first.content
+    redis.Redis.from_url(sstack.redis_url).delete(job_events_key(video_id))
+    # Without the stream the wait must read the row at once (its quiet-stream check
+    # comes only after 15 s; a client giving up after 10 s would see a timeout).
+    expired = client.post(
+        "/v1/videos/sync", json=body, headers={"Idempotency-Key": "replay-1"}, timeout=10
+    )
+    assert expired.status_code == 200 and expired.content == first.content

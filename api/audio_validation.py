@@ -251,7 +251,7 @@ def resolve_speech(
     spec = specs.get(model)
     options = {"speed": speed, "voice": voice, "instructions": body.instructions}
     seconds = speech_seconds(body.input, speed)
-    if spec is not None:  # else resolve_audio names the model
+    if spec is not None and spec.modality == "audio" and not spec.streaming:  # else: model error
         options |= _speech_extensions(body, spec)
         seconds = min(seconds, max_seconds(spec, settings))
     if body.duration_seconds is not None:  # the clip length asked for (resolve_audio checks it)

@@ -474,6 +474,7 @@ def test_vllm_omni_tts_client_body_is_served(astack: AudioStack, client: httpx.C
         ({"extra_params": {"bogus": 1}}, "extra_params.bogus"),
         ({"speaker": "Ryan"}, "speaker"),  # together with voice
         ({"language": 5}, "language"),
+        ({"model": "reference/video", "ref_audio": "data:audio/wav;base64,UklGRg=="}, "model"),
     ],
 )
 def test_vllm_omni_speech_fields_the_model_cannot_honour_are_refused(

@@ -137,6 +137,7 @@ def test_settings_refuse_placeholder_secret_and_open_auth() -> None:
         ('{"extra_params": {"a": [1, ' + "9" * 50 + "]}}", "extra_params.a"),
         ('{"timeout": NaN}', "timeout"),
         ('{"timeout": -Infinity}', "timeout"),
+        ('{"extra_params": {"strength": 1e999}}', "extra_params.strength"),
         ('{"prompt": "a\\ud800b"}', "prompt"),
         ('{"prompt": "a\\u0000b"}', "prompt"),
         ('{"extra_params": {"k\\u0000": 1}}', "extra_params.k\0"),

@@ -3,14 +3,16 @@ value passes before validation, so that no odd input reaches the database as a 5
 
 ``loads`` never raises anything but :class:`InvalidRequest`: a number with too many
 digits (Python refuses to parse more than 4300), JSON nested deeper than the parser's
-stack, ``NaN``/``Infinity`` literals and malformed text all become a 400 naming the
-parameter. ``check_values`` walks the decoded fields iteratively and refuses strings
-PostgreSQL cannot store (NUL, lone surrogates) and nesting deeper than ``MAX_DEPTH``.
+stack, ``NaN``/``Infinity`` literals, numbers that overflow a float (``1e999``) and
+malformed text all become a 400 naming the parameter. ``check_values`` walks the decoded
+fields iteratively and refuses strings PostgreSQL cannot store (NUL, lone surrogates) and
+nesting deeper than ``MAX_DEPTH``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -42,7 +44,10 @@ def _parse_int(text: str) -> int | _Refused:
 def _parse_float(text: str) -> float | _Refused:
     if len(text) > MAX_DIGITS * 2:
         return _Refused(f"has more than {MAX_DIGITS * 2} characters")
-    return float(text)
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: JSON columns cannot store it either
+        return _Refused("must be a finite number")
+    return value
 
 
 def _parse_constant(text: str) -> _Refused:

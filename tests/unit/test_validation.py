@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from api.content import parse_range
+from api.job_stream import parse_cursor
+from api.payload import check_values, loads
 from api.validation import parse_create, resolve
 from models.catalog import BUILTIN_SPECS
-from models.errors import InvalidRequest, ModelNotFound
+from models.errors import InvalidRequest, ModelNotFound, RangeNotSatisfiable
 from storage.settings import Settings
 
 
@@ -83,6 +86,14 @@ def test_width_height_alternative(settings: Settings) -> None:
         ({"timeout": "0"}, "timeout"),
         ({"unknown_field": "1"}, "unknown_field"),
         ({"prompt": "   "}, "prompt"),
+        ({"size": "\uff16\uff14x48"}, "size"),  # full-width digits
+        ({"size": "9" * 5000 + "x48"}, "size"),
+        ({"seconds": True}, "seconds"),
+        ({"seed": False}, "seed"),
+        ({"fps": True}, "fps"),
+        ({"num_frames": True}, "num_frames"),
+        ({"extra_params": "[" * 100_000 + "]" * 100_000}, "extra_params"),
+        ({"extra_params": '{"motion": ' + "9" * 5000 + "}"}, "extra_params.motion"),
     ],
 )
 def test_bad_values_name_the_parameter(settings: Settings, raw: dict[str, str], param: str) -> None:
@@ -113,3 +124,92 @@ def test_settings_refuse_placeholder_secret_and_open_auth() -> None:
     with pytest.raises(ValueError, match="loopback"):
         Settings(auth="off").check_auth_binding("0.0.0.0")
     Settings(auth="off").check_auth_binding("127.0.0.1")
+
+
+# ---- api/payload.py: what any decoded body may hold ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "param"),
+    [
+        ('{"seed": ' + "9" * 5000 + "}", "seed"),
+        ('{"seed": -' + "9" * 5000 + "}", "seed"),
+        ('{"extra_params": {"a": [1, ' + "9" * 50 + "]}}", "extra_params.a"),
+        ('{"timeout": NaN}', "timeout"),
+        ('{"timeout": -Infinity}', "timeout"),
+        ('{"extra_params": {"strength": 1e999}}', "extra_params.strength"),
+        ('{"prompt": "a\\ud800b"}', "prompt"),
+        ('{"prompt": "a\\u0000b"}', "prompt"),
+        ('{"extra_params": {"k\\u0000": 1}}', "extra_params.k\0"),
+        ('{"prompt": "p", "lora": ' + "[" * 100_000 + "]" * 100_000 + "}", "lora"),
+        ('{"lora": ' + '{"a": ' * 40 + "1" + "}" * 40 + "}", "lora" + ".a" * 31),
+        ("[" * 100_000 + "]" * 100_000, None),
+        ("{not json", None),
+        (b"\xff\xfe{", None),
+    ],
+)
+def test_odd_json_is_a_400_naming_the_field(text: str, param: str | None) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        loads(text)
+    assert info.value.param == param
+    assert info.value.status_code == 400
+
+
+def test_ordinary_json_is_unchanged() -> None:
+    text = '{"prompt": "caf\u00e9 \U0001f600", "seed": 123456789012345678901234567890, "f": 1.5e3}'
+    assert loads(text) == {"prompt": "café 😀", "seed": 123456789012345678901234567890, "f": 1500.0}
+
+
+def test_form_fields_are_checked_too() -> None:
+    check_values({"prompt": "fine", "seconds": "4"})
+    with pytest.raises(InvalidRequest) as info:
+        check_values({"prompt": "a\0b"})
+    assert info.value.param == "prompt"
+
+
+@pytest.mark.parametrize(
+    ("header", "query", "expected"),
+    [
+        (None, None, "0-0"),
+        ("", "", "0-0"),
+        ("1700000000000-3", "garbage", "1700000000000-3"),
+        (None, "42", "42"),
+        (None, f"{2**64 - 1}-{2**64 - 1}", f"{2**64 - 1}-{2**64 - 1}"),
+    ],
+)
+def test_event_cursors_that_are_stream_ids(
+    header: str | None, query: str | None, expected: str
+) -> None:
+    assert parse_cursor(header, query) == expected
+
+
+@pytest.mark.parametrize(
+    ("header", "query", "param"),
+    [
+        ("garbage", None, "Last-Event-ID"),
+        (None, "1-2-3", "last_event_id"),
+        (None, f"{2**64}-0", "last_event_id"),
+        (None, "\uff11-0", "last_event_id"),
+        (None, "9" * 5000, "last_event_id"),
+    ],
+)
+def test_other_event_cursors_are_refused(header: str | None, query: str | None, param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_cursor(header, query)
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize(
+    "header", ["bytes=0-" + "9" * 5000, "bytes=" + "9" * 20 + "-", "bytes=-" + "9" * 20]
+)
+def test_a_range_position_too_long_to_parse_is_416(header: str) -> None:
+    with pytest.raises(RangeNotSatisfiable) as info:
+        parse_range(header, 1000)
+    assert info.value.param == "Range"
+
+
+def test_ranges_still_parse() -> None:
+    assert parse_range("bytes=0-" + "9" * 19, 1000) == (0, 999)
+    assert parse_range("bytes=-10", 1000) == (990, 999)
+    with pytest.raises(InvalidRequest):
+        parse_range("bytes=\uff10-1", 1000)

@@ -72,7 +72,7 @@ def parse_range(header: str, size: int) -> tuple[int, int]:
         raise InvalidRequest("Range must look like 'bytes=START-END'", param="Range")
     if max(len(m.group(1)), len(m.group(2))) > _MAX_POSITION_DIGITS:
         raise RangeNotSatisfiable(
-            f"Range positions must have at most {_MAX_POSITION_DIGITS} digits", param="Range"
+            f"Range positions must have at most {_MAX_POSITION_DIGITS} digits", size=size
         )
     if not m.group(1):  # suffix: the last N bytes
         n = int(m.group(2))
@@ -82,6 +82,6 @@ def parse_range(header: str, size: int) -> tuple[int, int]:
         end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
     if start >= size or start > end:
         raise RangeNotSatisfiable(
-            f"Range {header} is outside the {size}-byte object", param="Range"
+            f"Range {header} is outside the {size}-byte object", size=size
         )
     return start, end

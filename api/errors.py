@@ -12,7 +12,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from models.common import ErrorBody, ErrorDetail
-from models.errors import OmniqueueError
+from models.errors import OmniqueueError, RangeNotSatisfiable
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,10 @@ def error_response(
 
 async def _omniqueue_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OmniqueueError)
-    return error_response(exc.status_code, exc.message, exc.type, param=exc.param, code=exc.code)
+    resp = error_response(exc.status_code, exc.message, exc.type, param=exc.param, code=exc.code)
+    if isinstance(exc, RangeNotSatisfiable):  # RFC 9110 §15.5.17: say how long it is
+        resp.headers["Content-Range"] = f"bytes */{exc.size}"
+    return resp
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:

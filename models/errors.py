@@ -19,7 +19,8 @@
 
 Each transport maps it once: HTTP in ``api/errors.py`` (status + OpenAI error body),
 jobs through ``models.db.ErrorCode``. Job event streams (SSE / WebSocket) end with an
-``error`` event of code ``broker_error`` when the bus is lost (``api/job_stream.py``). Unexpected exceptions never reach a client as text.
+``error`` event of code ``broker_error`` when the bus is lost (``api/job_stream.py``).
+Unexpected exceptions never reach a client as text.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ class RangeNotSatisfiable(OmniqueueError):
     status_code = 416
     type = "invalid_request_error"
     default_code = "range_not_satisfiable"
+
+    def __init__(self, message: str, *, size: int, param: str | None = "Range"):
+        super().__init__(message, param=param)
+        self.size = size  # the object's length, for ``Content-Range: bytes */size``
 
 
 class JobFailed(OmniqueueError):

@@ -206,6 +206,7 @@ def test_a_range_position_too_long_to_parse_is_416(header: str) -> None:
     with pytest.raises(RangeNotSatisfiable) as info:
         parse_range(header, 1000)
     assert info.value.param == "Range"
+    assert info.value.size == 1000
 
 
 def test_ranges_still_parse() -> None:

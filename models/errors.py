@@ -19,7 +19,8 @@
 
 Each transport maps it once: HTTP in ``api/errors.py`` (status + OpenAI error body),
 jobs through ``models.db.ErrorCode``. Job event streams (SSE / WebSocket) end with an
-``error`` event of code ``broker_error`` when the bus is lost (``api/job_stream.py``). Unexpected exceptions never reach a client as text.
+``error`` event of code ``broker_error`` when the bus is lost (``api/job_stream.py``).
+Unexpected exceptions never reach a client as text.
 """
 
 from __future__ import annotations

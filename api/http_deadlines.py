@@ -96,12 +96,13 @@ class DeadlineH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         log.debug("%s of a request not received in time from %s; closing", phase, self.client)
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete or not cycle.response_started:
-            if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True  # the application's late answer goes nowhere
-                cycle.message_event.set()
+        if phase == "headers":  # no request yet: nobody else will answer
             self.transport.write(_REQUEST_TIMEOUT)
+        elif not self.cycle.response_started:  # the application still awaits the body
+            self.cycle.disconnected = True  # its late answer goes nowhere
+            self.cycle.message_event.set()
+            self.transport.write(_REQUEST_TIMEOUT)
+        # else it answered already (say 401 before reading the body): only close
         self.transport.close()
 
 

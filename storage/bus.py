@@ -31,13 +31,10 @@ class BusUnavailable(Exception):
 
 
 @asynccontextmanager
-async def _bounded(timeout_s: float | None) -> AsyncIterator[None]:
-    """No timer when ``timeout_s`` is None (the realtime hot path); otherwise a deadline,
-    and Redis errors and the deadline both become :class:`BusUnavailable`. redis-py drops
-    a connection whose command was interrupted, so the pool stays consistent."""
-    if timeout_s is None:
-        yield
-        return
+async def _bounded(timeout_s: float) -> AsyncIterator[None]:
+    """A deadline; Redis errors and the deadline both become :class:`BusUnavailable`.
+    redis-py drops a connection whose command was interrupted, so the pool stays
+    consistent."""
     try:
         async with asyncio.timeout(timeout_s):
             yield
@@ -129,7 +126,15 @@ class AsyncEventBus:
         *,
         timeout_s: float | None = None,
     ) -> str:
-        async with _bounded(timeout_s), self.redis.pipeline(transaction=False) as pipe:
+        if timeout_s is None:  # the realtime hot path: no timer, no wrapper
+            return await self._publish(stream, event, data)
+        async with _bounded(timeout_s):
+            return await self._publish(stream, event, data)
+
+    async def _publish(
+        self, stream: str, event: BaseModel | dict[str, Any], data: bytes | None
+    ) -> str:
+        async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
             pipe.expire(stream, self.ttl_s)
             entry_id, _ = await pipe.execute()
@@ -145,10 +150,11 @@ class AsyncEventBus:
         timeout_s: float | None = None,
     ) -> list[BusEntry]:
         """``timeout_s`` bounds the call beyond ``block_ms`` (it is added to the block)."""
-        if timeout_s is not None and block_ms:
-            timeout_s += block_ms / 1000
-        async with _bounded(timeout_s):
+        if timeout_s is None:  # the realtime hot path: no timer, no wrapper
             raw = await self.redis.xread({stream: after}, count=count, block=block_ms)
+        else:
+            async with _bounded(timeout_s + (block_ms or 0) / 1000):
+                raw = await self.redis.xread({stream: after}, count=count, block=block_ms)
         return _entries(raw[0][1]) if raw else []
 
     async def exists(self, stream: str) -> bool:

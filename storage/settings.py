@@ -30,7 +30,7 @@ class RedisSettings(BaseModel):
     # Bound on one Redis command of a request (create's enqueue and first event, cancel,
     # delete, /ready, an event-stream read beyond its 15 s block): a stalled Redis gives
     # 503 broker_error / an error event instead of a hang (seconds).
-    command_timeout_s: float = Field(default=2.0, gt=0)
+    command_timeout_s: float = Field(default=1.5, gt=0)
     connect_timeout_s: float = Field(default=3.0, gt=0)
 
 

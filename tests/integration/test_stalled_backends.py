@@ -145,30 +145,34 @@ def own_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
         server.stop(timeout=0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["postgresql", "sqlite"])
 def hstack(
-    tmp_path_factory: pytest.TempPathFactory, own_redis: OwnRedis, own_s3: EmbeddedS3
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    own_redis: OwnRedis,
+    own_s3: EmbeddedS3,
 ) -> Iterator[Stack]:
-    db_name, url = _new_pg_database()
+    work = Path(tmp_path_factory.mktemp(f"stalls-{request.param}"))
+    db_name = None
+    if request.param == "postgresql":
+        db_name, url = _new_pg_database()
+    else:
+        url = f"sqlite:///{work / 'omniqueue.db'}"
     upgrade(url)
     env = {
         "OMNIQ_HTTP__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         "OMNIQ_HTTP__BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
     }
     st = Stack(
-        work=Path(tmp_path_factory.mktemp("stalls")),
-        database_url=url,
-        redis_url=own_redis.url,
-        s3=own_s3,
-        auth="off",
-        extra_env=env,
+        work=work, database_url=url, redis_url=own_redis.url, s3=own_s3, auth="off", extra_env=env
     )
     try:
         st.start(workers=1)
         yield st
     finally:
         st.stop()
-        _drop_pg_database(db_name)
+        if db_name is not None:
+            _drop_pg_database(db_name)
 
 
 @pytest.fixture

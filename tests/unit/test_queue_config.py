@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from storage.constants import job_prefix, job_queue
-from storage.queue import celery_config
+from storage.queue import celery_config, publisher_config
 from storage.settings import Settings
 
 
@@ -22,3 +25,24 @@ def test_queue_and_key_layout() -> None:
     assert job_queue("reference/video") == "jobs.reference-video"
     assert job_queue("Wan-AI/Wan2.1 T2V") == "jobs.Wan-AI-Wan2.1-T2V"
     assert job_prefix("video", "video_abc") == "videos/video_abc/"
+
+
+def test_the_api_publisher_is_bounded_and_workers_keep_their_defaults() -> None:
+    settings = Settings(redis={"command_timeout_s": 1.5, "connect_timeout_s": 3})  # type: ignore[arg-type]
+    api = publisher_config(settings)
+    assert api["broker_transport_options"]["socket_timeout"] == 1.5
+    assert api["broker_transport_options"]["socket_connect_timeout"] == 3
+    assert api["broker_transport_options"]["visibility_timeout"] > 3600
+    assert api["task_publish_retry_policy"]["max_retries"] == 1
+    worker = celery_config(settings)
+    assert "socket_timeout" not in worker["broker_transport_options"]
+    assert "task_publish_retry_policy" not in worker
+
+
+def test_bad_timeouts_are_refused_naming_the_setting() -> None:
+    with pytest.raises(ValidationError) as exc:
+        Settings(redis={"command_timeout_s": 0})  # type: ignore[arg-type]
+    assert "command_timeout_s" in str(exc.value)
+    with pytest.raises(ValidationError) as exc:
+        Settings(http={"body_timeout_s": -1})  # type: ignore[arg-type]
+    assert "body_timeout_s" in str(exc.value)

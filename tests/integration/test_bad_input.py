@@ -8,6 +8,7 @@ difference (NUL in text), on SQLite too.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,9 @@ def _count_jobs(stack: Stack) -> int:
         n = conn.execute(select(func.count()).select_from(Job)).scalar_one()
     engine.dispose()
     return int(n)
+
+
+_TERMINAL = ("completed", "failed", "cancelled")
 
 
 def _count_objects(stack: Stack) -> int:
@@ -290,6 +294,11 @@ def test_audio_event_cursor_is_checked(stack: Stack, client: httpx.Client) -> No
     assert resp.status_code == 200, resp.text
     audio_id = resp.json()["id"]
     url = f"/v1/audio/generations/{audio_id}/events"
+    # let the worker finish (and store its objects) first: the refusals must store nothing
+    deadline = time.monotonic() + 120
+    while client.get(f"/v1/audio/generations/{audio_id}").json()["status"] not in _TERMINAL:
+        assert time.monotonic() < deadline, "the audio job did not finish"
+        time.sleep(0.1)
     _refused(stack, lambda: client.get(url, params={"last_event_id": "garbage"}), "last_event_id")
     _refused(stack, lambda: client.get(url, headers={"Last-Event-ID": "x-1"}), "Last-Event-ID")
 

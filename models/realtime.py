@@ -4,8 +4,11 @@ extension of ``protocols/realtime-audio.md``.
 OpenAI fields first, omniqueue extensions after. Client events are parsed leniently
 (unknown fields are ignored, as the OpenAI server does for forward compatibility), but
 every value omniqueue acts on is typed; anything it cannot honour is refused with an
-``error`` event naming the ``param``. Server events are built from the models below and
-checked in the tests against the OpenAI SDK's own types (``openai.types.realtime``).
+``error`` event naming the ``param``. ``session.update``'s session object is the
+exception: an unknown key there is refused by name (``realtime/session_config.py``),
+since a dropped setting (``turn_detection``) silently changes the session. Server
+events are built from the models below and checked in the tests against the OpenAI SDK's
+own types (``openai.types.realtime``).
 """
 
 from __future__ import annotations

@@ -40,15 +40,14 @@ _BETA_FORMATS: dict[str, dict[str, Any]] = {
     "g711_ulaw": {"type": "audio/pcmu"},
     "g711_alaw": {"type": "audio/pcma"},
 }
-# GA session fields this server does not implement: accepted only at their "off" value
-_GA_DEFAULTS: dict[str, tuple[Any, ...]] = {
-    "include": (None, []),
-    "prompt": (None,),
-    "tracing": (None,),
-    "truncation": (None, "auto"),
-}
-# set by the server; a client echoing the session object back may send them
-_READ_ONLY = frozenset({"object", "capabilities", "resume_token"})
+# GA session fields this server does not implement and that would change the answer:
+# accepted only at their "off" value
+_GA_DEFAULTS: dict[str, tuple[Any, ...]] = {"prompt": (None,)}
+# set by the server (a client echoing the session object back may send them), or GA
+# hints with no effect on the audio here (tracing, truncation, include): ignored
+_READ_ONLY = frozenset(
+    {"object", "capabilities", "resume_token", "tracing", "truncation", "include"}
+)
 
 
 class SessionConfigError(ValueError):

@@ -25,10 +25,9 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
+from api.broker import BROKER_ERRORS, bounded
 from api.deps import websocket_owner
 from api.state import AppState
 from realtime.audio_protocol import (
@@ -43,8 +42,6 @@ from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE, WorkerWatc
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 
 router = APIRouter(tags=["realtime"])
-# Redis commands (the bus) and Celery's publish of the session (the queue)
-_BROKER_ERRORS = (RedisError, OperationalError)
 
 
 def _vad_factory(threshold: float, silence_duration_ms: int) -> Any:
@@ -80,7 +77,7 @@ class VoiceSession:
         try:
             for cmd in self.protocol.commands():
                 await self._command(cmd)
-        except _BROKER_ERRORS:
+        except BROKER_ERRORS:
             self.broker_lost()
         ws = self.ws
         if ws is None:
@@ -128,15 +125,17 @@ class VoiceSession:
         rt = self.state.settings.realtime
         config = {"kind": "voice", "model": self.model, "owner": self.owner, "sample_rate": 24000}
         try:
-            await self.state.abus.publish(self.inbox, {"type": "keepalive"})  # stream + TTL
-            await run_in_threadpool(
+            stream = self.state.abus.publish(self.inbox, {"type": "keepalive"})  # + its TTL
+            await bounded(stream)
+            placed = run_in_threadpool(
                 self.state.queue.start_session,
                 self.id,
                 self.model,
                 config,
                 expires_s=rt.admission_timeout_s,
             )
-        except _BROKER_ERRORS:
+            await bounded(placed)
+        except BROKER_ERRORS:
             self.broker_lost()
             return
         self.tasks.append(asyncio.create_task(self._relay()))
@@ -154,13 +153,13 @@ class VoiceSession:
                     "instructions": cmd.instructions,
                 },
             }
-            await self.state.abus.publish(self.inbox, event, cmd.pcm16 or None)
+            await bounded(self.state.abus.publish(self.inbox, event, cmd.pcm16 or None))
         elif isinstance(cmd, Cancel):
-            await self.state.abus.publish(
-                self.inbox, {"type": "cancel", "response_id": cmd.response_id, "reason": cmd.reason}
-            )
+            cancel = {"type": "cancel", "response_id": cmd.response_id, "reason": cmd.reason}
+            await bounded(self.state.abus.publish(self.inbox, cancel))
         elif self.placed:
-            await self.state.abus.publish(self.inbox, {"type": "stop", "reason": cmd.reason})
+            stop = {"type": "stop", "reason": cmd.reason}
+            await bounded(self.state.abus.publish(self.inbox, stop))
 
     async def _relay(self) -> None:
         """Worker outputs → protocol → socket, with the admission and liveness clocks."""
@@ -169,8 +168,8 @@ class VoiceSession:
         after = "0-0"
         while not self.protocol.close_expected():
             try:
-                entries = await self.state.abus.read(self.outbox, after, block_ms=250)
-            except _BROKER_ERRORS:
+                entries = await bounded(self.state.abus.read(self.outbox, after, block_ms=250))
+            except BROKER_ERRORS:
                 async with self.lock:
                     self.broker_lost()
                     await self.flush()
@@ -182,9 +181,9 @@ class VoiceSession:
                 if verdict is not None:
                     code, message = verdict
                     if code == "resource_exhausted":  # a late worker must not start it
-                        with contextlib.suppress(*_BROKER_ERRORS):
+                        with contextlib.suppress(*BROKER_ERRORS):
                             key = session_abandoned_key(self.id)
-                            await self.state.abus.redis.set(key, 1, ex=3600)
+                            await bounded(self.state.abus.redis.set(key, 1, ex=3600))
                     self.protocol.worker_failed(code, message)
                 for event, data in _coalesce(entries):
                     self._apply(event, data, now)
@@ -211,8 +210,8 @@ class VoiceSession:
         while not self.protocol.close_expected():
             await asyncio.sleep(interval)
             try:
-                await self.state.abus.publish(self.inbox, {"type": "keepalive"})
-            except _BROKER_ERRORS:
+                await bounded(self.state.abus.publish(self.inbox, {"type": "keepalive"}))
+            except BROKER_ERRORS:
                 async with self.lock:
                     self.broker_lost()
                     await self.flush()

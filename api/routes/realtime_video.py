@@ -18,10 +18,9 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
+from api.broker import BROKER_ERRORS, bounded
 from api.deps import websocket_owner
 from api.inputs import reference_from_url
 from api.state import AppState
@@ -38,8 +37,6 @@ from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE, WorkerWatc
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 
 router = APIRouter(tags=["realtime"])
-# Redis commands (the bus) and Celery's publish of the session (the queue)
-_BROKER_ERRORS = (RedisError, OperationalError)
 
 
 class _Session:
@@ -88,7 +85,7 @@ class _Session:
                     await self.ws.close(code=self.protocol.close_code or 1000)
 
     async def command(self, event: dict[str, Any]) -> None:
-        await self.state.abus.publish(self.inbox, event)
+        await bounded(self.state.abus.publish(self.inbox, event))
 
     async def dispatch(self) -> None:
         for cmd in self.protocol.events_received():
@@ -137,15 +134,17 @@ class _Session:
             except OmniqueueError as exc:
                 self.protocol.failed(VideoErrorCode.INVALID_IMAGE_REFERENCE, str(exc))
                 return
-            await self.state.abus.publish(self.inbox, {"type": "reference_image"}, png)
+            image = self.state.abus.publish(self.inbox, {"type": "reference_image"}, png)
+            await bounded(image)
         await self.command({"type": "keepalive"})  # creates the in stream with its TTL
-        await run_in_threadpool(
+        placed = run_in_threadpool(
             self.state.queue.start_session,
             self.id,
             str(self.model),
             config,
             expires_s=rt.admission_timeout_s,
         )
+        await bounded(placed)
         self.tasks.append(asyncio.create_task(self._relay()))
         self.tasks.append(asyncio.create_task(self._keepalive()))
 
@@ -159,7 +158,7 @@ class _Session:
         """Worker outputs → protocol → socket; a broker loss ends the session."""
         try:
             await self._relay_outputs()
-        except _BROKER_ERRORS:
+        except BROKER_ERRORS:
             await self.broker_lost()
 
     async def _relay_outputs(self) -> None:
@@ -168,7 +167,7 @@ class _Session:
         watch = WorkerWatch(rt.admission_timeout_s, rt.lost_after_s, time.monotonic())
         after = "0-0"
         while not self.protocol.close_expected():
-            entries = await self.state.abus.read(self.outbox, after, block_ms=250)
+            entries = await bounded(self.state.abus.read(self.outbox, after, block_ms=250))
             now = time.monotonic()
             watch.heard([e.type for e in entries], now)
             if not entries:
@@ -186,7 +185,8 @@ class _Session:
     async def _give_up(self, verdict: tuple[str, str]) -> None:
         code, message = verdict
         if code == "resource_exhausted":  # a worker that takes it late must not start it
-            await self.state.abus.redis.set(session_abandoned_key(self.id), 1, ex=3600)
+            abandoned = session_abandoned_key(self.id)
+            await bounded(self.state.abus.redis.set(abandoned, 1, ex=3600))
         self.protocol.failed(code, message)
 
     def _apply(self, event: dict[str, Any], data: bytes | None, now: float) -> None:
@@ -216,7 +216,7 @@ class _Session:
             while not self.protocol.close_expected():
                 await asyncio.sleep(interval)
                 await self.command({"type": "keepalive"})
-        except _BROKER_ERRORS:
+        except BROKER_ERRORS:
             await self.broker_lost()
 
     async def run(self) -> None:
@@ -275,7 +275,7 @@ async def realtime_video(websocket: WebSocket) -> None:
         await session.run()
     except WebSocketDisconnect:
         disconnected = True
-    except _BROKER_ERRORS:  # placing the session or sending a command
+    except BROKER_ERRORS:  # placing the session or sending a command
         await session.broker_lost()
     finally:
         await session.close(disconnected)

@@ -147,3 +147,31 @@ def test_redis_lost_mid_session_is_an_error_then_close_1011(
     assert (late_video["code"], late_video_close) == ("broker_error", 1011)
     assert (late_voice["error"]["code"], late_voice_close) == ("broker_error", 1011)
     assert "Traceback" not in st.log("api")
+
+
+def test_a_stalled_redis_is_an_error_then_close_1011(bstack: tuple[Stack, PrivateRedis]) -> None:
+    """SIGSTOP: the broker's sockets stay open but nothing answers (no RST, keep-alives
+    answered by the kernel): the sessions must not hang until it comes back."""
+    st, private = bstack
+
+    async def run() -> list[tuple[dict[str, Any], int | None]]:
+        video = await _ws(st, "/v1/realtime/video")
+        voice = await _ws(st, "/v1/realtime?model=reference/voice")
+        await video.send(json.dumps(VIDEO))
+        await _until(video, "video.start")
+        await _until(video, "video.chunk_metadata")
+        await _until(voice, "session.created")
+        await asyncio.sleep(1.0)
+        private.proc.send_signal(signal.SIGSTOP)
+        try:
+            out = []
+            for ws in (video, voice):
+                error = await _until(ws, "error", timeout=20)
+                out.append((error, await _close_code(ws)))
+            return out
+        finally:
+            private.proc.send_signal(signal.SIGCONT)
+
+    (video_err, video_close), (voice_err, voice_close) = asyncio.run(run())
+    assert (video_err["code"], video_close) == ("broker_error", 1011)
+    assert (voice_err["error"]["code"], voice_close) == ("broker_error", 1011)

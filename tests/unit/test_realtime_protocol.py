@@ -811,7 +811,7 @@ def test_the_ga_spelling_wins_over_its_beta_alias() -> None:
         ({"audio": {"input": {"vad": None}}}, "unknown_parameter", "session.audio.input.vad"),
         ({"audio": {"input": {"turn_detection": {"eagerness": "low"}}}}, "unknown_parameter",
          "session.audio.input.turn_detection.eagerness"),
-        ({"tracing": "auto"}, "unsupported_value", "session.tracing"),
+        ({"prompt": {"id": "pmpt_1"}}, "unsupported_value", "session.prompt"),
         ({"id": "sess_other"}, "invalid_value", "session.id"),
     ],
 )  # fmt: skip

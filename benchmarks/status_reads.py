@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -53,12 +54,36 @@ def _need_ab() -> str:
     return ab
 
 
-def _ab(ab: str, url: str, *, n: int, c: int, body: Path | None = None) -> dict[str, Any]:
-    """One ``ab -k`` run: req/s, p50/p99 (ms), non-2xx and failed counts."""
+def _api_process(up: subprocess.Popen[bytes]) -> psutil.Process:
+    """The ``omniqueue api`` child of ``omniqueue up``."""
+    for child in psutil.Process(up.pid).children(recursive=True):
+        if "api" in child.cmdline()[3:4]:
+            return child
+    raise SystemExit("no 'omniqueue api' process under omniqueue up")
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
+def _ab(
+    ab: str,
+    url: str,
+    *,
+    n: int,
+    c: int,
+    api: psutil.Process,
+    body: Path | None = None,
+) -> dict[str, Any]:
+    """One ``ab -k`` run: req/s, p50/p99 (ms), non-2xx and failed counts, and the API
+    process's CPU time per request (less sensitive than req/s to other load)."""
     cmd = [ab, "-k", "-q", "-c", str(c), "-n", str(n), "-s", "60"]
     if body is not None:
         cmd += ["-p", str(body), "-T", "application/json"]
+    cpu = _cpu_s(api)
     out = subprocess.run([*cmd, url], capture_output=True, text=True, check=False).stdout
+    cpu = _cpu_s(api) - cpu
 
     def grab(pattern: str) -> float | None:
         m = re.search(pattern, out, re.M)
@@ -74,6 +99,7 @@ def _ab(ab: str, url: str, *, n: int, c: int, body: Path | None = None) -> dict[
         # ab counts a body whose length differs from the first as "failed" (status reads
         # of a job that is running change length); the exceptions are the real failures
         "failed_exceptions": int(grab(r"Exceptions: (\d+)") or 0),
+        "api_cpu_ms_per_request": round(cpu * 1000 / n, 3),
     }
 
 
@@ -127,6 +153,7 @@ def bench(database: str | None, args: argparse.Namespace, ab: str | None) -> dic
         up_args += ["--database-url", database]
     up, url = start_up(data_dir, env={}, args=up_args, log=data_dir / "up.log")
     out: dict[str, Any] = {"database": (database or "sqlite").split("://")[0]}
+    api = _api_process(up)
     try:
         with httpx.Client(base_url=url, timeout=60) as client:
             ids = [
@@ -138,11 +165,10 @@ def bench(database: str | None, args: argparse.Namespace, ab: str | None) -> dic
             if ab is not None:
                 body.write_text(json.dumps({**TINY, "num_inference_steps": 1}))
                 get_url = f"{url}/v1/videos/{ids[len(ids) // 2]}"
-                _ab(ab, get_url, n=300, c=args.concurrency)  # warm-up
-                out["get_status"] = _ab(ab, get_url, n=args.requests, c=args.concurrency)
-                out["list_20"] = _ab(
-                    ab, f"{url}/v1/videos?limit=20", n=args.requests, c=args.concurrency
-                )
+                reads = {"n": args.requests, "c": args.concurrency, "api": api}
+                _ab(ab, get_url, **{**reads, "n": 300})  # warm-up
+                out["get_status"] = _ab(ab, get_url, **reads)
+                out["list_20"] = _ab(ab, f"{url}/v1/videos?limit=20", **reads)
             if args.sync_jobs:
                 out["sync"] = _sync_overheads(client, args.sync_jobs)
             if ab is not None:  # last: the worker need not drain these
@@ -151,6 +177,7 @@ def bench(database: str | None, args: argparse.Namespace, ab: str | None) -> dic
                     f"{url}/v1/videos",
                     n=args.creates,
                     c=args.create_concurrency,
+                    api=api,
                     body=body,
                 )
     finally:

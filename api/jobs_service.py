@@ -243,6 +243,7 @@ class JobService(abc.ABC, Generic[WireT]):
         seen at once; the row is read when the job has ended, and when the stream was
         quiet for :data:`ROW_CHECK_MS` (a ``done`` lost to a Redis blip, or expired)."""
         gone = False
+        error: Exception | None = None
         with anyio.move_on_after(self.settings.sync_timeout_s) as timer:
             async with anyio.create_task_group() as tg:
 
@@ -253,8 +254,13 @@ class JobService(abc.ABC, Generic[WireT]):
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(watch_client)
-                job = await self._until_ended(job_id, owner)
+                try:
+                    job = await self._until_ended(job_id, owner)
+                except Exception as exc:  # raised below, not wrapped in an ExceptionGroup
+                    error = exc
                 tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
         if gone:
             await self.cancel_quietly(job_id, "client disconnected")
             raise ClientGone(job_id)

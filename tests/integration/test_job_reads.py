@@ -1,4 +1,5 @@
-"""The database side of status reads, on SQLite and PostgreSQL: a page's queue positions in
+"""Status reads: one thread-pool hop per GET through the real app (PostgreSQL, Redis,
+SeaweedFS), and the database side on SQLite and PostgreSQL: a page's queue positions in
 one statement, and connections the pool keeps instead of reopening."""
 
 from __future__ import annotations
@@ -9,17 +10,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
+import redis
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event
 
+from api.app import create_app
+from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Job, JobStatus
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
-from storage.settings import DatabaseSettings
-from tests.integration.conftest import _drop_pg_database, _new_pg_database
+from storage.settings import DatabaseSettings, Settings
+from tests.integration.conftest import REDIS_BASE_URL, _drop_pg_database, _new_pg_database
 
 pytestmark = pytest.mark.integration
+
+REDIS_DB = 7  # jobs created here are never run: no worker listens on this index
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -125,3 +133,46 @@ def test_pool_keeps_its_connections_under_concurrent_reads(engine: Engine) -> No
     for th in threads:
         th.join(60)
     assert len(opened) <= size, f"{len(opened)} connections opened for {size} readers"
+
+
+def test_status_read_makes_one_thread_pool_hop(
+    pg_url: str, s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GET /v1/videos/{id} and the list page hop to the thread pool once (the database
+    read); the state and service dependencies used to add one hop each."""
+    upgrade(pg_url)
+    settings = Settings(
+        database={"url": pg_url},
+        redis={"url": f"{REDIS_BASE_URL}/{REDIS_DB}"},
+        s3={
+            "endpoint_url": s3_server.endpoint_url,
+            "bucket": s3_server.bucket,
+            "access_key_id": s3_server.access_key,
+            "secret_access_key": s3_server.secret_key,
+        },
+        auth="off",
+    )  # type: ignore[arg-type]
+    hops: list[str] = []
+    real = anyio.to_thread.run_sync
+
+    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+        target = getattr(func, "func", func)  # run_in_threadpool passes a partial
+        hops.append(getattr(target, "__qualname__", repr(target)))
+        return await real(func, *args, **kwargs)
+
+    try:
+        with TestClient(create_app(settings)) as client:
+            body = {"prompt": "one hop", "size": "64x48", "seconds": "0.5", "fps": 16}
+            video_id = client.post("/v1/videos", json=body).json()["id"]
+            monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+            status = client.get(f"/v1/videos/{video_id}")
+            status_hops = list(hops)
+            page = client.get("/v1/videos", params={"limit": 20})
+            monkeypatch.undo()
+    finally:
+        redis.Redis.from_url(settings.redis.url).flushdb()
+    assert status.status_code == 200 and status.json()["id"] == video_id
+    assert status.json()["queue_position"] is not None
+    assert page.status_code == 200 and video_id in [v["id"] for v in page.json()["data"]]
+    assert status_hops == ["JobService.retrieve"], status_hops
+    assert hops[len(status_hops) :] == ["VideoService.page"], hops

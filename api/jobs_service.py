@@ -64,6 +64,17 @@ class JobService(abc.ABC, Generic[WireT]):
         job: Job,
         idempotency_key: str | None,
         before_insert: Callable[[], None] | None = None,
+    ) -> tuple[Job, bool, int | None]:
+        """:meth:`insert`, then the stored job's queue position, read in the same
+        thread-pool call (one hop per create instead of two)."""
+        stored, created = self.insert(job, idempotency_key, before_insert)
+        return stored, created, self.state.jobs.queue_positions([stored]).get(stored.id)
+
+    def insert(
+        self,
+        job: Job,
+        idempotency_key: str | None,
+        before_insert: Callable[[], None] | None = None,
     ) -> tuple[Job, bool]:
         """Insert ``job`` and enqueue it; the owner's job with the same idempotency key
         (within the window) instead, if there is one. ``before_insert`` stores inputs
@@ -98,13 +109,11 @@ class JobService(abc.ABC, Generic[WireT]):
             raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
         return stored, True
 
-    async def announce(self, job: Job, created: bool) -> int | None:
-        """The job's queue position; a new job's first ``status`` event."""
-        positions = await run_in_threadpool(self.state.jobs.queue_positions, [job])
+    async def announce(self, job: Job, created: bool, position: int | None) -> None:
+        """A new job's first ``status`` event."""
         if created:
-            event = StatusEvent(status="queued", queue_position=positions.get(job.id))
+            event = StatusEvent(status="queued", queue_position=position)
             await self.state.abus.publish(job_events_key(job.id), event)
-        return positions.get(job.id)
 
     def _drop_objects(self, prefix: str) -> None:
         try:

@@ -65,13 +65,15 @@ class VideoService(JobService[VideoObject]):
                 self.settings.limits,
                 "input_reference",
             )
-        job, created = await run_in_threadpool(self._persist, resolved, png, owner, idempotency_key)
-        position = await self.announce(job, created)
+        job, created, position = await run_in_threadpool(
+            self._persist, resolved, png, owner, idempotency_key
+        )
+        await self.announce(job, created, position)
         return self.to_wire(job, position), created
 
     def _persist(
         self, r: ResolvedVideo, png: bytes | None, owner: str, idempotency_key: str | None
-    ) -> tuple[Job, bool]:
+    ) -> tuple[Job, bool, int | None]:
         job_id = ID_PREFIX["video"] + secrets.token_hex(12)
         params = r.params()
         if png is not None:

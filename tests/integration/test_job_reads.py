@@ -138,8 +138,9 @@ def test_pool_keeps_its_connections_under_concurrent_reads(engine: Engine) -> No
 def test_status_read_makes_one_thread_pool_hop(
     pg_url: str, s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GET /v1/videos/{id} and the list page hop to the thread pool once (the database
-    read); the state and service dependencies used to add one hop each."""
+    """A create, GET /v1/videos/{id} and a list page hop to the thread pool once each
+    (the database work); the state and service dependencies used to add one hop each,
+    and a create's queue position another."""
     upgrade(pg_url)
     settings = Settings(
         database={"url": pg_url},
@@ -163,14 +164,21 @@ def test_status_read_makes_one_thread_pool_hop(
     try:
         with TestClient(create_app(settings)) as client:
             body = {"prompt": "one hop", "size": "64x48", "seconds": "0.5", "fps": 16}
-            video_id = client.post("/v1/videos", json=body).json()["id"]
             monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+            created = client.post("/v1/videos", json=body)
+            video_id = created.json()["id"]
+            create_hops = list(hops)
+            hops.clear()
             status = client.get(f"/v1/videos/{video_id}")
             status_hops = list(hops)
             page = client.get("/v1/videos", params={"limit": 20})
             monkeypatch.undo()
     finally:
         redis.Redis.from_url(settings.redis.url).flushdb()
+    assert created.status_code == 200, created.text
+    assert created.json()["queue_position"] == status.json()["queue_position"]
+    # the insert + enqueue and the queue position in one call
+    assert create_hops == ["VideoService._persist"], create_hops
     assert status.status_code == 200 and status.json()["id"] == video_id
     assert status.json()["queue_position"] is not None
     assert page.status_code == 200 and video_id in [v["id"] for v in page.json()["data"]]

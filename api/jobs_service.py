@@ -229,6 +229,11 @@ class JobService(abc.ABC, Generic[WireT]):
 
     def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[Job, Artifact]:
         job = self.get_job(job_id, owner)
+        return job, self.artifact_of(job, variant)
+
+    def artifact_of(self, job: Job, variant: str) -> Artifact:
+        """The ``variant`` artifact of a job already read (404/409/410 as for content)."""
+        job_id = job.id
         if job.status != JobStatus.COMPLETED:
             raise NotReady(
                 f"{self.noun} {job_id} is {job.status}; content is available once it is completed",
@@ -239,7 +244,7 @@ class JobService(abc.ABC, Generic[WireT]):
         artifact = self.state.jobs.artifact(job.id, variant)
         if artifact is None:
             raise NotFound(f"{self.noun} {job_id} has no {variant!r} variant", param="variant")
-        return job, artifact
+        return artifact
 
     # ---- sync -------------------------------------------------------------------
 

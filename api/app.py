@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI
 
 from api.errors import install_error_handlers
@@ -29,6 +30,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, Any]]:
+        # Threads for blocking calls (database reads, Celery publishes). Fewer than anyio's
+        # 40 keeps them from fighting the event loop for the GIL under load.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.http.threads
         state = AppState.build(settings)
         try:
             yield {"app": state}

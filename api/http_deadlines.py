@@ -13,6 +13,10 @@ When a timer fires before a response started, the client gets ``408 Request Time
 and the connection is closed (an application still reading the body sees a disconnect).
 A WebSocket upgrade or a request whose body is complete has no timer: how long the
 application takes to answer is not the client's doing.
+
+Two variants: on uvicorn's ``httptools`` protocol (the default where ``httptools`` is
+installed, as it is with omniqueue: a C parser, and keep-alive for HTTP/1.0 clients such
+as ApacheBench, which ``h11`` closes after every response) and on its ``h11`` protocol.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools is a dependency; h11 is the fallback
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +45,51 @@ _REQUEST_TIMEOUT = (
 )
 
 
-class DeadlineH11Protocol(H11Protocol):
-    """:class:`H11Protocol` with receive deadlines (see the module docstring)."""
+class _Deadlines:
+    """The timer both variants share: one receive deadline per connection at a time."""
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 120.0
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+    client: Any
+    _receive_timer: asyncio.TimerHandle | None = None
+    _receiving: str | None = None  # "headers", "body" or None
+
+    def _arm(self, phase: str) -> None:
+        if self._receiving == phase:
+            return
+        self._disarm()
+        delay = self.header_timeout_s if phase == "headers" else self.body_timeout_s
+        self._receiving = phase
+        self._receive_timer = self.loop.call_later(delay, self._expired, phase)
+
+    def _disarm(self) -> None:
+        if self._receive_timer is not None:
+            self._receive_timer.cancel()
+        self._receive_timer = None
+        self._receiving = None
+
+    def _expired(self, phase: str) -> None:
+        self._receive_timer = None
+        self._receiving = None
+        if self.transport.is_closing():
+            return
+        log.debug("%s of a request not received in time from %s; closing", phase, self.client)
+        cycle = self.cycle
+        if phase == "headers" or cycle is None:  # no request yet: nobody else will answer
+            self.transport.write(_REQUEST_TIMEOUT)
+        elif not cycle.response_started:  # the application still awaits the body
+            cycle.disconnected = True  # its late answer goes nowhere
+            cycle.message_event.set()
+            self.transport.write(_REQUEST_TIMEOUT)
+        # else it answered already (say 401 before reading the body): only close
+        self.transport.close()
+
+
+class DeadlineH11Protocol(_Deadlines, H11Protocol):
+    """:class:`H11Protocol` with receive deadlines (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -76,40 +125,55 @@ class DeadlineH11Protocol(H11Protocol):
         elif state is not h11.IDLE or self._receiving == "body":
             self._disarm()
 
-    def _arm(self, phase: str) -> None:
-        if self._receiving == phase:
-            return
-        self._disarm()
-        delay = self.header_timeout_s if phase == "headers" else self.body_timeout_s
-        self._receiving = phase
-        self._receive_timer = self.loop.call_later(delay, self._expired, phase)
 
-    def _disarm(self) -> None:
-        if self._receive_timer is not None:
-            self._receive_timer.cancel()
-        self._receive_timer = None
-        self._receiving = None
+if HttpToolsProtocol is not None:
 
-    def _expired(self, phase: str) -> None:
-        self._receive_timer = None
-        self._receiving = None
-        if self.transport.is_closing():
-            return
-        log.debug("%s of a request not received in time from %s; closing", phase, self.client)
-        if phase == "headers":  # no request yet: nobody else will answer
-            self.transport.write(_REQUEST_TIMEOUT)
-        elif not self.cycle.response_started:  # the application still awaits the body
-            self.cycle.disconnected = True  # its late answer goes nowhere
-            self.cycle.message_event.set()
-            self.transport.write(_REQUEST_TIMEOUT)
-        # else it answered already (say 401 before reading the body): only close
-        self.transport.close()
+    class DeadlineHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
+        """:class:`HttpToolsProtocol` with receive deadlines (see the module docstring).
+        The parser's callbacks move the timer: a request's first byte (or the connection's
+        opening) arms the headers deadline, complete headers the body deadline, a complete
+        body (or an upgrade) ends it."""
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm("headers")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm("headers")
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            if self.parser.should_upgrade():
+                self._disarm()  # a WebSocket: its own protocol takes over
+            else:
+                self._arm("body")
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._disarm()
 
 
-def deadline_protocol(header_timeout_s: float, body_timeout_s: float) -> type[H11Protocol]:
-    """A :class:`DeadlineH11Protocol` class with these limits (uvicorn's ``http=``)."""
+def deadline_protocol(header_timeout_s: float, body_timeout_s: float) -> type[Any]:
+    """A protocol class with these limits (uvicorn's ``http=``): on httptools where it is
+    installed, else on h11."""
+    base: type[Any] = (
+        DeadlineH11Protocol if HttpToolsProtocol is None else DeadlineHttpToolsProtocol
+    )
+    return h11_deadline_protocol(header_timeout_s, body_timeout_s, base)
+
+
+def h11_deadline_protocol(
+    header_timeout_s: float, body_timeout_s: float, base: type[Any] | None = None
+) -> type[Any]:
+    """A subclass of ``base`` (:class:`DeadlineH11Protocol` unless given) with these limits."""
+    base = base or DeadlineH11Protocol
     return type(
-        "DeadlineH11Protocol",
-        (DeadlineH11Protocol,),
+        base.__name__,
+        (base,),
         {"header_timeout_s": header_timeout_s, "body_timeout_s": body_timeout_s},
     )

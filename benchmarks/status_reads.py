@@ -54,17 +54,24 @@ def _need_ab() -> str:
     return ab
 
 
-def _api_process(up: subprocess.Popen[bytes]) -> psutil.Process:
-    """The ``omniqueue api`` child of ``omniqueue up``."""
-    for child in psutil.Process(up.pid).children(recursive=True):
-        if "api" in child.cmdline()[3:4]:
-            return child
-    raise SystemExit("no 'omniqueue api' process under omniqueue up")
+def _api_processes(up: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The ``omniqueue api`` children of ``omniqueue up`` (``--api-processes``)."""
+    found = [
+        child
+        for child in psutil.Process(up.pid).children(recursive=True)
+        if "api" in child.cmdline()[3:4]
+    ]
+    if not found:
+        raise SystemExit("no 'omniqueue api' process under omniqueue up")
+    return found
 
 
-def _cpu_s(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
+def _cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        times = proc.cpu_times()
+        total += float(times.user + times.system)
+    return total
 
 
 def _ab(
@@ -73,7 +80,7 @@ def _ab(
     *,
     n: int,
     c: int,
-    api: psutil.Process,
+    api: list[psutil.Process],
     body: Path | None = None,
 ) -> dict[str, Any]:
     """One ``ab -k`` run: req/s, p50/p99 (ms), non-2xx and failed counts, and the API
@@ -149,11 +156,15 @@ def _sync_overheads(client: httpx.Client, jobs: int) -> dict[str, Any]:
 def bench(database: str | None, args: argparse.Namespace, ab: str | None) -> dict[str, Any]:
     data_dir = Path(tempfile.mkdtemp(prefix="oq-status-bench-"))
     up_args = ["--workers", "1", "--realtime-workers", "0"]
+    up_args += ["--api-processes", str(args.api_processes)]
     if database:
         up_args += ["--database-url", database]
     up, url = start_up(data_dir, env={}, args=up_args, log=data_dir / "up.log")
-    out: dict[str, Any] = {"database": (database or "sqlite").split("://")[0]}
-    api = _api_process(up)
+    out: dict[str, Any] = {
+        "database": (database or "sqlite").split("://")[0],
+        "api_processes": args.api_processes,
+    }
+    api = _api_processes(up)
     try:
         with httpx.Client(base_url=url, timeout=60) as client:
             ids = [
@@ -203,6 +214,9 @@ def main() -> None:
     p.add_argument("--create-concurrency", type=int, default=20)
     p.add_argument("--sync-jobs", type=int, default=0, help="sync overhead samples (0: skip)")
     p.add_argument("--skip-ab", action="store_true", help="only the sync overhead")
+    p.add_argument(
+        "--api-processes", type=int, default=1, help="omniqueue up --api-processes (same port)"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = p.parse_args()
     ab = None if args.skip_ab else _need_ab()

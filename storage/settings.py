@@ -176,6 +176,9 @@ class HttpSettings(BaseModel):
     reuse_port: bool = False
     # One log line per request (uvicorn's access log).
     access_log: bool = True
+    # Threads an API process runs blocking calls on (database reads, broker publishes).
+    # anyio's default is 40; fewer fight the event loop less for the GIL under load.
+    threads: int = Field(default=8, ge=1, le=1000)
 
 
 class Settings(BaseSettings):

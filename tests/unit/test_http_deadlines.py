@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from api.http_deadlines import deadline_protocol
+from api.http_deadlines import DeadlineHttpToolsProtocol, deadline_protocol, h11_deadline_protocol
 from cli.embedded import free_port
 
 HEADER_S = 0.6
@@ -52,14 +52,19 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"got %d" % len(body)})
 
 
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def port(request: pytest.FixtureRequest) -> Iterator[int]:
+    if request.param == "httptools":
+        http = deadline_protocol(HEADER_S, BODY_S)  # what omniqueue api runs
+        assert issubclass(http, DeadlineHttpToolsProtocol)
+    else:
+        http = h11_deadline_protocol(HEADER_S, BODY_S)
     port = free_port()
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
         port=port,
-        http=deadline_protocol(HEADER_S, BODY_S),
+        http=http,
         log_level="warning",
     )
     server = uvicorn.Server(config)
@@ -141,3 +146,4 @@ def test_websockets_outlive_the_limits(port: int) -> None:
 
     with connect(f"ws://127.0.0.1:{port}/ws") as ws:
         assert ws.recv(timeout=5) == "still here"
+

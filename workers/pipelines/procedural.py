@@ -143,6 +143,7 @@ _PATHS = ("bounce", "orbit", "drift", "roll")
 _MAJOR = ((0, (0, 4, 7)), (7, (0, 4, 7)), (9, (0, 3, 7)), (5, (0, 4, 7)))  # I V vi IV
 _MINOR = ((0, (0, 3, 7)), (8, (0, 4, 7)), (3, (0, 4, 7)), (10, (0, 4, 7)))  # i VI III VII
 
+
 @dataclass
 class Shape:
     kind: str  # "circle" | "rect"
@@ -229,9 +230,7 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.lower())
 
 
-def build_scene(
-    req: GenerationRequest, motion: float, camera: str, device: torch.device
-) -> Scene:
+def build_scene(req: GenerationRequest, motion: float, camera: str, device: torch.device) -> Scene:
     banned = set(_words(req.negative_prompt or ""))
     words = [w for w in _words(req.prompt) if w not in banned]
     key = int.from_bytes(hashlib.blake2b(" ".join(words).encode(), digest_size=8).digest(), "big")

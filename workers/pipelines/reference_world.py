@@ -392,9 +392,7 @@ def _move_camera(state: WorldState, start: int, stop: int) -> tuple[torch.Tensor
     return torch.tensor(pans), torch.tensor(zooms)
 
 
-def _render(
-    sc: Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tensor
-) -> torch.Tensor:
+def _render(sc: Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tensor) -> torch.Tensor:
     """Frames (global indices) of scene ``sc`` seen by the camera: T×3×H×W in [0, 1].
 
     Like reference/video's renderer with its camera replaced: the view zooms around the

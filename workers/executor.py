@@ -188,7 +188,7 @@ class StepExecutor:
 
     def _execute(self, run: _Run, tmp: Path) -> bool:
         job = run.job
-        pipe = self.pipelines.get(job.model)
+        pipe = self.pipelines.job(job.model)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         started = time.monotonic()

@@ -25,7 +25,7 @@ from storage.bus import EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import Settings
 from workers.fmp4 import FragmentedMP4Writer
-from workers.pipelines.reference_world import WorldConfig
+from workers.pipelines.base import WorldConfig, WorldPipeline
 from workers.pipelines.registry import PipelineRegistry
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class SessionRunner:
         return outcome
 
     @staticmethod
-    def _interact(pipe: Any, state: Any, event: dict[str, Any]) -> None:
+    def _interact(pipe: WorldPipeline[Any], state: Any, event: dict[str, Any]) -> None:
         """Queue an interaction; the API already checked its shape and its event id, so
         a change the model still refuses is logged and the session goes on."""
         try:
@@ -111,7 +111,7 @@ class SessionRunner:
         self, session_id: str, config: dict[str, Any], out: str, inbox: str, tmp: Path
     ) -> str:
         rt = self.settings.realtime
-        pipe: Any = self.pipelines.get(config["model"])
+        pipe = self.pipelines.world(config["model"])
         extra = config.get("extra_params") or {}
         world = WorldConfig(
             prompt=config["prompt"],
@@ -122,6 +122,7 @@ class SessionRunner:
             seed=config["seed"],
             negative_prompt=config.get("negative_prompt"),
             camera_action_script=extra.get("camera_action_script"),
+            extra=dict(extra),
         )
         if extra.get("flow_shift"):
             world.flow_shift = float(extra["flow_shift"])

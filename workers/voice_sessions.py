@@ -32,8 +32,8 @@ from typing import Any
 from storage.bus import BusEntry, EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import Settings
+from workers.pipelines.base import VoicePipeline, VoiceTurn
 from workers.pipelines.registry import PipelineRegistry
-from workers.pipelines.voice import VoicePipeline, VoiceTurn
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +113,10 @@ class _VoiceSession:
         self.stopping = False
         self.active: _Response | None = None
         self.queued: collections.deque[_Response] = collections.deque()
-        self.pipe: VoicePipeline | None = None
+        self.pipe: VoicePipeline[Any] | None = None
 
     def serve(self, config: dict[str, Any]) -> str:
-        pipe: Any = self.pipelines.get(config["model"])
-        if not isinstance(pipe, VoicePipeline):
-            raise ValueError(f"model {config['model']!r} is not a voice model")
+        pipe = self.pipelines.voice(config["model"])
         rate = int(config.get("sample_rate") or pipe.sample_rate)
         if rate != pipe.sample_rate:
             raise ValueError(f"sample_rate {rate} is not {pipe.sample_rate}")

@@ -34,7 +34,7 @@ import numpy as np
 
 from models.catalog import REFERENCE_AUDIO
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
-from workers.pipelines.reference_video import select_device
+from workers.pipelines.procedural import select_device
 
 SAMPLE_RATE = 24_000
 POOL = 8  # output samples per latent sample

@@ -22,15 +22,15 @@ and renderer, and adds what a world model session needs:
   over ``transition_chunks`` chunks (0: a cut). The state reports which events started,
   were active and completed in each chunk (``events_for_chunk``).
 
-All per-session state lives in :class:`WorldState`, so sessions share one pipeline.
-See ``docs/reference-world.md``.
+It implements :class:`workers.pipelines.base.WorldPipeline` and draws scenes with the
+public ``workers/pipelines/procedural.py``. All per-session state lives in
+:class:`WorldState`, so sessions share one pipeline. See ``docs/reference-world.md``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,19 +39,15 @@ import torch
 import torch.nn.functional as F
 
 from models.catalog import REFERENCE_WORLD
-from workers.pipelines.base import GenerationRequest
-from workers.pipelines.reference_video import (
-    _RENDER_BUDGET,
-    _STEP_BUDGET,
-    _background,
-    _blur,
-    _build_scene,
-    _chunks,
-    _draw_shape,
-    _encode,
-    _Scene,
-    select_device,
+from workers.pipelines import procedural as proc
+from workers.pipelines.base import (
+    ActionBlock,
+    ChunkEvents,
+    GenerationRequest,
+    WorldConfig,
+    WorldPipeline,
 )
+from workers.pipelines.procedural import Scene, select_device
 
 ACTIONS = ("w", "a", "s", "d")
 LATENT_FRAMES_PER_CHUNK = 3
@@ -63,8 +59,6 @@ CAMERA_LAG = 0.1  # seconds: time constant of the camera's inertia
 _SMALL_SHAPE_PARALLAX = 0.5  # small shapes fly between the sky (0.15) and the ground (1)
 _U64 = 2**64 - 1
 
-ActionBlock = Sequence[Sequence[str]]  # one chunk: three per-latent-frame action lists
-ActionScript = Sequence[ActionBlock]
 _Block = tuple[frozenset[str], frozenset[str], frozenset[str]]
 
 
@@ -82,25 +76,6 @@ def frames_for_chunks(chunks: int) -> int:
 def chunk_frame_range(chunk: int) -> tuple[int, int]:
     """Global frame indices ``[start, stop)`` of chunk ``chunk``."""
     return frames_for_chunks(chunk), frames_for_chunks(chunk + 1)
-
-
-@dataclass
-class WorldConfig:
-    """What a session starts from (``session.start`` after the server resolved it)."""
-
-    prompt: str
-    width: int
-    height: int
-    num_frames: int  # rounded down to the chunk lattice: see num_chunks_for
-    fps: float
-    seed: int
-    negative_prompt: str | None = None
-    # One entry per chunk, each three per-latent-frame lists of "w"/"a"/"s"/"d";
-    # None, or fewer entries than chunks: the camera holds where the script has none.
-    camera_action_script: ActionScript | None = None
-    reference_image: np.ndarray | None = None  # uint8 height×width×3: the background
-    steps_per_chunk: int = 4
-    flow_shift: float = 3.0  # shift of the sigma schedule (changes only the steps)
 
 
 class DuplicateEventError(ValueError):
@@ -121,7 +96,7 @@ class _Event:
 class _Layer:
     """A scene faded in over frames ``start .. full`` (weight 1 from ``full`` on)."""
 
-    scene: _Scene
+    scene: Scene
     start: int
     full: int
 
@@ -153,7 +128,7 @@ class WorldState:
     num_frames: int
     steps_per_chunk: int
     sigmas: torch.Tensor  # steps_per_chunk + 1 values from 1 down to 0 (float64)
-    scene: _Scene  # the look every layer fades in over
+    scene: Scene  # the look every layer fades in over
     prompt: str
     chunk_index: int = 0
     step_index: int = 0
@@ -161,7 +136,7 @@ class WorldState:
     camera: _Camera = field(default_factory=_Camera)
     camera_override: _Block | None = None  # set by an interaction: replaces the script
     events: list[_Event] = field(default_factory=list)
-    last_events: tuple[list[str], list[str], list[str]] | None = None
+    last_events: ChunkEvents | None = None
     # The chunk in progress (None between chunks).
     target: torch.Tensor | None = None  # uint8 T×3×H×W: the clean render
     clean: torch.Tensor | None = None  # latent target: 2x pooled, [-1, 1]
@@ -174,7 +149,7 @@ class WorldState:
         return self.chunk_index >= self.num_chunks
 
 
-class ReferenceWorldPipeline:
+class ReferenceWorldPipeline(WorldPipeline[WorldState]):
     """Streams a procedural world in chunks; share one instance across sessions.
 
     Session loop (the caller checks stop, stall and deadlines between calls)::
@@ -233,10 +208,10 @@ class ReferenceWorldPipeline:
         sigma_next = float(state.sigmas[state.step_index + 1])
         t, _, lh, lw = state.latents.shape
         level = sigma_next**2 * max(0.0, math.log2(min(lh, lw)) - 1)  # blur octaves
-        for start, stop in _chunks(t, 3 * lh * lw, _STEP_BUDGET):
+        for start, stop in proc.chunks(t, 3 * lh * lw, proc.STEP_BUDGET):
             x, x0 = state.latents[start:stop], state.clean[start:stop]
             if sigma_next > 0:  # x0_hat: the target, blurred and flattened by the noise level
-                x0 = state.mean + (_blur(x0, level) - state.mean) * (1 - 0.5 * sigma_next)
+                x0 = state.mean + (proc.blur(x0, level) - state.mean) * (1 - 0.5 * sigma_next)
                 x.add_((x - x0).mul_((sigma_next - sigma) / sigma))
             else:
                 x.copy_(x0)  # x + (0 - s) * (x - x0) / s == x0, without rounding error
@@ -264,7 +239,7 @@ class ReferenceWorldPipeline:
         state.step_index = 0
         return frames
 
-    def events_for_chunk(self, state: WorldState) -> tuple[list[str], list[str], list[str]]:
+    def events_for_chunk(self, state: WorldState) -> ChunkEvents:
         """(started, active, completed) event ids of the chunk ``take_chunk`` returned last.
 
         An event is *started* in the chunk it takes effect in (see ``interact``), *active*
@@ -330,7 +305,7 @@ class ReferenceWorldPipeline:
 
     # --- one chunk ---------------------------------------------------------------------
 
-    def _scene(self, config: WorldConfig, prompt: str) -> _Scene:
+    def _scene(self, config: WorldConfig, prompt: str) -> Scene:
         request = GenerationRequest(
             prompt=prompt,
             width=config.width,
@@ -342,7 +317,7 @@ class ReferenceWorldPipeline:
             negative_prompt=config.negative_prompt,
             reference_image=config.reference_image,
         )
-        return _build_scene(request, 1.0, "static", self._device)
+        return proc.build_scene(request, 1.0, "static", self._device)
 
     def _begin_chunk(self, state: WorldState) -> None:
         """Apply the chunk's events, move the camera, render the chunk, draw the noise."""
@@ -370,14 +345,14 @@ class ReferenceWorldPipeline:
         frames = torch.arange(start, stop, dtype=torch.float32, device=self._device)
         h, w = cfg.height, cfg.width
         target = torch.empty((stop - start, 3, h, w), dtype=torch.uint8, device=self._device)
-        for a, b in _chunks(stop - start, h * w, _RENDER_BUDGET):
+        for a, b in proc.chunks(stop - start, h * w, proc.RENDER_BUDGET):
             img = _render(state.scene, frames[a:b], pan[a:b], zoom[a:b])
             for layer in state.layers:
                 weight = layer.weights(frames[a:b]).view(-1, 1, 1, 1)
                 over = _render(layer.scene, frames[a:b], pan[a:b], zoom[a:b])
                 img = torch.lerp(img, over, weight)
             target[a:b] = img.mul_(255).round_()
-        clean = _encode(target)
+        clean = proc.encode(target)
         digest = hashlib.blake2b(f"{cfg.seed & _U64}:{k}".encode(), digest_size=8).digest()
         generator = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "big") >> 1)
         state.target, state.clean = target, clean
@@ -417,9 +392,7 @@ def _move_camera(state: WorldState, start: int, stop: int) -> tuple[torch.Tensor
     return torch.tensor(pans), torch.tensor(zooms)
 
 
-def _render(
-    sc: _Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tensor
-) -> torch.Tensor:
+def _render(sc: Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tensor) -> torch.Tensor:
     """Frames (global indices) of scene ``sc`` seen by the camera: T×3×H×W in [0, 1].
 
     Like reference/video's renderer with its camera replaced: the view zooms around the
@@ -448,11 +421,11 @@ def _render(
         ramp = (t / 0.75).clamp(0, 1)
         fade = ramp * ramp * (3 - 2 * ramp)  # shapes fade in: frame 0 is the image
     else:
-        img, fade = _background(sc, x, y, pan, t, px), torch.ones_like(t)
+        img, fade = proc.background(sc, x, y, pan, t, px), torch.ones_like(t)
     for i, shape in enumerate(sc.shapes):
         parallax = 1.0 if i == len(sc.shapes) - 1 else _SMALL_SHAPE_PARALLAX
         wrapped = torch.remainder(x + parallax * pan + a / 2, 2 * a) - a / 2
-        img = _draw_shape(img, shape, wrapped, y, t, px, fade)
+        img = proc.draw_shape(img, shape, wrapped, y, t, px, fade)
     return img.clamp(0, 1).expand(-1, 3, h, w).contiguous()
 
 

@@ -69,12 +69,13 @@ class AudioService(JobService[AudioObject]):
         self, r: ResolvedAudio, owner: str, idempotency_key: str | None
     ) -> tuple[Job, int | None]:
         """Store and enqueue; the job and its queue position."""
-        job, created = await run_in_threadpool(self._persist, r, owner, idempotency_key)
-        return job, await self.announce(job, created)
+        job, created, position = await run_in_threadpool(self._persist, r, owner, idempotency_key)
+        await self.announce(job, created, position)
+        return job, position
 
     def _persist(
         self, r: ResolvedAudio, owner: str, idempotency_key: str | None
-    ) -> tuple[Job, bool]:
+    ) -> tuple[Job, bool, int | None]:
         job = Job(
             id=ID_PREFIX["audio"] + secrets.token_hex(12),
             kind="audio",

@@ -73,8 +73,8 @@ class VideoService(JobService[VideoObject]):
             )
         # with a reference it uploads to S3: on the S3 pool, off the one serving DB reads
         run = run_in_threadpool if png is None else self.state.artifacts.run
-        job, created = await run(self._persist, resolved, png, owner, idempotency_key)
-        position = await self.announce(job, created)
+        job, created, position = await run(self._persist, resolved, png, owner, idempotency_key)
+        await self.announce(job, created, position)
         return self.to_wire(job, position), created
 
     def _reference(self, url: str, param: str) -> tuple[bytes | None, tuple[str, str] | None]:
@@ -87,7 +87,7 @@ class VideoService(JobService[VideoObject]):
 
     def _persist(
         self, r: ResolvedVideo, png: bytes | None, owner: str, idempotency_key: str | None
-    ) -> tuple[Job, bool]:
+    ) -> tuple[Job, bool, int | None]:
         job_id = ID_PREFIX["video"] + secrets.token_hex(12)
         params = r.params()
         if png is not None:

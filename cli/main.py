@@ -137,6 +137,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         data_dir=Path(args.data_dir),
         workers=args.workers,
         realtime_workers=args.realtime_workers,
+        database_url=args.database_url,
     )
 
 
@@ -172,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="realtime worker processes (each with OMNIQ_REALTIME__SLOTS session threads)",
+    )
+    up.add_argument(
+        "--database-url",
+        default=None,
+        help="an existing database (e.g. PostgreSQL) instead of SQLite in the data dir",
     )
     up.set_defaults(func=_cmd_up)
 

@@ -148,7 +148,12 @@ def _pythonpath() -> str:
 
 
 def child_env(
-    host: str, port: int, data_dir: Path, valkey: EmbeddedValkey, s3: EmbeddedS3
+    host: str,
+    port: int,
+    data_dir: Path,
+    valkey: EmbeddedValkey,
+    s3: EmbeddedS3,
+    database_url: str | None = None,
 ) -> dict[str, str]:
     """The environment of ``omniqueue api/worker/migrate`` for the embedded stack."""
     env = dict(os.environ)
@@ -156,7 +161,7 @@ def child_env(
         {
             "OMNIQ_MODE": "embedded",
             "OMNIQ_DATA_DIR": str(data_dir),
-            "OMNIQ_DATABASE__URL": f"sqlite:///{data_dir / 'omniqueue.db'}",
+            "OMNIQ_DATABASE__URL": database_url or f"sqlite:///{data_dir / 'omniqueue.db'}",
             "OMNIQ_REDIS__URL": valkey.url,
             "OMNIQ_S3__ENDPOINT_URL": s3.endpoint_url,
             "OMNIQ_S3__BUCKET": s3.bucket,
@@ -193,7 +198,14 @@ def _wait_healthy(url: str, children: ProcessGroup, timeout: float) -> str | Non
     return f"the API did not answer {url}/health within {timeout:.0f} s"
 
 
-def run_up(host: str, port: int, data_dir: Path, workers: int, realtime_workers: int = 1) -> int:
+def run_up(
+    host: str,
+    port: int,
+    data_dir: Path,
+    workers: int,
+    realtime_workers: int = 1,
+    database_url: str | None = None,
+) -> int:
     """Run the embedded stack until SIGINT/SIGTERM (exit 0), or until a child keeps
     dying however often it is restarted (exit 1)."""
     data_dir = Path(data_dir).resolve()
@@ -213,7 +225,7 @@ def run_up(host: str, port: int, data_dir: Path, workers: int, realtime_workers:
         valkey.start()
         _say(f"starting S3 (SeaweedFS)… (data in {s3.data_dir})")
         s3.start()
-        env = child_env(host, port, data_dir, valkey, s3)
+        env = child_env(host, port, data_dir, valkey, s3, database_url)
         _say("migrating the database…")
         migrate = subprocess.run(
             _cli("migrate"),

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from models.db import Artifact, ErrorCode, Job, JobStatus
 
@@ -100,27 +100,30 @@ class JobStore:
             return rows[:limit], len(rows) > limit
 
     def queue_positions(self, jobs: Sequence[Job]) -> dict[str, int]:
-        """For queued jobs: how many queued jobs of the same model are ahead (0 = next)."""
-        out: dict[str, int] = {}
-        queued = [j for j in jobs if j.status == JobStatus.QUEUED]
+        """For queued jobs: how many queued jobs of the same model are ahead (0 = next).
+
+        One statement for the whole page (a correlated count per job on the
+        ``status, model, created_at`` index), not one round trip per queued job."""
+        queued = [j.id for j in jobs if j.status == JobStatus.QUEUED]
         if not queued:
-            return out
+            return {}
+        ahead = aliased(Job)
+        count = (
+            select(func.count())
+            .select_from(ahead)
+            .where(
+                ahead.status == JobStatus.QUEUED.value,
+                ahead.model == Job.model,
+                or_(
+                    ahead.created_at < Job.created_at,
+                    and_(ahead.created_at == Job.created_at, ahead.id < Job.id),
+                ),
+            )
+            .scalar_subquery()
+        )
         with self._sessions() as s:
-            for job in queued:
-                ahead = s.scalar(
-                    select(func.count())
-                    .select_from(Job)
-                    .where(
-                        Job.status == JobStatus.QUEUED.value,
-                        Job.model == job.model,
-                        or_(
-                            Job.created_at < job.created_at,
-                            and_(Job.created_at == job.created_at, Job.id < job.id),
-                        ),
-                    )
-                )
-                out[job.id] = int(ahead or 0)
-        return out
+            rows = s.execute(select(Job.id, count).where(Job.id.in_(queued)))
+            return {job_id: int(n or 0) for job_id, n in rows}
 
     def cancel(self, job_id: str, message: str = "cancelled by the client") -> bool:
         """Fail a queued or running job with ``cancelled``; False if it had already ended."""

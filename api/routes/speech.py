@@ -98,7 +98,7 @@ async def _finished_file(request: Request, audio: AudioService, job: Job, owner:
         done = await audio.wait_done(request, job.id, owner)
     except ClientGone:
         return Response(status_code=499)
-    _, artifact = await run_in_threadpool(audio.content_artifact, job.id, owner, "audio")
+    artifact = await run_in_threadpool(audio.artifact_of, done, "audio")
     output = done.params.get("output") or {}
     headers = {
         "X-Request-Id": job.id,

@@ -63,7 +63,7 @@ async def create_video_sync(
         job = await videos.wait_done(request, video.id, owner)
     except ClientGone:
         return Response(status_code=499)
-    _, artifact = await run_in_threadpool(videos.content_artifact, video.id, owner, "video")
+    artifact = await run_in_threadpool(videos.artifact_of, job, "video")
     headers = {
         "X-Request-Id": video.id,
         "X-Inference-Time-S": f"{job.inference_time_s or 0.0:.3f}",

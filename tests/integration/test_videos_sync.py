@@ -158,3 +158,18 @@ def test_sync_of_a_job_that_ended_before_the_wait(sstack: SyncStack, client: htt
         "/v1/videos/sync", json=body, headers={"Idempotency-Key": "replay-1"}, timeout=10
     )
     assert expired.status_code == 200 and expired.content == first.content
+
+
+def test_sync_of_a_job_deleted_meanwhile_is_not_a_server_error(
+    sstack: SyncStack, client: httpx.Client
+) -> None:
+    sstack.set_failpoints({"step:1": "pause"})
+    body = {"prompt": "sync deleted", **SMALL}
+    thread, out = _sync_in_background(client, body)
+    video = _find(client, body["prompt"], "in_progress")
+    assert client.delete(f"/v1/videos/{video['id']}").status_code == 200
+    thread.join(60)
+    (resp,) = out
+    # the delete cancels first (409 cancelled) and then removes the record (404)
+    assert resp.status_code in (404, 409), resp.text
+    assert resp.json()["error"]["code"] in ("not_found", "cancelled")

@@ -1,0 +1,186 @@
+"""Status reads: one thread-pool hop per GET through the real app (PostgreSQL, Redis,
+SeaweedFS), and the database side on SQLite and PostgreSQL: a page's queue positions in
+one statement, and connections the pool keeps instead of reopening."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, event
+
+from api.app import create_app
+from cli.embedded import EmbeddedS3
+from migrations.runner import upgrade
+from models.db import Job, JobStatus
+from storage.db import make_engine, make_sessionmaker
+from storage.jobs import JobStore
+from storage.settings import DatabaseSettings, Settings
+from tests.integration.conftest import REDIS_BASE_URL, _drop_pg_database, _new_pg_database
+
+pytestmark = pytest.mark.integration
+
+REDIS_DB = 7  # jobs created here are never run: no worker listens on this index
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    name = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'reads.db'}"
+    else:
+        name, url = _new_pg_database()
+    upgrade(url)
+    eng = make_engine(DatabaseSettings(url=url))
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+        if name is not None:
+            _drop_pg_database(name)
+
+
+def _job(job_id: str, model: str, created_at: float, status: str = "queued") -> Job:
+    return Job(
+        id=job_id,
+        kind="video",
+        owner="local",
+        model=model,
+        status=status,
+        prompt="p",
+        params={},
+        width=64,
+        height=48,
+        fps=16,
+        num_frames=8,
+        seed=1,
+        num_inference_steps=1,
+        has_audio=False,
+        progress=0,
+        step=0,
+        stage="queue",
+        stage_durations={},
+        created_at=created_at,
+        attempt=0,
+        cancel_requested=False,
+    )
+
+
+def test_queue_positions_of_a_page_in_one_statement(engine: Engine) -> None:
+    store = JobStore(make_sessionmaker(engine))
+    t = time.time()
+    rows = [
+        _job("video_a0", "m/a", t),
+        _job("video_a1", "m/a", t + 1),
+        _job("video_a2b", "m/a", t + 2),
+        _job("video_a2a", "m/a", t + 2),  # same created_at: ties go by id
+        _job("video_b0", "m/b", t + 1.5),
+        _job("video_b1", "m/b", t + 3),
+        _job("video_done", "m/a", t + 0.5, status=JobStatus.COMPLETED.value),
+    ]
+    for row in rows:
+        store.create(row, idempotency_window_s=60)
+    page, _ = store.page("local", after=None, limit=20, order="desc", kind="video")
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(args[2])
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        positions = store.queue_positions(page)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert positions == {
+        "video_a0": 0,
+        "video_a1": 1,
+        "video_a2a": 2,
+        "video_a2b": 3,
+        "video_b0": 0,
+        "video_b1": 1,
+    }
+    assert len(statements) == 1, statements
+
+
+def test_pool_keeps_its_connections_under_concurrent_reads(engine: Engine) -> None:
+    """Up to ``pool_size`` concurrent sessions, again and again, open each connection
+    once (SQLite's default pool kept five and reopened the rest on every burst)."""
+    store = JobStore(make_sessionmaker(engine))
+    store.create(_job("video_x", "m/a", time.time()), idempotency_window_s=60)
+    size = DatabaseSettings().pool_size
+    opened: list[object] = []
+    event.listen(engine, "connect", lambda conn, _record: opened.append(conn))
+    barrier = threading.Barrier(size)
+
+    def read() -> None:
+        for _ in range(5):
+            with store._sessions() as s:  # hold the connection until all have one
+                s.get(Job, "video_x")
+                barrier.wait(timeout=30)
+                s.rollback()
+            barrier.wait(timeout=30)
+
+    threads = [threading.Thread(target=read) for _ in range(size)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert len(opened) <= size, f"{len(opened)} connections opened for {size} readers"
+
+
+def test_status_read_makes_one_thread_pool_hop(
+    pg_url: str, s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create, GET /v1/videos/{id} and a list page hop to the thread pool once each
+    (the database work); the state and service dependencies used to add one hop each,
+    and a create's queue position another."""
+    upgrade(pg_url)
+    settings = Settings(
+        database={"url": pg_url},
+        redis={"url": f"{REDIS_BASE_URL}/{REDIS_DB}"},
+        s3={
+            "endpoint_url": s3_server.endpoint_url,
+            "bucket": s3_server.bucket,
+            "access_key_id": s3_server.access_key,
+            "secret_access_key": s3_server.secret_key,
+        },
+        auth="off",
+    )  # type: ignore[arg-type]
+    hops: list[str] = []
+    real = anyio.to_thread.run_sync
+
+    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+        target = getattr(func, "func", func)  # run_in_threadpool passes a partial
+        hops.append(getattr(target, "__qualname__", repr(target)))
+        return await real(func, *args, **kwargs)
+
+    try:
+        with TestClient(create_app(settings)) as client:
+            body = {"prompt": "one hop", "size": "64x48", "seconds": "0.5", "fps": 16}
+            monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+            created = client.post("/v1/videos", json=body)
+            video_id = created.json()["id"]
+            create_hops = list(hops)
+            hops.clear()
+            status = client.get(f"/v1/videos/{video_id}")
+            status_hops = list(hops)
+            page = client.get("/v1/videos", params={"limit": 20})
+            monkeypatch.undo()
+    finally:
+        redis.Redis.from_url(settings.redis.url).flushdb()
+    assert created.status_code == 200, created.text
+    assert created.json()["queue_position"] == status.json()["queue_position"]
+    # the insert + enqueue and the queue position in one call
+    assert create_hops == ["VideoService._persist"], create_hops
+    assert status.status_code == 200 and status.json()["id"] == video_id
+    assert status.json()["queue_position"] is not None
+    assert page.status_code == 200 and video_id in [v["id"] for v in page.json()["data"]]
+    assert status_hops == ["JobService.retrieve"], status_hops
+    assert hops[len(status_hops) :] == ["VideoService.page"], hops

@@ -2,6 +2,7 @@
 client.
 
     omniqueue up [--host] [--port] [--data-dir] [--workers N]   embedded stack, one command
+                 [--api-processes N] [--database-url URL]
     omniqueue api [--host] [--port]                             the HTTP API
     omniqueue worker [--name] [--models] [--device]             one GPU worker process
     omniqueue migrate                                           alembic upgrade head
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from pathlib import Path
 
@@ -31,15 +33,28 @@ def _cmd_api(args: argparse.Namespace) -> int:
     settings.check_auth_binding(host)
     # h11 with deadlines for receiving headers and body (slow clients are closed)
     http = deadline_protocol(settings.http.header_timeout_s, settings.http.body_timeout_s)
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=host,
         port=port,
         log_level="info",
+        access_log=settings.http.access_log,
         timeout_graceful_shutdown=settings.shutdown_grace_s,
         http=http,
     )
+    sockets = [_shared_socket(host, port)] if settings.http.reuse_port else None
+    uvicorn.Server(config).run(sockets=sockets)
     return 0
+
+
+def _shared_socket(host: str, port: int) -> socket.socket:
+    """A listening address other ``omniqueue api`` processes may bind too (SO_REUSEPORT)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -138,6 +153,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         workers=args.workers,
         realtime_workers=args.realtime_workers,
         database_url=args.database_url,
+        api_processes=args.api_processes,
     )
 
 
@@ -173,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="realtime worker processes (each with OMNIQ_REALTIME__SLOTS session threads)",
+    )
+    up.add_argument(
+        "--api-processes",
+        type=int,
+        default=1,
+        help="API processes sharing the port (SO_REUSEPORT); more use more cores",
     )
     up.add_argument(
         "--database-url",

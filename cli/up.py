@@ -205,12 +205,16 @@ def run_up(
     workers: int,
     realtime_workers: int = 1,
     database_url: str | None = None,
+    api_processes: int = 1,
 ) -> int:
     """Run the embedded stack until SIGINT/SIGTERM (exit 0), or until a child keeps
     dying however often it is restarted (exit 1)."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     url = f"http://{_url_host(host)}:{port}"
+    if api_processes < 1:
+        _say("omniqueue up: --api-processes must be at least 1")
+        return 1
     if not _port_free(host, port):
         _say(f"omniqueue up: {host}:{port} is in use (another omniqueue up?); pick --port")
         return 1
@@ -240,11 +244,15 @@ def run_up(
             _say(f"omniqueue up: migration failed with code {migrate.returncode}")
             return 1
         _say(
-            f"starting the API on {url}, {workers} worker(s) and "
+            f"starting the API on {url} ({api_processes} process(es)), {workers} worker(s) and "
             f"{realtime_workers} realtime worker(s)…"
         )
+        if api_processes > 1:  # they share the port; the kernel spreads connections
+            env["OMNIQ_HTTP__REUSE_PORT"] = "true"
         children = ProcessGroup(env)
-        children.spawn("api", _cli("api", "--host", host, "--port", str(port)))
+        for i in range(api_processes):
+            name = "api" if i == 0 else f"api {i}"
+            children.spawn(name, _cli("api", "--host", host, "--port", str(port)))
         for i in range(workers):
             children.spawn(f"worker {i}", _cli("worker", "--name", f"embedded-{i}"))
         # realtime workers (OMNIQ_REALTIME__SLOTS session threads each) for streaming models

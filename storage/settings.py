@@ -171,6 +171,11 @@ class HttpSettings(BaseModel):
     body_timeout_s: float = Field(default=120.0, gt=0)
     # /ready answers within this many seconds, naming the services that did not answer.
     ready_timeout_s: float = Field(default=1.5, gt=0)
+    # Let several ``omniqueue api`` processes listen on one port (SO_REUSEPORT: the kernel
+    # spreads connections over them); ``omniqueue up --api-processes N`` sets it.
+    reuse_port: bool = False
+    # One log line per request (uvicorn's access log).
+    access_log: bool = True
 
 
 class Settings(BaseSettings):

@@ -84,7 +84,12 @@ def _port_free(port: int) -> bool:
 
 class Up:
     def __init__(
-        self, data_dir: Path, port: int, extra_env: dict[str, str] | None = None, workers: int = 1
+        self,
+        data_dir: Path,
+        port: int,
+        extra_env: dict[str, str] | None = None,
+        workers: int = 1,
+        args: tuple[str, ...] = (),
     ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIQ_")}
         env["PYTHONPATH"] = str(REPO)
@@ -94,7 +99,7 @@ class Up:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cli.main", "up", "--port", str(port),
-                 "--data-dir", str(data_dir), "--workers", str(workers)],
+                 "--data-dir", str(data_dir), "--workers", str(workers), *args],
                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
             )
         assert self.proc.stdout is not None
@@ -281,4 +286,29 @@ def test_stop_with_an_open_sse_stream_lets_the_api_exit_gracefully(tmp_path: Pat
     assert "api did not stop" not in log, log[-4000:]  # not SIGKILLed...
     assert f"Finished server process [{api}]" in log  # ...uvicorn finished its shutdown
     assert took < 10 + 5  # the child stop timeout, plus valkey's and weed's own stop
+    assert [pid for pid in tree if _alive(pid)] == []
+
+
+def _api_pids(up: Up) -> list[int]:
+    return [pid for pid in _descendants(up.proc.pid) if _has_words(pid, ("cli.main", "api"))]
+
+
+def test_api_processes_share_the_port_and_a_dead_one_is_replaced(tmp_path: Path) -> None:
+    up = Up(tmp_path / "data", free_port(), args=("--api-processes", "2"))
+    try:
+        apis = _api_pids(up)
+        assert len(apis) == 2, apis
+        assert all(up.port in _listening_ports({pid}) for pid in apis)
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            video = c.post("/v1/videos", json=SMALL_JOB).json()["id"]
+            _wait(lambda: _status(c, video)["status"] == "completed", "never completed", up)
+        os.kill(apis[0], signal.SIGKILL)
+        for _ in range(20):  # a new connection each time: the other process answers
+            resp = httpx.get(f"{up.url}/v1/videos/{video}", timeout=30)
+            assert resp.status_code == 200 and resp.json()["status"] == "completed"
+        _wait(lambda: len(_api_pids(up)) == 2, "the dead API process was not replaced", up)
+        assert len(set(_api_pids(up)) - set(apis)) == 1
+    finally:
+        code, tree, _ = up.stop(signal.SIGTERM)
+    assert code == 0
     assert [pid for pid in tree if _alive(pid)] == []

@@ -6,9 +6,18 @@
     ├── OmniqueueError                message, param, code; its message is ours, safe to show
     │   ├── InvalidRequest            bad value           → HTTP 400, invalid_request_error
     │   │   ├── ModelNotFound         unknown model       → 400, code model_not_found
-    │   │   └── InvalidJobInput       (also a ValueError) a pipeline refuses the request on
-    │   │                             purpose; its message names the parameter → job /
-    │   │                             session code ``invalid_request``
+    │   │   ├── InvalidJobInput       (also a ValueError) a pipeline refuses the request on
+    │   │   │                         purpose; its message names the parameter → job /
+    │   │   │                         session code ``invalid_request``
+    │   │   │   └── DuplicateEventError  a reused interaction ``event_id``
+    │   │   │                         (``workers/pipelines/reference_world.py``)
+    │   │   │   Realtime client mistakes (each also a ValueError), sent as an ``error``
+    │   │   │   event naming ``param`` with ``code``; the session goes on unless it
+    │   │   │   cannot start:
+    │   │   ├── JsonInputError        a message that is not JSON we can carry
+    │   │   ├── SessionConfigError    a ``session.update`` that cannot apply
+    │   │   ├── ItemError             a conversation item that cannot be created
+    │   │   └── StartRejected         a video ``session.start`` that cannot be served
     │   ├── PayloadTooLarge           a byte/pixel cap    → 413
     │   ├── AuthenticationError       missing/bad key     → 401
     │   ├── NotFound                  no such job (or not yours) → 404
@@ -19,7 +28,10 @@
     │   ├── ServiceUnavailable        a backing service is down → 503, code
     │   │                             storage_error (S3) or broker_error (Redis, down
     │   │                             or not answering within its bounds)
-    │   └── SyncTimeout               /sync waited too long (job cancelled) → 504
+    │   ├── SyncTimeout               /sync waited too long (job cancelled) → 504
+    │   └── ProtocolError             the relay or worker drove a realtime video session
+    │                                 illegally (a bug) → ``internal_error``
+    │                                 (``realtime/video_protocol.py``)
     │
     │   Failures of our own services and of a job run. Their text is for logs only: a
     │   client sees the code and a fixed message.
@@ -27,10 +39,17 @@
     │   └── ObjectMissing             no such object (expired, deleted, never written)
     ├── UploadAborted                 an upload stopped because the job is no longer ours
     ├── BusUnavailable                Redis down or stalled     → job code broker_error
+    ├── URLFetchError                 a reference URL refused or unreachable (the API
+    │                                 answers 400 with its own message)
     ├── JobLost                       the job is no longer ours (cancelled, deleted, taken
     │                                 over)                     → ``cancelled``, as the
     │                                 canceller already recorded it
     └── JobTimedOut                   the job passed its deadline → job code timeout
+
+Not in the tree, on purpose: control flow that never leaves its module (``ClientGone``
+in ``api/jobs_service.py``, ``_Stop`` in ``workers/voice_sessions.py``), the test-only
+``InjectedFault`` (``workers/failpoints.py``, an unclassified error by design), a
+malformed model registry at startup (``CatalogError``) and the CLI's exit paths.
 
 Each transport maps it once: HTTP in ``api/errors.py`` (status + OpenAI error body);
 jobs and worker sessions through ``workers.failures.classify`` (exception → stable
@@ -92,6 +111,44 @@ class InvalidJobInput(InvalidRequest, ValueError):
     the reverse does not hold: a bare ``ValueError`` is never taken for bad input."""
 
     default_code = "invalid_request"
+
+
+class JsonInputError(InvalidRequest, ValueError):
+    """A realtime client message that is not JSON the system can carry (too deep, huge
+    integers, ``NaN``, lone surrogates); ``param`` names the place when it can."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+
+
+class SessionConfigError(InvalidRequest, ValueError):
+    """A realtime ``session.update`` that cannot apply; ``code`` is the OpenAI one."""
+
+    param: str
+    code: str
+
+    def __init__(self, param: str, message: str, code: str) -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class ItemError(InvalidRequest, ValueError):
+    """A client's item that cannot enter the conversation (mapped to an ``error`` event)."""
+
+    param: str
+    code: str
+
+    def __init__(self, message: str, param: str, code: str = "invalid_value") -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class StartRejected(InvalidRequest, ValueError):
+    """A realtime video ``session.start`` that cannot be served, with its ``error.code``
+    (a ``models.realtime_video.VideoErrorCode``)."""
+
+    code: str
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
 
 
 class PayloadTooLarge(OmniqueueError):
@@ -171,6 +228,11 @@ class UploadAborted(Exception):
 
 class BusUnavailable(Exception):
     """Redis did not answer a bounded bus call (down, refusing, or stalled)."""
+
+
+class URLFetchError(Exception):
+    """A reference URL was refused or could not be fetched; the text says why (for logs
+    only: the API answers with its own message)."""
 
 
 class JobLost(Exception):

@@ -146,7 +146,8 @@ class SessionRunner:
                 pipe.step(state)
                 if pipe.chunk_done(state):
                     frames = pipe.take_chunk(state)
-                    self.failpoints.hit(f"session_chunk:{sent}", lambda: not stopped)
+                    # a stop is read between steps only, so the session is ours here
+                    self.failpoints.hit(f"session_chunk:{sent}", lambda: True)
                     data = writer.write_chunk(frames)
                     begun, active, completed = pipe.events_for_chunk(state)
                     if persisted is not None:

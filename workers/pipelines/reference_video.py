@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from models.catalog import REFERENCE_VIDEO
+from models.errors import InvalidJobInput
 from workers.pipelines import procedural as proc
 from workers.pipelines.base import (
     GenerationRequest,
@@ -166,17 +167,19 @@ def _validate(req: GenerationRequest) -> tuple[float, str]:
     """Check the request; return the ``motion`` and ``camera`` extras."""
     for key in req.extra:
         if key not in REFERENCE_VIDEO.extra_params:
-            raise ValueError(f"extra parameter {key!r} is not supported by reference/video")
+            raise InvalidJobInput(f"extra parameter {key!r} is not supported by reference/video")
     motion, camera = req.extra.get("motion", 1.0), req.extra.get("camera", "pan")
     if isinstance(motion, bool) or not isinstance(motion, int | float) or not 0 <= motion <= 10:
-        raise ValueError(f"extra parameter 'motion' must be a number in [0, 10], got {motion!r}")
+        raise InvalidJobInput(
+            f"extra parameter 'motion' must be a number in [0, 10], got {motion!r}"
+        )
     if not isinstance(camera, str) or camera not in _CAMERAS:
-        raise ValueError(f"extra parameter 'camera' must be one of {_CAMERAS}, got {camera!r}")
+        raise InvalidJobInput(f"extra parameter 'camera' must be one of {_CAMERAS}, got {camera!r}")
     if min(req.width, req.height) < 2 or min(req.num_frames, req.num_inference_steps) < 1:
-        raise ValueError("need width, height >= 2 and num_frames, num_inference_steps >= 1")
+        raise InvalidJobInput("need width, height >= 2 and num_frames, num_inference_steps >= 1")
     if not req.fps > 0:
-        raise ValueError(f"fps must be positive, got {req.fps}")
+        raise InvalidJobInput(f"fps must be positive, got {req.fps}")
     img, shape = req.reference_image, (req.height, req.width, 3)
     if img is not None and (img.dtype != np.uint8 or img.shape != shape):
-        raise ValueError(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
+        raise InvalidJobInput(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
     return float(motion), camera

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from models.catalog import REFERENCE_WORLD
+from models.errors import InvalidJobInput
 from workers.pipelines import procedural as proc
 from workers.pipelines.base import (
     ActionBlock,
@@ -78,7 +79,7 @@ def chunk_frame_range(chunk: int) -> tuple[int, int]:
     return frames_for_chunks(chunk), frames_for_chunks(chunk + 1)
 
 
-class DuplicateEventError(ValueError):
+class DuplicateEventError(InvalidJobInput):
     """``interact`` got an ``event_id`` this session has already used."""
 
 
@@ -271,22 +272,22 @@ class ReferenceWorldPipeline(WorldPipeline[WorldState]):
         or a string of keys held throughout (``"w"``, ``"wd"``; ``""`` stands still).
         None leaves the prompt or the camera as it is.
         Raises ``DuplicateEventError`` for an ``event_id`` already used in this session,
-        ``ValueError`` for anything else malformed. An event queued during the last chunk
+        ``InvalidJobInput`` for anything else malformed. An event queued during the last chunk
         has no chunk left to take effect in and never shows up in ``events_for_chunk``.
         """
         if not isinstance(event_id, str) or not event_id:
-            raise ValueError("event_id must be a non-empty string")
+            raise InvalidJobInput("event_id must be a non-empty string")
         if any(e.event_id == event_id for e in state.events):
             raise DuplicateEventError(f"event_id {event_id!r} was already used in this session")
         if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
-            raise ValueError("prompt must be a non-empty string")
+            raise InvalidJobInput("prompt must be a non-empty string")
         keys = None if camera is None else _camera_block(camera)
         if (
             isinstance(transition_chunks, bool)
             or not isinstance(transition_chunks, int)
             or transition_chunks < 0
         ):
-            raise ValueError(
+            raise InvalidJobInput(
                 f"transition_chunks must be an integer >= 0, got {transition_chunks!r}"
             )
         if state.done:
@@ -432,39 +433,39 @@ def _render(sc: Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tens
 def _validate(cfg: WorldConfig) -> int:
     """Check the config; return the number of chunks."""
     if not isinstance(cfg.prompt, str) or not cfg.prompt.strip():
-        raise ValueError("prompt must be a non-empty string")
+        raise InvalidJobInput("prompt must be a non-empty string")
     spec = REFERENCE_WORLD
     for name, value, top in (
         ("width", cfg.width, spec.max_width),
         ("height", cfg.height, spec.max_height),
     ):
         if not spec.min_size <= value <= top or value % spec.size_multiple:
-            raise ValueError(
+            raise InvalidJobInput(
                 f"{name} must be a multiple of {spec.size_multiple} in "
                 f"[{spec.min_size}, {top}], got {value}"
             )
     if not cfg.fps > 0:
-        raise ValueError(f"fps must be positive, got {cfg.fps}")
+        raise InvalidJobInput(f"fps must be positive, got {cfg.fps}")
     chunks = num_chunks_for(cfg.num_frames)
     if chunks < 1:
-        raise ValueError(f"num_frames must be at least 9 (one chunk), got {cfg.num_frames}")
+        raise InvalidJobInput(f"num_frames must be at least 9 (one chunk), got {cfg.num_frames}")
     if not spec.min_steps <= cfg.steps_per_chunk <= spec.max_steps:
-        raise ValueError(
+        raise InvalidJobInput(
             f"steps_per_chunk must be in [{spec.min_steps}, {spec.max_steps}], "
             f"got {cfg.steps_per_chunk}"
         )
     if not cfg.flow_shift > 0:
-        raise ValueError(f"flow_shift must be positive, got {cfg.flow_shift}")
+        raise InvalidJobInput(f"flow_shift must be positive, got {cfg.flow_shift}")
     img, shape = cfg.reference_image, (cfg.height, cfg.width, 3)
     if img is not None and (img.dtype != np.uint8 or img.shape != shape):
-        raise ValueError(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
+        raise InvalidJobInput(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
     if cfg.camera_action_script is not None:
         validate_action_script(cfg.camera_action_script, chunks)
     return chunks
 
 
 def validate_action_script(script: Any, chunks: int | None = None) -> None:
-    """Raise ValueError naming the first problem of a ``camera_action_script``.
+    """Raise InvalidJobInput naming the first problem of a ``camera_action_script``.
 
     It must be a list with at most ``chunks`` entries (one per chunk; missing ones hold
     the camera), each a list of exactly three lists (one per latent frame) of actions
@@ -472,24 +473,28 @@ def validate_action_script(script: Any, chunks: int | None = None) -> None:
     """
     name = "camera_action_script"
     if not isinstance(script, list | tuple):
-        raise ValueError(
+        raise InvalidJobInput(
             f"{name} must be a list with one entry per chunk, got {type(script).__name__}"
         )
     if chunks is not None and len(script) > chunks:
-        raise ValueError(f"{name} has {len(script)} entries but the session has {chunks} chunks")
+        raise InvalidJobInput(
+            f"{name} has {len(script)} entries but the session has {chunks} chunks"
+        )
     for i, entry in enumerate(script):
         if not isinstance(entry, list | tuple) or len(entry) != LATENT_FRAMES_PER_CHUNK:
             got = f"{len(entry)} items" if isinstance(entry, list | tuple) else repr(entry)
-            raise ValueError(
+            raise InvalidJobInput(
                 f"{name}[{i}] must be a list of {LATENT_FRAMES_PER_CHUNK} per-latent-frame "
                 f"action lists, got {got}"
             )
         for j, actions in enumerate(entry):
             if not isinstance(actions, list | tuple):
-                raise ValueError(f"{name}[{i}][{j}] must be a list of actions, got {actions!r}")
+                raise InvalidJobInput(
+                    f"{name}[{i}][{j}] must be a list of actions, got {actions!r}"
+                )
             for action in actions:
                 if action not in ACTIONS:
-                    raise ValueError(
+                    raise InvalidJobInput(
                         f"{name}[{i}][{j}] has unknown action {action!r}; use 'w', 'a', 's', 'd'"
                     )
 
@@ -498,7 +503,7 @@ def _camera_block(camera: Any) -> _Block:
     """An interaction's ``camera`` (a key string or a three-list block) as a block."""
     if isinstance(camera, str):
         if set(camera) - set(ACTIONS):
-            raise ValueError(f"camera must use only 'w', 'a', 's', 'd', got {camera!r}")
+            raise InvalidJobInput(f"camera must use only 'w', 'a', 's', 'd', got {camera!r}")
         keys = frozenset(camera)
         return keys, keys, keys
     if (
@@ -509,7 +514,7 @@ def _camera_block(camera: Any) -> _Block:
             for keys in camera
         )
     ):
-        raise ValueError(
+        raise InvalidJobInput(
             "camera must be a string of 'w', 'a', 's', 'd' or three per-latent-frame lists "
             f"of them, got {camera!r}"
         )

@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from models.catalog import CatalogError, PipelineKind, ServedModel
+from models.errors import InvalidJobInput
 from workers.pipelines.base import AnyPipeline, Pipeline, VoicePipeline, WorldPipeline
 
 # Adapter ids of the registry file → "module:Class".
@@ -89,21 +90,21 @@ class PipelineRegistry:
         """The job pipeline of ``name`` (``/v1/videos``, ``/v1/audio/generations``)."""
         pipe = self.get(name)
         if not isinstance(pipe, Pipeline):
-            raise ValueError(f"model {name!r} is not a job model")
+            raise InvalidJobInput(f"model {name!r} is not a job model", param="model")
         return pipe
 
     def world(self, name: str) -> WorldPipeline[Any]:
         """The world pipeline of ``name`` (realtime video sessions)."""
         pipe = self.get(name)
         if not isinstance(pipe, WorldPipeline):
-            raise ValueError(f"model {name!r} is not a world model")
+            raise InvalidJobInput(f"model {name!r} is not a world model", param="model")
         return pipe
 
     def voice(self, name: str) -> VoicePipeline[Any]:
         """The voice pipeline of ``name`` (realtime voice sessions)."""
         pipe = self.get(name)
         if not isinstance(pipe, VoicePipeline):
-            raise ValueError(f"model {name!r} is not a voice model")
+            raise InvalidJobInput(f"model {name!r} is not a voice model", param="model")
         return pipe
 
     def load_all(self) -> None:

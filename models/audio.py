@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from models.common import Int, Number
-from models.videos import StageDurations, VideoError, VideoStatus
+from models.common import Int, JobError, JobStatus, Number
+from models.videos import StageDurations
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
 AUDIO_FORMATS: tuple[str, ...] = ("wav", "mp3", "flac", "opus", "aac", "pcm")
@@ -141,14 +141,14 @@ class AudioObject(BaseModel):
     id: str
     object: Literal["audio"] = "audio"
     model: str
-    status: VideoStatus
+    status: JobStatus
     progress: int = 0
     created_at: int
     completed_at: int | None = None
     expires_at: int | None = None
     prompt: str
     seconds: str
-    error: VideoError | None = None
+    error: JobError | None = None
     queue_position: int | None = None
     started_at: int | None = None
     seed: int

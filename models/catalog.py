@@ -12,6 +12,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 Modality = Literal["video", "audio"]
+# Which adapter interface runs a model (``workers/pipelines/base.py``): a job pipeline
+# (``/v1/videos``, ``/v1/audio/generations``), a world model (``WS /v1/realtime/video``)
+# or a voice model (``WS /v1/realtime``).
+PipelineKind = Literal["job", "world", "voice"]
 
 
 class ModelSpec(BaseModel):
@@ -52,6 +56,14 @@ class ModelSpec(BaseModel):
     # Allowed values of string options and [low, high] of numeric ones.
     extra_choices: dict[str, list[str]] = Field(default_factory=dict)
     extra_ranges: dict[str, tuple[float, float]] = Field(default_factory=dict)
+
+    @property
+    def kind(self) -> PipelineKind:
+        """The adapter interface of this model: streaming video is a world model,
+        streaming audio a voice model, anything else runs as jobs."""
+        if not self.streaming:
+            return "job"
+        return "world" if self.modality == "video" else "voice"
 
     def snap_frames(self, num_frames: int) -> int:
         """Round a frame count up to this model's lattice."""

@@ -1,7 +1,9 @@
-"""Wire schemas shared by every protocol: the OpenAI error body and the model list."""
+"""Wire schemas shared by every protocol: the OpenAI error body, the model list, and
+what every job kind (video, audio) shares: its status and its error."""
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator
@@ -17,6 +19,24 @@ def _not_bool(value: Any) -> Any:
 # (multipart values) still parse, ASCII digits only.
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Number = Annotated[float, BeforeValidator(_not_bool)]
+
+
+class JobStatus(enum.StrEnum):
+    """A job's state, on the wire and in its row (any kind); ``cancelled`` is ``failed``
+    with ``error.code`` ``cancelled``."""
+
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class JobError(BaseModel):
+    """Why a job failed: a stable ``code`` (``models.errors.ErrorCode``) and a message
+    safe to show (never the text of an unexpected exception)."""
+
+    code: str
+    message: str
 
 
 class ErrorDetail(BaseModel):

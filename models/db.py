@@ -7,7 +7,6 @@ Types are portable: the same schema runs on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 from sqlalchemy import (
@@ -24,32 +23,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+# Re-exported: both were defined here; they live with the wire models and the error tree.
+from models.common import JobStatus as JobStatus
+from models.errors import ErrorCode as ErrorCode
+
 
 class Base(DeclarativeBase):
     pass
 
 
-class JobStatus(enum.StrEnum):
-    """Internal job states; ``cancelled`` is ``failed`` with ``error_code='cancelled'``."""
-
-    QUEUED = "queued"
-    IN_PROGRESS = "in_progress"
-    COMPLETED = "completed"
-    FAILED = "failed"
-
-
 TERMINAL = (JobStatus.COMPLETED, JobStatus.FAILED)
-
-
-class ErrorCode(enum.StrEnum):
-    CANCELLED = "cancelled"
-    TIMEOUT = "timeout"
-    WORKER_LOST = "worker_lost"
-    OOM = "oom"
-    INVALID_REQUEST = "invalid_request"
-    STORAGE_ERROR = "storage_error"
-    INTERNAL_ERROR = "internal_error"
-    EXPIRED = "expired"
 
 
 class ApiKey(Base):

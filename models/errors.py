@@ -1,29 +1,84 @@
-"""The one exception tree of omniqueue.
+"""The one exception tree of omniqueue, and the stable codes a failed job carries.
 
 ::
 
-    OmniqueueError                    message, param, code
-    ├── InvalidRequest                bad value           → HTTP 400, invalid_request_error
-    │   └── ModelNotFound             unknown model       → 400, code model_not_found
-    ├── PayloadTooLarge               a byte/pixel cap    → 413
-    ├── AuthenticationError           missing/bad key     → 401
-    ├── NotFound                      no such job (or not yours) → 404
-    ├── NotReady                      content requested before completion → 404
-    ├── Gone                          artifact expired    → 410
-    ├── RangeNotSatisfiable           bad byte range      → 416
-    ├── JobFailed                     /sync job failed    → by job error code
-    ├── ServiceUnavailable            a backing service is down → 503, code
-    │                                 storage_error (S3) or broker_error (Redis, down
-    │                                 or not answering within its bounds)
-    └── SyncTimeout                   /sync waited too long (job cancelled) → 504
+    Exception
+    ├── OmniqueueError                message, param, code; its message is ours, safe to show
+    │   ├── InvalidRequest            bad value           → HTTP 400, invalid_request_error
+    │   │   ├── ModelNotFound         unknown model       → 400, code model_not_found
+    │   │   ├── InvalidJobInput       (also a ValueError) a pipeline refuses the request on
+    │   │   │                         purpose; its message names the parameter → job /
+    │   │   │                         session code ``invalid_request``
+    │   │   │   └── DuplicateEventError  a reused interaction ``event_id``
+    │   │   │                         (``workers/pipelines/reference_world.py``)
+    │   │   │   Realtime client mistakes (each also a ValueError), sent as an ``error``
+    │   │   │   event naming ``param`` with ``code``; the session goes on unless it
+    │   │   │   cannot start:
+    │   │   ├── JsonInputError        a message that is not JSON we can carry
+    │   │   ├── SessionConfigError    a ``session.update`` that cannot apply
+    │   │   ├── ItemError             a conversation item that cannot be created
+    │   │   └── StartRejected         a video ``session.start`` that cannot be served
+    │   ├── PayloadTooLarge           a byte/pixel cap    → 413
+    │   ├── AuthenticationError       missing/bad key     → 401
+    │   ├── NotFound                  no such job (or not yours) → 404
+    │   │   └── NotReady              content requested before completion → 404
+    │   ├── Gone                      artifact expired    → 410
+    │   ├── RangeNotSatisfiable       bad byte range      → 416
+    │   ├── JobFailed                 /sync job failed    → by job error code
+    │   ├── ServiceUnavailable        a backing service is down → 503, code
+    │   │                             storage_error (S3) or broker_error (Redis, down
+    │   │                             or not answering within its bounds)
+    │   ├── SyncTimeout               /sync waited too long (job cancelled) → 504
+    │   └── ProtocolError             the relay or worker drove a realtime video session
+    │                                 illegally (a bug) → ``internal_error``
+    │                                 (``realtime/video_protocol.py``)
+    │
+    │   Failures of our own services and of a job run. Their text is for logs only: a
+    │   client sees the code and a fixed message.
+    ├── StorageError                  the object store failed   → job code storage_error
+    │   └── ObjectMissing             no such object (expired, deleted, never written)
+    ├── UploadAborted                 an upload stopped because the job is no longer ours
+    ├── BusUnavailable                Redis down or stalled     → job code broker_error
+    ├── URLFetchError                 a reference URL refused or unreachable (the API
+    │                                 answers 400 with its own message)
+    ├── JobLost                       the job is no longer ours (cancelled, deleted, taken
+    │                                 over)                     → ``cancelled``, as the
+    │                                 canceller already recorded it
+    └── JobTimedOut                   the job passed its deadline → job code timeout
 
-Each transport maps it once: HTTP in ``api/errors.py`` (status + OpenAI error body),
-jobs through ``models.db.ErrorCode``. Job event streams (SSE / WebSocket) end with an
-``error`` event of code ``broker_error`` when the bus is lost (``api/job_stream.py``).
-Unexpected exceptions never reach a client as text.
+Not in the tree, on purpose: control flow that never leaves its module (``ClientGone``
+in ``api/jobs_service.py``, ``_Stop`` in ``workers/voice_sessions.py``), the test-only
+``InjectedFault`` (``workers/failpoints.py``, an unclassified error by design), a
+malformed model registry at startup (``CatalogError``) and the CLI's exit paths.
+
+Each transport maps it once: HTTP in ``api/errors.py`` (status + OpenAI error body);
+jobs and worker sessions through ``workers.failures.classify`` (exception → stable
+:class:`ErrorCode` + safe message): the executor and both session runners call it, so a
+``ValueError`` of numpy, PIL, PyAV or torch, or a server misconfiguration, is an
+``internal_error`` with a fixed message, and only :class:`InvalidJobInput` is an
+``invalid_request`` whose message reaches the client. Job event streams (SSE / WebSocket)
+end with an ``error`` event of code ``broker_error`` when the bus is lost
+(``api/job_stream.py``). Unexpected exceptions never reach a client as text; they are
+logged whole.
 """
 
 from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """The stable ``error.code`` of a failed job (and of a worker session's ``failed``)."""
+
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    WORKER_LOST = "worker_lost"
+    OOM = "oom"  # the device (or host) ran out of memory
+    INVALID_REQUEST = "invalid_request"
+    STORAGE_ERROR = "storage_error"
+    BROKER_ERROR = "broker_error"
+    INTERNAL_ERROR = "internal_error"
+    EXPIRED = "expired"
 
 
 class OmniqueueError(Exception):
@@ -46,6 +101,54 @@ class InvalidRequest(OmniqueueError):
 
 class ModelNotFound(InvalidRequest):
     default_code = "model_not_found"
+
+
+class InvalidJobInput(InvalidRequest, ValueError):
+    """A pipeline cannot honour the request, on purpose: the message is ours and names the
+    parameter, so it reaches the client (job / session code ``invalid_request``).
+
+    Also a ``ValueError``, so callers that validate with ``except ValueError`` still work;
+    the reverse does not hold: a bare ``ValueError`` is never taken for bad input."""
+
+    default_code = "invalid_request"
+
+
+class JsonInputError(InvalidRequest, ValueError):
+    """A realtime client message that is not JSON the system can carry (too deep, huge
+    integers, ``NaN``, lone surrogates); ``param`` names the place when it can."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+
+
+class SessionConfigError(InvalidRequest, ValueError):
+    """A realtime ``session.update`` that cannot apply; ``code`` is the OpenAI one."""
+
+    param: str
+    code: str
+
+    def __init__(self, param: str, message: str, code: str) -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class ItemError(InvalidRequest, ValueError):
+    """A client's item that cannot enter the conversation (mapped to an ``error`` event)."""
+
+    param: str
+    code: str
+
+    def __init__(self, message: str, param: str, code: str = "invalid_value") -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class StartRejected(InvalidRequest, ValueError):
+    """A realtime video ``session.start`` that cannot be served, with its ``error.code``
+    (a ``models.realtime_video.VideoErrorCode``)."""
+
+    code: str
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
 
 
 class PayloadTooLarge(OmniqueueError):
@@ -109,3 +212,32 @@ class JobFailed(OmniqueueError):
         self.status_code = self._STATUS.get(code, 500)
         if self.status_code < 500:
             self.type = "invalid_request_error"
+
+
+class StorageError(Exception):
+    """The object store failed (after botocore's own retries)."""
+
+
+class ObjectMissing(StorageError):
+    """The object is not in the bucket (expired, deleted, or never written)."""
+
+
+class UploadAborted(Exception):
+    """An upload was stopped by its ``should_continue`` callback; nothing is left behind."""
+
+
+class BusUnavailable(Exception):
+    """Redis did not answer a bounded bus call (down, refusing, or stalled)."""
+
+
+class URLFetchError(Exception):
+    """A reference URL was refused or could not be fetched; the text says why (for logs
+    only: the API answers with its own message)."""
+
+
+class JobLost(Exception):
+    """The job is no longer ours: cancelled, deleted or taken over."""
+
+
+class JobTimedOut(Exception):
+    """The job passed its deadline; the message says which (it is ours)."""

@@ -7,12 +7,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from models.videos import VideoError, VideoStatus
+from models.common import JobError, JobStatus
 
 
 class StatusEvent(BaseModel):
     type: Literal["status"] = "status"
-    status: VideoStatus
+    status: JobStatus
     queue_position: int | None = None
 
 
@@ -47,8 +47,8 @@ class ChunkEvent(BaseModel):
 
 class DoneEvent(BaseModel):
     type: Literal["done"] = "done"
-    status: VideoStatus
-    error: VideoError | None = None
+    status: JobStatus
+    error: JobError | None = None
 
 
 JobEvent = Annotated[

@@ -32,6 +32,8 @@ from pydantic import (
     model_validator,
 )
 
+from models.errors import StartRejected
+
 LATENT_FRAMES_PER_CHUNK = 3
 TEMPORAL_COMPRESSION = 4
 CAMERA_KEYS = frozenset({"w", "a", "s", "d"})
@@ -317,16 +319,6 @@ class VideoErrorCode(enum.StrEnum):
     INTERACTION_FAILED = "interaction_failed"
     INTERNAL_ERROR = "internal_error"
     BROKER_ERROR = "broker_error"  # the API lost Redis/Valkey mid-session (close 1011)
-
-
-class StartRejected(ValueError):
-    """A ``session.start`` that cannot be served, with its ``error.code``."""
-
-    def __init__(self, code: VideoErrorCode, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from models.common import Int, Number
+from models.common import Int, JobError, JobStatus, Number
 
-VideoStatus = Literal["queued", "in_progress", "completed", "failed"]
+# The names of the first job kind; every job kind uses the same two (models/common.py).
+VideoStatus = JobStatus
+VideoError = JobError
 STAGES = ("queue", "prepare", "denoise", "decode", "encode", "upload")
 
 
@@ -46,11 +48,6 @@ class VideoCreate(BaseModel):
     input_reference_url: str | None = None
 
 
-class VideoError(BaseModel):
-    code: str
-    message: str
-
-
 class StageDurations(BaseModel):
     queue: float = 0.0
     prepare: float = 0.0
@@ -64,7 +61,7 @@ class VideoObject(BaseModel):
     id: str
     object: Literal["video"] = "video"
     model: str
-    status: VideoStatus
+    status: JobStatus
     progress: int = 0
     created_at: int
     completed_at: int | None = None
@@ -72,7 +69,7 @@ class VideoObject(BaseModel):
     prompt: str
     size: str
     seconds: str
-    error: VideoError | None = None
+    error: JobError | None = None
     remixed_from_video_id: str | None = None
     # omniqueue / vLLM-Omni extensions
     queue_position: int | None = None

@@ -13,6 +13,7 @@ import collections
 from dataclasses import dataclass, field
 
 import models.realtime as wire
+from models.errors import ItemError
 
 
 @dataclass
@@ -20,14 +21,6 @@ class Entry:
     item: wire.ConversationItem
     # PCM16 per content index (audio parts only).
     audio: dict[int, bytearray] = field(default_factory=dict)
-
-
-class ItemError(ValueError):
-    """A client's item that cannot enter the conversation (mapped to an ``error`` event)."""
-
-    def __init__(self, message: str, param: str, code: str = "invalid_value") -> None:
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
 
 
 # Content types each role may carry in a client's conversation.item.create.

@@ -9,13 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from models.errors import JsonInputError
+
 MAX_DEPTH = 32  # no client event of either protocol nests half as deep
-
-
-class JsonInputError(ValueError):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.param = message, param
 
 
 def parse(text: str | bytes) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 import models.realtime as wire
+from models.errors import SessionConfigError
 
 # beta key → the GA path it stands for
 _ALIASES: dict[str, tuple[str, ...]] = {
@@ -48,12 +49,6 @@ _GA_DEFAULTS: dict[str, tuple[Any, ...]] = {"prompt": (None,)}
 _READ_ONLY = frozenset(
     {"object", "capabilities", "resume_token", "tracing", "truncation", "include"}
 )
-
-
-class SessionConfigError(ValueError):
-    def __init__(self, param: str, message: str, code: str) -> None:
-        super().__init__(message)
-        self.param, self.message, self.code = param, message, code
 
 
 def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

@@ -19,23 +19,12 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from models.errors import ObjectMissing, StorageError, UploadAborted
 from storage.settings import S3Settings
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class StorageError(Exception):
-    """The object store failed (after botocore's own retries)."""
-
-
-class ObjectMissing(StorageError):
-    """The object is not in the bucket (expired, deleted, or never written)."""
-
-
-class UploadAborted(Exception):
-    """An upload was stopped by its ``should_continue`` callback; nothing is left behind."""
 
 
 def make_s3_client(s3: S3Settings, *, public: bool = False) -> Any:

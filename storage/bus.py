@@ -23,11 +23,9 @@ from typing import Any
 import redis.exceptions
 from pydantic import BaseModel
 
+from models.errors import BusUnavailable
+
 DEFAULT_MAXLEN = 2000
-
-
-class BusUnavailable(Exception):
-    """Redis did not answer a bounded bus call (down, refusing, or stalled)."""
 
 
 @asynccontextmanager

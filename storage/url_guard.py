@@ -28,6 +28,8 @@ from typing import Literal
 
 import httpx
 
+from models.errors import URLFetchError
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # host, port → the addresses it resolves to (textual IPs)
 Resolver = Callable[[str, int], Sequence[str]]
@@ -60,10 +62,6 @@ METADATA_HOSTS = frozenset(
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-
-
-class URLFetchError(Exception):
-    """The URL was refused or could not be fetched; the text says why (for logs only)."""
 
 
 def is_public_address(ip: IPAddress) -> bool:

@@ -31,10 +31,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.db import Artifact, ErrorCode, Job, JobStatus
+from models.common import JobError, JobStatus
+from models.db import Artifact, Job
+from models.errors import ErrorCode, JobLost, JobTimedOut, StorageError, UploadAborted
 from models.events import ChunkEvent, DoneEvent, PreviewEvent, ProgressEvent, StatusEvent
-from models.videos import VideoError
-from storage.artifacts import ArtifactStore, StorageError, UploadAborted
+from storage.artifacts import ArtifactStore
 from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
 from storage.jobs import JobStore
@@ -49,6 +50,7 @@ from workers.audio_media import (
     prepare_audio,
 )
 from workers.failpoints import Failpoints
+from workers.failures import classify, log_level
 from workers.media import encode_mp4, encode_thumbnail
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, checkpoints
 from workers.pipelines.registry import PipelineRegistry
@@ -60,14 +62,6 @@ STAGE_START = {"prepare": 0, "denoise": 5, "decode": 85, "encode": 90, "upload":
 DENOISE_END = 85
 # Inside prepare/decode, the ownership check runs at most this often (a DB read each).
 STOP_POINT_INTERVAL_S = 0.02
-
-
-class JobLost(Exception):
-    """The job is no longer ours: cancelled, deleted or taken over."""
-
-
-class JobTimedOut(Exception):
-    """The job passed its deadline."""
 
 
 @dataclass
@@ -84,6 +78,10 @@ class _Run:
     step: int = 0
     last_write: float = 0.0
     attempt: int = 1
+    timeout_s: float = 0.0
+
+    def timed_out(self) -> JobTimedOut:
+        return JobTimedOut(f"the job passed its {self.timeout_s:g} s deadline")
 
     def end_stage(self) -> None:
         self.durations[self.stage] = round(time.monotonic() - self.stage_started, 4)
@@ -118,7 +116,9 @@ class StepExecutor:
             return "skipped"
         timeout = float(job.params.get("timeout_s") or self.settings.limits.default_job_timeout_s)
         timeout = min(timeout, self.settings.limits.max_job_timeout_s)
-        run = _Run(job=job, worker_id=self.worker_id, deadline=time.time() + timeout)
+        run = _Run(
+            job=job, worker_id=self.worker_id, deadline=time.time() + timeout, timeout_s=timeout
+        )
         run.progress = job.progress  # a taken-over job never reports less than before
         run.attempt = job.attempt
         run.durations["queue"] = round(max((job.started_at or time.time()) - job.created_at, 0), 4)
@@ -130,29 +130,17 @@ class StepExecutor:
         try:
             completed = self._execute(run, tmp)
             outcome = "completed" if completed else "cancelled"
-        except JobLost:
-            outcome = "cancelled"
-        except JobTimedOut:
-            self._fail(run, ErrorCode.TIMEOUT, f"the job passed its {timeout:g} s deadline")
-            outcome = "timeout"
-        except torch.OutOfMemoryError:
-            self._fail(run, ErrorCode.OOM, "the device ran out of memory")
-            outcome = "oom"
-        except (StorageError, UploadAborted) as exc:
-            if isinstance(exc, UploadAborted):
-                outcome = "cancelled"
-            else:
-                self._fail(run, ErrorCode.STORAGE_ERROR, "object storage failed")
-                outcome = "storage_error"
-        except ValueError as exc:
-            # Adapters raise ValueError for requests they cannot honour; the message is
-            # ours (it names the parameter), so it is safe to show.
-            self._fail(run, ErrorCode.INVALID_REQUEST, str(exc)[:500])
-            outcome = "invalid_request"
-        except Exception:
-            log.exception("job %s failed", job_id)
-            self._fail(run, ErrorCode.INTERNAL_ERROR, f"internal error in stage {run.stage}")
-            outcome = "internal_error"
+        except (JobLost, UploadAborted):
+            outcome = "cancelled"  # whoever took the job from us recorded why
+        except Exception as exc:
+            code, message = classify(exc)
+            log.log(
+                log_level(code), "job %s failed in %s: %s", job_id, run.stage, code, exc_info=exc
+            )
+            if code == ErrorCode.INTERNAL_ERROR:
+                message = f"{message} in stage {run.stage}"
+            self._fail(run, code, message)
+            outcome = code.value
         finally:
             stop_heartbeat.set()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -176,7 +164,7 @@ class StepExecutor:
         if job.attempt >= w.max_attempts:
             message = f"the worker running this job was lost {job.attempt} times"
             if self.jobs.fail(job_id, ErrorCode.WORKER_LOST, message):
-                error = VideoError(code=ErrorCode.WORKER_LOST.value, message=message)
+                error = JobError(code=ErrorCode.WORKER_LOST.value, message=message)
                 self._publish(job, DoneEvent(status="failed", error=error))
             self._delete_objects(job)
             return False
@@ -188,7 +176,7 @@ class StepExecutor:
 
     def _execute(self, run: _Run, tmp: Path) -> bool:
         job = run.job
-        pipe = self.pipelines.get(job.model)
+        pipe = self.pipelines.job(job.model)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         started = time.monotonic()
@@ -350,7 +338,7 @@ class StepExecutor:
     def _report(self, run: _Run, progress: int, *, force: bool = False) -> None:
         """Check deadline and ownership; write progress at most every interval."""
         if time.time() > run.deadline:
-            raise JobTimedOut
+            raise run.timed_out()
         run.progress = max(run.progress, progress)
         now = time.monotonic()
         if force or now - run.last_write >= self.settings.worker.progress_interval_s:
@@ -395,7 +383,7 @@ class StepExecutor:
                 return
             last = now
             if time.time() > run.deadline:
-                raise JobTimedOut
+                raise run.timed_out()
             self._check(run)
 
         return check
@@ -418,7 +406,7 @@ class StepExecutor:
             stage=run.stage,
         )
         if failed:
-            error = VideoError(code=code.value, message=message)
+            error = JobError(code=code.value, message=message)
             self._publish(run.job, DoneEvent(status="failed", error=error))
 
     def _preview(self, run: _Run, pipe: Pipeline, state: Any) -> None:

@@ -7,13 +7,17 @@ point names to actions, re-read at every hit so a running worker can be steered:
 
     {"encode": "pause", "step:2": "raise", "upload": "kill"}
 
-Points: ``prepare``, ``step:<i>`` (before step i, from 0), ``decode``, ``encode``,
-``upload``, ``upload_part`` (before each part of a multipart upload), ``complete`` (just
-before the final UPDATE). ``name@attempt<N>`` fires only on the job's N-th attempt.
+Points of a job: ``prepare``, ``step:<i>`` (before step i, from 0), ``decode``,
+``encode``, ``upload``, ``upload_part`` (before each part of a multipart upload),
+``complete`` (just before the final UPDATE). ``name@attempt<N>`` fires only on the job's
+N-th attempt. Of a realtime video session: ``session_chunk:<i>`` (chunk i is made, before
+it is sent).
 
 Actions: ``pause`` (block while the job is still ours, at most 120 s — a stage long
 enough to cancel during), ``sleep:<seconds>``, ``raise`` (RuntimeError), ``oom``
-(``torch.OutOfMemoryError``), ``value`` (ValueError), ``kill`` (SIGKILL this process).
+(``torch.OutOfMemoryError``), ``value`` (a bare ValueError, as numpy, PIL or PyAV raise
+one), ``invalid`` (``InvalidJobInput``: the pipeline refuses the request on purpose),
+``kill`` (SIGKILL this process).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from models.errors import InvalidJobInput
 
 PAUSE_LIMIT_S = 120.0
 
@@ -63,6 +69,8 @@ class Failpoints:
         elif action == "oom":
             raise torch.OutOfMemoryError(f"failpoint {name}")
         elif action == "value":
-            raise ValueError(f"failpoint {name}: the request cannot be honoured")
+            raise ValueError(f"failpoint {name}: secret detail of a library")
+        elif action == "invalid":
+            raise InvalidJobInput(f"failpoint {name}: the request cannot be honoured")
         elif action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)

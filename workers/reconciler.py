@@ -31,9 +31,9 @@ from typing import Any
 
 from redis.exceptions import LockError
 
-from models.db import ErrorCode, JobStatus
+from models.common import JobError, JobStatus
+from models.errors import ErrorCode
 from models.events import DoneEvent
-from models.videos import VideoError
 from storage.artifacts import ArtifactStore, StorageError
 from storage.bus import EventBus
 from storage.constants import ID_PREFIX, KEY_PREFIX, job_events_key, job_prefix
@@ -101,7 +101,7 @@ class Reconciler:
                 if self.jobs.fail(job.id, ErrorCode.WORKER_LOST, message):
                     report.worker_lost.append(job.id)
                     self._delete(job.kind, job.id)
-                    error = VideoError(code=ErrorCode.WORKER_LOST.value, message=message)
+                    error = JobError(code=ErrorCode.WORKER_LOST.value, message=message)
                     self.bus.publish(
                         job_events_key(job.id), DoneEvent(status="failed", error=error)
                     )

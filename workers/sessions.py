@@ -21,11 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from models.errors import InvalidJobInput
 from storage.bus import EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import Settings
+from workers.failpoints import Failpoints
+from workers.failures import classify, log_level
 from workers.fmp4 import FragmentedMP4Writer
-from workers.pipelines.reference_world import WorldConfig
+from workers.pipelines.base import WorldConfig, WorldPipeline
 from workers.pipelines.registry import PipelineRegistry
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,7 @@ class SessionRunner:
         self.worker_id = worker_id
         # Callable(session_id, owner, model, path) -> artifact id, for extra_params.persist.
         self.persist = persist
+        self.failpoints = Failpoints(settings.worker.failpoints_file)
 
     def run(self, session_id: str, config: dict[str, Any]) -> str:
         out, inbox = session_out_key(session_id), session_in_key(session_id)
@@ -57,29 +61,18 @@ class SessionRunner:
         )
         try:
             outcome = self._roll_out(session_id, config, out, inbox, tmp)
-        except ValueError as exc:
-            self.bus.publish(
-                out, {"type": "failed", "code": "invalid_request", "message": str(exc)[:300]}
-            )
-            outcome = "invalid_request"
-        except Exception:
-            log.exception("session %s failed", session_id)
-            self.bus.publish(
-                out,
-                {
-                    "type": "failed",
-                    "code": "internal_error",
-                    "message": "the session failed on the worker",
-                },
-            )
-            outcome = "internal_error"
+        except Exception as exc:
+            code, message = classify(exc)
+            log.log(log_level(code), "session %s failed: %s", session_id, code, exc_info=exc)
+            self.bus.publish(out, {"type": "failed", "code": code.value, "message": message})
+            outcome = code.value
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         log.info("session %s: %s", session_id, outcome)
         return outcome
 
     @staticmethod
-    def _interact(pipe: Any, state: Any, event: dict[str, Any]) -> None:
+    def _interact(pipe: WorldPipeline[Any], state: Any, event: dict[str, Any]) -> None:
         """Queue an interaction; the API already checked its shape and its event id, so
         a change the model still refuses is logged and the session goes on."""
         try:
@@ -90,7 +83,7 @@ class SessionRunner:
                 int(event.get("transition_chunks") or 0),
                 event["event_id"],
             )
-        except ValueError as exc:
+        except InvalidJobInput as exc:
             log.warning("interaction %s ignored: %s", event.get("event_id"), exc)
 
     def _reference_image(self, inbox: str) -> Any:
@@ -111,7 +104,7 @@ class SessionRunner:
         self, session_id: str, config: dict[str, Any], out: str, inbox: str, tmp: Path
     ) -> str:
         rt = self.settings.realtime
-        pipe: Any = self.pipelines.get(config["model"])
+        pipe = self.pipelines.world(config["model"])
         extra = config.get("extra_params") or {}
         world = WorldConfig(
             prompt=config["prompt"],
@@ -122,6 +115,7 @@ class SessionRunner:
             seed=config["seed"],
             negative_prompt=config.get("negative_prompt"),
             camera_action_script=extra.get("camera_action_script"),
+            extra=dict(extra),
         )
         if extra.get("flow_shift"):
             world.flow_shift = float(extra["flow_shift"])
@@ -153,6 +147,8 @@ class SessionRunner:
                 pipe.step(state)
                 if pipe.chunk_done(state):
                     frames = pipe.take_chunk(state)
+                    # a stop is read between steps only, so the session is ours here
+                    self.failpoints.hit(f"session_chunk:{sent}", lambda: True)
                     data = writer.write_chunk(frames)
                     begun, active, completed = pipe.events_for_chunk(state)
                     if persisted is not None:

@@ -29,11 +29,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.errors import InvalidJobInput
 from storage.bus import BusEntry, EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import Settings
+from workers.failures import classify, log_level
+from workers.pipelines.base import VoicePipeline, VoiceTurn
 from workers.pipelines.registry import PipelineRegistry
-from workers.pipelines.voice import VoicePipeline, VoiceTurn
 
 log = logging.getLogger(__name__)
 
@@ -76,25 +78,14 @@ class VoiceSessionRunner:
         self.bus.publish(session.out, {"type": "accepted", "worker_id": self.worker_id})
         try:
             outcome = session.serve(config)
-        except ValueError as exc:
+        except Exception as exc:
+            code, message = classify(exc)
+            log.log(log_level(code), "voice session %s failed: %s", session_id, code, exc_info=exc)
             session.fail_active()
             self.bus.publish(
-                session.out,
-                {"type": "failed", "code": "invalid_request", "message": str(exc)[:300]},
+                session.out, {"type": "failed", "code": code.value, "message": message}
             )
-            outcome = "invalid_request"
-        except Exception:
-            log.exception("voice session %s failed", session_id)
-            session.fail_active()
-            self.bus.publish(
-                session.out,
-                {
-                    "type": "failed",
-                    "code": "internal_error",
-                    "message": "the voice session failed on the worker",
-                },
-            )
-            outcome = "internal_error"
+            outcome = code.value
         log.info("voice session %s: %s", session_id, outcome)
         return outcome
 
@@ -113,15 +104,15 @@ class _VoiceSession:
         self.stopping = False
         self.active: _Response | None = None
         self.queued: collections.deque[_Response] = collections.deque()
-        self.pipe: VoicePipeline | None = None
+        self.pipe: VoicePipeline[Any] | None = None
 
     def serve(self, config: dict[str, Any]) -> str:
-        pipe: Any = self.pipelines.get(config["model"])
-        if not isinstance(pipe, VoicePipeline):
-            raise ValueError(f"model {config['model']!r} is not a voice model")
+        pipe = self.pipelines.voice(config["model"])
         rate = int(config.get("sample_rate") or pipe.sample_rate)
         if rate != pipe.sample_rate:
-            raise ValueError(f"sample_rate {rate} is not {pipe.sample_rate}")
+            raise InvalidJobInput(
+                f"sample_rate {rate} is not {pipe.sample_rate}", param="sample_rate"
+            )
         self.pipe = pipe
         lead_s = self.settings.realtime.audio_lead_ms / 1000
         try:

@@ -293,6 +293,39 @@ def test_out_of_memory_fails_with_oom(fstack: FaultStack, client: httpx.Client) 
     assert_next_job_completes(fstack, client, _worker_of(fstack, video["id"]))
 
 
+@pytest.mark.parametrize("point", ["prepare", "decode"])
+def test_a_library_value_error_fails_with_a_fixed_message(
+    fstack: FaultStack, client: httpx.Client, point: str
+) -> None:
+    """A bare ValueError (as numpy, PIL, PyAV or torch raise) is not the client's fault:
+    the job fails ``internal_error`` with a fixed message, and the text stays in the log."""
+    fstack.set_failpoints({point: "value"})
+    video = _create(client)
+    final = _wait(client, video["id"], lambda b: b["status"] == "failed")
+    stage = "prepare" if point == "prepare" else "decode"
+    assert final["error"] == {
+        "code": "internal_error",
+        "message": f"internal error in stage {stage}",
+    }
+    assert_clean(fstack, video["id"])
+    assert_next_job_completes(fstack, client, _worker_of(fstack, video["id"]))
+
+
+def test_a_request_refused_on_purpose_fails_with_invalid_request(
+    fstack: FaultStack, client: httpx.Client
+) -> None:
+    """``InvalidJobInput`` is how a pipeline says the request cannot be honoured: its
+    message (ours, naming the problem) is the job's error."""
+    fstack.set_failpoints({"prepare": "invalid"})
+    video = _create(client)
+    final = _wait(client, video["id"], lambda b: b["status"] == "failed")
+    assert final["error"] == {
+        "code": "invalid_request",
+        "message": "failpoint prepare: the request cannot be honoured",
+    }
+    assert_clean(fstack, video["id"])
+
+
 def test_deadline_fails_with_timeout(fstack: FaultStack, client: httpx.Client) -> None:
     fstack.set_failpoints({"step:1": "sleep:1.5"})
     video = _create(client, timeout=1)

@@ -41,14 +41,15 @@ LONG = {**START, "width": 256, "height": 256, "num_frames": 957}
 
 @pytest.fixture(scope="module")
 def rstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+    work = Path(tmp_path_factory.mktemp("realtime"))
     env = {
+        "OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json"),
         "OMNIQ_REALTIME__SLOTS": "2",
         "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "3",
         "OMNIQ_REALTIME__START_TIMEOUT_S": "2",
         "OMNIQ_REALTIME__LOST_AFTER_S": "4",
         "OMNIQ_REALTIME__KEEPALIVE_S": "0.5",
     }
-    work = Path(tmp_path_factory.mktemp("realtime"))
     with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
         st.start(workers=0, realtime_workers=1)
         yield st
@@ -244,6 +245,27 @@ def test_worker_dying_mid_session_ends_it_with_an_error(rstack: Stack) -> None:
         finally:
             rstack._spawn("rt0", "worker", "--realtime", "--name", "rt0")
             rstack.wait_workers(1)  # the new rt0 logged "ready." since its spawn
+
+
+def test_an_unexpected_worker_error_ends_the_session_with_a_fixed_message(rstack: Stack) -> None:
+    """A bare ValueError on the worker (as numpy, PIL or PyAV raise) after the first chunk:
+    the client gets that chunk, then ``internal_error`` with a fixed message, never the
+    exception's text, and the socket closes."""
+    failpoints = rstack.work / "failpoints.json"
+    failpoints.write_text(json.dumps({"session_chunk:1": "value"}))
+    try:
+        with _ws(rstack) as ws:
+            ws.send(json.dumps(START))
+            assert _json(ws)["type"] == "video.start"
+            assert _until(ws, "video.chunk_metadata")["generation_chunk_index"] == 0
+            error = _until(ws, "error")
+            assert (error["code"], error["message"]) == ("internal_error", "internal error")
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    ws.recv(timeout=10)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+    finally:
+        failpoints.write_text("{}")
 
 
 def test_persisted_session_becomes_a_video(rstack: Stack) -> None:

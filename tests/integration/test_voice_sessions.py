@@ -7,12 +7,14 @@ order and state; the deadlines below only stop a broken runner from hanging the 
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import redis
 
@@ -26,7 +28,7 @@ from workers.voice_sessions import VoiceSessionRunner
 
 pytestmark = pytest.mark.integration
 
-REDIS_URL = "redis://127.0.0.1:6379/15"
+REDIS_URL = os.environ.get("OMNIQ_TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/15"
 HANG_GUARD_S = 30.0
 RATE = 24000
 
@@ -40,6 +42,15 @@ class BrokenVoice(ReferenceVoicePipeline):
     def step(self, state: Any) -> Any:
         if state.pos >= 2 * self.step_samples:
             raise RuntimeError("secret detail that must not reach the client")
+        return super().step(state)
+
+
+class NumpyBrokenVoice(BrokenVoice):
+    """reference/voice whose third step hits a numpy ``ValueError`` (not the client's fault)."""
+
+    def step(self, state: Any) -> Any:
+        if state.pos >= 2 * self.step_samples:
+            np.zeros(3).reshape(2, 2)
         return super().step(state)
 
 
@@ -85,6 +96,13 @@ class Session:
                 update={"name": "test/broken-voice"}
             ),
         )
+        numpy_broken = ServedModel(
+            name="test/numpy-broken-voice",
+            adapter=f"{__name__}:NumpyBrokenVoice",
+            spec=BUILTIN_MODELS["reference/voice"].spec.model_copy(
+                update={"name": "test/numpy-broken-voice"}
+            ),
+        )
         slow = ServedModel(
             name="test/slow-voice",
             adapter=f"{__name__}:SlowVoice",
@@ -95,6 +113,7 @@ class Session:
         models = {
             "reference/voice": BUILTIN_MODELS["reference/voice"],
             broken.name: broken,
+            numpy_broken.name: numpy_broken,
             slow.name: slow,
         }
         self.bus = EventBus(client, ttl_s=120)
@@ -271,13 +290,20 @@ def test_wrong_sample_rate_fails_the_session(client: redis.Redis) -> None:
     s = Session(client)
     s.start(sample_rate=16000)
     out = s.read_until(lambda e: e.type == "failed")
-    assert out[-1].event["code"] == "invalid_request"
+    assert out[-1].event == {
+        "type": "failed",
+        "code": "invalid_request",
+        "message": "sample_rate 16000 is not 24000",
+    }
     assert s.join() == "invalid_request"
 
 
-def test_model_failure_fails_the_response_and_the_session(client: redis.Redis) -> None:
+@pytest.mark.parametrize("model", ["test/broken-voice", "test/numpy-broken-voice"])
+def test_model_failure_fails_the_response_and_the_session(client: redis.Redis, model: str) -> None:
+    """An unexpected error (a RuntimeError, or a ValueError of numpy) is an internal error
+    with a fixed message: its text stays in the worker's log."""
     s = Session(client)
-    s.start(model="test/broken-voice")
+    s.start(model=model)
     s.respond("resp_1", b"\x00\x00" * RATE)
     out = s.read_until(lambda e: e.type == "failed")
     # it broke after two steps (80 ms), inside the 200 ms prebuffer: nothing was sent
@@ -287,7 +313,7 @@ def test_model_failure_fails_the_response_and_the_session(client: redis.Redis) -
     assert out[-1].event == {
         "type": "failed",
         "code": "internal_error",
-        "message": "the voice session failed on the worker",
+        "message": "internal error",
     }
     assert s.join() == "internal_error"
 

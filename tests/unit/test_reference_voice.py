@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from models.catalog import BUILTIN_MODELS
+from workers.pipelines.base import VoiceChunk, VoicePipeline, VoiceTurn
 from workers.pipelines.reference_voice import (
     BASE_PITCH_HZ,
     ReferenceVoicePipeline,
@@ -18,7 +19,6 @@ from workers.pipelines.reference_voice import (
     estimate_f0,
 )
 from workers.pipelines.registry import build_adapter
-from workers.pipelines.voice import VoiceChunk, VoicePipeline, VoiceTurn
 
 RATE = 24000
 STEP_BYTES = RATE * 40 // 1000 * 2

@@ -1,14 +1,27 @@
-"""The pipeline adapter interface the step executor drives.
+"""The pipeline adapter interfaces: what the worker drives, one per kind of served model.
 
-An adapter is loaded once per worker process and shared by every job it runs, so all
-per-request state (latents, scheduler copy, RNG, embeddings) lives in the state object
-returned by :meth:`Pipeline.prepare`, never on the adapter. The executor owns the loop:
+A served model's kind follows from its spec (``ModelSpec.kind``), and the registry
+(``workers/pipelines/registry.py``) hands each caller an adapter of that kind's interface:
 
-    state = pipe.prepare(request)
-    while state.step_index < state.num_steps:
-        pipe.step(state)          # exactly one denoise step; advances state.step_index
-        ...                       # executor: cancel check, progress, deadline, preview
-    media = pipe.decode(state)
+* ``job`` (:class:`Pipeline`): a video or audio clip for ``/v1/videos`` and
+  ``/v1/audio/generations``, run by the step executor (``workers/executor.py``)::
+
+      state = pipe.prepare(request)
+      while state.step_index < state.num_steps:
+          pipe.step(state)          # exactly one denoise step; advances state.step_index
+          ...                       # executor: cancel check, progress, deadline, preview
+      media = pipe.decode(state)
+
+* ``world`` (:class:`WorldPipeline`): a steerable video stream for ``WS
+  /v1/realtime/video``, run chunk by chunk by ``workers/sessions.py``.
+* ``voice`` (:class:`VoicePipeline`): spoken answers to user turns for ``WS
+  /v1/realtime``, run step by step by ``workers/voice_sessions.py``.
+
+An adapter is loaded once per worker process and shared by every job or session it runs,
+so all per-request state (latents, scheduler copy, RNG, embeddings) lives in the state
+object its first call returns, never on the adapter. A new model is one adapter module
+against one of these classes (``docs/adapters.md``); nothing here or in the runners comes
+from a reference pipeline.
 """
 
 from __future__ import annotations
@@ -16,9 +29,9 @@ from __future__ import annotations
 import abc
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -94,6 +107,9 @@ class Media:
     sample_rate: int | None = None
 
 
+# --- job: a clip, one denoise step at a time ---------------------------------------------
+
+
 class Pipeline(abc.ABC):
     """A diffusion pipeline run one denoise step at a time."""
 
@@ -118,3 +134,153 @@ class Pipeline(abc.ABC):
     def preview(self, state: StepState) -> np.ndarray | None:
         """A cheap uint8 H×W×3 estimate of the current result, or None."""
         return None
+
+
+# --- world: a steerable video stream, one chunk at a time --------------------------------
+
+StateT = TypeVar("StateT")  # an adapter's own per-session (world) or per-response (voice) state
+ActionBlock = Sequence[Sequence[str]]  # one chunk: three per-latent-frame action lists
+ActionScript = Sequence[ActionBlock]
+# Event ids of one chunk: (started in it, active in it, completed in it).
+ChunkEvents = tuple[list[str], list[str], list[str]]
+
+
+@dataclass
+class WorldConfig:
+    """What a session starts from (``session.start`` after the server resolved it)."""
+
+    prompt: str
+    width: int
+    height: int
+    num_frames: int  # the adapter may round it down to its chunk lattice
+    fps: float
+    seed: int
+    negative_prompt: str | None = None
+    # One entry per chunk, each three per-latent-frame lists of "w"/"a"/"s"/"d";
+    # None, or fewer entries than chunks: the camera holds where the script has none.
+    camera_action_script: ActionScript | None = None
+    reference_image: np.ndarray | None = None  # uint8 height×width×3: the first frame
+    steps_per_chunk: int = 4
+    flow_shift: float = 3.0  # shift of the sigma schedule
+    # ``session.start.extra_params`` as the client sent them (keys beyond the ones above
+    # are the adapter's own; it ignores or refuses what it does not know).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class WorldPipeline(abc.ABC, Generic[StateT]):
+    """A world model streamed in chunks, steered between them (``WS /v1/realtime/video``).
+
+    The session runner owns the loop and checks stop, stall and deadlines between calls::
+
+        state = pipe.start(config)
+        for _ in range(pipe.num_chunks(state)):
+            while not pipe.chunk_done(state):
+                pipe.step(state)                        # one denoise step of this chunk
+            frames = pipe.take_chunk(state)             # uint8 T×H×W×3
+            started, active, completed = pipe.events_for_chunk(state)
+
+    ``interact`` may come at any point between those calls. Raise ``ValueError`` for a
+    config (``start``) or an interaction the model refuses: the runner fails the session
+    as ``invalid_request`` or ignores the interaction, respectively.
+    """
+
+    spec: ModelSpec
+
+    @abc.abstractmethod
+    def load(self, device: str) -> None:
+        """Load weights onto ``device`` (called once per worker process)."""
+
+    @abc.abstractmethod
+    def start(self, config: WorldConfig) -> StateT:
+        """Check the config and return the session's state (cheap: render nothing yet)."""
+
+    @abc.abstractmethod
+    def num_chunks(self, state: StateT) -> int:
+        """How many chunks the session has."""
+
+    @abc.abstractmethod
+    def chunk_done(self, state: StateT) -> bool:
+        """All steps of the current chunk have run: ``take_chunk`` may be called."""
+
+    @abc.abstractmethod
+    def step(self, state: StateT) -> None:
+        """Run one denoise step of the current chunk."""
+
+    @abc.abstractmethod
+    def take_chunk(self, state: StateT) -> np.ndarray:
+        """The finished chunk's frames (uint8 T×H×W×3); move on to the next chunk."""
+
+    @abc.abstractmethod
+    def events_for_chunk(self, state: StateT) -> ChunkEvents:
+        """Ids of the interactions started, active and completed in the chunk
+        ``take_chunk`` returned last."""
+
+    @abc.abstractmethod
+    def interact(
+        self,
+        state: StateT,
+        prompt: str | None,
+        camera: str | ActionBlock | None,
+        transition_chunks: int,
+        event_id: str,
+    ) -> None:
+        """Queue a prompt and/or camera change from the first chunk not yet begun,
+        blended in over ``transition_chunks`` chunks (0: a cut); None keeps that part."""
+
+
+# --- voice: spoken answers, one audio step at a time --------------------------------------
+
+
+@dataclass
+class VoiceTurn:
+    """The user turn a response answers."""
+
+    pcm16: bytes  # the user's audio of that turn (PCM16 LE mono at the pipeline's rate), or b""
+    text: str | None  # the user's text (input_text), if any
+    voice: str  # OpenAI voice name
+    speed: float  # 0.25-1.5
+    instructions: str | None
+
+
+@dataclass
+class VoiceChunk:
+    """One step of a response: its audio and, when a word starts in it, transcript text."""
+
+    pcm16: bytes
+    text: str | None = None
+
+
+class VoicePipeline(abc.ABC, Generic[StateT]):
+    """A voice model answering one user turn at a time, one audio step at a time.
+
+    The voice session runner owns the loop; a cancel (barge-in, ``response.cancel``)
+    lands within one step::
+
+        state = pipe.start_response(turn)
+        while not pipe.done(state):
+            chunk = pipe.step(state)   # step_ms of PCM16 (the last step may be shorter)
+            ...                        # runner: drain commands, pace to real time, publish
+    """
+
+    spec: ModelSpec
+    sample_rate: int = 24000  # of the PCM16 in and out
+    step_ms: int = 40
+
+    @abc.abstractmethod
+    def load(self, device: str) -> None:
+        """Load weights onto ``device`` (called once per worker process)."""
+
+    @abc.abstractmethod
+    def start_response(self, turn: VoiceTurn) -> StateT:
+        """Plan the answer to ``turn``; return the per-response state."""
+
+    @abc.abstractmethod
+    def step(self, state: StateT) -> VoiceChunk:
+        """Produce the next ``step_ms`` of audio (+ transcript delta)."""
+
+    @abc.abstractmethod
+    def done(self, state: StateT) -> bool:
+        """Whether the response has no more audio."""
+
+
+AnyPipeline = Pipeline | WorldPipeline[Any] | VoicePipeline[Any]

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.catalog import REFERENCE_AUDIO
+from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
-from workers.pipelines.reference_video import select_device
+from workers.pipelines.procedural import select_device
 
 SAMPLE_RATE = 24_000
 POOL = 8  # output samples per latent sample
@@ -75,10 +76,12 @@ class ReferenceAudioPipeline(Pipeline):
     def prepare(self, request: GenerationRequest) -> ReferenceAudioState:
         for key in request.extra:
             if key != "bpm":
-                raise ValueError(f"extra parameter {key!r} is not supported by reference/audio")
+                raise InvalidJobInput(
+                    f"extra parameter {key!r} is not supported by reference/audio"
+                )
         seconds = request.num_frames / request.fps
         if not 0 < seconds <= 3600:
-            raise ValueError(f"seconds must be positive, got {seconds:g}")
+            raise InvalidJobInput(f"seconds must be positive, got {seconds:g}")
         n = max(1, round(seconds * SAMPLE_RATE))
         target = compose(request, n)
         pad = -n % POOL

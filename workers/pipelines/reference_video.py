@@ -24,14 +24,14 @@ Extras: ``motion`` (speed multiplier in [0, 10], default 1) and ``camera`` ("sta
 more saturation and contrast, below 5 less (at most 30 %). ``negative_prompt`` words are
 dropped from the prompt. Same request and seed give bit-identical frames and audio
 (on one machine and torch thread count: SIMD paths may round differently elsewhere).
+
+Scene, renderer, soundtrack and the stand-in latent space are the public
+``workers/pipelines/procedural.py``, shared with ``reference/world``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import random
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from models.catalog import REFERENCE_VIDEO
+from models.errors import InvalidJobInput
+from workers.pipelines import procedural as proc
 from workers.pipelines.base import (
     GenerationRequest,
     Media,
@@ -46,161 +48,18 @@ from workers.pipelines.base import (
     StepState,
     checkpoint,
 )
+from workers.pipelines.procedural import SAMPLE_RATE, select_device
 
-SAMPLE_RATE = 48_000
 _SHIFT = 3.0  # timestep shift of the sigma schedule, as in SD3/Wan flow-matching schedulers
 _CAMERAS = ("static", "pan", "zoom")
-_RENDER_BUDGET = 1_000_000  # pixels per render chunk (bounds temporaries; cancel points)
-_STEP_BUDGET = 8_000_000  # latent values per step chunk
 _U64 = 2**64 - 1
-
-Colour = tuple[float, float, float]
-_COLOURS: dict[str, Colour] = {
-    "red": (0.9, 0.15, 0.12),
-    "orange": (1.0, 0.55, 0.1),
-    "yellow": (1.0, 0.85, 0.15),
-    "green": (0.2, 0.75, 0.25),
-    "blue": (0.15, 0.35, 0.9),
-    "purple": (0.55, 0.25, 0.75),
-    "pink": (1.0, 0.45, 0.7),
-    "white": (0.95, 0.95, 0.95),
-    "black": (0.06, 0.06, 0.07),
-    "gray": (0.5, 0.5, 0.52),
-    "brown": (0.5, 0.3, 0.15),
-    "gold": (1.0, 0.78, 0.2),
-    "silver": (0.78, 0.8, 0.85),
-    "cyan": (0.1, 0.75, 0.8),
-    "magenta": (0.9, 0.2, 0.75),
-}
-_COLOURS |= {"grey": _COLOURS["gray"], "golden": _COLOURS["gold"], "violet": _COLOURS["purple"]}
-_BRIGHT: list[Colour] = [
-    (0.95, 0.3, 0.2),
-    (1.0, 0.75, 0.15),
-    (0.25, 0.8, 0.4),
-    (0.2, 0.5, 1.0),
-    (0.8, 0.35, 0.9),
-    (1.0, 0.5, 0.7),
-    (0.1, 0.8, 0.85),
-    (1.0, 0.6, 0.2),
-]
-_SKIES: dict[str, tuple[Colour, Colour]] = {  # top and horizon colours
-    "day": ((0.25, 0.5, 0.9), (0.72, 0.86, 1.0)),
-    "night": ((0.01, 0.02, 0.08), (0.07, 0.1, 0.25)),
-    "sunset": ((0.28, 0.18, 0.45), (1.0, 0.55, 0.25)),
-}
-_GROUND: dict[str, Colour] = {
-    "sea": (0.08, 0.3, 0.6),
-    "forest": (0.1, 0.35, 0.15),
-    "mountains": (0.42, 0.42, 0.52),
-    "dunes": (0.85, 0.68, 0.42),
-    "hills": (0.3, 0.6, 0.25),
-}
-_TERRAIN_WORDS = {
-    word: terrain
-    for terrain, words in {
-        "sea": ("ocean", "sea", "beach", "water", "lake", "waves", "river", "bay"),
-        "forest": ("forest", "tree", "trees", "woods", "jungle", "park"),
-        "mountains": ("mountain", "mountains", "peaks", "alps", "snow"),
-        "dunes": ("desert", "sand", "dunes", "dune"),
-        "hills": ("hill", "hills", "meadow", "field", "grass", "valley"),
-    }.items()
-    for word in words
-}
-_NIGHT = {"night", "midnight", "stars", "starry", "space", "moon", "moonlight", "dark"}
-_SUNSET = {"sunset", "sunrise", "dusk", "dawn", "twilight", "evening"}
-_DARK = _NIGHT | {"rain", "sad", "storm", "gloomy", "fog", "winter", "cold"}
-_ROUND = {
-    "ball",
-    "balls",
-    "sphere",
-    "circle",
-    "orb",
-    "planet",
-    "bubble",
-    "bubbles",
-    "balloon",
-    "balloons",
-    "wheel",
-    "coin",
-    "dot",
-    "marble",
-    "apple",
-}
-_BOXY = {
-    "box",
-    "boxes",
-    "cube",
-    "cubes",
-    "square",
-    "block",
-    "blocks",
-    "car",
-    "cars",
-    "truck",
-    "house",
-    "crate",
-    "card",
-    "brick",
-    "robot",
-    "train",
-    "bus",
-    "boat",
-    "kite",
-}
-_MOTIONS = {  # verb stem -> path
-    **dict.fromkeys(("bounc", "jump", "hop"), "bounce"),
-    **dict.fromkeys(("orbit", "circl", "spin", "swirl", "danc"), "orbit"),
-    **dict.fromkeys(("fly", "flies", "float", "drift", "hover", "swim", "glid"), "drift"),
-    **dict.fromkeys(("roll", "driv", "run", "walk", "slid", "rac"), "roll"),
-}
-_PATHS = ("bounce", "orbit", "drift", "roll")
-_MAJOR = ((0, (0, 4, 7)), (7, (0, 4, 7)), (9, (0, 3, 7)), (5, (0, 4, 7)))  # I V vi IV
-_MINOR = ((0, (0, 3, 7)), (8, (0, 4, 7)), (3, (0, 4, 7)), (10, (0, 4, 7)))  # i VI III VII
-
-
-@dataclass
-class _Shape:
-    kind: str  # "circle" | "rect"
-    colour: Colour
-    size: float
-    path: str  # one of _PATHS
-    cx: float
-    cy: float
-    ax: float
-    ay: float
-    phase: float
-    spin: float
-
-
-@dataclass
-class _Scene:
-    """Everything needed to render any frame of one request."""
-
-    width: int
-    height: int
-    aspect: float
-    fps: float
-    motion: float
-    camera: str
-    sky: tuple[Colour, Colour]
-    ground: Colour
-    horizon: float
-    terrain: str
-    terrain_phase: float
-    night: bool
-    orb: tuple[float, float, float, Colour, float]  # x, y, radius, colour, glow
-    shapes: list[_Shape]  # the last one is the main shape
-    grade: float  # saturation/contrast change from guidance_scale, in [-0.3, 0.3]
-    root_midi: int
-    minor: bool
-    image: torch.Tensor | None  # 1x3xHxW in [0, 1] for image-to-video
 
 
 @dataclass(kw_only=True)
 class ReferenceVideoState(StepState):
     """Per-request sampler state: scene, target, latents, sigma schedule, RNG."""
 
-    scene: _Scene
+    scene: proc.Scene
     target: torch.Tensor  # uint8 Tx3xHxW: the clean full-resolution render
     clean: torch.Tensor  # the target in latent space (Tx3x(H/2)x(W/2), [-1, 1])
     mean: torch.Tensor  # 1x3x1x1 mean colour of ``clean``
@@ -209,15 +68,6 @@ class ReferenceVideoState(StepState):
     timesteps: torch.Tensor  # sigmas[:-1] * 1000
     generator: torch.Generator
     x0_preview: torch.Tensor | None = None  # 3xhxw middle frame of the last x0_hat
-
-
-def select_device(device: str) -> torch.device:
-    """``cpu`` or ``cuda[:n]`` (CUDA must be there) for the weightless reference models."""
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise ValueError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:n]'")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-    return torch.device(device)
 
 
 class ReferenceVideoPipeline(Pipeline):
@@ -235,14 +85,14 @@ class ReferenceVideoPipeline(Pipeline):
     def prepare(self, request: GenerationRequest) -> ReferenceVideoState:
         """Build and render the scene, encode it to latent space, draw the noise."""
         motion, camera = _validate(request)
-        scene = _build_scene(request, motion, camera, self._device)
+        scene = proc.build_scene(request, motion, camera, self._device)
         t, h, w = request.num_frames, request.height, request.width
         target = torch.empty((t, 3, h, w), dtype=torch.uint8, device=self._device)
         clean = torch.empty((t, 3, (h + 1) // 2, (w + 1) // 2), device=self._device)
-        for start, stop in _chunks(t, h * w, _RENDER_BUDGET):
+        for start, stop in proc.chunks(t, h * w, proc.RENDER_BUDGET):
             checkpoint()
-            target[start:stop] = _render(scene, start, stop, self._device).mul_(255).round_()
-            clean[start:stop] = _encode(target[start:stop])
+            target[start:stop] = proc.render(scene, start, stop, self._device).mul_(255).round_()
+            clean[start:stop] = proc.encode(target[start:stop])
         generator = torch.Generator(device="cpu").manual_seed(request.seed & _U64)
         noise = torch.randn(clean.shape, generator=generator).to(self._device)
         sigmas = torch.linspace(1.0, 0.0, request.num_inference_steps + 1, dtype=torch.float64)
@@ -268,10 +118,10 @@ class ReferenceVideoPipeline(Pipeline):
         sigma_next = float(st.sigmas[st.step_index + 1])
         t, _, lh, lw = st.latents.shape
         level = sigma_next**2 * max(0.0, math.log2(min(lh, lw)) - 1)  # blur octaves
-        for start, stop in _chunks(t, 3 * lh * lw, _STEP_BUDGET):
+        for start, stop in proc.chunks(t, 3 * lh * lw, proc.STEP_BUDGET):
             x, x0 = st.latents[start:stop], st.clean[start:stop]
             if sigma_next > 0:
-                x0 = st.mean + (_blur(x0, level) - st.mean) * (1 - 0.5 * sigma_next)
+                x0 = st.mean + (proc.blur(x0, level) - st.mean) * (1 - 0.5 * sigma_next)
                 x.add_((x - x0).mul_((sigma_next - sigma) / sigma))
             else:
                 x.copy_(x0)  # x + (0 - s) * (x - x0) / s == x0, without rounding error
@@ -285,14 +135,15 @@ class ReferenceVideoPipeline(Pipeline):
         t, _, h, w = st.target.shape
         detail = 1.0 - float(st.sigmas[st.step_index])  # 1 once all steps have run
         frames = np.empty((t, h, w, 3), dtype=np.uint8)
-        for start, stop in _chunks(t, h * w, _RENDER_BUDGET):
+        for start, stop in proc.chunks(t, h * w, proc.RENDER_BUDGET):
             checkpoint()
             full = st.target[start:stop].float() / 127.5 - 1
-            out = _upsample(st.latents[start:stop], h, w)
-            out += detail * (full - _upsample(st.clean[start:stop], h, w))  # clean == encode(full)
-            frames[start:stop] = _to_uint8(out).permute(0, 2, 3, 1).cpu().numpy()
+            out = proc.upsample(st.latents[start:stop], h, w)
+            # clean == proc.encode(full)
+            out += detail * (full - proc.upsample(st.clean[start:stop], h, w))
+            frames[start:stop] = proc.to_uint8(out).permute(0, 2, 3, 1).cpu().numpy()
         checkpoint()
-        audio = _soundtrack(st.scene, round(t / st.scene.fps * SAMPLE_RATE))
+        audio = proc.soundtrack(st.scene, round(t / st.scene.fps * SAMPLE_RATE))
         return Media(frames=frames, fps=st.scene.fps, audio=audio, sample_rate=SAMPLE_RATE)
 
     def preview(self, state: StepState) -> np.ndarray:
@@ -303,7 +154,7 @@ class ReferenceVideoPipeline(Pipeline):
         if max(h, w) > 256:
             size = (max(1, h * 256 // max(h, w)), max(1, w * 256 // max(h, w)))
             img = F.interpolate(img[None], size=size, mode="area")[0]
-        return _to_uint8(img).permute(1, 2, 0).cpu().numpy()
+        return proc.to_uint8(img).permute(1, 2, 0).cpu().numpy()
 
 
 def _as_state(state: StepState) -> ReferenceVideoState:
@@ -316,364 +167,19 @@ def _validate(req: GenerationRequest) -> tuple[float, str]:
     """Check the request; return the ``motion`` and ``camera`` extras."""
     for key in req.extra:
         if key not in REFERENCE_VIDEO.extra_params:
-            raise ValueError(f"extra parameter {key!r} is not supported by reference/video")
+            raise InvalidJobInput(f"extra parameter {key!r} is not supported by reference/video")
     motion, camera = req.extra.get("motion", 1.0), req.extra.get("camera", "pan")
     if isinstance(motion, bool) or not isinstance(motion, int | float) or not 0 <= motion <= 10:
-        raise ValueError(f"extra parameter 'motion' must be a number in [0, 10], got {motion!r}")
+        raise InvalidJobInput(
+            f"extra parameter 'motion' must be a number in [0, 10], got {motion!r}"
+        )
     if not isinstance(camera, str) or camera not in _CAMERAS:
-        raise ValueError(f"extra parameter 'camera' must be one of {_CAMERAS}, got {camera!r}")
+        raise InvalidJobInput(f"extra parameter 'camera' must be one of {_CAMERAS}, got {camera!r}")
     if min(req.width, req.height) < 2 or min(req.num_frames, req.num_inference_steps) < 1:
-        raise ValueError("need width, height >= 2 and num_frames, num_inference_steps >= 1")
+        raise InvalidJobInput("need width, height >= 2 and num_frames, num_inference_steps >= 1")
     if not req.fps > 0:
-        raise ValueError(f"fps must be positive, got {req.fps}")
+        raise InvalidJobInput(f"fps must be positive, got {req.fps}")
     img, shape = req.reference_image, (req.height, req.width, 3)
     if img is not None and (img.dtype != np.uint8 or img.shape != shape):
-        raise ValueError(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
+        raise InvalidJobInput(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
     return float(motion), camera
-
-
-def _chunks(total: int, per_item: int, budget: int) -> list[tuple[int, int]]:
-    size = max(1, budget // max(1, per_item))
-    return [(s, min(total, s + size)) for s in range(0, total, size)]
-
-
-def _encode(target: torch.Tensor) -> torch.Tensor:
-    """uint8 pixels -> latent space: 2x average pooling, values in [-1, 1]."""
-    h, w = target.shape[-2:]
-    return F.adaptive_avg_pool2d(target.float() / 127.5 - 1, ((h + 1) // 2, (w + 1) // 2))
-
-
-def _upsample(x: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    return F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False)
-
-
-def _to_uint8(x: torch.Tensor) -> torch.Tensor:
-    return ((x + 1) * 127.5).round_().clamp_(0, 255).to(torch.uint8)
-
-
-def _blur(x: torch.Tensor, level: float) -> torch.Tensor:
-    """Down/up-sample by 2**level (a fractional level blends the two nearest octaves)."""
-    h, w = x.shape[-2:]
-
-    def down_up(factor: int) -> torch.Tensor:
-        size = (max(1, round(h / factor)), max(1, round(w / factor)))
-        return _upsample(F.adaptive_avg_pool2d(x, size), h, w) if factor > 1 else x
-
-    k = math.floor(level)
-    coarse = down_up(2**k)
-    return torch.lerp(coarse, down_up(2 ** (k + 1)), level - k) if level > k else coarse
-
-
-# --- the scene, from prompt words and seed --------------------------------------------------
-
-
-def _words(text: str) -> list[str]:
-    return re.findall(r"[a-z]+", text.lower())
-
-
-def _build_scene(
-    req: GenerationRequest, motion: float, camera: str, device: torch.device
-) -> _Scene:
-    banned = set(_words(req.negative_prompt or ""))
-    words = [w for w in _words(req.prompt) if w not in banned]
-    key = int.from_bytes(hashlib.blake2b(" ".join(words).encode(), digest_size=8).digest(), "big")
-    rng = random.Random(key ^ (req.seed & _U64))
-    vocab, aspect = set(words), req.width / req.height
-    mood = "night" if vocab & _NIGHT else "sunset" if vocab & _SUNSET else "day"
-    top, bottom = (_mix(c, (rng.random(), rng.random(), rng.random()), 0.08) for c in _SKIES[mood])
-    terrain_word = next((w for w in words if w in _TERRAIN_WORDS), None)
-    terrain = _TERRAIN_WORDS[terrain_word] if terrain_word else rng.choice(sorted(_GROUND))
-
-    # A colour word colours the noun right after it ("red ball", "blue ocean", "pink sky").
-    paired: dict[str, Colour] = {}
-    loose: list[Colour] = []
-    nouns = _ROUND | _BOXY | set(_TERRAIN_WORDS) | {"sky"}
-    for i, w in enumerate(words):
-        if w in _COLOURS:
-            noun = next((n for n in words[i + 1 : i + 3] if n in nouns), None)
-            if noun is not None and noun not in paired:
-                paired[noun] = _COLOURS[w]
-            else:
-                loose.append(_COLOURS[w])
-    if "sky" in paired:
-        top, bottom = _mix(top, paired["sky"], 0.6), _mix(bottom, paired["sky"], 0.4)
-    ground = paired.get(terrain_word or "", _GROUND[terrain])
-    if mood == "night":
-        ground = _mix(ground, (0.02, 0.03, 0.12), 0.6)
-    elif mood == "sunset":
-        ground = _mix(_mix(ground, bottom, 0.3), (0.0, 0.0, 0.0), 0.2)
-
-    horizon = rng.uniform(0.55, 0.65)
-    shapes = [
-        _Shape(
-            rng.choice(["circle", "rect"]),
-            loose.pop(0) if loose else rng.choice(_BRIGHT),
-            rng.uniform(0.025, 0.05),
-            rng.choice(["drift", "orbit"]),
-            aspect * rng.uniform(0.15, 0.85),
-            rng.uniform(0.15, horizon - 0.08),
-            aspect * rng.uniform(0.05, 0.15),
-            rng.uniform(0.02, 0.06),
-            rng.uniform(0, 2 * math.pi),
-            rng.uniform(-1.5, 1.5),
-        )
-        for _ in range(rng.randint(1, 3))
-    ]
-    shapes.append(_main_shape(words, paired, loose, rng, aspect, horizon))
-    orb = {  # x, y, radius, colour, glow of the moon / low sun / high sun
-        "night": (aspect * rng.uniform(0.15, 0.35), 0.18, 0.05, (0.92, 0.92, 0.85), 0.15),
-        "sunset": (aspect * rng.uniform(0.3, 0.7), horizon - 0.07, 0.09, (1.0, 0.78, 0.45), 0.6),
-        "day": (aspect * rng.uniform(0.65, 0.85), 0.16, 0.06, (1.0, 0.95, 0.75), 0.35),
-    }[mood]
-    grade = 0.0 if req.guidance_scale is None else (req.guidance_scale - 5) / 10
-    image = None
-    if req.reference_image is not None:  # copied: the caller's array may be read-only
-        image = torch.from_numpy(req.reference_image.copy()).to(device).permute(2, 0, 1)[None]
-        image = image / 255.0
-    return _Scene(
-        width=req.width,
-        height=req.height,
-        aspect=aspect,
-        fps=req.fps,
-        motion=motion,
-        camera=camera,
-        sky=(top, bottom),
-        ground=ground,
-        horizon=horizon,
-        terrain=terrain,
-        terrain_phase=rng.uniform(0, 100),
-        night=mood == "night",
-        orb=orb,
-        shapes=shapes,
-        grade=max(-0.3, min(0.3, grade)),
-        root_midi=45 + key % 8,
-        minor=bool(vocab & _DARK),
-        image=image,
-    )
-
-
-def _main_shape(
-    words: list[str],
-    paired: dict[str, Colour],
-    loose: list[Colour],
-    rng: random.Random,
-    aspect: float,
-    horizon: float,
-) -> _Shape:
-    """The subject: first shape-like noun, its colour word, the first motion verb."""
-    noun = next((w for w in words if w in _ROUND | _BOXY), "")
-    kind = "rect" if noun in _BOXY else "circle" if noun else rng.choice(["circle", "rect"])
-    colour = paired.get(noun) or (loose.pop(0) if loose else rng.choice(_BRIGHT))
-    path = next((p for w in words for stem, p in _MOTIONS.items() if w.startswith(stem)), None)
-    path = path or rng.choice(_PATHS)
-    size = rng.uniform(0.085, 0.11)
-    rest = horizon + (1 - horizon) * 0.6 - size  # resting on the ground
-    cy, ax, ay = {
-        "bounce": (rest, 0.22 * aspect, min(0.32, rest - 0.12)),
-        "orbit": (0.42, 0.22 * aspect, 0.14),
-        "drift": (rng.uniform(0.3, 0.45), 0.25 * aspect, 0.05),
-        "roll": (rest, 0.25 * aspect, 0.0),
-    }[path]
-    spin = rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 1.2) if path == "orbit" else 0.0
-    cx, phase = aspect * rng.uniform(0.4, 0.6), rng.uniform(0, 2 * math.pi)
-    return _Shape(kind, colour, size, path, cx, cy, ax, ay, phase, spin)
-
-
-def _mix(a: Colour, b: Colour, t: float) -> Colour:
-    return (a[0] + (b[0] - a[0]) * t, a[1] + (b[1] - a[1]) * t, a[2] + (b[2] - a[2]) * t)
-
-
-# --- rendering, vectorised over frames x rows x columns -------------------------------------
-
-
-def _render(sc: _Scene, start: int, stop: int, dev: torch.device) -> torch.Tensor:
-    """Frames ``start:stop`` as Tx3xHxW floats in [0, 1]."""
-    h, w, a = sc.height, sc.width, sc.aspect
-    t = torch.arange(start, stop, device=dev, dtype=torch.float32).view(-1, 1, 1) / sc.fps
-    tau = t * sc.motion  # scene time
-    zoom = 1 + 0.3 * torch.sin(math.pi * tau / 20) ** 2 if sc.camera == "zoom" else 1 + 0 * tau
-    pan = 0.05 * tau if sc.camera == "pan" else 0 * tau
-    xs = (torch.arange(w, device=dev, dtype=torch.float32).view(1, 1, -1) + 0.5) / h
-    ys = (torch.arange(h, device=dev, dtype=torch.float32).view(1, -1, 1) + 0.5) / h
-    x = (xs - a / 2) / zoom + a / 2  # world coordinates in units of the frame height
-    y = (ys - 0.5) / zoom + 0.5
-    px = 1 / (h * zoom)  # world units per pixel, for anti-aliased edges
-    if sc.image is not None:
-        grid = torch.stack(torch.broadcast_tensors(2 * (x + pan) / a - 1, 2 * y - 1), dim=-1)
-        img = F.grid_sample(
-            sc.image.expand(len(grid), -1, -1, -1),
-            grid,
-            mode="bilinear",
-            padding_mode="reflection",
-            align_corners=False,
-        )
-        ramp = (t / 0.75).clamp(0, 1)
-        fade = ramp * ramp * (3 - 2 * ramp)  # shapes and grading fade in: frame 0 == image
-    else:
-        img, fade = _background(sc, x, y, pan, tau, px), torch.ones_like(t)
-    for shape in sc.shapes:
-        img = _draw_shape(img, shape, x, y, tau, px, fade)
-    img = img.clamp(0, 1).expand(-1, 3, h, w)
-    if sc.grade:
-        lum = img.mean(dim=1, keepdim=True)
-        graded = (lum + (img - lum) * (1 + sc.grade) - 0.5) * (1 + sc.grade / 2) + 0.5
-        img = torch.lerp(img, graded.clamp(0, 1), fade[:, None])
-    return img.contiguous()
-
-
-def _col(c: Colour, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(c, device=like.device, dtype=torch.float32).view(1, 3, 1, 1)
-
-
-def _over(img: torch.Tensor, colour: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    return torch.lerp(img, colour, alpha.unsqueeze(1))
-
-
-def _frac(v: torch.Tensor) -> torch.Tensor:
-    return v - torch.floor(v)
-
-
-def _background(
-    sc: _Scene,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    pan: torch.Tensor,
-    tau: torch.Tensor,
-    px: torch.Tensor,
-) -> torch.Tensor:
-    """Sky gradient, stars, sun or moon with glow, terrain (terrain pans faster: parallax)."""
-    top, bottom, ground = _col(sc.sky[0], x), _col(sc.sky[1], x), _col(sc.ground, x)
-    img = torch.lerp(top, bottom, (y / sc.horizon).clamp(0, 1).unsqueeze(1) ** 0.8)
-    far, u = x + 0.15 * pan, x + pan
-    if sc.night:
-        k = 90.0
-        cell = _frac(torch.sin(torch.floor(far * k) * 12.9898 + torch.floor(y * k) * 78.233) * 4e4)
-        dist = torch.sqrt((_frac(far * k) - 0.5) ** 2 + (_frac(y * k) - 0.5) ** 2)
-        twinkle = 0.6 + 0.4 * torch.sin(3 * tau + cell * 40)
-        star = (cell > 0.975) * (y < sc.horizon) * (1 - dist * 4).clamp(0, 1) * twinkle
-        img = img + 0.9 * star.unsqueeze(1)
-    ox, oy, r, colour, glow = sc.orb
-    d = torch.sqrt((far - ox) ** 2 + (y - oy) ** 2)
-    orb = _col(colour, x)
-    img = img + orb * (glow * torch.exp(-((d / 0.22) ** 2))).unsqueeze(1)
-    img = _over(img, 0.5 + 0.5 * orb, (0.5 - (d - r) / px).clamp(0, 1))  # bright disc
-
-    p = sc.terrain_phase
-    wave = torch.sin(2.3 * u + p)
-    if sc.terrain == "sea":
-        height = 0 * u
-    elif sc.terrain == "hills":
-        height = 0.04 * (1 + wave) + 0.02 * (1 + torch.sin(5.9 * u + 2 * p))
-    elif sc.terrain == "forest":
-        height = 0.03 + 0.09 * (1 - 2 * (_frac(u * 10 + p) - 0.5).abs()) * (0.8 + 0.2 * wave)
-    elif sc.terrain == "mountains":
-        height = 0.02 + 0.28 * (1 - 2 * (_frac(0.9 * u + p) - 0.5).abs()) * (0.6 + 0.4 * wave)
-    else:  # dunes
-        height = 0.04 * (1 + torch.sin(3.1 * u + p)) * (0.6 + 0.4 * wave)
-    alpha = (0.5 + (y - sc.horizon + height) / px).clamp(0, 1)
-    depth = ((y - sc.horizon) / (1 - sc.horizon)).clamp(0, 1).unsqueeze(1)
-    if sc.terrain == "sea":
-        ripple = 2 * torch.sin(4 * u + tau)[:, None]
-        swell = torch.sin(40 * depth.sqrt() - 1.5 * tau[:, None] + ripple)
-        shade = torch.lerp(bottom * 0.85, ground, depth.sqrt()) * (1 + 0.12 * swell)
-        glint = torch.exp(-(((far - ox)[:, None] / (0.02 + 0.1 * depth)) ** 2))
-        shade = shade + orb * glint * swell.clamp(0, 1) * 0.5 * glow
-    else:
-        shade = ground * (0.8 + 0.35 * depth)
-        if sc.terrain == "mountains":  # snow caps
-            snow = ((sc.horizon - y - 0.16) / 0.02).clamp(0, 1).unsqueeze(1)
-            shade = torch.lerp(shade, _col((0.92, 0.94, 0.98), x), snow)
-    return _over(img, shade, alpha)
-
-
-def _path(s: _Shape, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Position (x, y) and rotation of a shape at scene times ``tau``."""
-    turn = 2 * math.pi * tau
-    if s.path == "bounce":
-        x = s.cx + s.ax * torch.sin(0.11 * turn + s.phase)
-        y = s.cy - s.ay * torch.sin(0.4 * turn + s.phase).abs()
-    elif s.path == "orbit":
-        x = s.cx + s.ax * torch.cos(0.2 * turn + s.phase)
-        y = s.cy + s.ay * torch.sin(0.2 * turn + s.phase)
-    elif s.path == "drift":
-        x = s.cx + s.ax * torch.sin(0.07 * turn + s.phase)
-        y = s.cy + s.ay * torch.sin(0.4 * turn + s.phase)
-    else:  # roll along the ground, turning with the distance travelled
-        x = s.cx + s.ax * torch.sin(0.09 * turn + s.phase)
-        return x, s.cy + 0 * tau, (x - s.cx) / s.size
-    return x, y, s.spin * tau
-
-
-def _draw_shape(
-    img: torch.Tensor,
-    s: _Shape,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    tau: torch.Tensor,
-    px: torch.Tensor,
-    fade: torch.Tensor,
-) -> torch.Tensor:
-    sx, sy, angle = _path(s, tau)
-    dx, dy, r = x - sx, y - sy, s.size
-    if s.path in ("bounce", "roll"):  # soft contact shadow, fainter while airborne
-        lift = ((s.cy - sy) / max(s.ay, 1e-6)).clamp(0, 1)
-        e = (dx / (r * 1.3)) ** 2 + ((y - s.cy - r) / (r * 0.25)) ** 2
-        img = img * (1 - ((1 - e).clamp(0, 1) * 0.35 * (1 - 0.6 * lift) * fade).unsqueeze(1))
-    colour = _col(s.colour, img)
-    if s.kind == "circle":  # shaded ball with a highlight
-        alpha = (0.5 - (torch.sqrt(dx**2 + dy**2) - r) / px).clamp(0, 1)
-        hl = (torch.sqrt((dx + 0.35 * r) ** 2 + (dy + 0.35 * r) ** 2) / (1.4 * r)).clamp(0, 1)
-        fill = colour * (1.25 - 0.55 * hl[:, None]) + 0.35 * (1 - 2.5 * hl[:, None]).clamp(0, 1)
-    else:  # rotated box (signed distance), lit from above
-        c, si = torch.cos(angle), torch.sin(angle)
-        u, v = dx * c + dy * si, dy * c - dx * si
-        qx, qy = u.abs() - r * 1.15, v.abs() - r * 0.8
-        d = torch.hypot(qx.clamp(min=0), qy.clamp(min=0)) + torch.maximum(qx, qy).clamp(max=0)
-        alpha = (0.5 - d / px).clamp(0, 1)
-        fill = colour * (1.1 - 0.3 * ((v / r + 0.8) / 1.6).clamp(0, 1)[:, None])
-    return _over(img, fill, alpha * fade)
-
-
-# --- audio -------------------------------------------------------------------------------
-
-
-def _soundtrack(sc: _Scene, n: int) -> np.ndarray:
-    """Pad chords, bass and a panned arpeggio: float32 (2, n) in [-1, 1]."""
-    t = np.arange(n, dtype=np.float64) / SAMPLE_RATE
-    bar = 2.0 / min(max(sc.motion, 0.5), 2.0)  # one chord per bar
-    prog = _MINOR if sc.minor else _MAJOR
-    chord = (t // bar).astype(np.int64) % 4
-    tc = t % bar
-    degree = np.array([d for d, _ in prog])[chord]
-    triad = np.array([tri for _, tri in prog])[chord]  # n x 3 semitones
-
-    def phase(midi: np.ndarray, detune: float = 0.0) -> np.ndarray:
-        freq = 440.0 * 2 ** ((midi - 69) / 12) * (1 + detune)
-        return 2 * np.pi * np.cumsum(freq) / SAMPLE_RATE  # continuous across note changes
-
-    pad = np.zeros((2, n))
-    for v in range(3):
-        for side, detune in ((0, -0.0015), (1, 0.0015)):  # slight detune: stereo width
-            ph = phase(sc.root_midi + 12 + degree + triad[:, v], detune)
-            pad[side] += 0.1 * (np.sin(ph) + 0.25 * np.sin(2 * ph))
-    pad *= np.clip(tc / 0.4, 0, 1) * np.clip((bar - tc) / 0.4, 0, 1)
-    ph = phase(sc.root_midi + degree)
-    bass = 0.25 * (np.sin(ph) + 0.3 * np.sin(2 * ph)) * np.exp(-1.5 * tc) * np.clip(tc / 0.01, 0, 1)
-    bass *= np.clip((bar - tc) / 0.05, 0, 1)
-
-    beat = bar / 4
-    tb = t % beat
-    order = np.array([0, 1, 2, 3, 2, 1, 0, 3])[(t // beat).astype(np.int64) % 8]
-    tones = np.concatenate([triad, np.full((n, 1), 12)], axis=1)[np.arange(n), order]
-    ph = phase(sc.root_midi + 24 + degree + tones)
-    arp = 0.2 * (np.sin(ph) + 0.15 * np.sin(3 * ph))
-    arp *= (1 - np.exp(-tb / 0.004)) * np.exp(-6 * tb) * np.clip((beat - tb) / 0.01, 0, 1)
-
-    # Equal-power pan following the main shape's x on screen (zoom keeps its side).
-    control = np.arange(0.0, n / SAMPLE_RATE + 0.02, 0.01)  # 100 Hz control rate
-    x, _, _ = _path(sc.shapes[-1], torch.from_numpy(control * sc.motion).float())
-    pan = np.interp(t, control, (x / sc.aspect).clamp(0, 1).double().numpy()) * np.pi / 2
-    mix = pad + bass + np.sqrt(2) * arp * np.stack([np.cos(pan), np.sin(pan)])
-    peak = float(np.abs(mix).max()) if n else 0.0
-    edges = np.clip(np.minimum(t, t[::-1]) / 0.01, 0, 1)  # 10 ms fades, no clicks
-    return (mix * edges * (0.7 / peak if peak > 0 else 1.0)).astype(np.float32)

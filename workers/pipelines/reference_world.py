@@ -22,15 +22,15 @@ and renderer, and adds what a world model session needs:
   over ``transition_chunks`` chunks (0: a cut). The state reports which events started,
   were active and completed in each chunk (``events_for_chunk``).
 
-All per-session state lives in :class:`WorldState`, so sessions share one pipeline.
-See ``docs/reference-world.md``.
+It implements :class:`workers.pipelines.base.WorldPipeline` and draws scenes with the
+public ``workers/pipelines/procedural.py``. All per-session state lives in
+:class:`WorldState`, so sessions share one pipeline. See ``docs/reference-world.md``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,19 +39,16 @@ import torch
 import torch.nn.functional as F
 
 from models.catalog import REFERENCE_WORLD
-from workers.pipelines.base import GenerationRequest
-from workers.pipelines.reference_video import (
-    _RENDER_BUDGET,
-    _STEP_BUDGET,
-    _background,
-    _blur,
-    _build_scene,
-    _chunks,
-    _draw_shape,
-    _encode,
-    _Scene,
-    select_device,
+from models.errors import InvalidJobInput
+from workers.pipelines import procedural as proc
+from workers.pipelines.base import (
+    ActionBlock,
+    ChunkEvents,
+    GenerationRequest,
+    WorldConfig,
+    WorldPipeline,
 )
+from workers.pipelines.procedural import Scene, select_device
 
 ACTIONS = ("w", "a", "s", "d")
 LATENT_FRAMES_PER_CHUNK = 3
@@ -63,8 +60,6 @@ CAMERA_LAG = 0.1  # seconds: time constant of the camera's inertia
 _SMALL_SHAPE_PARALLAX = 0.5  # small shapes fly between the sky (0.15) and the ground (1)
 _U64 = 2**64 - 1
 
-ActionBlock = Sequence[Sequence[str]]  # one chunk: three per-latent-frame action lists
-ActionScript = Sequence[ActionBlock]
 _Block = tuple[frozenset[str], frozenset[str], frozenset[str]]
 
 
@@ -84,26 +79,7 @@ def chunk_frame_range(chunk: int) -> tuple[int, int]:
     return frames_for_chunks(chunk), frames_for_chunks(chunk + 1)
 
 
-@dataclass
-class WorldConfig:
-    """What a session starts from (``session.start`` after the server resolved it)."""
-
-    prompt: str
-    width: int
-    height: int
-    num_frames: int  # rounded down to the chunk lattice: see num_chunks_for
-    fps: float
-    seed: int
-    negative_prompt: str | None = None
-    # One entry per chunk, each three per-latent-frame lists of "w"/"a"/"s"/"d";
-    # None, or fewer entries than chunks: the camera holds where the script has none.
-    camera_action_script: ActionScript | None = None
-    reference_image: np.ndarray | None = None  # uint8 height×width×3: the background
-    steps_per_chunk: int = 4
-    flow_shift: float = 3.0  # shift of the sigma schedule (changes only the steps)
-
-
-class DuplicateEventError(ValueError):
+class DuplicateEventError(InvalidJobInput):
     """``interact`` got an ``event_id`` this session has already used."""
 
 
@@ -121,7 +97,7 @@ class _Event:
 class _Layer:
     """A scene faded in over frames ``start .. full`` (weight 1 from ``full`` on)."""
 
-    scene: _Scene
+    scene: Scene
     start: int
     full: int
 
@@ -153,7 +129,7 @@ class WorldState:
     num_frames: int
     steps_per_chunk: int
     sigmas: torch.Tensor  # steps_per_chunk + 1 values from 1 down to 0 (float64)
-    scene: _Scene  # the look every layer fades in over
+    scene: Scene  # the look every layer fades in over
     prompt: str
     chunk_index: int = 0
     step_index: int = 0
@@ -161,7 +137,7 @@ class WorldState:
     camera: _Camera = field(default_factory=_Camera)
     camera_override: _Block | None = None  # set by an interaction: replaces the script
     events: list[_Event] = field(default_factory=list)
-    last_events: tuple[list[str], list[str], list[str]] | None = None
+    last_events: ChunkEvents | None = None
     # The chunk in progress (None between chunks).
     target: torch.Tensor | None = None  # uint8 T×3×H×W: the clean render
     clean: torch.Tensor | None = None  # latent target: 2x pooled, [-1, 1]
@@ -174,7 +150,7 @@ class WorldState:
         return self.chunk_index >= self.num_chunks
 
 
-class ReferenceWorldPipeline:
+class ReferenceWorldPipeline(WorldPipeline[WorldState]):
     """Streams a procedural world in chunks; share one instance across sessions.
 
     Session loop (the caller checks stop, stall and deadlines between calls)::
@@ -233,10 +209,10 @@ class ReferenceWorldPipeline:
         sigma_next = float(state.sigmas[state.step_index + 1])
         t, _, lh, lw = state.latents.shape
         level = sigma_next**2 * max(0.0, math.log2(min(lh, lw)) - 1)  # blur octaves
-        for start, stop in _chunks(t, 3 * lh * lw, _STEP_BUDGET):
+        for start, stop in proc.chunks(t, 3 * lh * lw, proc.STEP_BUDGET):
             x, x0 = state.latents[start:stop], state.clean[start:stop]
             if sigma_next > 0:  # x0_hat: the target, blurred and flattened by the noise level
-                x0 = state.mean + (_blur(x0, level) - state.mean) * (1 - 0.5 * sigma_next)
+                x0 = state.mean + (proc.blur(x0, level) - state.mean) * (1 - 0.5 * sigma_next)
                 x.add_((x - x0).mul_((sigma_next - sigma) / sigma))
             else:
                 x.copy_(x0)  # x + (0 - s) * (x - x0) / s == x0, without rounding error
@@ -264,7 +240,7 @@ class ReferenceWorldPipeline:
         state.step_index = 0
         return frames
 
-    def events_for_chunk(self, state: WorldState) -> tuple[list[str], list[str], list[str]]:
+    def events_for_chunk(self, state: WorldState) -> ChunkEvents:
         """(started, active, completed) event ids of the chunk ``take_chunk`` returned last.
 
         An event is *started* in the chunk it takes effect in (see ``interact``), *active*
@@ -296,22 +272,22 @@ class ReferenceWorldPipeline:
         or a string of keys held throughout (``"w"``, ``"wd"``; ``""`` stands still).
         None leaves the prompt or the camera as it is.
         Raises ``DuplicateEventError`` for an ``event_id`` already used in this session,
-        ``ValueError`` for anything else malformed. An event queued during the last chunk
+        ``InvalidJobInput`` for anything else malformed. An event queued during the last chunk
         has no chunk left to take effect in and never shows up in ``events_for_chunk``.
         """
         if not isinstance(event_id, str) or not event_id:
-            raise ValueError("event_id must be a non-empty string")
+            raise InvalidJobInput("event_id must be a non-empty string")
         if any(e.event_id == event_id for e in state.events):
             raise DuplicateEventError(f"event_id {event_id!r} was already used in this session")
         if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
-            raise ValueError("prompt must be a non-empty string")
+            raise InvalidJobInput("prompt must be a non-empty string")
         keys = None if camera is None else _camera_block(camera)
         if (
             isinstance(transition_chunks, bool)
             or not isinstance(transition_chunks, int)
             or transition_chunks < 0
         ):
-            raise ValueError(
+            raise InvalidJobInput(
                 f"transition_chunks must be an integer >= 0, got {transition_chunks!r}"
             )
         if state.done:
@@ -330,7 +306,7 @@ class ReferenceWorldPipeline:
 
     # --- one chunk ---------------------------------------------------------------------
 
-    def _scene(self, config: WorldConfig, prompt: str) -> _Scene:
+    def _scene(self, config: WorldConfig, prompt: str) -> Scene:
         request = GenerationRequest(
             prompt=prompt,
             width=config.width,
@@ -342,7 +318,7 @@ class ReferenceWorldPipeline:
             negative_prompt=config.negative_prompt,
             reference_image=config.reference_image,
         )
-        return _build_scene(request, 1.0, "static", self._device)
+        return proc.build_scene(request, 1.0, "static", self._device)
 
     def _begin_chunk(self, state: WorldState) -> None:
         """Apply the chunk's events, move the camera, render the chunk, draw the noise."""
@@ -370,14 +346,14 @@ class ReferenceWorldPipeline:
         frames = torch.arange(start, stop, dtype=torch.float32, device=self._device)
         h, w = cfg.height, cfg.width
         target = torch.empty((stop - start, 3, h, w), dtype=torch.uint8, device=self._device)
-        for a, b in _chunks(stop - start, h * w, _RENDER_BUDGET):
+        for a, b in proc.chunks(stop - start, h * w, proc.RENDER_BUDGET):
             img = _render(state.scene, frames[a:b], pan[a:b], zoom[a:b])
             for layer in state.layers:
                 weight = layer.weights(frames[a:b]).view(-1, 1, 1, 1)
                 over = _render(layer.scene, frames[a:b], pan[a:b], zoom[a:b])
                 img = torch.lerp(img, over, weight)
             target[a:b] = img.mul_(255).round_()
-        clean = _encode(target)
+        clean = proc.encode(target)
         digest = hashlib.blake2b(f"{cfg.seed & _U64}:{k}".encode(), digest_size=8).digest()
         generator = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "big") >> 1)
         state.target, state.clean = target, clean
@@ -417,9 +393,7 @@ def _move_camera(state: WorldState, start: int, stop: int) -> tuple[torch.Tensor
     return torch.tensor(pans), torch.tensor(zooms)
 
 
-def _render(
-    sc: _Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tensor
-) -> torch.Tensor:
+def _render(sc: Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tensor) -> torch.Tensor:
     """Frames (global indices) of scene ``sc`` seen by the camera: T×3×H×W in [0, 1].
 
     Like reference/video's renderer with its camera replaced: the view zooms around the
@@ -448,50 +422,50 @@ def _render(
         ramp = (t / 0.75).clamp(0, 1)
         fade = ramp * ramp * (3 - 2 * ramp)  # shapes fade in: frame 0 is the image
     else:
-        img, fade = _background(sc, x, y, pan, t, px), torch.ones_like(t)
+        img, fade = proc.background(sc, x, y, pan, t, px), torch.ones_like(t)
     for i, shape in enumerate(sc.shapes):
         parallax = 1.0 if i == len(sc.shapes) - 1 else _SMALL_SHAPE_PARALLAX
         wrapped = torch.remainder(x + parallax * pan + a / 2, 2 * a) - a / 2
-        img = _draw_shape(img, shape, wrapped, y, t, px, fade)
+        img = proc.draw_shape(img, shape, wrapped, y, t, px, fade)
     return img.clamp(0, 1).expand(-1, 3, h, w).contiguous()
 
 
 def _validate(cfg: WorldConfig) -> int:
     """Check the config; return the number of chunks."""
     if not isinstance(cfg.prompt, str) or not cfg.prompt.strip():
-        raise ValueError("prompt must be a non-empty string")
+        raise InvalidJobInput("prompt must be a non-empty string")
     spec = REFERENCE_WORLD
     for name, value, top in (
         ("width", cfg.width, spec.max_width),
         ("height", cfg.height, spec.max_height),
     ):
         if not spec.min_size <= value <= top or value % spec.size_multiple:
-            raise ValueError(
+            raise InvalidJobInput(
                 f"{name} must be a multiple of {spec.size_multiple} in "
                 f"[{spec.min_size}, {top}], got {value}"
             )
     if not cfg.fps > 0:
-        raise ValueError(f"fps must be positive, got {cfg.fps}")
+        raise InvalidJobInput(f"fps must be positive, got {cfg.fps}")
     chunks = num_chunks_for(cfg.num_frames)
     if chunks < 1:
-        raise ValueError(f"num_frames must be at least 9 (one chunk), got {cfg.num_frames}")
+        raise InvalidJobInput(f"num_frames must be at least 9 (one chunk), got {cfg.num_frames}")
     if not spec.min_steps <= cfg.steps_per_chunk <= spec.max_steps:
-        raise ValueError(
+        raise InvalidJobInput(
             f"steps_per_chunk must be in [{spec.min_steps}, {spec.max_steps}], "
             f"got {cfg.steps_per_chunk}"
         )
     if not cfg.flow_shift > 0:
-        raise ValueError(f"flow_shift must be positive, got {cfg.flow_shift}")
+        raise InvalidJobInput(f"flow_shift must be positive, got {cfg.flow_shift}")
     img, shape = cfg.reference_image, (cfg.height, cfg.width, 3)
     if img is not None and (img.dtype != np.uint8 or img.shape != shape):
-        raise ValueError(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
+        raise InvalidJobInput(f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}")
     if cfg.camera_action_script is not None:
         validate_action_script(cfg.camera_action_script, chunks)
     return chunks
 
 
 def validate_action_script(script: Any, chunks: int | None = None) -> None:
-    """Raise ValueError naming the first problem of a ``camera_action_script``.
+    """Raise InvalidJobInput naming the first problem of a ``camera_action_script``.
 
     It must be a list with at most ``chunks`` entries (one per chunk; missing ones hold
     the camera), each a list of exactly three lists (one per latent frame) of actions
@@ -499,24 +473,28 @@ def validate_action_script(script: Any, chunks: int | None = None) -> None:
     """
     name = "camera_action_script"
     if not isinstance(script, list | tuple):
-        raise ValueError(
+        raise InvalidJobInput(
             f"{name} must be a list with one entry per chunk, got {type(script).__name__}"
         )
     if chunks is not None and len(script) > chunks:
-        raise ValueError(f"{name} has {len(script)} entries but the session has {chunks} chunks")
+        raise InvalidJobInput(
+            f"{name} has {len(script)} entries but the session has {chunks} chunks"
+        )
     for i, entry in enumerate(script):
         if not isinstance(entry, list | tuple) or len(entry) != LATENT_FRAMES_PER_CHUNK:
             got = f"{len(entry)} items" if isinstance(entry, list | tuple) else repr(entry)
-            raise ValueError(
+            raise InvalidJobInput(
                 f"{name}[{i}] must be a list of {LATENT_FRAMES_PER_CHUNK} per-latent-frame "
                 f"action lists, got {got}"
             )
         for j, actions in enumerate(entry):
             if not isinstance(actions, list | tuple):
-                raise ValueError(f"{name}[{i}][{j}] must be a list of actions, got {actions!r}")
+                raise InvalidJobInput(
+                    f"{name}[{i}][{j}] must be a list of actions, got {actions!r}"
+                )
             for action in actions:
                 if action not in ACTIONS:
-                    raise ValueError(
+                    raise InvalidJobInput(
                         f"{name}[{i}][{j}] has unknown action {action!r}; use 'w', 'a', 's', 'd'"
                     )
 
@@ -525,7 +503,7 @@ def _camera_block(camera: Any) -> _Block:
     """An interaction's ``camera`` (a key string or a three-list block) as a block."""
     if isinstance(camera, str):
         if set(camera) - set(ACTIONS):
-            raise ValueError(f"camera must use only 'w', 'a', 's', 'd', got {camera!r}")
+            raise InvalidJobInput(f"camera must use only 'w', 'a', 's', 'd', got {camera!r}")
         keys = frozenset(camera)
         return keys, keys, keys
     if (
@@ -536,7 +514,7 @@ def _camera_block(camera: Any) -> _Block:
             for keys in camera
         )
     ):
-        raise ValueError(
+        raise InvalidJobInput(
             "camera must be a string of 'w', 'a', 's', 'd' or three per-latent-frame lists "
             f"of them, got {camera!r}"
         )

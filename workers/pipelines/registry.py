@@ -1,4 +1,12 @@
-"""Served model → pipeline adapter, built and loaded once per worker process."""
+"""Served model → pipeline adapter, built and loaded once per worker process.
+
+Typed by kind: a model's spec says which interface of ``workers/pipelines/base.py`` runs
+it (``ModelSpec.kind``), :func:`build_adapter` refuses an adapter class that does not
+implement that interface, and each caller asks for the kind it drives: the executor for
+a :class:`Pipeline` (:meth:`PipelineRegistry.job`), the session runners for a
+:class:`WorldPipeline` (:meth:`~PipelineRegistry.world`) or a :class:`VoicePipeline`
+(:meth:`~PipelineRegistry.voice`).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +14,9 @@ import importlib
 import threading
 from typing import Any
 
-from models.catalog import ServedModel
-from workers.pipelines.base import Pipeline
+from models.catalog import CatalogError, PipelineKind, ServedModel
+from models.errors import InvalidJobInput
+from workers.pipelines.base import AnyPipeline, Pipeline, VoicePipeline, WorldPipeline
 
 # Adapter ids of the registry file → "module:Class".
 ADAPTERS: dict[str, str] = {
@@ -22,14 +31,33 @@ ADAPTERS: dict[str, str] = {
     "diffusers.stable_audio": "workers.pipelines.diffusers.stable_audio:StableAudioAdapter",
 }
 
+# The interface each kind of model is run through.
+INTERFACES: dict[PipelineKind, type[Any]] = {
+    "job": Pipeline,
+    "world": WorldPipeline,
+    "voice": VoicePipeline,
+}
 
-def build_adapter(model: ServedModel) -> Pipeline:
-    """Instantiate the adapter a registry entry names (not loaded yet)."""
+
+def adapter_class(model: ServedModel) -> type[Any]:
+    """The adapter class a registry entry names, checked against its kind's interface."""
     target = ADAPTERS.get(model.adapter, model.adapter)
     module_name, _, class_name = target.partition(":")
-    cls: Any = getattr(importlib.import_module(module_name), class_name)
+    cls = getattr(importlib.import_module(module_name), class_name)
+    interface = INTERFACES[model.spec.kind]
+    if not (isinstance(cls, type) and issubclass(cls, interface)):
+        raise CatalogError(
+            f"model {model.name!r} is a {model.spec.kind} model, so its adapter "
+            f"{model.adapter!r} must subclass {interface.__module__}.{interface.__name__}"
+        )
+    return cls
+
+
+def build_adapter(model: ServedModel) -> AnyPipeline:
+    """Instantiate the adapter a registry entry names (not loaded yet)."""
+    cls = adapter_class(model)
     if model.adapter.startswith("reference."):
-        pipe: Pipeline = cls(**model.adapter_options)
+        pipe: AnyPipeline = cls(**model.adapter_options)
     else:
         pipe = cls(path=model.path, dtype=model.dtype, spec=model.spec, **model.adapter_options)
     pipe.spec = model.spec
@@ -42,10 +70,11 @@ class PipelineRegistry:
     def __init__(self, models: dict[str, ServedModel], device: str) -> None:
         self.models = dict(models)
         self.device = device
-        self._loaded: dict[str, Pipeline] = {}
+        self._loaded: dict[str, AnyPipeline] = {}
         self._lock = threading.Lock()
 
-    def get(self, name: str) -> Pipeline:
+    def get(self, name: str) -> AnyPipeline:
+        """The loaded adapter of a served model, whatever its kind."""
         with self._lock:
             pipe = self._loaded.get(name)
             if pipe is None:
@@ -56,6 +85,27 @@ class PipelineRegistry:
                 pipe.load(model.device or self.device)
                 self._loaded[name] = pipe
             return pipe
+
+    def job(self, name: str) -> Pipeline:
+        """The job pipeline of ``name`` (``/v1/videos``, ``/v1/audio/generations``)."""
+        pipe = self.get(name)
+        if not isinstance(pipe, Pipeline):
+            raise InvalidJobInput(f"model {name!r} is not a job model", param="model")
+        return pipe
+
+    def world(self, name: str) -> WorldPipeline[Any]:
+        """The world pipeline of ``name`` (realtime video sessions)."""
+        pipe = self.get(name)
+        if not isinstance(pipe, WorldPipeline):
+            raise InvalidJobInput(f"model {name!r} is not a world model", param="model")
+        return pipe
+
+    def voice(self, name: str) -> VoicePipeline[Any]:
+        """The voice pipeline of ``name`` (realtime voice sessions)."""
+        pipe = self.get(name)
+        if not isinstance(pipe, VoicePipeline):
+            raise InvalidJobInput(f"model {name!r} is not a voice model", param="model")
+        return pipe
 
     def load_all(self) -> None:
         for name in self.models:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from models.catalog import FAMILY_SPECS, ModelSpec
+from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, checkpoint
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -115,12 +116,12 @@ def job_scheduler(base: Any, flow_shift: float | None = None) -> Any:
     config = base.config
     if config.get("use_dynamic_shifting"):
         name = type(base).__name__
-        raise ValueError(f"{name} shifts by resolution here; flow_shift has no effect")
+        raise InvalidJobInput(f"{name} shifts by resolution here; flow_shift has no effect")
     if "flow_shift" in config:
         return type(base).from_config(config, flow_shift=float(flow_shift))
     if "shift" in config:
         return type(base).from_config(config, shift=float(flow_shift))
-    raise ValueError(f"flow_shift is not supported by {type(base).__name__}")
+    raise InvalidJobInput(f"flow_shift is not supported by {type(base).__name__}")
 
 
 def call_default(pipe: Any, name: str) -> Any:
@@ -261,7 +262,7 @@ class DiffusersAdapter(Pipeline):
 
     def _no_reference(self, request: GenerationRequest) -> None:
         if request.reference_image is not None:
-            raise ValueError(f"{self.spec.name} does not take an input_reference")
+            raise InvalidJobInput(f"{self.spec.name} does not take an input_reference")
 
     def decode_frames(self, state: StepState) -> np.ndarray:
         """The decoded video as float32 T×H×W×3 in [0, 1], i.e. what

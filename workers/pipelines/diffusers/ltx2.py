@@ -44,6 +44,7 @@ from diffusers.pipelines.ltx2.pipeline_ltx2 import (
 from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 from diffusers.utils.torch_utils import randn_tensor
 
+from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
@@ -143,7 +144,9 @@ class LTX2Adapter(DiffusersAdapter):
         try:
             blocks = [int(part) for part in str(raw).replace(" ", "").split(",") if part]
         except ValueError:
-            raise ValueError(f"stg_blocks must be comma-separated integers, got {raw!r}") from None
+            raise InvalidJobInput(
+                f"stg_blocks must be comma-separated integers, got {raw!r}"
+            ) from None
         return blocks or None
 
     @torch.no_grad()

@@ -34,6 +34,7 @@ from diffusers import StableAudioPipeline
 from diffusers.models.embeddings import get_1d_rotary_pos_embed
 from diffusers.utils.torch_utils import randn_tensor
 
+from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
@@ -88,7 +89,7 @@ class StableAudioAdapter(DiffusersAdapter):
         sampling_rate = pipe.vae.config.sampling_rate
         max_seconds = pipe.transformer.config.sample_size * pipe.vae.hop_length / sampling_rate
         if end - start > max_seconds:
-            raise ValueError(
+            raise InvalidJobInput(
                 f"The total audio length requested ({end - start}s) is longer than the model "
                 f"maximum possible length ({max_seconds})."
             )

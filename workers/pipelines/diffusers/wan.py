@@ -23,6 +23,7 @@ import torch
 from diffusers import WanPipeline
 from diffusers.utils.torch_utils import get_module_execution_device
 
+from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, StepState
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
@@ -71,9 +72,11 @@ class WanAdapter(DiffusersAdapter):
         # 1. Check inputs (guidance_scale_2 against this job's boundary_ratio).
         pipe.check_inputs(prompt, negative_prompt, height, width)
         if boundary_ratio is None and scale_2 is not None:
-            raise ValueError("guidance_scale_2 needs a boundary_ratio (a two-stage Wan 2.2 model)")
+            raise InvalidJobInput(
+                "guidance_scale_2 needs a boundary_ratio (a two-stage Wan 2.2 model)"
+            )
         if boundary_ratio is not None and pipe.transformer_2 is None:
-            raise ValueError("boundary_ratio needs a Wan 2.2 model with transformer_2")
+            raise InvalidJobInput("boundary_ratio needs a Wan 2.2 model with transformer_2")
 
         temporal = pipe.vae_scale_factor_temporal
         if num_frames % temporal != 1:

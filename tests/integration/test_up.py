@@ -298,7 +298,13 @@ def test_api_processes_share_the_port_and_a_dead_one_is_replaced(tmp_path: Path)
     try:
         apis = _api_pids(up)
         assert len(apis) == 2, apis
-        assert all(up.port in _listening_ports({pid}) for pid in apis)
+        # up is "up" once one of them answers /health; the other may still be starting
+        _wait(
+            lambda: all(up.port in _listening_ports({pid}) for pid in apis),
+            "both API processes listen on the port",
+            up,
+            timeout=60,
+        )
         with httpx.Client(base_url=up.url, timeout=30) as c:
             video = c.post("/v1/videos", json=SMALL_JOB).json()["id"]
             _wait(lambda: _status(c, video)["status"] == "completed", "never completed", up)

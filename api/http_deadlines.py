@@ -57,6 +57,14 @@ class _Deadlines:
     _receive_timer: asyncio.TimerHandle | None = None
     _receiving: str | None = None  # "headers", "body" or None
 
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm("headers")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _arm(self, phase: str) -> None:
         if self._receiving == phase:
             return
@@ -91,19 +99,6 @@ class _Deadlines:
 class DeadlineH11Protocol(_Deadlines, H11Protocol):
     """:class:`H11Protocol` with receive deadlines (see the module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._receive_timer: asyncio.TimerHandle | None = None
-        self._receiving: str | None = None  # "headers", "body" or None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm("headers")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._follow_state()
@@ -133,14 +128,6 @@ if HttpToolsProtocol is not None:
         The parser's callbacks move the timer: a request's first byte (or the connection's
         opening) arms the headers deadline, complete headers the body deadline, a complete
         body (or an upgrade) ends it."""
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm("headers")
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()

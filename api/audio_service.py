@@ -25,7 +25,7 @@ from api.audio_validation import (
 )
 from api.jobs_service import JobService
 from models.audio import MEDIA_TYPES, AudioObject, AudioPage, SpeechCreate
-from models.db import Job, JobStatus
+from models.db import Job, JobStatus, JobView
 from models.errors import InvalidRequest
 from storage.constants import ID_PREFIX
 
@@ -110,7 +110,7 @@ class AudioService(JobService[AudioObject]):
 
     # ---- wire -------------------------------------------------------------------
 
-    def to_wire(self, job: Job, queue_position: int | None = None) -> AudioObject:
+    def to_wire(self, job: JobView, queue_position: int | None = None) -> AudioObject:
         params: dict[str, Any] = job.params
         output: dict[str, Any] = params.get("output") or {}
         fmt = str(params.get("response_format") or "wav")

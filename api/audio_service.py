@@ -14,8 +14,6 @@ import secrets
 import time
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 from api.audio_validation import (
     ResolvedAudio,
     parse_generation,
@@ -69,7 +67,7 @@ class AudioService(JobService[AudioObject]):
         self, r: ResolvedAudio, owner: str, idempotency_key: str | None
     ) -> tuple[Job, int | None]:
         """Store and enqueue; the job and its queue position."""
-        job, created, position = await run_in_threadpool(self._persist, r, owner, idempotency_key)
+        job, created, position = await self.state.blocking(self._persist, r, owner, idempotency_key)
         await self.announce(job, created, position)
         return job, position
 

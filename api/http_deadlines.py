@@ -131,26 +131,39 @@ if HttpToolsProtocol is not None:
 
     class DeadlineHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
         """:class:`HttpToolsProtocol` with receive deadlines (see the module docstring).
-        The parser's callbacks move the timer: a request's first byte (or the connection's
-        opening) arms the headers deadline, complete headers the body deadline, a complete
-        body (or an upgrade) ends it."""
+        The parser's callbacks note what the client still has to send (a request's first
+        byte: its headers; complete headers: the body; a complete body or an upgrade:
+        nothing), and the timer follows once a chunk has been parsed, so a request that
+        arrives whole (most of them, on keep-alive connections) arms and cancels no timer
+        at all; the headers deadline of a new connection starts when it opens."""
+
+        _want: str | None = None
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.transport.is_closing() or self.transport.get_protocol() is not self:
+                self._disarm()  # closed, or upgraded to a WebSocket
+            elif self._want is None:
+                self._disarm()
+            else:
+                self._arm(self._want)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm("headers")
+            self._want = "headers"
 
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
             if self.parser.should_upgrade():
-                self._disarm()  # a WebSocket: its own protocol takes over
+                self._want = None  # a WebSocket: its own protocol takes over
                 return
-            self._arm("body")
+            self._want = "body"
             if self.scope.get("http_version") == "1.0" and self.parser.should_keep_alive():
                 _keep_http10_alive(self.cycle)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
-            self._disarm()
+            self._want = None
 
 
 def _keep_http10_alive(cycle: Any) -> None:

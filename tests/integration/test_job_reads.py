@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, event
 
 from api.app import create_app
+from api.state import AppState
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Job, JobStatus
@@ -155,16 +156,25 @@ def test_status_read_makes_one_thread_pool_hop(
     )  # type: ignore[arg-type]
     hops: list[str] = []
     real = anyio.to_thread.run_sync
+    real_blocking = AppState.blocking
 
-    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+    def note(func: Any) -> None:
         target = getattr(func, "func", func)  # run_in_threadpool passes a partial
         hops.append(getattr(target, "__qualname__", repr(target)))
+
+    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+        note(func)
         return await real(func, *args, **kwargs)
+
+    async def counting_blocking(self: AppState, func: Any, *args: Any, **kwargs: Any) -> Any:
+        note(func)
+        return await real_blocking(self, func, *args, **kwargs)
 
     try:
         with TestClient(create_app(settings)) as client:
             body = {"prompt": "one hop", "size": "64x48", "seconds": "0.5", "fps": 16}
             monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+            monkeypatch.setattr(AppState, "blocking", counting_blocking)
             created = client.post("/v1/videos", json=body)
             video_id = created.json()["id"]
             create_hops = list(hops)

@@ -50,7 +50,9 @@ _QUEUE_POSITIONS = _queue_positions_statement()
 class JobStore:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
-        self._engine: Engine = sessions.kw["bind"]
+        # Reads of the request path in autocommit: no BEGIN and no ROLLBACK on return, one
+        # round trip per statement on PostgreSQL (each sees the latest committed state).
+        self._engine: Engine = sessions.kw["bind"].execution_options(isolation_level="AUTOCOMMIT")
 
     # ---- API side -------------------------------------------------------------------
 

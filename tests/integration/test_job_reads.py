@@ -14,7 +14,8 @@ import anyio.to_thread
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, text
+from sqlalchemy.exc import OperationalError
 
 from api.app import create_app
 from api.state import AppState
@@ -194,3 +195,38 @@ def test_status_read_makes_one_thread_pool_hop(
     assert page.status_code == 200 and video_id in [v["id"] for v in page.json()["data"]]
     assert status_hops == ["JobService.retrieve"], status_hops
     assert hops[len(status_hops) :] == ["VideoService.page"], hops
+
+
+def _backend_pid(store: JobStore) -> int:
+    with store._engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def test_a_dropped_postgresql_connection_idle_past_the_threshold_is_replaced() -> None:
+    """A pooled connection the server dropped is pinged and replaced before a read uses it
+    once it sat idle past ``ping_idle_s``; one used more recently is not pinged, so its
+    read fails, and the pool is invalidated so the next read works (the trade-off of
+    pinging only idle connections, a round trip less per status read)."""
+    name, url = _new_pg_database()
+    upgrade(url)
+    admin = make_engine(DatabaseSettings(url=url))
+    try:
+        for idle_s, survives in ((0.2, True), (60.0, False)):
+            engine = make_engine(DatabaseSettings(url=url, pool_size=1, ping_idle_s=idle_s))
+            store = JobStore(make_sessionmaker(engine))
+            first = _backend_pid(store)
+            with admin.connect() as conn:
+                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
+                conn.commit()
+            time.sleep(0.4)
+            if survives:
+                assert store.read("video_nope") is None  # pinged, replaced, read
+                assert _backend_pid(store) != first
+            else:
+                with pytest.raises(OperationalError):
+                    store.read("video_nope")
+                assert store.read("video_nope") is None  # the pool was invalidated
+            engine.dispose()
+    finally:
+        admin.dispose()
+        _drop_pg_database(name)

@@ -106,6 +106,10 @@ class Relay:
             self.queue.start_session, self.id, config, expires_s=self.settings.admission_timeout_s
         )
         await bounded(placed)
+        self.start()
+
+    def start(self) -> None:
+        """Relay the worker's outputs and send keep-alives, until the session ends."""
         self.tasks.append(asyncio.create_task(self._relay()))
         self.tasks.append(asyncio.create_task(self._keepalive()))
 

@@ -96,16 +96,6 @@ class StopCommand(BaseModel):
     reason: str | None = None
 
 
-SessionCommand = Annotated[
-    KeepaliveCommand
-    | RespondCommand
-    | CancelCommand
-    | InteractionCommand
-    | ReferenceImageCommand
-    | StopCommand,
-    Field(discriminator="type"),
-]
-
 # ------------------------------------------------------------------ outputs (worker → API)
 
 
@@ -177,18 +167,6 @@ class FinishedOutput(BaseModel):
     artifact_id: str | None = None  # a world session persisted to S3
 
 
-SessionOutput = Annotated[
-    AcceptedOutput
-    | KeepaliveOutput
-    | StartedOutput
-    | ChunkOutput
-    | AudioOutput
-    | ResponseFinishedOutput
-    | FailedOutput
-    | FinishedOutput,
-    Field(discriminator="type"),
-]
-
 # ------------------------------------------------------------------ placement (Celery)
 
 
@@ -235,6 +213,30 @@ class SessionTask(BaseModel):
     session_id: str
     config: SessionConfig
 
+
+# ------------------------------------------------------------------ unions and their parsers
+
+SessionCommand = Annotated[
+    KeepaliveCommand
+    | RespondCommand
+    | CancelCommand
+    | InteractionCommand
+    | ReferenceImageCommand
+    | StopCommand,
+    Field(discriminator="type"),
+]
+
+SessionOutput = Annotated[
+    AcceptedOutput
+    | KeepaliveOutput
+    | StartedOutput
+    | ChunkOutput
+    | AudioOutput
+    | ResponseFinishedOutput
+    | FailedOutput
+    | FinishedOutput,
+    Field(discriminator="type"),
+]
 
 TaskPayload = Annotated[JobTask | SessionTask, Field(discriminator="kind")]
 

@@ -76,18 +76,10 @@ class RelayTarget(Protocol):
 
 
 class Relay:
-    def __init__(
-        self,
-        session_id: str,
-        bus: AsyncEventBus,
-        queue: JobQueue,
-        settings: RealtimeSettings,
-        target: RelayTarget,
-    ) -> None:
+    def __init__(self, session_id: str, host: SessionHost, target: RelayTarget) -> None:
         self.id = session_id
-        self.bus = bus
-        self.queue = queue
-        self.settings = settings
+        self.bus, self.queue = host.abus, host.queue
+        self.settings: RealtimeSettings = host.settings.realtime
         self.target = target
         self.inbox, self.outbox = session_in_key(session_id), session_out_key(session_id)
         self.placed = False

@@ -85,7 +85,7 @@ class VideoSession:
         self.owner = owner
         self.id = "rtv_" + secrets.token_hex(12)
         self.protocol = VideoSessionProtocol(self.id, time.monotonic(), _options(host, specs))
-        self.relay = Relay(self.id, host.abus, host.queue, host.settings.realtime, self)
+        self.relay = Relay(self.id, host, self)
         self.fetch_reference = fetch_reference
         self.send_lock = asyncio.Lock()
 

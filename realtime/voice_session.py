@@ -65,7 +65,7 @@ class VoiceSession:
         rt = host.settings.realtime
         options = RealtimeOptions(model=model, duplex=duplex, max_session_s=rt.max_session_s)
         self.protocol = RealtimeProtocol(self.id, options, _vad_factory, time.monotonic())
-        self.relay = Relay(self.id, host.abus, host.queue, rt, self)
+        self.relay = Relay(self.id, host, self)
         self.lock = asyncio.Lock()  # the protocol is driven from the socket and the relay
         self.ws: WebSocket | None = None
         self.tasks: list[asyncio.Task[None]] = []

@@ -180,17 +180,11 @@ class AsyncEventBus:
         return _entries(raw[0][1]) if raw else []
 
     async def read_as(
-        self,
-        adapter: TypeAdapter[T],
-        stream: str,
-        after: str = "0-0",
-        *,
-        block_ms: int | None = None,
-        count: int = 100,
+        self, adapter: TypeAdapter[T], stream: str, after: str, *, block_ms: int | None = None
     ) -> list[BusMessage[T]]:
-        """:meth:`read` on the realtime hot path (the caller bounds it), each entry
-        parsed by ``adapter``."""
-        raw = await self.redis.xread({stream: after}, count=count, block=block_ms)
+        """Up to 100 entries after ``after``, each parsed by ``adapter``: the realtime hot
+        path (the caller bounds the call)."""
+        raw = await self.redis.xread({stream: after}, count=100, block=block_ms)
         return _messages(raw[0][1], adapter) if raw else []
 
     async def exists(self, stream: str) -> bool:

@@ -12,9 +12,11 @@ command nor keep-alive from the API for ``lost_after_s`` means it is gone).
 
 from __future__ import annotations
 
+import abc
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -27,10 +29,12 @@ from models.session_bus import (
 )
 from storage.bus import BusMessage, EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
-from storage.settings import RealtimeSettings
+from storage.settings import RealtimeSettings, Settings
 from workers.failures import classify, log_level
+from workers.pipelines.registry import PipelineRegistry
 
 log = logging.getLogger(__name__)
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
 class SessionSlot:
@@ -84,27 +88,37 @@ class SessionSlot:
         return self.beat + self.settings.keepalive_s - now
 
 
-def run_in_slot(
-    slot: SessionSlot,
-    worker_id: str,
-    serve: Callable[[], str],
-    *,
-    label: str,
-    on_failure: Callable[[], None] | None = None,
-) -> str:
-    """Run one session on this slot; its outcome (``abandoned``, what ``serve``
-    returned, or the failure's code). ``on_failure`` runs before ``failed`` goes out."""
-    if slot.bus.redis.exists(session_abandoned_key(slot.id)):
-        return "abandoned"  # the API gave up waiting for a slot
-    slot.send(AcceptedOutput(worker_id=worker_id))
-    try:
-        outcome = serve()
-    except Exception as exc:
-        code, message = classify(exc)
-        log.log(log_level(code), "%s %s failed: %s", label, slot.id, code, exc_info=exc)
-        if on_failure is not None:
-            on_failure()
-        slot.send(FailedOutput(code=code.value, message=message))
-        outcome = code.value
-    log.info("%s %s: %s", label, slot.id, outcome)
-    return outcome
+class SlotRunner(abc.ABC, Generic[ConfigT]):
+    """One kind of realtime session on a worker; a slot thread calls :meth:`run`."""
+
+    label: ClassVar[str] = "session"
+
+    def __init__(
+        self, settings: Settings, pipelines: PipelineRegistry, bus: EventBus, worker_id: str
+    ) -> None:
+        self.settings = settings
+        self.pipelines = pipelines
+        self.bus = bus
+        self.worker_id = worker_id
+
+    def run(self, session_id: str, config: ConfigT) -> str:
+        """Run one session; its outcome (``abandoned``, what :meth:`serve` returned, or
+        the failure's code)."""
+        slot = SessionSlot(self.bus, session_id, self.settings.realtime)
+        if self.bus.redis.exists(session_abandoned_key(session_id)):
+            return "abandoned"  # the API gave up waiting for a slot
+        slot.send(AcceptedOutput(worker_id=self.worker_id))
+        try:
+            outcome = self.serve(slot, config)
+        except Exception as exc:
+            code, message = classify(exc)
+            log.log(log_level(code), "%s %s failed: %s", self.label, session_id, code, exc_info=exc)
+            slot.send(FailedOutput(code=code.value, message=message))
+            outcome = code.value
+        log.info("%s %s: %s", self.label, session_id, outcome)
+        return outcome
+
+    @abc.abstractmethod
+    def serve(self, slot: SessionSlot, config: ConfigT) -> str:
+        """Run the session until it ends; its outcome. An exception fails it (``failed``
+        goes out once this returned)."""

@@ -39,12 +39,14 @@ from workers.failpoints import Failpoints
 from workers.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import WorldConfig, WorldPipeline
 from workers.pipelines.registry import PipelineRegistry
-from workers.session_slot import SessionSlot, run_in_slot
+from workers.session_slot import SessionSlot, SlotRunner
 
 log = logging.getLogger(__name__)
+# What a session's config hands the world pipeline as it is.
+_WORLD_FIELDS = {"prompt", "width", "height", "num_frames", "fps", "seed", "negative_prompt"}
 
 
-class SessionRunner:
+class SessionRunner(SlotRunner[WorldSessionConfig]):
     def __init__(
         self,
         settings: Settings,
@@ -53,23 +55,15 @@ class SessionRunner:
         worker_id: str,
         persist: Any = None,
     ) -> None:
-        self.settings = settings
-        self.pipelines = pipelines
-        self.bus = bus
-        self.worker_id = worker_id
-        # Callable(session_id, owner, model, path) -> artifact id, for extra_params.persist.
+        super().__init__(settings, pipelines, bus, worker_id)
+        # Callable(session_id, config, path) -> artifact id, for extra_params.persist.
         self.persist = persist
         self.failpoints = Failpoints(settings.worker.failpoints_file)
 
-    def run(self, session_id: str, config: WorldSessionConfig) -> str:
-        slot = SessionSlot(self.bus, session_id, self.settings.realtime)
-        tmp = Path(
-            tempfile.mkdtemp(prefix=f"omniq-{session_id}-", dir=self.settings.worker.tmp_dir)
-        )
+    def serve(self, slot: SessionSlot, config: WorldSessionConfig) -> str:
+        tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{slot.id}-", dir=self.settings.worker.tmp_dir))
         try:
-            return run_in_slot(
-                slot, self.worker_id, lambda: self._roll_out(slot, config, tmp), label="session"
-            )
+            return self._roll_out(slot, config, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -103,13 +97,7 @@ class SessionRunner:
         pipe = self.pipelines.world(config.model)
         extra = config.extra_params
         world = WorldConfig(
-            prompt=config.prompt,
-            width=config.width,
-            height=config.height,
-            num_frames=config.num_frames,
-            fps=config.fps,
-            seed=config.seed,
-            negative_prompt=config.negative_prompt,
+            **config.model_dump(include=_WORLD_FIELDS),
             camera_action_script=extra.get("camera_action_script"),
             extra=dict(extra),
         )

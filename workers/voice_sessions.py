@@ -44,11 +44,9 @@ from models.session_bus import (
     StopCommand,
     VoiceSessionConfig,
 )
-from storage.bus import BusMessage, EventBus
-from storage.settings import Settings
+from storage.bus import BusMessage
 from workers.pipelines.base import VoicePipeline, VoiceTurn
-from workers.pipelines.registry import PipelineRegistry
-from workers.session_slot import SessionSlot, run_in_slot
+from workers.session_slot import SessionSlot, SlotRunner
 
 log = logging.getLogger(__name__)
 
@@ -75,24 +73,16 @@ class _Stop(Exception):
     """The session ends: stop command or the API fell silent."""
 
 
-class VoiceSessionRunner:
-    def __init__(
-        self, settings: Settings, pipelines: PipelineRegistry, bus: EventBus, worker_id: str
-    ) -> None:
-        self.settings = settings
-        self.pipelines = pipelines
-        self.bus = bus
-        self.worker_id = worker_id
+class VoiceSessionRunner(SlotRunner[VoiceSessionConfig]):
+    label = "voice session"
 
-    def run(self, session_id: str, config: VoiceSessionConfig) -> str:
-        session = _VoiceSession(self, SessionSlot(self.bus, session_id, self.settings.realtime))
-        return run_in_slot(
-            session.slot,
-            self.worker_id,
-            lambda: session.serve(config),
-            label="voice session",
-            on_failure=session.fail_active,
-        )
+    def serve(self, slot: SessionSlot, config: VoiceSessionConfig) -> str:
+        session = _VoiceSession(self, slot)
+        try:
+            return session.serve(config)
+        except Exception:
+            session.fail_active()  # its response_finished goes out before the failed
+            raise
 
 
 class _VoiceSession:

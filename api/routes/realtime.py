@@ -18,7 +18,7 @@ import secrets
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from api.deps import websocket_owner
+from api.deps import accept_websocket
 from api.state import AppState
 from realtime.voice_session import VoiceSession, try_resume
 
@@ -33,12 +33,10 @@ def _pick_model(state: AppState, requested: str | None) -> str | None:
 
 
 async def _serve(websocket: WebSocket, duplex: bool) -> None:
-    state: AppState = websocket.state.app
-    owner, subprotocol = await websocket_owner(websocket, state)
-    if owner is None:
-        await websocket.close(code=1008, reason="invalid or missing API key")
+    accepted = await accept_websocket(websocket)
+    if accepted is None:
         return
-    await websocket.accept(subprotocol=subprotocol)
+    state, owner = accepted
     requested = websocket.query_params.get("model")
     model = _pick_model(state, requested)
     if model is None:

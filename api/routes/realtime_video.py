@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from api.deps import websocket_owner
+from api.deps import accept_websocket
 from api.inputs import reference_from_url
-from api.state import AppState
 from realtime.broker import BROKER_ERRORS
 from realtime.video_session import VideoSession
 
@@ -20,12 +19,10 @@ router = APIRouter(tags=["realtime"])
 
 @router.websocket("/v1/realtime/video")
 async def realtime_video(websocket: WebSocket) -> None:
-    state: AppState = websocket.state.app
-    owner, subprotocol = await websocket_owner(websocket, state)
-    if owner is None:
-        await websocket.close(code=1008, reason="invalid or missing API key")
+    accepted = await accept_websocket(websocket)
+    if accepted is None:
         return
-    await websocket.accept(subprotocol=subprotocol)
+    state, owner = accepted
     specs = [s for s in state.specs.values() if s.streaming and s.modality == "video"]
 
     def fetch_reference(url: str, width: int, height: int) -> bytes:

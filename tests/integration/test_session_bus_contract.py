@@ -15,6 +15,7 @@ import asyncio
 import json
 import secrets
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, get_args
 
 import pytest
@@ -149,11 +150,21 @@ class _Collector:
         pass
 
 
+@dataclass
+class _Host:
+    """The API process as a session sees it (``api.state.AppState`` in the API)."""
+
+    settings: Settings
+    abus: AsyncEventBus
+    queue: JobQueue
+    voice_sessions: dict[str, Any] = field(default_factory=dict)
+
+
 def _relay(session_id: str, redis_url: str, target: Any) -> tuple[Relay, Any]:
     client = redis.asyncio.Redis.from_url(redis_url)
-    settings = RealtimeSettings(keepalive_s=30.0)
-    queue = JobQueue(make_celery(Settings(redis=RedisSettings(url=redis_url))))
-    return Relay(session_id, AsyncEventBus(client, ttl_s=60), queue, settings, target), client
+    settings = Settings(redis=RedisSettings(url=redis_url))
+    host = _Host(settings, AsyncEventBus(client, ttl_s=60), JobQueue(make_celery(settings)))
+    return Relay(session_id, host, target), client
 
 
 def test_every_command_reaches_the_worker_as_sent(

@@ -123,7 +123,7 @@ class Relay:
             now = time.monotonic()
             if entries:
                 after = entries[-1].id
-                watch.heard([e.event.type for e in entries], now)
+                watch.heard([e.event for e in entries], now)
             elif (verdict := watch.verdict(now)) is not None:
                 await self._give_up(*verdict)
                 continue

@@ -28,7 +28,6 @@ wakes only when it has work. ``stop``, or no command nor keep-alive from the API
 from __future__ import annotations
 
 import collections
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,8 +46,6 @@ from models.session_bus import (
 from storage.bus import BusMessage
 from workers.pipelines.base import VoicePipeline, VoiceTurn
 from workers.session_slot import SessionSlot, SlotRunner
-
-log = logging.getLogger(__name__)
 
 # Longest inbox wait of an idle session (the keep-alive still goes out on time).
 IDLE_BLOCK_MS = 250

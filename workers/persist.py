@@ -10,11 +10,11 @@ from __future__ import annotations
 import secrets
 import time
 from pathlib import Path
-from typing import Any
 
 import av
 
 from models.db import Artifact, Job, JobStatus
+from models.session_bus import WorldSessionConfig
 from storage.artifacts import ArtifactStore
 from storage.constants import ID_PREFIX, job_prefix
 from storage.jobs import JobStore
@@ -28,7 +28,7 @@ class SessionPersister:
         self.jobs = jobs
         self.artifacts = artifacts
 
-    def __call__(self, session_id: str, config: dict[str, Any], fragmented: Path) -> str:
+    def __call__(self, session_id: str, config: WorldSessionConfig, fragmented: Path) -> str:
         job_id = ID_PREFIX["video"] + secrets.token_hex(12)
         video, thumb = fragmented.with_name("video.mp4"), fragmented.with_name("thumbnail.jpg")
         remux_faststart(fragmented, video)
@@ -55,20 +55,20 @@ class SessionPersister:
                     created_at=now,
                 )
             )
-        fps = float(config["fps"])
+        fps = float(config.fps)
         job = Job(
             id=job_id,
             kind="video",
-            owner=config["owner"],
-            model=config["model"],
+            owner=config.owner,
+            model=config.model,
             status=JobStatus.COMPLETED.value,
-            prompt=config["prompt"],
+            prompt=config.prompt,
             params={"session_id": session_id, "seconds": f"{frames / fps:g}"},
-            width=config["width"],
-            height=config["height"],
+            width=config.width,
+            height=config.height,
             fps=fps,
             num_frames=frames,
-            seed=config["seed"],
+            seed=config.seed,
             num_inference_steps=0,
             has_audio=False,
             progress=100,

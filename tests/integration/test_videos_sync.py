@@ -7,7 +7,6 @@ the API made on ``jobs`` while a sync request waited.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -33,15 +32,6 @@ _JOBS_READ = re.compile(r"SELECT\b[^;]*?\bFROM jobs\b", re.S)
 
 
 class SyncStack(Stack):
-    @property
-    def failpoints(self) -> Path:
-        return self.work / "failpoints.json"
-
-    def set_failpoints(self, points: dict[str, str]) -> None:
-        tmp = self.failpoints.with_suffix(".tmp")
-        tmp.write_text(json.dumps(points))
-        tmp.replace(self.failpoints)
-
     def api_log_size(self) -> int:
         return (self.work / "api.log").stat().st_size
 
@@ -55,7 +45,6 @@ class SyncStack(Stack):
 def sstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[SyncStack]:
     work = Path(tmp_path_factory.mktemp("sync"))
     env = {
-        "OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json"),
         "OMNIQ_DATABASE__ECHO": "true",
     }
     with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=SyncStack) as st:

@@ -39,7 +39,6 @@ with SIGINT (it must exit 0) and removes the data directory. Progress goes to st
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -54,7 +53,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import pct  # noqa: E402
-from benchmarks.embedded_stack import S3_BUCKET, LogWatcher, Stack, git_state, say  # noqa: E402
+from benchmarks.embedded_stack import (  # noqa: E402
+    S3_BUCKET,
+    LogWatcher,
+    Stack,
+    git_state,
+    report,
+    say,
+)
 
 STAGES = (
     "queued",
@@ -412,9 +418,7 @@ def main() -> int:
             say(f"leftovers: {out['leftovers']}")
     finally:
         code = stack.shutdown(out, args.keep_log)
-    out["wall_s"] = round(time.time() - t0, 1)
-    print(json.dumps(out, indent=2))
-    return 0 if code == 0 else 1
+    return report(out, code, wall_s=round(time.time() - t0, 1))
 
 
 if __name__ == "__main__":

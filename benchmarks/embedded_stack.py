@@ -8,6 +8,7 @@ Scripts put the repository root on ``sys.path`` and ``from benchmarks.embedded_s
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -36,6 +37,14 @@ _SKIP_RE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO celery\.app\.trace: "
     r"Task omniqueue\.run_job\[(\S+)\] succeeded in \S+: '(\w+)'"
 )
+
+
+def report(out: dict[str, Any], up_exit_code: int | None, **extra: Any) -> int:
+    """Print the benchmark's JSON object (``out`` with ``extra``) on stdout; the script's
+    exit status: 0 when up exited 0."""
+    out.update(extra)
+    print(json.dumps(out, indent=2))
+    return 0 if up_exit_code == 0 else 1
 
 
 def git_state() -> dict[str, Any]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import re
@@ -55,7 +54,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import pct  # noqa: E402
-from benchmarks.embedded_stack import S3_BUCKET, LogWatcher, Stack, git_state, say  # noqa: E402
+from benchmarks.embedded_stack import (  # noqa: E402
+    S3_BUCKET,
+    LogWatcher,
+    Stack,
+    git_state,
+    report,
+    say,
+)
 
 EXPECTED_OUTPUT = {"output/video.mp4", "output/thumbnail.jpg"}
 RSS_TARGET_MB = 20.0
@@ -403,9 +409,7 @@ def main() -> int:
             say(f"zero checks: {zero}")
     finally:
         code = stack.shutdown(out, args.keep_log)
-    out["total_wall_s"] = round(time.time() - t_start, 1)
-    print(json.dumps(out, indent=2))
-    return 0 if code == 0 else 1
+    return report(out, code, total_wall_s=round(time.time() - t_start, 1))
 
 
 if __name__ == "__main__":

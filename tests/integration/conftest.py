@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import httpx
 import pytest
 import redis
 from sqlalchemy import create_engine, text
@@ -129,3 +130,16 @@ def stack(
         yield st
     finally:
         st.stop()
+
+
+@pytest.fixture(scope="module")
+def key(stack: Stack) -> str:
+    """An API key of ``stack`` (a module's own stack where it overrides ``stack``)."""
+    return stack.create_key("alice")
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack, key: str) -> Iterator[httpx.Client]:
+    """An HTTP client of ``stack`` that sends ``key``."""
+    with stack.client(key) as c:
+        yield c

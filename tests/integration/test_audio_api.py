@@ -48,14 +48,9 @@ def astack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
 
 
 @pytest.fixture(scope="module")
-def key(astack: AudioStack) -> str:
-    return astack.create_key("alice")
-
-
-@pytest.fixture(scope="module")
-def client(astack: AudioStack, key: str) -> Iterator[httpx.Client]:
-    with astack.client(key) as c:
-        yield c
+def stack(astack: AudioStack) -> AudioStack:
+    """This module's stack is the one conftest's ``key`` and ``client`` use."""
+    return astack
 
 
 def _create(client: httpx.Client, **fields: Any) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import av
@@ -21,17 +20,6 @@ from tests.integration.stack import Stack
 pytestmark = pytest.mark.integration
 
 SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 3}
-
-
-@pytest.fixture(scope="module")
-def key(stack: Stack) -> str:
-    return stack.create_key("alice")
-
-
-@pytest.fixture(scope="module")
-def client(stack: Stack, key: str) -> Iterator[httpx.Client]:
-    with stack.client(key) as c:
-        yield c
 
 
 def _create(client: httpx.Client, **fields: Any) -> dict[str, Any]:

@@ -65,6 +65,18 @@ class Stack:
         env.update(self.extra_env)
         return env
 
+    def sibling(self, work: Path, env: dict[str, str]) -> Stack:
+        """Another deployment on this one's database, Redis and S3 (a second API process,
+        say), with ``env`` on top of this one's environment; not started."""
+        return Stack(
+            work=work,
+            database_url=self.database_url,
+            redis_url=self.redis_url,
+            s3=self.s3,
+            auth=self.auth,
+            extra_env={**self.extra_env, **env},
+        )
+
     @property
     def failpoints(self) -> Path:
         """The workers' failpoints file (workers/failpoints.py); none until a test sets it."""

@@ -284,14 +284,7 @@ def test_stall_timeout_closes_the_session(rstack: Stack, tmp_path: Path) -> None
     """A second API process on the same bus with a 0.3 s stall timeout; a 1280x720 chunk
     takes several times that to make, so neither the client nor the worker says anything
     for that long."""
-    impatient = Stack(
-        work=tmp_path,
-        database_url=rstack.database_url,
-        redis_url=rstack.redis_url,
-        s3=rstack.s3,
-        auth="off",
-        extra_env={**rstack.extra_env, "OMNIQ_REALTIME__STALL_TIMEOUT_S": "0.3"},
-    )
+    impatient = rstack.sibling(tmp_path, {"OMNIQ_REALTIME__STALL_TIMEOUT_S": "0.3"})
     impatient.start(workers=0)
     try:
         with _ws(impatient) as ws:
@@ -400,14 +393,7 @@ def test_hostile_json_is_an_error_and_the_session_goes_on(rstack: Stack) -> None
 def test_a_live_session_ends_at_the_session_time_limit(rstack: Stack, tmp_path: Path) -> None:
     """A second API process on the same bus with a 1 s session limit; 45 frames at 60 fps
     (0.75 s of video) pass the start check, but four 1280x720 chunks take longer to make."""
-    strict = Stack(
-        work=tmp_path,
-        database_url=rstack.database_url,
-        redis_url=rstack.redis_url,
-        s3=rstack.s3,
-        auth="off",
-        extra_env={**rstack.extra_env, "OMNIQ_REALTIME__MAX_SESSION_S": "1"},
-    )
+    strict = rstack.sibling(tmp_path, {"OMNIQ_REALTIME__MAX_SESSION_S": "1"})
     strict.start(workers=0)
     try:
         with _ws(strict) as ws:

@@ -372,13 +372,7 @@ def test_sync_timeout_cancels_and_unready_services_give_503(
     stack: Stack, key: str, tmp_path: Any
 ) -> None:
     # A second API process on the same services, with a 1 s sync timeout.
-    impatient = Stack(
-        work=tmp_path,
-        database_url=stack.database_url,
-        redis_url=stack.redis_url,
-        s3=stack.s3,
-        extra_env={"OMNIQ_SYNC_TIMEOUT_S": "1"},
-    )
+    impatient = stack.sibling(tmp_path, {"OMNIQ_SYNC_TIMEOUT_S": "1"})
     impatient.start(workers=0)
     try:
         with impatient.client(key) as c:
@@ -400,13 +394,7 @@ def test_sync_timeout_cancels_and_unready_services_give_503(
             assert final["status"] == "failed" and final["error"]["code"] == "cancelled"
     finally:
         impatient.stop()
-    broken = Stack(
-        work=tmp_path / "broken",
-        database_url=stack.database_url,
-        redis_url=stack.redis_url,
-        s3=stack.s3,
-        extra_env={"OMNIQ_S3__BUCKET": "no-such-bucket-here"},
-    )
+    broken = stack.sibling(tmp_path / "broken", {"OMNIQ_S3__BUCKET": "no-such-bucket-here"})
     broken.work.mkdir()
     broken.port = 0
     broken._spawn("api", "api", "--host", "127.0.0.1", "--port", str(_port(broken)))

@@ -72,22 +72,23 @@ def _find(client: httpx.Client, prompt: str, *statuses: str) -> dict[str, Any]:
     raise AssertionError(f"no video {prompt!r} with status in {statuses}")
 
 
-def _sync_in_background(
-    client: httpx.Client, body: dict[str, Any]
-) -> tuple[threading.Thread, list[httpx.Response]]:
+def _sync_running(
+    client: httpx.Client, prompt: str
+) -> tuple[threading.Thread, list[httpx.Response], dict[str, Any]]:
+    """``POST /v1/videos/sync`` of ``prompt`` in a thread (its response lands in the list);
+    returns once the job is in progress, with the job."""
+    body = {"prompt": prompt, **SMALL}
     out: list[httpx.Response] = []
     thread = threading.Thread(target=lambda: out.append(client.post("/v1/videos/sync", json=body)))
     thread.start()
-    return thread, out
+    return thread, out, _find(client, prompt, "in_progress")
 
 
 def test_sync_waits_on_the_event_stream_not_the_row(
     sstack: SyncStack, client: httpx.Client
 ) -> None:
     sstack.set_failpoints({"step:1": "sleep:3"})
-    body = {"prompt": "sync without polling", **SMALL}
-    thread, out = _sync_in_background(client, body)
-    video = _find(client, body["prompt"], "in_progress")
+    thread, out, video = _sync_running(client, "sync without polling")
     offset = sstack.api_log_size()
     time.sleep(1.0)  # the old wait read the row 5 times in a second
     reads_while_waiting = _JOBS_READ.findall(sstack.api_log_from(offset))
@@ -153,9 +154,7 @@ def test_sync_of_a_job_deleted_meanwhile_is_not_a_server_error(
     sstack: SyncStack, client: httpx.Client
 ) -> None:
     sstack.set_failpoints({"step:1": "pause"})
-    body = {"prompt": "sync deleted", **SMALL}
-    thread, out = _sync_in_background(client, body)
-    video = _find(client, body["prompt"], "in_progress")
+    thread, out, video = _sync_running(client, "sync deleted")
     assert client.delete(f"/v1/videos/{video['id']}").status_code == 200
     thread.join(60)
     (resp,) = out

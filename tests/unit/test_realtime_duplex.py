@@ -7,13 +7,7 @@ from __future__ import annotations
 import json
 
 from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, State, Stop
-from tests.unit.realtime_client import (
-    Client,
-    ScriptedVAD,
-    run_response,
-    silence,
-    speech,
-)
+from tests.unit.realtime_client import Client, ScriptedVAD, run_response, silence, speech
 
 
 def test_duplex_events_carry_a_monotonic_seq_and_capabilities() -> None:

@@ -10,13 +10,7 @@ from typing import Any
 import pytest
 
 from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, State, Stop
-from tests.unit.realtime_client import (
-    SDK,
-    Client,
-    ScriptedVAD,
-    silence,
-    speech,
-)
+from tests.unit.realtime_client import SDK, Client, ScriptedVAD, silence, speech
 
 
 def test_session_created_has_the_spec_defaults() -> None:

@@ -31,14 +31,21 @@ REDIS_BASE_URL = os.environ.get("OMNIQ_TEST_REDIS_URL", "redis://127.0.0.1:6379"
 REDIS_DB = int(os.environ.get("OMNIQ_TEST_REDIS_DB", "9"))
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
-    server = EmbeddedS3(tmp_path_factory.mktemp("s3"), bucket="omniqueue-test")
+@contextmanager
+def running_s3(path: Path, bucket: str, stop_timeout: float = 3.0) -> Iterator[EmbeddedS3]:
+    """A SeaweedFS S3 server with its data in ``path``, for the ``with`` block."""
+    server = EmbeddedS3(path, bucket=bucket)
     server.start()
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(timeout=stop_timeout)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
+    with running_s3(tmp_path_factory.mktemp("s3"), "omniqueue-test") as server:
+        yield server
 
 
 def _new_pg_database() -> tuple[str, str]:

@@ -20,6 +20,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from cli.embedded import EmbeddedS3, EmbeddedValkey, free_port
+from tests.integration.conftest import running_s3
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
-    server = EmbeddedS3(tmp_path_factory.mktemp("s3"), bucket="embedded-test")
-    server.start()
-    try:
+    with running_s3(tmp_path_factory.mktemp("s3"), "embedded-test", stop_timeout=1) as server:
         yield server
-    finally:
-        server.stop(timeout=1)
 
 
 def _listening(port: int) -> bool:

@@ -191,6 +191,24 @@ def select_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+class OnDevice:
+    """The device of a weightless procedural pipeline: the CPU until ``load`` picks one."""
+
+    def __init__(self) -> None:
+        self._device = torch.device("cpu")
+
+    def load(self, device: str) -> None:
+        """Select the device; there are no weights."""
+        self._device = select_device(device)
+
+
+def shifted_sigmas(steps: int, shift: float) -> torch.Tensor:
+    """``steps + 1`` flow-matching noise levels from 1 down to 0 (float64), moved toward
+    the noisy end by ``shift`` (``shift·σ / (1 + (shift - 1)·σ)``)."""
+    sigmas = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
 def chunks(total: int, per_item: int, budget: int) -> list[tuple[int, int]]:
     size = max(1, budget // max(1, per_item))
     return [(s, min(total, s + size)) for s in range(0, total, size)]

@@ -47,7 +47,7 @@ from workers.pipelines.base import (
     WorldConfig,
     WorldPipeline,
 )
-from workers.pipelines.procedural import Scene, select_device
+from workers.pipelines.procedural import Scene
 
 ACTIONS = ("w", "a", "s", "d")
 LATENT_FRAMES_PER_CHUNK = 3
@@ -149,7 +149,7 @@ class WorldState:
         return self.chunk_index >= self.num_chunks
 
 
-class ReferenceWorldPipeline(WorldPipeline[WorldState]):
+class ReferenceWorldPipeline(proc.OnDevice, WorldPipeline[WorldState]):
     """Streams a procedural world in chunks; share one instance across sessions.
 
     Session loop (the caller checks stop, stall and deadlines between calls)::
@@ -166,18 +166,10 @@ class ReferenceWorldPipeline(WorldPipeline[WorldState]):
 
     spec = REFERENCE_WORLD
 
-    def __init__(self) -> None:
-        self._device = torch.device("cpu")
-
-    def load(self, device: str) -> None:
-        """Select the device; there are no weights."""
-        self._device = select_device(device)
-
     def start(self, config: WorldConfig) -> WorldState:
         """Check the config and build the session state (cheap: nothing is rendered yet)."""
         chunks = _validate(config)
-        sigmas = torch.linspace(1.0, 0.0, config.steps_per_chunk + 1, dtype=torch.float64)
-        sigmas = config.flow_shift * sigmas / (1 + (config.flow_shift - 1) * sigmas)
+        sigmas = proc.shifted_sigmas(config.steps_per_chunk, config.flow_shift)
         return WorldState(
             config=config,
             num_chunks=chunks,

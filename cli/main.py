@@ -50,7 +50,10 @@ def _cmd_api(args: argparse.Namespace) -> int:
 def _shared_socket(host: str, port: int) -> socket.socket:
     """A listening address other ``omniqueue api`` processes may bind too (SO_REUSEPORT)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on accepted
+    # sockets whose proto says TCP, and with Nagle on a response's body waited ~40 ms for
+    # the client's delayed ACK of its headers on every reused connection.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))

@@ -16,15 +16,15 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.audio_service import AudioService
+from api.audio_service import AudioService, audio_spec
 from api.content import stream_artifact
-from api.deps import AudioDep, CurrentOwner
+from api.deps import AudioDep, CurrentOwner, IdempotencyKey
 from api.forms import read_create_body
 from api.job_stream import BUS_ERROR, follow
 from api.jobs_service import ClientGone
@@ -42,7 +42,6 @@ from storage.bus import BusEntry
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
 
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
 _ERRORS = errors(400, 401, 409, 413, 422, 503, 504)
 _HEADERS = {"X-Request-Id": "The id of the audio job.", "X-Sample-Rate": "Hz", "X-Channels": "1|2"}
 
@@ -88,7 +87,7 @@ async def speech(
 ) -> Response:
     """OpenAI text-to-speech: the audio file, or a PCM16 / SSE stream for ``pcm``."""
     job, body = await audio.create_speech(await _body(request, audio), owner, idempotency_key)
-    if job.params.get("stream_pcm"):
+    if audio_spec(job).stream_pcm:
         return await _pcm_stream(request, audio, job, owner, sse=body.stream_format == "sse")
     return await _finished_file(request, audio, job, owner)
 
@@ -99,12 +98,10 @@ async def _finished_file(request: Request, audio: AudioService, job: Job, owner:
     except ClientGone:
         return Response(status_code=499)
     artifact = await run_in_threadpool(audio.artifact_of, done, "audio")
-    output = done.params.get("output") or {}
     headers = {
         "X-Request-Id": job.id,
         "X-Inference-Time-S": f"{done.inference_time_s or 0.0:.3f}",
-        "X-Sample-Rate": str(output.get("sample_rate")),
-        "X-Channels": str(output.get("channels")),
+        **audio.content_headers(done),
     }
     return await stream_artifact(audio.state.artifacts, artifact, None, headers, "audio_id")
 
@@ -160,11 +157,11 @@ async def _pcm_stream(
             if not finished:
                 await audio.cancel_quietly(job.id, "client disconnected")
 
-    output_rate = job.params.get("sample_rate") or 24_000
+    spec = audio_spec(job)
     headers = {
         "X-Request-Id": job.id,
-        "X-Sample-Rate": str(output_rate),
-        "X-Channels": str(job.params.get("channels") or 1),
+        "X-Sample-Rate": str(spec.sample_rate or 24_000),
+        "X-Channels": str(spec.channels or 1),
         "Cache-Control": "no-cache",
     }
     media_type = "text/event-stream" if sse else "audio/pcm"

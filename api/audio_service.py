@@ -23,7 +23,7 @@ from api.jobs_service import JobService
 from models.audio import EXTENSIONS, MEDIA_TYPES, AudioObject, AudioPage, SpeechCreate
 from models.db import Job
 from models.errors import InvalidRequest
-from models.job_specs import AudioSpec, audio_seconds
+from models.job_specs import AudioSpec
 from storage.constants import new_job_id
 
 
@@ -81,7 +81,7 @@ class AudioService(JobService[AudioObject]):
         output = job.audio_output()
         return AudioObject(
             **self.wire_fields(job, queue_position),
-            seconds=audio_seconds(job.duration_ms or spec.duration_ms),
+            seconds=spec.seconds,
             response_format=spec.response_format,
             media_type=MEDIA_TYPES.get(spec.response_format, "application/octet-stream"),
             sample_rate=output.sample_rate if output else spec.sample_rate,

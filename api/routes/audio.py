@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from api.audio_service import AudioService
+from api.job_kinds import JobKind
 from api.openapi import AUDIO_MEDIA_TYPES
-from api.routes.jobs import JobKind, job_router
+from api.routes.jobs import job_router
 from models.audio import AudioCreate, AudioDeleted, AudioObject, AudioPage
 
 

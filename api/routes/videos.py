@@ -12,9 +12,10 @@ from starlette.concurrency import run_in_threadpool
 from api.content import stream_artifact
 from api.deps import CurrentOwner, IdempotencyKey, VideosDep
 from api.forms import read_create_body
+from api.job_kinds import JobKind
 from api.jobs_service import ClientGone
 from api.openapi import VIDEO_MEDIA_TYPES, binary, create_body, errors
-from api.routes.jobs import JobKind, job_router
+from api.routes.jobs import job_router
 from api.videos_service import VideoService
 from models.videos import VideoCreate, VideoDeleted, VideoObject, VideoPage
 

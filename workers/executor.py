@@ -249,33 +249,13 @@ class StepExecutor:
         return done
 
     def _request(self, spec: VideoSpec | AudioSpec) -> GenerationRequest:
-        """What the adapter gets: the spec, with the reference frame fetched and decoded."""
-        common: dict[str, Any] = {
-            "prompt": spec.prompt,
-            "num_inference_steps": spec.num_inference_steps,
-            "seed": spec.seed,
-            "negative_prompt": spec.negative_prompt,
-            "guidance_scale": spec.options.get("guidance_scale"),
-            "options": dict(spec.options),
-            "extra": dict(spec.extra),
-        }
-        if isinstance(spec, AudioSpec):
-            return GenerationRequest(
-                width=0, height=0, num_frames=0, fps=0.0, duration_s=spec.duration_s, **common
-            )
+        """What the adapter gets: the spec, with its reference frame fetched and decoded."""
         reference = None
-        if spec.reference_key:
+        if isinstance(spec, VideoSpec) and spec.reference_key:
             png = self.artifacts.get_bytes(spec.reference_key)
             with Image.open(io.BytesIO(png)) as img:
                 reference = np.asarray(img.convert("RGB"))
-        return GenerationRequest(
-            width=spec.width,
-            height=spec.height,
-            num_frames=spec.num_frames,
-            fps=spec.fps,
-            reference_image=reference,
-            **common,
-        )
+        return generation_request(spec, reference)
 
     @staticmethod
     def _encode_video(media: Media, tmp: Path) -> list[tuple[str, Path, str]]:
@@ -480,6 +460,34 @@ class StepExecutor:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+
+def generation_request(
+    spec: VideoSpec | AudioSpec, reference: np.ndarray | None = None
+) -> GenerationRequest:
+    """A job's spec as its adapter reads it: a video clip is ``num_frames`` at ``fps``, an
+    audio clip ``duration_s`` long (frame fields 0)."""
+    common: dict[str, Any] = {
+        "prompt": spec.prompt,
+        "num_inference_steps": spec.num_inference_steps,
+        "seed": spec.seed,
+        "negative_prompt": spec.negative_prompt,
+        "guidance_scale": spec.options.get("guidance_scale"),
+        "options": dict(spec.options),
+        "extra": dict(spec.extra),
+    }
+    if isinstance(spec, AudioSpec):
+        return GenerationRequest(
+            width=0, height=0, num_frames=0, fps=0.0, duration_s=spec.duration_s, **common
+        )
+    return GenerationRequest(
+        width=spec.width,
+        height=spec.height,
+        num_frames=spec.num_frames,
+        fps=spec.fps,
+        reference_image=reference,
+        **common,
+    )
 
 
 @dataclass(frozen=True)

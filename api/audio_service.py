@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 from api.audio_validation import (
     parse_generation,
     resolve_audio,
@@ -21,7 +19,7 @@ from api.audio_validation import (
 )
 from api.jobs_service import JobService
 from models.audio import EXTENSIONS, MEDIA_TYPES, AudioObject, AudioPage, SpeechCreate
-from models.db import Job
+from models.db import Job, JobView, audio_output, job_spec
 from models.errors import InvalidRequest
 from models.job_specs import AudioSpec
 from storage.constants import new_job_id
@@ -65,7 +63,7 @@ class AudioService(JobService[AudioObject]):
     ) -> tuple[Job, int | None]:
         """Store and enqueue; the job and its queue position."""
         job = Job.new(spec, id=new_job_id("audio"), owner=owner, idempotency_key=idempotency_key)
-        job, created, position = await run_in_threadpool(self.store, job, idempotency_key)
+        job, created, position = await self.state.blocking(self.store, job, idempotency_key)
         await self.announce(job, created, position)
         return job, position
 
@@ -76,9 +74,9 @@ class AudioService(JobService[AudioObject]):
 
     # ---- wire -------------------------------------------------------------------
 
-    def to_wire(self, job: Job, queue_position: int | None = None) -> AudioObject:
+    def to_wire(self, job: JobView, queue_position: int | None = None) -> AudioObject:
         spec = audio_spec(job)
-        output = job.audio_output()
+        output = audio_output(job)
         return AudioObject(
             **self.wire_fields(job, queue_position),
             seconds=spec.seconds,
@@ -88,19 +86,19 @@ class AudioService(JobService[AudioObject]):
             channels=output.channels if output else spec.channels,
         )
 
-    def content_headers(self, job: Job) -> dict[str, str]:
+    def content_headers(self, job: JobView) -> dict[str, str]:
         """``pcm`` is raw s16le: its rate and channels travel as headers (every format's do)."""
-        output = job.audio_output()
+        output = audio_output(job)
         return {
             "X-Sample-Rate": str(output.sample_rate if output else None),
             "X-Channels": str(output.channels if output else None),
         }
 
-    def filename(self, job: Job, variant: str) -> str:
+    def filename(self, job: JobView, variant: str) -> str:
         return f"{job.id}.{EXTENSIONS[audio_spec(job).response_format]}"
 
 
-def audio_spec(job: Job) -> AudioSpec:
-    spec = job.job_spec()
+def audio_spec(job: JobView) -> AudioSpec:
+    spec = job_spec(job)
     assert isinstance(spec, AudioSpec), job.id
     return spec

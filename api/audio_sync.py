@@ -14,24 +14,25 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from api.audio_service import AudioService, audio_spec
 from api.content import stream_artifact
 from api.job_stream import BUS_ERROR, follow
 from api.jobs_service import ClientGone
 from models.audio import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
-from models.db import Job
+from models.db import JobView
 from models.errors import JobFailed, ServiceUnavailable, SyncTimeout
 from storage.bus import BusEntry
 
 
-async def finished_file(request: Request, audio: AudioService, job: Job, owner: str) -> Response:
+async def finished_file(
+    request: Request, audio: AudioService, job: JobView, owner: str
+) -> Response:
     try:
         done = await audio.wait_done(request, job.id, owner)
     except ClientGone:
         return Response(status_code=499)
-    artifact = await run_in_threadpool(audio.artifact_of, done, "audio")
+    artifact = await audio.state.blocking(audio.artifact_of, done, "audio")
     headers = {
         "X-Request-Id": job.id,
         "X-Inference-Time-S": f"{done.inference_time_s or 0.0:.3f}",
@@ -41,7 +42,7 @@ async def finished_file(request: Request, audio: AudioService, job: Job, owner: 
 
 
 async def pcm_stream(
-    request: Request, audio: AudioService, job: Job, owner: str, *, sse: bool
+    request: Request, audio: AudioService, job: JobView, owner: str, *, sse: bool
 ) -> Response:
     """Wait for the first chunk (so a job that fails early still gets an error status),
     then forward chunks until ``done``. Leaving early cancels the job."""

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 from api.inputs import check_url, decode_data_url, reference_frame_png, reference_from_url
 from api.jobs_service import JobService
 from api.validation import parse_create, resolve
-from models.db import Job
+from models.db import Job, JobView
 from models.errors import InvalidRequest
 from models.job_specs import VideoSpec, video_seconds
 from models.videos import VideoObject, VideoPage
@@ -57,12 +55,12 @@ class VideoService(JobService[VideoObject]):
                 param="input_reference",
             )
         if remote is not None:
-            png = await run_in_threadpool(
+            png = await self.state.blocking(
                 reference_from_url, remote[0], resolved.width, resolved.height, self.settings,
                 remote[1],
             )
         elif reference is not None:
-            png = await run_in_threadpool(
+            png = await self.state.blocking(
                 reference_frame_png,
                 reference,
                 resolved.width,
@@ -71,7 +69,7 @@ class VideoService(JobService[VideoObject]):
                 "input_reference",
             )
         # with a reference it uploads to S3: on the S3 pool, off the one serving DB reads
-        run = run_in_threadpool if png is None else self.state.artifacts.run
+        run = self.state.blocking if png is None else self.state.artifacts.run
         job, created, position = await run(self._persist, resolved, png, owner, idempotency_key)
         await self.announce(job, created, position)
         return self.to_wire(job, position)
@@ -108,7 +106,7 @@ class VideoService(JobService[VideoObject]):
 
     # ---- wire -------------------------------------------------------------------
 
-    def to_wire(self, job: Job, queue_position: int | None = None) -> VideoObject:
+    def to_wire(self, job: JobView, queue_position: int | None = None) -> VideoObject:
         # Columns only: a status read parses no spec.
         fps, num_frames = job.fps or 0.0, job.num_frames or 0
         return VideoObject(
@@ -120,8 +118,8 @@ class VideoService(JobService[VideoObject]):
             has_audio=job.has_audio,
         )
 
-    def content_headers(self, job: Job) -> dict[str, str]:
+    def content_headers(self, job: JobView) -> dict[str, str]:
         return {}
 
-    def filename(self, job: Job, variant: str) -> str:
+    def filename(self, job: JobView, variant: str) -> str:
         return f"{job.id}.{'mp4' if variant == 'video' else 'jpg'}"

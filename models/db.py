@@ -8,7 +8,7 @@ Types are portable: the same schema runs on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypeAlias
 
 from sqlalchemy import (
     JSON,
@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 # Re-exported: both were defined here; they live with the wire models and the error tree.
@@ -158,12 +159,21 @@ class Job(Base):
             **values,
         )
 
-    def job_spec(self) -> VideoSpec | AudioSpec:
-        """The typed spec (parsed on each call: the worker's, not the read path's)."""
-        return parse_spec(self.spec)
 
-    def audio_output(self) -> AudioOutput | None:
-        return None if self.output is None else AudioOutput.model_validate(self.output)
+# A job as the API reads it for the wire: an ORM ``Job``, or a Core row of the ``jobs``
+# table with the same attribute names (status reads and list pages skip the ORM's
+# identity map and instance state: :meth:`storage.jobs.JobStore.read`).
+JobView: TypeAlias = "Job | Row[Any]"
+
+
+def job_spec(job: JobView) -> VideoSpec | AudioSpec:
+    """The job's typed spec (parsed on each call; video status reads need none)."""
+    return parse_spec(job.spec)
+
+
+def audio_output(job: JobView) -> AudioOutput | None:
+    """What an audio job made, once it has completed."""
+    return None if job.output is None else AudioOutput.model_validate(job.output)
 
 
 class Artifact(Base):

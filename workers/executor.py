@@ -33,7 +33,7 @@ import torch
 from PIL import Image
 
 from models.common import JobError, JobStatus
-from models.db import Artifact, Job
+from models.db import Artifact, Job, job_spec
 from models.errors import ErrorCode, JobLost, JobTimedOut, StorageError, UploadAborted
 from models.events import ChunkEvent, DoneEvent, PreviewEvent, ProgressEvent, StatusEvent
 from models.job_specs import AudioOutput, AudioSpec, VideoSpec
@@ -117,7 +117,7 @@ class StepExecutor:
         job = self.jobs.get(job_id)
         if job is None:
             return "skipped"
-        spec = job.job_spec()
+        spec = job_spec(job)
         timeout = spec.timeout_s or self.settings.limits.default_job_timeout_s
         timeout = min(timeout, self.settings.limits.max_job_timeout_s)
         run = _Run(

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, WebSocket
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from api.content import stream_artifact
 from api.deps import CurrentOwner
@@ -53,11 +52,11 @@ def add_output_routes(router: APIRouter, kind: JobKind) -> None:
         redirect: Annotated[bool | None, Depends(_redirect)],
         range_header: Annotated[str | None, Header(alias="Range")] = None,
     ) -> Response:
-        job, artifact = await run_in_threadpool(svc.content_artifact, job_id, owner, variant)
+        job, artifact = await svc.state.blocking(svc.content_artifact, job_id, owner, variant)
         store = svc.state.artifacts
         if redirect if redirect is not None else svc.settings.s3.redirect_content:
             name = svc.filename(job, variant)
-            url = await run_in_threadpool(store.presign_get, artifact.key, filename=name)
+            url = await svc.state.blocking(store.presign_get, artifact.key, filename=name)
             return RedirectResponse(url, status_code=302)
         headers = svc.content_headers(job)
         return await stream_artifact(store, artifact, range_header, headers, id_param)
@@ -77,7 +76,7 @@ def add_output_routes(router: APIRouter, kind: JobKind) -> None:
         last_event_id_q: Annotated[str | None, Query(alias="last_event_id")] = None,
     ) -> StreamingResponse:
         after = parse_cursor(last_event_id, last_event_id_q)
-        await run_in_threadpool(svc.get_job, job_id, owner)  # 404 for others' jobs
+        await svc.state.blocking(svc.get_job, job_id, owner)  # 404 for others' jobs
 
         async def body() -> AsyncIterator[str]:
             async for entry in follow(svc.state, svc, job_id, owner, after):

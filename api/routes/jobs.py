@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentOwner, IdempotencyKey
 from api.forms import read_create_body
@@ -62,7 +61,7 @@ def job_router(kind: JobKind) -> APIRouter:
         order: Literal["asc", "desc"] = "desc",
     ) -> Response:
         # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
-        return json_response(await run_in_threadpool(svc.page, owner, after or None, limit, order))
+        return json_response(await svc.state.blocking(svc.page, owner, after or None, limit, order))
 
     @router.get(
         item, name=f"retrieve_{noun}", response_model=kind.object, responses=errors(401, 404, 422)
@@ -72,7 +71,7 @@ def job_router(kind: JobKind) -> APIRouter:
         svc: Annotated[JobService[Any], svc_dep],
         owner: CurrentOwner,
     ) -> Response:
-        return _object(svc, await run_in_threadpool(svc.retrieve, job_id, owner))
+        return _object(svc, await svc.state.blocking(svc.retrieve, job_id, owner))
 
     @router.delete(
         item,
@@ -100,7 +99,7 @@ def job_router(kind: JobKind) -> APIRouter:
         svc: Annotated[JobService[Any], svc_dep],
         owner: CurrentOwner,
     ) -> Response:
-        return _object(svc, await run_in_threadpool(svc.cancel, job_id, owner))
+        return _object(svc, await svc.state.blocking(svc.cancel, job_id, owner))
 
     add_output_routes(router, kind)
     return router

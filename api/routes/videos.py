@@ -7,7 +7,6 @@ from typing import Literal
 
 from fastapi import Request
 from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
 
 from api.content import stream_artifact
 from api.deps import CurrentOwner, IdempotencyKey, VideosDep
@@ -66,7 +65,7 @@ async def create_video_sync(
         job = await videos.wait_done(request, video.id, owner)
     except ClientGone:
         return Response(status_code=499)
-    artifact = await run_in_threadpool(videos.artifact_of, job, "video")
+    artifact = await videos.state.blocking(videos.artifact_of, job, "video")
     headers = {
         "X-Request-Id": video.id,
         "X-Inference-Time-S": f"{job.inference_time_s or 0.0:.3f}",

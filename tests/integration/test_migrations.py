@@ -15,7 +15,7 @@ from sqlalchemy import Engine, MetaData, Table, create_engine, inspect, select
 from api.app import create_app
 from cli.embedded import EmbeddedS3
 from migrations.runner import downgrade, upgrade
-from models.db import Base
+from models.db import Base, audio_output, job_spec
 from models.job_specs import AudioOutput, AudioSpec, VideoSpec
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
@@ -160,27 +160,27 @@ def test_rows_of_0001_are_read_by_the_new_code_and_downgrade_back(
     assert video is not None and audio is not None and speech is not None
     assert session is not None
     # the worker's view: typed specs
-    assert video.job_spec() == VideoSpec(
+    assert job_spec(video) == VideoSpec(
         model="reference/video", prompt="a red fox", seed=42, num_inference_steps=3,
         timeout_s=120.0, negative_prompt="blur", options={"guidance_scale": 7.5},
         extra={"motion": 2.0}, width=64, height=48, fps=16.0, num_frames=8,
         reference_key="videos/video_old1/input/reference.png",
     )
-    assert audio.job_spec() == AudioSpec(
+    assert job_spec(audio) == AudioSpec(
         model="reference/audio", prompt="rain", seed=7, num_inference_steps=4,
         timeout_s=600.0, extra={"bpm": 90.0}, duration_ms=1500, response_format="mp3",
         channels=2,
     )
-    assert speech.job_spec() == AudioSpec(
+    assert job_spec(speech) == AudioSpec(
         model="reference/audio", prompt="hello there", seed=3, num_inference_steps=4,
         timeout_s=600.0, options={"speed": 1.0, "voice": "alloy"}, duration_ms=1100,
         response_format="pcm", sample_rate=24000, channels=1, stream_pcm=True,
     )
-    session_spec = session.job_spec()
+    session_spec = job_spec(session)
     assert isinstance(session_spec, VideoSpec) and session_spec.session_id == "sess_1"
     # audio rows are no longer video-shaped
     assert (audio.duration_ms, audio.fps, audio.num_frames, audio.width) == (1500, None, None, None)
-    assert audio.audio_output() == AudioOutput(sample_rate=44100, channels=2, num_samples=66150)
+    assert audio_output(audio) == AudioOutput(sample_rate=44100, channels=2, num_samples=66150)
     assert (video.duration_ms, video.fps, video.num_frames) == (None, 16.0, 8)
     engine.dispose()
 

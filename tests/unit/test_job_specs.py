@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from api.audio_validation import parse_generation, resolve_audio, resolve_generate, resolve_speech
 from api.validation import parse_create, resolve
 from models.catalog import BUILTIN_SPECS
-from models.db import Job
+from models.db import Job, job_spec
 from models.job_specs import AudioSpec, VideoSpec, parse_spec
 from storage.settings import Settings
 from workers.executor import generation_request
@@ -67,8 +67,8 @@ def test_a_video_request_reaches_the_adapter_as_asked(settings: Settings) -> Non
     )
     assert (job.status, job.progress, job.stage, job.idempotency_key) == ("queued", 0, "queue", "k")
     # the worker gets the same spec, and the adapter the request it describes
-    assert job.job_spec() == spec and spec.seconds == "0.5"
-    request = generation_request(job.job_spec())
+    assert job_spec(job) == spec and spec.seconds == "0.5"
+    request = generation_request(job_spec(job))
     assert (request.width, request.height, request.num_frames, request.fps) == (64, 48, 8, 16.0)
     assert (request.seed, request.num_inference_steps, request.duration_s) == (9, 3, None)
     assert request.negative_prompt == "blur" and request.guidance_scale == 7.5
@@ -127,7 +127,7 @@ def test_an_audio_request_is_a_duration_not_frames(
     job = _stored(Job.new(spec, id="audio_x", owner="local"))
     assert (job.kind, job.duration_ms, job.has_audio) == ("audio", duration_ms, True)
     assert (job.width, job.height, job.fps, job.num_frames) == (None, None, None, None)
-    parsed = job.job_spec()
+    parsed = job_spec(job)
     assert parsed == spec and isinstance(parsed, AudioSpec)
     assert (parsed.response_format, parsed.stream_pcm) == (fmt, stream_pcm)
     assert parsed.seconds == f"{duration_ms / 1000:g}"

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from models.audio import AudioFormat
+
 
 class _Spec(BaseModel):
     """What every kind of job needs to run."""
@@ -61,7 +63,7 @@ class AudioSpec(_Spec):
 
     kind: Literal["audio"] = "audio"
     duration_ms: int = Field(ge=1)
-    response_format: str = "wav"
+    response_format: AudioFormat = "wav"
     # The artifact's rate and channels as asked for; None: the model's own.
     sample_rate: int | None = None
     channels: int | None = None

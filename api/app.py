@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +24,14 @@ log = logging.getLogger(__name__)
 _BODY_OVERHEAD = 1024 * 1024
 
 
+def _telemetry(settings: Settings) -> dict[str, Any]:
+    """FastAPI's ``telemetry`` option (FastAPI releases that have it): its defaults when
+    ``OMNIQ_HTTP__OPENTELEMETRY`` is on, else tracing, metrics and logs off."""
+    if settings.http.opentelemetry or "telemetry" not in inspect.signature(FastAPI).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     settings.check_secrets()
@@ -40,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await state.aclose()
 
     app = FastAPI(
+        **_telemetry(settings),
         title="omniqueue",
         version="0.1.0",
         summary="Async job queue with streaming delivery for generative video and audio",

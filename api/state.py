@@ -10,7 +10,6 @@ database reads. ``/ready`` probes the three services in parallel under one deadl
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,6 +20,7 @@ import redis
 import redis.asyncio
 from sqlalchemy import Engine, text
 
+from api.blocking import BlockingPool
 from models.catalog import ModelSpec
 from storage.artifacts import ArtifactStore, make_s3_client
 from storage.bus import AsyncEventBus, EventBus
@@ -77,7 +77,7 @@ class AppState:
     abus: AsyncEventBus
     s3_pool: ThreadPoolExecutor
     # Blocking calls of the request path (database, broker publishes): see ``blocking``.
-    blocking_pool: ThreadPoolExecutor
+    blocking_pool: BlockingPool
     # Live /v1/realtime sessions of this process by id (duplex resume looks them up).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
     # /ready: one thread per service, and a probe still running is awaited again rather
@@ -108,7 +108,7 @@ class AppState:
             bus=EventBus(_sync_redis(settings), ttl_s=settings.events_ttl_s),
             abus=AsyncEventBus(_async_redis(settings.redis.url), ttl_s=settings.events_ttl_s),
             s3_pool=s3_pool,
-            blocking_pool=ThreadPoolExecutor(settings.http.threads, thread_name_prefix="blocking"),
+            blocking_pool=BlockingPool(settings.http.threads),
         )
 
     async def aclose(self) -> None:
@@ -117,20 +117,14 @@ class AppState:
         await self.abus.redis.aclose()
         self.engine.dispose()
         self.s3_pool.shutdown(wait=False, cancel_futures=True)
-        self.blocking_pool.shutdown(wait=False, cancel_futures=True)
+        self.blocking_pool.shutdown()
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
 
     async def blocking(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """``fn(*args, **kwargs)`` on the API's pool of ``OMNIQ_HTTP__THREADS`` threads.
-
-        A ``ThreadPoolExecutor`` through ``run_in_executor`` instead of anyio's
-        ``to_thread`` (Starlette's ``run_in_threadpool``): anyio's worker threads wait on a
-        ``queue.Queue`` (a Python condition variable) and each call builds cancel scopes,
-        which cost about 2.5x the CPU and 4x the latency per hop under concurrent status
-        reads (docs/PERFORMANCE.md). Cancelling the caller does not stop the call; it
-        finishes on its thread, as with anyio."""
-        call = functools.partial(fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self.blocking_pool, call)
+        """``fn(*args, **kwargs)`` on the API's ``OMNIQ_HTTP__THREADS`` threads
+        (:class:`api.blocking.BlockingPool`: a third of the CPU per call of anyio's
+        ``to_thread``, which Starlette's ``run_in_threadpool`` uses)."""
+        return await self.blocking_pool.run(fn, *args, **kwargs)
 
     async def readiness(self) -> dict[str, str]:
         """Probe the database, Redis and S3 in parallel; ``ok``, the error class, or

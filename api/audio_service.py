@@ -21,7 +21,7 @@ from api.jobs_service import JobService
 from models.audio import EXTENSIONS, MEDIA_TYPES, AudioObject, AudioPage, SpeechCreate
 from models.db import Job, JobView, audio_output, job_spec
 from models.errors import InvalidRequest
-from models.job_specs import AudioSpec
+from models.job_specs import AudioSpec, audio_seconds, audio_shape
 from storage.constants import new_job_id
 
 
@@ -75,15 +75,15 @@ class AudioService(JobService[AudioObject]):
     # ---- wire -------------------------------------------------------------------
 
     def to_wire(self, job: JobView, queue_position: int | None = None) -> AudioObject:
-        spec = audio_spec(job)
-        output = audio_output(job)
+        # Columns and the stored spec's fields, not a parsed spec: see audio_shape.
+        shape = audio_shape(job.spec, job.output)
         return AudioObject(
             **self.wire_fields(job, queue_position),
-            seconds=spec.seconds,
-            response_format=spec.response_format,
-            media_type=MEDIA_TYPES.get(spec.response_format, "application/octet-stream"),
-            sample_rate=output.sample_rate if output else spec.sample_rate,
-            channels=output.channels if output else spec.channels,
+            seconds=audio_seconds(job.duration_ms or 0),
+            response_format=shape.response_format,
+            media_type=MEDIA_TYPES.get(shape.response_format, "application/octet-stream"),
+            sample_rate=shape.sample_rate,
+            channels=shape.channels,
         )
 
     def content_headers(self, job: JobView) -> dict[str, str]:
@@ -95,7 +95,7 @@ class AudioService(JobService[AudioObject]):
         }
 
     def filename(self, job: JobView, variant: str) -> str:
-        return f"{job.id}.{EXTENSIONS[audio_spec(job).response_format]}"
+        return f"{job.id}.{EXTENSIONS[audio_shape(job.spec, job.output).response_format]}"
 
 
 def audio_spec(job: JobView) -> AudioSpec:

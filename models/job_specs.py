@@ -12,7 +12,7 @@ A spec says what was asked for and never changes after the insert; what the work
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -97,6 +97,24 @@ class AudioOutput(BaseModel):
     sample_rate: int
     channels: int
     num_samples: int
+
+
+class AudioShape(NamedTuple):
+    """What an audio job's wire object says about its file: the format, and the rate and
+    channels of the artifact once made (until then, the ones asked for)."""
+
+    response_format: AudioFormat
+    sample_rate: int | None
+    channels: int | None
+
+
+def audio_shape(spec: dict[str, Any], output: dict[str, Any] | None) -> AudioShape:
+    """:class:`AudioShape` of a stored :class:`AudioSpec` and :class:`AudioOutput`, read at
+    dict speed for status reads and list pages (validating both costs ~9 us a row; they
+    were validated when written: :meth:`models.db.Job.new`, the executor)."""
+    if output:
+        return AudioShape(spec["response_format"], output["sample_rate"], output["channels"])
+    return AudioShape(spec["response_format"], spec.get("sample_rate"), spec.get("channels"))
 
 
 def video_seconds(num_frames: int, fps: float) -> str:

@@ -16,7 +16,7 @@ from api.audio_validation import parse_generation, resolve_audio, resolve_genera
 from api.validation import parse_create, resolve
 from models.catalog import BUILTIN_SPECS
 from models.db import Job, job_spec
-from models.job_specs import AudioSpec, VideoSpec, parse_spec
+from models.job_specs import AudioOutput, AudioSpec, VideoSpec, audio_shape, parse_spec
 from storage.settings import Settings
 from workers.executor import generation_request
 
@@ -131,6 +131,10 @@ def test_an_audio_request_is_a_duration_not_frames(
     assert parsed == spec and isinstance(parsed, AudioSpec)
     assert (parsed.response_format, parsed.stream_pcm) == (fmt, stream_pcm)
     assert parsed.seconds == f"{duration_ms / 1000:g}"
+    # what status reads take from the stored spec (and, once made, the output)
+    assert audio_shape(job.spec, None) == (fmt, spec.sample_rate, spec.channels)
+    made = AudioOutput(sample_rate=8000, channels=2, num_samples=4).model_dump()
+    assert audio_shape(job.spec, made) == (fmt, 8000, 2)
     request = generation_request(parsed)
     assert request.duration_s == duration_ms / 1000
     assert (request.num_frames, request.fps, request.width, request.height) == (0, 0.0, 0, 0)

@@ -80,3 +80,15 @@ async def websocket_owner(websocket: WebSocket, state: AppState) -> tuple[str | 
         return None, None
     key = await state.blocking(state.keys.verify, secret)
     return (key.id if key else None), chosen
+
+
+async def accept_websocket(websocket: WebSocket) -> tuple[AppState, str] | None:
+    """Authenticate and accept a realtime WebSocket: the app state and the caller, or
+    None once a socket without a valid key was closed (1008)."""
+    state: AppState = websocket.state.app
+    owner, subprotocol = await websocket_owner(websocket, state)
+    if owner is None:
+        await websocket.close(code=1008, reason="invalid or missing API key")
+        return None
+    await websocket.accept(subprotocol=subprotocol)
+    return state, owner

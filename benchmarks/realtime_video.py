@@ -73,6 +73,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import start_up, summary, valkey_url  # noqa: E402
+from models.session_bus import OUTPUTS, ChunkOutput  # noqa: E402
 from storage.constants import session_out_key  # noqa: E402
 
 MAX_SIZE = 16 * 1024 * 1024
@@ -216,8 +217,7 @@ def _breakdown(redis_url: str, sessions: list[dict[str, Any]]) -> dict[str, Any]
                 session_out_key(s["request_id"])
             )  # type: ignore[assignment]
             for entry_id, fields in entries:
-                event = json.loads(fields[b"event"])
-                if event.get("type") == "chunk":
+                if isinstance(OUTPUTS.validate_json(fields[b"event"]), ChunkOutput):
                     stored[len(stored)] = int(entry_id.split(b"-")[0]) / 1000
             for i, c in enumerate(s["chunks"]):
                 if i in stored:

@@ -6,6 +6,10 @@ Video and voice sessions share it, and the words they use when the API loses the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from models.session_bus import AcceptedOutput, SessionOutput
+
 BROKER_ERROR = "broker_error"
 BROKER_ERROR_MESSAGE = "the message broker (Redis) is unreachable; the session cannot go on"
 
@@ -17,11 +21,11 @@ class WorkerWatch:
         self._lost_after_s = lost_after_s
         self._heard = now
 
-    def heard(self, kinds: list[str], now: float) -> None:
-        """Entries of these types arrived from the worker."""
-        if kinds:
+    def heard(self, outputs: Sequence[SessionOutput], now: float) -> None:
+        """These outputs arrived from the worker (``accepted`` admits the session)."""
+        if outputs:
             self._heard = now
-            self.admitted = self.admitted or "accepted" in kinds
+            self.admitted = self.admitted or any(isinstance(o, AcceptedOutput) for o in outputs)
 
     def verdict(self, now: float) -> tuple[str, str] | None:
         """``(code, message)`` when the session must end for want of its worker."""

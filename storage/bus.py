@@ -1,10 +1,14 @@
 """The event bus: Redis Streams, one per job or session direction.
 
-Each entry holds a JSON ``event`` and optionally binary ``data``; the stream id (e.g.
+Each entry holds a model as JSON in ``event`` (``model_dump_json``: no dict crosses a
+process boundary) and optionally raw binary ``data``; the stream id (e.g.
 ``1764460000123-0``) is the event's id on the wire, so a watcher resumes by passing the
-last id it saw (SSE ``Last-Event-ID``). Streams are bounded (``MAXLEN ~``) and expire
-``ttl_s`` after their last entry, so nothing outlives its retention. The worker publishes
-with the synchronous :class:`EventBus`; the API reads with :class:`AsyncEventBus`.
+last id it saw (SSE ``Last-Event-ID``). ``read`` returns the JSON decoded (job watchers
+forward it as it is); ``read_as`` parses each entry into one model of a union with that
+union's module-level ``TypeAdapter`` (the session streams of ``models/session_bus.py``).
+Streams are bounded (``MAXLEN ~``) and expire ``ttl_s`` after their last entry, so
+nothing outlives its retention. The worker publishes with the synchronous
+:class:`EventBus`; the API reads with :class:`AsyncEventBus`.
 
 The asyncio client has no per-command socket timeout (see ``api/state.py``); request-path
 callers pass ``timeout_s`` instead, which arms one timer around that call only and turns
@@ -18,14 +22,15 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis.exceptions
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from models.errors import BusUnavailable
 
 DEFAULT_MAXLEN = 2000
+T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -51,21 +56,33 @@ class BusEntry:
         return str(self.event.get("type", ""))
 
 
-def _fields(event: BaseModel | dict[str, Any], data: bytes | None) -> dict[str, Any]:
-    body = event.model_dump(mode="json") if isinstance(event, BaseModel) else event
-    fields: dict[str, Any] = {"event": json.dumps(body, separators=(",", ":"))}
+@dataclass(frozen=True, slots=True)
+class BusMessage(Generic[T]):
+    """An entry parsed by :meth:`EventBus.read_as`: ``event`` is a model, ``data`` raw."""
+
+    id: str
+    event: T
+    data: bytes | None = None
+
+
+def _fields(event: BaseModel, data: bytes | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"event": event.model_dump_json()}
     if data is not None:
         fields["data"] = data
     return fields
 
 
+def _id(entry_id: Any) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
 def _entries(raw: Any) -> list[BusEntry]:
-    out = []
-    for entry_id, fields in raw:
-        eid = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-        event = json.loads(fields[b"event"])
-        out.append(BusEntry(eid, event, fields.get(b"data")))
-    return out
+    return [BusEntry(_id(i), json.loads(f[b"event"]), f.get(b"data")) for i, f in raw]
+
+
+def _messages(raw: Any, adapter: TypeAdapter[T]) -> list[BusMessage[T]]:
+    parse = adapter.validate_json
+    return [BusMessage(_id(i), parse(f[b"event"]), f.get(b"data")) for i, f in raw]
 
 
 class EventBus:
@@ -76,18 +93,14 @@ class EventBus:
         self.ttl_s = ttl_s
         self.maxlen = maxlen
 
-    def publish(
-        self, stream: str, event: BaseModel | dict[str, Any], data: bytes | None = None
-    ) -> str:
+    def publish(self, stream: str, event: BaseModel, data: bytes | None = None) -> str:
         pipe = self.redis.pipeline(transaction=False)
         pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
         pipe.expire(stream, self.ttl_s)
         entry_id, _ = pipe.execute()
-        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return _id(entry_id)
 
-    def publish_many(
-        self, stream: str, events: Sequence[tuple[BaseModel | dict[str, Any], bytes | None]]
-    ) -> None:
+    def publish_many(self, stream: str, events: Sequence[tuple[BaseModel, bytes | None]]) -> None:
         """Publish several events in one round trip (readers see them together)."""
         if not events:
             return
@@ -102,6 +115,19 @@ class EventBus:
     ) -> list[BusEntry]:
         raw = self.redis.xread({stream: after}, count=count, block=block_ms)
         return _entries(raw[0][1]) if raw else []
+
+    def read_as(
+        self,
+        adapter: TypeAdapter[T],
+        stream: str,
+        after: str = "0-0",
+        *,
+        block_ms: int | None = None,
+        count: int = 100,
+    ) -> list[BusMessage[T]]:
+        """:meth:`read`, each entry parsed by ``adapter`` (a ``ValidationError`` if not)."""
+        raw = self.redis.xread({stream: after}, count=count, block=block_ms)
+        return _messages(raw[0][1], adapter) if raw else []
 
     def delete(self, *streams: str) -> None:
         if streams:
@@ -119,7 +145,7 @@ class AsyncEventBus:
     async def publish(
         self,
         stream: str,
-        event: BaseModel | dict[str, Any],
+        event: BaseModel,
         data: bytes | None = None,
         *,
         timeout_s: float | None = None,
@@ -129,14 +155,12 @@ class AsyncEventBus:
         async with _bounded(timeout_s):
             return await self._publish(stream, event, data)
 
-    async def _publish(
-        self, stream: str, event: BaseModel | dict[str, Any], data: bytes | None
-    ) -> str:
+    async def _publish(self, stream: str, event: BaseModel, data: bytes | None) -> str:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
             pipe.expire(stream, self.ttl_s)
             entry_id, _ = await pipe.execute()
-        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return _id(entry_id)
 
     async def read(
         self,
@@ -154,6 +178,14 @@ class AsyncEventBus:
             async with _bounded(timeout_s + (block_ms or 0) / 1000):
                 raw = await self.redis.xread({stream: after}, count=count, block=block_ms)
         return _entries(raw[0][1]) if raw else []
+
+    async def read_as(
+        self, adapter: TypeAdapter[T], stream: str, after: str, *, block_ms: int | None = None
+    ) -> list[BusMessage[T]]:
+        """Up to 100 entries after ``after``, each parsed by ``adapter``: the realtime hot
+        path (the caller bounds the call)."""
+        raw = await self.redis.xread({stream: after}, count=100, block=block_ms)
+        return _messages(raw[0][1], adapter) if raw else []
 
     async def exists(self, stream: str) -> bool:
         return bool(await self.redis.exists(stream))

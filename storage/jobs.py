@@ -11,18 +11,23 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, bindparam, delete, func, or_, select, update
+from sqlalchemy import Select, and_, bindparam, delete, func, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from models.db import Artifact, ErrorCode, Job, JobStatus, JobView
+from models.db import Artifact, ErrorCode, Job, JobRecord, JobStatus, JobView
 
 ACTIVE = (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value)
 
 _JOBS = Job.__table__
 # Built once: SQLAlchemy caches the compiled form of a statement object it sees again.
 _JOB_BY_ID = select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
+_COLUMNS = tuple(_JOBS.columns.keys())  # the order ``select(_JOBS)`` returns them in
+
+
+def _record(row: Any) -> JobRecord:
+    return JobRecord(**dict(zip(_COLUMNS, row, strict=True)))
 
 
 def _queue_positions_statement() -> Select[Any]:
@@ -98,7 +103,7 @@ class JobStore:
                 return None
             return job
 
-    def read(self, job_id: str, owner: str | None = None) -> Row[Any] | None:
+    def read(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         """The job's row, read-only (the API's status reads): one Core ``SELECT`` on a
         pooled connection, no ORM session, identity map or instance state, which were
         two thirds of a status read's database time. Attributes are named as on ``Job``."""
@@ -106,11 +111,11 @@ class JobStore:
             row = conn.execute(_JOB_BY_ID, {"job_id": job_id}).one_or_none()
         if row is None or (owner is not None and row.owner != owner):
             return None
-        return row
+        return _record(row)
 
     def page(
         self, owner: str, *, after: str | None, limit: int, order: str, kind: str
-    ) -> tuple[list[Row[Any]], bool]:
+    ) -> tuple[list[JobRecord], bool]:
         """A page of the owner's jobs by ``created_at`` (ties by id), after a cursor id,
         as read-only rows (see :meth:`read`)."""
         c = _JOBS.c
@@ -138,7 +143,7 @@ class JobStore:
                 q = q.order_by(c.created_at.asc(), c.id.asc())
             else:
                 q = q.order_by(c.created_at.desc(), c.id.desc())
-            rows = list(conn.execute(q.limit(limit + 1)))
+            rows = [_record(row) for row in conn.execute(q.limit(limit + 1))]
             return rows[:limit], len(rows) > limit
 
     def queue_positions(self, jobs: Sequence[JobView]) -> dict[str, int]:

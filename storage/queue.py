@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import Celery
 
+from models.session_bus import JobTask, SessionConfig, SessionTask
 from storage import broker_transport
 from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtime_queue
 from storage.settings import Settings
@@ -74,22 +75,24 @@ def make_celery(settings: Settings, name: str = "omniqueue", *, publisher: bool 
 
 
 class JobQueue:
-    """Puts job ids on the broker. Idempotent: the Celery task id is the job id."""
+    """Puts tasks on the broker, each with one argument: a ``models.session_bus``
+    task payload as JSON. Idempotent: the Celery task id is the job (session) id."""
 
     def __init__(self, app: Celery) -> None:
         self._app = app
 
     def enqueue(self, job_id: str, model: str) -> None:
-        self._app.send_task(TASK_RUN_JOB, args=[job_id], task_id=job_id, queue=job_queue(model))
+        payload = JobTask(job_id=job_id).model_dump(mode="json")
+        self._app.send_task(TASK_RUN_JOB, args=[payload], task_id=job_id, queue=job_queue(model))
 
-    def start_session(
-        self, session_id: str, model: str, config: dict[str, Any], *, expires_s: float
-    ) -> None:
-        """Place a realtime session on the model's realtime queue. A message no worker
+    def start_session(self, session_id: str, config: SessionConfig, *, expires_s: float) -> None:
+        """Place a realtime session on its model's realtime queue. A message no worker
         took within ``expires_s`` is discarded by Celery instead of being run late."""
+        model = config.model
+        payload = SessionTask(session_id=session_id, config=config).model_dump(mode="json")
         self._app.send_task(
             TASK_RUN_SESSION,
-            args=[session_id, config],
+            args=[payload],
             task_id=session_id,
             queue=realtime_queue(model),
             expires=expires_s,

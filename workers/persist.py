@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import av
 
 from models.db import Artifact, Job, JobStatus
 from models.job_specs import VideoSpec
+from models.session_bus import WorldSessionConfig
 from storage.artifacts import ArtifactStore
 from storage.constants import job_prefix, new_job_id
 from storage.jobs import JobStore
@@ -28,7 +28,7 @@ class SessionPersister:
         self.jobs = jobs
         self.artifacts = artifacts
 
-    def __call__(self, session_id: str, config: dict[str, Any], fragmented: Path) -> str:
+    def __call__(self, session_id: str, config: WorldSessionConfig, fragmented: Path) -> str:
         job_id = new_job_id("video")
         video, thumb = fragmented.with_name("video.mp4"), fragmented.with_name("thumbnail.jpg")
         remux_faststart(fragmented, video)
@@ -56,20 +56,20 @@ class SessionPersister:
                 )
             )
         spec = VideoSpec(
-            model=config["model"],
-            prompt=config["prompt"],
-            seed=config["seed"],
+            model=config.model,
+            prompt=config.prompt,
+            seed=config.seed,
             num_inference_steps=0,
-            width=config["width"],
-            height=config["height"],
-            fps=float(config["fps"]),
+            width=config.width,
+            height=config.height,
+            fps=float(config.fps),
             num_frames=frames,
             session_id=session_id,
         )
         job = Job.new(
             spec,
             id=job_id,
-            owner=config["owner"],
+            owner=config.owner,
             status=JobStatus.COMPLETED.value,
             progress=100,
             stage="done",

@@ -3,8 +3,10 @@
 The API owns the client socket and the protocol; the worker owns the model state. They
 talk over two Redis Streams (``oq:session:{id}:in`` commands, ``…:out`` outputs):
 
-    in  (API → worker): stop, interaction, keepalive
+    in  (API → worker): reference_image (+ PNG), interaction, stop, keepalive
     out (worker → API): accepted, started, chunk (+ fMP4 bytes), finished, failed, keepalive
+
+(``models/session_bus.py``; ``workers/session_slot.py`` holds the slot's life and clocks.)
 
 Between any two denoise steps the runner drains commands (a stop or interaction jumps
 ahead of further computation), so ``session.stop`` or a vanished client ends the session
@@ -22,19 +24,29 @@ from pathlib import Path
 from typing import Any
 
 from models.errors import InvalidJobInput
+from models.session_bus import (
+    ChunkOutput,
+    FinishedOutput,
+    InteractionCommand,
+    ReferenceImageCommand,
+    StartedOutput,
+    StopCommand,
+    WorldSessionConfig,
+)
 from storage.bus import EventBus
-from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import Settings
 from workers.failpoints import Failpoints
-from workers.failures import classify, log_level
 from workers.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import WorldConfig, WorldPipeline
 from workers.pipelines.registry import PipelineRegistry
+from workers.session_slot import SessionSlot, SlotRunner
 
 log = logging.getLogger(__name__)
+# What a session's config hands the world pipeline as it is.
+_WORLD_FIELDS = {"prompt", "width", "height", "num_frames", "fps", "seed", "negative_prompt"}
 
 
-class SessionRunner:
+class SessionRunner(SlotRunner[WorldSessionConfig]):
     def __init__(
         self,
         settings: Settings,
@@ -43,54 +55,35 @@ class SessionRunner:
         worker_id: str,
         persist: Any = None,
     ) -> None:
-        self.settings = settings
-        self.pipelines = pipelines
-        self.bus = bus
-        self.worker_id = worker_id
-        # Callable(session_id, owner, model, path) -> artifact id, for extra_params.persist.
+        super().__init__(settings, pipelines, bus, worker_id)
+        # Callable(session_id, config, path) -> artifact id, for extra_params.persist.
         self.persist = persist
         self.failpoints = Failpoints(settings.worker.failpoints_file)
 
-    def run(self, session_id: str, config: dict[str, Any]) -> str:
-        out, inbox = session_out_key(session_id), session_in_key(session_id)
-        if self.bus.redis.exists(session_abandoned_key(session_id)):
-            return "abandoned"  # the API gave up waiting for a slot
-        self.bus.publish(out, {"type": "accepted", "worker_id": self.worker_id})
-        tmp = Path(
-            tempfile.mkdtemp(prefix=f"omniq-{session_id}-", dir=self.settings.worker.tmp_dir)
-        )
+    def serve(self, slot: SessionSlot, config: WorldSessionConfig) -> str:
+        tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{slot.id}-", dir=self.settings.worker.tmp_dir))
         try:
-            outcome = self._roll_out(session_id, config, out, inbox, tmp)
-        except Exception as exc:
-            code, message = classify(exc)
-            log.log(log_level(code), "session %s failed: %s", session_id, code, exc_info=exc)
-            self.bus.publish(out, {"type": "failed", "code": code.value, "message": message})
-            outcome = code.value
+            return self._roll_out(slot, config, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        log.info("session %s: %s", session_id, outcome)
-        return outcome
 
     @staticmethod
-    def _interact(pipe: WorldPipeline[Any], state: Any, event: dict[str, Any]) -> None:
+    def _interact(pipe: WorldPipeline[Any], state: Any, cmd: InteractionCommand) -> None:
         """Queue an interaction; the API already checked its shape and its event id, so
         a change the model still refuses is logged and the session goes on."""
         try:
             pipe.interact(
-                state,
-                event.get("prompt"),
-                event.get("camera"),
-                int(event.get("transition_chunks") or 0),
-                event["event_id"],
+                state, cmd.prompt, cmd.camera, int(cmd.transition_chunks or 0), cmd.event_id
             )
         except InvalidJobInput as exc:
-            log.warning("interaction %s ignored: %s", event.get("event_id"), exc)
+            log.warning("interaction %s ignored: %s", cmd.event_id, exc)
 
-    def _reference_image(self, inbox: str) -> Any:
+    @staticmethod
+    def _reference_image(slot: SessionSlot) -> Any:
         """The first frame the API put on the session's ``in`` stream (a PNG already
         fitted to the session size), as uint8 H×W×3, or None."""
-        for entry in self.bus.read(inbox, "0-0", count=10):
-            if entry.type == "reference_image" and entry.data:
+        for entry in slot.first_commands():
+            if isinstance(entry.event, ReferenceImageCommand) and entry.data:
                 import io
 
                 import numpy as np
@@ -100,50 +93,36 @@ class SessionRunner:
                     return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
         return None
 
-    def _roll_out(
-        self, session_id: str, config: dict[str, Any], out: str, inbox: str, tmp: Path
-    ) -> str:
-        rt = self.settings.realtime
-        pipe = self.pipelines.world(config["model"])
-        extra = config.get("extra_params") or {}
+    def _roll_out(self, slot: SessionSlot, config: WorldSessionConfig, tmp: Path) -> str:
+        pipe = self.pipelines.world(config.model)
+        extra = config.extra_params
         world = WorldConfig(
-            prompt=config["prompt"],
-            width=config["width"],
-            height=config["height"],
-            num_frames=config["num_frames"],
-            fps=config["fps"],
-            seed=config["seed"],
-            negative_prompt=config.get("negative_prompt"),
+            **config.model_dump(include=_WORLD_FIELDS),
             camera_action_script=extra.get("camera_action_script"),
             extra=dict(extra),
         )
         if extra.get("flow_shift"):
             world.flow_shift = float(extra["flow_shift"])
-        world.reference_image = self._reference_image(inbox)
+        world.reference_image = self._reference_image(slot)
         state = pipe.start(world)
         total = pipe.num_chunks(state)
         writer = FragmentedMP4Writer(world.width, world.height, world.fps)
         persisted = open(tmp / "session.mp4", "wb") if extra.get("persist") else None  # noqa: SIM115
-        self.bus.publish(out, {"type": "started"})
-        after, heard, beat = "0-0", time.monotonic(), 0.0
+        slot.send(StartedOutput())
         stopped = False
         sent = 0
         try:
             while sent < total:
-                for entry in self.bus.read(inbox, after, count=100):
-                    after, heard = entry.id, time.monotonic()
-                    kind = entry.event.get("type")
-                    if kind == "stop":
+                for entry in slot.commands():
+                    if isinstance(entry.event, StopCommand):
                         stopped = True
-                    elif kind == "interaction":
+                    elif isinstance(entry.event, InteractionCommand):
                         self._interact(pipe, state, entry.event)
                 now = time.monotonic()
-                if stopped or now - heard > rt.lost_after_s:
+                if stopped or slot.api_lost(now):
                     stopped = True
                     break
-                if now - beat >= rt.keepalive_s:
-                    beat = now
-                    self.bus.publish(out, {"type": "keepalive"})
+                slot.keepalive(now)
                 pipe.step(state)
                 if pipe.chunk_done(state):
                     frames = pipe.take_chunk(state)
@@ -153,33 +132,27 @@ class SessionRunner:
                     begun, active, completed = pipe.events_for_chunk(state)
                     if persisted is not None:
                         persisted.write(data)
-                    self.bus.publish(
-                        out,
-                        {
-                            "type": "chunk",
-                            "kind": "media",
-                            "generation_chunk_index": sent,
-                            "num_frames": len(frames),
-                            "produced_at": time.time(),
-                            "started_event_ids": begun,
-                            "active_event_ids": active,
-                            "completed_event_ids": completed,
-                        },
-                        data,
+                    chunk = ChunkOutput(
+                        kind="media",
+                        generation_chunk_index=sent,
+                        num_frames=len(frames),
+                        produced_at=time.time(),
+                        started_event_ids=begun,
+                        active_event_ids=active,
+                        completed_event_ids=completed,
                     )
+                    slot.send(chunk, data)
                     sent += 1
             tail = writer.close()
             if tail and not stopped:
                 if persisted is not None:
                     persisted.write(tail)
-                self.bus.publish(
-                    out, {"type": "chunk", "kind": "trailer", "produced_at": time.time()}, tail
-                )
+                slot.send(ChunkOutput(kind="trailer", produced_at=time.time()), tail)
         finally:
             if persisted is not None:
                 persisted.close()
         artifact_id = None
         if persisted is not None and not stopped and self.persist is not None:
-            artifact_id = self.persist(session_id, config, tmp / "session.mp4")
-        self.bus.publish(out, {"type": "finished", "stopped": stopped, "artifact_id": artifact_id})
+            artifact_id = self.persist(slot.id, config, tmp / "session.mp4")
+        slot.send(FinishedOutput(stopped=stopped, artifact_id=artifact_id))
         return "stopped" if stopped else "completed"

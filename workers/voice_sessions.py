@@ -1,13 +1,17 @@
 """Realtime voice sessions (``WS /v1/realtime``) on a worker: one thread per session slot.
 
 The API owns the client socket, the OpenAI Realtime protocol and the VAD; the worker owns
-the voice model and answers turns. They talk over the session's two Redis Streams:
+the voice model and answers turns. They talk over the session's two Redis Streams
+(``models/session_bus.py``):
 
     in  (API → worker): keepalive; respond {response_id, turn} (+ the turn's PCM16 as data);
                         cancel {response_id, reason}; stop
     out (worker → API): accepted {worker_id}; keepalive; audio {response_id, produced_at,
                         text} (+ one step of PCM16); response_finished {response_id,
                         status, audio_ms, transcript}; failed {code, message}; finished
+
+``workers/session_slot.py`` holds what both session kinds share: the slot's life
+(abandoned, accepted, failed) and the keep-alive clocks.
 
 One response runs at a time (a respond that arrives while one runs waits its turn). Between
 every two model steps the runner drains *all* pending commands first, so a cancel or stop
@@ -24,20 +28,24 @@ wakes only when it has work. ``stop``, or no command nor keep-alive from the API
 from __future__ import annotations
 
 import collections
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from models.errors import InvalidJobInput
-from storage.bus import BusEntry, EventBus
-from storage.constants import session_abandoned_key, session_in_key, session_out_key
-from storage.settings import Settings
-from workers.failures import classify, log_level
+from models.session_bus import (
+    AudioOutput,
+    CancelCommand,
+    FinishedOutput,
+    RespondCommand,
+    ResponseFinishedOutput,
+    SessionCommand,
+    StopCommand,
+    VoiceSessionConfig,
+)
+from storage.bus import BusMessage
 from workers.pipelines.base import VoicePipeline, VoiceTurn
-from workers.pipelines.registry import PipelineRegistry
-
-log = logging.getLogger(__name__)
+from workers.session_slot import SessionSlot, SlotRunner
 
 # Longest inbox wait of an idle session (the keep-alive still goes out on time).
 IDLE_BLOCK_MS = 250
@@ -54,7 +62,7 @@ class _Response:
     published: int = 0  # samples sent to the API
     transcript: list[str] = field(default_factory=list)
     # The first audio waits here until ``audio_prebuffer_ms`` is made, then goes in one burst.
-    held: list[tuple[dict[str, Any], bytes | None]] = field(default_factory=list)
+    held: list[tuple[AudioOutput, bytes | None]] = field(default_factory=list)
     released: bool = False
 
 
@@ -62,53 +70,33 @@ class _Stop(Exception):
     """The session ends: stop command or the API fell silent."""
 
 
-class VoiceSessionRunner:
-    def __init__(
-        self, settings: Settings, pipelines: PipelineRegistry, bus: EventBus, worker_id: str
-    ) -> None:
-        self.settings = settings
-        self.pipelines = pipelines
-        self.bus = bus
-        self.worker_id = worker_id
+class VoiceSessionRunner(SlotRunner[VoiceSessionConfig]):
+    label = "voice session"
 
-    def run(self, session_id: str, config: dict[str, Any]) -> str:
-        if self.bus.redis.exists(session_abandoned_key(session_id)):
-            return "abandoned"  # the API gave up waiting for a slot
-        session = _VoiceSession(self, session_id)
-        self.bus.publish(session.out, {"type": "accepted", "worker_id": self.worker_id})
+    def serve(self, slot: SessionSlot, config: VoiceSessionConfig) -> str:
+        session = _VoiceSession(self, slot)
         try:
-            outcome = session.serve(config)
-        except Exception as exc:
-            code, message = classify(exc)
-            log.log(log_level(code), "voice session %s failed: %s", session_id, code, exc_info=exc)
-            session.fail_active()
-            self.bus.publish(
-                session.out, {"type": "failed", "code": code.value, "message": message}
-            )
-            outcome = code.value
-        log.info("voice session %s: %s", session_id, outcome)
-        return outcome
+            return session.serve(config)
+        except Exception:
+            session.fail_active()  # its response_finished goes out before the failed
+            raise
 
 
 class _VoiceSession:
     """The state of one session while it runs on a slot."""
 
-    def __init__(self, runner: VoiceSessionRunner, session_id: str) -> None:
-        self.bus = runner.bus
+    def __init__(self, runner: VoiceSessionRunner, slot: SessionSlot) -> None:
+        self.slot = slot
         self.settings = runner.settings
         self.pipelines = runner.pipelines
-        self.out, self.inbox = session_out_key(session_id), session_in_key(session_id)
-        self.after = "0-0"
-        self.heard = time.monotonic()
-        self.beat = 0.0
         self.stopping = False
         self.active: _Response | None = None
         self.queued: collections.deque[_Response] = collections.deque()
         self.pipe: VoicePipeline[Any] | None = None
 
-    def serve(self, config: dict[str, Any]) -> str:
-        pipe = self.pipelines.voice(config["model"])
-        rate = int(config.get("sample_rate") or pipe.sample_rate)
+    def serve(self, config: VoiceSessionConfig) -> str:
+        pipe = self.pipelines.voice(config.model)
+        rate = config.sample_rate
         if rate != pipe.sample_rate:
             raise InvalidJobInput(
                 f"sample_rate {rate} is not {pipe.sample_rate}", param="sample_rate"
@@ -132,7 +120,7 @@ class _VoiceSession:
         for queued in self.queued:
             self._finish(queued, "cancelled")
         self.queued.clear()
-        self.bus.publish(self.out, {"type": "finished"})
+        self.slot.send(FinishedOutput())
         return "stopped"
 
     # -- commands -------------------------------------------------------------------------
@@ -140,9 +128,8 @@ class _VoiceSession:
     def _drain(self, block_ms: int | None) -> None:
         """Read and handle every pending command (blocking up to ``block_ms`` for the first)."""
         while True:
-            entries = self.bus.read(self.inbox, self.after, block_ms=block_ms, count=DRAIN_COUNT)
+            entries = self.slot.commands(block_ms=block_ms, count=DRAIN_COUNT)
             for entry in entries:
-                self.after, self.heard = entry.id, time.monotonic()
                 self._command(entry)
             if self.stopping:
                 raise _Stop
@@ -150,27 +137,26 @@ class _VoiceSession:
                 return
             block_ms = None
 
-    def _command(self, entry: BusEntry) -> None:
-        event = entry.event
-        kind = entry.type
-        if kind == "stop":
+    def _command(self, entry: BusMessage[SessionCommand]) -> None:
+        cmd = entry.event
+        if isinstance(cmd, StopCommand):
             self.stopping = True
-        elif kind == "respond":
-            turn = event.get("turn") or {}
+        elif isinstance(cmd, RespondCommand):
+            turn = cmd.turn
             self.queued.append(
                 _Response(
-                    id=str(event["response_id"]),
+                    id=cmd.response_id,
                     turn=VoiceTurn(
                         pcm16=entry.data or b"",
-                        text=turn.get("text"),
-                        voice=str(turn.get("voice") or "alloy"),
-                        speed=float(turn.get("speed") or 1.0),
-                        instructions=turn.get("instructions"),
+                        text=turn.text,
+                        voice=turn.voice,
+                        speed=turn.speed,
+                        instructions=turn.instructions,
                     ),
                 )
             )
-        elif kind == "cancel":
-            target = str(event.get("response_id"))
+        elif isinstance(cmd, CancelCommand):
+            target = cmd.response_id
             if self.active is not None and self.active.id == target:
                 self._finish(self.active, "cancelled")
                 self.active = None
@@ -183,11 +169,9 @@ class _VoiceSession:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        if now - self.heard > self.settings.realtime.lost_after_s:
+        if self.slot.api_lost(now):
             raise _Stop
-        if now - self.beat >= self.settings.realtime.keepalive_s:
-            self.beat = now
-            self.bus.publish(self.out, {"type": "keepalive"})
+        self.slot.keepalive(now)
 
     # -- responses ------------------------------------------------------------------------
 
@@ -199,7 +183,7 @@ class _VoiceSession:
         if self.active is None:
             if self.queued:
                 return None
-            beat_in = self.beat + self.settings.realtime.keepalive_s - time.monotonic()
+            beat_in = self.slot.next_beat_in(time.monotonic())
             return max(1, min(IDLE_BLOCK_MS, round(beat_in * 1000)))
         ahead = self._ahead_s(self.active, lead_s)
         if ahead <= 0:
@@ -239,13 +223,10 @@ class _VoiceSession:
                 response.samples += len(chunk.pcm16) // 2
                 if chunk.text:
                     response.transcript.append(chunk.text)
-                event = {
-                    "type": "audio",
-                    "response_id": response.id,
-                    "produced_at": time.time(),
-                    "text": chunk.text,
-                }
-                response.held.append((event, chunk.pcm16))
+                audio = AudioOutput(
+                    response_id=response.id, produced_at=time.time(), text=chunk.text
+                )
+                response.held.append((audio, chunk.pcm16))
             done = self.pipe.done(response.state)
             if response.released or response.samples >= prebuffer or done:
                 break
@@ -258,23 +239,20 @@ class _VoiceSession:
         """Send the audio made and not yet sent (one round trip)."""
         response.released = True
         if response.held:
-            self.bus.publish_many(self.out, response.held)
+            self.slot.send_many(response.held)
             response.published += sum(len(data or b"") // 2 for _, data in response.held)
             response.held = []
 
     def _finish(self, response: _Response, status: str) -> None:
         """Report the end; audio still held back (a cancel during the prebuffer) is dropped."""
         rate = self.pipe.sample_rate if self.pipe is not None else 24000
-        self.bus.publish(
-            self.out,
-            {
-                "type": "response_finished",
-                "response_id": response.id,
-                "status": status,
-                "audio_ms": response.published * 1000 // rate,
-                "transcript": "".join(response.transcript) if response.released else "",
-            },
+        finished = ResponseFinishedOutput(
+            response_id=response.id,
+            status=status,
+            audio_ms=response.published * 1000 // rate,
+            transcript="".join(response.transcript) if response.released else "",
         )
+        self.slot.send(finished)
 
     def fail_active(self) -> None:
         """A response in flight when the session failed ends as ``failed``."""

@@ -20,9 +20,23 @@ import av
 import numpy as np
 import pytest
 import redis
+from pydantic import BaseModel
 
 from models.catalog import ModelSpec, ServedModel
-from storage.bus import BusEntry, EventBus
+from models.session_bus import (
+    OUTPUTS,
+    FinishedOutput,
+    InteractionCommand,
+    KeepaliveCommand,
+    RespondCommand,
+    ResponseFinishedOutput,
+    SessionOutput,
+    StopCommand,
+    VoiceSessionConfig,
+    VoiceTurnSpec,
+    WorldSessionConfig,
+)
+from storage.bus import BusMessage, EventBus
 from storage.constants import session_in_key, session_out_key
 from storage.settings import RealtimeSettings, Settings
 from workers.pipelines.base import (
@@ -41,6 +55,7 @@ from workers.voice_sessions import VoiceSessionRunner
 pytestmark = pytest.mark.integration
 
 HANG_GUARD_S = 60.0
+Out = BusMessage[SessionOutput]
 COLOURS = {"red": (220, 30, 30), "blue": (30, 30, 220)}
 
 
@@ -180,11 +195,11 @@ class Api:
         )
         self.registry = PipelineRegistry({WORLD.name: WORLD, VOICE.name: VOICE}, "cpu")
 
-    def send(self, event: dict[str, Any]) -> None:
-        self.bus.publish(self.inbox, event)
+    def send(self, command: BaseModel) -> None:
+        self.bus.publish(self.inbox, command)
 
     def run(self, target: Callable[[], str]) -> threading.Thread:
-        self.send({"type": "keepalive"})  # the API creates the in stream first
+        self.send(KeepaliveCommand())  # the API creates the in stream first
         self.outcome: str | None = None
 
         def go() -> None:
@@ -194,13 +209,13 @@ class Api:
         thread.start()
         return thread
 
-    def read_until(self, done: Callable[[BusEntry], bool]) -> list[BusEntry]:
-        got: list[BusEntry] = []
+    def read_until(self, done: Callable[[Out], bool]) -> list[Out]:
+        got: list[Out] = []
         deadline = time.monotonic() + HANG_GUARD_S
         while time.monotonic() < deadline:
-            for entry in self.bus.read(self.outbox, self.after, block_ms=200):
+            for entry in self.bus.read_as(OUTPUTS, self.outbox, self.after, block_ms=200):
                 self.after = entry.id
-                if entry.type != "keepalive":
+                if entry.event.type != "keepalive":
                     got.append(entry)
                 if done(entry):
                     return got
@@ -214,43 +229,41 @@ class Api:
 def test_a_third_party_world_model_runs_through_the_session_runner(redis_url: str) -> None:
     api = Api(redis_url)
     runner = SessionRunner(api.settings, api.registry, api.bus, "test-worker")
-    config = {
-        "model": WORLD.name,
-        "owner": "local",
-        "prompt": "red",
-        "negative_prompt": None,
-        "width": 32,
-        "height": 32,
-        "num_frames": 12,
-        "fps": 8.0,
-        "seed": 1,
-        "extra_params": {"level": 90},
-    }
-    # Queued before the first step: takes effect from chunk 0, over two chunks.
-    api.send(
-        {
-            "type": "interaction",
-            "event_id": "evt_1",
-            "prompt": "blue",
-            "camera": None,
-            "transition_chunks": 2,
-        }
+    config = WorldSessionConfig(
+        model=WORLD.name,
+        owner="local",
+        prompt="red",
+        width=32,
+        height=32,
+        num_frames=12,
+        fps=8.0,
+        seed=1,
+        extra_params={"level": 90},
     )
+    # Queued before the first step: takes effect from chunk 0, over two chunks.
+    api.send(InteractionCommand(event_id="evt_1", prompt="blue", transition_chunks=2))
     try:
         thread = api.run(lambda: runner.run(api.id, config))
-        out = api.read_until(lambda e: e.type == "finished")
+        out = api.read_until(lambda e: e.event.type == "finished")
         thread.join(HANG_GUARD_S)
         assert api.outcome == "completed"
     finally:
         api.close()
-    assert [e.type for e in out] == ["accepted", "started", "chunk", "chunk", "chunk", "finished"]
-    chunks = [e for e in out if e.type == "chunk"]
-    assert [c.event["generation_chunk_index"] for c in chunks] == [0, 1, 2]
-    assert [c.event["num_frames"] for c in chunks] == [4, 4, 4]
-    assert [c.event["started_event_ids"] for c in chunks] == [["evt_1"], [], []]
-    assert [c.event["active_event_ids"] for c in chunks] == [["evt_1"], ["evt_1"], []]
-    assert [c.event["completed_event_ids"] for c in chunks] == [[], ["evt_1"], []]
-    assert out[-1].event == {"type": "finished", "stopped": False, "artifact_id": None}
+    assert [e.event.type for e in out] == [
+        "accepted",
+        "started",
+        "chunk",
+        "chunk",
+        "chunk",
+        "finished",
+    ]
+    chunks = [e for e in out if e.event.type == "chunk"]
+    assert [c.event.generation_chunk_index for c in chunks] == [0, 1, 2]
+    assert [c.event.num_frames for c in chunks] == [4, 4, 4]
+    assert [c.event.started_event_ids for c in chunks] == [["evt_1"], [], []]
+    assert [c.event.active_event_ids for c in chunks] == [["evt_1"], ["evt_1"], []]
+    assert [c.event.completed_event_ids for c in chunks] == [[], ["evt_1"], []]
+    assert out[-1].event == FinishedOutput(stopped=False, artifact_id=None)
     pipe = api.registry.world(WORLD.name)  # built from the registry entry, loaded once
     assert isinstance(pipe, PaintWorld) and pipe.loaded_on == "cpu"
     # The fMP4 the runner encoded from the adapter's frames: 12 frames of the new colour
@@ -265,28 +278,24 @@ def test_a_third_party_world_model_runs_through_the_session_runner(redis_url: st
 def test_a_third_party_voice_model_runs_through_the_voice_runner(redis_url: str) -> None:
     api = Api(redis_url)
     runner = VoiceSessionRunner(api.settings, api.registry, api.bus, "test-worker")
-    config = {"kind": "voice", "model": VOICE.name, "owner": "local", "sample_rate": 16000}
-    turn = {"text": "hello there world", "voice": "alloy", "speed": 1.5, "instructions": None}
+    config = VoiceSessionConfig(model=VOICE.name, owner="local", sample_rate=16000)
+    turn = VoiceTurnSpec(text="hello there world", voice="alloy", speed=1.5)
     try:
         thread = api.run(lambda: runner.run(api.id, config))
-        api.send({"type": "respond", "response_id": "resp_1", "turn": turn})
-        out = api.read_until(lambda e: e.type == "response_finished")
-        api.send({"type": "stop"})
-        out += api.read_until(lambda e: e.type == "finished")
+        api.send(RespondCommand(response_id="resp_1", turn=turn))
+        out = api.read_until(lambda e: e.event.type == "response_finished")
+        api.send(StopCommand())
+        out += api.read_until(lambda e: e.event.type == "finished")
         thread.join(HANG_GUARD_S)
         assert api.outcome == "stopped"
     finally:
         api.close()
     kinds = ["accepted", "audio", "audio", "audio", "response_finished", "finished"]
-    assert [e.type for e in out] == kinds
-    audio = [e for e in out if e.type == "audio"]
-    assert [e.event["text"] for e in audio] == ["hello ", "there ", "world "]
+    assert [e.event.type for e in out] == kinds
+    audio = [e for e in out if e.event.type == "audio"]
+    assert [e.event.text for e in audio] == ["hello ", "there ", "world "]
     pcm = np.frombuffer(b"".join(e.data or b"" for e in audio), dtype="<i2")
     assert len(pcm) == 3 * 640 and set(pcm.tolist()) == {1500}
-    assert out[-2].event == {
-        "type": "response_finished",
-        "response_id": "resp_1",
-        "status": "completed",
-        "audio_ms": 120,
-        "transcript": "hello there world ",
-    }
+    assert out[-2].event == ResponseFinishedOutput(
+        response_id="resp_1", status="completed", audio_ms=120, transcript="hello there world "
+    )

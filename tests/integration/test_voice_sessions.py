@@ -1,7 +1,8 @@
 """VoiceSessionRunner against a real Redis (db 15): the worker side of ``WS /v1/realtime``.
 
 The runner runs in a thread, exactly as on a realtime worker slot; the test plays the API
-by writing commands to ``oq:session:{id}:in`` and reading ``…:out``. Assertions are about
+by writing commands to ``oq:session:{id}:in`` and reading ``…:out``, with the models of
+``models/session_bus.py`` the API uses (no hand-typed copy of a message). Assertions are about
 order and state; the deadlines below only stop a broken runner from hanging the suite.
 """
 
@@ -17,9 +18,23 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
+from pydantic import BaseModel
 
 from models.catalog import BUILTIN_MODELS, ServedModel
-from storage.bus import BusEntry, EventBus
+from models.session_bus import (
+    OUTPUTS,
+    AcceptedOutput,
+    CancelCommand,
+    FailedOutput,
+    FinishedOutput,
+    KeepaliveCommand,
+    RespondCommand,
+    SessionOutput,
+    StopCommand,
+    VoiceSessionConfig,
+    VoiceTurnSpec,
+)
+from storage.bus import BusMessage, EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import RealtimeSettings, Settings
 from workers.pipelines.reference_voice import ReferenceVoicePipeline
@@ -31,6 +46,7 @@ pytestmark = pytest.mark.integration
 REDIS_URL = os.environ.get("OMNIQ_TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/15"
 HANG_GUARD_S = 30.0
 RATE = 24000
+Out = BusMessage[SessionOutput]
 
 
 class BrokenVoice(ReferenceVoicePipeline):
@@ -127,8 +143,8 @@ class Session:
         self.thread: threading.Thread | None = None
 
     def start(self, model: str = "reference/voice", sample_rate: int = RATE) -> None:
-        self.send({"type": "keepalive"})  # the API creates the in stream first
-        config = {"kind": "voice", "model": model, "owner": "local", "sample_rate": sample_rate}
+        self.send(KeepaliveCommand())  # the API creates the in stream first
+        config = VoiceSessionConfig(model=model, owner="local", sample_rate=sample_rate)
 
         def run() -> None:
             self.outcome = self.runner.run(self.id, config)
@@ -136,21 +152,27 @@ class Session:
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
 
-    def send(self, event: dict[str, Any], data: bytes | None = None) -> str:
-        return self.bus.publish(self.inbox, event, data)
+    def send(self, command: BaseModel, data: bytes | None = None) -> str:
+        return self.bus.publish(self.inbox, command, data)
 
     def respond(self, response_id: str, pcm: bytes = b"", text: str | None = None) -> str:
-        turn = {"text": text, "voice": "alloy", "speed": 1.0, "instructions": None}
-        return self.send({"type": "respond", "response_id": response_id, "turn": turn}, pcm or None)
+        turn = VoiceTurnSpec(text=text, voice="alloy", speed=1.0)
+        return self.send(RespondCommand(response_id=response_id, turn=turn), pcm or None)
 
-    def read_until(self, done: Any) -> list[BusEntry]:
+    def cancel(self, response_id: str, reason: str = "client_cancelled") -> str:
+        return self.send(CancelCommand(response_id=response_id, reason=reason))
+
+    def outputs(self, after: str = "0-0") -> list[Out]:
+        return self.bus.read_as(OUTPUTS, self.outbox, after, block_ms=200)
+
+    def read_until(self, done: Any) -> list[Out]:
         """Outputs (keep-alives dropped) up to and including the first ``done(entry)``."""
-        got: list[BusEntry] = []
+        got: list[Out] = []
         deadline = time.monotonic() + HANG_GUARD_S
         while time.monotonic() < deadline:
-            for entry in self.bus.read(self.outbox, self.after, block_ms=200):
+            for entry in self.outputs(self.after):
                 self.after = entry.id
-                if entry.type == "keepalive":
+                if entry.event.type == "keepalive":
                     continue
                 got.append(entry)
                 if done(entry):
@@ -165,11 +187,11 @@ class Session:
 
 
 def _finished(response_id: str):
-    return lambda e: e.type == "response_finished" and e.event["response_id"] == response_id
+    return lambda e: e.event.type == "response_finished" and e.event.response_id == response_id
 
 
-def _audio(entries: list[BusEntry], response_id: str) -> list[BusEntry]:
-    return [e for e in entries if e.type == "audio" and e.event["response_id"] == response_id]
+def _audio(entries: list[Out], response_id: str) -> list[Out]:
+    return [e for e in entries if e.event.type == "audio" and e.event.response_id == response_id]
 
 
 def test_respond_streams_audio_then_completes(client: redis.Redis) -> None:
@@ -178,27 +200,27 @@ def test_respond_streams_audio_then_completes(client: redis.Redis) -> None:
     turn = b"\x00\x00" * int(RATE * 1.4)
     s.respond("resp_1", turn)
     out = s.read_until(_finished("resp_1"))
-    assert out[0].event == {"type": "accepted", "worker_id": "test-worker"}
+    assert out[0].event == AcceptedOutput(worker_id="test-worker")
     audio = _audio(out, "resp_1")
     assert out[1:-1] == audio  # nothing else in between
     step_bytes = RATE * 40 // 1000 * 2
     assert all(len(e.data or b"") == step_bytes for e in audio)
-    assert all(isinstance(e.event["produced_at"], float) for e in audio)
+    assert all(isinstance(e.event.produced_at, float) for e in audio)
     done = out[-1].event
-    assert done["status"] == "completed"
+    assert done.status == "completed"
     total = sum(len(e.data or b"") for e in audio)
-    assert done["audio_ms"] == total // 2 * 1000 // RATE
+    assert done.audio_ms == total // 2 * 1000 // RATE
     # Same answer as the pipeline gives on its own (0.6 + 0.5 x 1.4 s = 1.3 s).
-    assert done["audio_ms"] == 1320
-    assert done["transcript"] == "I heard you speak for 1.4 seconds."
-    assert "".join(e.event["text"] or "" for e in audio) == done["transcript"]
+    assert done.audio_ms == 1320
+    assert done.transcript == "I heard you speak for 1.4 seconds."
+    assert "".join(e.event.text or "" for e in audio) == done.transcript
     # A second turn on the same session, text only.
     s.respond("resp_2", text="one two three")
     out = s.read_until(_finished("resp_2"))
-    assert out[-1].event["status"] == "completed"
-    assert out[-1].event["transcript"] == "You wrote 3 words."
-    s.send({"type": "stop"})
-    assert s.read_until(lambda e: e.type == "finished")[-1].event == {"type": "finished"}
+    assert out[-1].event.status == "completed"
+    assert out[-1].event.transcript == "You wrote 3 words."
+    s.send(StopCommand())
+    assert s.read_until(lambda e: e.event.type == "finished")[-1].event == FinishedOutput()
     assert s.join() == "stopped"
 
 
@@ -206,29 +228,29 @@ def test_cancel_ends_the_response_within_one_step(client: redis.Redis) -> None:
     s = Session(client, audio_lead_ms=300)
     s.start()
     s.respond("resp_long", b"\x00\x00" * RATE * 8)  # a 4.6 s answer
-    first = s.read_until(lambda e: e.type == "audio")
-    s.send({"type": "cancel", "response_id": "resp_unknown", "reason": "client_cancelled"})
-    cancel_id = s.send({"type": "cancel", "response_id": "resp_long", "reason": "turn_detected"})
+    first = s.read_until(lambda e: e.event.type == "audio")
+    s.cancel("resp_unknown")
+    cancel_id = s.cancel("resp_long", "turn_detected")
     out = first + s.read_until(_finished("resp_long"))
     done = out[-1].event
-    assert done["status"] == "cancelled"
+    assert done.status == "cancelled"
     audio = _audio(out, "resp_long")
-    assert done["audio_ms"] == sum(len(e.data or b"") for e in audio) // 2 * 1000 // RATE
-    assert 0 < done["audio_ms"] < 4600
+    assert done.audio_ms == sum(len(e.data or b"") for e in audio) // 2 * 1000 // RATE
+    assert 0 < done.audio_ms < 4600
     # Redis stamps both streams' ids from its own clock: at most the one step that was
     # being computed when the cancel arrived was published after it.
     cancel_ms = int(cancel_id.split("-")[0])
     assert sum(int(e.id.split("-")[0]) > cancel_ms for e in audio) <= 1
-    assert done["transcript"] == "".join(e.event["text"] or "" for e in audio)
+    assert done.transcript == "".join(e.event.text or "" for e in audio)
     # The unknown id was ignored; a cancel after the end is ignored too; the session goes on.
-    assert not any(e.type == "response_finished" and e is not out[-1] for e in out)
-    s.send({"type": "cancel", "response_id": "resp_long", "reason": "client_cancelled"})
+    assert not any(e.event.type == "response_finished" and e is not out[-1] for e in out)
+    s.cancel("resp_long")
     s.respond("resp_next")
     nxt = s.read_until(_finished("resp_next"))
-    assert [e.type for e in nxt if e.type != "audio"] == ["response_finished"]
-    assert nxt[-1].event["status"] == "completed"
-    s.send({"type": "stop"})
-    s.read_until(lambda e: e.type == "finished")
+    assert [e.event.type for e in nxt if e.event.type != "audio"] == ["response_finished"]
+    assert nxt[-1].event.status == "completed"
+    s.send(StopCommand())
+    s.read_until(lambda e: e.event.type == "finished")
     assert s.join() == "stopped"
 
 
@@ -238,18 +260,18 @@ def test_respond_while_busy_waits_its_turn_and_can_be_cancelled(client: redis.Re
     s.respond("resp_a")
     s.respond("resp_b")
     s.respond("resp_c")
-    s.send({"type": "cancel", "response_id": "resp_b", "reason": "client_cancelled"})
+    s.cancel("resp_b")
     out = s.read_until(_finished("resp_c"))
     finished = [
-        (e.event["response_id"], e.event["status"]) for e in out if e.type == "response_finished"
+        (e.event.response_id, e.event.status) for e in out if e.event.type == "response_finished"
     ]
     assert finished == [("resp_b", "cancelled"), ("resp_a", "completed"), ("resp_c", "completed")]
     assert _audio(out, "resp_b") == []
-    last_a = max(i for i, e in enumerate(out) if e.event.get("response_id") == "resp_a")
-    first_c = min(i for i, e in enumerate(out) if e.event.get("response_id") == "resp_c")
+    last_a = max(i for i, e in enumerate(out) if getattr(e.event, "response_id", None) == "resp_a")
+    first_c = min(i for i, e in enumerate(out) if getattr(e.event, "response_id", None) == "resp_c")
     assert last_a < first_c  # one response at a time
-    s.send({"type": "stop"})
-    s.read_until(lambda e: e.type == "finished")
+    s.send(StopCommand())
+    s.read_until(lambda e: e.event.type == "finished")
     assert s.join() == "stopped"
 
 
@@ -257,22 +279,25 @@ def test_stop_mid_response_cancels_it_and_finishes(client: redis.Redis) -> None:
     s = Session(client)
     s.start()
     s.respond("resp_1", b"\x00\x00" * RATE * 8)
-    s.read_until(lambda e: e.type == "audio")
-    s.send({"type": "stop"})
-    out = s.read_until(lambda e: e.type == "finished")
-    assert [e.type for e in out if e.type != "audio"] == ["response_finished", "finished"]
-    assert out[-2].event["status"] == "cancelled"
+    s.read_until(lambda e: e.event.type == "audio")
+    s.send(StopCommand())
+    out = s.read_until(lambda e: e.event.type == "finished")
+    assert [e.event.type for e in out if e.event.type != "audio"] == [
+        "response_finished",
+        "finished",
+    ]
+    assert out[-2].event.status == "cancelled"
     assert s.join() == "stopped"
 
 
 def test_api_silence_ends_the_session(client: redis.Redis) -> None:
     s = Session(client, lost_after_s=0.5, keepalive_s=0.1)
     s.start()
-    got: list[BusEntry] = []
+    got: list[Out] = []
     deadline = time.monotonic() + HANG_GUARD_S
-    while not any(e.type == "finished" for e in got) and time.monotonic() < deadline:
-        got += s.bus.read(s.outbox, got[-1].id if got else "0-0", block_ms=200)
-    types = [e.type for e in got]
+    while not any(e.event.type == "finished" for e in got) and time.monotonic() < deadline:
+        got += s.outputs(got[-1].id if got else "0-0")
+    types = [e.event.type for e in got]
     assert types[0] == "accepted"
     assert "keepalive" in types  # the worker kept talking while the API was silent
     assert types[-1] == "finished"
@@ -282,19 +307,18 @@ def test_api_silence_ends_the_session(client: redis.Redis) -> None:
 def test_abandoned_session_is_not_started(client: redis.Redis) -> None:
     s = Session(client)
     client.set(session_abandoned_key(s.id), "1", ex=60)
-    assert s.runner.run(s.id, {"kind": "voice", "model": "reference/voice"}) == "abandoned"
+    config = VoiceSessionConfig(model="reference/voice", owner="local")
+    assert s.runner.run(s.id, config) == "abandoned"
     assert s.bus.read(s.outbox) == []
 
 
 def test_wrong_sample_rate_fails_the_session(client: redis.Redis) -> None:
     s = Session(client)
     s.start(sample_rate=16000)
-    out = s.read_until(lambda e: e.type == "failed")
-    assert out[-1].event == {
-        "type": "failed",
-        "code": "invalid_request",
-        "message": "sample_rate 16000 is not 24000",
-    }
+    out = s.read_until(lambda e: e.event.type == "failed")
+    assert out[-1].event == FailedOutput(
+        code="invalid_request", message="sample_rate 16000 is not 24000"
+    )
     assert s.join() == "invalid_request"
 
 
@@ -305,16 +329,12 @@ def test_model_failure_fails_the_response_and_the_session(client: redis.Redis, m
     s = Session(client)
     s.start(model=model)
     s.respond("resp_1", b"\x00\x00" * RATE)
-    out = s.read_until(lambda e: e.type == "failed")
+    out = s.read_until(lambda e: e.event.type == "failed")
     # it broke after two steps (80 ms), inside the 200 ms prebuffer: nothing was sent
-    assert [e.type for e in out] == ["accepted", "response_finished", "failed"]
-    assert out[-2].event["status"] == "failed"
-    assert out[-2].event["audio_ms"] == 0
-    assert out[-1].event == {
-        "type": "failed",
-        "code": "internal_error",
-        "message": "internal error",
-    }
+    assert [e.event.type for e in out] == ["accepted", "response_finished", "failed"]
+    assert out[-2].event.status == "failed"
+    assert out[-2].event.audio_ms == 0
+    assert out[-1].event == FailedOutput(code="internal_error", message="internal error")
     assert s.join() == "internal_error"
 
 
@@ -324,16 +344,16 @@ def test_a_slow_model_sees_a_cancel_while_filling_the_prebuffer(client: redis.Re
     is sent."""
     s = Session(client, audio_prebuffer_ms=200, audio_lead_ms=300)
     s.start(model="test/slow-voice")
-    s.read_until(lambda e: e.type == "accepted")
+    s.read_until(lambda e: e.event.type == "accepted")
     SlowVoice.steps = 0
     s.respond("resp_1", b"\x00\x00" * RATE)
     deadline = time.monotonic() + HANG_GUARD_S
     while SlowVoice.steps == 0 and time.monotonic() < deadline:  # the prebuffer is filling
         time.sleep(0.005)
-    s.send({"type": "cancel", "response_id": "resp_1", "reason": "client_cancelled"})
+    s.cancel("resp_1")
     out = s.read_until(_finished("resp_1"))
     assert _audio(out, "resp_1") == []
-    assert out[-1].event["status"] == "cancelled" and out[-1].event["audio_ms"] == 0
+    assert out[-1].event.status == "cancelled" and out[-1].event.audio_ms == 0
     assert 1 <= SlowVoice.steps < 5  # stopped before the prebuffer was full
-    s.send({"type": "stop"})
+    s.send(StopCommand())
     assert s.join() == "stopped"

@@ -2,39 +2,49 @@
 
 from __future__ import annotations
 
-from api.routes.realtime import _coalesce
-from storage.bus import BusEntry
+from models.session_bus import AudioOutput, KeepaliveOutput, ResponseFinishedOutput, SessionOutput
+from realtime.voice_session import coalesce
+from storage.bus import BusMessage
 
 
-def entry(
-    i: int, kind: str, rid: str = "r1", text: str | None = None, data: bytes = b""
-) -> BusEntry:
-    event = {"type": kind, "response_id": rid, "produced_at": float(i), "text": text}
-    return BusEntry(f"{i}-0", event, data or None)
+def audio(
+    i: int, rid: str = "r1", text: str | None = None, data: bytes = b""
+) -> BusMessage[SessionOutput]:
+    output = AudioOutput(response_id=rid, produced_at=float(i), text=text)
+    return BusMessage(f"{i}-0", output, data or None)
 
 
 def test_consecutive_audio_of_one_response_is_joined_in_order() -> None:
-    got = _coalesce(
+    finished = ResponseFinishedOutput(response_id="r1", status="completed")
+    got = coalesce(
         [
-            entry(1, "audio", text="I ", data=b"aa"),
-            entry(2, "audio", data=b"bb"),
-            entry(3, "audio", text="heard ", data=b"cc"),
-            entry(4, "response_finished"),
-            entry(5, "audio", rid="r2", data=b"dd"),
-            entry(6, "audio", rid="r3", data=b"ee"),
+            audio(1, text="I ", data=b"aa"),
+            audio(2, data=b"bb"),
+            audio(3, text="heard ", data=b"cc"),
+            BusMessage("4-0", finished),
+            audio(5, rid="r2", data=b"dd"),
+            audio(6, rid="r3", data=b"ee"),
         ]
     )
-    assert [(e["type"], e["response_id"]) for e, _ in got] == [
+    assert [(o.type, getattr(o, "response_id", None)) for o, _ in got] == [
         ("audio", "r1"),
         ("response_finished", "r1"),
         ("audio", "r2"),
         ("audio", "r3"),
     ]
     first, pcm = got[0]
-    assert pcm == b"aabbcc" and first["text"] == "I heard " and first["produced_at"] == 1.0
+    assert isinstance(first, AudioOutput)
+    assert pcm == b"aabbcc" and first.text == "I heard " and first.produced_at == 1.0
+    assert got[1][0] is finished
+
+
+def test_a_single_step_is_passed_through_uncopied() -> None:
+    one = audio(1, text="hi", data=b"aa")
+    assert coalesce([one]) == [(one.event, b"aa")]
+    assert coalesce([one])[0][0] is one.event
 
 
 def test_nothing_to_join() -> None:
-    assert _coalesce([]) == []
-    one = entry(1, "keepalive")
-    assert _coalesce([one]) == [(one.event, None)]
+    assert coalesce([]) == []
+    keepalive = BusMessage("1-0", KeepaliveOutput())
+    assert coalesce([keepalive]) == [(keepalive.event, None)]

@@ -1,0 +1,160 @@
+"""The API's half of a realtime session's bus link, shared by voice
+(``realtime/voice_session.py``) and world video (``realtime/video_session.py``) sessions.
+
+A :class:`Relay` places the session on a worker (the first keep-alive creates the ``in``
+stream with its TTL, then a Celery task on the model's realtime queue carries the
+session's config), sends the session's commands, keeps the worker informed that the API
+is alive, and relays the worker's outputs to the session under two clocks
+(``realtime/worker_watch.py``): no ``accepted`` within the admission timeout →
+``resource_exhausted`` (the session is marked abandoned, so a late worker does not start
+it); an admitted worker silent for ``lost_after_s`` → ``worker_lost``.
+
+The session says what to do with all that through :class:`RelayTarget`. Every broker call
+is bounded (``realtime/broker.py``); a broker that fails or stalls ends the session with
+``broker_error`` (the target's ``broker_lost``), never a hung socket.
+
+Commands and outputs are the typed models of ``models/session_bus.py``; the worker's half
+is ``workers/session_slot.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from models.session_bus import OUTPUTS, KeepaliveCommand, SessionConfig, SessionOutput
+from realtime.broker import BROKER_ERRORS, bounded
+from realtime.worker_watch import WorkerWatch
+from storage.bus import AsyncEventBus, BusMessage
+from storage.constants import session_abandoned_key, session_in_key, session_out_key
+from storage.queue import JobQueue
+from storage.settings import RealtimeSettings, Settings
+
+# How long one read of the worker's outputs blocks when nothing comes.
+READ_BLOCK_MS = 250
+ABANDONED_TTL_S = 3600
+
+
+class SessionHost(Protocol):
+    """What a session needs of the API process (``api.state.AppState`` is one)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def abus(self) -> AsyncEventBus: ...
+
+    @property
+    def queue(self) -> JobQueue: ...
+
+    @property
+    def voice_sessions(self) -> dict[str, Any]: ...
+
+
+class RelayTarget(Protocol):
+    """The session as the relay drives it."""
+
+    def ended(self) -> bool:
+        """The session is over: the relay and the keep-alive stop."""
+
+    async def outputs(self, entries: list[BusMessage[SessionOutput]], now: float) -> None:
+        """Apply the worker's outputs (none: nothing came within a read) and send."""
+
+    async def worker_gone(self, code: str, message: str) -> None:
+        """No worker took the session, or its worker fell silent: end it."""
+
+    async def broker_lost(self) -> None:
+        """Redis is gone: end the session with ``broker_error``."""
+
+    async def relay_ended(self) -> None:
+        """The relay stopped (the session ended or the broker was lost)."""
+
+
+class Relay:
+    def __init__(self, session_id: str, host: SessionHost, target: RelayTarget) -> None:
+        self.id = session_id
+        self.bus, self.queue = host.abus, host.queue
+        self.settings: RealtimeSettings = host.settings.realtime
+        self.target = target
+        self.inbox, self.outbox = session_in_key(session_id), session_out_key(session_id)
+        self.placed = False
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def command(self, command: BaseModel, data: bytes | None = None) -> None:
+        """Send one ``SessionCommand`` to the worker (``data``: its raw bytes)."""
+        await bounded(self.bus.publish(self.inbox, command, data))
+
+    async def place(self, config: SessionConfig) -> None:
+        """Put the session on a worker of its model's realtime queue, then relay. Raises
+        one of ``BROKER_ERRORS`` when the broker is gone (the caller ends the session)."""
+        self.placed = True
+        await self.command(KeepaliveCommand())  # creates the in stream with its TTL
+        placed = run_in_threadpool(
+            self.queue.start_session, self.id, config, expires_s=self.settings.admission_timeout_s
+        )
+        await bounded(placed)
+        self.start()
+
+    def start(self) -> None:
+        """Relay the worker's outputs and send keep-alives, until the session ends."""
+        self.tasks.append(asyncio.create_task(self._relay()))
+        self.tasks.append(asyncio.create_task(self._keepalive()))
+
+    async def _relay(self) -> None:
+        try:
+            await self._relay_outputs()
+        except BROKER_ERRORS:
+            await self.target.broker_lost()
+        await self.target.relay_ended()
+
+    async def _relay_outputs(self) -> None:
+        """Worker outputs → the session, with the admission and liveness clocks."""
+        rt = self.settings
+        watch = WorkerWatch(rt.admission_timeout_s, rt.lost_after_s, time.monotonic())
+        after = "0-0"
+        while not self.target.ended():
+            read = self.bus.read_as(OUTPUTS, self.outbox, after, block_ms=READ_BLOCK_MS)
+            entries = await bounded(read)
+            now = time.monotonic()
+            if entries:
+                after = entries[-1].id
+                watch.heard([e.event for e in entries], now)
+            elif (verdict := watch.verdict(now)) is not None:
+                await self._give_up(*verdict)
+                continue
+            await self.target.outputs(entries, now)
+
+    async def _give_up(self, code: str, message: str) -> None:
+        if code == "resource_exhausted":  # a worker that takes it late must not start it
+            with contextlib.suppress(*BROKER_ERRORS):
+                key = session_abandoned_key(self.id)
+                await bounded(self.bus.redis.set(key, 1, ex=ABANDONED_TTL_S))
+        await self.target.worker_gone(code, message)
+
+    async def _keepalive(self) -> None:
+        try:
+            while not self.target.ended():
+                await asyncio.sleep(self.settings.keepalive_s)
+                await self.command(KeepaliveCommand())
+        except BROKER_ERRORS:
+            await self.target.broker_lost()
+
+    def stop(self) -> None:
+        """Cancel the relay and the keep-alive (the calling task itself excepted)."""
+        current = asyncio.current_task()
+        for task in self.tasks:
+            if task is not current:
+                task.cancel()
+
+    async def close(self) -> None:
+        """:meth:`stop`, and wait for both tasks to end."""
+        self.stop()
+        for task in self.tasks:
+            if task is not asyncio.current_task():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task

@@ -1,0 +1,224 @@
+"""One ``WS /v1/realtime/video`` session in the API process: the asyncio shell around
+``VideoSessionProtocol`` and the worker (through the shared :class:`~realtime.relay.Relay`).
+
+The protocol object decides everything (sans-I/O); this class only moves data: client
+frames in, commands out to the worker as ``models.session_bus`` commands, worker outputs
+back into the protocol, and the protocol's frames to the socket. It owns the clocks: the
+start and stall timeouts and the session time limit here; the admission timeout (no
+worker slot → ``resource_exhausted``) and the worker's liveness (silent worker →
+``worker_lost``) in the relay. Losing Redis mid-session ends it with ``error
+broker_error`` and close 1011, never a bare dropped socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import WebSocket, WebSocketDisconnect
+from starlette.concurrency import run_in_threadpool
+
+from models.errors import OmniqueueError
+from models.realtime_video import StartLimits, VideoErrorCode
+from models.session_bus import (
+    ChunkOutput,
+    FailedOutput,
+    FinishedOutput,
+    InteractionCommand,
+    ReferenceImageCommand,
+    SessionOutput,
+    StartedOutput,
+    StopCommand,
+    WorldSessionConfig,
+)
+from realtime.relay import Relay, SessionHost
+from realtime.video_protocol import (
+    InteractionRequested,
+    StartRequested,
+    StopRequested,
+    VideoSessionOptions,
+    VideoSessionProtocol,
+)
+from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
+from storage.bus import BusMessage
+
+# (url, width, height) → PNG of that size; raises OmniqueueError with a safe message.
+FetchReference = Callable[[str, int, int], bytes]
+
+
+def _options(host: SessionHost, specs: list[Any]) -> VideoSessionOptions:
+    rt = host.settings.realtime
+    return VideoSessionOptions(
+        start_timeout=rt.start_timeout_s,
+        stall_timeout=rt.stall_timeout_s,
+        max_start_bytes=rt.max_start_bytes,
+        models=frozenset(s.name for s in specs),
+        default_model=specs[0].name if specs else None,
+        model_limits={
+            s.name: StartLimits(
+                max_width=s.max_width,
+                max_height=s.max_height,
+                max_frames=s.max_frames,
+                max_fps=s.max_fps,
+            )
+            for s in specs
+        },
+        max_session_s=rt.max_session_s,
+    )
+
+
+class VideoSession:
+    def __init__(
+        self,
+        ws: WebSocket,
+        host: SessionHost,
+        owner: str,
+        specs: list[Any],
+        fetch_reference: FetchReference,
+    ) -> None:
+        """``specs``: the streaming video models' ``ModelSpec``, the default first."""
+        self.ws = ws
+        self.owner = owner
+        self.id = "rtv_" + secrets.token_hex(12)
+        self.protocol = VideoSessionProtocol(self.id, time.monotonic(), _options(host, specs))
+        self.relay = Relay(self.id, host, self)
+        self.fetch_reference = fetch_reference
+        self.send_lock = asyncio.Lock()
+
+    async def flush(self) -> None:
+        async with self.send_lock:
+            for frame in self.protocol.data_to_send():
+                if isinstance(frame, bytes):
+                    await self.ws.send_bytes(frame)
+                else:
+                    await self.ws.send_text(frame)
+            if self.protocol.close_expected():
+                with contextlib.suppress(RuntimeError):
+                    await self.ws.close(code=self.protocol.close_code or 1000)
+
+    async def dispatch(self) -> None:
+        for cmd in self.protocol.events_received():
+            if isinstance(cmd, StartRequested):
+                await self._place(cmd)
+            elif isinstance(cmd, InteractionRequested):
+                interaction = InteractionCommand(
+                    event_id=cmd.event_id,
+                    prompt=cmd.prompt,
+                    camera=_camera(cmd.camera),
+                    transition_chunks=cmd.transition_chunks,
+                )
+                await self.relay.command(interaction)
+            elif isinstance(cmd, StopRequested):
+                await self.relay.command(StopCommand(reason=cmd.reason))
+
+    async def _place(self, cmd: StartRequested) -> None:
+        start, cfg = cmd.start, cmd.config
+        seed = start.seed
+        config = WorldSessionConfig(
+            model=start.model or str(self.protocol.options.default_model),
+            owner=self.owner,
+            prompt=start.prompt,
+            negative_prompt=start.negative_prompt,
+            width=cfg.width,
+            height=cfg.height,
+            num_frames=cfg.num_frames,
+            fps=cfg.fps,
+            seed=seed if seed is not None and seed >= 0 else secrets.randbelow(2**31),
+            extra_params=start.extra_params.model_dump(exclude_none=True),
+        )
+        if start.image_reference is not None:
+            # The first frame, decoded and fitted here so the worker gets exactly its size.
+            url = start.image_reference.image_url
+            try:
+                png = await run_in_threadpool(self.fetch_reference, url, cfg.width, cfg.height)
+            except OmniqueueError as exc:
+                self.protocol.failed(VideoErrorCode.INVALID_IMAGE_REFERENCE, str(exc))
+                return
+            await self.relay.command(ReferenceImageCommand(), png)
+        await self.relay.place(config)
+
+    # RelayTarget: what the relay calls
+
+    def ended(self) -> bool:
+        return self.protocol.close_expected()
+
+    async def outputs(self, entries: list[BusMessage[SessionOutput]], now: float) -> None:
+        for entry in entries:
+            self._apply(entry.event, entry.data, now)
+        if entries:
+            await self.dispatch()
+        await self.flush()
+
+    async def worker_gone(self, code: str, message: str) -> None:
+        self.protocol.failed(code, message)
+        await self.flush()
+
+    async def broker_lost(self) -> None:
+        """Redis is gone: say so (``broker_error``) and close 1011."""
+        self.protocol.failed(BROKER_ERROR, BROKER_ERROR_MESSAGE)
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+            await self.flush()
+
+    async def relay_ended(self) -> None:
+        pass  # the socket loop ends the session
+
+    def _apply(self, output: SessionOutput, data: bytes | None, now: float) -> None:
+        if isinstance(output, StartedOutput):
+            self.protocol.started(now=now)
+        elif isinstance(output, ChunkOutput) and data is not None:
+            self.protocol.chunk(
+                output.kind,
+                data,
+                now=now,
+                produced_at=output.produced_at,
+                generation_chunk_index=output.generation_chunk_index,
+                num_frames=output.num_frames,
+                started_event_ids=output.started_event_ids,
+                active_event_ids=output.active_event_ids,
+                completed_event_ids=output.completed_event_ids,
+            )
+        elif isinstance(output, FinishedOutput):
+            self.protocol.finished(stopped=output.stopped, artifact_id=output.artifact_id)
+        elif isinstance(output, FailedOutput):
+            self.protocol.failed(output.code, output.message)
+
+    async def run(self) -> None:
+        while not self.protocol.close_expected():
+            deadline = self.protocol.next_deadline()
+            timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), timeout)
+            except TimeoutError:
+                self.protocol.check_timeouts(time.monotonic())
+            else:
+                if message["type"] == "websocket.disconnect":
+                    raise WebSocketDisconnect(message.get("code", 1000))
+                now = time.monotonic()
+                if message.get("text") is not None:
+                    self.protocol.receive_text(message["text"], now)
+                elif message.get("bytes") is not None:
+                    self.protocol.receive_binary(message["bytes"], now)
+            await self.dispatch()
+            await self.flush()
+
+    async def close(self, disconnected: bool) -> None:
+        if disconnected:
+            self.protocol.connection_lost()
+            with contextlib.suppress(Exception):
+                await self.dispatch()
+        await self.relay.close()
+
+
+def _camera(camera: Any) -> str | None:
+    """Camera actions as the worker holds them: the w/a/s/d keys pressed in the block
+    (three per-latent-frame lists), or a dict's ``actions`` in the same shape."""
+    if isinstance(camera, dict):
+        camera = camera.get("actions")
+    if not isinstance(camera, list):
+        return None
+    keys = {k for frame in camera if isinstance(frame, list) for k in frame}
+    return "".join(k for k in "wasd" if k in keys)

@@ -1,6 +1,7 @@
 """Serving a stored artifact over HTTP: stream it from S3 with ``Range`` support (206,
 416), for every kind of job. Every S3 call (open, each chunk read) runs on the store's own
-pool (:meth:`ArtifactStore.run`), never on the thread pool that serves database reads."""
+pool (:meth:`ArtifactStore.run`), never on the thread pool that serves database reads.
+Bodies up to :data:`_WHOLE` bytes are read with their open and sent whole."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ from fastapi.responses import Response, StreamingResponse
 
 from models.db import Artifact
 from models.errors import Gone, InvalidRequest, RangeNotSatisfiable, ServiceUnavailable
-from storage.artifacts import ArtifactStore, ObjectMissing, StorageError
+from storage.artifacts import ArtifactStore, ObjectMissing, ObjectRange, StorageError
 
 # ASCII digits only; a position longer than any object size is refused, not parsed.
 _RANGE_RE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
 _MAX_POSITION_DIGITS = 19
 _CHUNK = 256 * 1024
+# A body up to this size is read in the same S3 call as its open and sent as one response
+# (a thumbnail, a short clip: one pool hop instead of three, and a read that fails is a 503,
+# not a cut stream); larger ones stream in _CHUNK reads.
+_WHOLE = 1024 * 1024
 
 
 async def stream_artifact(
@@ -33,7 +38,7 @@ async def stream_artifact(
     if range_header:
         start, end = parse_range(range_header, size)
     try:
-        obj = await store.run(store.open, artifact.key, start, end)
+        obj, whole = await store.run(_open, store, artifact.key, start, end)
     except ObjectMissing as exc:
         raise Gone(f"the content of {artifact.job_id} is no longer stored", param=id_param) from exc
     except StorageError as exc:
@@ -48,12 +53,32 @@ async def stream_artifact(
     if obj.partial:
         status = 206
         out["Content-Range"] = f"bytes {obj.start}-{obj.end}/{obj.total_size}"
+    if whole is not None:
+        return Response(whole, status_code=status, media_type=artifact.content_type, headers=out)
     return StreamingResponse(
         _chunks(store, obj.body),
         status_code=status,
         media_type=artifact.content_type,
         headers=out,
     )
+
+
+def _open(
+    store: ArtifactStore, key: str, start: int | None, end: int | None
+) -> tuple[ObjectRange, bytes | None]:
+    """Open ``key``; with a body of at most :data:`_WHOLE` bytes, read all of it too."""
+    obj = store.open(key, start, end)
+    if obj.content_length > _WHOLE:
+        return obj, None
+    try:
+        data: bytes = obj.body.read()
+    except Exception as exc:  # botocore/urllib3 read errors: the store failed mid-body
+        raise StorageError(f"read of {key} failed: {type(exc).__name__}") from exc
+    finally:
+        obj.body.close()
+    if len(data) != obj.content_length:
+        raise StorageError(f"read of {key} ended after {len(data)} of {obj.content_length} bytes")
+    return obj, data
 
 
 async def _chunks(store: ArtifactStore, body: Any) -> AsyncIterator[bytes]:

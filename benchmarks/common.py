@@ -6,6 +6,8 @@ Scripts put the repository root on ``sys.path`` and ``from benchmarks.common imp
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -70,6 +72,20 @@ def start_up(
         up.wait(60)
         raise SystemExit(f"omniqueue up did not start: {line!r}")
     return up, line.split("up: ", 1)[1].split()[0]
+
+
+def stop_up(up: subprocess.Popen[bytes], data_dir: Path, timeout: float = 60) -> None:
+    """SIGINT an ``omniqueue up`` from :func:`start_up`, wait for it, remove its data."""
+    up.send_signal(signal.SIGINT)
+    try:
+        up.wait(timeout)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def machine() -> str:
+    """What ran the benchmark, for its report."""
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
 def valkey_url(data_dir: Path) -> str:

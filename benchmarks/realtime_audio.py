@@ -45,10 +45,6 @@ import asyncio
 import base64
 import itertools
 import json
-import os
-import platform
-import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -63,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import start_up, summary  # noqa: E402
+from benchmarks.common import machine, start_up, stop_up, summary  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "speech"
 CHUNK_MS = 100
@@ -304,8 +300,7 @@ def main() -> None:
         )
     ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=reference/voice"
     report: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}",
+        "machine": machine(),
         "fixtures": ["hello.wav", "stop.wav (barge-in)"],
         "slots": max(levels),
         "realtime_workers": args.realtime_workers,
@@ -325,11 +320,7 @@ def main() -> None:
         print(json.dumps(report, indent=2))
     finally:
         if up is not None:
-            up.send_signal(signal.SIGINT)
-            try:
-                up.wait(60)
-            finally:
-                shutil.rmtree(data_dir, ignore_errors=True)
+            stop_up(up, data_dir)
 
 
 if __name__ == "__main__":

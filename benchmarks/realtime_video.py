@@ -54,9 +54,6 @@ import asyncio
 import itertools
 import json
 import os
-import platform
-import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -72,7 +69,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import start_up, summary, valkey_url  # noqa: E402
+from benchmarks.common import machine, start_up, stop_up, summary, valkey_url  # noqa: E402
 from models.session_bus import OUTPUTS, ChunkOutput  # noqa: E402
 from storage.constants import session_out_key  # noqa: E402
 
@@ -381,8 +378,7 @@ def main() -> None:
     redis_url = valkey_url(data_dir)
     ws_url = url.replace("http://", "ws://") + "/v1/realtime/video"
     report: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}",
+        "machine": machine(),
         "request": {**base, "seed": "session index"},
         "expected_chunks": expected_chunks(args.num_frames),
         "slots": max(levels),
@@ -414,11 +410,7 @@ def main() -> None:
         if args.keep_raw is not None:
             args.keep_raw.write_text(json.dumps(raw))
     finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            up.wait(60)
-        finally:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        stop_up(up, data_dir)
 
 
 if __name__ == "__main__":

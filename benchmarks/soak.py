@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import random
 import re
@@ -50,8 +49,19 @@ import httpx
 import psutil
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cancel import S3_BUCKET, LogWatcher, Stack, git_state, pct, say
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import pct  # noqa: E402
+from benchmarks.embedded_stack import (  # noqa: E402
+    S3_BUCKET,
+    LogWatcher,
+    Stack,
+    git_state,
+    report,
+    say,
+)
 
 EXPECTED_OUTPUT = {"output/video.mp4", "output/thumbnail.jpg"}
 RSS_TARGET_MB = 20.0
@@ -80,8 +90,10 @@ class Soak:
 
     def run_job(self, spec: dict[str, Any]) -> dict[str, Any]:
         body = {
-            "prompt": f"soak {spec['i']}: a small green kite", "size": self.args.size,
-            "num_frames": self.args.frames, "num_inference_steps": spec["steps"],
+            "prompt": f"soak {spec['i']}: a small green kite",
+            "size": self.args.size,
+            "num_frames": self.args.frames,
+            "num_inference_steps": spec["steps"],
             "seed": spec["i"],
         }
         t0 = time.time()
@@ -216,7 +228,10 @@ def check_redis(stack: Stack) -> dict[str, Any]:
             raw_type = r.type(key)
             kind = raw_type.decode() if isinstance(raw_type, bytes) else str(raw_type)
             size = {
-                "list": r.llen, "hash": r.hlen, "set": r.scard, "zset": r.zcard,
+                "list": r.llen,
+                "hash": r.hlen,
+                "set": r.scard,
+                "zset": r.zcard,
                 "string": r.strlen,
             }.get(kind, lambda _k: None)(key)
             broker.append({"key": key, "type": kind, "size": size, "ttl": ttl})
@@ -259,8 +274,12 @@ def main() -> int:
     p.add_argument("--min-steps", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=5)
     p.add_argument("--cancel-share", type=float, default=0.3, help="share cancelled/deleted")
-    p.add_argument("--delete-part", type=float, default=1 / 3,
-                   help="part of the cancelled ones that use DELETE instead of /cancel")
+    p.add_argument(
+        "--delete-part",
+        type=float,
+        default=1 / 3,
+        help="part of the cancelled ones that use DELETE instead of /cancel",
+    )
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--settle", type=float, default=15.0, help="wait after the last job, s")
@@ -274,10 +293,16 @@ def main() -> int:
     sys_tmp_before = set(count_temp_dirs(sys_tmp))
     stack = Stack(args.workers)
     out: dict[str, Any] = {
-        "jobs": args.jobs, "concurrency": args.concurrency, "workers": args.workers,
-        "request": {"size": args.size, "num_frames": args.frames,
-                    "num_inference_steps": f"{args.min_steps}-{args.max_steps}"},
-        "seed": args.seed, "planned_actions": dict(Counter(s["action"] for s in specs)),
+        "jobs": args.jobs,
+        "concurrency": args.concurrency,
+        "workers": args.workers,
+        "request": {
+            "size": args.size,
+            "num_frames": args.frames,
+            "num_inference_steps": f"{args.min_steps}-{args.max_steps}",
+        },
+        "seed": args.seed,
+        "planned_actions": dict(Counter(s["action"] for s in specs)),
         "git": git_state(),
         "loadavg_1m_start": round(os.getloadavg()[0], 2),
     }
@@ -289,8 +314,10 @@ def main() -> int:
         with httpx.Client(base_url=stack.url, timeout=60, trust_env=False, limits=limits) as client:
             soak = Soak(client, args)
             say(f"warm-up: {args.warmup} jobs")
-            warm_specs = [{"i": 10**6 + i, "steps": args.max_steps, "action": "none", "delay": 0}
-                          for i in range(args.warmup)]
+            warm_specs = [
+                {"i": 10**6 + i, "steps": args.max_steps, "action": "none", "delay": 0}
+                for i in range(args.warmup)
+            ]
             with ThreadPoolExecutor(args.concurrency) as pool:
                 warm = list(pool.map(soak.run_job, warm_specs))
             soak.done = 0
@@ -301,8 +328,9 @@ def main() -> int:
 
             def sample() -> None:
                 while not stop_sampling.wait(15):
-                    samples.append({"t_s": round(time.time() - t0, 1), "done": soak.done,
-                                    **rss_mb(stack)})
+                    samples.append(
+                        {"t_s": round(time.time() - t0, 1), "done": soak.done, **rss_mb(stack)}
+                    )
 
             t0 = time.time()
             threading.Thread(target=sample, daemon=True).start()
@@ -311,8 +339,10 @@ def main() -> int:
             wall = time.time() - t0
             stop_sampling.set()
             rss_jobs_end = rss_mb(stack)
-            say(f"all {len(results)} jobs terminal after {wall:.1f} s; RSS {rss_jobs_end}; "
-                f"settling {args.settle:.0f} s")
+            say(
+                f"all {len(results)} jobs terminal after {wall:.1f} s; RSS {rss_jobs_end}; "
+                f"settling {args.settle:.0f} s"
+            )
             time.sleep(args.settle)
             rss_end = rss_mb(stack)
             growth = {k: round(rss_end[k] - rss_start.get(k, 0.0), 1) for k in rss_end}
@@ -321,38 +351,50 @@ def main() -> int:
             for r in results:
                 by_action[r["action"]][r["outcome"]] += 1
             completed_e2e = [r["end_to_end_s"] for r in results if r["outcome"] == "completed"]
-            out.update({
-                "wall_s": round(wall, 1),
-                "jobs_per_minute": round(len(results) / wall * 60, 1),
-                "completed_per_minute": round(outcomes["completed"] / wall * 60, 1),
-                "outcomes": dict(outcomes),
-                "outcomes_by_action": {k: dict(v) for k, v in by_action.items()},
-                "completed_end_to_end_s": {
-                    "p50": round(pct(completed_e2e, 0.5), 3),
-                    "p95": round(pct(completed_e2e, 0.95), 3),
-                    "mean": round(statistics.fmean(completed_e2e), 3),
-                } if completed_e2e else None,
-                "rss_mb": {"after_warmup": rss_start, "after_jobs": rss_jobs_end,
-                           "after_settle": rss_end, "growth": growth,
-                           "target_growth_mb": RSS_TARGET_MB,
-                           "within_target": all(v <= RSS_TARGET_MB for v in growth.values()),
-                           "samples": samples},
-            })
+            out.update(
+                {
+                    "wall_s": round(wall, 1),
+                    "jobs_per_minute": round(len(results) / wall * 60, 1),
+                    "completed_per_minute": round(outcomes["completed"] / wall * 60, 1),
+                    "outcomes": dict(outcomes),
+                    "outcomes_by_action": {k: dict(v) for k, v in by_action.items()},
+                    "completed_end_to_end_s": {
+                        "p50": round(pct(completed_e2e, 0.5), 3),
+                        "p95": round(pct(completed_e2e, 0.95), 3),
+                        "mean": round(statistics.fmean(completed_e2e), 3),
+                    }
+                    if completed_e2e
+                    else None,
+                    "rss_mb": {
+                        "after_warmup": rss_start,
+                        "after_jobs": rss_jobs_end,
+                        "after_settle": rss_end,
+                        "growth": growth,
+                        "target_growth_mb": RSS_TARGET_MB,
+                        "within_target": all(v <= RSS_TARGET_MB for v in growth.values()),
+                        "samples": samples,
+                    },
+                }
+            )
             temp_left = count_temp_dirs(stack.tmp_dir)
             job_ids = [r["id"] for r in warm + results]
             # Other processes on the machine (test suites) may use the system temp dir too:
             # a new omniq-<id>-* there is ours only if <id> is one of our jobs.
             ours = set(job_ids)
             sys_tmp_new = sorted(set(count_temp_dirs(sys_tmp)) - sys_tmp_before)
-            sys_tmp_ours = [n for n in sys_tmp_new if n[len("omniq-"):].rsplit("-", 1)[0] in ours]
+            sys_tmp_ours = [n for n in sys_tmp_new if n[len("omniq-") :].rsplit("-", 1)[0] in ours]
             s3 = check_objects(stack, client, job_ids)
             rds = check_redis(stack)
             out["leaks"] = {
-                "temp_dirs": len(temp_left), "temp_dir_examples": temp_left[:20],
+                "temp_dirs": len(temp_left),
+                "temp_dir_examples": temp_left[:20],
                 "new_omniq_dirs_in_system_tmp_ours": len(sys_tmp_ours),
                 "new_omniq_dirs_in_system_tmp_foreign": [
-                    n for n in sys_tmp_new if n not in sys_tmp_ours][:10],
-                **s3, "redis": rds, "log": log_problems(logs, stack),
+                    n for n in sys_tmp_new if n not in sys_tmp_ours
+                ][:10],
+                **s3,
+                "redis": rds,
+                "log": log_problems(logs, stack),
             }
             zero = {
                 "temp_dirs": len(temp_left) == 0 and not sys_tmp_ours,
@@ -366,14 +408,8 @@ def main() -> int:
             out["all_zero"] = all(zero.values())
             say(f"zero checks: {zero}")
     finally:
-        code = stack.stop()
-        out["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
-        out["up_exit_code"] = code
-        out["up_exit_ok"] = code == 0
-        stack.remove(args.keep_log)
-    out["total_wall_s"] = round(time.time() - t_start, 1)
-    print(json.dumps(out, indent=2))
-    return 0 if code == 0 else 1
+        code = stack.shutdown(out, args.keep_log)
+    return report(out, code, total_wall_s=round(time.time() - t_start, 1))
 
 
 if __name__ == "__main__":

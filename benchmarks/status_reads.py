@@ -10,7 +10,9 @@ database each; ``up`` migrates it). It creates ``--jobs`` small jobs, then runs 
 (``ab -k``, a C load generator; the same tool the issue measured with) for
 
 - ``GET /v1/videos/{id}`` (``-c 50``), ``GET /v1/videos?limit=20`` (``-c 50``),
-- ``POST /v1/videos`` with a JSON body (``-c 20``; last, nobody waits for these jobs),
+- ``POST /v1/videos`` with a JSON body (``-c 20``; last, nobody waits for these jobs), once
+  with the worker running those jobs on the same cores and once with it frozen (SIGSTOP:
+  the API tier alone, as where workers run on GPU hosts),
 
 and, with ``--sync-jobs N``, N sequential ``POST /v1/videos/sync`` (320x192, 1 s, 4 steps,
 idle worker) and as many create + SSE ``/events`` runs: overhead = wall time − the worker's
@@ -54,16 +56,21 @@ def _need_ab() -> str:
     return ab
 
 
-def _api_processes(up: subprocess.Popen[bytes]) -> list[psutil.Process]:
-    """The ``omniqueue api`` children of ``omniqueue up`` (``--api-processes``)."""
+def _children(up: subprocess.Popen[bytes], command: str) -> list[psutil.Process]:
+    """The ``omniqueue <command>`` children of ``omniqueue up`` (``api``, ``worker``)."""
     found = [
         child
         for child in psutil.Process(up.pid).children(recursive=True)
-        if "api" in child.cmdline()[3:4]
+        if command in child.cmdline()[3:4]
     ]
     if not found:
-        raise SystemExit("no 'omniqueue api' process under omniqueue up")
+        raise SystemExit(f"no 'omniqueue {command}' process under omniqueue up")
     return found
+
+
+def _api_processes(up: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The ``omniqueue api`` children of ``omniqueue up`` (``--api-processes``)."""
+    return _children(up, "api")
 
 
 def _cpu_s(procs: list[psutil.Process]) -> float:
@@ -183,14 +190,18 @@ def bench(database: str | None, args: argparse.Namespace, ab: str | None) -> dic
             if args.sync_jobs:
                 out["sync"] = _sync_overheads(client, args.sync_jobs)
             if ab is not None:  # last: the worker need not drain these
-                out["create"] = _ab(
-                    ab,
-                    f"{url}/v1/videos",
-                    n=args.creates,
-                    c=args.create_concurrency,
-                    api=api,
-                    body=body,
-                )
+                creates = {"n": args.creates, "c": args.create_concurrency, "api": api}
+                out["create"] = _ab(ab, f"{url}/v1/videos", **creates, body=body)
+                # The API tier alone, as where workers run on GPU hosts: the worker is
+                # frozen (SIGSTOP) so it does not run the jobs on the same cores meanwhile.
+                workers = _children(up, "worker")
+                for worker in workers:
+                    worker.suspend()
+                try:
+                    out["create_worker_paused"] = _ab(ab, f"{url}/v1/videos", **creates, body=body)
+                finally:
+                    for worker in workers:
+                        worker.resume()
     finally:
         up.send_signal(signal.SIGINT)
         up.wait(120)

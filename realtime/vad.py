@@ -15,23 +15,21 @@ asks silero for a speech probability per frame. The decision rule is silero's ow
 
 Event positions are in ms of this detector's input, so frame granularity is 32 ms.
 
-Weights: the ones shipped in the ``silero-vad`` wheel, run by onnxruntime when it is
-installed (0.11 ms per 32 ms frame on this project's 2-core box, against 0.36 ms for the
-TorchScript model with ``torch.inference_mode``; same probabilities within 2e-6), else by
-torch. The network is loaded once per process (:func:`load_model`) and shared by every
-detector: it is called as a pure function with the recurrent state and the 64-sample
-context that each detector keeps for itself, so detectors never share state; calls on one
-detector are serialized by its own lock. Nothing here imports ``silero_vad`` (its
-``__init__`` sets ``torch.set_num_threads(1)`` process-wide); the weights file is located
-with ``importlib.util.find_spec``.
+Weights: silero-vad's ``silero_vad.onnx`` (v6.2.3, MIT), kept in ``realtime/silero/`` and run
+by onnxruntime, so the API tier needs neither torch nor the ``silero-vad`` package (whose
+wheel requires torch). onnxruntime costs 0.11 ms per 32 ms frame on this project's 2-core
+box, against 0.36 ms for silero's TorchScript release of the same network (same
+probabilities within 2e-6; tests/unit/test_vad.py compares the two). The network is loaded
+once per process (:func:`load_model`) and shared by every detector: it is called as a pure
+function with the recurrent state and the 64-sample context that each detector keeps for
+itself, so detectors never share state; calls on one detector are serialized by its own
+lock. A detector can be handed another :class:`Net` (the test hands it the TorchScript one).
 """
 
 from __future__ import annotations
 
 import abc
-import importlib.util
 import threading
-import warnings
 from dataclasses import dataclass
 from math import gcd
 from pathlib import Path
@@ -45,42 +43,31 @@ CONTEXT = 64  # samples of the previous frame silero prepends
 FRAME_MS = FRAME * 1000 // VAD_RATE
 NEG_MARGIN = 0.15  # silero's VADIterator: speech ends below threshold - 0.15
 
+WEIGHTS = Path(__file__).with_name("silero") / "silero_vad.onnx"
+
 _model_lock = threading.Lock()
-_models: dict[str, _Net] = {}
+_model: Net | None = None
 
 
-def _weights(name: str) -> Path:
-    """A file of the silero-vad wheel's ``data`` folder, found without importing the
-    package (its ``__init__`` imports torch and sets the process's thread count)."""
-    spec = importlib.util.find_spec("silero_vad")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("silero-vad is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / name
-
-
-class _Net(abc.ABC):
+class Net(abc.ABC):
     """silero's 16 kHz network as a pure function: ``(x [1, CONTEXT + FRAME], state
     [2, 1, 128]) -> (p, state)``; the caller keeps the state, so one instance serves
-    every detector (both runtimes allow concurrent calls on one loaded model)."""
-
-    backend: str
+    every detector (concurrent calls on one loaded model are allowed)."""
 
     @abc.abstractmethod
     def __call__(self, x: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
         """Speech probability of the frame, and the next recurrent state."""
 
 
-class _OnnxNet(_Net):
-    backend = "onnxruntime"
-
-    def __init__(self) -> None:
+class _OnnxNet(Net):
+    def __init__(self, path: Path = WEIGHTS) -> None:
         import onnxruntime
 
         opts = onnxruntime.SessionOptions()
         opts.inter_op_num_threads = 1
         opts.intra_op_num_threads = 1
         self._session = onnxruntime.InferenceSession(
-            str(_weights("silero_vad.onnx")), sess_options=opts, providers=["CPUExecutionProvider"]
+            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
         )
         self._sr = np.array(VAD_RATE, dtype=np.int64)
 
@@ -89,47 +76,20 @@ class _OnnxNet(_Net):
         return float(p[0, 0]), state
 
 
-class _TorchNet(_Net):
-    backend = "torch"
-
-    def __init__(self) -> None:
-        import torch
-
-        self._torch = torch
-        with warnings.catch_warnings():
-            # torch 2.10+ deprecates TorchScript loading; the wheel ships this format
-            warnings.filterwarnings("ignore", "`torch.jit.load` is deprecated", DeprecationWarning)
-            full = torch.jit.load(str(_weights("silero_vad.jit")), map_location="cpu")
-        self._net = full._model  # the wrapper around it keeps state on itself: skip it
-        self._net.eval()
-
-    def __call__(self, x: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
-        with self._torch.inference_mode():
-            p, out = self._net(self._torch.from_numpy(x), self._torch.from_numpy(state))
-        return float(p), out.numpy()
-
-
-def default_backend() -> str:
-    """onnxruntime when installed (about 3x cheaper per frame than TorchScript), else torch."""
-    return "onnxruntime" if importlib.util.find_spec("onnxruntime") else "torch"
-
-
-def load_model(backend: str | None = None) -> _Net:
-    """silero-vad's network for ``backend`` (default :func:`default_backend`), loaded and
-    warmed up once per process, then shared by every detector."""
-    name = backend or default_backend()
-    if name not in ("onnxruntime", "torch"):
-        raise ValueError(f"unknown VAD backend {name!r}")
+def load_model() -> Net:
+    """silero-vad's network on onnxruntime, loaded and warmed up once per process, then
+    shared by every detector."""
+    global _model
     with _model_lock:
-        net = _models.get(name)
-        if net is None:
-            net = _models[name] = _warm(_OnnxNet() if name == "onnxruntime" else _TorchNet())
-        return net
+        if _model is None:
+            _model = warm(_OnnxNet())
+        return _model
 
 
-def _warm(net: _Net) -> _Net:
+def warm(net: Net) -> Net:
+    """``net`` after a few calls on silence (first calls are the slow ones)."""
     state = np.zeros((2, 1, 128), np.float32)
-    for _ in range(3):  # TorchScript's profiling executor specializes on early calls
+    for _ in range(3):
         _, state = net(np.zeros((1, CONTEXT + FRAME), np.float32), state)
     return net
 
@@ -225,9 +185,9 @@ class SileroVAD:
         silence_duration_ms: int = 500,
         sample_rate: int = 24000,
         min_speech_ms: int = 64,
-        backend: str | None = None,
+        net: Net | None = None,
     ) -> None:
-        self._net = load_model(backend)
+        self._net = net or load_model()
         self._lock = threading.Lock()
         self.sample_rate = sample_rate
         self.min_speech_ms = min_speech_ms

@@ -52,6 +52,29 @@ def _queue_positions_statement() -> Select[Any]:
 _QUEUE_POSITIONS = _queue_positions_statement()
 
 
+def _page_statement(ascending: bool, after_cursor: bool) -> Select[Any]:
+    """An owner's jobs of one kind by ``created_at`` then id, ``:limit`` of them, after the
+    cursor job (``:cursor_created_at``, ``:cursor_id``) when ``after_cursor``."""
+    c = _JOBS.c
+    q = select(_JOBS).where(c.owner == bindparam("owner"), c.kind == bindparam("kind"))
+    if after_cursor:
+        at = bindparam("cursor_created_at", type_=c.created_at.type)
+        cid = bindparam("cursor_id", type_=c.id.type)
+        if ascending:
+            q = q.where(or_(c.created_at > at, and_(c.created_at == at, c.id > cid)))
+        else:
+            q = q.where(or_(c.created_at < at, and_(c.created_at == at, c.id < cid)))
+    if ascending:
+        q = q.order_by(c.created_at.asc(), c.id.asc())
+    else:
+        q = q.order_by(c.created_at.desc(), c.id.desc())
+    return q.limit(bindparam("limit"))
+
+
+# (ascending, after a cursor) -> statement
+_PAGES = {(a, b): _page_statement(a, b) for a in (True, False) for b in (True, False)}
+
+
 class JobStore:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
@@ -117,34 +140,17 @@ class JobStore:
         self, owner: str, *, after: str | None, limit: int, order: str, kind: str
     ) -> tuple[list[JobRecord], bool]:
         """A page of the owner's jobs by ``created_at`` (ties by id), after a cursor id,
-        as read-only rows (see :meth:`read`)."""
-        c = _JOBS.c
+        as read-only rows (see :meth:`read`); one of four statements built once."""
+        params: dict[str, Any] = {"owner": owner, "kind": kind, "limit": limit + 1}
         with self._engine.connect() as conn:
-            q = select(_JOBS).where(c.owner == owner, c.kind == kind)
             if after is not None:
                 cursor = conn.execute(_JOB_BY_ID, {"job_id": after}).one_or_none()
                 if cursor is None or cursor.owner != owner:
                     raise KeyError(after)
-                if order == "asc":
-                    q = q.where(
-                        or_(
-                            c.created_at > cursor.created_at,
-                            and_(c.created_at == cursor.created_at, c.id > cursor.id),
-                        )
-                    )
-                else:
-                    q = q.where(
-                        or_(
-                            c.created_at < cursor.created_at,
-                            and_(c.created_at == cursor.created_at, c.id < cursor.id),
-                        )
-                    )
-            if order == "asc":
-                q = q.order_by(c.created_at.asc(), c.id.asc())
-            else:
-                q = q.order_by(c.created_at.desc(), c.id.desc())
-            rows = [_record(row) for row in conn.execute(q.limit(limit + 1))]
-            return rows[:limit], len(rows) > limit
+                params |= {"cursor_created_at": cursor.created_at, "cursor_id": cursor.id}
+            statement = _PAGES[(order == "asc", after is not None)]
+            rows = [_record(row) for row in conn.execute(statement, params)]
+        return rows[:limit], len(rows) > limit
 
     def queue_positions(self, jobs: Sequence[JobView]) -> dict[str, int]:
         """For queued jobs: how many queued jobs of the same model are ahead (0 = next).

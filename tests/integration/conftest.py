@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import httpx
 import pytest
 import redis
 from sqlalchemy import create_engine, text
@@ -30,14 +31,21 @@ REDIS_BASE_URL = os.environ.get("OMNIQ_TEST_REDIS_URL", "redis://127.0.0.1:6379"
 REDIS_DB = int(os.environ.get("OMNIQ_TEST_REDIS_DB", "9"))
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
-    server = EmbeddedS3(tmp_path_factory.mktemp("s3"), bucket="omniqueue-test")
+@contextmanager
+def running_s3(path: Path, bucket: str, stop_timeout: float = 3.0) -> Iterator[EmbeddedS3]:
+    """A SeaweedFS S3 server with its data in ``path``, for the ``with`` block."""
+    server = EmbeddedS3(path, bucket=bucket)
     server.start()
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(timeout=stop_timeout)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
+    with running_s3(tmp_path_factory.mktemp("s3"), "omniqueue-test") as server:
+        yield server
 
 
 def _new_pg_database() -> tuple[str, str]:
@@ -129,3 +137,16 @@ def stack(
         yield st
     finally:
         st.stop()
+
+
+@pytest.fixture(scope="module")
+def key(stack: Stack) -> str:
+    """An API key of ``stack`` (a module's own stack where it overrides ``stack``)."""
+    return stack.create_key("alice")
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack, key: str) -> Iterator[httpx.Client]:
+    """An HTTP client of ``stack`` that sends ``key``."""
+    with stack.client(key) as c:
+        yield c

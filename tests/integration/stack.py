@@ -3,6 +3,7 @@ subprocesses on given services, with helpers to talk to it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import create_engine, func, select
 
 from cli.embedded import EmbeddedS3, free_port
+from models.db import Job
 from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings
@@ -51,6 +54,7 @@ class Stack:
                 "OMNIQ_S3__SECRET_ACCESS_KEY": self.s3.secret_key,
                 "OMNIQ_AUTH": self.auth,
                 "OMNIQ_WORKER__TMP_DIR": str(self.tmp_dir),
+                "OMNIQ_WORKER__FAILPOINTS_FILE": str(self.failpoints),
                 "OMNIQ_WORKER__PROGRESS_INTERVAL_S": "0.05",
                 "OMNIQ_POLL_AFTER_MS": "100",
                 "OMNIQ_WORKER__PREVIEW_EVERY": "2",
@@ -60,6 +64,28 @@ class Stack:
         )
         env.update(self.extra_env)
         return env
+
+    def sibling(self, work: Path, env: dict[str, str]) -> Stack:
+        """Another deployment on this one's database, Redis and S3 (a second API process,
+        say), with ``env`` on top of this one's environment; not started."""
+        return Stack(
+            work=work,
+            database_url=self.database_url,
+            redis_url=self.redis_url,
+            s3=self.s3,
+            auth=self.auth,
+            extra_env={**self.extra_env, **env},
+        )
+
+    @property
+    def failpoints(self) -> Path:
+        """The workers' failpoints file (workers/failpoints.py); none until a test sets it."""
+        return self.work / "failpoints.json"
+
+    def set_failpoints(self, points: dict[str, str]) -> None:
+        tmp = self.failpoints.with_suffix(".tmp")
+        tmp.write_text(json.dumps(points))
+        tmp.replace(self.failpoints)
 
     @property
     def tmp_dir(self) -> Path:
@@ -164,17 +190,33 @@ class Stack:
     def wait_for(
         self,
         client: httpx.Client,
-        video_id: str,
+        job_id: str,
         timeout: float = 120,
         until: tuple[str, ...] = ("completed", "failed"),
+        collection: str = "videos",
     ) -> dict[str, Any]:
+        """Poll ``GET /v1/{collection}/{job_id}`` until its status is one of ``until``."""
         deadline = time.monotonic() + timeout
         body: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            resp = client.get(f"/v1/videos/{video_id}")
+            resp = client.get(f"/v1/{collection}/{job_id}")
             resp.raise_for_status()
             body = resp.json()
             if body["status"] in until:
                 return body
             time.sleep(0.1)
-        raise TimeoutError(f"{video_id} still {body.get('status')}:\n" + self.log("w0"))
+        raise TimeoutError(f"{job_id} still {body.get('status')}:\n" + self.log("w0"))
+
+    def count_jobs(self) -> int:
+        """Rows in the jobs table."""
+        engine = create_engine(self.database_url)
+        try:
+            with engine.connect() as conn:
+                return int(conn.execute(select(func.count()).select_from(Job)).scalar_one())
+        finally:
+            engine.dispose()
+
+    def objects(self, kind: str, job_id: str) -> list[str]:
+        """The S3 keys under a job's prefix (``videos/<id>/``, ``audios/<id>/``)."""
+        resp = self.s3.client().list_objects_v2(Bucket=self.s3.bucket, Prefix=f"{kind}/{job_id}/")
+        return [o["Key"] for o in resp.get("Contents", [])]

@@ -16,10 +16,8 @@ import httpx
 import numpy as np
 import pytest
 from openai import BadRequestError, OpenAI
-from sqlalchemy import create_engine, func, select
 
 from cli.embedded import EmbeddedS3
-from models.db import Job
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from workers.audio_media import decode_audio
@@ -32,36 +30,17 @@ AAC_SLACK = 2048  # ADTS cannot signal the encoder's priming samples
 
 
 class AudioStack(Stack):
-    @property
-    def failpoints(self) -> Path:
-        return self.work / "failpoints.json"
-
-    def set_failpoints(self, points: dict[str, str]) -> None:
-        tmp = self.failpoints.with_suffix(".tmp")
-        tmp.write_text(json.dumps(points))
-        tmp.replace(self.failpoints)
-
     def wait_audio(
         self, client: httpx.Client, audio_id: str, until: tuple[str, ...] = ("completed", "failed")
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + 120
-        body: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            resp = client.get(f"/v1/audio/generations/{audio_id}")
-            resp.raise_for_status()
-            body = resp.json()
-            if body["status"] in until:
-                return body
-            time.sleep(0.1)
-        raise TimeoutError(f"{audio_id} still {body.get('status')}:\n" + self.log("w0"))
+        return self.wait_for(client, audio_id, until=until, collection="audio/generations")
 
 
 @pytest.fixture(scope="module")
 def astack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[AudioStack]:
     work = Path(tmp_path_factory.mktemp("audio"))
-    env = {"OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json")}
     with isolated_stack(
-        work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=AudioStack, auth="required"
+        work, s3_server, redis_db=REDIS_DB, extra_env={}, cls=AudioStack, auth="required"
     ) as st:
         st.set_failpoints({})
         st.start(workers=1)
@@ -69,27 +48,9 @@ def astack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
 
 
 @pytest.fixture(scope="module")
-def key(astack: AudioStack) -> str:
-    return astack.create_key("alice")
-
-
-@pytest.fixture(scope="module")
-def client(astack: AudioStack, key: str) -> Iterator[httpx.Client]:
-    with astack.client(key) as c:
-        yield c
-
-
-def _count_jobs(stack: Stack) -> int:
-    engine = create_engine(stack.database_url)
-    with engine.connect() as conn:
-        n = conn.execute(select(func.count()).select_from(Job)).scalar_one()
-    engine.dispose()
-    return int(n)
-
-
-def _objects(stack: Stack, audio_id: str) -> list[str]:
-    resp = stack.s3.client().list_objects_v2(Bucket=stack.s3.bucket, Prefix=f"audios/{audio_id}/")
-    return [o["Key"] for o in resp.get("Contents", [])]
+def stack(astack: AudioStack) -> AudioStack:
+    """This module's stack is the one conftest's ``key`` and ``client`` use."""
+    return astack
 
 
 def _create(client: httpx.Client, **fields: Any) -> dict[str, Any]:
@@ -127,7 +88,7 @@ def test_every_format_end_to_end(astack: AudioStack, client: httpx.Client) -> No
         seconds = _duration(resp.content, fmt, rate, channels)
         slack = AAC_SLACK / rate if fmt == "aac" else 0.0
         assert 1.0 <= seconds <= 1.0 + slack, (fmt, seconds)
-        assert _objects(astack, job["id"]) == [f"audios/{job['id']}/output/audio.{fmt}"]
+        assert astack.objects("audios", job["id"]) == [f"audios/{job['id']}/output/audio.{fmt}"]
     assert {fmt: job["media_type"] for fmt, job in created.items()} == {
         "wav": "audio/wav",
         "mp3": "audio/mpeg",
@@ -261,13 +222,15 @@ def test_cancel_and_delete_leave_nothing(astack: AudioStack, client: httpx.Clien
     while time.monotonic() < deadline and list(astack.tmp_dir.iterdir()):
         time.sleep(0.1)
     assert list(astack.tmp_dir.iterdir()) == []
-    assert _objects(astack, job["id"]) == [] and _objects(astack, doomed["id"]) == []
+    assert (
+        astack.objects("audios", job["id"]) == [] and astack.objects("audios", doomed["id"]) == []
+    )
     # A finished job's cancel is a no-op; deleting it removes the row and the object.
     done = astack.wait_audio(client, _create(client, prompt="finished")["id"])
     assert client.post(f"/v1/audio/generations/{done['id']}/cancel").json()["status"] == "completed"
-    before = _count_jobs(astack)
+    before = astack.count_jobs()
     assert client.delete(f"/v1/audio/generations/{done['id']}").status_code == 200
-    assert _count_jobs(astack) == before - 1 and _objects(astack, done["id"]) == []
+    assert astack.count_jobs() == before - 1 and astack.objects("audios", done["id"]) == []
 
 
 @pytest.mark.parametrize(
@@ -302,7 +265,7 @@ def test_cancel_and_delete_leave_nothing(astack: AudioStack, client: httpx.Clien
 def test_bad_input_is_refused_and_stores_nothing(
     astack: AudioStack, client: httpx.Client, path: str, fields: dict[str, Any], param: str
 ) -> None:
-    before = _count_jobs(astack)
+    before = astack.count_jobs()
     body = {"prompt": "p", **SMALL, **fields} if path == "/v1/audio/generations" else fields
     resp = client.post(path, json=body)
     assert resp.status_code == 400, resp.text
@@ -311,7 +274,7 @@ def test_bad_input_is_refused_and_stores_nothing(
     assert error["message"]
     if param == "model":
         assert "audio" in error["message"] or "not served" in error["message"]
-    assert _count_jobs(astack) == before
+    assert astack.count_jobs() == before
     assert list(astack.tmp_dir.iterdir()) == []
 
 
@@ -452,9 +415,15 @@ def test_vllm_omni_tts_client_body_is_served(astack: AudioStack, client: httpx.C
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"task_type": "Base", "ref_audio": "data:audio/wav;base64,UklGRg==",
-          "ref_text": "This is the reference transcript", "x_vector_only_mode": True},
-         "task_type"),  # the client example's voice-clone body
+        (
+            {
+                "task_type": "Base",
+                "ref_audio": "data:audio/wav;base64,UklGRg==",
+                "ref_text": "This is the reference transcript",
+                "x_vector_only_mode": True,
+            },
+            "task_type",
+        ),  # the client example's voice-clone body
         ({"task_type": "VoiceDesign"}, "task_type"),
         ({"task_type": "Cloned"}, "task_type"),
         ({"ref_audio": "https://example.com/reference.wav"}, "ref_audio"),
@@ -480,12 +449,12 @@ def test_vllm_omni_tts_client_body_is_served(astack: AudioStack, client: httpx.C
 def test_vllm_omni_speech_fields_the_model_cannot_honour_are_refused(
     astack: AudioStack, client: httpx.Client, fields: dict[str, Any], param: str
 ) -> None:
-    before = _count_jobs(astack)
+    before = astack.count_jobs()
     resp = client.post("/v1/audio/speech", json={**VLLM_OMNI_TTS_BODY, **fields})
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error", error
-    assert _count_jobs(astack) == before
+    assert astack.count_jobs() == before
 
 
 def test_openai_sdk_speech_with_vllm_omni_extra_body(astack: AudioStack, key: str) -> None:
@@ -495,8 +464,12 @@ def test_openai_sdk_speech_with_vllm_omni_extra_body(astack: AudioStack, key: st
         voice="alloy",
         input="hello there",
         response_format="wav",
-        extra_body={"language": "Auto", "task_type": "CustomVoice", "max_new_tokens": 512,
-                    "duration_seconds": 0.75},
+        extra_body={
+            "language": "Auto",
+            "task_type": "CustomVoice",
+            "max_new_tokens": 512,
+            "duration_seconds": 0.75,
+        },
     )
     samples, rate = decode_audio(io.BytesIO(wav.content))
     assert (samples.shape[0], rate, samples.shape[1]) == (1, 24_000, 18_000)
@@ -562,4 +535,4 @@ def test_sync_client_disconnect_cancels_the_job(astack: AudioStack, client: http
     assert len(abandoned) == 2
     for job in abandoned:
         assert job["status"] == "failed" and job["error"]["code"] == "cancelled", job
-        assert _objects(astack, job["id"]) == []
+        assert astack.objects("audios", job["id"]) == []

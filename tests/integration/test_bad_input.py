@@ -16,13 +16,11 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from sqlalchemy import create_engine, func, select
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
-from models.db import Job
 from tests.integration.conftest import REDIS_BASE_URL
 from tests.integration.stack import Stack
 
@@ -60,14 +58,6 @@ def sqlite_stack(
         redis.Redis.from_url(redis_url).flushdb()
 
 
-def _count_jobs(stack: Stack) -> int:
-    engine = create_engine(stack.database_url)
-    with engine.connect() as conn:
-        n = conn.execute(select(func.count()).select_from(Job)).scalar_one()
-    engine.dispose()
-    return int(n)
-
-
 _TERMINAL = ("completed", "failed", "cancelled")
 
 
@@ -83,13 +73,13 @@ def _refused(
     status: int = 400,
 ) -> dict[str, Any]:
     """Call ``send()``; assert a ``status`` naming ``param`` and that nothing was stored."""
-    jobs, objects = _count_jobs(stack), _count_objects(stack)
+    jobs, objects = stack.count_jobs(), _count_objects(stack)
     resp = send()
     assert resp.status_code == status, resp.text[:500]
     error = resp.json()["error"]
     assert error["param"] == param, error
     assert error["type"] == "invalid_request_error" and error["message"]
-    assert _count_jobs(stack) == jobs
+    assert stack.count_jobs() == jobs
     assert _count_objects(stack) == objects
     return dict(error)
 

@@ -11,7 +11,6 @@ without a TTL, and a worker that goes on to complete the next job.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -34,22 +33,10 @@ SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 5}
 REDIS_DB = 10
 
 
-class FaultStack(Stack):
-    @property
-    def failpoints(self) -> Path:
-        return self.work / "failpoints.json"
-
-    def set_failpoints(self, points: dict[str, str]) -> None:
-        tmp = self.failpoints.with_suffix(".tmp")
-        tmp.write_text(json.dumps(points))
-        tmp.replace(self.failpoints)
-
-
 @pytest.fixture(scope="module")
-def fstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[FaultStack]:
+def fstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("faults"))
     env = {
-        "OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json"),
         "OMNIQ_WORKER__HEARTBEAT_S": "0.5",
         "OMNIQ_WORKER__HEARTBEAT_TIMEOUT_S": "3",
         "OMNIQ_WORKER__RECONCILE_INTERVAL_S": "0.5",
@@ -57,14 +44,14 @@ def fstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
         # every artifact goes up as a multipart upload, so upload cancels abort one
         "OMNIQ_S3__MULTIPART_THRESHOLD_BYTES": "1",
     }
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=FaultStack) as st:
+    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
         st.set_failpoints({})
         st.start(workers=1)
         yield st
 
 
 @pytest.fixture
-def client(fstack: FaultStack) -> Iterator[httpx.Client]:
+def client(fstack: Stack) -> Iterator[httpx.Client]:
     fstack.set_failpoints({})
     with fstack.client() as c:
         yield c
@@ -88,7 +75,7 @@ def _wait(client: httpx.Client, vid: str, pred: Any, timeout: float = 60) -> dic
     raise AssertionError(f"condition not met for {vid}: {body}")
 
 
-def _worker_of(st: FaultStack, vid: str) -> str | None:
+def _worker_of(st: Stack, vid: str) -> str | None:
     engine = create_engine(st.database_url)
     with engine.connect() as conn:
         row = conn.exec_driver_sql("SELECT worker_id FROM jobs WHERE id = %s", (vid,)).first()
@@ -96,7 +83,7 @@ def _worker_of(st: FaultStack, vid: str) -> str | None:
     return row[0] if row else None
 
 
-def assert_clean(st: FaultStack, vid: str, *, deleted: bool = False) -> None:
+def assert_clean(st: Stack, vid: str, *, deleted: bool = False) -> None:
     """The invariants every cancelled or failed job must meet."""
     s3 = st.s3.client()
     deadline = time.monotonic() + 15
@@ -125,7 +112,7 @@ def assert_clean(st: FaultStack, vid: str, *, deleted: bool = False) -> None:
             assert r.pttl(key) != -1, key  # -1: no TTL; -2: already gone
 
 
-def assert_next_job_completes(st: FaultStack, client: httpx.Client, worker: str | None) -> None:
+def assert_next_job_completes(st: Stack, client: httpx.Client, worker: str | None) -> None:
     st.set_failpoints({})
     nxt = _create(client, prompt="the next one")
     done = _wait(client, nxt["id"], lambda b: b["status"] in ("completed", "failed"))
@@ -135,7 +122,7 @@ def assert_next_job_completes(st: FaultStack, client: httpx.Client, worker: str 
 
 
 def _cancel_at(
-    st: FaultStack, client: httpx.Client, point: str, reached: Any, *, delete: bool = False
+    st: Stack, client: httpx.Client, point: str, reached: Any, *, delete: bool = False
 ) -> None:
     st.set_failpoints({point: "pause"})
     video = _create(client)
@@ -181,16 +168,16 @@ def _cancel_at(
     ],
 )
 def test_cancel_at_every_stage(
-    fstack: FaultStack, client: httpx.Client, point: str, reached: Any
+    fstack: Stack, client: httpx.Client, point: str, reached: Any
 ) -> None:
     _cancel_at(fstack, client, point, reached)
 
 
-def test_delete_during_denoise(fstack: FaultStack, client: httpx.Client) -> None:
+def test_delete_during_denoise(fstack: Stack, client: httpx.Client) -> None:
     _cancel_at(fstack, client, "step:2", lambda b: b["step"] == 2, delete=True)
 
 
-def test_cancel_while_queued_behind_another_job(fstack: FaultStack, client: httpx.Client) -> None:
+def test_cancel_while_queued_behind_another_job(fstack: Stack, client: httpx.Client) -> None:
     fstack.set_failpoints({"step:1": "pause"})
     blocker = _create(client, prompt="blocker")
     _wait(client, blocker["id"], lambda b: b["step"] == 1)
@@ -207,7 +194,7 @@ def test_cancel_while_queued_behind_another_job(fstack: FaultStack, client: http
     assert_next_job_completes(fstack, client, _worker_of(fstack, blocker["id"]))
 
 
-def test_cancel_before_any_worker_exists(fstack: FaultStack, client: httpx.Client) -> None:
+def test_cancel_before_any_worker_exists(fstack: Stack, client: httpx.Client) -> None:
     fstack.stop_process("w0")
     try:
         video = _create(client)
@@ -223,7 +210,7 @@ def test_cancel_before_any_worker_exists(fstack: FaultStack, client: httpx.Clien
 
 
 def test_cancel_and_delete_race_each_other_and_completion(
-    fstack: FaultStack, client: httpx.Client
+    fstack: Stack, client: httpx.Client
 ) -> None:
     fstack.set_failpoints({"complete": "pause"})
     video = _create(client)
@@ -251,7 +238,7 @@ def test_cancel_and_delete_race_each_other_and_completion(
     assert_next_job_completes(fstack, client, None)
 
 
-def test_cancel_racing_completion_has_one_outcome(fstack: FaultStack, client: httpx.Client) -> None:
+def test_cancel_racing_completion_has_one_outcome(fstack: Stack, client: httpx.Client) -> None:
     outcomes = []
     for delay in (0.05, 0.2, 0.4, 0.8, 1.5):
         video = _create(client)
@@ -272,7 +259,7 @@ def test_cancel_racing_completion_has_one_outcome(fstack: FaultStack, client: ht
 
 @pytest.mark.parametrize("point", ["prepare", "step:1", "decode", "encode", "upload"])
 def test_exception_in_a_stage_fails_with_a_stable_code(
-    fstack: FaultStack, client: httpx.Client, point: str
+    fstack: Stack, client: httpx.Client, point: str
 ) -> None:
     fstack.set_failpoints({point: "raise"})
     video = _create(client)
@@ -284,7 +271,7 @@ def test_exception_in_a_stage_fails_with_a_stable_code(
     assert_next_job_completes(fstack, client, _worker_of(fstack, video["id"]))
 
 
-def test_out_of_memory_fails_with_oom(fstack: FaultStack, client: httpx.Client) -> None:
+def test_out_of_memory_fails_with_oom(fstack: Stack, client: httpx.Client) -> None:
     fstack.set_failpoints({"step:2": "oom"})
     video = _create(client)
     final = _wait(client, video["id"], lambda b: b["status"] == "failed")
@@ -295,7 +282,7 @@ def test_out_of_memory_fails_with_oom(fstack: FaultStack, client: httpx.Client) 
 
 @pytest.mark.parametrize("point", ["prepare", "decode"])
 def test_a_library_value_error_fails_with_a_fixed_message(
-    fstack: FaultStack, client: httpx.Client, point: str
+    fstack: Stack, client: httpx.Client, point: str
 ) -> None:
     """A bare ValueError (as numpy, PIL, PyAV or torch raise) is not the client's fault:
     the job fails ``internal_error`` with a fixed message, and the text stays in the log."""
@@ -312,7 +299,7 @@ def test_a_library_value_error_fails_with_a_fixed_message(
 
 
 def test_a_request_refused_on_purpose_fails_with_invalid_request(
-    fstack: FaultStack, client: httpx.Client
+    fstack: Stack, client: httpx.Client
 ) -> None:
     """``InvalidJobInput`` is how a pipeline says the request cannot be honoured: its
     message (ours, naming the problem) is the job's error."""
@@ -326,7 +313,7 @@ def test_a_request_refused_on_purpose_fails_with_invalid_request(
     assert_clean(fstack, video["id"])
 
 
-def test_deadline_fails_with_timeout(fstack: FaultStack, client: httpx.Client) -> None:
+def test_deadline_fails_with_timeout(fstack: Stack, client: httpx.Client) -> None:
     fstack.set_failpoints({"step:1": "sleep:1.5"})
     video = _create(client, timeout=1)
     final = _wait(client, video["id"], lambda b: b["status"] == "failed")
@@ -335,7 +322,7 @@ def test_deadline_fails_with_timeout(fstack: FaultStack, client: httpx.Client) -
     assert_next_job_completes(fstack, client, _worker_of(fstack, video["id"]))
 
 
-def test_killed_worker_job_is_taken_over(fstack: FaultStack, client: httpx.Client) -> None:
+def test_killed_worker_job_is_taken_over(fstack: Stack, client: httpx.Client) -> None:
     fstack.start_worker("w1")
     fstack.wait_workers(2)
     try:
@@ -370,7 +357,7 @@ def test_killed_worker_job_is_taken_over(fstack: FaultStack, client: httpx.Clien
 
 
 def test_job_that_kills_every_worker_fails_with_worker_lost(
-    fstack: FaultStack, client: httpx.Client
+    fstack: Stack, client: httpx.Client
 ) -> None:
     fstack.set_failpoints({"step:1": "kill"})
     video = _create(client, prompt="poison")

@@ -20,6 +20,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from cli.embedded import EmbeddedS3, EmbeddedValkey, free_port
+from tests.integration.conftest import running_s3
 
 pytestmark = pytest.mark.integration
 
@@ -28,12 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
-    server = EmbeddedS3(tmp_path_factory.mktemp("s3"), bucket="embedded-test")
-    server.start()
-    try:
+    with running_s3(tmp_path_factory.mktemp("s3"), "embedded-test", stop_timeout=1) as server:
         yield server
-    finally:
-        server.stop(timeout=1)
 
 
 def _listening(port: int) -> bool:
@@ -98,14 +95,19 @@ def test_multipart_upload_and_abort(s3: EmbeddedS3) -> None:
         for n, data in ((1, part), (2, b"tail"))
     ]
     client.complete_multipart_upload(
-        Bucket=s3.bucket, Key="big.bin", UploadId=done["UploadId"],
+        Bucket=s3.bucket,
+        Key="big.bin",
+        UploadId=done["UploadId"],
         MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in enumerate(etags, 1)]},
     )
     assert client.get_object(Bucket=s3.bucket, Key="big.bin")["Body"].read() == part + b"tail"
 
     aborted = client.create_multipart_upload(Bucket=s3.bucket, Key="partial.bin")
     client.upload_part(
-        Bucket=s3.bucket, Key="partial.bin", UploadId=aborted["UploadId"], PartNumber=1,
+        Bucket=s3.bucket,
+        Key="partial.bin",
+        UploadId=aborted["UploadId"],
+        PartNumber=1,
         Body=part,
     )
     pending = client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
@@ -128,8 +130,11 @@ def test_presigned_get_and_auth(s3: EmbeddedS3) -> None:
 
     assert httpx.get(f"{s3.endpoint_url}/{s3.bucket}/signed.txt").status_code == 403
     wrong = boto3.client(
-        "s3", endpoint_url=s3.endpoint_url, aws_access_key_id=s3.access_key,
-        aws_secret_access_key="not-the-secret", region_name="us-east-1",
+        "s3",
+        endpoint_url=s3.endpoint_url,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key="not-the-secret",
+        region_name="us-east-1",
         config=Config(s3={"addressing_style": "path"}),
     )
     with pytest.raises(ClientError, match="SignatureDoesNotMatch"):
@@ -206,8 +211,11 @@ def test_services_die_with_their_parent(tmp_path: Path) -> None:
         "sys.stdin.read()\n"
     )
     parent = subprocess.Popen(
-        [sys.executable, "-c", script, str(tmp_path)], cwd=REPO,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert parent.stdin is not None and parent.stdout is not None
     pids: list[int] = []
@@ -256,9 +264,20 @@ def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], list[in
     log = data_dir.parent / "up.log"
     with open(log, "a") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "up", "--port", str(port),
-             "--data-dir", str(data_dir)],
-            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
+            [
+                sys.executable,
+                "-m",
+                "cli.main",
+                "up",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(data_dir),
+            ],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
             text=True,
         )
     assert proc.stdout is not None
@@ -288,8 +307,12 @@ def test_omniqueue_up_serves_generate_and_gives_up_on_a_child_that_keeps_dying(
     try:
         out = tmp_path / "a.mp4"
         code = run_generate(
-            "a lighthouse at dusk", url=f"http://127.0.0.1:{port}", seconds=1,
-            size="128x72", steps=2, output=out,
+            "a lighthouse at dusk",
+            url=f"http://127.0.0.1:{port}",
+            seconds=1,
+            size="128x72",
+            steps=2,
+            output=out,
         )
         assert code == 0 and out.stat().st_size > 0
         killed: list[int] = []

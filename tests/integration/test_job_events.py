@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -19,17 +18,6 @@ from tests.integration.stack import Stack
 pytestmark = pytest.mark.integration
 
 SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 6}
-
-
-@pytest.fixture(scope="module")
-def key(stack: Stack) -> str:
-    return stack.create_key("watcher")
-
-
-@pytest.fixture(scope="module")
-def client(stack: Stack, key: str) -> Iterator[httpx.Client]:
-    with stack.client(key) as c:
-        yield c
 
 
 def read_sse(

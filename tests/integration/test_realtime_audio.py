@@ -20,6 +20,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
+from tests.unit.realtime_client import RESPONSE_END  # the order the protocol tests pin
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -28,14 +29,6 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "speech"
 TRUTH = {f["file"]: f for f in json.loads((FIXTURES / "fixtures.json").read_text())["fixtures"]}
 CHUNK = 2400 * 2  # 100 ms of PCM16 at 24 kHz
 MANUAL = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
-RESPONSE_END = [
-    "response.output_audio.done",
-    "response.output_audio_transcript.done",
-    "response.content_part.done",
-    "response.output_item.done",
-    "conversation.item.done",
-    "response.done",
-]
 
 
 def pcm(name: str) -> bytes:

@@ -112,19 +112,25 @@ async def _close_code(ws: ClientConnection) -> int | None:
     return closed.value.rcvd.code if closed.value.rcvd is not None else None
 
 
+async def _two_live_sessions(st: Stack) -> tuple[ClientConnection, ClientConnection]:
+    """A video session streaming and a voice session on its worker."""
+    video = await _ws(st, "/v1/realtime/video")
+    voice = await _ws(st, "/v1/realtime?model=reference/voice")
+    await video.send(json.dumps(VIDEO))
+    await _until(video, "video.start")
+    await _until(video, "video.chunk_metadata")
+    await _until(voice, "session.created")
+    await asyncio.sleep(1.0)  # the voice session is on its worker
+    return video, voice
+
+
 def test_redis_lost_mid_session_is_an_error_then_close_1011(
     bstack: tuple[Stack, PrivateRedis],
 ) -> None:
     st, private = bstack
 
     async def run() -> list[tuple[dict[str, Any], int | None]]:
-        video = await _ws(st, "/v1/realtime/video")
-        voice = await _ws(st, "/v1/realtime?model=reference/voice")
-        await video.send(json.dumps(VIDEO))
-        await _until(video, "video.start")
-        await _until(video, "video.chunk_metadata")
-        await _until(voice, "session.created")
-        await asyncio.sleep(1.0)  # the voice session is on its worker
+        video, voice = await _two_live_sessions(st)
         private.kill()
         out = []
         for ws in (video, voice):
@@ -155,13 +161,7 @@ def test_a_stalled_redis_is_an_error_then_close_1011(bstack: tuple[Stack, Privat
     st, private = bstack
 
     async def run() -> list[tuple[dict[str, Any], int | None]]:
-        video = await _ws(st, "/v1/realtime/video")
-        voice = await _ws(st, "/v1/realtime?model=reference/voice")
-        await video.send(json.dumps(VIDEO))
-        await _until(video, "video.start")
-        await _until(video, "video.chunk_metadata")
-        await _until(voice, "session.created")
-        await asyncio.sleep(1.0)
+        video, voice = await _two_live_sessions(st)
         private.proc.send_signal(signal.SIGSTOP)
         try:
             out = []

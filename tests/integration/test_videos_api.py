@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import av
@@ -15,37 +14,12 @@ import pytest
 from PIL import Image
 from sqlalchemy import create_engine, func, select
 
-from models.db import Artifact, Job
+from models.db import Artifact
 from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.integration
 
 SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 3}
-
-
-@pytest.fixture(scope="module")
-def key(stack: Stack) -> str:
-    return stack.create_key("alice")
-
-
-@pytest.fixture(scope="module")
-def client(stack: Stack, key: str) -> Iterator[httpx.Client]:
-    with stack.client(key) as c:
-        yield c
-
-
-def _count_jobs(stack: Stack) -> int:
-    engine = create_engine(stack.database_url)
-    with engine.connect() as conn:
-        n = conn.execute(select(func.count()).select_from(Job)).scalar_one()
-    engine.dispose()
-    return int(n)
-
-
-def _objects(stack: Stack, video_id: str) -> list[str]:
-    client = stack.s3.client()
-    resp = client.list_objects_v2(Bucket=stack.s3.bucket, Prefix=f"videos/{video_id}/")
-    return [o["Key"] for o in resp.get("Contents", [])]
 
 
 def _create(client: httpx.Client, **fields: Any) -> dict[str, Any]:
@@ -113,7 +87,7 @@ def test_video_job_end_to_end(stack: Stack, client: httpx.Client) -> None:
     assert redirect.status_code == 302
     assert httpx.get(redirect.headers["location"]).content == data
 
-    assert sorted(_objects(stack, created["id"])) == [
+    assert sorted(stack.objects("videos", created["id"])) == [
         f"videos/{created['id']}/output/thumbnail.jpg",
         f"videos/{created['id']}/output/video.mp4",
     ]
@@ -200,7 +174,7 @@ def test_image_to_video_starts_from_the_reference(stack: Stack, client: httpx.Cl
 def test_bad_input_is_refused_and_changes_nothing(
     stack: Stack, client: httpx.Client, fields: dict[str, Any], status: int, param: str
 ) -> None:
-    before = _count_jobs(stack)
+    before = stack.count_jobs()
     resp = client.post("/v1/videos", json={"prompt": "p", **SMALL, **fields})
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
@@ -209,12 +183,12 @@ def test_bad_input_is_refused_and_changes_nothing(
     assert error["message"]
     if param == "model":
         assert error["code"] == "model_not_found"
-    assert _count_jobs(stack) == before
+    assert stack.count_jobs() == before
     assert list(stack.tmp_dir.iterdir()) == []
 
 
 def test_oversized_upload_is_413_and_changes_nothing(stack: Stack, client: httpx.Client) -> None:
-    before = _count_jobs(stack)
+    before = stack.count_jobs()
     blob = b"\x89PNG\r\n\x1a\n" + b"\0" * (21 * 1024 * 1024)
     resp = client.post(
         "/v1/videos",
@@ -223,7 +197,7 @@ def test_oversized_upload_is_413_and_changes_nothing(stack: Stack, client: httpx
     )
     assert resp.status_code == 413, resp.text
     assert resp.json()["error"]["code"] == "payload_too_large"
-    assert _count_jobs(stack) == before
+    assert stack.count_jobs() == before
 
 
 def test_idempotency_key_is_scoped_per_key(stack: Stack, client: httpx.Client) -> None:
@@ -310,7 +284,7 @@ def test_cancel_queued_job_and_queue_position(stack: Stack, client: httpx.Client
     for vid in (blocker["id"], second["id"]):
         final = client.get(f"/v1/videos/{vid}").json()
         assert final["status"] == "failed" and final["error"]["code"] == "cancelled"
-        assert _objects(stack, vid) == []
+        assert stack.objects("videos", vid) == []
     # cancelling a finished job is a no-op returning it
     assert client.post(f"/v1/videos/{third['id']}/cancel").json()["status"] == "completed"
     assert list(stack.tmp_dir.iterdir()) == []
@@ -319,11 +293,11 @@ def test_cancel_queued_job_and_queue_position(stack: Stack, client: httpx.Client
 def test_delete_removes_record_and_objects(stack: Stack, client: httpx.Client) -> None:
     video = _create(client)
     stack.wait_for(client, video["id"])
-    assert _objects(stack, video["id"])
+    assert stack.objects("videos", video["id"])
     resp = client.delete(f"/v1/videos/{video['id']}")
     assert resp.status_code == 200
     assert resp.json() == {"id": video["id"], "object": "video.deleted", "deleted": True}
-    assert _objects(stack, video["id"]) == []
+    assert stack.objects("videos", video["id"]) == []
     assert client.get(f"/v1/videos/{video['id']}").status_code == 404
     assert client.delete(f"/v1/videos/{video['id']}").status_code == 404
     engine = create_engine(stack.database_url)
@@ -398,13 +372,7 @@ def test_sync_timeout_cancels_and_unready_services_give_503(
     stack: Stack, key: str, tmp_path: Any
 ) -> None:
     # A second API process on the same services, with a 1 s sync timeout.
-    impatient = Stack(
-        work=tmp_path,
-        database_url=stack.database_url,
-        redis_url=stack.redis_url,
-        s3=stack.s3,
-        extra_env={"OMNIQ_SYNC_TIMEOUT_S": "1"},
-    )
+    impatient = stack.sibling(tmp_path, {"OMNIQ_SYNC_TIMEOUT_S": "1"})
     impatient.start(workers=0)
     try:
         with impatient.client(key) as c:
@@ -426,13 +394,7 @@ def test_sync_timeout_cancels_and_unready_services_give_503(
             assert final["status"] == "failed" and final["error"]["code"] == "cancelled"
     finally:
         impatient.stop()
-    broken = Stack(
-        work=tmp_path / "broken",
-        database_url=stack.database_url,
-        redis_url=stack.redis_url,
-        s3=stack.s3,
-        extra_env={"OMNIQ_S3__BUCKET": "no-such-bucket-here"},
-    )
+    broken = stack.sibling(tmp_path / "broken", {"OMNIQ_S3__BUCKET": "no-such-bucket-here"})
     broken.work.mkdir()
     broken.port = 0
     broken._spawn("api", "api", "--host", "127.0.0.1", "--port", str(_port(broken)))
@@ -472,4 +434,4 @@ def test_sync_client_disconnect_cancels_the_job(stack: Stack, client: httpx.Clie
             break
         time.sleep(0.2)
     assert job["status"] == "failed" and job["error"]["code"] == "cancelled"
-    assert _objects(stack, job["id"]) == []
+    assert stack.objects("videos", job["id"]) == []

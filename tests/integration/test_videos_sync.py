@@ -7,7 +7,6 @@ the API made on ``jobs`` while a sync request waited.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
@@ -33,15 +32,6 @@ _JOBS_READ = re.compile(r"SELECT\b[^;]*?\bFROM jobs\b", re.S)
 
 
 class SyncStack(Stack):
-    @property
-    def failpoints(self) -> Path:
-        return self.work / "failpoints.json"
-
-    def set_failpoints(self, points: dict[str, str]) -> None:
-        tmp = self.failpoints.with_suffix(".tmp")
-        tmp.write_text(json.dumps(points))
-        tmp.replace(self.failpoints)
-
     def api_log_size(self) -> int:
         return (self.work / "api.log").stat().st_size
 
@@ -55,7 +45,6 @@ class SyncStack(Stack):
 def sstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[SyncStack]:
     work = Path(tmp_path_factory.mktemp("sync"))
     env = {
-        "OMNIQ_WORKER__FAILPOINTS_FILE": str(work / "failpoints.json"),
         "OMNIQ_DATABASE__ECHO": "true",
     }
     with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=SyncStack) as st:
@@ -83,22 +72,23 @@ def _find(client: httpx.Client, prompt: str, *statuses: str) -> dict[str, Any]:
     raise AssertionError(f"no video {prompt!r} with status in {statuses}")
 
 
-def _sync_in_background(
-    client: httpx.Client, body: dict[str, Any]
-) -> tuple[threading.Thread, list[httpx.Response]]:
+def _sync_running(
+    client: httpx.Client, prompt: str
+) -> tuple[threading.Thread, list[httpx.Response], dict[str, Any]]:
+    """``POST /v1/videos/sync`` of ``prompt`` in a thread (its response lands in the list);
+    returns once the job is in progress, with the job."""
+    body = {"prompt": prompt, **SMALL}
     out: list[httpx.Response] = []
     thread = threading.Thread(target=lambda: out.append(client.post("/v1/videos/sync", json=body)))
     thread.start()
-    return thread, out
+    return thread, out, _find(client, prompt, "in_progress")
 
 
 def test_sync_waits_on_the_event_stream_not_the_row(
     sstack: SyncStack, client: httpx.Client
 ) -> None:
     sstack.set_failpoints({"step:1": "sleep:3"})
-    body = {"prompt": "sync without polling", **SMALL}
-    thread, out = _sync_in_background(client, body)
-    video = _find(client, body["prompt"], "in_progress")
+    thread, out, video = _sync_running(client, "sync without polling")
     offset = sstack.api_log_size()
     time.sleep(1.0)  # the old wait read the row 5 times in a second
     reads_while_waiting = _JOBS_READ.findall(sstack.api_log_from(offset))
@@ -164,9 +154,7 @@ def test_sync_of_a_job_deleted_meanwhile_is_not_a_server_error(
     sstack: SyncStack, client: httpx.Client
 ) -> None:
     sstack.set_failpoints({"step:1": "pause"})
-    body = {"prompt": "sync deleted", **SMALL}
-    thread, out = _sync_in_background(client, body)
-    video = _find(client, body["prompt"], "in_progress")
+    thread, out, video = _sync_running(client, "sync deleted")
     assert client.delete(f"/v1/videos/{video['id']}").status_code == 200
     thread.join(60)
     (resp,) = out

@@ -301,23 +301,49 @@ def _dockerfile_instructions() -> list[tuple[str, str]]:
     return out
 
 
+def _stages() -> dict[str, list[tuple[str, str]]]:
+    """The Dockerfile's instructions per ``FROM … AS name`` stage ("" before the first)."""
+    stages: dict[str, list[tuple[str, str]]] = {"": []}
+    current = ""
+    for kw, rest in _dockerfile_instructions():
+        if kw == "FROM":
+            current = rest.split(" AS ")[-1].strip() if " AS " in rest else rest
+            stages[current] = []
+        stages[current].append((kw, rest))
+    return stages
+
+
 def test_dockerfile() -> None:
     instructions = _dockerfile_instructions()
     args = {rest.split("=", 1)[0] for kw, rest in instructions if kw == "ARG"}
     assert {"BASE", "TORCH_INDEX"} <= args
-    assert ("FROM", "${BASE}") in instructions
-    runs = [rest for kw, rest in instructions if kw == "RUN"]
-    torch_run = next(i for i, r in enumerate(runs) if "--index-url" in r and "TORCH_INDEX" in r)
-    app_run = next(i for i, r in enumerate(runs) if re.search(r"pip install \.(;|\s|$)", r))
+    stages = _stages()
+    assert ("FROM", "${BASE} AS python") in stages["python"]
+    assert stages["worker"][0] == ("FROM", "python AS worker")
+    assert stages["api"][0] == ("FROM", "python AS api")
+    assert list(stages)[-1] == "api", "a plain `docker build .` gives the API image"
+    worker_runs = [rest for kw, rest in stages["worker"] if kw == "RUN"]
+    torch_run = next(
+        i for i, r in enumerate(worker_runs) if "--index-url" in r and "TORCH_INDEX" in r
+    )
+    app_run = next(i for i, r in enumerate(worker_runs) if "pip install '.[worker," in r)
     assert torch_run < app_run, "torch must be installed before the project"
+    # the API tier installs its own extra only, and its build fails if torch came with it
+    api_runs = " ".join(rest for kw, rest in stages["api"] if kw == "RUN")
+    assert "pip install '.[api]'" in api_runs and "find_spec('torch')" in api_runs
+    assert "torch" not in api_runs.replace("find_spec('torch')", "")
     entrypoints = [rest for kw, rest in instructions if kw == "ENTRYPOINT"]
     assert entrypoints and json.loads(entrypoints[-1]) == ["omniqueue"]
-    cmds = [rest for kw, rest in instructions if kw == "CMD"]
+    assert json.loads(next(r for kw, r in stages["worker"] if kw == "CMD")) == ["worker"]
+    cmds = [rest for kw, rest in stages["api"] if kw == "CMD"]
     assert json.loads(cmds[-1]) == ["api", "--host", "0.0.0.0", "--port", "8000"]
-    users = [rest for kw, rest in instructions if kw == "USER"]
-    assert users and users[-1] not in {"root", "0"}
+    for name in ("worker", "api"):
+        users = [rest for kw, rest in stages[name] if kw == "USER"]
+        assert users and users[-1] not in {"root", "0"}, name
+        copies = [rest for kw, rest in stages[name] if kw == "COPY"]
+        assert copies == ["--from=source /app /app"], name
     assert ("WORKDIR", "/app") in instructions
-    copied = " ".join(rest for kw, rest in instructions if kw == "COPY")
+    copied = " ".join(rest for kw, rest in stages["source"] if kw == "COPY")
     for item in (
         "pyproject.toml",
         "README.md",
@@ -330,6 +356,14 @@ def test_dockerfile() -> None:
         "cli",
     ):
         assert re.search(rf"(^|\s){re.escape(item)}(\s|$)", copied), item
+
+
+def test_images_per_tier(services: dict[str, Any]) -> None:
+    """api and migrate run the torch-free API image, the worker the CUDA worker image."""
+    for name in ("api", "migrate"):
+        assert build_of(services[name])["target"] == "api", name
+        assert services[name]["image"] == services["api"]["image"]
+    assert build_of(services["worker"])["target"] == "worker"
 
 
 def test_dockerfile_env_vars_are_real_settings() -> None:

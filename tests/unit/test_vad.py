@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from realtime.vad import SileroVAD, VadEvent, _Resampler
+from realtime.vad import Net, SileroVAD, VadEvent, _Resampler, warm
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
 TRUTH = json.loads((FIXTURES / "fixtures.json").read_text())["fixtures"]
@@ -114,10 +115,36 @@ def test_configure_threshold() -> None:
     assert events[0].audio_ms > default[0].audio_ms  # needs a surer frame to start
 
 
-def test_onnxruntime_and_torch_backends_agree() -> None:
+class _TorchScriptNet(Net):
+    """silero's own TorchScript release of the network (the silero-vad wheel, dev extra),
+    as a reference for the ONNX file the API tier runs."""
+
+    def __init__(self) -> None:
+        import importlib.util
+
+        import torch
+
+        spec = importlib.util.find_spec("silero_vad")  # its __init__ would set torch threads
+        assert spec is not None and spec.submodule_search_locations
+        path = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.jit"
+        self._torch = torch
+        with warnings.catch_warnings():
+            # torch 2.10+ deprecates TorchScript loading; the wheel ships this format
+            warnings.filterwarnings("ignore", "`torch.jit.load` is deprecated", DeprecationWarning)
+            full = torch.jit.load(str(path), map_location="cpu")
+        self._net = full._model  # the wrapper around it keeps state on itself: skip it
+        self._net.eval()
+
+    def __call__(self, x: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
+        with self._torch.inference_mode():
+            p, out = self._net(self._torch.from_numpy(x), self._torch.from_numpy(state))
+        return float(p), out.numpy()
+
+
+def test_vendored_onnx_weights_agree_with_silero_torchscript() -> None:
     pcm = _pcm("weather.wav")
-    onnx = _feed(SileroVAD(backend="onnxruntime"), pcm, PIECE)
-    torch = _feed(SileroVAD(backend="torch"), pcm, PIECE)
+    onnx = _feed(SileroVAD(), pcm, PIECE)
+    torch = _feed(SileroVAD(net=warm(_TorchScriptNet())), pcm, PIECE)
     assert onnx == torch
     assert len(onnx) == 2
 

@@ -191,6 +191,24 @@ def select_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+class OnDevice:
+    """The device of a weightless procedural pipeline: the CPU until ``load`` picks one."""
+
+    def __init__(self) -> None:
+        self._device = torch.device("cpu")
+
+    def load(self, device: str) -> None:
+        """Select the device; there are no weights."""
+        self._device = select_device(device)
+
+
+def shifted_sigmas(steps: int, shift: float) -> torch.Tensor:
+    """``steps + 1`` flow-matching noise levels from 1 down to 0 (float64), moved toward
+    the noisy end by ``shift`` (``shift·σ / (1 + (shift - 1)·σ)``)."""
+    sigmas = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
 def chunks(total: int, per_item: int, budget: int) -> list[tuple[int, int]]:
     size = max(1, budget // max(1, per_item))
     return [(s, min(total, s + size)) for s in range(0, total, size)]
@@ -345,27 +363,14 @@ def _mix(a: Colour, b: Colour, t: float) -> Colour:
 
 def render(sc: Scene, start: int, stop: int, dev: torch.device) -> torch.Tensor:
     """Frames ``start:stop`` as Tx3xHxW floats in [0, 1]."""
-    h, w, a = sc.height, sc.width, sc.aspect
+    h, w = sc.height, sc.width
     t = torch.arange(start, stop, device=dev, dtype=torch.float32).view(-1, 1, 1) / sc.fps
     tau = t * sc.motion  # scene time
     zoom = 1 + 0.3 * torch.sin(math.pi * tau / 20) ** 2 if sc.camera == "zoom" else 1 + 0 * tau
     pan = 0.05 * tau if sc.camera == "pan" else 0 * tau
-    xs = (torch.arange(w, device=dev, dtype=torch.float32).view(1, 1, -1) + 0.5) / h
-    ys = (torch.arange(h, device=dev, dtype=torch.float32).view(1, -1, 1) + 0.5) / h
-    x = (xs - a / 2) / zoom + a / 2  # world coordinates in units of the frame height
-    y = (ys - 0.5) / zoom + 0.5
-    px = 1 / (h * zoom)  # world units per pixel, for anti-aliased edges
+    x, y, px = camera_view(sc, zoom, 0.5, dev)
     if sc.image is not None:
-        grid = torch.stack(torch.broadcast_tensors(2 * (x + pan) / a - 1, 2 * y - 1), dim=-1)
-        img = F.grid_sample(
-            sc.image.expand(len(grid), -1, -1, -1),
-            grid,
-            mode="bilinear",
-            padding_mode="reflection",
-            align_corners=False,
-        )
-        ramp = (t / 0.75).clamp(0, 1)
-        fade = ramp * ramp * (3 - 2 * ramp)  # shapes and grading fade in: frame 0 == image
+        img, fade = image_frames(sc, x, y, pan, t)  # shapes and grading fade in
     else:
         img, fade = background(sc, x, y, pan, tau, px), torch.ones_like(t)
     for shape in sc.shapes:
@@ -376,6 +381,39 @@ def render(sc: Scene, start: int, stop: int, dev: torch.device) -> torch.Tensor:
         graded = (lum + (img - lum) * (1 + sc.grade) - 0.5) * (1 + sc.grade / 2) + 0.5
         img = torch.lerp(img, graded.clamp(0, 1), fade[:, None])
     return img.contiguous()
+
+
+def camera_view(
+    sc: Scene, zoom: torch.Tensor, centre_y: float, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a camera zoomed by ``zoom`` (T×1×1) around ``(aspect / 2, centre_y)`` sees:
+    the world coordinates ``x`` (1×1×W per frame) and ``y`` (1×H×1) of every pixel centre,
+    in units of the frame height, and the world units per pixel (for anti-aliased edges)."""
+    h, w, a = sc.height, sc.width, sc.aspect
+    xs = (torch.arange(w, device=dev, dtype=torch.float32).view(1, 1, -1) + 0.5) / h
+    ys = (torch.arange(h, device=dev, dtype=torch.float32).view(1, -1, 1) + 0.5) / h
+    x = (xs - a / 2) / zoom + a / 2
+    y = (ys - centre_y) / zoom + centre_y
+    return x, y, 1 / (h * zoom)
+
+
+def image_frames(
+    sc: Scene, x: torch.Tensor, y: torch.Tensor, pan: torch.Tensor, t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference image (``sc.image``) seen through the camera, panned by ``pan``, and
+    the fade-in of everything drawn over it (0 at frame 0, so frame 0 is the image)."""
+    a = sc.aspect
+    assert sc.image is not None
+    grid = torch.stack(torch.broadcast_tensors(2 * (x + pan) / a - 1, 2 * y - 1), dim=-1)
+    img = F.grid_sample(
+        sc.image.expand(len(grid), -1, -1, -1),
+        grid,
+        mode="bilinear",
+        padding_mode="reflection",
+        align_corners=False,
+    )
+    ramp = (t / 0.75).clamp(0, 1)
+    return img, ramp * ramp * (3 - 2 * ramp)
 
 
 def _col(c: Colour, like: torch.Tensor) -> torch.Tensor:

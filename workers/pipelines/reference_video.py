@@ -48,7 +48,7 @@ from workers.pipelines.base import (
     StepState,
     checkpoint,
 )
-from workers.pipelines.procedural import SAMPLE_RATE, select_device
+from workers.pipelines.procedural import SAMPLE_RATE
 
 _SHIFT = 3.0  # timestep shift of the sigma schedule, as in SD3/Wan flow-matching schedulers
 _CAMERAS = ("static", "pan", "zoom")
@@ -70,17 +70,10 @@ class ReferenceVideoState(StepState):
     x0_preview: torch.Tensor | None = None  # 3xhxw middle frame of the last x0_hat
 
 
-class ReferenceVideoPipeline(Pipeline):
+class ReferenceVideoPipeline(proc.OnDevice, Pipeline):
     """Procedural video and audio reached by a flow-matching Euler sampler loop."""
 
     spec = REFERENCE_VIDEO
-
-    def __init__(self) -> None:
-        self._device = torch.device("cpu")
-
-    def load(self, device: str) -> None:
-        """Select the device; there are no weights."""
-        self._device = select_device(device)
 
     def prepare(self, request: GenerationRequest) -> ReferenceVideoState:
         """Build and render the scene, encode it to latent space, draw the noise."""
@@ -95,8 +88,7 @@ class ReferenceVideoPipeline(Pipeline):
             clean[start:stop] = proc.encode(target[start:stop])
         generator = torch.Generator(device="cpu").manual_seed(request.seed & _U64)
         noise = torch.randn(clean.shape, generator=generator).to(self._device)
-        sigmas = torch.linspace(1.0, 0.0, request.num_inference_steps + 1, dtype=torch.float64)
-        sigmas = _SHIFT * sigmas / (1 + (_SHIFT - 1) * sigmas)
+        sigmas = proc.shifted_sigmas(request.num_inference_steps, _SHIFT)
         return ReferenceVideoState(
             num_steps=request.num_inference_steps,
             scene=scene,

@@ -329,22 +329,21 @@ class ReferenceVoicePipeline(VoicePipeline[VoiceState | SpokenState]):
         out = LEVEL * (voiced * envelope + burst)
         pcm = np.clip(np.round(out * 32767), -32768, 32767).astype("<i2").tobytes()
 
-        end = state.pos + len(n)
-        text = []
-        while state.next_word < len(state.words) and state.word_start[state.next_word] < end:
-            word = state.words[state.next_word]
-            text.append(word if state.next_word == 0 else " " + word)
-            state.next_word += 1
-        state.pos = end
-        return VoiceChunk(pcm, "".join(text) or None)
+        return VoiceChunk(pcm, _advance(state, state.pos + len(n)))
 
     def _step_spoken(self, state: SpokenState) -> VoiceChunk:
         end = state.pos + self.step_samples
         pcm = state.pcm[state.pos * 2 : end * 2]
-        text = []
-        while state.next_word < len(state.words) and state.word_start[state.next_word] < end:
-            word = state.words[state.next_word]
-            text.append(word if state.next_word == 0 else " " + word)
-            state.next_word += 1
-        state.pos = end
-        return VoiceChunk(pcm, "".join(text) or None)
+        return VoiceChunk(pcm, _advance(state, end))
+
+
+def _advance(state: VoiceState | SpokenState, end: int) -> str | None:
+    """Move ``state`` to sample ``end``: the transcript of the words that start before it
+    (space-separated after the first word of the turn), None when no word does."""
+    text = []
+    while state.next_word < len(state.words) and state.word_start[state.next_word] < end:
+        word = state.words[state.next_word]
+        text.append(word if state.next_word == 0 else " " + word)
+        state.next_word += 1
+    state.pos = end
+    return "".join(text) or None

@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from models.catalog import REFERENCE_WORLD
 from models.errors import InvalidJobInput
@@ -48,7 +47,7 @@ from workers.pipelines.base import (
     WorldConfig,
     WorldPipeline,
 )
-from workers.pipelines.procedural import Scene, select_device
+from workers.pipelines.procedural import Scene
 
 ACTIONS = ("w", "a", "s", "d")
 LATENT_FRAMES_PER_CHUNK = 3
@@ -150,7 +149,7 @@ class WorldState:
         return self.chunk_index >= self.num_chunks
 
 
-class ReferenceWorldPipeline(WorldPipeline[WorldState]):
+class ReferenceWorldPipeline(proc.OnDevice, WorldPipeline[WorldState]):
     """Streams a procedural world in chunks; share one instance across sessions.
 
     Session loop (the caller checks stop, stall and deadlines between calls)::
@@ -167,18 +166,10 @@ class ReferenceWorldPipeline(WorldPipeline[WorldState]):
 
     spec = REFERENCE_WORLD
 
-    def __init__(self) -> None:
-        self._device = torch.device("cpu")
-
-    def load(self, device: str) -> None:
-        """Select the device; there are no weights."""
-        self._device = select_device(device)
-
     def start(self, config: WorldConfig) -> WorldState:
         """Check the config and build the session state (cheap: nothing is rendered yet)."""
         chunks = _validate(config)
-        sigmas = torch.linspace(1.0, 0.0, config.steps_per_chunk + 1, dtype=torch.float64)
-        sigmas = config.flow_shift * sigmas / (1 + (config.flow_shift - 1) * sigmas)
+        sigmas = proc.shifted_sigmas(config.steps_per_chunk, config.flow_shift)
         return WorldState(
             config=config,
             num_chunks=chunks,
@@ -405,22 +396,9 @@ def _render(sc: Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tens
     t = frames.view(-1, 1, 1) / sc.fps  # scene time (motion 1)
     pan = pan.to(dev, torch.float32).view(-1, 1, 1)
     zoom = zoom.to(dev, torch.float32).view(-1, 1, 1)
-    xs = (torch.arange(w, device=dev, dtype=torch.float32).view(1, 1, -1) + 0.5) / h
-    ys = (torch.arange(h, device=dev, dtype=torch.float32).view(1, -1, 1) + 0.5) / h
-    x = (xs - a / 2) / zoom + a / 2  # world coordinates in frame heights
-    y = (ys - sc.horizon) / zoom + sc.horizon
-    px = 1 / (h * zoom)  # world units per pixel, for anti-aliased edges
+    x, y, px = proc.camera_view(sc, zoom, sc.horizon, dev)  # zoom around the horizon
     if sc.image is not None:
-        grid = torch.stack(torch.broadcast_tensors(2 * (x + pan) / a - 1, 2 * y - 1), dim=-1)
-        img = F.grid_sample(
-            sc.image.expand(len(grid), -1, -1, -1),
-            grid,
-            mode="bilinear",
-            padding_mode="reflection",
-            align_corners=False,
-        )
-        ramp = (t / 0.75).clamp(0, 1)
-        fade = ramp * ramp * (3 - 2 * ramp)  # shapes fade in: frame 0 is the image
+        img, fade = proc.image_frames(sc, x, y, pan, t)  # shapes fade in
     else:
         img, fade = proc.background(sc, x, y, pan, t, px), torch.ones_like(t)
     for i, shape in enumerate(sc.shapes):

@@ -35,6 +35,7 @@ from workers.pipelines.diffusers.common import (
     guidance_scale,
     job_scheduler,
     make_generator,
+    sampling,
     vae_options,
 )
 
@@ -117,14 +118,7 @@ class CogVideoXAdapter(DiffusersAdapter):
             else None
         )
         return CogVideoXState(
-            num_steps=len(timesteps),
-            request=request,
-            generator=generator,
-            scheduler=scheduler,
-            timesteps=timesteps,
-            latents=latents,
-            guidance_scale=scale,
-            do_cfg=do_cfg,
+            **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
             prompt_embeds=embeds,
             image_rotary_emb=rotary,
             extra_step_kwargs=step_kwargs,

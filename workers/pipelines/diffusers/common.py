@@ -15,7 +15,7 @@ import inspect
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -202,6 +202,42 @@ class DiffusersState(StepState):
     latents: torch.Tensor
     guidance_scale: float
     do_cfg: bool
+
+
+class SamplingFields(TypedDict):
+    """The :class:`DiffusersState` fields that every adapter fills the same way."""
+
+    num_steps: int
+    request: GenerationRequest
+    generator: torch.Generator
+    scheduler: Any
+    timesteps: torch.Tensor
+    latents: torch.Tensor
+    guidance_scale: float
+    do_cfg: bool
+
+
+def sampling(
+    request: GenerationRequest,
+    generator: torch.Generator,
+    scheduler: Any,
+    timesteps: torch.Tensor,
+    latents: torch.Tensor,
+    guidance_scale: float,
+    do_cfg: bool,
+) -> SamplingFields:
+    """Those fields for a state's constructor (``State(**sampling(…), own=…)``); the job
+    has as many steps as its schedule has timesteps."""
+    return SamplingFields(
+        num_steps=len(timesteps),
+        request=request,
+        generator=generator,
+        scheduler=scheduler,
+        timesteps=timesteps,
+        latents=latents,
+        guidance_scale=guidance_scale,
+        do_cfg=do_cfg,
+    )
 
 
 _DTYPE_KWARG = _dtype_kwarg()

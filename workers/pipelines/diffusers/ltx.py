@@ -38,6 +38,7 @@ from workers.pipelines.diffusers.common import (
     guidance_scale,
     job_scheduler,
     make_generator,
+    sampling,
     unpack_video_latents,
     vae_options,
 )
@@ -128,14 +129,7 @@ class LTXAdapter(DiffusersAdapter):
             pipe.vae_spatial_compression_ratio,
         )
         return LTXState(
-            num_steps=len(timesteps),
-            request=request,
-            generator=generator,
-            scheduler=scheduler,
-            timesteps=timesteps,
-            latents=latents,
-            guidance_scale=scale,
-            do_cfg=do_cfg,
+            **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
             prompt_embeds=embeds,
             prompt_attention_mask=mask,
             guidance_rescale=rescale,

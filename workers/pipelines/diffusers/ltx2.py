@@ -54,6 +54,7 @@ from workers.pipelines.diffusers.common import (
     guidance_scale,
     job_scheduler,
     make_generator,
+    sampling,
     to_uint8,
     unpack_video_latents,
     vae_options,
@@ -266,14 +267,9 @@ class LTX2Adapter(DiffusersAdapter):
                 audio_coords.chunk(2, dim=0)[0],
             )
         return LTX2State(
-            num_steps=len(timesteps),
-            request=request,
-            generator=generator,
-            scheduler=scheduler,
-            timesteps=timesteps,
-            latents=latents,
-            guidance_scale=scales["guidance_scale"],
-            do_cfg=do_cfg,
+            **sampling(
+                request, generator, scheduler, timesteps, latents, scales["guidance_scale"], do_cfg
+            ),
             audio_scheduler=audio_scheduler,
             audio_latents=audio_latents,
             dtype=embeds.dtype,

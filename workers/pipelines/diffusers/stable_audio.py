@@ -43,6 +43,7 @@ from workers.pipelines.diffusers.common import (
     guidance_scale,
     job_scheduler,
     make_generator,
+    sampling,
 )
 
 _NO_FRAMES = np.zeros((0, 0, 0, 3), dtype=np.uint8)
@@ -143,14 +144,7 @@ class StableAudioAdapter(DiffusersAdapter):
             repeat_interleave_real=False,
         )
         return StableAudioState(
-            num_steps=len(timesteps),
-            request=request,
-            generator=generator,
-            scheduler=scheduler,
-            timesteps=timesteps,
-            latents=latents,
-            guidance_scale=scale,
-            do_cfg=do_cfg,
+            **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
             text_audio_duration_embeds=text_audio_duration_embeds,
             audio_duration_embeds=audio_duration_embeds,
             rotary_embedding=rotary_embedding,

@@ -34,6 +34,7 @@ from workers.pipelines.diffusers.common import (
     guidance_scale,
     job_scheduler,
     make_generator,
+    sampling,
     vae_options,
 )
 
@@ -128,14 +129,7 @@ class WanAdapter(DiffusersAdapter):
             else float(boundary_ratio) * scheduler.config.num_train_timesteps
         )
         return WanState(
-            num_steps=len(timesteps),
-            request=request,
-            generator=generator,
-            scheduler=scheduler,
-            timesteps=timesteps,
-            latents=latents,
-            guidance_scale=scale,
-            do_cfg=do_cfg,
+            **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
             prompt_embeds=prompt_embeds,
             negative_prompt_embeds=negative_prompt_embeds,
             guidance_scale_2=scale if scale_2 is None else float(scale_2),

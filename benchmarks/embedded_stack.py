@@ -1,0 +1,277 @@
+"""An embedded ``omniqueue up`` for the benchmark scripts (``cancel.py``, ``soak.py``):
+the stack in a subprocess with its own data directory, its child processes and ports, an
+S3 client on it, and a reader of its stderr for the worker's release lines.
+
+Scripts put the repository root on ``sys.path`` and ``from benchmarks.embedded_stack import …``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from benchmarks.common import ROOT
+from cli.embedded import free_port
+
+S3_ACCESS_KEY = "omniqueue"  # cli.embedded.EmbeddedS3 defaults; cli.up uses bucket "omniqueue"
+S3_SECRET_KEY = "omniqueue-embedded-secret"
+S3_BUCKET = "omniqueue"
+
+_LOG_RE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO workers\.executor: job (\S+): (\w+)\s*$"
+)
+_SKIP_RE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO celery\.app\.trace: "
+    r"Task omniqueue\.run_job\[(\S+)\] succeeded in \S+: '(\w+)'"
+)
+
+
+def report(out: dict[str, Any], up_exit_code: int | None, **extra: Any) -> int:
+    """Print the benchmark's JSON object (``out`` with ``extra``) on stdout; the script's
+    exit status: 0 when up exited 0."""
+    out.update(extra)
+    print(json.dumps(out, indent=2))
+    return 0 if up_exit_code == 0 else 1
+
+
+def git_state() -> dict[str, Any]:
+    """The commit the code under test is at, and how many tracked paths differ from it."""
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "modified_tracked_files": len(dirty.splitlines()) if dirty else 0,
+    }
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def log_time(date: str, millis: str) -> float:
+    """``2026-11-30 03:03:45`` + ``240`` (logging's asctime, local time) → epoch seconds."""
+    return time.mktime(time.strptime(date, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+
+
+class Stack:
+    """``python -m cli.main up`` in a subprocess, with its own data directory.
+
+    up's stderr (and through it its children's logs) goes to a file the caller can parse.
+    """
+
+    def __init__(self, workers: int, env: dict[str, str] | None = None) -> None:
+        self.workers = workers
+        self.base = Path(tempfile.mkdtemp(prefix="oq-bench-"))
+        self.data_dir = self.base / "data"
+        self.tmp_dir = self.data_dir / "worker-tmp"
+        self.log_path = self.base / "up-stderr.log"
+        self.port = free_port()
+        self.url = ""
+        self.exit_code: int | None = None
+        self._extra_env = env or {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+
+    def start(self, timeout: float = 180.0) -> None:
+        self.tmp_dir.mkdir(parents=True)
+        env = dict(os.environ)
+        # cli.up.child_env starts from os.environ, so OMNIQ_* settings reach api and workers.
+        env["OMNIQ_WORKER__TMP_DIR"] = str(self.tmp_dir)
+        env.update(self._extra_env)
+        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        argv = [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "up",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--workers",
+            str(self.workers),
+        ]
+        say(f"starting: {' '.join(argv[1:])}")
+        self._proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._log_file,
+        )
+        line: list[bytes] = []
+        reader = threading.Thread(
+            target=lambda: line.append(self._proc.stdout.readline()),  # type: ignore[union-attr]
+            daemon=True,
+        )
+        reader.start()
+        reader.join(timeout)
+        text = line[0].decode(errors="replace").strip() if line else ""
+        m = re.match(r"omniqueue is up: (\S+)", text)
+        if not m:
+            raise RuntimeError(
+                f"up did not come up (stdout: {text!r}); stderr tail:\n{self.log_tail()}"
+            )
+        self.url = m.group(1)
+        say(f"up at {self.url} (data {self.data_dir})")
+
+    def log_tail(self, size: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_bytes()[-size:].decode(errors="replace")
+        return ""
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def children(self) -> dict[str, list[psutil.Process]]:
+        """api / worker / realtime_worker / weed / valkey child processes of up."""
+        found: dict[str, list[psutil.Process]] = {
+            "api": [],
+            "worker": [],
+            "realtime_worker": [],
+            "weed": [],
+            "valkey": [],
+        }
+        for child in psutil.Process(self.pid).children():
+            try:
+                cmd = " ".join(child.cmdline())
+            except psutil.Error:
+                continue
+            if " api " in f"{cmd} ":
+                found["api"].append(child)
+            elif " worker " in f"{cmd} ":
+                found["realtime_worker" if " --realtime" in cmd else "worker"].append(child)
+            elif "weed" in cmd:
+                found["weed"].append(child)
+            elif "valkey-server" in cmd:
+                found["valkey"].append(child)
+        return found
+
+    def s3_port(self) -> int:
+        """The S3 port of the weed child: its ``-s3.port=`` flag, checked against the
+        ports it listens on."""
+        (weed,) = self.children()["weed"]
+        listening = {c.laddr.port for c in weed.net_connections("tcp") if c.status == "LISTEN"}
+        for arg in weed.cmdline():
+            if arg.startswith("-s3.port="):
+                port = int(arg.split("=", 1)[1])
+                if port in listening:
+                    return port
+        raise RuntimeError(f"no -s3.port among weed's listening ports {sorted(listening)}")
+
+    def valkey_port(self) -> int:
+        (valkey,) = self.children()["valkey"]
+        ports = {c.laddr.port for c in valkey.net_connections("tcp") if c.status == "LISTEN"}
+        if len(ports) != 1:
+            raise RuntimeError(f"valkey listens on {sorted(ports)}, expected one port")
+        return ports.pop()
+
+    def s3_client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{self.s3_port()}",
+            aws_access_key_id=S3_ACCESS_KEY,
+            aws_secret_access_key=S3_SECRET_KEY,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}),
+        )
+
+    def stop(self, timeout: float = 120.0) -> int | None:
+        """SIGINT up, wait for it; returns its exit code (SIGKILL after ``timeout``: None)."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            say("stopping up (SIGINT)…")
+            self._proc.send_signal(signal.SIGINT)
+            try:
+                self.exit_code = self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                say(f"up did not exit within {timeout:.0f} s; killing it")
+                self._proc.kill()
+                self._proc.wait()
+                self.exit_code = None
+        else:
+            self.exit_code = self._proc.returncode
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+        self._proc = None
+        if self._log_file is not None:
+            self._log_file.close()
+        return self.exit_code
+
+    def shutdown(self, out: dict[str, Any], keep_log: str | None = None) -> int | None:
+        """Stop up, record how it ended (and the load) in ``out``, remove the data."""
+        code = self.stop()
+        out["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
+        out["up_exit_code"] = code
+        out["up_exit_ok"] = code == 0
+        self.remove(keep_log)
+        return code
+
+    def remove(self, keep_log: str | None = None) -> None:
+        if keep_log:
+            with contextlib.suppress(OSError):
+                shutil.copyfile(self.log_path, keep_log)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+class LogWatcher:
+    """Reads up's stderr file incrementally: worker release lines and Celery results."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+        self.released: dict[str, tuple[float, str]] = {}  # job id → (epoch, outcome)
+        self.task_results: dict[str, tuple[float, str]] = {}
+
+    def poll(self) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+            self._offset = f.tell()
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            if m := _LOG_RE.match(line):
+                self.released[m.group(3)] = (log_time(m.group(1), m.group(2)), m.group(4))
+            elif m := _SKIP_RE.match(line):
+                self.task_results[m.group(3)] = (log_time(m.group(1), m.group(2)), m.group(4))
+
+    def wait_released(self, job_id: str, timeout: float = 120.0) -> tuple[float, str] | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.poll()
+            if job_id in self.released:
+                return self.released[job_id]
+            time.sleep(0.02)
+        return None

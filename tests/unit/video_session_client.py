@@ -1,0 +1,91 @@
+"""A scripted peer of the ``WS /v1/realtime/video`` state machine for the sans-I/O tests
+(``test_video_session.py``, ``test_video_start.py``, ``test_video_interactions.py``): start
+messages, media chunks from the "worker", and server events checked against the schemas."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from models.realtime_video import (
+    ServerEvent,
+    frames_in_chunk,
+)
+from realtime.video_protocol import (
+    StartRequested,
+    VideoSessionOptions,
+    VideoSessionProtocol,
+)
+
+INIT = b"\x00\x00\x00\x18ftypiso6" + b"\x00" * 12 + b"moov"
+SERVER_EVENT: TypeAdapter[Any] = TypeAdapter(ServerEvent)
+
+
+def start_json(**fields: Any) -> str:
+    message = {
+        "type": "session.start",
+        "model": "reference/world",
+        "prompt": "a quiet street",
+        "width": 832,
+        "height": 480,
+        "num_frames": 33,
+        "fps": 16,
+        "seed": 42,
+        "image_reference": {"image_url": "data:image/png;base64,Zm9v"},
+        "extra_params": {"flow_shift": 5.0, "camera_action_script": [[["w"], ["w"], ["w"]]] * 3},
+    }
+    message.update(fields)
+    return json.dumps({k: v for k, v in message.items() if v is not None})
+
+
+def texts(frames: list[str | bytes]) -> list[dict[str, Any]]:
+    """Decode every text frame, checking it against the server event schemas."""
+    events = [json.loads(frame) for frame in frames if isinstance(frame, str)]
+    for event in events:
+        SERVER_EVENT.validate_python(event)
+    return events
+
+
+def one_event(p: VideoSessionProtocol) -> dict[str, Any]:
+    frames = p.data_to_send()
+    assert len(frames) == 1 and isinstance(frames[0], str), frames
+    return texts(frames)[0]
+
+
+def new_session(now: float = 0.0, **options: Any) -> VideoSessionProtocol:
+    ids = iter(f"generated-{n}" for n in range(100))
+    return VideoSessionProtocol(
+        "video_stream-1", now, VideoSessionOptions(**options), new_event_id=lambda: next(ids)
+    )
+
+
+def streaming(now: float = 0.0, start: str | None = None, **options: Any) -> VideoSessionProtocol:
+    p = new_session(now, **options)
+    p.receive_text(start or start_json(), now)
+    assert isinstance(p.events_received()[0], StartRequested)
+    p.started(now=now)
+    assert one_event(p)["type"] == "video.start"
+    return p
+
+
+def send_media(p: VideoSessionProtocol, index: int, now: float = 0.0, **ids: Any) -> None:
+    data = (INIT if index == 0 else b"") + b"moof" + bytes([index]) * 32
+    p.chunk(
+        "media", data, now=now, produced_at=100.0 + index, generation_chunk_index=index,
+        num_frames=frames_in_chunk(index), **ids,
+    )  # fmt: skip
+
+
+def error_event(p: VideoSessionProtocol) -> dict[str, Any]:
+    event = one_event(p)
+    assert event["type"] == "error", event
+    return event
+
+
+def interaction_json(event_id: str | None = "ui-1", **interaction: Any) -> str:
+    body: dict[str, Any] = {"event": {"prompt": "snow falls"}, **interaction}
+    if event_id is not None:
+        body["event_id"] = event_id
+    return json.dumps({"type": "session.interaction", "interaction": body})

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install as install_openapi
-from api.routes import audio, realtime, realtime_video, speech, system, video_events, videos
+from api.routes import audio, realtime, realtime_video, speech, system, videos
 from api.state import AppState
 from storage.settings import Settings, get_settings
 
@@ -65,7 +65,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(system.router)
     app.include_router(videos.router)
-    app.include_router(video_events.router)
     app.include_router(realtime_video.router)
     app.include_router(audio.router)
     app.include_router(speech.router)

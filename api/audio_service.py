@@ -1,33 +1,28 @@
 """Audio jobs as the API sees them: the lifecycle of :class:`api.jobs_service.JobService`
 (kind ``audio``) with the three request shapes of ``api/audio_validation.py``.
 
-An audio job row keeps its duration in the frame columns as milliseconds (``fps`` 1000,
-``num_frames`` = ms) so duration-driven adapters (Stable Audio's ``audio_end_in_s``
-default) read it like a video's; width and height are 0. Its ``params`` carry the format,
-requested rate and channels, and after completion ``output`` with the artifact's real
+An audio job's :class:`models.job_specs.AudioSpec` carries its length (``duration_ms``,
+also a column), format, requested rate and channels; after completion the row's
+``output`` (:class:`models.job_specs.AudioOutput`) has the artifact's real
 ``sample_rate``, ``channels`` and ``num_samples``.
 """
 
 from __future__ import annotations
 
-import secrets
-import time
 from typing import Any
 
 from api.audio_validation import (
-    ResolvedAudio,
     parse_generation,
     resolve_audio,
     resolve_generate,
     resolve_speech,
 )
 from api.jobs_service import JobService
-from models.audio import MEDIA_TYPES, AudioObject, AudioPage, SpeechCreate
-from models.db import Job, JobStatus, JobView
+from models.audio import EXTENSIONS, MEDIA_TYPES, AudioObject, AudioPage, SpeechCreate
+from models.db import Job, JobView, audio_output, job_spec
 from models.errors import InvalidRequest
-from storage.constants import ID_PREFIX
-
-MS = 1000.0
+from models.job_specs import AudioSpec, audio_seconds, audio_shape
+from storage.constants import new_job_id
 
 
 class AudioService(JobService[AudioObject]):
@@ -64,42 +59,13 @@ class AudioService(JobService[AudioObject]):
         return job
 
     async def submit(
-        self, r: ResolvedAudio, owner: str, idempotency_key: str | None
+        self, spec: AudioSpec, owner: str, idempotency_key: str | None
     ) -> tuple[Job, int | None]:
         """Store and enqueue; the job and its queue position."""
-        job, created, position = await self.state.blocking(self._persist, r, owner, idempotency_key)
+        job = Job.new(spec, id=new_job_id("audio"), owner=owner, idempotency_key=idempotency_key)
+        job, created, position = await self.state.blocking(self.store, job, idempotency_key)
         await self.announce(job, created, position)
         return job, position
-
-    def _persist(
-        self, r: ResolvedAudio, owner: str, idempotency_key: str | None
-    ) -> tuple[Job, bool, int | None]:
-        job = Job(
-            id=ID_PREFIX["audio"] + secrets.token_hex(12),
-            kind="audio",
-            owner=owner,
-            model=r.model,
-            status=JobStatus.QUEUED.value,
-            prompt=r.prompt,
-            params=r.params(),
-            width=0,
-            height=0,
-            fps=MS,
-            num_frames=max(1, round(r.seconds * MS)),
-            seed=r.seed,
-            num_inference_steps=r.num_inference_steps,
-            has_audio=True,
-            progress=0,
-            step=0,
-            stage="queue",
-            stage_durations={},
-            created_at=time.time(),
-            deadline_at=None,
-            idempotency_key=idempotency_key,
-            attempt=0,
-            cancel_requested=False,
-        )
-        return self.store(job, idempotency_key)
 
     # ---- read -------------------------------------------------------------------
 
@@ -109,14 +75,30 @@ class AudioService(JobService[AudioObject]):
     # ---- wire -------------------------------------------------------------------
 
     def to_wire(self, job: JobView, queue_position: int | None = None) -> AudioObject:
-        params: dict[str, Any] = job.params
-        output: dict[str, Any] = params.get("output") or {}
-        fmt = str(params.get("response_format") or "wav")
+        # Columns and the stored spec's fields, not a parsed spec: see audio_shape.
+        shape = audio_shape(job.spec, job.output)
         return AudioObject(
             **self.wire_fields(job, queue_position),
-            seconds=str(params.get("seconds", f"{job.num_frames / MS:g}")),
-            response_format=fmt,
-            media_type=MEDIA_TYPES.get(fmt, "application/octet-stream"),
-            sample_rate=output.get("sample_rate", params.get("sample_rate")),
-            channels=output.get("channels", params.get("channels")),
+            seconds=audio_seconds(job.duration_ms or 0),
+            response_format=shape.response_format,
+            media_type=MEDIA_TYPES.get(shape.response_format, "application/octet-stream"),
+            sample_rate=shape.sample_rate,
+            channels=shape.channels,
         )
+
+    def content_headers(self, job: JobView) -> dict[str, str]:
+        """``pcm`` is raw s16le: its rate and channels travel as headers (every format's do)."""
+        output = audio_output(job)
+        return {
+            "X-Sample-Rate": str(output.sample_rate if output else None),
+            "X-Channels": str(output.channels if output else None),
+        }
+
+    def filename(self, job: JobView, variant: str) -> str:
+        return f"{job.id}.{EXTENSIONS[audio_shape(job.spec, job.output).response_format]}"
+
+
+def audio_spec(job: JobView) -> AudioSpec:
+    spec = job_spec(job)
+    assert isinstance(spec, AudioSpec), job.id
+    return spec

@@ -1,5 +1,6 @@
 """Audio request validation: the three request shapes (generations, OpenAI speech,
-vLLM-Omni generate) → one :class:`ResolvedAudio`, checked against the model's spec.
+vLLM-Omni generate) → one :class:`models.job_specs.AudioSpec`, checked against the model's
+spec.
 
 Pure functions, no I/O: errors are :class:`InvalidRequest` naming the parameter as the
 client spelled it (``input`` for speech, ``audio_length`` for generate), raised before
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from api.payload import loads
@@ -33,6 +33,7 @@ from models.audio import (
 )
 from models.catalog import ModelSpec
 from models.errors import InvalidRequest, ModelNotFound
+from models.job_specs import AudioSpec
 from storage.settings import Settings
 
 # Fields that carry JSON text in multipart bodies.
@@ -56,39 +57,6 @@ _INT64_MAX = 2**63 - 1
 # Speech: seconds per word and a fixed lead, at speed 1 (see speech_seconds).
 _SECONDS_PER_WORD = 0.4
 _SPEECH_LEAD_S = 0.3
-
-
-@dataclass
-class ResolvedAudio:
-    """An audio request that passed every check: what the job row and the worker need."""
-
-    model: str
-    prompt: str
-    seconds: float
-    num_inference_steps: int
-    seed: int
-    timeout_s: float
-    response_format: str
-    sample_rate: int | None = None
-    channels: int | None = None
-    # Publish the PCM16 samples as ``chunk`` events (speech streaming, pcm jobs).
-    stream_pcm: bool = False
-    negative_prompt: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "negative_prompt": self.negative_prompt,
-            "options": self.options,
-            "extra": self.extra,
-            "seconds": f"{self.seconds:g}",
-            "timeout_s": self.timeout_s,
-            "response_format": self.response_format,
-            "sample_rate": self.sample_rate,
-            "channels": self.channels,
-            "stream_pcm": self.stream_pcm,
-        }
 
 
 def parse_generation(raw: dict[str, Any]) -> AudioCreate:
@@ -115,7 +83,7 @@ def resolve_audio(
     stream_pcm: bool | None = None,
     prompt_param: str = "prompt",
     seconds_param: str = "seconds",
-) -> ResolvedAudio:
+) -> AudioSpec:
     """Check a parsed request against the named audio model and the server's limits.
     ``options`` are speech options (speed, voice, instructions), kept for models that
     declare them in ``ModelSpec.parameters``."""
@@ -181,10 +149,10 @@ def resolve_audio(
 
     seed = resolve_seed(req.seed)
     timeout = resolve_timeout(req.timeout, limits)
-    return ResolvedAudio(
+    return AudioSpec(
         model=model,
         prompt=req.prompt,
-        seconds=seconds,
+        duration_ms=max(1, round(seconds * 1000)),
         num_inference_steps=steps,
         seed=seed,
         timeout_s=timeout,
@@ -228,7 +196,7 @@ def speech_seconds(text: str, speed: float) -> float:
 
 def resolve_speech(
     raw: dict[str, Any], specs: dict[str, ModelSpec], settings: Settings
-) -> tuple[ResolvedAudio, SpeechCreate]:
+) -> tuple[AudioSpec, SpeechCreate]:
     """``POST /v1/audio/speech`` → a mono 24 kHz (unless ``sample_rate``) audio job whose
     length follows the text (:func:`speech_seconds`, capped at the model's maximum)."""
     if "voice" in raw and "speaker" in raw:
@@ -314,7 +282,7 @@ def _speech_extensions(body: SpeechCreate, spec: ModelSpec) -> dict[str, Any]:
 
 def resolve_generate(
     raw: dict[str, Any], specs: dict[str, ModelSpec], settings: Settings
-) -> ResolvedAudio:
+) -> AudioSpec:
     """``POST /v1/audio/generate`` (vLLM-Omni): ``audio_length`` seconds starting at
     ``audio_start`` (models declaring ``audio_start_in_s`` get the window as extras)."""
     body = parse_model(AudioGenerate, raw)

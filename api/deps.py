@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request, WebSocket
+from fastapi import Depends, Header, Request, WebSocket
 
 from api.audio_service import AudioService
 from api.state import AppState
@@ -57,6 +57,9 @@ async def current_owner(request: Request, state: StateDep) -> str:
 
 
 CurrentOwner = Annotated[str, Depends(current_owner)]
+
+# The ``Idempotency-Key`` header of every create route.
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
 
 
 INSECURE_KEY_PROTOCOL = "openai-insecure-api-key."

@@ -2,8 +2,9 @@
 delete, content lookup, and waiting for the end (the ``sync`` endpoints).
 
 :class:`api.videos_service.VideoService` and :class:`api.audio_service.AudioService` add
-their request validation and wire objects on top. Methods are blocking (database, S3)
-and run in the thread pool, except the ``async`` ones.
+their request validation and wire objects on top; ``api/routes/jobs.py`` serves either
+through the same routes. Methods are blocking (database, S3) and run in the thread pool,
+except the ``async`` ones.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 from fastapi import Request
+from pydantic import BaseModel
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
@@ -60,6 +62,12 @@ class JobService(abc.ABC, Generic[WireT]):
         self.settings = state.settings
 
     # ---- create -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def create(
+        self, raw: dict[str, Any], upload: bytes | None, owner: str, idempotency_key: str | None
+    ) -> WireT:
+        """Validate the raw create body, store and enqueue the job; its wire object."""
 
     def store(
         self,
@@ -164,11 +172,24 @@ class JobService(abc.ABC, Generic[WireT]):
             "has_more": has_more,
         }
 
+    @abc.abstractmethod
+    def page(self, owner: str, after: str | None, limit: int, order: str) -> BaseModel:
+        """A list page of the owner's jobs of this kind (:meth:`page_fields` as the
+        kind's page model)."""
+
     # ---- wire -------------------------------------------------------------------
 
     @abc.abstractmethod
     def to_wire(self, job: JobView, queue_position: int | None = None) -> WireT:
         """The job as its wire object (``video`` / ``audio``)."""
+
+    @abc.abstractmethod
+    def content_headers(self, job: JobView) -> dict[str, str]:
+        """Headers of the artifact's response, besides the object's own."""
+
+    @abc.abstractmethod
+    def filename(self, job: JobView, variant: str) -> str:
+        """The download name of a presigned URL of the ``variant`` artifact."""
 
     @staticmethod
     def wire_fields(job: JobView, queue_position: int | None) -> dict[str, Any]:

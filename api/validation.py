@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from api.payload import loads
 from models.catalog import ModelSpec
 from models.errors import InvalidRequest, ModelNotFound
+from models.job_specs import VideoSpec
 from models.videos import VideoCreate
 from storage.settings import LimitSettings, Settings
 
@@ -37,35 +37,6 @@ _ALIASES = {"num_outputs_per_prompt": "n"}
 _JSON_FIELDS = ("extra_params", "lora")
 # ASCII digits only (``int()`` would take full-width ones); 5 digits is past every limit.
 _SIZE_RE = re.compile(r"^\s*([0-9]{1,5})\s*[xX*]\s*([0-9]{1,5})\s*$")
-
-
-@dataclass
-class ResolvedVideo:
-    """A request that passed every check: what the job row and the worker need."""
-
-    model: str
-    prompt: str
-    width: int
-    height: int
-    fps: float
-    num_frames: int
-    seconds: str
-    num_inference_steps: int
-    seed: int
-    timeout_s: float
-    has_audio: bool
-    negative_prompt: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "negative_prompt": self.negative_prompt,
-            "options": self.options,
-            "extra": self.extra,
-            "seconds": self.seconds,
-            "timeout_s": self.timeout_s,
-        }
 
 
 def parse_create(raw: dict[str, Any]) -> VideoCreate:
@@ -103,8 +74,9 @@ def parse_model(cls: type[_M], fields: dict[str, Any]) -> _M:
         raise InvalidRequest(f"{param}: {err['msg']}", param=param) from exc
 
 
-def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -> ResolvedVideo:
-    """Check a parsed request against the named model's spec and the server's limits."""
+def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -> VideoSpec:
+    """Check a parsed request against the named model's spec and the server's limits:
+    the job's spec (without ``reference_key``, which names the job)."""
     limits = settings.limits
     model = req.model or default_model(specs, "video")
     spec = specs.get(model)
@@ -138,7 +110,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         )
 
     width, height = _resolve_size(req, spec, settings)
-    fps, num_frames, seconds = _resolve_timing(req, spec, settings)
+    fps, num_frames = _resolve_timing(req, spec, settings)
 
     steps = resolve_steps(req.num_inference_steps, spec, limits)
     if req.n > spec.max_outputs or req.n < 1:
@@ -155,14 +127,13 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
 
     seed = resolve_seed(req.seed)
     timeout = resolve_timeout(req.timeout, limits)
-    return ResolvedVideo(
+    return VideoSpec(
         model=model,
         prompt=req.prompt,
         width=width,
         height=height,
         fps=fps,
         num_frames=num_frames,
-        seconds=seconds,
         num_inference_steps=steps,
         seed=seed,
         timeout_s=timeout,
@@ -237,9 +208,7 @@ def _resolve_size(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tupl
     return width, height
 
 
-def _resolve_timing(
-    req: VideoCreate, spec: ModelSpec, settings: Settings
-) -> tuple[float, int, str]:
+def _resolve_timing(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tuple[float, int]:
     fps = req.fps if req.fps is not None else float(spec.default_fps)
     if not math.isfinite(fps) or fps <= 0:
         raise InvalidRequest("fps must be a positive number", param="fps")
@@ -271,7 +240,7 @@ def _resolve_timing(
             f"{num_frames} frames is outside {spec.min_frames}..{top} for {spec.name}",
             param=param,
         )
-    return fps, num_frames, f"{num_frames / fps:g}"
+    return fps, num_frames
 
 
 _CASTS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}

@@ -6,17 +6,16 @@ runs in the thread pool, never on the event loop.
 
 from __future__ import annotations
 
-import secrets
-import time
 from typing import Any
 
 from api.inputs import check_url, decode_data_url, reference_frame_png, reference_from_url
 from api.jobs_service import JobService
-from api.validation import ResolvedVideo, parse_create, resolve
-from models.db import Job, JobStatus, JobView
+from api.validation import parse_create, resolve
+from models.db import Job, JobView
 from models.errors import InvalidRequest
+from models.job_specs import VideoSpec, video_seconds
 from models.videos import VideoObject, VideoPage
-from storage.constants import ID_PREFIX, job_prefix
+from storage.constants import job_prefix, new_job_id
 
 REFERENCE_KEY = "input/reference.png"
 
@@ -34,7 +33,7 @@ class VideoService(JobService[VideoObject]):
         reference: bytes | None,
         owner: str,
         idempotency_key: str | None,
-    ) -> tuple[VideoObject, bool]:
+    ) -> VideoObject:
         """Validate, store the reference frame, insert the job, enqueue. Nothing is stored
         unless every check passed."""
         remote: tuple[str, str] | None = None  # (http(s) URL, param): fetched once valid
@@ -48,20 +47,16 @@ class VideoService(JobService[VideoObject]):
         if req.input_reference_url:
             reference, remote = self._reference(req.input_reference_url, "input_reference_url")
         resolved = resolve(req, self.state.specs, self.settings)
-        spec = self.state.specs[resolved.model]
+        model = self.state.specs[resolved.model]
         png = None
-        if (reference is not None or remote is not None) and not spec.supports_image_input:
+        if (reference is not None or remote is not None) and not model.supports_image_input:
             raise InvalidRequest(
                 f"model {resolved.model!r} does not take an input_reference",
                 param="input_reference",
             )
         if remote is not None:
             png = await self.state.blocking(
-                reference_from_url,
-                remote[0],
-                resolved.width,
-                resolved.height,
-                self.settings,
+                reference_from_url, remote[0], resolved.width, resolved.height, self.settings,
                 remote[1],
             )
         elif reference is not None:
@@ -77,7 +72,7 @@ class VideoService(JobService[VideoObject]):
         run = self.state.blocking if png is None else self.state.artifacts.run
         job, created, position = await run(self._persist, resolved, png, owner, idempotency_key)
         await self.announce(job, created, position)
-        return self.to_wire(job, position), created
+        return self.to_wire(job, position)
 
     def _reference(self, url: str, param: str) -> tuple[bytes | None, tuple[str, str] | None]:
         """A ``data:`` URL's bytes now, or an http(s) URL to fetch once the request is valid
@@ -88,43 +83,21 @@ class VideoService(JobService[VideoObject]):
         return None, (url, param)
 
     def _persist(
-        self, r: ResolvedVideo, png: bytes | None, owner: str, idempotency_key: str | None
+        self, spec: VideoSpec, png: bytes | None, owner: str, idempotency_key: str | None
     ) -> tuple[Job, bool, int | None]:
-        job_id = ID_PREFIX["video"] + secrets.token_hex(12)
-        params = r.params()
-        if png is not None:
-            params["reference_key"] = job_prefix("video", job_id) + REFERENCE_KEY
-        job = Job(
-            id=job_id,
-            kind="video",
-            owner=owner,
-            model=r.model,
-            status=JobStatus.QUEUED.value,
-            prompt=r.prompt,
-            params=params,
-            width=r.width,
-            height=r.height,
-            fps=r.fps,
-            num_frames=r.num_frames,
-            seed=r.seed,
-            num_inference_steps=r.num_inference_steps,
-            has_audio=r.has_audio,
-            progress=0,
-            step=0,
-            stage="queue",
-            stage_durations={},
-            created_at=time.time(),
-            deadline_at=None,
-            idempotency_key=idempotency_key,
-            attempt=0,
-            cancel_requested=False,
-        )
+        job_id = new_job_id("video")
+        if png is None:
+            job = Job.new(spec, id=job_id, owner=owner, idempotency_key=idempotency_key)
+            return self.store(job, idempotency_key)
+        key = job_prefix("video", job_id) + REFERENCE_KEY
+        spec = spec.model_copy(update={"reference_key": key})
+        job = Job.new(spec, id=job_id, owner=owner, idempotency_key=idempotency_key)
+        frame = png
 
         def store_reference() -> None:
-            assert png is not None
-            self.state.artifacts.put_bytes(params["reference_key"], png, "image/png")
+            self.state.artifacts.put_bytes(key, frame, "image/png")
 
-        return self.store(job, idempotency_key, store_reference if png is not None else None)
+        return self.store(job, idempotency_key, store_reference)
 
     # ---- read -------------------------------------------------------------------
 
@@ -134,11 +107,19 @@ class VideoService(JobService[VideoObject]):
     # ---- wire -------------------------------------------------------------------
 
     def to_wire(self, job: JobView, queue_position: int | None = None) -> VideoObject:
+        # Columns only: a status read parses no spec.
+        fps, num_frames = job.fps or 0.0, job.num_frames or 0
         return VideoObject(
             **self.wire_fields(job, queue_position),
             size=f"{job.width}x{job.height}",
-            seconds=str(job.params.get("seconds", f"{job.num_frames / job.fps:g}")),
-            fps=job.fps,
-            num_frames=job.num_frames,
+            seconds=video_seconds(num_frames, fps) if fps else "0",
+            fps=fps,
+            num_frames=num_frames,
             has_audio=job.has_audio,
         )
+
+    def content_headers(self, job: JobView) -> dict[str, str]:
+        return {}
+
+    def filename(self, job: JobView, variant: str) -> str:
+        return f"{job.id}.{'mp4' if variant == 'video' else 'jpg'}"

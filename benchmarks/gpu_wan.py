@@ -178,6 +178,7 @@ def main() -> None:
     # ---- the same job through the StepExecutor ----------------------------------------
     from models.catalog import FAMILY_SPECS, ServedModel
     from models.db import Base, Job
+    from models.job_specs import VideoSpec
     from storage.db import make_engine, make_sessionmaker
     from storage.jobs import JobStore
     from storage.settings import Settings
@@ -209,32 +210,19 @@ def main() -> None:
 
     def new_job(seed: int) -> str:
         job_id = f"video_gpu{time.time_ns()}"
-        jobs.create(
-            Job(
-                id=job_id,
-                kind="video",
-                owner="bench",
-                model=spec.name,
-                status="queued",
-                prompt=prompt,
-                params={"options": {"guidance_scale": args.guidance}, "timeout_s": 3600},
-                width=args.width,
-                height=args.height,
-                fps=16,
-                num_frames=args.frames,
-                seed=seed,
-                num_inference_steps=args.steps,
-                has_audio=False,
-                progress=0,
-                step=0,
-                stage="queue",
-                stage_durations={},
-                created_at=time.time(),
-                attempt=0,
-                cancel_requested=False,
-            ),
-            idempotency_window_s=0,
+        job_spec = VideoSpec(
+            model=spec.name,
+            prompt=prompt,
+            seed=seed,
+            num_inference_steps=args.steps,
+            width=args.width,
+            height=args.height,
+            fps=16,
+            num_frames=args.frames,
+            timeout_s=3600,
+            options={"guidance_scale": args.guidance},
         )
+        jobs.create(Job.new(job_spec, id=job_id, owner="bench"), idempotency_window_s=0)
         return job_id
 
     torch.cuda.synchronize()

@@ -7,6 +7,7 @@ Types are portable: the same schema runs on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any, TypeAlias
 
@@ -27,6 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 # Re-exported: both were defined here; they live with the wire models and the error tree.
 from models.common import JobStatus as JobStatus
 from models.errors import ErrorCode as ErrorCode
+from models.job_specs import AudioOutput, AudioSpec, VideoSpec, parse_spec
 
 
 class Base(DeclarativeBase):
@@ -67,16 +69,22 @@ class Job(Base):
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
 
+    # What the worker runs: a :mod:`models.job_specs` spec (``kind`` says which), written
+    # once by :meth:`new`. The columns below copy what lists, reads and queries need.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     prompt: Mapped[str] = mapped_column(Text)
-    # The full normalized request, as the worker needs it.
-    params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    width: Mapped[int] = mapped_column(Integer)
-    height: Mapped[int] = mapped_column(Integer)
-    fps: Mapped[float] = mapped_column(Float)
-    num_frames: Mapped[int] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(BigInteger)
     num_inference_steps: Mapped[int] = mapped_column(Integer)
+    # Video jobs: the clip's shape (NULL for audio).
+    width: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    height: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    fps: Mapped[float | None] = mapped_column(Float, nullable=True)
+    num_frames: Mapped[int | None] = mapped_column(Integer, nullable=True)
     has_audio: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Audio jobs: the clip's length (NULL for video).
+    duration_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # What the worker made, once completed (audio: an :class:`AudioOutput`).
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     progress: Mapped[int] = mapped_column(Integer, default=0)
     step: Mapped[int] = mapped_column(Integer, default=0)
@@ -101,6 +109,56 @@ class Job(Base):
         back_populates="job", cascade="all, delete-orphan", passive_deletes=True
     )
 
+    @classmethod
+    def new(
+        cls,
+        spec: VideoSpec | AudioSpec,
+        *,
+        id: str,
+        owner: str,
+        idempotency_key: str | None = None,
+        **state: Any,
+    ) -> Job:
+        """The one way to build a job row: a queued job of ``spec``; ``state`` overrides
+        the state columns of a job that starts elsewhere (a persisted session is stored
+        ``completed``)."""
+        now = time.time()
+        shape: dict[str, Any]
+        if isinstance(spec, VideoSpec):
+            shape = {
+                "width": spec.width,
+                "height": spec.height,
+                "fps": spec.fps,
+                "num_frames": spec.num_frames,
+                "has_audio": spec.has_audio,
+            }
+        else:
+            shape = {"duration_ms": spec.duration_ms, "has_audio": True}
+        values: dict[str, Any] = {
+            "status": JobStatus.QUEUED.value,
+            "progress": 0,
+            "step": 0,
+            "stage": "queue",
+            "stage_durations": {},
+            "created_at": now,
+            "attempt": 0,
+            "cancel_requested": False,
+        }
+        values.update(state)
+        return cls(
+            id=id,
+            kind=spec.kind,
+            owner=owner,
+            model=spec.model,
+            spec=spec.model_dump(mode="json"),
+            prompt=spec.prompt,
+            seed=spec.seed,
+            num_inference_steps=spec.num_inference_steps,
+            idempotency_key=idempotency_key,
+            **shape,
+            **values,
+        )
+
 
 class JobRecord(SimpleNamespace):
     """A read-only copy of a ``jobs`` row, attributes named as on :class:`Job`: what
@@ -111,6 +169,16 @@ class JobRecord(SimpleNamespace):
 
 # A job as the API reads it for the wire.
 JobView: TypeAlias = "Job | JobRecord"
+
+
+def job_spec(job: JobView) -> VideoSpec | AudioSpec:
+    """The job's typed spec (parsed on each call; video status reads need none)."""
+    return parse_spec(job.spec)
+
+
+def audio_output(job: JobView) -> AudioOutput | None:
+    """What an audio job made, once it has completed."""
+    return None if job.output is None else AudioOutput.model_validate(job.output)
 
 
 class Artifact(Base):

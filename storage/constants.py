@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 
 # Celery task names (the API sends by name; it never imports workers).
 TASK_RUN_JOB = "omniqueue.run_job"
@@ -10,6 +11,11 @@ TASK_RUN_SESSION = "omniqueue.run_session"
 
 # Job id prefixes per kind.
 ID_PREFIX = {"video": "video_", "audio": "audio_"}
+
+
+def new_job_id(kind: str) -> str:
+    """A fresh job id of ``kind``: its prefix and 96 random bits (``video_3f…``)."""
+    return ID_PREFIX[kind] + secrets.token_hex(12)
 
 # Owner of jobs created while auth is off.
 LOCAL_OWNER = "local"

@@ -6,9 +6,10 @@ Cleanup lives here, not in the adapters: on every way out the temp directory is 
 per-request tensors are dropped, and unless the job completed every object under the
 job's S3 prefix is deleted (multipart uploads are aborted by the store itself).
 
-Video jobs become an MP4 and a thumbnail (``workers/media.py``); audio jobs (kind
-``audio``) one file in the requested format (``workers/audio_media.py``), and, when the
-job asked for it, their PCM16 samples as ``chunk`` events right after decoding.
+The job's typed spec (``models/job_specs.py``, parsed once per run) says what to make:
+a :class:`VideoSpec` becomes an MP4 and a thumbnail (``workers/media.py``); an
+:class:`AudioSpec` one file in the requested format (``workers/audio_media.py``), and, when
+it asks for it, its PCM16 samples as ``chunk`` events right after decoding.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ import torch
 from PIL import Image
 
 from models.common import JobError, JobStatus
-from models.db import Artifact, Job
+from models.db import Artifact, Job, job_spec
 from models.errors import ErrorCode, JobLost, JobTimedOut, StorageError, UploadAborted
 from models.events import ChunkEvent, DoneEvent, PreviewEvent, ProgressEvent, StatusEvent
+from models.job_specs import AudioOutput, AudioSpec, VideoSpec
 from storage.artifacts import ArtifactStore
 from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
@@ -69,6 +71,7 @@ class _Run:
     """Bookkeeping of one job run (timings, progress throttle)."""
 
     job: Job
+    spec: VideoSpec | AudioSpec
     worker_id: str
     deadline: float
     stage: str = "prepare"
@@ -114,10 +117,15 @@ class StepExecutor:
         job = self.jobs.get(job_id)
         if job is None:
             return "skipped"
-        timeout = float(job.params.get("timeout_s") or self.settings.limits.default_job_timeout_s)
+        spec = job_spec(job)
+        timeout = spec.timeout_s or self.settings.limits.default_job_timeout_s
         timeout = min(timeout, self.settings.limits.max_job_timeout_s)
         run = _Run(
-            job=job, worker_id=self.worker_id, deadline=time.time() + timeout, timeout_s=timeout
+            job=job,
+            spec=spec,
+            worker_id=self.worker_id,
+            deadline=time.time() + timeout,
+            timeout_s=timeout,
         )
         run.progress = job.progress  # a taken-over job never reports less than before
         run.attempt = job.attempt
@@ -181,7 +189,7 @@ class StepExecutor:
             torch.cuda.reset_peak_memory_stats()
         started = time.monotonic()
 
-        request = self._request(job)
+        request = self._request(run.spec)
         self._failpoint(run, "prepare")
         with checkpoints(self._stop_point(run)):
             state = pipe.prepare(request)
@@ -208,9 +216,9 @@ class StepExecutor:
         self._enter(run, "encode")
         self._failpoint(run, "encode")
         extra_values: dict[str, Any] = {}
-        if job.kind == "audio":
-            files, output = self._encode_audio(run, media, tmp)
-            extra_values["params"] = {**job.params, "output": output}
+        if isinstance(run.spec, AudioSpec):
+            files, output = self._encode_audio(run, run.spec, media, tmp)
+            extra_values["output"] = output.model_dump()
         else:
             files = self._encode_video(media, tmp)
         del media
@@ -240,27 +248,14 @@ class StepExecutor:
             self._publish(job, DoneEvent(status="completed"))
         return done
 
-    def _request(self, job: Job) -> GenerationRequest:
-        params: dict[str, Any] = job.params
+    def _request(self, spec: VideoSpec | AudioSpec) -> GenerationRequest:
+        """What the adapter gets: the spec, with its reference frame fetched and decoded."""
         reference = None
-        if params.get("reference_key"):
-            png = self.artifacts.get_bytes(params["reference_key"])
+        if isinstance(spec, VideoSpec) and spec.reference_key:
+            png = self.artifacts.get_bytes(spec.reference_key)
             with Image.open(io.BytesIO(png)) as img:
                 reference = np.asarray(img.convert("RGB"))
-        return GenerationRequest(
-            prompt=job.prompt,
-            width=job.width,
-            height=job.height,
-            num_frames=job.num_frames,
-            fps=job.fps,
-            num_inference_steps=job.num_inference_steps,
-            seed=job.seed,
-            negative_prompt=params.get("negative_prompt"),
-            guidance_scale=(params.get("options") or {}).get("guidance_scale"),
-            options=dict(params.get("options") or {}),
-            reference_image=reference,
-            extra=dict(params.get("extra") or {}),
-        )
+        return generation_request(spec, reference)
 
     @staticmethod
     def _encode_video(media: Media, tmp: Path) -> list[tuple[str, Path, str]]:
@@ -270,27 +265,22 @@ class StepExecutor:
         return [("video", video_path, "video/mp4"), ("thumbnail", thumb_path, "image/jpeg")]
 
     def _encode_audio(
-        self, run: _Run, media: Media, tmp: Path
-    ) -> tuple[list[tuple[str, Path, str]], dict[str, Any]]:
+        self, run: _Run, spec: AudioSpec, media: Media, tmp: Path
+    ) -> tuple[list[tuple[str, Path, str]], AudioOutput]:
         """Convert to the artifact's rate and channels, stream it as PCM16 chunks when the
-        job asked for it (before the encode, so listeners need not wait for it), encode."""
-        params = run.job.params
-        fmt = str(params.get("response_format") or "wav")
+        spec asks for it (before the encode, so listeners need not wait for it), encode."""
+        fmt = spec.response_format
         if media.audio is None or not media.sample_rate:
             raise RuntimeError(f"model {run.job.model} made no audio")
-        rate = output_rate(fmt, media.sample_rate, params.get("sample_rate"))
-        audio = prepare_audio(
-            media.audio, media.sample_rate, rate=rate, channels=params.get("channels")
-        )
-        if params.get("stream_pcm"):
+        rate = output_rate(fmt, media.sample_rate, spec.sample_rate)
+        audio = prepare_audio(media.audio, media.sample_rate, rate=rate, channels=spec.channels)
+        if spec.stream_pcm:
             self._stream_pcm(run, audio)
         path = tmp / f"audio.{EXTENSIONS[fmt]}"
         encode_audio(audio, fmt, path)
-        output = {
-            "sample_rate": audio.sample_rate,
-            "channels": audio.channels,
-            "num_samples": audio.num_samples,
-        }
+        output = AudioOutput(
+            sample_rate=audio.sample_rate, channels=audio.channels, num_samples=audio.num_samples
+        )
         return [("audio", path, MEDIA_TYPES[fmt])], output
 
     def _stream_pcm(self, run: _Run, audio: AudioOut) -> None:
@@ -470,6 +460,34 @@ class StepExecutor:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+
+def generation_request(
+    spec: VideoSpec | AudioSpec, reference: np.ndarray | None = None
+) -> GenerationRequest:
+    """A job's spec as its adapter reads it: a video clip is ``num_frames`` at ``fps``, an
+    audio clip ``duration_s`` long (frame fields 0)."""
+    common: dict[str, Any] = {
+        "prompt": spec.prompt,
+        "num_inference_steps": spec.num_inference_steps,
+        "seed": spec.seed,
+        "negative_prompt": spec.negative_prompt,
+        "guidance_scale": spec.options.get("guidance_scale"),
+        "options": dict(spec.options),
+        "extra": dict(spec.extra),
+    }
+    if isinstance(spec, AudioSpec):
+        return GenerationRequest(
+            width=0, height=0, num_frames=0, fps=0.0, duration_s=spec.duration_s, **common
+        )
+    return GenerationRequest(
+        width=spec.width,
+        height=spec.height,
+        num_frames=spec.num_frames,
+        fps=spec.fps,
+        reference_image=reference,
+        **common,
+    )
 
 
 @dataclass(frozen=True)

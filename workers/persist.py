@@ -7,16 +7,16 @@ the session's owner, so ``GET /v1/videos/{id}`` and ``…/content`` serve it lik
 
 from __future__ import annotations
 
-import secrets
 import time
 from pathlib import Path
 
 import av
 
 from models.db import Artifact, Job, JobStatus
+from models.job_specs import VideoSpec
 from models.session_bus import WorldSessionConfig
 from storage.artifacts import ArtifactStore
-from storage.constants import ID_PREFIX, job_prefix
+from storage.constants import job_prefix, new_job_id
 from storage.jobs import JobStore
 from storage.settings import Settings
 from workers.media import encode_thumbnail, remux_faststart
@@ -29,7 +29,7 @@ class SessionPersister:
         self.artifacts = artifacts
 
     def __call__(self, session_id: str, config: WorldSessionConfig, fragmented: Path) -> str:
-        job_id = ID_PREFIX["video"] + secrets.token_hex(12)
+        job_id = new_job_id("video")
         video, thumb = fragmented.with_name("video.mp4"), fragmented.with_name("thumbnail.jpg")
         remux_faststart(fragmented, video)
         with av.open(str(video)) as container:
@@ -55,32 +55,29 @@ class SessionPersister:
                     created_at=now,
                 )
             )
-        fps = float(config.fps)
-        job = Job(
-            id=job_id,
-            kind="video",
-            owner=config.owner,
+        spec = VideoSpec(
             model=config.model,
-            status=JobStatus.COMPLETED.value,
             prompt=config.prompt,
-            params={"session_id": session_id, "seconds": f"{frames / fps:g}"},
-            width=config.width,
-            height=config.height,
-            fps=fps,
-            num_frames=frames,
             seed=config.seed,
             num_inference_steps=0,
-            has_audio=False,
+            width=config.width,
+            height=config.height,
+            fps=float(config.fps),
+            num_frames=frames,
+            session_id=session_id,
+        )
+        job = Job.new(
+            spec,
+            id=job_id,
+            owner=config.owner,
+            status=JobStatus.COMPLETED.value,
             progress=100,
-            step=0,
             stage="done",
-            stage_durations={},
             created_at=now,
             started_at=now,
             completed_at=now,
             expires_at=now + self.settings.artifact_ttl_s,
             attempt=1,
-            cancel_requested=False,
         )
         self.jobs.insert_finished(job, rows)
         return job_id

@@ -22,6 +22,7 @@ from api.state import AppState
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Job, JobStatus
+from models.job_specs import VideoSpec
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.settings import DatabaseSettings, Settings
@@ -50,29 +51,11 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
 
 
 def _job(job_id: str, model: str, created_at: float, status: str = "queued") -> Job:
-    return Job(
-        id=job_id,
-        kind="video",
-        owner="local",
-        model=model,
-        status=status,
-        prompt="p",
-        params={},
-        width=64,
-        height=48,
-        fps=16,
+    spec = VideoSpec(
+        model=model, prompt="p", seed=1, num_inference_steps=1, width=64, height=48, fps=16,
         num_frames=8,
-        seed=1,
-        num_inference_steps=1,
-        has_audio=False,
-        progress=0,
-        step=0,
-        stage="queue",
-        stage_durations={},
-        created_at=created_at,
-        attempt=0,
-        cancel_requested=False,
     )
+    return Job.new(spec, id=job_id, owner="local", status=status, created_at=created_at)
 
 
 def test_queue_positions_of_a_page_in_one_statement(engine: Engine) -> None:

@@ -15,6 +15,7 @@ import redis
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Artifact, Job
+from models.job_specs import VideoSpec
 from storage.artifacts import ArtifactStore, make_s3_client
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
@@ -56,32 +57,13 @@ def parts(pg_url: str, s3_server: EmbeddedS3) -> Iterator[tuple[Reconciler, JobS
 
 
 def _job(jobs: JobStore, job_id: str, **values: object) -> Job:
-    now = time.time()
-    fields = dict(
-        id=job_id,
-        kind="video",
-        owner="local",
-        model="reference/video",
-        status="queued",
-        prompt="p",
-        params={},
-        width=64,
-        height=48,
-        fps=16,
-        num_frames=8,
-        seed=1,
-        num_inference_steps=2,
-        has_audio=False,
-        progress=0,
-        step=0,
-        stage="queue",
-        stage_durations={},
-        created_at=now,
-        attempt=0,
-        cancel_requested=False,
+    spec = VideoSpec(
+        model="reference/video", prompt="p", seed=1, num_inference_steps=2, width=64,
+        height=48, fps=16, num_frames=8,
     )
-    fields.update(values)
-    job, _ = jobs.create(Job(**fields), idempotency_window_s=0)
+    job, _ = jobs.create(
+        Job.new(spec, id=job_id, owner="local", **values), idempotency_window_s=0
+    )
     return job
 
 

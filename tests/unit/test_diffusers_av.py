@@ -89,7 +89,7 @@ def _sa_request(**kw: Any) -> GenerationRequest:
 def _sa_reference(pipe: Any, req: GenerationRequest, end: float | None = None) -> torch.Tensor:
     out = pipe(
         req.prompt, negative_prompt=req.negative_prompt or None,
-        audio_end_in_s=req.num_frames / req.fps if end is None else end,
+        audio_end_in_s=req.duration_s if end is None else end,
         num_inference_steps=req.num_inference_steps, guidance_scale=req.guidance_scale,
         generator=torch.Generator().manual_seed(req.seed), output_type="pt",
     )

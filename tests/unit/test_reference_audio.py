@@ -22,8 +22,9 @@ def _request(**kw: object) -> GenerationRequest:
         prompt="rain on a dark night with drums",
         width=0,
         height=0,
-        num_frames=1500,  # audio jobs: milliseconds at fps 1000
-        fps=1000.0,
+        num_frames=0,  # audio: no frames, a duration
+        fps=0.0,
+        duration_s=1.5,
         num_inference_steps=6,
         seed=7,
     )
@@ -96,7 +97,7 @@ def test_one_step_lands_on_the_target_and_an_early_stop_is_noisy(
 def test_length_follows_the_request_and_bad_extras_are_refused(
     pipe: ReferenceAudioPipeline,
 ) -> None:
-    media = _run(pipe, _request(num_frames=250, num_inference_steps=2))
+    media = _run(pipe, _request(duration_s=0.25, num_inference_steps=2))
     assert media.audio is not None and media.audio.shape == (2, 6000)
     with pytest.raises(ValueError, match="bogus"):
         pipe.prepare(_request(extra={"bogus": 1}))

@@ -67,7 +67,9 @@ def checkpoints(check: Callable[[], None]) -> Iterator[None]:
 
 @dataclass
 class GenerationRequest:
-    """A validated, normalized request as the worker sees it."""
+    """A validated, normalized request as the worker sees it (the executor builds it from
+    the job's :mod:`models.job_specs` spec). Video clips are ``num_frames`` at ``fps``;
+    audio clips are ``duration_s`` long (their frame fields are 0)."""
 
     prompt: str
     width: int
@@ -83,6 +85,8 @@ class GenerationRequest:
     # First frame for image-to-video: uint8 H×W×3 (already resized to width×height).
     reference_image: np.ndarray | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # An audio clip's length in seconds; None for video.
+    duration_s: float | None = None
 
 
 @dataclass

@@ -79,7 +79,7 @@ class ReferenceAudioPipeline(Pipeline):
                 raise InvalidJobInput(
                     f"extra parameter {key!r} is not supported by reference/audio"
                 )
-        seconds = request.num_frames / request.fps
+        seconds = request.duration_s or 0.0
         if not 0 < seconds <= 3600:
             raise InvalidJobInput(f"seconds must be positive, got {seconds:g}")
         n = max(1, round(seconds * SAMPLE_RATE))

@@ -8,8 +8,7 @@ and the rotary embedding), ``step`` = one iteration of its step 8, ``decode`` = 
 (VAE decode, crop to ``[audio_start_in_s, audio_end_in_s)``).
 
 Duration: ``audio_end_in_s`` is ``request.extra["audio_end_in_s"]`` when given, otherwise
-``request.num_frames / request.fps`` seconds (audio jobs carry their length as
-milliseconds: ``num_frames`` ms at ``fps`` 1000); ``audio_start_in_s`` is ``request.extra
+``request.duration_s`` (the audio job's length); ``audio_start_in_s`` is ``request.extra
 ["audio_start_in_s"]`` or 0.0. The model's maximum is ``transformer.sample_size *
 vae.hop_length / vae.sampling_rate`` (47.55 s for stable-audio-open-1.0).
 
@@ -75,7 +74,11 @@ class StableAudioAdapter(DiffusersAdapter):
         """``(audio_start_in_s, audio_end_in_s)`` of a request (see the module docstring)."""
         start = float(request.extra.get("audio_start_in_s", 0.0))
         end = request.extra.get("audio_end_in_s")
-        return start, float(end) if end is not None else request.num_frames / request.fps
+        if end is not None:
+            return start, float(end)
+        if request.duration_s is None:
+            raise InvalidJobInput("an audio request needs duration_s (or extra audio_end_in_s)")
+        return start, request.duration_s
 
     @torch.no_grad()
     def prepare(self, request: GenerationRequest) -> StableAudioState:

@@ -1,0 +1,58 @@
+"""What differs between the job kinds' route sets (:class:`JobKind`), and the per-kind
+dependencies the job routes (``api/routes/jobs.py``, ``api/routes/job_output.py``) share.
+
+The route factories' modules do without ``from __future__ import annotations``: FastAPI
+reads the annotations of routes defined inside a function at runtime, and they name
+locals (the dependencies made here).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, Path
+from pydantic import BaseModel
+
+from api.deps import StateDep
+from api.jobs_service import JobService
+
+
+@dataclass(frozen=True)
+class JobKind:
+    prefix: str  # ``/v1/videos``
+    tag: str
+    noun: str  # names the routes: ``create_{noun}``, ``{noun}_content``
+    plural: str  # ``list_{plural}``
+    service: type[JobService[Any]]
+    create: type[BaseModel]  # the create body, as /openapi.json declares it
+    object: type[BaseModel]
+    page: type[BaseModel]
+    deleted: type[BaseModel]
+    media_types: tuple[str, ...]
+    content_200: str  # what the content is, for /openapi.json
+    # ``?variant=`` of the content route: a dependency returning the variant asked for.
+    variant: Callable[..., str]
+    content_doc: str | None = None
+    events_doc: str | None = None
+
+    @property
+    def item(self) -> str:
+        """The path of one job: ``/{video_id}``."""
+        return f"/{{{self.service.id_param}}}"
+
+
+def service_dep(kind: JobKind) -> Any:
+    """``Depends(…)`` of the kind's service, built per request (route parameters say
+    ``svc: Annotated[JobService[Any], service_dep(kind)]``)."""
+    cls = kind.service
+
+    async def service(state: StateDep) -> JobService[Any]:
+        return cls(state)
+
+    return Depends(service)
+
+
+def job_id_param(kind: JobKind) -> Any:
+    """The job id path parameter under its wire name (``video_id``, ``audio_id``):
+    ``job_id: Annotated[str, job_id_param(kind)]``."""
+    return Path(alias=kind.service.id_param)

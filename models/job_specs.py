@@ -1,0 +1,125 @@
+"""Job specs: the API↔worker contract of a job, one model per kind, discriminated by ``kind``.
+
+The API builds a spec once, from a request that passed validation (``api/validation.py``,
+``api/audio_validation.py``); :meth:`models.db.Job.new` stores it in the job's ``spec``
+column and copies the fields that reads and queries need into the row's columns; the
+worker parses it back (:func:`parse_spec`) and runs the job from it. Nothing else
+travels between the tiers: the Celery message carries the job id only.
+
+A spec says what was asked for and never changes after the insert; what the worker made
+(an audio file's real rate and channels) is the row's ``output`` (:class:`AudioOutput`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from models.audio import AudioFormat
+
+
+class _Spec(BaseModel):
+    """What every kind of job needs to run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    prompt: str
+    seed: int
+    num_inference_steps: int
+    # Seconds the job may run; None: the server's default.
+    timeout_s: float | None = None
+    negative_prompt: str | None = None
+    # Declared optional parameters the model takes (guidance_scale, flow_shift, speed, …).
+    options: dict[str, Any] = Field(default_factory=dict)
+    # ``extra_params`` checked against the model's schema.
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class VideoSpec(_Spec):
+    """A video clip (``/v1/videos``, or a persisted realtime session)."""
+
+    kind: Literal["video"] = "video"
+    width: int
+    height: int
+    fps: float
+    # The model's real frame count (snapped to its lattice), not the one asked for.
+    num_frames: int
+    has_audio: bool = False
+    # The S3 key of the first frame for image-to-video (a PNG under the job's prefix).
+    reference_key: str | None = None
+    # Set when the job records a realtime video session that finished elsewhere.
+    session_id: str | None = None
+
+    @property
+    def seconds(self) -> str:
+        """The clip length as the wire reports it (``"4"``, ``"2.5"``)."""
+        return video_seconds(self.num_frames, self.fps)
+
+
+class AudioSpec(_Spec):
+    """An audio clip (``/v1/audio/generations``, ``/speech``, ``/generate``)."""
+
+    kind: Literal["audio"] = "audio"
+    duration_ms: int = Field(ge=1)
+    response_format: AudioFormat = "wav"
+    # The artifact's rate and channels as asked for; None: the model's own.
+    sample_rate: int | None = None
+    channels: int | None = None
+    # Publish the PCM16 samples as ``chunk`` events as soon as they are decoded.
+    stream_pcm: bool = False
+
+    @property
+    def seconds(self) -> str:
+        return audio_seconds(self.duration_ms)
+
+    @property
+    def duration_s(self) -> float:
+        return self.duration_ms / 1000
+
+
+JobSpec = Annotated[VideoSpec | AudioSpec, Field(discriminator="kind")]
+
+_SPEC: TypeAdapter[VideoSpec | AudioSpec] = TypeAdapter(JobSpec)
+
+
+def parse_spec(stored: dict[str, Any]) -> VideoSpec | AudioSpec:
+    """A spec as stored in a job row (``Job.spec``) → its typed model."""
+    return _SPEC.validate_python(stored)
+
+
+class AudioOutput(BaseModel):
+    """What an audio job made: the artifact's real rate, channels and length."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sample_rate: int
+    channels: int
+    num_samples: int
+
+
+class AudioShape(NamedTuple):
+    """What an audio job's wire object says about its file: the format, and the rate and
+    channels of the artifact once made (until then, the ones asked for)."""
+
+    response_format: AudioFormat
+    sample_rate: int | None
+    channels: int | None
+
+
+def audio_shape(spec: dict[str, Any], output: dict[str, Any] | None) -> AudioShape:
+    """:class:`AudioShape` of a stored :class:`AudioSpec` and :class:`AudioOutput`, read at
+    dict speed for status reads and list pages (validating both costs ~9 us a row; they
+    were validated when written: :meth:`models.db.Job.new`, the executor)."""
+    if output:
+        return AudioShape(spec["response_format"], output["sample_rate"], output["channels"])
+    return AudioShape(spec["response_format"], spec.get("sample_rate"), spec.get("channels"))
+
+
+def video_seconds(num_frames: int, fps: float) -> str:
+    return f"{num_frames / fps:g}"
+
+
+def audio_seconds(duration_ms: int) -> str:
+    return f"{duration_ms / 1000:g}"

@@ -11,8 +11,11 @@ admission timeout → ``resource_exhausted``) and liveness (a silent worker →
 command that fails mid-session ends it with ``error broker_error`` and close 1011.
 
 Duplex sessions outlive their socket for ``realtime.resume_grace_s``: the session keeps
-running and logging events; ``session.resume`` on a new socket of the same API process
-re-attaches it (``app_state.voice_sessions``).
+running and logging events; ``session.resume`` on a new socket re-attaches it, on any API
+replica: each flush stores the new events and the protocol state in Redis before anything
+is sent (``realtime/voice_state.py``), so a replica that does not hold the session (or
+whose replica died mid-response) takes it over from there. ``app_state.voice_sessions``
+is this process's cache of the sessions it holds.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from realtime.audio_protocol import (
     State,
     Stop,
 )
+from realtime.session_snapshot import Relay
+from realtime.voice_state import TakenOverSession, VoiceStateSync, take_over
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE, WorkerWatch
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 
@@ -53,19 +58,36 @@ def _vad_factory(threshold: float, silence_duration_ms: int) -> Any:
 class VoiceSession:
     """One realtime audio session: its protocol, its worker and (while attached) a socket."""
 
-    def __init__(self, state: AppState, owner: str, model: str, duplex: bool) -> None:
+    def __init__(
+        self,
+        state: AppState,
+        owner: str,
+        model: str,
+        duplex: bool,
+        taken: TakenOverSession | None = None,
+    ) -> None:
         self.state = state
         self.owner = owner
         self.model = model
-        self.id = "sess_" + secrets.token_hex(12)
-        options = RealtimeOptions(
-            model=model, duplex=duplex, max_session_s=state.settings.realtime.max_session_s
-        )
-        self.protocol = RealtimeProtocol(self.id, options, _vad_factory, time.monotonic())
+        if taken is None:
+            self.id = "sess_" + secrets.token_hex(12)
+            options = _options(state, model, duplex)
+            self.protocol = RealtimeProtocol(self.id, options, _vad_factory, time.monotonic())
+        else:  # resumed from another replica's stored state
+            self.protocol = taken.protocol
+            self.id = self.protocol.id
+        relay = taken.relay if taken is not None else Relay()
+        self.sync: VoiceStateSync | None = None
+        if duplex:
+            self.sync = (
+                taken.sync if taken else VoiceStateSync(state.session_states, self.id, owner)
+            )
         self.inbox, self.outbox = session_in_key(self.id), session_out_key(self.id)
         self.lock = asyncio.Lock()  # the protocol is driven from the socket and the relay
         self.ws: WebSocket | None = None
-        self.placed = False
+        self.placed = relay.placed
+        self.worker_admitted = relay.worker_admitted
+        self.cursor = relay.out_cursor  # the last worker output applied
         self.tasks: list[asyncio.Task[None]] = []
         self.grace: asyncio.Task[None] | None = None
         self.ended = asyncio.Event()
@@ -73,9 +95,14 @@ class VoiceSession:
     # ---------------------------------------------------------------- socket side
 
     async def flush(self) -> None:
-        """Send what the protocol produced; commands go to the worker first."""
+        """Send what the protocol produced: stored first (duplex), then the commands to the
+        worker, then the frames to the client."""
         try:
-            for cmd in self.protocol.commands():
+            commands = self.protocol.commands()
+            if self.sync is not None and not await self._save(bool(commands)):
+                self.protocol.release()  # another replica resumed it: not ours to command
+                commands = []
+            for cmd in commands:
                 await self._command(cmd)
         except BROKER_ERRORS:
             self.broker_lost()
@@ -112,6 +139,14 @@ class VoiceSession:
             async with self.lock:
                 self.protocol.check_timeouts(time.monotonic())
                 await self.flush()
+
+    async def _save(self, force: bool) -> bool:
+        assert self.sync is not None
+        relay = Relay(self.placed, self.worker_admitted, self.cursor)
+        saved = self.sync.save(
+            self.protocol, relay, force=force, now=time.monotonic(), wall=time.time()
+        )
+        return await bounded(saved)
 
     # ---------------------------------------------------------------- worker side
 
@@ -165,10 +200,11 @@ class VoiceSession:
         """Worker outputs → protocol → socket, with the admission and liveness clocks."""
         rt = self.state.settings.realtime
         watch = WorkerWatch(rt.admission_timeout_s, rt.lost_after_s, time.monotonic())
-        after = "0-0"
+        watch.admitted = self.worker_admitted
         while not self.protocol.close_expected():
             try:
-                entries = await bounded(self.state.abus.read(self.outbox, after, block_ms=250))
+                read = self.state.abus.read(self.outbox, self.cursor, block_ms=250)
+                entries = await bounded(read)
             except BROKER_ERRORS:
                 async with self.lock:
                     self.broker_lost()
@@ -176,6 +212,7 @@ class VoiceSession:
                 break
             now = time.monotonic()
             watch.heard([e.type for e in entries], now)
+            self.worker_admitted = watch.admitted
             async with self.lock:
                 verdict = None if entries else watch.verdict(now)
                 if verdict is not None:
@@ -188,7 +225,7 @@ class VoiceSession:
                 for event, data in _coalesce(entries):
                     self._apply(event, data, now)
                 if entries:
-                    after = entries[-1].id
+                    self.cursor = entries[-1].id
                 await self.flush()
         await self.finish()
 
@@ -211,10 +248,20 @@ class VoiceSession:
             await asyncio.sleep(interval)
             try:
                 await bounded(self.state.abus.publish(self.inbox, {"type": "keepalive"}))
+                if self.sync is not None:
+                    await self._touch()
             except BROKER_ERRORS:
                 async with self.lock:
                     self.broker_lost()
                     await self.flush()
+
+    async def _touch(self) -> None:
+        """Keep the stored state alive; let the session go if another replica has it."""
+        assert self.sync is not None
+        if not await bounded(self.sync.touch(self.protocol, time.monotonic())):
+            async with self.lock:
+                self.protocol.release()
+                await self.flush()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -244,7 +291,11 @@ class VoiceSession:
         await self.finish()
 
     async def finish(self) -> None:
-        self.state.voice_sessions.pop(self.id, None)
+        if self.state.voice_sessions.get(self.id) is self:
+            del self.state.voice_sessions[self.id]
+        if self.sync is not None and not self.ended.is_set():
+            with contextlib.suppress(*BROKER_ERRORS):
+                await bounded(self.sync.drop(self.protocol))  # refused if another replica has it
         self.ended.set()
         current = asyncio.current_task()
         for task in self.tasks:
@@ -267,6 +318,13 @@ def _coalesce(entries: list[Any]) -> list[tuple[dict[str, Any], bytes | None]]:
                 continue
         out.append((event, data))
     return out
+
+
+def _options(state: AppState, model: str, duplex: bool) -> RealtimeOptions:
+    rt = state.settings.realtime
+    return RealtimeOptions(
+        model=model, duplex=duplex, max_session_s=rt.max_session_s, replay_events=rt.replay_events
+    )
 
 
 def _pick_model(state: AppState, requested: str | None) -> str | None:
@@ -354,20 +412,77 @@ async def _try_resume(
 ) -> VoiceSession | None:
     try:
         event = json.loads(text)
-        target = state.voice_sessions.get(str(event.get("session_id")))
+        session_id = str(event.get("session_id"))
         token = str(event.get("resume_token", ""))
         last_seq = int(event.get("last_received_server_event_seq", -1))
     except (ValueError, TypeError, AttributeError):
         return None
+    target = state.voice_sessions.get(session_id)
+    taken = target is None or (target is not fresh and not await _holds(target))
+    if taken:  # held by another replica (or a dead one): take it over
+        target = await _take_over(state, fresh, owner, session_id, token, last_seq)
     if target is None or target is fresh or target.owner != owner or target.ws is not None:
         return None
     async with target.lock:
         if not target.protocol.resume(token, last_seq):
+            if taken:  # the events after last_seq are gone: nobody can resume it
+                target.protocol.close("resync_required", time.monotonic())
+                await target.flush()
             return None
         target.attach(websocket)
         fresh.ws = None
         await target.flush()
     return target
+
+
+async def _holds(session: VoiceSession) -> bool:
+    """Whether this process still serves ``session`` (no other replica took it over)."""
+    if session.sync is None or not session.sync.created:
+        return True
+    holder = session.sync.holder
+    with contextlib.suppress(*BROKER_ERRORS):
+        return await bounded(session.state.session_states.holds(session.id, holder))
+    return False
+
+
+async def _take_over(
+    state: AppState, fresh: VoiceSession, owner: str, session_id: str, token: str, last_seq: int
+) -> VoiceSession | None:
+    """A session this process does not hold, rebuilt from its stored state, its relay to
+    the worker running again; None when there is none to resume."""
+    options = _options(state, fresh.model, True)
+    now, wall = time.monotonic(), time.time()
+    try:
+        call = take_over(
+            state.session_states,
+            session_id,
+            token,
+            owner,
+            last_seq,
+            options,
+            _vad_factory,
+            now,
+            wall,
+        )
+        taken = await bounded(call)
+    except BROKER_ERRORS:
+        return None
+    if taken is None:
+        return None
+    stale = state.voice_sessions.get(session_id)
+    session = state.voice_sessions[session_id] = VoiceSession(
+        state, owner, taken.model, True, taken
+    )
+    if stale is not None:  # an older copy in this process: it lets the session go
+        async with stale.lock:
+            stale.protocol.release()
+            await stale.flush()
+        await stale.finish()
+    session.tasks.append(asyncio.create_task(session.clock()))
+    if session.placed:
+        session.tasks.append(asyncio.create_task(session._relay()))
+        session.tasks.append(asyncio.create_task(session._keepalive()))
+    return session
 
 
 @router.websocket("/v1/realtime")

@@ -16,6 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from models.realtime import ConversationItem, RealtimeSession
+from models.realtime_video import VideoConfig
 
 SNAPSHOT_VERSION = 1
 
@@ -62,3 +63,19 @@ class VoiceSessionSnapshot(BaseModel):
     placed: bool = False
     worker_admitted: bool = False
     out_cursor: str = "0-0"
+
+
+class VideoSessionSnapshot(BaseModel):
+    """A streaming ``/v1/realtime/video`` session, stored once ``video.start`` is due: the
+    chunks themselves are in the session's ``out`` stream, so this is all another replica
+    needs to resume it."""
+
+    version: Literal[1] = 1
+    session_id: str
+    owner: str
+    model: str
+    resume_token: str
+    config: VideoConfig
+    default_transition: int | None = None
+    event_ids: list[str] = Field(default_factory=list)  # interactions so far
+    expires_at: float | None = None  # wall clock: max_session_s

@@ -7,6 +7,11 @@ It owns the clocks: the start and stall timeouts, the session time limit, the ad
 timeout (no worker slot → ``resource_exhausted``) and the worker's liveness (silent
 worker → ``worker_lost``). Losing Redis mid-session ends it with ``error broker_error``
 and close 1011, never a bare dropped socket.
+
+A streaming session outlives a dropped socket (no close handshake) for
+``realtime.resume_grace_s`` (the worker goes on; its chunks wait in the ``out`` stream)
+and is resumed through any replica with ``session.resume`` as a socket's first message
+(``realtime/video_resume.py``).
 """
 
 from __future__ import annotations
@@ -25,14 +30,16 @@ from api.deps import websocket_owner
 from api.inputs import reference_from_url
 from api.state import AppState
 from models.errors import OmniqueueError
-from models.realtime_video import StartLimits, VideoErrorCode
+from models.realtime_video import SessionResume, StartLimits, VideoErrorCode
 from realtime.video_protocol import (
     InteractionRequested,
     StartRequested,
+    State,
     StopRequested,
     VideoSessionOptions,
     VideoSessionProtocol,
 )
+from realtime.video_resume import VideoResumeRecord, take_over
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE, WorkerWatch
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 
@@ -72,6 +79,7 @@ class _Session:
         self.send_lock = asyncio.Lock()
         self.tasks: list[asyncio.Task[None]] = []
         self.model: str | None = None
+        self.record: VideoResumeRecord | None = None  # set once the session is resumable
 
     async def flush(self) -> None:
         async with self.send_lock:
@@ -92,6 +100,7 @@ class _Session:
             if isinstance(cmd, StartRequested):
                 await self._place(cmd)
             elif isinstance(cmd, InteractionRequested):
+                await self._save()  # its event id, before the reply goes out
                 await self.command(
                     {
                         "type": "interaction",
@@ -128,7 +137,11 @@ class _Session:
             url = start.image_reference.image_url
             try:
                 png = await run_in_threadpool(
-                    reference_from_url, url, cfg.width, cfg.height, self.state.settings,
+                    reference_from_url,
+                    url,
+                    cfg.width,
+                    cfg.height,
+                    self.state.settings,
                     "image_reference",
                 )
             except OmniqueueError as exc:
@@ -145,7 +158,7 @@ class _Session:
             expires_s=rt.admission_timeout_s,
         )
         await bounded(placed)
-        self.tasks.append(asyncio.create_task(self._relay()))
+        self.tasks.append(asyncio.create_task(self._relay(), name="relay"))
         self.tasks.append(asyncio.create_task(self._keepalive()))
 
     async def broker_lost(self) -> None:
@@ -179,6 +192,9 @@ class _Session:
             for entry in entries:
                 after = entry.id
                 self._apply(entry.event, entry.data, now)
+            if self.record is None and self.protocol.state is State.STREAMING:
+                self.record = VideoResumeRecord(self.state.session_states, self.id, self.owner)
+                await self._save()  # before video.start hands out the resume token
             await self.dispatch()
             await self.flush()
 
@@ -215,11 +231,73 @@ class _Session:
         try:
             while not self.protocol.close_expected():
                 await asyncio.sleep(interval)
+                if self.record is not None and not await bounded(self.record.holds()):
+                    self.protocol.taken_over()  # resumed elsewhere: the worker is theirs
+                    with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+                        await self.flush()
+                    return
                 await self.command({"type": "keepalive"})
         except BROKER_ERRORS:
             await self.broker_lost()
 
+    async def _save(self) -> None:
+        if self.record is not None and self.model is not None:
+            saved = self.record.save(self.protocol, self.model, time.monotonic(), time.time())
+            if not await bounded(saved):
+                self.protocol.taken_over()
+
+    async def resume(self, text: str) -> None:
+        """``session.resume`` as the first message: take the named session over."""
+        try:
+            message = SessionResume.model_validate_json(text)
+            now, wall = time.monotonic(), time.time()
+            call = take_over(
+                self.state.session_states, message, self.owner, self.protocol.options, now, wall
+            )
+            taken = await bounded(call)
+        except (ValueError, *BROKER_ERRORS):  # ValueError: pydantic's ValidationError too
+            taken = None
+        if taken is None:
+            self.protocol.resume_refused()
+            return
+        self.protocol, self.record, self.model = taken.protocol, taken.record, taken.model
+        self.id = taken.protocol.request_id
+        self.inbox, self.outbox = session_in_key(self.id), session_out_key(self.id)
+        self.tasks.append(
+            asyncio.create_task(self._relay(), name="relay")
+        )  # from the stream's start
+        self.tasks.append(asyncio.create_task(self._keepalive()))
+
+    def detach(self) -> bool:
+        """The socket dropped mid-stream: keep the session for a resume (True), its
+        keep-alives going, until the grace period ends."""
+        if self.record is None or self.protocol.state is not State.STREAMING:
+            return False
+        for task in self.tasks:  # the relay goes; chunks wait in the out stream
+            if task.get_name() == "relay":
+                task.cancel()
+        self.state.detached_video[self.id] = self
+        self.tasks.append(asyncio.create_task(self._expire()))
+        return True
+
+    async def _expire(self) -> None:
+        """No resume within the grace period: stop the worker, forget the session."""
+        await asyncio.sleep(self.state.settings.realtime.resume_grace_s)
+        try:
+            record = self.record
+            if record is not None and await bounded(record.holds()):
+                await self.command({"type": "stop", "reason": "disconnected"})
+                await bounded(record.drop())
+        except BROKER_ERRORS:
+            pass  # the worker stops by itself once keep-alives stop
+        finally:
+            self.state.detached_video.pop(self.id, None)
+            for task in self.tasks:
+                if task is not asyncio.current_task():
+                    task.cancel()
+
     async def run(self) -> None:
+        first = True
         while not self.protocol.close_expected():
             deadline = self.protocol.next_deadline()
             timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -231,14 +309,25 @@ class _Session:
                 if message["type"] == "websocket.disconnect":
                     raise WebSocketDisconnect(message.get("code", 1000))
                 now = time.monotonic()
-                if message.get("text") is not None:
-                    self.protocol.receive_text(message["text"], now)
+                text = message.get("text")
+                if first and text is not None and '"session.resume"' in text[:100]:
+                    await self.resume(text)
+                elif text is not None:
+                    self.protocol.receive_text(text, now)
                 elif message.get("bytes") is not None:
                     self.protocol.receive_binary(message["bytes"], now)
+                first = False
             await self.dispatch()
             await self.flush()
 
-    async def close(self, disconnected: bool) -> None:
+    async def close(self, disconnected: bool, dropped: bool = False) -> None:
+        """``dropped``: the socket went away without a close handshake (a lost network),
+        which a streaming session survives; a client that closes it cleanly ends it."""
+        if dropped and self.detach():
+            return
+        if self.record is not None and self.protocol.close_expected():
+            with contextlib.suppress(*BROKER_ERRORS):
+                await bounded(self.record.drop())  # ended: nothing to resume
         if disconnected:
             self.protocol.connection_lost()
             with contextlib.suppress(Exception):
@@ -270,12 +359,12 @@ async def realtime_video(websocket: WebSocket) -> None:
         return
     await websocket.accept(subprotocol=subprotocol)
     session = _Session(websocket, state, owner)
-    disconnected = False
+    disconnected = dropped = False
     try:
         await session.run()
-    except WebSocketDisconnect:
-        disconnected = True
+    except WebSocketDisconnect as exc:
+        disconnected, dropped = True, exc.code not in (1000, 1001)
     except BROKER_ERRORS:  # placing the session or sending a command
         await session.broker_lost()
     finally:
-        await session.close(disconnected)
+        await session.close(disconnected, dropped)

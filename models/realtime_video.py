@@ -307,7 +307,8 @@ ServerEvent = Annotated[
     | SessionInteractionQueued
     | SessionPong
     | SessionDone
-    | ErrorEvent,
+    | ErrorEvent
+    | SessionResumed,
     Field(discriminator="type"),
 ]
 

@@ -1,13 +1,17 @@
 """API replicas hold no session state: a duplex ``/v1/realtime`` session started on one
 replica, whose replica is SIGKILLed mid-response, is resumed on another (or on the same
 port once ``omniqueue up`` restarted the API) with every event exactly once and in order
-and the response completing. Real ``omniqueue up`` stacks (embedded Valkey, SQLite,
-SeaweedFS), real API and realtime worker processes, ``reference/voice``."""
+and the response completing; a ``/v1/realtime/video`` session dropped after two chunks
+is resumed on another replica (and taken over from there by a third socket) with every
+chunk index exactly once and a concatenation that decodes to ``num_frames``. Real
+``omniqueue up`` stacks (embedded Valkey, SQLite, SeaweedFS), real API and realtime
+worker processes, ``reference/voice`` and ``reference/world``."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import os
 import signal
@@ -15,12 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import av
 import httpx
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from cli.embedded import free_port
+from models.realtime_video import frames_in_chunk
 from tests.integration.test_up import Up, _alive, _api_pids, _listening_ports, _port_free
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -174,6 +180,129 @@ def test_resume_after_the_only_api_is_killed_and_restarted(tmp_path: Path) -> No
     try:
         before, after = asyncio.run(run())
         _check(before, after)
+    finally:
+        code, tree, _ = up.stop(signal.SIGTERM)
+    assert code == 0
+    assert [pid for pid in tree if _alive(pid)] == []
+
+
+# 20 chunks: running for a while (the test drops and resumes it twice)
+VIDEO = {
+    "type": "session.start",
+    "model": "reference/world",
+    "prompt": "a red ball rolling down a hill",
+    "width": 96,
+    "height": 96,
+    "num_frames": 237,
+    "fps": 16,
+    "seed": 7,
+}
+
+
+async def _video_ws(url: str) -> ClientConnection:
+    return await connect(
+        url.replace("http", "ws") + "/v1/realtime/video", max_size=16 * 1024 * 1024
+    )
+
+
+async def _pair(ws: ClientConnection) -> tuple[dict[str, Any], bytes | None]:
+    """The next text frame, with the binary frame after it if it announces a chunk."""
+    message = await asyncio.wait_for(ws.recv(), 60)
+    assert isinstance(message, str), "expected a JSON text frame"
+    event = dict(json.loads(message))
+    if event["type"] != "video.chunk_metadata":
+        return event, None
+    data = await asyncio.wait_for(ws.recv(), 60)
+    assert isinstance(data, bytes) and len(data) == event["byte_length"]
+    return event, data
+
+
+async def _resume_video(url: str, start: dict[str, Any], last: int) -> ClientConnection:
+    ws = await _video_ws(url)
+    resume = {
+        "type": "session.resume",
+        "session_id": start["session_id"],
+        "resume_token": start["resume_token"],
+        "last_generation_chunk_index": last,
+    }
+    await ws.send(json.dumps(resume))
+    resumed, _ = await _pair(ws)
+    assert resumed == {
+        "type": "session.resumed",
+        "request_id": start["request_id"],
+        "session_id": start["session_id"],
+        "next_generation_chunk_index": last + 1,
+    }
+    init, data = await _pair(ws)
+    assert init["kind"] == "init" and init["transport_chunk_index"] == 0 and data
+    assert data[4:8] == b"ftyp"
+    return ws
+
+
+def _decoded_frames(data: bytes) -> int:
+    with av.open(io.BytesIO(data), mode="r") as container:
+        return sum(1 for _ in container.decode(video=0))
+
+
+def test_video_session_dropped_after_two_chunks_resumes_on_another_replica(
+    tmp_path: Path,
+) -> None:
+    port = _two_free_ports()
+    up = Up(tmp_path / "data", port, ENV, workers=0, args=("--api-replicas", "2"))
+    a, b = up.url, f"http://127.0.0.1:{port + 1}"
+
+    async def run() -> dict[str, Any]:
+        first = await _video_ws(a)
+        await first.send(json.dumps(VIDEO))
+        start, _ = await _pair(first)
+        assert start["type"] == "video.start" and start["session_id"] and start["resume_token"]
+        chunks = start["config"]["chunks"]
+        got: dict[int, bytes] = {}  # every media chunk the client received, by index
+        while len(got) < 2:
+            meta, data = await _pair(first)
+            assert meta["kind"] == "media" and data is not None
+            got[meta["generation_chunk_index"]] = data
+        assert first.transport is not None
+        first.transport.abort()  # a dropped network, no close handshake
+
+        # on replica B, from chunk 2 on
+        second = await _resume_video(b, start, 1)
+        while len(got) < 4:
+            meta, data = await _pair(second)
+            assert meta["kind"] == "media" and data is not None
+            assert meta["generation_chunk_index"] not in got
+            got[meta["generation_chunk_index"]] = data
+        # a third socket (on A again) takes the session over from B's socket
+        third = await _resume_video(a, start, max(got))
+        while True:
+            event, _ = await _pair(second)
+            if event["type"] == "error":
+                break
+        assert event["code"] == "session_taken_over"
+        await second.wait_closed()
+        assert second.close_code == 1008
+        trailer = b""
+        while True:
+            meta, data = await _pair(third)
+            if meta["type"] == "session.done":
+                break
+            assert data is not None
+            if meta["kind"] == "trailer":
+                trailer = data
+                continue
+            assert meta["generation_chunk_index"] not in got  # exactly once
+            got[meta["generation_chunk_index"]] = data
+        await third.close()
+        assert meta["chunks"] == chunks and meta["stopped"] is False
+        assert sorted(got) == list(range(chunks))
+        whole = b"".join(got[i] for i in range(chunks)) + trailer
+        assert _decoded_frames(whole) == VIDEO["num_frames"]
+        return start
+
+    try:
+        start = asyncio.run(run())
+        assert start["config"]["num_frames"] == VIDEO["num_frames"]
+        assert sum(frames_in_chunk(i) for i in range(start["config"]["chunks"])) == VIDEO["num_frames"]
     finally:
         code, tree, _ = up.stop(signal.SIGTERM)
     assert code == 0

@@ -293,9 +293,10 @@ class VoiceSession:
     async def finish(self) -> None:
         if self.state.voice_sessions.get(self.id) is self:
             del self.state.voice_sessions[self.id]
-        if self.sync is not None and not self.ended.is_set():
+        sync, self.sync = self.sync, None  # nothing is stored for it any more
+        if sync is not None:
             with contextlib.suppress(*BROKER_ERRORS):
-                await bounded(self.sync.drop(self.protocol))  # refused if another replica has it
+                await bounded(sync.drop(self.protocol))  # refused if another replica has it
         self.ended.set()
         current = asyncio.current_task()
         for task in self.tasks:

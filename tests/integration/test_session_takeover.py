@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,11 @@ async def _drain(ws: ClientConnection, seen: list[dict[str, Any]]) -> None:
         pass
 
 
-async def _resume(url: str, session: dict[str, Any], last_seq: int) -> list[dict[str, Any]]:
-    """Resume on ``url`` and read to the end of the response, then close the session."""
+async def _resume(
+    url: str, session: dict[str, Any], last_seq: int, again: bool = False
+) -> list[dict[str, Any]]:
+    """Resume on ``url`` and read to the end of the response (``again``: and through a
+    second response), then close the session."""
     ws = await connect(url.replace("http", "ws") + "/v1/duplex?model=reference/voice")
     fresh = await _recv(ws)
     assert fresh["type"] == "session.created" and fresh["session"]["id"] != session["id"]
@@ -87,6 +91,11 @@ async def _resume(url: str, session: dict[str, Any], last_seq: int) -> list[dict
     after = [await _recv(ws)]
     while after[-1]["type"] not in ("response.done", "session.resync_required", "error"):
         after.append(await _recv(ws))
+    if again:  # the worker still serves the session: nobody stopped it
+        await ws.send(json.dumps({"type": "response.create"}))
+        after.append(await _recv(ws))
+        while after[-1]["type"] not in ("response.done", "error"):
+            after.append(await _recv(ws))
     await ws.send(json.dumps({"type": "session.heartbeat"}))
     after.append(await _recv(ws))
     await ws.send(json.dumps({"type": "session.close", "reason": "done"}))
@@ -95,9 +104,17 @@ async def _resume(url: str, session: dict[str, Any], last_seq: int) -> list[dict
     return after
 
 
-def _check(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:
+def _check(before: list[dict[str, Any]], after: list[dict[str, Any]], responses: int = 1) -> None:
     assert after[0]["type"] == "session.resumed", after[:3]
     live = after[1:-2]
+    if responses == 2:  # the second response: complete, numbered on
+        second = [i for i, e in enumerate(live) if e["type"] == "response.created"]
+        assert len(second) == 1, [e["type"] for e in live]
+        assert live[-1]["type"] == "response.done"
+        assert live[-1]["response"]["status"] == "completed"
+        live, rest = live[: second[0]], live[second[0] :]
+        seqs = [e["server_event_seq"] for e in live + rest]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     assert after[0]["replayed"] <= len(live)
     events = before + live
     seqs = [e["server_event_seq"] for e in events]
@@ -133,27 +150,67 @@ def _two_free_ports() -> int:
     return port
 
 
-def test_resume_on_replica_b_after_replica_a_is_killed_mid_response(tmp_path: Path) -> None:
-    port = _two_free_ports()
-    up = Up(tmp_path / "data", port, ENV, workers=0, args=("--api-replicas", "2"))
-    a, b = up.url, f"http://127.0.0.1:{port + 1}"
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """``omniqueue up --api-replicas 2``: replica A on ``up.port``, B on the next port."""
+    data = Path(tmp_path_factory.mktemp("replicas")) / "data"
+    up = Up(data, _two_free_ports(), ENV, workers=0, args=("--api-replicas", "2"))
+    try:
+        yield up
+    finally:
+        code, tree, _ = up.stop(signal.SIGTERM)
+        assert code == 0
+        assert [pid for pid in tree if _alive(pid)] == []
+
+
+def _urls(up: Up) -> tuple[str, str]:
+    """Both replicas, once both answer (a killed one is restarted by ``up``)."""
+    urls = up.url, f"http://127.0.0.1:{up.port + 1}"
+    deadline = time.monotonic() + 30
+    for url in urls:
+        while True:
+            assert time.monotonic() < deadline, up.log.read_text()[-4000:]
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+    return urls
+
+
+def test_resume_on_replica_b_after_replica_a_is_killed_mid_response(replicas: Up) -> None:
+    a, b = _urls(replicas)
 
     async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         ws, before = await _start_response(a)
-        os.kill(_api_on(up, port), signal.SIGKILL)  # replica A dies mid-response
+        os.kill(_api_on(replicas, replicas.port), signal.SIGKILL)  # A dies mid-response
         await _drain(ws, before)
         session = before[0]["session"]
         after = await _resume(b, session, before[-1]["server_event_seq"])
         return before, after
 
-    try:
-        before, after = asyncio.run(run())
-        _check(before, after)
-        assert before[-1]["type"] != "response.done"  # A died before the response ended
-    finally:
-        code, tree, _ = up.stop(signal.SIGTERM)
-    assert code == 0
-    assert [pid for pid in tree if _alive(pid)] == []
+    before, after = asyncio.run(run())
+    _check(before, after)
+    assert before[-1]["type"] != "response.done"  # A died before the response ended
+
+
+def test_a_live_replica_lets_a_session_resumed_elsewhere_go(replicas: Up) -> None:
+    """The socket drops, replica A lives on; the session is resumed on B mid-response: A
+    writes nothing more and does not stop the worker, so a second response works."""
+    a, b = _urls(replicas)
+
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        ws, before = await _start_response(a)
+        assert ws.transport is not None
+        ws.transport.abort()  # a dropped network; A detaches the session and goes on
+        await asyncio.sleep(0.3)
+        session = before[0]["session"]
+        after = await _resume(b, session, before[-1]["server_event_seq"], again=True)
+        return before, after
+
+    before, after = asyncio.run(run())
+    _check(before, after, responses=2)
 
 
 def test_resume_after_the_only_api_is_killed_and_restarted(tmp_path: Path) -> None:
@@ -245,11 +302,9 @@ def _decoded_frames(data: bytes) -> int:
 
 
 def test_video_session_dropped_after_two_chunks_resumes_on_another_replica(
-    tmp_path: Path,
+    replicas: Up,
 ) -> None:
-    port = _two_free_ports()
-    up = Up(tmp_path / "data", port, ENV, workers=0, args=("--api-replicas", "2"))
-    a, b = up.url, f"http://127.0.0.1:{port + 1}"
+    a, b = _urls(replicas)
 
     async def run() -> dict[str, Any]:
         first = await _video_ws(a)
@@ -299,11 +354,6 @@ def test_video_session_dropped_after_two_chunks_resumes_on_another_replica(
         assert _decoded_frames(whole) == VIDEO["num_frames"]
         return start
 
-    try:
-        start = asyncio.run(run())
-        assert start["config"]["num_frames"] == VIDEO["num_frames"]
-        assert sum(frames_in_chunk(i) for i in range(start["config"]["chunks"])) == VIDEO["num_frames"]
-    finally:
-        code, tree, _ = up.stop(signal.SIGTERM)
-    assert code == 0
-    assert [pid for pid in tree if _alive(pid)] == []
+    start = asyncio.run(run())
+    chunks = start["config"]["chunks"]
+    assert sum(frames_in_chunk(i) for i in range(chunks)) == VIDEO["num_frames"]

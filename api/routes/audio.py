@@ -52,7 +52,9 @@ async def list_audio(
     order: Literal["asc", "desc"] = "desc",
 ) -> Response:
     # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
-    return json_response(await run_in_threadpool(audio.page, owner, after or None, limit, order))
+    return json_response(
+        await run_in_threadpool(audio.page, owner, after or None, limit, order)
+    )
 
 
 @router.get("/{audio_id}", response_model=AudioObject, responses=errors(401, 404, 422))

@@ -80,7 +80,9 @@ async def list_videos(
     order: Literal["asc", "desc"] = "desc",
 ) -> Response:
     # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
-    return json_response(await run_in_threadpool(videos.page, owner, after or None, limit, order))
+    return json_response(
+        await run_in_threadpool(videos.page, owner, after or None, limit, order)
+    )
 
 
 @router.get("/{video_id}", response_model=VideoObject, responses=errors(401, 404, 422))

@@ -14,8 +14,6 @@ import secrets
 import time
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 from api.audio_validation import (
     ResolvedAudio,
     parse_generation,
@@ -25,7 +23,7 @@ from api.audio_validation import (
 )
 from api.jobs_service import JobService
 from models.audio import MEDIA_TYPES, AudioObject, AudioPage, SpeechCreate
-from models.db import Job, JobStatus
+from models.db import Job, JobStatus, JobView
 from models.errors import InvalidRequest
 from storage.constants import ID_PREFIX
 
@@ -69,7 +67,7 @@ class AudioService(JobService[AudioObject]):
         self, r: ResolvedAudio, owner: str, idempotency_key: str | None
     ) -> tuple[Job, int | None]:
         """Store and enqueue; the job and its queue position."""
-        job, created, position = await run_in_threadpool(self._persist, r, owner, idempotency_key)
+        job, created, position = await self.state.blocking(self._persist, r, owner, idempotency_key)
         await self.announce(job, created, position)
         return job, position
 
@@ -110,7 +108,7 @@ class AudioService(JobService[AudioObject]):
 
     # ---- wire -------------------------------------------------------------------
 
-    def to_wire(self, job: Job, queue_position: int | None = None) -> AudioObject:
+    def to_wire(self, job: JobView, queue_position: int | None = None) -> AudioObject:
         params: dict[str, Any] = job.params
         output: dict[str, Any] = params.get("output") or {}
         fmt = str(params.get("response_format") or "wav")

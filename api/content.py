@@ -81,7 +81,5 @@ def parse_range(header: str, size: int) -> tuple[int, int]:
         start = int(m.group(1))
         end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
     if start >= size or start > end:
-        raise RangeNotSatisfiable(
-            f"Range {header} is outside the {size}-byte object", size=size
-        )
+        raise RangeNotSatisfiable(f"Range {header} is outside the {size}-byte object", size=size)
     return start, end

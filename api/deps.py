@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Request, WebSocket
-from starlette.concurrency import run_in_threadpool
 
 from api.audio_service import AudioService
 from api.state import AppState
@@ -51,7 +50,7 @@ async def current_owner(request: Request, state: StateDep) -> str:
             "missing API key: send 'Authorization: Bearer <key>' "
             "(create one with 'omniqueue keys create')"
         )
-    key = await run_in_threadpool(state.keys.verify, token.strip())
+    key = await state.blocking(state.keys.verify, token.strip())
     if key is None:
         raise AuthenticationError("invalid or revoked API key")
     return key.id
@@ -76,5 +75,5 @@ async def websocket_owner(websocket: WebSocket, state: AppState) -> tuple[str | 
         secret = chosen[len(INSECURE_KEY_PROTOCOL) :]
     if not secret:
         return None, None
-    key = await run_in_threadpool(state.keys.verify, secret)
+    key = await state.blocking(state.keys.verify, secret)
     return (key.id if key else None), chosen

@@ -15,8 +15,14 @@ A WebSocket upgrade or a request whose body is complete has no timer: how long t
 application takes to answer is not the client's doing.
 
 Two variants: on uvicorn's ``httptools`` protocol (the default where ``httptools`` is
-installed, as it is with omniqueue: a C parser, and keep-alive for HTTP/1.0 clients such
-as ApacheBench, which ``h11`` closes after every response) and on its ``h11`` protocol.
+installed, as it is with omniqueue: a C parser) and on its ``h11`` protocol.
+
+The ``httptools`` variant also keeps HTTP/1.0 connections alive when the client asks
+(``Connection: keep-alive``, as ApacheBench's ``-k``, some proxies and health checkers
+send) and the response has a ``Content-Length``: it answers ``Connection: keep-alive``
+(RFC 9112 §9.3 / RFC 1945 practice). uvicorn closes every HTTP/1.0 connection after one
+response, so such a client paid a TCP accept and close per request. A response without a
+length (a stream) still ends by closing, as HTTP/1.0 requires.
 """
 
 from __future__ import annotations
@@ -125,24 +131,58 @@ if HttpToolsProtocol is not None:
 
     class DeadlineHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
         """:class:`HttpToolsProtocol` with receive deadlines (see the module docstring).
-        The parser's callbacks move the timer: a request's first byte (or the connection's
-        opening) arms the headers deadline, complete headers the body deadline, a complete
-        body (or an upgrade) ends it."""
+        The parser's callbacks note what the client still has to send (a request's first
+        byte: its headers; complete headers: the body; a complete body or an upgrade:
+        nothing), and the timer follows once a chunk has been parsed, so a request that
+        arrives whole (most of them, on keep-alive connections) arms and cancels no timer
+        at all; the headers deadline of a new connection starts when it opens."""
+
+        _want: str | None = None
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.transport.is_closing() or self.transport.get_protocol() is not self:
+                self._disarm()  # closed, or upgraded to a WebSocket
+            elif self._want is None:
+                self._disarm()
+            else:
+                self._arm(self._want)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm("headers")
+            self._want = "headers"
 
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
             if self.parser.should_upgrade():
-                self._disarm()  # a WebSocket: its own protocol takes over
-            else:
-                self._arm("body")
+                self._want = None  # a WebSocket: its own protocol takes over
+                return
+            self._want = "body"
+            if self.scope.get("http_version") == "1.0" and self.parser.should_keep_alive():
+                _keep_http10_alive(self.cycle)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
-            self._disarm()
+            self._want = None
+
+
+def _keep_http10_alive(cycle: Any) -> None:
+    """Let ``cycle`` (an HTTP/1.0 request that asked for keep-alive) keep its connection
+    if its response carries a ``Content-Length``. Set before the request's task first runs
+    (uvicorn starts it on the next loop turn), so every ``send`` goes through here."""
+    send = cycle.send
+
+    async def keep_alive_send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            names = {name.lower() for name, _ in headers}
+            if b"content-length" in names and b"connection" not in names:
+                cycle.keep_alive = True
+                headers.append((b"connection", b"keep-alive"))
+                message = {**message, "headers": headers}
+        await send(message)
+
+    cycle.send = keep_alive_send
 
 
 def deadline_protocol(header_timeout_s: float, body_timeout_s: float) -> type[Any]:

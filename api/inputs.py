@@ -71,14 +71,13 @@ def url_fetch_failed(param: str) -> InvalidRequest:
     """The one answer to every refused or failed remote fetch: refused host, closed port,
     HTTP status, too large, slow or not a usable image all read the same to the caller."""
     return InvalidRequest(
-        f"{param} could not be fetched as a usable image or video", param=param,
+        f"{param} could not be fetched as a usable image or video",
+        param=param,
         code="url_fetch_failed",
     )
 
 
-def reference_from_url(
-    url: str, width: int, height: int, settings: Settings, param: str
-) -> bytes:
+def reference_from_url(url: str, width: int, height: int, settings: Settings, param: str) -> bytes:
     """The width×height PNG first frame behind a ``data:`` or http(s) URL.
 
     Remote URLs are fetched through :mod:`storage.url_guard` under

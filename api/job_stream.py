@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
-from starlette.concurrency import run_in_threadpool
 
 from api.deps import websocket_owner
 from api.jobs_service import JobService
@@ -93,7 +92,7 @@ async def follow(
             yield BUS_ERROR
             return
         if not entries:
-            synthetic = await run_in_threadpool(_synthetic, service, job_id, owner)
+            synthetic = await state.blocking(_synthetic, service, job_id, owner)
             if synthetic is not None:
                 for entry in synthetic:
                     if entry.id > after:  # synthetic ids sort before real ones
@@ -134,7 +133,7 @@ async def serve_websocket(
         await websocket.close(code=1008, reason="invalid or missing API key")
         return
     try:
-        await run_in_threadpool(service.get_job, job_id, owner)
+        await service.state.blocking(service.get_job, job_id, owner)
     except OmniqueueError as exc:
         await websocket.close(code=1008, reason=exc.message[:120])
         return

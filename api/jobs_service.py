@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.payload import storable
 from api.state import AppState
-from models.db import Artifact, Job, JobStatus
+from models.db import Artifact, Job, JobStatus, JobView
 from models.errors import (
     Gone,
     InvalidRequest,
@@ -129,15 +129,15 @@ class JobService(abc.ABC, Generic[WireT]):
 
     # ---- read -------------------------------------------------------------------
 
-    def get_job(self, job_id: str, owner: str) -> Job:
-        job = self.state.jobs.get(job_id, owner) if storable(job_id) else None
+    def get_job(self, job_id: str, owner: str) -> JobView:
+        job = self.state.jobs.read(job_id, owner) if storable(job_id) else None
         if job is None or job.kind != self.kind:
             raise NotFound(f"no {self.noun} with id {job_id!r}", param=self.id_param)
         return job
 
     def page_rows(
         self, owner: str, after: str | None, limit: int, order: str
-    ) -> tuple[list[Job], bool, dict[str, int]]:
+    ) -> tuple[Sequence[JobView], bool, dict[str, int]]:
         if after is not None and not storable(after):
             raise InvalidRequest(f"after: no {self.noun} with id {after!r}", param="after")
         try:
@@ -167,11 +167,11 @@ class JobService(abc.ABC, Generic[WireT]):
     # ---- wire -------------------------------------------------------------------
 
     @abc.abstractmethod
-    def to_wire(self, job: Job, queue_position: int | None = None) -> WireT:
+    def to_wire(self, job: JobView, queue_position: int | None = None) -> WireT:
         """The job as its wire object (``video`` / ``audio``)."""
 
     @staticmethod
-    def wire_fields(job: Job, queue_position: int | None) -> dict[str, Any]:
+    def wire_fields(job: JobView, queue_position: int | None) -> dict[str, Any]:
         """The fields every job object shares (status, progress, times, error, …)."""
         error = None
         if job.status == JobStatus.FAILED:
@@ -238,11 +238,11 @@ class JobService(abc.ABC, Generic[WireT]):
         except RedisError:  # the stream expires with its TTL
             log.warning("could not delete the event stream of %s", job.id)
 
-    def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[Job, Artifact]:
+    def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[JobView, Artifact]:
         job = self.get_job(job_id, owner)
         return job, self.artifact_of(job, variant)
 
-    def artifact_of(self, job: Job, variant: str) -> Artifact:
+    def artifact_of(self, job: JobView, variant: str) -> Artifact:
         """The ``variant`` artifact of a job already read (404/409/410 as for content)."""
         job_id = job.id
         if job.status != JobStatus.COMPLETED:
@@ -259,7 +259,7 @@ class JobService(abc.ABC, Generic[WireT]):
 
     # ---- sync -------------------------------------------------------------------
 
-    async def wait_done(self, request: Request, job_id: str, owner: str) -> Job:
+    async def wait_done(self, request: Request, job_id: str, owner: str) -> JobView:
         """Wait for the job to end by following its event stream; cancel it when the
         client disconnects (:class:`ClientGone`) or the sync timeout passes (504). A
         failed job raises.
@@ -303,7 +303,7 @@ class JobService(abc.ABC, Generic[WireT]):
             )
         return job
 
-    async def _until_ended(self, job_id: str, owner: str) -> Job:
+    async def _until_ended(self, job_id: str, owner: str) -> JobView:
         """The job's row once its stream says ``done`` or the row says it ended. The
         first read does not wait: an empty stream (expired, or the job ended long ago)
         sends us to the row at once."""

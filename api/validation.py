@@ -204,9 +204,7 @@ def resolve_timeout(requested: float | None, limits: LimitSettings) -> float:
 
 def default_model(specs: dict[str, ModelSpec], modality: str) -> str:
     """The first served job model (not a streaming one) of ``modality``; "" if none."""
-    return next(
-        (n for n, s in specs.items() if not s.streaming and s.modality == modality), ""
-    )
+    return next((n for n, s in specs.items() if not s.streaming and s.modality == modality), "")
 
 
 def _resolve_size(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tuple[int, int]:

@@ -10,12 +10,10 @@ import secrets
 import time
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 from api.inputs import check_url, decode_data_url, reference_frame_png, reference_from_url
 from api.jobs_service import JobService
 from api.validation import ResolvedVideo, parse_create, resolve
-from models.db import Job, JobStatus
+from models.db import Job, JobStatus, JobView
 from models.errors import InvalidRequest
 from models.videos import VideoObject, VideoPage
 from storage.constants import ID_PREFIX, job_prefix
@@ -58,12 +56,16 @@ class VideoService(JobService[VideoObject]):
                 param="input_reference",
             )
         if remote is not None:
-            png = await run_in_threadpool(
-                reference_from_url, remote[0], resolved.width, resolved.height, self.settings,
+            png = await self.state.blocking(
+                reference_from_url,
+                remote[0],
+                resolved.width,
+                resolved.height,
+                self.settings,
                 remote[1],
             )
         elif reference is not None:
-            png = await run_in_threadpool(
+            png = await self.state.blocking(
                 reference_frame_png,
                 reference,
                 resolved.width,
@@ -72,7 +74,7 @@ class VideoService(JobService[VideoObject]):
                 "input_reference",
             )
         # with a reference it uploads to S3: on the S3 pool, off the one serving DB reads
-        run = run_in_threadpool if png is None else self.state.artifacts.run
+        run = self.state.blocking if png is None else self.state.artifacts.run
         job, created, position = await run(self._persist, resolved, png, owner, idempotency_key)
         await self.announce(job, created, position)
         return self.to_wire(job, position), created
@@ -131,7 +133,7 @@ class VideoService(JobService[VideoObject]):
 
     # ---- wire -------------------------------------------------------------------
 
-    def to_wire(self, job: Job, queue_position: int | None = None) -> VideoObject:
+    def to_wire(self, job: JobView, queue_position: int | None = None) -> VideoObject:
         return VideoObject(
             **self.wire_fields(job, queue_position),
             size=f"{job.width}x{job.height}",

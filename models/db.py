@@ -7,7 +7,7 @@ Types are portable: the same schema runs on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 from sqlalchemy import (
     JSON,
@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 # Re-exported: both were defined here; they live with the wire models and the error tree.
@@ -99,6 +100,12 @@ class Job(Base):
     artifacts: Mapped[list[Artifact]] = relationship(
         back_populates="job", cascade="all, delete-orphan", passive_deletes=True
     )
+
+
+# A job as the API reads it for the wire: an ORM ``Job``, or a Core row of the ``jobs``
+# table with the same attribute names (status reads and list pages skip the ORM's
+# identity map and instance state: :meth:`storage.jobs.JobStore.read`).
+JobView: TypeAlias = "Job | Row[Any]"
 
 
 class Artifact(Base):

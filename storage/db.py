@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -34,7 +35,36 @@ def make_engine(db: DatabaseSettings) -> Engine:
         engine = create_engine(url, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    engine = create_engine(url, **kwargs)
+    _ping_when_idle(engine, db.ping_idle_s)
+    return engine
+
+
+def _ping_when_idle(engine: Engine, idle_s: float) -> None:
+    """Pessimistic disconnect handling for connections idle over ``idle_s`` only
+    (SQLAlchemy's ``pool_pre_ping`` pings on every checkout). Raising
+    ``DisconnectionError`` makes the pool drop the connection and check out another
+    (up to three tries); a connection that fails while in use invalidates the whole pool,
+    so a server restart costs at most the statements in flight."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info["checked_in"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get("checked_in", float("-inf")) <= idle_s:
+            return
+        try:
+            cur = dbapi_conn.cursor()
+            try:
+                cur.execute("SELECT 1")
+            finally:
+                cur.close()
+            if not getattr(dbapi_conn, "autocommit", True):
+                dbapi_conn.rollback()  # the ping's transaction, not the caller's
+        except Exception as error:
+            raise exc.DisconnectionError() from error
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

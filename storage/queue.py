@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import Celery
 
+from storage import broker_transport
 from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtime_queue
 from storage.settings import Settings
 
@@ -54,6 +55,8 @@ def publisher_config(settings: Settings) -> dict[str, Any]:
         "socket_connect_timeout": redis.connect_timeout_s,
     }
     config["broker_connection_timeout"] = redis.connect_timeout_s
+    if redis.url.startswith("redis://"):  # one client per channel, not one per publish
+        config["broker_transport"] = broker_transport.PATH
     config["task_publish_retry_policy"] = {
         "max_retries": 1,
         "interval_start": 0,

@@ -23,6 +23,10 @@ class DatabaseSettings(BaseModel):
     url: str = "sqlite:///omniqueue-data/omniqueue.db"
     echo: bool = False
     pool_size: int = 10
+    # A pooled server connection idle longer than this is pinged before it is used, and
+    # replaced if the server dropped it (a restart, an idle timeout); one used more
+    # recently is not (a ping per checkout was a round trip per status read) (seconds).
+    ping_idle_s: float = Field(default=5.0, ge=0)
 
 
 class RedisSettings(BaseModel):

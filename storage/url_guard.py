@@ -184,7 +184,10 @@ def fetch_url(
         ) as client:
             for _hop in range(max_redirects + 1):
                 address = pin(
-                    current, policy=policy, resolver=resolver, allow=allow,
+                    current,
+                    policy=policy,
+                    resolver=resolver,
+                    allow=allow,
                     timeout_s=deadline - time.monotonic(),
                 )
                 location = _get(client, current, address, max_bytes, deadline, headers or {})

@@ -8,7 +8,6 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, WebSocket
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from api.audio_service import AudioService
 from api.content import stream_artifact
@@ -52,14 +51,12 @@ async def list_audio(
     order: Literal["asc", "desc"] = "desc",
 ) -> Response:
     # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
-    return json_response(
-        await run_in_threadpool(audio.page, owner, after or None, limit, order)
-    )
+    return json_response(await audio.state.blocking(audio.page, owner, after or None, limit, order))
 
 
 @router.get("/{audio_id}", response_model=AudioObject, responses=errors(401, 404, 422))
 async def retrieve_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> Response:
-    found = await run_in_threadpool(audio.retrieve, audio_id, owner)
+    found = await audio.state.blocking(audio.retrieve, audio_id, owner)
     return _object_response(audio.settings.poll_after_ms, found)
 
 
@@ -72,7 +69,7 @@ async def delete_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> A
 
 @router.post("/{audio_id}/cancel", response_model=AudioObject, responses=errors(401, 404, 422))
 async def cancel_audio(audio_id: str, audio: AudioDep, owner: CurrentOwner) -> Response:
-    found = await run_in_threadpool(audio.cancel, audio_id, owner)
+    found = await audio.state.blocking(audio.cancel, audio_id, owner)
     return _object_response(audio.settings.poll_after_ms, found)
 
 
@@ -95,10 +92,10 @@ async def audio_content(
 ) -> Response:
     """The encoded file (``Content-Type`` by format; ``pcm`` is raw s16le at the object's
     ``sample_rate`` and ``channels``, also sent as ``X-Sample-Rate`` / ``X-Channels``)."""
-    job, artifact = await run_in_threadpool(audio.content_artifact, audio_id, owner, "audio")
+    job, artifact = await audio.state.blocking(audio.content_artifact, audio_id, owner, "audio")
     fmt = str(job.params.get("response_format") or "wav")
     if redirect if redirect is not None else audio.settings.s3.redirect_content:
-        url = await run_in_threadpool(
+        url = await audio.state.blocking(
             audio.state.artifacts.presign_get, artifact.key, filename=f"{job.id}.{EXTENSIONS[fmt]}"
         )
         return RedirectResponse(url, status_code=302)
@@ -127,7 +124,7 @@ async def audio_events(
     """Server-Sent Events of the job, as ``/v1/videos/{id}/events``; ``pcm`` jobs also get
     ``chunk`` events with the PCM16 samples (base64 in ``data_b64``)."""
     after = parse_cursor(last_event_id, last_event_id_q)
-    await run_in_threadpool(audio.get_job, audio_id, owner)  # 404 for others' jobs
+    await audio.state.blocking(audio.get_job, audio_id, owner)  # 404 for others' jobs
 
     async def body() -> AsyncIterator[str]:
         async for entry in follow(audio.state, audio, audio_id, owner, after):

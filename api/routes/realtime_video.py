@@ -137,7 +137,11 @@ class _Session:
             url = start.image_reference.image_url
             try:
                 png = await run_in_threadpool(
-                    reference_from_url, url, cfg.width, cfg.height, self.state.settings,
+                    reference_from_url,
+                    url,
+                    cfg.width,
+                    cfg.height,
+                    self.state.settings,
                     "image_reference",
                 )
             except OmniqueueError as exc:

@@ -20,7 +20,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from api.audio_service import AudioService
 from api.content import stream_artifact
@@ -98,7 +97,7 @@ async def _finished_file(request: Request, audio: AudioService, job: Job, owner:
         done = await audio.wait_done(request, job.id, owner)
     except ClientGone:
         return Response(status_code=499)
-    artifact = await run_in_threadpool(audio.artifact_of, done, "audio")
+    artifact = await audio.state.blocking(audio.artifact_of, done, "audio")
     output = done.params.get("output") or {}
     headers = {
         "X-Request-Id": job.id,

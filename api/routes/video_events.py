@@ -13,7 +13,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, WebSocket
 from fastapi.responses import Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentOwner, VideosDep
 from api.job_stream import follow, parse_cursor, serve_websocket, sse
@@ -37,7 +36,7 @@ async def video_events(
     last_event_id_q: Annotated[str | None, Query(alias="last_event_id")] = None,
 ) -> StreamingResponse:
     after = parse_cursor(last_event_id, last_event_id_q)
-    await run_in_threadpool(videos.get_job, video_id, owner)  # 404 for others' jobs
+    await videos.state.blocking(videos.get_job, video_id, owner)  # 404 for others' jobs
 
     async def body() -> AsyncIterator[str]:
         async for entry in follow(videos.state, videos, video_id, owner, after):

@@ -6,7 +6,6 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import RedirectResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from api.content import stream_artifact
 from api.deps import CurrentOwner, StateDep, VideosDep
@@ -63,7 +62,7 @@ async def create_video_sync(
         job = await videos.wait_done(request, video.id, owner)
     except ClientGone:
         return Response(status_code=499)
-    artifact = await run_in_threadpool(videos.artifact_of, job, "video")
+    artifact = await videos.state.blocking(videos.artifact_of, job, "video")
     headers = {
         "X-Request-Id": video.id,
         "X-Inference-Time-S": f"{job.inference_time_s or 0.0:.3f}",
@@ -81,13 +80,13 @@ async def list_videos(
 ) -> Response:
     # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
     return json_response(
-        await run_in_threadpool(videos.page, owner, after or None, limit, order)
+        await videos.state.blocking(videos.page, owner, after or None, limit, order)
     )
 
 
 @router.get("/{video_id}", response_model=VideoObject, responses=errors(401, 404, 422))
 async def retrieve_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> Response:
-    video = await run_in_threadpool(videos.retrieve, video_id, owner)
+    video = await videos.state.blocking(videos.retrieve, video_id, owner)
     return _object_response(videos.settings.poll_after_ms, video)
 
 
@@ -100,7 +99,7 @@ async def delete_video(video_id: str, videos: VideosDep, owner: CurrentOwner) ->
 
 @router.post("/{video_id}/cancel", response_model=VideoObject, responses=errors(401, 404, 422))
 async def cancel_video(video_id: str, videos: VideosDep, owner: CurrentOwner) -> Response:
-    video = await run_in_threadpool(videos.cancel, video_id, owner)
+    video = await videos.state.blocking(videos.cancel, video_id, owner)
     return _object_response(videos.settings.poll_after_ms, video)
 
 
@@ -123,10 +122,10 @@ async def video_content(
     redirect: bool | None = None,
     range_header: Annotated[str | None, Header(alias="Range")] = None,
 ) -> Response:
-    job, artifact = await run_in_threadpool(videos.content_artifact, video_id, owner, variant)
+    job, artifact = await state.blocking(videos.content_artifact, video_id, owner, variant)
     if redirect if redirect is not None else state.settings.s3.redirect_content:
         ext = "mp4" if variant == "video" else "jpg"
-        url = await run_in_threadpool(
+        url = await state.blocking(
             state.artifacts.presign_get, artifact.key, filename=f"{job.id}.{ext}"
         )
         return RedirectResponse(url, status_code=302)

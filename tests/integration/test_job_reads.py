@@ -14,9 +14,11 @@ import anyio.to_thread
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, text
+from sqlalchemy.exc import OperationalError
 
 from api.app import create_app
+from api.state import AppState
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Job, JobStatus
@@ -155,16 +157,25 @@ def test_status_read_makes_one_thread_pool_hop(
     )  # type: ignore[arg-type]
     hops: list[str] = []
     real = anyio.to_thread.run_sync
+    real_blocking = AppState.blocking
 
-    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+    def note(func: Any) -> None:
         target = getattr(func, "func", func)  # run_in_threadpool passes a partial
         hops.append(getattr(target, "__qualname__", repr(target)))
+
+    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+        note(func)
         return await real(func, *args, **kwargs)
+
+    async def counting_blocking(self: AppState, func: Any, *args: Any, **kwargs: Any) -> Any:
+        note(func)
+        return await real_blocking(self, func, *args, **kwargs)
 
     try:
         with TestClient(create_app(settings)) as client:
             body = {"prompt": "one hop", "size": "64x48", "seconds": "0.5", "fps": 16}
             monkeypatch.setattr(anyio.to_thread, "run_sync", counting)
+            monkeypatch.setattr(AppState, "blocking", counting_blocking)
             created = client.post("/v1/videos", json=body)
             video_id = created.json()["id"]
             create_hops = list(hops)
@@ -184,3 +195,38 @@ def test_status_read_makes_one_thread_pool_hop(
     assert page.status_code == 200 and video_id in [v["id"] for v in page.json()["data"]]
     assert status_hops == ["JobService.retrieve"], status_hops
     assert hops[len(status_hops) :] == ["VideoService.page"], hops
+
+
+def _backend_pid(store: JobStore) -> int:
+    with store._engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+
+
+def test_a_dropped_postgresql_connection_idle_past_the_threshold_is_replaced() -> None:
+    """A pooled connection the server dropped is pinged and replaced before a read uses it
+    once it sat idle past ``ping_idle_s``; one used more recently is not pinged, so its
+    read fails, and the pool is invalidated so the next read works (the trade-off of
+    pinging only idle connections, a round trip less per status read)."""
+    name, url = _new_pg_database()
+    upgrade(url)
+    admin = make_engine(DatabaseSettings(url=url))
+    try:
+        for idle_s, survives in ((0.2, True), (60.0, False)):
+            engine = make_engine(DatabaseSettings(url=url, pool_size=1, ping_idle_s=idle_s))
+            store = JobStore(make_sessionmaker(engine))
+            first = _backend_pid(store)
+            with admin.connect() as conn:
+                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
+                conn.commit()
+            time.sleep(0.4)
+            if survives:
+                assert store.read("video_nope") is None  # pinged, replaced, read
+                assert _backend_pid(store) != first
+            else:
+                with pytest.raises(OperationalError):
+                    store.read("video_nope")
+                assert store.read("video_nope") is None  # the pool was invalidated
+            engine.dispose()
+    finally:
+        admin.dispose()
+        _drop_pg_database(name)

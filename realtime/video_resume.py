@@ -62,6 +62,11 @@ class VideoResumeRecord:
         """Whether this replica still serves the session (refreshing its TTL)."""
         return not self.created or await self.store.touch(self.session_id, self.holder)
 
+    async def still_held(self) -> bool:
+        """:meth:`holds` without the refresh (one GET): checked before chunks go out, so a
+        socket the session was resumed away from gets no chunk the worker made after."""
+        return not self.created or await self.store.holds(self.session_id, self.holder)
+
     async def drop(self) -> None:
         if self.created:
             await self.store.drop(self.session_id, self.holder)

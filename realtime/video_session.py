@@ -163,6 +163,9 @@ class VideoSession:
         return self.protocol.close_expected()
 
     async def outputs(self, entries: list[BusMessage[SessionOutput]], now: float) -> None:
+        if entries and self.record is not None and not await bounded(self.record.still_held()):
+            await self._taken_over()
+            return
         for entry in entries:
             self._apply(entry.event, entry.data, now)
         if self.record is None and self.protocol.state is State.STREAMING:
@@ -187,10 +190,13 @@ class VideoSession:
         one resumed elsewhere ends here, and its worker is the other replica's to keep."""
         if self.record is None or await bounded(self.record.holds()):
             return True
+        await self._taken_over()
+        return False
+
+    async def _taken_over(self) -> None:
         self.protocol.taken_over()
         with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
             await self.flush()
-        return False
 
     async def relay_ended(self) -> None:
         pass  # the socket loop ends the session

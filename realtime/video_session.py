@@ -101,7 +101,7 @@ class VideoSession:
         self.send_lock = asyncio.Lock()
         self.model: str | None = None
         self.record: VideoResumeRecord | None = None  # set once the session is resumable
-        self._grace: asyncio.Task[None] | None = None
+        self._grace: asyncio.Task[None] | None = None  # a detached session's expiry
 
     async def flush(self) -> None:
         async with self.send_lock:

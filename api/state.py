@@ -28,6 +28,7 @@ from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.keys import ApiKeyStore
 from storage.queue import JobQueue, make_celery
+from storage.session_state import SessionStateStore
 from storage.settings import Settings
 
 P = ParamSpec("P")
@@ -78,8 +79,14 @@ class AppState:
     s3_pool: ThreadPoolExecutor
     # Blocking calls of the request path (database, broker publishes): see ``blocking``.
     blocking_pool: BlockingPool
-    # Live /v1/realtime sessions of this process by id (duplex resume looks them up).
+    # Duplex /v1/realtime sessions' state in Redis: any replica resumes any session.
+    session_states: SessionStateStore
+    # Live /v1/realtime sessions of this process by id: a cache in front of session_states
+    # (a duplex resume on the replica that serves the session needs no Redis read).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
+    # /v1/realtime/video sessions whose socket dropped, waiting for a session.resume
+    # (held here so their keep-alive and grace tasks live on).
+    detached_video: dict[str, Any] = field(default_factory=dict)
     # /ready: one thread per service, and a probe still running is awaited again rather
     # than stacked, so a stalled service holds one thread however often /ready is asked.
     _probe_pool: ThreadPoolExecutor = field(
@@ -92,6 +99,7 @@ class AppState:
         engine = make_engine(settings.database)
         sessions = make_sessionmaker(engine)
         s3_pool = ThreadPoolExecutor(settings.s3.api_threads, thread_name_prefix="s3")
+        aredis = _async_redis(settings.redis.url)
         return cls(
             settings=settings,
             engine=engine,
@@ -106,9 +114,14 @@ class AppState:
             queue=JobQueue(make_celery(settings, publisher=True)),
             specs=served_specs(settings),
             bus=EventBus(_sync_redis(settings), ttl_s=settings.events_ttl_s),
-            abus=AsyncEventBus(_async_redis(settings.redis.url), ttl_s=settings.events_ttl_s),
+            abus=AsyncEventBus(aredis, ttl_s=settings.events_ttl_s),
             s3_pool=s3_pool,
             blocking_pool=BlockingPool(settings.http.threads),
+            session_states=SessionStateStore(
+                aredis,
+                ttl_s=settings.realtime.state_ttl_s,
+                log_events=settings.realtime.replay_events,
+            ),
         )
 
     async def aclose(self) -> None:

@@ -2,7 +2,7 @@
 client.
 
     omniqueue up [--host] [--port] [--data-dir] [--workers N]   embedded stack, one command
-                 [--api-processes N] [--database-url URL]
+                 [--api-processes N] [--api-replicas N] [--database-url URL]
     omniqueue api [--host] [--port]                             the HTTP API
     omniqueue worker [--name] [--models] [--device]             one GPU worker process
     omniqueue migrate                                           alembic upgrade head
@@ -157,6 +157,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         realtime_workers=args.realtime_workers,
         database_url=args.database_url,
         api_processes=args.api_processes,
+        api_replicas=args.api_replicas,
     )
 
 
@@ -198,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="API processes sharing the port (SO_REUSEPORT); more use more cores",
+    )
+    up.add_argument(
+        "--api-replicas",
+        type=int,
+        default=1,
+        help="API replicas on ports PORT … PORT+N-1 sharing the stack (any serves any client)",
     )
     up.add_argument(
         "--database-url",

@@ -9,7 +9,11 @@ start stops the whole stack (exit 1). Ctrl-C or SIGTERM stops the children first
 may still need Redis and S3 while they finish), then S3, then Valkey; the API's own
 graceful shutdown (``OMNIQ_SHUTDOWN_GRACE_S``) is kept shorter than the time it gets, so
 open SSE streams and WebSockets never get it killed. Progress goes to stderr; stdout gets
-one line once the API answers.
+one line once every API replica answers.
+
+``--api-replicas N`` runs N APIs on ports ``P … P+N-1`` (each with ``--api-processes``
+processes sharing its port): replicas as a load balancer would see them, sharing the
+database, Valkey and S3, so a client can move from one to another.
 """
 
 from __future__ import annotations
@@ -181,21 +185,35 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", *args]
 
 
-def _wait_healthy(url: str, children: ProcessGroup, timeout: float) -> str | None:
-    """Wait for ``GET /health`` to answer 200; the reason it did not, or None."""
+def _wait_healthy(urls: list[str], children: ProcessGroup, timeout: float) -> str | None:
+    """Wait for ``GET /health`` to answer 200 on every URL; the reason it did not, or None."""
     deadline = time.monotonic() + timeout
+    waiting = list(urls)
     with httpx.Client(timeout=2.0, trust_env=False) as client:  # never via an HTTP proxy
         while time.monotonic() < deadline:
             exited = children.first_exited()
             if exited is not None:
                 return f"{exited[0]} exited with code {exited[1]} during startup"
             try:
-                if client.get(f"{url}/health").status_code == 200:
-                    return None
+                while waiting and client.get(f"{waiting[0]}/health").status_code == 200:
+                    waiting.pop(0)
             except httpx.HTTPError:
                 pass
+            if not waiting:
+                return None
             time.sleep(0.25)
-    return f"the API did not answer {url}/health within {timeout:.0f} s"
+    return f"the API did not answer {waiting[0]}/health within {timeout:.0f} s"
+
+
+def api_children(port: int, replicas: int, processes: int) -> list[tuple[str, int]]:
+    """``(name, port)`` of every API process: replica r listens on ``port + r``, with
+    ``processes`` processes sharing that port. The first replica keeps the names ``api``,
+    ``api 1``, …; the others are ``api :PORT``, ``api :PORT 1``, …"""
+    out = []
+    for r in range(replicas):
+        base = "api" if r == 0 else f"api :{port + r}"
+        out += [(base if i == 0 else f"{base} {i}", port + r) for i in range(processes)]
+    return out
 
 
 def run_up(
@@ -206,18 +224,21 @@ def run_up(
     realtime_workers: int = 1,
     database_url: str | None = None,
     api_processes: int = 1,
+    api_replicas: int = 1,
 ) -> int:
     """Run the embedded stack until SIGINT/SIGTERM (exit 0), or until a child keeps
     dying however often it is restarted (exit 1)."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    url = f"http://{_url_host(host)}:{port}"
-    if api_processes < 1:
-        _say("omniqueue up: --api-processes must be at least 1")
+    urls = [f"http://{_url_host(host)}:{port + r}" for r in range(max(api_replicas, 1))]
+    url = urls[0]
+    if api_processes < 1 or api_replicas < 1:
+        _say("omniqueue up: --api-processes and --api-replicas must be at least 1")
         return 1
-    if not _port_free(host, port):
-        _say(f"omniqueue up: {host}:{port} is in use (another omniqueue up?); pick --port")
-        return 1
+    for p in range(port, port + api_replicas):
+        if not _port_free(host, p):
+            _say(f"omniqueue up: {host}:{p} is in use (another omniqueue up?); pick --port")
+            return 1
     # The API drains open requests for shutdown_grace_s; it must not be killed meanwhile.
     stop_timeout = max(CHILD_STOP_TIMEOUT_S, get_settings().shutdown_grace_s + STOP_MARGIN_S)
     valkey = EmbeddedValkey(data_dir / "valkey")
@@ -244,22 +265,21 @@ def run_up(
             _say(f"omniqueue up: migration failed with code {migrate.returncode}")
             return 1
         _say(
-            f"starting the API on {url} ({api_processes} process(es)), {workers} worker(s) and "
-            f"{realtime_workers} realtime worker(s)…"
+            f"starting the API on {' '.join(urls)} ({api_processes} process(es) each), "
+            f"{workers} worker(s) and {realtime_workers} realtime worker(s)…"
         )
         if api_processes > 1:  # they share the port; the kernel spreads connections
             env["OMNIQ_HTTP__REUSE_PORT"] = "true"
         children = ProcessGroup(env)
-        for i in range(api_processes):
-            name = "api" if i == 0 else f"api {i}"
-            children.spawn(name, _cli("api", "--host", host, "--port", str(port)))
+        for name, api_port in api_children(port, api_replicas, api_processes):
+            children.spawn(name, _cli("api", "--host", host, "--port", str(api_port)))
         for i in range(workers):
             children.spawn(f"worker {i}", _cli("worker", "--name", f"embedded-{i}"))
         # realtime workers (OMNIQ_REALTIME__SLOTS session threads each) for streaming models
         for i in range(realtime_workers):
             name = "embedded-rt" if i == 0 else f"embedded-rt{i}"
             children.spawn(f"realtime worker {i}", _cli("worker", "--realtime", "--name", name))
-        problem = _wait_healthy(url, children, HEALTH_TIMEOUT_S)
+        problem = _wait_healthy(urls, children, HEALTH_TIMEOUT_S)
         if problem is not None:
             _say(f"omniqueue up: {problem}")
             return 1
@@ -269,7 +289,8 @@ def run_up(
                 f"OMNIQ_DATABASE__URL={env['OMNIQ_DATABASE__URL']} "
                 "omniqueue keys create --name NAME"
             )
-        print(f"omniqueue is up: {url}  (data: {data_dir})", flush=True)
+        replicas = f"  (API replicas: {' '.join(urls)})" if len(urls) > 1 else ""
+        print(f"omniqueue is up: {url}  (data: {data_dir}){replicas}", flush=True)
         supervisor = Supervisor(_say)
         supervisor.add("valkey", valkey.exit_code, valkey.restart)
         supervisor.add("S3 (SeaweedFS)", s3.exit_code, s3.restart)

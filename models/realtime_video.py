@@ -39,7 +39,8 @@ TEMPORAL_COMPRESSION = 4
 CAMERA_KEYS = frozenset({"w", "a", "s", "d"})
 
 VideoFormat = Literal["m4s"]
-ChunkKind = Literal["media", "trailer"]
+# "init": the fMP4 init segment (ftyp+moov) alone, first on a resumed socket
+ChunkKind = Literal["media", "trailer", "init"]
 # one chunk's camera actions: one list of pressed keys per latent frame (three of them)
 CameraActions = list[list[str]]
 
@@ -189,6 +190,16 @@ class SessionStop(BaseModel):
     type: Literal["session.stop"] = "session.stop"
 
 
+class SessionResume(BaseModel):
+    """``session.resume``, instead of ``session.start`` as the first message of a socket:
+    re-attach a session whose socket dropped (``video.start`` gave its id and token)."""
+
+    type: Literal["session.resume"] = "session.resume"
+    session_id: str
+    resume_token: str
+    last_generation_chunk_index: int = Field(ge=-1)
+
+
 ClientEvent = Annotated[
     SessionStart | SessionInteraction | SessionPing | SessionStop,
     Field(discriminator="type"),
@@ -225,6 +236,9 @@ class VideoStart(_ServerEvent):
     request_id: str
     format: VideoFormat = "m4s"
     config: VideoConfig
+    # resume extension: what ``session.resume`` needs (clients that ignore them may)
+    session_id: str | None = None
+    resume_token: str | None = None
 
 
 class VideoChunkMetadata(_ServerEvent):
@@ -247,6 +261,16 @@ class SessionInteractionQueued(_ServerEvent):
     type: Literal["session.interaction.queued"] = "session.interaction.queued"
     request_id: str
     event_id: str
+
+
+class SessionResumed(_ServerEvent):
+    """A resumed socket's first frame; the init segment and the chunks after the client's
+    last one follow."""
+
+    type: Literal["session.resumed"] = "session.resumed"
+    request_id: str
+    session_id: str
+    next_generation_chunk_index: int
 
 
 class SessionPong(_ServerEvent):
@@ -283,7 +307,8 @@ ServerEvent = Annotated[
     | SessionInteractionQueued
     | SessionPong
     | SessionDone
-    | ErrorEvent,
+    | ErrorEvent
+    | SessionResumed,
     Field(discriminator="type"),
 ]
 
@@ -319,6 +344,10 @@ class VideoErrorCode(enum.StrEnum):
     INTERACTION_FAILED = "interaction_failed"
     INTERNAL_ERROR = "internal_error"
     BROKER_ERROR = "broker_error"  # the API lost Redis/Valkey mid-session (close 1011)
+    # session.resume: no such session (or wrong token, or expired), close 1008; and the
+    # socket a session was resumed away from, close 1008
+    SESSION_NOT_FOUND = "session_not_found"
+    SESSION_TAKEN_OVER = "session_taken_over"
 
 
 @dataclass(frozen=True)

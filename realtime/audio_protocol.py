@@ -641,6 +641,20 @@ class RealtimeProtocol:
         self._outbox.restart([encode(resumed), *missed])
         return True
 
+    def release(self) -> None:
+        """Another API replica took the session over: end here, without a word to the
+        worker (it goes on serving the session for that replica)."""
+        if self.state is not State.CLOSED:
+            self._error("the session was resumed on another connection", code="session_taken_over")
+            self._cmds.clear()
+            self.state = State.CLOSED
+            self.close_code = CLOSE_POLICY
+
+    def journal(self) -> list[tuple[int, str]]:
+        """Duplex: the ``(server_event_seq, frame)`` pairs emitted since the last call; the
+        shell stores them (``realtime/voice_state.py``) before sending ``data_to_send()``."""
+        return self._outbox.take_journal()
+
     # ------------------------------------------------------------------ worker relay
 
     def worker_audio(

@@ -51,6 +51,8 @@ class Outbox:
         self.seq = 0  # the last server_event_seq given out
         self._frames: list[str] = []
         self._replay: collections.deque[tuple[int, str]] = collections.deque(maxlen=replay_events)
+        # Duplex: numbered frames not yet handed to the Redis-held log (take_journal).
+        self._journal: list[tuple[int, str]] = []
 
     def put(self, event: wire.ServerEvent) -> None:
         event.event_id = new_id("event_")
@@ -60,11 +62,26 @@ class Outbox:
         text = encode(event)
         if self.duplex:
             self._replay.append((self.seq, text))
+            self._journal.append((self.seq, text))
         self._frames.append(text)
 
     def take(self) -> list[str]:
         frames, self._frames = self._frames, []
         return frames
+
+    def take_journal(self) -> list[tuple[int, str]]:
+        """The numbered frames logged since the last call, to be stored before they are
+        sent (so whatever a client saw, another replica can replay)."""
+        journal, self._journal = self._journal, []
+        return journal
+
+    def continue_from(self, seq: int, logged: list[tuple[int, str]]) -> None:
+        """Go on after ``seq`` (the numbering of a session taken over from another
+        replica), with ``logged`` as the replay log; nothing is queued to send."""
+        self.seq = seq
+        self._replay.clear()
+        self._replay.extend(logged)
+        self._frames, self._journal = [], []
 
     def since(self, last_seq: int) -> list[str] | None:
         """The logged frames after ``last_seq``, in order; None when some are gone (or

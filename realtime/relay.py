@@ -9,6 +9,10 @@ is alive, and relays the worker's outputs to the session under two clocks
 ``resource_exhausted`` (the session is marked abandoned, so a late worker does not start
 it); an admitted worker silent for ``lost_after_s`` → ``worker_lost``.
 
+Where the relay stands (placed, worker admitted, the last output read) is
+:class:`~realtime.session_snapshot.RelayPosition`: a duplex voice session stores it in
+Redis, and the replica that takes the session over starts its relay from there.
+
 The session says what to do with all that through :class:`RelayTarget`. Every broker call
 is bounded (``realtime/broker.py``); a broker that fails or stalls ends the session with
 ``broker_error`` (the target's ``broker_lost``), never a hung socket.
@@ -29,10 +33,12 @@ from starlette.concurrency import run_in_threadpool
 
 from models.session_bus import OUTPUTS, KeepaliveCommand, SessionConfig, SessionOutput
 from realtime.broker import BROKER_ERRORS, bounded
+from realtime.session_snapshot import RelayPosition
 from realtime.worker_watch import WorkerWatch
 from storage.bus import AsyncEventBus, BusMessage
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.queue import JobQueue
+from storage.session_state import SessionStateStore
 from storage.settings import RealtimeSettings, Settings
 
 # How long one read of the worker's outputs blocks when nothing comes.
@@ -53,7 +59,13 @@ class SessionHost(Protocol):
     def queue(self) -> JobQueue: ...
 
     @property
+    def session_states(self) -> SessionStateStore: ...
+
+    @property
     def voice_sessions(self) -> dict[str, Any]: ...
+
+    @property
+    def detached_video(self) -> dict[str, Any]: ...
 
 
 class RelayTarget(Protocol):
@@ -71,19 +83,39 @@ class RelayTarget(Protocol):
     async def broker_lost(self) -> None:
         """Redis is gone: end the session with ``broker_error``."""
 
+    async def keepalive_due(self) -> bool:
+        """Before each keep-alive: False when the session is no longer this replica's
+        (resumed on another one, which keeps the worker alive now): the keep-alives stop."""
+
     async def relay_ended(self) -> None:
         """The relay stopped (the session ended or the broker was lost)."""
 
 
 class Relay:
-    def __init__(self, session_id: str, host: SessionHost, target: RelayTarget) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        host: SessionHost,
+        target: RelayTarget,
+        position: RelayPosition | None = None,
+    ) -> None:
+        """``position``: where the relay of a session taken over from another replica
+        stood (it goes on after the last output that replica applied)."""
         self.id = session_id
         self.bus, self.queue = host.abus, host.queue
         self.settings: RealtimeSettings = host.settings.realtime
         self.target = target
         self.inbox, self.outbox = session_in_key(session_id), session_out_key(session_id)
-        self.placed = False
+        position = position or RelayPosition()
+        self.placed = position.placed
+        self.admitted = position.worker_admitted  # the worker said ``accepted``
+        self.cursor = position.out_cursor  # the last output read (and handed to the target)
         self.tasks: list[asyncio.Task[None]] = []
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def position(self) -> RelayPosition:
+        return RelayPosition(self.placed, self.admitted, self.cursor)
 
     async def command(self, command: BaseModel, data: bytes | None = None) -> None:
         """Send one ``SessionCommand`` to the worker (``data``: its raw bytes)."""
@@ -102,8 +134,15 @@ class Relay:
 
     def start(self) -> None:
         """Relay the worker's outputs and send keep-alives, until the session ends."""
-        self.tasks.append(asyncio.create_task(self._relay()))
+        self._reader = asyncio.create_task(self._relay())
+        self.tasks.append(self._reader)
         self.tasks.append(asyncio.create_task(self._keepalive()))
+
+    def stop_reading(self) -> None:
+        """Stop relaying outputs, keep the keep-alives (a video session whose socket
+        dropped: the worker goes on, its chunks wait in the ``out`` stream)."""
+        if self._reader is not None and self._reader is not asyncio.current_task():
+            self._reader.cancel()
 
     async def _relay(self) -> None:
         try:
@@ -116,14 +155,15 @@ class Relay:
         """Worker outputs → the session, with the admission and liveness clocks."""
         rt = self.settings
         watch = WorkerWatch(rt.admission_timeout_s, rt.lost_after_s, time.monotonic())
-        after = "0-0"
+        watch.admitted = self.admitted
         while not self.target.ended():
-            read = self.bus.read_as(OUTPUTS, self.outbox, after, block_ms=READ_BLOCK_MS)
+            read = self.bus.read_as(OUTPUTS, self.outbox, self.cursor, block_ms=READ_BLOCK_MS)
             entries = await bounded(read)
             now = time.monotonic()
             if entries:
-                after = entries[-1].id
+                self.cursor = entries[-1].id
                 watch.heard([e.event for e in entries], now)
+                self.admitted = watch.admitted
             elif (verdict := watch.verdict(now)) is not None:
                 await self._give_up(*verdict)
                 continue
@@ -140,6 +180,8 @@ class Relay:
         try:
             while not self.target.ended():
                 await asyncio.sleep(self.settings.keepalive_s)
+                if not await self.target.keepalive_due():
+                    return
                 await self.command(KeepaliveCommand())
         except BROKER_ERRORS:
             await self.target.broker_lost()

@@ -26,11 +26,20 @@ checked, not sent. Any client message and any worker progress (``started``,
 ``chunk``) refresh the stall clock, as in vLLM-Omni. Client mistakes never raise:
 they become ``error`` events (fatal before the start, close 1008); an illegal
 worker-side call raises ``ProtocolError``. Once DONE or FAILED, input is ignored.
+
+Resume (``protocols/realtime-video.md``): ``video.start`` carries ``session_id`` and
+``resume_token``; a session taken over on a new socket is rebuilt with :meth:`restored`,
+then :meth:`resume` answers ``session.resumed``, and the worker's outputs are fed again
+from the start of its stream: the first media chunk's init segment goes out alone as a
+``kind: "init"`` pair, chunks up to the client's last one are counted but not sent, and
+the rest follow as usual. :meth:`taken_over` ends the socket a session was resumed away
+from (close 1008; the worker goes on).
 """
 
 from __future__ import annotations
 
 import enum
+import secrets
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +49,7 @@ from pydantic import TypeAdapter, ValidationError
 
 import models.realtime_video as wire
 from models.errors import OmniqueueError
+from realtime.fmp4_split import NotFragmented, split_init
 from realtime.json_input import JsonInputError, parse
 
 CLOSE_NORMAL = 1000
@@ -155,6 +165,69 @@ class VideoSessionProtocol:
         self._commands: list[Command] = []
         self._out: list[_Out] = []
         self._held: list[_Out] = []
+        self.resume_token = secrets.token_urlsafe(24)
+        # resumed: the init segment is still to send; media chunks up to this are not sent
+        self._init_pending = False
+        self._skip_through = -1
+
+    @classmethod
+    def restored(
+        cls,
+        request_id: str,
+        now: float,
+        options: VideoSessionOptions,
+        *,
+        config: wire.VideoConfig,
+        resume_token: str,
+        event_ids: Iterable[str],
+        default_transition: int | None,
+        expires_at: float | None,
+    ) -> VideoSessionProtocol:
+        """A streaming session taken over from another socket (or API replica): started,
+        nothing sent yet on this socket; call :meth:`resume` next."""
+        p = cls(request_id, now, options)
+        p.config, p.resume_token = config, resume_token
+        p.state = State.STREAMING
+        p._video_started = True
+        p._event_ids = set(event_ids)
+        p._default_transition = default_transition
+        p._expires_at = expires_at
+        return p
+
+    @property
+    def event_ids(self) -> list[str]:
+        return sorted(self._event_ids)
+
+    @property
+    def default_transition(self) -> int | None:
+        return self._default_transition
+
+    @property
+    def expires_at(self) -> float | None:
+        return self._expires_at
+
+    def resume(self, last_generation_chunk_index: int) -> None:
+        """``session.resumed``; then feed the worker's outputs from the start of its stream
+        (``started`` again is ignored): the init segment, then the chunks after
+        ``last_generation_chunk_index`` go out."""
+        self._init_pending = True
+        self._skip_through = last_generation_chunk_index
+        resumed = wire.SessionResumed(
+            request_id=self.request_id,
+            session_id=self.request_id,
+            next_generation_chunk_index=last_generation_chunk_index + 1,
+        )
+        self._out.append(((resumed.to_json(),), None))
+
+    def resume_refused(self) -> None:
+        """``session.resume`` named no session this client may resume: close 1008."""
+        self._fatal(Code.SESSION_NOT_FOUND, "no resumable session with that id and token")
+
+    def taken_over(self) -> None:
+        """The session was resumed on another socket: end this one (close 1008), without
+        a stop for the worker."""
+        if self.state not in _ENDED:
+            self._fatal(Code.SESSION_TAKEN_OVER, "the session was resumed on another connection")
 
     def events_received(self) -> list[Command]:
         """Commands for the worker since the last call, in order."""
@@ -240,8 +313,8 @@ class VideoSessionProtocol:
 
     def started(self, *, now: float, config: wire.VideoConfig | None = None) -> None:
         """A worker admitted the session; ``config``: its resolved rollout, if different."""
-        if self.state in _ENDED:
-            return
+        if self.state in _ENDED or (self._init_pending and self._video_started):
+            return  # ended, or a resumed session seeing its start again
         if self.state not in (State.STARTING, State.STOPPING) or self._video_started:
             raise ProtocolError(f"started() in state {self.state.name}")
         self.config = config or self.config
@@ -250,7 +323,12 @@ class VideoSessionProtocol:
         self._video_started = True
         if self.state is State.STARTING:
             self.state = State.STREAMING
-        start = wire.VideoStart(request_id=self.request_id, config=self.config)
+        start = wire.VideoStart(
+            request_id=self.request_id,
+            config=self.config,
+            session_id=self.request_id,
+            resume_token=self.resume_token,
+        )
         self._out.append(((start.to_json(),), None))
         self._flush_held()
 
@@ -288,8 +366,44 @@ class VideoSessionProtocol:
         self._last_activity = now
         if self.state is State.STOPPING:
             return  # data-class output after an interrupt is dropped
+        if self._init_pending:  # resumed: the init segment first, alone
+            if generation_chunk_index != 0:
+                raise ProtocolError("a resumed session is fed from its first chunk")
+            try:
+                init, data = split_init(data)
+            except NotFragmented as exc:
+                raise ProtocolError(str(exc)) from exc
+            self._init_pending = False
+            self._send_chunk("init", init, None, 0, produced_at, (), (), ())
+            self._flush_held()
+        index = generation_chunk_index
+        if kind == "media" and index is not None and index <= self._skip_through:
+            self.chunks_sent += 1  # the client has it
+            return
         if self._transport_index == 0 and data[4:8] != b"ftyp":
             raise ProtocolError("the first binary frame must begin with the ftyp box")
+        self._send_chunk(
+            kind,
+            data,
+            generation_chunk_index,
+            num_frames,
+            produced_at,
+            started_event_ids,
+            active_event_ids,
+            completed_event_ids,
+        )
+
+    def _send_chunk(
+        self,
+        kind: wire.ChunkKind,
+        data: bytes,
+        generation_chunk_index: int | None,
+        num_frames: int,
+        produced_at: float,
+        started_event_ids: Iterable[str],
+        active_event_ids: Iterable[str],
+        completed_event_ids: Iterable[str],
+    ) -> None:
         metadata = wire.VideoChunkMetadata(
             request_id=self.request_id,
             kind=kind,
@@ -390,7 +504,8 @@ class VideoSessionProtocol:
         self._reply(wire.SessionInteractionQueued(request_id=self.request_id, event_id=event_id))
 
     def _reply(self, event: _Reply) -> None:
-        (self._out if self._video_started else self._held).append(((event.to_json(),), None))
+        ready = self._video_started and not self._init_pending
+        (self._out if ready else self._held).append(((event.to_json(),), None))
 
     def _error(
         self, code: Code, message: str, event_id: str | None = None, *, param: str | None = None

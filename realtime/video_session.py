@@ -8,6 +8,13 @@ start and stall timeouts and the session time limit here; the admission timeout 
 worker slot → ``resource_exhausted``) and the worker's liveness (silent worker →
 ``worker_lost``) in the relay. Losing Redis mid-session ends it with ``error
 broker_error`` and close 1011, never a bare dropped socket.
+
+A streaming session outlives a dropped socket (no close handshake) for
+``realtime.resume_grace_s``: the worker goes on, its chunks wait in the ``out`` stream,
+the keep-alives go on, and ``session.resume`` as a socket's first message takes it over
+on any replica (``realtime/video_resume.py``; the record it needs is stored before
+``video.start`` hands out the resume token). A session resumed elsewhere ends here with
+``session_taken_over``.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
 from models.errors import OmniqueueError
-from models.realtime_video import StartLimits, VideoErrorCode
+from models.realtime_video import SessionResume, StartLimits, VideoErrorCode
 from models.session_bus import (
     ChunkOutput,
     FailedOutput,
@@ -35,14 +42,17 @@ from models.session_bus import (
     StopCommand,
     WorldSessionConfig,
 )
+from realtime.broker import BROKER_ERRORS, bounded
 from realtime.relay import Relay, SessionHost
 from realtime.video_protocol import (
     InteractionRequested,
     StartRequested,
+    State,
     StopRequested,
     VideoSessionOptions,
     VideoSessionProtocol,
 )
+from realtime.video_resume import VideoResumeRecord, take_over
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
 from storage.bus import BusMessage
 
@@ -82,12 +92,16 @@ class VideoSession:
     ) -> None:
         """``specs``: the streaming video models' ``ModelSpec``, the default first."""
         self.ws = ws
+        self.host = host
         self.owner = owner
         self.id = "rtv_" + secrets.token_hex(12)
         self.protocol = VideoSessionProtocol(self.id, time.monotonic(), _options(host, specs))
         self.relay = Relay(self.id, host, self)
         self.fetch_reference = fetch_reference
         self.send_lock = asyncio.Lock()
+        self.model: str | None = None
+        self.record: VideoResumeRecord | None = None  # set once the session is resumable
+        self._grace: asyncio.Task[None] | None = None  # a detached session's expiry
 
     async def flush(self) -> None:
         async with self.send_lock:
@@ -105,6 +119,7 @@ class VideoSession:
             if isinstance(cmd, StartRequested):
                 await self._place(cmd)
             elif isinstance(cmd, InteractionRequested):
+                await self._save()  # its event id, before the reply goes out
                 interaction = InteractionCommand(
                     event_id=cmd.event_id,
                     prompt=cmd.prompt,
@@ -118,8 +133,9 @@ class VideoSession:
     async def _place(self, cmd: StartRequested) -> None:
         start, cfg = cmd.start, cmd.config
         seed = start.seed
+        self.model = start.model or str(self.protocol.options.default_model)
         config = WorldSessionConfig(
-            model=start.model or str(self.protocol.options.default_model),
+            model=self.model,
             owner=self.owner,
             prompt=start.prompt,
             negative_prompt=start.negative_prompt,
@@ -147,8 +163,14 @@ class VideoSession:
         return self.protocol.close_expected()
 
     async def outputs(self, entries: list[BusMessage[SessionOutput]], now: float) -> None:
+        if entries and self.record is not None and not await bounded(self.record.still_held()):
+            await self._taken_over()
+            return
         for entry in entries:
             self._apply(entry.event, entry.data, now)
+        if self.record is None and self.protocol.state is State.STREAMING:
+            self.record = VideoResumeRecord(self.host.session_states, self.id, self.owner)
+            await self._save()  # before video.start hands out the resume token
         if entries:
             await self.dispatch()
         await self.flush()
@@ -160,6 +182,19 @@ class VideoSession:
     async def broker_lost(self) -> None:
         """Redis is gone: say so (``broker_error``) and close 1011."""
         self.protocol.failed(BROKER_ERROR, BROKER_ERROR_MESSAGE)
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+            await self.flush()
+
+    async def keepalive_due(self) -> bool:
+        """Whether this replica still holds the session (refreshing the stored record):
+        one resumed elsewhere ends here, and its worker is the other replica's to keep."""
+        if self.record is None or await bounded(self.record.holds()):
+            return True
+        await self._taken_over()
+        return False
+
+    async def _taken_over(self) -> None:
+        self.protocol.taken_over()
         with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
             await self.flush()
 
@@ -186,7 +221,60 @@ class VideoSession:
         elif isinstance(output, FailedOutput):
             self.protocol.failed(output.code, output.message)
 
+    async def _save(self) -> None:
+        if self.record is not None and self.model is not None:
+            saved = self.record.save(self.protocol, self.model, time.monotonic(), time.time())
+            if not await bounded(saved):
+                self.protocol.taken_over()
+
+    async def resume(self, text: str) -> None:
+        """``session.resume`` as the first message: take the named session over, then relay
+        its worker's outputs from the start of the stream (the protocol sends the init
+        segment and the chunks after the client's last one)."""
+        try:
+            message = SessionResume.model_validate_json(text)
+            now, wall = time.monotonic(), time.time()
+            states = self.host.session_states
+            call = take_over(states, message, self.owner, self.protocol.options, now, wall)
+            taken = await bounded(call)
+        except (ValueError, *BROKER_ERRORS):  # ValueError: pydantic's ValidationError too
+            taken = None
+        if taken is None:
+            self.protocol.resume_refused()
+            return
+        self.protocol, self.record, self.model = taken.protocol, taken.record, taken.model
+        self.id = taken.protocol.request_id
+        self.relay = Relay(self.id, self.host, self)
+        self.relay.placed = True
+        self.relay.start()
+
+    def detach(self) -> bool:
+        """The socket dropped mid-stream: keep the session for a resume (True), its
+        keep-alives going, until the grace period ends."""
+        if self.record is None or self.protocol.state is not State.STREAMING:
+            return False
+        self.relay.stop_reading()  # chunks wait in the out stream
+        self.host.detached_video[self.id] = self
+        self._grace = asyncio.create_task(self._expire())
+        return True
+
+    async def _expire(self) -> None:
+        """No resume within the grace period: stop the worker, forget the session."""
+        await asyncio.sleep(self.host.settings.realtime.resume_grace_s)
+        try:
+            record = self.record
+            if record is not None and await bounded(record.holds()):
+                await self.relay.command(StopCommand(reason="disconnected"))
+                await bounded(record.drop())
+        except BROKER_ERRORS:
+            pass  # the worker stops by itself once keep-alives stop
+        finally:
+            if self.host.detached_video.get(self.id) is self:  # not a later detached copy
+                del self.host.detached_video[self.id]
+            self.relay.stop()
+
     async def run(self) -> None:
+        first = True
         while not self.protocol.close_expected():
             deadline = self.protocol.next_deadline()
             timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -198,14 +286,25 @@ class VideoSession:
                 if message["type"] == "websocket.disconnect":
                     raise WebSocketDisconnect(message.get("code", 1000))
                 now = time.monotonic()
-                if message.get("text") is not None:
-                    self.protocol.receive_text(message["text"], now)
+                text = message.get("text")
+                if first and text is not None and '"session.resume"' in text[:100]:
+                    await self.resume(text)
+                elif text is not None:
+                    self.protocol.receive_text(text, now)
                 elif message.get("bytes") is not None:
                     self.protocol.receive_binary(message["bytes"], now)
+                first = False
             await self.dispatch()
             await self.flush()
 
-    async def close(self, disconnected: bool) -> None:
+    async def close(self, disconnected: bool, dropped: bool = False) -> None:
+        """``dropped``: the socket went away without a close handshake (a lost network),
+        which a streaming session survives; a client that closes it cleanly ends it."""
+        if dropped and self.detach():
+            return
+        if self.record is not None and self.protocol.close_expected():
+            with contextlib.suppress(*BROKER_ERRORS):
+                await bounded(self.record.drop())  # ended: nothing to resume
         if disconnected:
             self.protocol.connection_lost()
             with contextlib.suppress(Exception):

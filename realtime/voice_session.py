@@ -11,8 +11,11 @@ go to the socket. One lock serialises the protocol between the socket, the clock
 relay.
 
 Duplex sessions outlive their socket for ``realtime.resume_grace_s``: the session keeps
-running and logging events; ``session.resume`` on a new socket of the same API process
-re-attaches it (:func:`try_resume`, the host's ``voice_sessions``).
+running and logging events; ``session.resume`` on a new socket re-attaches it, on any API
+replica (:func:`try_resume`): each flush stores the new events, the protocol state and
+the relay's position in Redis before anything is sent (``realtime/voice_state.py``), so a
+replica that does not hold the session (or whose holder died mid-response) takes it over
+from there. The host's ``voice_sessions`` is this process's cache of the sessions it holds.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from models.session_bus import (
     VoiceTurnSpec,
 )
 from realtime.audio_protocol import Cancel, RealtimeOptions, RealtimeProtocol, Respond, State, Stop
-from realtime.broker import BROKER_ERRORS
+from realtime.broker import BROKER_ERRORS, bounded
 from realtime.relay import Relay, SessionHost
+from realtime.voice_state import TakenOverSession, VoiceStateSync, take_over
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
 from storage.bus import BusMessage
 
@@ -57,15 +61,29 @@ def _vad_factory(threshold: float, silence_duration_ms: int) -> Any:
 class VoiceSession:
     """One realtime audio session: its protocol, its worker and (while attached) a socket."""
 
-    def __init__(self, host: SessionHost, owner: str, model: str, duplex: bool) -> None:
+    def __init__(
+        self,
+        host: SessionHost,
+        owner: str,
+        model: str,
+        duplex: bool,
+        taken: TakenOverSession | None = None,
+    ) -> None:
+        """``taken``: a duplex session resumed from another replica's stored state."""
         self.host = host
         self.owner = owner
         self.model = model
-        self.id = "sess_" + secrets.token_hex(12)
-        rt = host.settings.realtime
-        options = RealtimeOptions(model=model, duplex=duplex, max_session_s=rt.max_session_s)
-        self.protocol = RealtimeProtocol(self.id, options, _vad_factory, time.monotonic())
-        self.relay = Relay(self.id, host, self)
+        self.sync: VoiceStateSync | None = None  # duplex: its Redis-held state
+        if taken is None:
+            self.id = "sess_" + secrets.token_hex(12)
+            options = _options(host, model, duplex)
+            self.protocol = RealtimeProtocol(self.id, options, _vad_factory, time.monotonic())
+            if duplex:
+                self.sync = VoiceStateSync(host.session_states, self.id, owner)
+        else:
+            self.protocol, self.sync = taken.protocol, taken.sync
+            self.id = self.protocol.id
+        self.relay = Relay(self.id, host, self, taken.relay if taken else None)
         self.lock = asyncio.Lock()  # the protocol is driven from the socket and the relay
         self.ws: WebSocket | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -75,9 +93,14 @@ class VoiceSession:
     # ---------------------------------------------------------------- socket side
 
     async def flush(self) -> None:
-        """Send what the protocol produced; commands go to the worker first."""
+        """Send what the protocol produced: stored first (duplex), then the commands to the
+        worker, then the frames to the client."""
         try:
-            for cmd in self.protocol.commands():
+            commands = self.protocol.commands()
+            if self.sync is not None and not await self._save(bool(commands)):
+                self.protocol.release()  # another replica resumed it: not ours to command
+                commands = []
+            for cmd in commands:
                 await self._command(cmd)
         except BROKER_ERRORS:
             self._broker_lost()
@@ -114,6 +137,13 @@ class VoiceSession:
             async with self.lock:
                 self.protocol.check_timeouts(time.monotonic())
                 await self.flush()
+
+    async def _save(self, force: bool) -> bool:
+        assert self.sync is not None
+        saved = self.sync.save(
+            self.protocol, self.relay.position, force=force, now=time.monotonic(), wall=time.time()
+        )
+        return await bounded(saved)
 
     # ---------------------------------------------------------------- worker side
 
@@ -162,6 +192,15 @@ class VoiceSession:
             self._broker_lost()
             await self.flush()
 
+    async def keepalive_due(self) -> bool:
+        """Keep the stored state alive; let the session go if another replica has it."""
+        if self.sync is None or await bounded(self.sync.touch(self.protocol, time.monotonic())):
+            return True
+        async with self.lock:
+            self.protocol.release()
+            await self.flush()
+        return False
+
     async def relay_ended(self) -> None:
         await self.finish()
 
@@ -205,13 +244,25 @@ class VoiceSession:
         await self.finish()
 
     async def finish(self) -> None:
-        self.host.voice_sessions.pop(self.id, None)
+        if self.host.voice_sessions.get(self.id) is self:
+            del self.host.voice_sessions[self.id]
+        sync, self.sync = self.sync, None  # nothing is stored for it any more
+        if sync is not None:
+            with contextlib.suppress(*BROKER_ERRORS):
+                await bounded(sync.drop(self.protocol))  # refused if another replica has it
         self.ended_event.set()
         current = asyncio.current_task()
         for task in self.tasks:
             if task is not current:
                 task.cancel()
         self.relay.stop()
+
+
+def _options(host: SessionHost, model: str, duplex: bool) -> RealtimeOptions:
+    rt = host.settings.realtime
+    return RealtimeOptions(
+        model=model, duplex=duplex, max_session_s=rt.max_session_s, replay_events=rt.replay_events
+    )
 
 
 def coalesce(
@@ -256,21 +307,72 @@ def coalesce(
 async def try_resume(
     websocket: WebSocket, fresh: VoiceSession, owner: str, text: str
 ) -> VoiceSession | None:
-    """Re-attach the detached duplex session a ``session.resume`` names, if this process
-    holds it for this owner and the token matches."""
+    """Re-attach the detached duplex session a ``session.resume`` names, for this owner
+    holding its token: from this process's cache if it still holds the session, else taken
+    over from its Redis-held state (another replica served it, or this one lost it)."""
+    host = fresh.host
     try:
         event = json.loads(text)
-        target = fresh.host.voice_sessions.get(str(event.get("session_id")))
+        session_id = str(event.get("session_id"))
         token = str(event.get("resume_token", ""))
         last_seq = int(event.get("last_received_server_event_seq", -1))
     except (ValueError, TypeError, AttributeError):
         return None
+    target = host.voice_sessions.get(session_id)
+    taken = target is None or (target is not fresh and not await _holds(target))
+    if taken:  # held by another replica (or a dead one): take it over
+        target = await _take_over(fresh, owner, session_id, token, last_seq)
     if target is None or target is fresh or target.owner != owner or target.ws is not None:
         return None
     async with target.lock:
         if not target.protocol.resume(token, last_seq):
+            if taken:  # the events after last_seq are gone: nobody can resume it
+                target.protocol.close("resync_required", time.monotonic())
+                await target.flush()
             return None
         target.attach(websocket)
         fresh.ws = None
         await target.flush()
     return target
+
+
+async def _holds(session: VoiceSession) -> bool:
+    """Whether this process still serves ``session`` (no other replica took it over)."""
+    if session.sync is None or not session.sync.created:
+        return True
+    holder = session.sync.holder
+    with contextlib.suppress(*BROKER_ERRORS):
+        return await bounded(session.host.session_states.holds(session.id, holder))
+    return False
+
+
+async def _take_over(
+    fresh: VoiceSession, owner: str, session_id: str, token: str, last_seq: int
+) -> VoiceSession | None:
+    """A session this process does not hold, rebuilt from its stored state, its relay to
+    the worker running again from where the last holder stood; None when there is none
+    to resume."""
+    host = fresh.host
+    options = _options(host, fresh.model, True)
+    now, wall = time.monotonic(), time.time()
+    states = host.session_states
+    try:
+        call = take_over(
+            states, session_id, token, owner, last_seq, options, _vad_factory, now, wall
+        )
+        taken = await bounded(call)
+    except BROKER_ERRORS:
+        return None
+    if taken is None:
+        return None
+    stale = host.voice_sessions.get(session_id)
+    session = host.voice_sessions[session_id] = VoiceSession(host, owner, taken.model, True, taken)
+    if stale is not None:  # an older copy in this process: it lets the session go
+        async with stale.lock:
+            stale.protocol.release()
+            await stale.flush()
+        await stale.finish()
+    session.tasks.append(asyncio.create_task(session.clock()))
+    if session.relay.placed:
+        session.relay.start()
+    return session

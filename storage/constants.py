@@ -57,3 +57,10 @@ def session_out_key(session_id: str) -> str:
 def session_abandoned_key(session_id: str) -> str:
     """Set by the API when it gave up waiting for a slot: a late worker must not start."""
     return f"{KEY_PREFIX}session:{session_id}:abandoned"
+
+
+def session_state_key(session_id: str, part: str) -> str:
+    """The Redis-held state of one duplex realtime session (:mod:`storage.session_state`):
+    ``holder`` (the API replica serving it), ``state`` (protocol snapshot), ``log`` (the
+    numbered client-facing events), ``audio:{item_id}:{content_index}`` (PCM16)."""
+    return f"{KEY_PREFIX}session:{session_id}:state:{part}"

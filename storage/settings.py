@@ -161,6 +161,12 @@ class RealtimeSettings(BaseModel):
     audio_prebuffer_ms: int = 200
     # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
     resume_grace_s: float = 30.0
+    # How long the Redis-held state of a duplex voice session (replay log, session config,
+    # conversation, response state: any API replica resumes it) outlives its last write or
+    # keep-alive; longer than resume_grace_s.
+    state_ttl_s: int = Field(120, gt=0)
+    # Events of a duplex session kept for session.resume (in the API and in Redis).
+    replay_events: int = Field(8192, gt=0)
     # The longest realtime session (video and voice), from its start to its end: a video
     # session.start whose rollout (num_frames / fps) is longer is refused, and a live
     # session of either kind is ended with error "session_expired" when it passes this.

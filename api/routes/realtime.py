@@ -8,7 +8,9 @@ within the admission timeout → ``resource_exhausted``), liveness (a silent wor
 1011) are judged there, as for video sessions.
 
 Duplex sessions outlive their socket for ``realtime.resume_grace_s``: ``session.resume``
-on a new socket of the same API process re-attaches it (``app_state.voice_sessions``).
+on a new socket re-attaches it, on any API replica (their state is in Redis,
+``realtime/voice_state.py``; ``app_state.voice_sessions`` caches the ones this process
+holds).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 :class:`~realtime.video_session.VideoSession` (the asyncio shell around the sans-I/O
 ``VideoSessionProtocol``, joined to the worker through the shared relay,
 ``realtime/relay.py``). Losing Redis while placing the session or sending a command ends
-it with ``error broker_error`` and close 1011, never a bare dropped socket.
+it with ``error broker_error`` and close 1011, never a bare dropped socket. A socket that
+drops without a close handshake leaves a streaming session resumable on any replica
+(``session.resume``, ``realtime/video_resume.py``); a clean close ends it.
 """
 
 from __future__ import annotations
@@ -29,12 +31,12 @@ async def realtime_video(websocket: WebSocket) -> None:
         return reference_from_url(url, width, height, state.settings, "image_reference")
 
     session = VideoSession(websocket, state, owner, specs, fetch_reference)
-    disconnected = False
+    disconnected = dropped = False
     try:
         await session.run()
-    except WebSocketDisconnect:
-        disconnected = True
+    except WebSocketDisconnect as exc:
+        disconnected, dropped = True, exc.code not in (1000, 1001)
     except BROKER_ERRORS:  # placing the session or sending a command
         await session.broker_lost()
     finally:
-        await session.close(disconnected)
+        await session.close(disconnected, dropped)

@@ -146,6 +146,9 @@ class _Collector:
     async def broker_lost(self) -> None:
         raise AssertionError("broker lost")
 
+    async def keepalive_due(self) -> bool:
+        return True
+
     async def relay_ended(self) -> None:
         pass
 

@@ -318,3 +318,48 @@ def test_api_processes_share_the_port_and_a_dead_one_is_replaced(tmp_path: Path)
         code, tree, _ = up.stop(signal.SIGTERM)
     assert code == 0
     assert [pid for pid in tree if _alive(pid)] == []
+
+
+def _sse_ids_and_types(text: str) -> list[tuple[str, str]]:
+    """``(id, event type)`` of each SSE event in ``text``."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "id" in fields:
+            out.append((fields["id"], fields.get("event", "")))
+    return out
+
+
+def test_api_replicas_listen_on_consecutive_ports_and_serve_the_same_jobs(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    while not _port_free(port + 1):
+        port = free_port()
+    up = Up(tmp_path / "data", port, args=("--api-replicas", "2"))
+    a, b = up.url, f"http://127.0.0.1:{port + 1}"
+    try:
+        apis = _api_pids(up)
+        assert len(apis) == 2, apis
+        assert {p for pid in apis for p in _listening_ports({pid})} == {port, port + 1}
+        with httpx.Client(base_url=a, timeout=30) as ca, httpx.Client(base_url=b, timeout=30) as cb:
+            assert ca.get("/ready").status_code == 200 and cb.get("/ready").status_code == 200
+            video = ca.post("/v1/videos", json=SMALL_JOB).json()["id"]  # created on A
+            _wait(lambda: _status(cb, video)["status"] == "completed", "never completed", up)
+            assert ca.get(f"/v1/videos/{video}").json() == cb.get(f"/v1/videos/{video}").json()
+            content = ca.get(f"/v1/videos/{video}/content").content
+            assert len(content) > 0 and cb.get(f"/v1/videos/{video}/content").content == content
+            # An SSE watcher moves from A to B with Last-Event-ID and misses nothing.
+            everything = _sse_ids_and_types(ca.get(f"/v1/videos/{video}/events").text)
+            assert everything[-1][1] == "done", everything
+            cut = len(everything) // 2
+            rest = cb.get(
+                f"/v1/videos/{video}/events", headers={"Last-Event-ID": everything[cut - 1][0]}
+            )
+            assert _sse_ids_and_types(rest.text) == everything[cut:]
+            assert [v["id"] for v in cb.get("/v1/videos").json()["data"]] == [video]
+    finally:
+        code, tree, ports = up.stop(signal.SIGTERM)
+    assert code == 0
+    assert {port, port + 1} <= ports
+    assert [pid for pid in tree if _alive(pid)] == []

@@ -70,7 +70,10 @@ def test_full_session_streams_every_chunk_then_done() -> None:
     assert start == {
         "type": "video.start", "request_id": "video_stream-1", "format": "m4s",
         "config": {"width": 832, "height": 480, "fps": 16.0, "num_frames": 189, "chunks": 16},
+        # the resume extension
+        "session_id": "video_stream-1", "resume_token": p.resume_token,
     }  # fmt: skip
+    assert len(p.resume_token) >= 32
     assert p.state is State.STREAMING
 
     binaries: list[bytes] = []

@@ -78,9 +78,15 @@ _PAGES = {(a, b): _page_statement(a, b) for a in (True, False) for b in (True, F
 class JobStore:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
-        # Reads of the request path in autocommit: no BEGIN and no ROLLBACK on return, one
-        # round trip per statement on PostgreSQL (each sees the latest committed state).
-        self._engine: Engine = sessions.kw["bind"].execution_options(isolation_level="AUTOCOMMIT")
+        # Reads of the request path in autocommit on a server database: no BEGIN and no
+        # ROLLBACK on return, one round trip per statement on PostgreSQL (each sees the
+        # latest committed state). Not on SQLite: its driver begins no transaction for a
+        # SELECT anyway, and SQLAlchemy would set and reset the level with PRAGMAs around
+        # every checkout (half of a status read there).
+        engine: Engine = sessions.kw["bind"]
+        if engine.dialect.name != "sqlite":
+            engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._engine = engine
 
     # ---- API side -------------------------------------------------------------------
 

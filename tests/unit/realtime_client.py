@@ -17,12 +17,8 @@ from typing import Any
 
 from openai.types.realtime import RealtimeServerEvent
 
-from realtime.audio_protocol import (
-    BYTES_PER_MS,
-    RealtimeOptions,
-    RealtimeProtocol,
-    Respond,
-)
+from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, Respond
+from realtime.input_audio import BYTES_PER_MS
 
 
 def _sdk_classes() -> dict[str, type]:

@@ -8,7 +8,8 @@ import base64
 
 import pytest
 
-from realtime.audio_protocol import BYTES_PER_MS, Cancel, Stop
+from realtime.audio_protocol import Cancel, Stop
+from realtime.input_audio import BYTES_PER_MS
 from tests.unit.realtime_client import (
     RESPONSE_END,
     RESPONSE_START,

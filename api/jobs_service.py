@@ -339,11 +339,11 @@ class JobService(abc.ABC, Generic[WireT]):
                 entries = []
                 await anyio.sleep(1.0)
             if any(entry.type == "done" for entry in entries):
-                return await run_in_threadpool(self.get_job, job_id, owner)
+                return await self.state.blocking(self.get_job, job_id, owner)
             if entries:
                 after = entries[-1].id
             else:
-                job = await run_in_threadpool(self.get_job, job_id, owner)
+                job = await self.state.blocking(self.get_job, job_id, owner)
                 if job.status in (JobStatus.COMPLETED, JobStatus.FAILED):
                     return job
             block_ms = ROW_CHECK_MS

@@ -1,4 +1,4 @@
-"""Deadlines for receiving a request: uvicorn's h11 protocol with a header and a body timer.
+"""Deadlines for receiving a request, on uvicorn's httptools and h11 protocols.
 
 uvicorn bounds only the idle time between keep-alive requests; a client that opens a
 connection and sends part of the headers, or announces a body and sends part of it, holds

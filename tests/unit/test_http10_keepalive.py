@@ -6,16 +6,13 @@ HTTP/1.0 requires."""
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from api.http_deadlines import deadline_protocol
-from cli.embedded import free_port
+from tests.unit.uvicorn_thread import serving
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -40,20 +37,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
-    port = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, http=deadline_protocol(5, 5), log_level="warning"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield port
-    server.should_exit = True
-    thread.join(10)
+    with serving(app, deadline_protocol(5, 5)) as port:
+        yield port
 
 
 def _request(sock: socket.socket, path: str, keep_alive: bool) -> None:

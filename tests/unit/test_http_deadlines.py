@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from api.http_deadlines import DeadlineHttpToolsProtocol, deadline_protocol, h11_deadline_protocol
-from cli.embedded import free_port
+from tests.unit.uvicorn_thread import serving
 
 HEADER_S = 0.6
 BODY_S = 0.8
@@ -59,24 +57,8 @@ def port(request: pytest.FixtureRequest) -> Iterator[int]:
         assert issubclass(http, DeadlineHttpToolsProtocol)
     else:
         http = h11_deadline_protocol(HEADER_S, BODY_S)
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        http=http,
-        log_level="warning",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    yield port
-    server.should_exit = True
-    thread.join(10)
+    with serving(app, http) as port:
+        yield port
 
 
 def _drain(sock: socket.socket, timeout: float) -> tuple[bytes, float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import models.realtime as wire
 from realtime.conversation import Conversation, Entry
@@ -169,17 +169,15 @@ class ProtocolCore:
         if td is not None and td.idle_timeout_ms and self.active is None:
             self._idle_deadline = now + audio_ms_left / 1000 + td.idle_timeout_ms / 1000
 
-    # Handlers of one mixin that the other calls (defined in
-    # :class:`realtime.audio_responses.ResponseHandlers` and
-    # :class:`realtime.audio_turns.TurnHandlers`).
+    if TYPE_CHECKING:  # declared for the type checker only; no runtime stand-ins
+        # Handlers one mixin calls on the other: defined in
+        # :class:`realtime.audio_responses.ResponseHandlers` and
+        # :class:`realtime.audio_turns.TurnHandlers`, combined in ``RealtimeProtocol``.
 
-    def _start_response(self, overrides: wire.ResponseOverrides | None, now: float) -> None:
-        raise NotImplementedError
+        def _start_response(self, overrides: wire.ResponseOverrides | None, now: float) -> None: ...
 
-    def _cancel_active(
-        self, reason: Literal["turn_detected", "client_cancelled"], now: float
-    ) -> None:
-        raise NotImplementedError
+        def _cancel_active(
+            self, reason: Literal["turn_detected", "client_cancelled"], now: float
+        ) -> None: ...
 
-    def _truncate(self, entry: Entry, index: int, end_ms: int) -> None:
-        raise NotImplementedError
+        def _truncate(self, entry: Entry, index: int, end_ms: int) -> None: ...

@@ -16,9 +16,7 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from api.audio_service import AudioService, audio_spec
-from api.content import stream_artifact
 from api.job_stream import BUS_ERROR, follow
-from api.jobs_service import ClientGone
 from models.audio import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
 from models.db import JobView
 from models.errors import JobFailed, ServiceUnavailable, SyncTimeout
@@ -28,17 +26,7 @@ from storage.bus import BusEntry
 async def finished_file(
     request: Request, audio: AudioService, job: JobView, owner: str
 ) -> Response:
-    try:
-        done = await audio.wait_done(request, job.id, owner)
-    except ClientGone:
-        return Response(status_code=499)
-    artifact = await audio.state.blocking(audio.artifact_of, done, "audio")
-    headers = {
-        "X-Request-Id": job.id,
-        "X-Inference-Time-S": f"{done.inference_time_s or 0.0:.3f}",
-        **audio.content_headers(done),
-    }
-    return await stream_artifact(audio.state.artifacts, artifact, None, headers, "audio_id")
+    return await audio.file_when_done(request, job.id, owner, "audio", audio.content_headers)
 
 
 async def pcm_stream(

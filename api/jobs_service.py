@@ -12,15 +12,16 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
-from fastapi import Request
+from fastapi import Request, Response
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
+from api.content import stream_artifact
 from api.payload import storable
 from api.state import AppState
 from models.db import Artifact, Job, JobStatus, JobView
@@ -323,6 +324,29 @@ class JobService(abc.ABC, Generic[WireT]):
                 code=job.error_code or "internal_error",
             )
         return job
+
+    async def file_when_done(
+        self,
+        request: Request,
+        job_id: str,
+        owner: str,
+        variant: str,
+        extra_headers: Callable[[JobView], Mapping[str, str]] | None = None,
+    ) -> Response:
+        """What a ``sync`` endpoint answers: the job's ``variant`` artifact once it ends,
+        with ``X-Request-Id`` and ``X-Inference-Time-S`` (and ``extra_headers(job)``); 499
+        when the client left. A failed or timed-out job raises (:meth:`wait_done`)."""
+        try:
+            job = await self.wait_done(request, job_id, owner)
+        except ClientGone:
+            return Response(status_code=499)
+        artifact = await self.state.blocking(self.artifact_of, job, variant)
+        headers = {
+            "X-Request-Id": job_id,
+            "X-Inference-Time-S": f"{job.inference_time_s or 0.0:.3f}",
+            **(extra_headers(job) if extra_headers is not None else {}),
+        }
+        return await stream_artifact(self.state.artifacts, artifact, None, headers, self.id_param)
 
     async def _until_ended(self, job_id: str, owner: str) -> JobView:
         """The job's row once its stream says ``done`` or the row says it ended. The

@@ -8,11 +8,9 @@ from typing import Literal
 from fastapi import Request
 from fastapi.responses import Response
 
-from api.content import stream_artifact
 from api.deps import CurrentOwner, IdempotencyKey, VideosDep
 from api.forms import read_create_body
 from api.job_kinds import JobKind
-from api.jobs_service import ClientGone
 from api.openapi import VIDEO_MEDIA_TYPES, binary, create_body, errors
 from api.routes.jobs import job_router
 from api.videos_service import VideoService
@@ -61,13 +59,4 @@ async def create_video_sync(
     A client that disconnects cancels its job."""
     raw, reference = await read_create_body(request, videos.settings.limits)
     video = await videos.create(raw, reference, owner, idempotency_key)
-    try:
-        job = await videos.wait_done(request, video.id, owner)
-    except ClientGone:
-        return Response(status_code=499)
-    artifact = await videos.state.blocking(videos.artifact_of, job, "video")
-    headers = {
-        "X-Request-Id": video.id,
-        "X-Inference-Time-S": f"{job.inference_time_s or 0.0:.3f}",
-    }
-    return await stream_artifact(videos.state.artifacts, artifact, None, headers)
+    return await videos.file_when_done(request, video.id, owner, "video")

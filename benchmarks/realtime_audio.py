@@ -34,6 +34,10 @@ Per N it reports (ms; p50/p95/p99/max over sessions):
   first delta; an underrun is a delta that arrives after the audio before it has played
   out. Counted per session; ``sessions_with_underruns`` totals them.
 
+CPU: ``cores_used`` per process role over the level's wall time, and
+``cpu_ms_per_session_second``: each role's CPU ms per second of one session (CPU over the
+level ÷ the sum of the sessions' durations, socket open → closed).
+
 Checks per session: the first response ends ``cancelled`` / ``turn_detected``, the
 second ``completed``; a session that fails a check is reported in ``errors``.
 """
@@ -97,6 +101,7 @@ class Mic:
 
 async def one_session(url: str, a: tuple[bytes, dict], b: tuple[bytes, dict]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    opened = time.monotonic()
     async with websockets.connect(url, max_size=32 * 1024 * 1024) as ws:
         mic = Mic(ws)
         events: list[tuple[float, dict[str, Any]]] = []
@@ -125,6 +130,7 @@ async def one_session(url: str, a: tuple[bytes, dict], b: tuple[bytes, dict]) ->
         speaker = asyncio.create_task(mic.speak(silence))
         await asyncio.wait_for(task, 60)
         speaker.cancel()
+    out["session_s"] = time.monotonic() - opened
     return _measure(events, (t_a, a[1]), (t_b, b[1]), out)
 
 
@@ -242,6 +248,7 @@ def aggregate(n: int, sessions: list[dict[str, Any]], silence_ms: int) -> dict[s
         "max_delta_gap_ms": summary(flat("max_delta_gap_ms")),
         "buffered_at_arrival_ms": summary(flat("answer_lead_ms")),
         "sessions_with_underruns": sum(1 for s in ok if s.get("underruns")),
+        "session_seconds": round(sum(s.get("session_s", 0.0) for s in sessions), 1),
     }
 
 
@@ -273,6 +280,15 @@ def _cpu_by_process(up_pid: int | None) -> dict[str, float]:
 
 def _cores_used(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
     return {k: round((after[k] - before.get(k, 0.0)) / wall, 2) for k in after}
+
+
+def _cpu_ms_per_session_s(
+    before: dict[str, float], after: dict[str, float], session_s: float
+) -> dict[str, float]:
+    """CPU ms each role spent per second of one session (its socket open → closed)."""
+    if session_s <= 0:
+        return {}
+    return {k: round((after[k] - before.get(k, 0.0)) * 1000 / session_s, 1) for k in after}
 
 
 def main() -> None:
@@ -313,8 +329,10 @@ def main() -> None:
             before, t0 = _cpu_by_process(up.pid if up else None), time.monotonic()
             result = aggregate(n, asyncio.run(run_n(ws_url, n)), 500)
             wall = time.monotonic() - t0
-            result["cores_used"] = _cores_used(
-                before, _cpu_by_process(up.pid if up else None), wall
+            after = _cpu_by_process(up.pid if up else None)
+            result["cores_used"] = _cores_used(before, after, wall)
+            result["cpu_ms_per_session_second"] = _cpu_ms_per_session_s(
+                before, after, result["session_seconds"]
             )
             report["results"].append(result)
         print(json.dumps(report, indent=2))

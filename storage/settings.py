@@ -159,6 +159,11 @@ class RealtimeSettings(BaseModel):
     # The first audio of a response is sent once this much is made (one burst), so a
     # client that starts playing at the first delta has a cushion against jitter.
     audio_prebuffer_ms: int = 200
+    # After the prebuffer, the worker makes at least this much audio per wake-up (its
+    # steps back to back) and sends it in one round trip, which the API sends as one
+    # delta: fewer wake-ups, Redis messages and client events per second of audio, at
+    # the price of deltas this long (0: one step per wake-up).
+    audio_chunk_ms: int = Field(120, ge=0, le=1000)
     # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
     resume_grace_s: float = 30.0
     # How long the Redis-held state of a duplex voice session (replay log, session config,

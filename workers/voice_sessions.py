@@ -13,12 +13,14 @@ the voice model and answers turns. They talk over the session's two Redis Stream
 ``workers/session_slot.py`` holds what both session kinds share: the slot's life
 (abandoned, accepted, failed) and the keep-alive clocks.
 
-One response runs at a time (a respond that arrives while one runs waits its turn). Between
-every two model steps the runner drains *all* pending commands first, so a cancel or stop
-is handled ahead of further audio (STYLE.md item 5): the cancelled response ends at once
+One response runs at a time (a respond that arrives while one runs waits its turn). Before
+every wake-up's steps (and between two steps of a model slower than real time) the runner
+drains *all* pending commands, so a cancel or stop is handled ahead of further audio
+(STYLE.md item 5): the cancelled response ends at once
 with ``response_finished`` ``cancelled``. Output is paced to real time: at most
 ``realtime.audio_lead_ms`` of audio ahead of the wall clock since the response started;
-the first ``realtime.audio_prebuffer_ms`` go out in one burst. The runner waits on the
+the first ``realtime.audio_prebuffer_ms`` go out in one burst, and after them each wake-up
+makes ``realtime.audio_chunk_ms`` (its steps back to back, one send). The runner waits on the
 inbox itself (``XREAD BLOCK`` until the next step is due, or the next keep-alive when
 idle), so a command that arrives during a wait is seen at once, and a session thread
 wakes only when it has work. ``stop``, or no command nor keep-alive from the API for
@@ -203,13 +205,18 @@ class _VoiceSession:
         response.started = time.monotonic()
 
     def _step(self, response: _Response) -> None:
-        """One model step; until the prebuffer is full, the steps it needs back to back.
-        Commands are read between those steps only after a step that took longer than the
-        audio it made: a fast model fills the prebuffer without a Redis round trip (each
-        one costs a GIL hand-off among dozens of session threads), a slow one still sees a
-        cancel within a step."""
+        """The steps of one wake-up, back to back: until the prebuffer is full (the first
+        one), else until ``audio_chunk_ms`` more is made; then one send. Commands are read
+        between those steps only after a step that took longer than the audio it made: a
+        fast model fills its chunk without a Redis round trip (each one costs a GIL
+        hand-off among dozens of session threads), a slow one still sees a cancel within
+        a step."""
         assert self.pipe is not None
-        prebuffer = self.settings.realtime.audio_prebuffer_ms * self.pipe.sample_rate // 1000
+        rt, rate = self.settings.realtime, self.pipe.sample_rate
+        if response.released:
+            until = response.samples + rt.audio_chunk_ms * rate // 1000
+        else:
+            until = rt.audio_prebuffer_ms * rate // 1000
         slow = False
         while True:
             if slow:
@@ -228,7 +235,7 @@ class _VoiceSession:
                 )
                 response.held.append((audio, chunk.pcm16))
             done = self.pipe.done(response.state)
-            if response.released or response.samples >= prebuffer or done:
+            if response.samples >= until or done:
                 break
         self._release(response)
         if done:

@@ -191,7 +191,9 @@ def _measure(
     for i, ((t, _), dur) in enumerate(zip(answer, audio_s, strict=True)):
         if i and t > play_end + 1e-3:
             underruns += 1  # playback ran dry; it resumes when this delta arrives
-            out.setdefault("underrun_at", []).append(i)
+            # which delta, ms since the answer's first delta, ms dry, ms of audio before
+            at = [i, round((t - answer[0][0]) * 1000), round((t - play_end) * 1000)]
+            out.setdefault("underrun_at", []).append([*at, round(sum(audio_s[:i]) * 1000)])
             dry_s += t - play_end
         play_end = max(play_end, t) + dur
     out["underruns"] = underruns
@@ -248,6 +250,8 @@ def aggregate(n: int, sessions: list[dict[str, Any]], silence_ms: int) -> dict[s
         "max_delta_gap_ms": summary(flat("max_delta_gap_ms")),
         "buffered_at_arrival_ms": summary(flat("answer_lead_ms")),
         "sessions_with_underruns": sum(1 for s in ok if s.get("underruns")),
+        # [delta index, ms after the first delta, ms dry, audio ms before it], ≤ 10 sessions
+        "underrun_at": [s["underrun_at"] for s in ok if s.get("underrun_at")][:10],
         "session_seconds": round(sum(s.get("session_s", 0.0) for s in sessions), 1),
     }
 

@@ -41,6 +41,7 @@ def _cmd_api(args: argparse.Namespace) -> int:
         access_log=settings.http.access_log,
         timeout_graceful_shutdown=settings.shutdown_grace_s,
         http=http,
+        ws_per_message_deflate=settings.http.ws_compression,
     )
     sockets = [_shared_socket(host, port)] if settings.http.reuse_port else None
     uvicorn.Server(config).run(sockets=sockets)

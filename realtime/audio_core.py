@@ -73,6 +73,9 @@ class RealtimeOptions:
     # realtime.max_session_s: the session ends (error session_expired) this long after
     # it was created, attached or not; None: no limit
     max_session_s: float | None = None
+    # The shell feeds the detector itself (batched with other sessions' input): appends
+    # only buffer the audio, and the shell hands the detector's events to ``vad_scored``.
+    defer_vad: bool = False
 
 
 class ProtocolCore:
@@ -98,7 +101,7 @@ class ProtocolCore:
             capabilities=wire.Capabilities() if options.duplex else None,
             resume_token=self.resume_token,
         )
-        self.input = InputAudio(vad_factory)
+        self.input = InputAudio(vad_factory, options.defer_vad)
         self._speech_item: str | None = None  # the turn the detector has open
         self._speech_start = 0  # bytes
         self._idle_deadline: float | None = None

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+from typing import Any
 
 import models.realtime as wire
 from realtime.audio_core import ProtocolCore
 from realtime.conversation import Conversation, Entry, ItemError, client_entry
-from realtime.input_audio import BYTES_PER_MS
+from realtime.input_audio import BYTES_PER_MS, Boundary
 from realtime.outbox import new_id
 
 
@@ -41,7 +42,18 @@ class TurnHandlers(ProtocolCore):
                 event_id=event.event_id,
             )
             return
-        for boundary in self.input.append(pcm):
+        boundaries = self.input.append(pcm)
+        if self.input.defer_vad and self.input.vad is not None:
+            return  # the shell feeds the detector, then calls vad_scored
+        self._turn_boundaries(boundaries, now)
+
+    def vad_scored(self, events: list[Any], now: float) -> None:
+        """Deferred VAD (``RealtimeOptions.defer_vad``): the detector's events for the
+        audio of :meth:`InputAudio.take_unscored`."""
+        self._turn_boundaries(self.input.boundaries(events), now)
+
+    def _turn_boundaries(self, boundaries: list[Boundary], now: float) -> None:
+        for boundary in boundaries:
             if boundary.kind == "speech_started":
                 self._speech_started(boundary.at, now)
             elif boundary.kind == "speech_stopped":

@@ -35,8 +35,13 @@ class Boundary:
 
 
 class InputAudio:
-    def __init__(self, vad_factory: VadFactory) -> None:
+    def __init__(self, vad_factory: VadFactory, defer_vad: bool = False) -> None:
+        """``defer_vad``: appends are not fed to the detector here; they collect in
+        :meth:`take_unscored` for the caller, which scores them (batched with other
+        sessions') and turns the detector's events into boundaries with :meth:`boundaries`."""
         self._vad_factory = vad_factory
+        self.defer_vad = defer_vad
+        self._unscored = bytearray()
         self.position = 0  # bytes appended this session
         self.buffer = bytearray()
         self.start = 0  # input position of buffer[0]
@@ -59,10 +64,20 @@ class InputAudio:
         self.position += len(pcm)
         if self.vad is None:
             return []
-        return [
-            Boundary(e.kind, self._vad_origin + int(e.audio_ms) * BYTES_PER_MS)
-            for e in self.vad.feed(pcm)
-        ]
+        if self.defer_vad:
+            self._unscored += pcm
+            return []
+        return self.boundaries(self.vad.feed(pcm))
+
+    def boundaries(self, events: list[Any]) -> list[Boundary]:
+        """The detector's events as input positions."""
+        return [Boundary(e.kind, self._vad_origin + int(e.audio_ms) * BYTES_PER_MS) for e in events]
+
+    def take_unscored(self) -> bytes:
+        """Deferred VAD: the audio appended since the last call, for the detector."""
+        pcm = bytes(self._unscored)
+        self._unscored.clear()
+        return pcm
 
     def take(self, start: int | None = None, end: int | None = None) -> bytes:
         """Remove and return the buffered audio between two input positions (default: all

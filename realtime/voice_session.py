@@ -2,8 +2,9 @@
 client socket, the sans-I/O ``RealtimeProtocol`` and the worker (through the shared
 :class:`~realtime.relay.Relay`).
 
-Client frames go through the protocol (voice-activity detection runs there, in a worker
-thread so the event loop stays free); the protocol's commands (``Respond``, ``Cancel``,
+Client frames go through the protocol; the audio they append goes to the process's VAD
+scorer (``realtime/vad_batch.py``: one thread scores every session's detector, batched),
+whose events go back into the protocol; the protocol's commands (``Respond``, ``Cancel``,
 ``Stop``) go to the worker as ``models.session_bus`` commands on the session's ``in``
 stream; the worker's outputs (``audio``, ``response_finished``, ``failed``,
 ``finished``) come back through the relay into the protocol, and the protocol's frames
@@ -28,7 +29,6 @@ import time
 from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
-from starlette.concurrency import run_in_threadpool
 
 from models.session_bus import (
     AudioOutput,
@@ -45,6 +45,8 @@ from models.session_bus import (
 from realtime.audio_protocol import Cancel, RealtimeOptions, RealtimeProtocol, Respond, State, Stop
 from realtime.broker import BROKER_ERRORS, bounded
 from realtime.relay import Relay, SessionHost
+from realtime.vad import SileroVAD
+from realtime.vad_batch import scorer
 from realtime.voice_state import TakenOverSession, VoiceStateSync, take_over
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
 from storage.bus import BusMessage
@@ -53,8 +55,6 @@ SAMPLE_RATE = 24000
 
 
 def _vad_factory(threshold: float, silence_duration_ms: int) -> Any:
-    from realtime.vad import SileroVAD  # torch-backed: imported when a session needs it
-
     return SileroVAD(threshold=threshold, silence_duration_ms=silence_duration_ms)
 
 
@@ -119,11 +119,17 @@ class VoiceSession:
 
     async def receive(self, text: str) -> None:
         async with self.lock:
-            now = time.monotonic()
-            if self.protocol.vad_active and '"input_audio_buffer.append"' in text[:200]:
-                await run_in_threadpool(self.protocol.receive_text, text, now)
-            else:
-                self.protocol.receive_text(text, now)
+            self.protocol.receive_text(text, time.monotonic())
+            unscored = self.protocol.input.take_unscored()
+            vad = self.protocol.input.vad
+            if unscored and vad is not None:
+                if isinstance(vad, SileroVAD):  # scored with other sessions' input
+                    events = await scorer(self.host.settings.realtime.vad_batch_ms).feed(
+                        vad, unscored
+                    )
+                else:
+                    events = vad.feed(unscored)
+                self.protocol.vad_scored(events, time.monotonic())
             if not self.relay.placed and not self.protocol.close_expected():
                 await self.place()
             await self.flush()
@@ -261,7 +267,11 @@ class VoiceSession:
 def _options(host: SessionHost, model: str, duplex: bool) -> RealtimeOptions:
     rt = host.settings.realtime
     return RealtimeOptions(
-        model=model, duplex=duplex, max_session_s=rt.max_session_s, replay_events=rt.replay_events
+        model=model,
+        duplex=duplex,
+        max_session_s=rt.max_session_s,
+        replay_events=rt.replay_events,
+        defer_vad=True,
     )
 
 

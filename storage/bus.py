@@ -101,10 +101,12 @@ class EventBus:
         return _id(entry_id)
 
     def publish_many(self, stream: str, events: Sequence[tuple[BaseModel, bytes | None]]) -> None:
-        """Publish several events in one round trip (readers see them together)."""
+        """Publish several events in one round trip; readers see them together (one
+        MULTI/EXEC: without it Redis serves a blocked ``XREAD`` after the first ``XADD``
+        of a pipeline, and a voice answer's prebuffer burst reached the client split)."""
         if not events:
             return
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = self.redis.pipeline(transaction=True)
         for event, data in events:
             pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
         pipe.expire(stream, self.ttl_s)

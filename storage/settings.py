@@ -164,6 +164,10 @@ class RealtimeSettings(BaseModel):
     # delta: fewer wake-ups, Redis messages and client events per second of audio, at
     # the price of deltas this long (0: one step per wake-up).
     audio_chunk_ms: int = Field(120, ge=0, le=1000)
+    # Server VAD: the appends of all voice sessions of an API process are scored on one
+    # thread, together; the first of a batch waits this long for others to join it
+    # (0: no wait; batches hold what arrived meanwhile). Adds at most this to detection.
+    vad_batch_ms: float = Field(10.0, ge=0, le=100)
     # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
     resume_grace_s: float = 30.0
     # How long the Redis-held state of a duplex voice session (replay log, session config,
@@ -198,6 +202,10 @@ class HttpSettings(BaseModel):
     # Threads an API process runs blocking calls on (database reads, broker publishes).
     # anyio's default is 40; fewer fight the event loop less for the GIL under load.
     threads: int = Field(default=8, ge=1, le=1000)
+    # WebSocket permessage-deflate (RFC 7692), when a client offers it. Off by default:
+    # realtime traffic is mostly base64 PCM and video, which deflate barely shrinks, and
+    # compressing every frame cost the API and the client ~5% of a voice session's CPU.
+    ws_compression: bool = False
 
 
 class Settings(BaseSettings):

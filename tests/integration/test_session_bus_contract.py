@@ -215,6 +215,44 @@ def test_every_output_reaches_the_session_as_sent(
     assert all(type(m.event) is type(o) for m, (o, _) in zip(target.got, OUTPUTS, strict=True))
 
 
+class _Batches(_Collector):
+    """Keeps each read's entries apart."""
+
+    def __init__(self, expected: int) -> None:
+        super().__init__(expected)
+        self.reads: list[int] = []
+
+    async def outputs(self, entries: list[BusMessage[SessionOutput]], now: float) -> None:
+        if entries:
+            self.reads.append(len(entries))
+        self.got += entries
+
+
+def test_a_burst_reaches_a_relay_that_already_waits_in_one_read(
+    session: tuple[str, redis.Redis], redis_url: str
+) -> None:
+    """The voice runner's prebuffer burst: the relay is blocked in ``XREAD`` when the burst
+    lands, and gets all of it at once (one client delta), not its first entry alone."""
+    session_id, client = session
+    slot = SessionSlot(EventBus(client, ttl_s=60), session_id, RealtimeSettings())
+    burst = [(AudioOutput(response_id="resp_1", produced_at=1.0), PCM)] * 5
+    target = _Batches(len(burst))
+
+    async def relay() -> None:
+        relay, aclient = _relay(session_id, redis_url, target)
+        relay.start()
+        await asyncio.sleep(0.1)  # the relay blocks on the empty stream
+        await asyncio.to_thread(slot.send_many, burst)
+        async with asyncio.timeout(10):
+            while not target.ended():
+                await asyncio.sleep(0.01)
+        await relay.close()
+        await aclient.aclose()
+
+    asyncio.run(relay())
+    assert target.reads == [5]
+
+
 class _Runner:
     """One of the worker context's runners, recording what ``run_task`` hands it."""
 

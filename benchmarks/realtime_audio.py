@@ -305,6 +305,12 @@ def main() -> None:
         default=1,
         help="realtime worker processes; the sessions' slots are split among them",
     )
+    p.add_argument(
+        "--api-processes",
+        type=int,
+        default=1,
+        help="API processes on the one port (SO_REUSEPORT spreads the sessions over them)",
+    )
     args = p.parse_args()
     levels = [int(x) for x in args.sessions.split(",") if x]
     data_dir = Path(tempfile.mkdtemp(prefix="oq-rta-bench-"))
@@ -316,7 +322,12 @@ def main() -> None:
         up, url = start_up(
             data_dir,
             env={"OMNIQ_REALTIME__SLOTS": str(slots)},
-            args=["--realtime-workers", str(args.realtime_workers)],
+            args=[
+                "--realtime-workers",
+                str(args.realtime_workers),
+                "--api-processes",
+                str(args.api_processes),
+            ],
         )
     ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=reference/voice"
     report: dict[str, Any] = {
@@ -324,6 +335,7 @@ def main() -> None:
         "fixtures": ["hello.wav", "stop.wav (barge-in)"],
         "slots": max(levels),
         "realtime_workers": args.realtime_workers,
+        "api_processes": args.api_processes,
         "results": [],
     }
     try:

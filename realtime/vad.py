@@ -87,8 +87,9 @@ class _OnnxNet(Net):
         return float(p[0, 0]), state
 
     def batch(self, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # The network takes a batch as it is (rows bit-identical to one-row calls); a row
-        # costs ~45% of a one-row call at 8 rows (tests/unit/test_vad_batch.py).
+        # The network takes a batch as it is, rows bit-identical to one-row calls
+        # (tests/unit/test_vad_batch.py); on the 2-core box one row cost 154 µs alone and
+        # 80 µs in a batch of 8 (docs/PERFORMANCE.md).
         p, state = self._session.run(None, {"input": x, "state": state, "sr": self._sr})
         return p[:, 0], state
 

@@ -75,16 +75,23 @@ def pg_url() -> Iterator[str]:
         _drop_pg_database(name)
 
 
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    url = f"{REDIS_BASE_URL}/{REDIS_DB}"
+@contextmanager
+def flushed_redis(url: str) -> Iterator[redis.Redis]:
+    """A client of the Redis database ``url``, emptied before and after the block."""
     client = redis.Redis.from_url(url)
     client.flushdb()
     try:
-        yield url
+        yield client
     finally:
         client.flushdb()
         client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = f"{REDIS_BASE_URL}/{REDIS_DB}"
+    with flushed_redis(url):
+        yield url
 
 
 def service_settings(

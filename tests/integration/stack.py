@@ -220,3 +220,21 @@ class Stack:
         """The S3 keys under a job's prefix (``videos/<id>/``, ``audios/<id>/``)."""
         resp = self.s3.client().list_objects_v2(Bucket=self.s3.bucket, Prefix=f"{kind}/{job_id}/")
         return [o["Key"] for o in resp.get("Contents", [])]
+
+
+def assert_not_found(other: httpx.Client, job_url: str, *more_gets: str) -> list[httpx.Response]:
+    """Every route of the job at ``job_url`` answers 404 to ``other`` (a key that does not
+    own it): GET, its content, the GETs of the ``more_gets`` suffixes, cancel, DELETE."""
+    requests = [
+        ("GET", job_url),
+        ("GET", f"{job_url}/content"),
+        *(("GET", job_url + suffix) for suffix in more_gets),
+        ("POST", f"{job_url}/cancel"),
+        ("DELETE", job_url),
+    ]
+    answers = []
+    for method, path in requests:
+        resp = other.request(method, path)
+        assert resp.status_code == 404, (method, path, resp.text)
+        answers.append(resp)
+    return answers

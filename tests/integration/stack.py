@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,16 @@ class Stack:
         tmp = self.failpoints.with_suffix(".tmp")
         tmp.write_text(json.dumps(points))
         tmp.replace(self.failpoints)
+
+    @contextmanager
+    def client_without_failpoints(self, timeout: float = 30) -> Iterator[httpx.Client]:
+        """A client for one test that sets failpoints: none are set before or after it."""
+        self.set_failpoints({})
+        try:
+            with self.client(timeout=timeout) as c:
+                yield c
+        finally:
+            self.set_failpoints({})
 
     @property
     def tmp_dir(self) -> Path:

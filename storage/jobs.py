@@ -214,33 +214,23 @@ class JobStore:
 
     def stale_running(self, stale_before: float, limit: int = 100) -> list[Job]:
         """Running jobs whose worker has not heartbeated since ``stale_before``."""
-        with self._sessions() as s:
-            return list(
-                s.scalars(
-                    select(Job)
-                    .where(
-                        Job.status == JobStatus.IN_PROGRESS.value,
-                        Job.heartbeat_at < stale_before,
-                    )
-                    .limit(limit)
-                )
-            )
+        return self._jobs_where(
+            Job.status == JobStatus.IN_PROGRESS.value, Job.heartbeat_at < stale_before, limit=limit
+        )
 
     def expired_with_artifacts(self, now: float, limit: int = 100) -> list[Job]:
         """Completed jobs past ``expires_at`` that still have artifact rows."""
+        has_artifacts = select(Artifact.id).where(Artifact.job_id == Job.id).exists()
+        return self._jobs_where(
+            Job.status == JobStatus.COMPLETED.value,
+            Job.expires_at < now,
+            has_artifacts,
+            limit=limit,
+        )
+
+    def _jobs_where(self, *where: Any, limit: int) -> list[Job]:
         with self._sessions() as s:
-            has_artifacts = select(Artifact.id).where(Artifact.job_id == Job.id).exists()
-            return list(
-                s.scalars(
-                    select(Job)
-                    .where(
-                        Job.status == JobStatus.COMPLETED.value,
-                        Job.expires_at < now,
-                        has_artifacts,
-                    )
-                    .limit(limit)
-                )
-            )
+            return list(s.scalars(select(Job).where(*where).limit(limit)))
 
     def drop_artifacts(self, job_id: str) -> None:
         with self._sessions() as s:
@@ -252,51 +242,32 @@ class JobStore:
     def claim(self, job_id: str, worker_id: str) -> bool:
         """queued → in_progress for ``worker_id``; False if cancelled or already claimed."""
         now = time.time()
-        with self._sessions() as s:
-            res = s.execute(
-                update(Job)
-                .where(
-                    Job.id == job_id,
-                    Job.status == JobStatus.QUEUED.value,
-                    Job.cancel_requested.is_(False),
-                )
-                .values(
-                    status=JobStatus.IN_PROGRESS.value,
-                    worker_id=worker_id,
-                    attempt=Job.attempt + 1,
-                    started_at=func.coalesce(Job.started_at, now),
-                    heartbeat_at=now,
-                    stage="prepare",
-                )
-            )
-            s.commit()
-            return _rowcount(res) == 1
+        return self._update_one(
+            (
+                Job.id == job_id,
+                Job.status == JobStatus.QUEUED.value,
+                Job.cancel_requested.is_(False),
+            ),
+            status=JobStatus.IN_PROGRESS.value,
+            worker_id=worker_id,
+            attempt=Job.attempt + 1,
+            started_at=func.coalesce(Job.started_at, now),
+            heartbeat_at=now,
+            stage="prepare",
+        )
 
     def take_over(
         self, job_id: str, worker_id: str, *, stale_before: float, max_attempts: int
     ) -> bool:
         """Take a running job whose owner stopped heartbeating (attempt + 1, bounded)."""
-        now = time.time()
-        with self._sessions() as s:
-            res = s.execute(
-                update(Job)
-                .where(
-                    Job.id == job_id,
-                    Job.status == JobStatus.IN_PROGRESS.value,
-                    Job.cancel_requested.is_(False),
-                    Job.heartbeat_at < stale_before,
-                    Job.attempt < max_attempts,
-                )
-                .values(
-                    worker_id=worker_id,
-                    attempt=Job.attempt + 1,
-                    heartbeat_at=now,
-                    stage="prepare",
-                    step=0,
-                )
-            )
-            s.commit()
-            return _rowcount(res) == 1
+        return self._update_one(
+            (*_running(job_id), Job.heartbeat_at < stale_before, Job.attempt < max_attempts),
+            worker_id=worker_id,
+            attempt=Job.attempt + 1,
+            heartbeat_at=time.time(),
+            stage="prepare",
+            step=0,
+        )
 
     def still_owned(self, job_id: str, worker_id: str) -> bool:
         """True while the job is running, not cancelled and owned by ``worker_id``."""
@@ -316,18 +287,15 @@ class JobStore:
 
         ``progress`` never decreases: the UPDATE only applies when the stored value is not
         larger than the new one."""
-        conditions = [
-            Job.id == job_id,
-            Job.status == JobStatus.IN_PROGRESS.value,
-            Job.worker_id == worker_id,
-            Job.cancel_requested.is_(False),
-        ]
+        conditions = _running(job_id, worker_id)
         if "progress" in values:
             conditions.append(Job.progress <= values["progress"])
+        return self._update_one(conditions, heartbeat_at=time.time(), **values)
+
+    def _update_one(self, where: Sequence[Any], **values: Any) -> bool:
+        """One conditional UPDATE of a job row; True when the row matched ``where``."""
         with self._sessions() as s:
-            res = s.execute(
-                update(Job).where(*conditions).values(heartbeat_at=time.time(), **values)
-            )
+            res = s.execute(update(Job).where(*where).values(**values))
             s.commit()
             return _rowcount(res) == 1
 
@@ -338,12 +306,7 @@ class JobStore:
         with self._sessions() as s:
             res = s.execute(
                 update(Job)
-                .where(
-                    Job.id == job_id,
-                    Job.status == JobStatus.IN_PROGRESS.value,
-                    Job.worker_id == worker_id,
-                    Job.cancel_requested.is_(False),
-                )
+                .where(*_running(job_id, worker_id))
                 .values(status=JobStatus.COMPLETED.value, heartbeat_at=time.time(), **values)
             )
             if _rowcount(res) != 1:
@@ -366,20 +329,26 @@ class JobStore:
         conditions = [Job.id == job_id, Job.status.in_(ACTIVE)]
         if worker_id is not None:
             conditions.append(Job.worker_id == worker_id)
-        with self._sessions() as s:
-            res = s.execute(
-                update(Job)
-                .where(*conditions)
-                .values(
-                    status=JobStatus.FAILED.value,
-                    error_code=code.value,
-                    error_message=message,
-                    completed_at=time.time(),
-                    **values,
-                )
-            )
-            s.commit()
-            return _rowcount(res) == 1
+        return self._update_one(
+            conditions,
+            status=JobStatus.FAILED.value,
+            error_code=code.value,
+            error_message=message,
+            completed_at=time.time(),
+            **values,
+        )
+
+
+def _running(job_id: str, worker_id: str | None = None) -> list[Any]:
+    """The job is running and not cancelled (and owned by ``worker_id``, when given)."""
+    conditions = [
+        Job.id == job_id,
+        Job.status == JobStatus.IN_PROGRESS.value,
+        Job.cancel_requested.is_(False),
+    ]
+    if worker_id is not None:
+        conditions.append(Job.worker_id == worker_id)
+    return conditions
 
 
 def _rowcount(result: Any) -> int:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -22,6 +22,7 @@ from sqlalchemy import create_engine, text
 
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
+from storage.settings import Settings
 from tests.integration.stack import Stack
 
 PG_ADMIN_URL = os.environ.get(
@@ -74,16 +75,41 @@ def pg_url() -> Iterator[str]:
         _drop_pg_database(name)
 
 
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    url = f"{REDIS_BASE_URL}/{REDIS_DB}"
+@contextmanager
+def flushed_redis(url: str) -> Iterator[redis.Redis]:
+    """A client of the Redis database ``url``, emptied before and after the block."""
     client = redis.Redis.from_url(url)
     client.flushdb()
     try:
-        yield url
+        yield client
     finally:
         client.flushdb()
         client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = f"{REDIS_BASE_URL}/{REDIS_DB}"
+    with flushed_redis(url):
+        yield url
+
+
+def service_settings(
+    database_url: str, s3: EmbeddedS3, *, redis_db: int, **groups: Any
+) -> Settings:
+    """Settings for in-process code on the test services: ``database_url``, Redis index
+    ``redis_db``, the shared S3 server; auth off and no ``.env`` unless ``groups`` say."""
+    return Settings(  # type: ignore[call-arg]
+        database={"url": database_url},
+        redis={"url": f"{REDIS_BASE_URL}/{redis_db}"},
+        s3={
+            "endpoint_url": s3.endpoint_url,
+            "bucket": s3.bucket,
+            "access_key_id": s3.access_key,
+            "secret_access_key": s3.secret_key,
+        },
+        **{"auth": "off", "_env_file": None, **groups},
+    )
 
 
 _S = TypeVar("_S", bound=Stack)

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,16 @@ class Stack:
         tmp = self.failpoints.with_suffix(".tmp")
         tmp.write_text(json.dumps(points))
         tmp.replace(self.failpoints)
+
+    @contextmanager
+    def client_without_failpoints(self, timeout: float = 30) -> Iterator[httpx.Client]:
+        """A client for one test that sets failpoints: none are set before or after it."""
+        self.set_failpoints({})
+        try:
+            with self.client(timeout=timeout) as c:
+                yield c
+        finally:
+            self.set_failpoints({})
 
     @property
     def tmp_dir(self) -> Path:
@@ -220,3 +232,21 @@ class Stack:
         """The S3 keys under a job's prefix (``videos/<id>/``, ``audios/<id>/``)."""
         resp = self.s3.client().list_objects_v2(Bucket=self.s3.bucket, Prefix=f"{kind}/{job_id}/")
         return [o["Key"] for o in resp.get("Contents", [])]
+
+
+def assert_not_found(other: httpx.Client, job_url: str, *more_gets: str) -> list[httpx.Response]:
+    """Every route of the job at ``job_url`` answers 404 to ``other`` (a key that does not
+    own it): GET, its content, the GETs of the ``more_gets`` suffixes, cancel, DELETE."""
+    requests = [
+        ("GET", job_url),
+        ("GET", f"{job_url}/content"),
+        *(("GET", job_url + suffix) for suffix in more_gets),
+        ("POST", f"{job_url}/cancel"),
+        ("DELETE", job_url),
+    ]
+    answers = []
+    for method, path in requests:
+        resp = other.request(method, path)
+        assert resp.status_code == 404, (method, path, resp.text)
+        answers.append(resp)
+    return answers

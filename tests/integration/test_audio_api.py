@@ -19,7 +19,7 @@ from openai import BadRequestError, OpenAI
 
 from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
-from tests.integration.stack import Stack
+from tests.integration.stack import Stack, assert_not_found
 from workers.audio_media import decode_audio
 
 pytestmark = pytest.mark.integration
@@ -282,15 +282,7 @@ def test_jobs_are_invisible_to_other_keys(astack: AudioStack, client: httpx.Clie
     aid = _create(client, prompt="private")["id"]
     astack.wait_audio(client, aid)
     with astack.client(astack.create_key("mallory")) as other:
-        for method, path in [
-            ("GET", f"/v1/audio/generations/{aid}"),
-            ("GET", f"/v1/audio/generations/{aid}/content"),
-            ("GET", f"/v1/audio/generations/{aid}/events"),
-            ("POST", f"/v1/audio/generations/{aid}/cancel"),
-            ("DELETE", f"/v1/audio/generations/{aid}"),
-        ]:
-            resp = other.request(method, path)
-            assert resp.status_code == 404, (method, path, resp.text)
+        for resp in assert_not_found(other, f"/v1/audio/generations/{aid}", "/events"):
             assert resp.json()["error"]["param"] == "audio_id"
         assert aid not in [a["id"] for a in other.get("/v1/audio/generations").json()["data"]]
     with astack.client() as anonymous:

@@ -52,10 +52,8 @@ def fstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
 
 @pytest.fixture
 def client(fstack: Stack) -> Iterator[httpx.Client]:
-    fstack.set_failpoints({})
-    with fstack.client() as c:
+    with fstack.client_without_failpoints() as c:
         yield c
-    fstack.set_failpoints({})
 
 
 def _create(client: httpx.Client, **fields: Any) -> dict[str, Any]:

@@ -25,8 +25,12 @@ from models.db import Job, JobStatus
 from models.job_specs import VideoSpec
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
-from storage.settings import DatabaseSettings, Settings
-from tests.integration.conftest import REDIS_BASE_URL, _drop_pg_database, _new_pg_database
+from storage.settings import DatabaseSettings
+from tests.integration.conftest import (
+    _drop_pg_database,
+    _new_pg_database,
+    service_settings,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -127,17 +131,7 @@ def test_status_read_makes_one_thread_pool_hop(
     (the database work); the state and service dependencies used to add one hop each,
     and a create's queue position another."""
     upgrade(pg_url)
-    settings = Settings(
-        database={"url": pg_url},
-        redis={"url": f"{REDIS_BASE_URL}/{REDIS_DB}"},
-        s3={
-            "endpoint_url": s3_server.endpoint_url,
-            "bucket": s3_server.bucket,
-            "access_key_id": s3_server.access_key,
-            "secret_access_key": s3_server.secret_key,
-        },
-        auth="off",
-    )  # type: ignore[arg-type]
+    settings = service_settings(pg_url, s3_server, redis_db=REDIS_DB)
     hops: list[str] = []
     real = anyio.to_thread.run_sync
     real_blocking = AppState.blocking

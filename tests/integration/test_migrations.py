@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     REDIS_DB,
     _drop_pg_database,
     _new_pg_database,
+    service_settings,
 )
 
 pytestmark = pytest.mark.integration
@@ -130,18 +131,7 @@ def _jobs_table(url: str) -> tuple[Engine, Table]:
 
 
 def _settings(url: str, s3: EmbeddedS3) -> Settings:
-    return Settings(
-        database={"url": url},
-        redis={"url": f"{REDIS_BASE_URL}/{REDIS_DB}"},
-        s3={
-            "endpoint_url": s3.endpoint_url,
-            "bucket": s3.bucket,
-            "access_key_id": s3.access_key,
-            "secret_access_key": s3.secret_key,
-        },
-        auth="off",
-        _env_file=None,
-    )  # type: ignore[call-arg]
+    return service_settings(url, s3, redis_db=REDIS_DB)
 
 
 def test_rows_of_0001_are_read_by_the_new_code_and_downgrade_back(

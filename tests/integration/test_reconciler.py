@@ -21,7 +21,7 @@ from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.queue import JobQueue, make_celery
 from storage.settings import Settings
-from tests.integration.conftest import REDIS_BASE_URL
+from tests.integration.conftest import service_settings
 from workers.reconciler import LOCK_KEY, Reconciler, sweep_temp_dirs
 
 pytestmark = pytest.mark.integration
@@ -32,17 +32,8 @@ REDIS_DB = 11
 @pytest.fixture
 def parts(pg_url: str, s3_server: EmbeddedS3) -> Iterator[tuple[Reconciler, JobStore, Settings]]:
     upgrade(pg_url)
-    settings = Settings(
-        database={"url": pg_url},
-        redis={"url": f"{REDIS_BASE_URL}/{REDIS_DB}"},
-        s3={
-            "endpoint_url": s3_server.endpoint_url,
-            "bucket": s3_server.bucket,
-            "access_key_id": s3_server.access_key,
-            "secret_access_key": s3_server.secret_key,
-        },
-        worker={"heartbeat_timeout_s": 5, "max_attempts": 2, "stale_upload_s": 0},
-    )  # type: ignore[arg-type]
+    worker = {"heartbeat_timeout_s": 5, "max_attempts": 2, "stale_upload_s": 0}
+    settings = service_settings(pg_url, s3_server, redis_db=REDIS_DB, worker=worker)
     engine = make_engine(settings.database)
     jobs = JobStore(make_sessionmaker(engine))
     artifacts = ArtifactStore(make_s3_client(settings.s3), settings.s3)

@@ -15,7 +15,7 @@ from PIL import Image
 from sqlalchemy import create_engine, func, select
 
 from models.db import Artifact
-from tests.integration.stack import Stack
+from tests.integration.stack import Stack, assert_not_found
 
 pytestmark = pytest.mark.integration
 
@@ -217,15 +217,7 @@ def test_jobs_are_invisible_to_other_keys(stack: Stack, client: httpx.Client) ->
     vid = video["id"]
     stack.wait_for(client, vid)
     with stack.client(stack.create_key("mallory")) as other:
-        for method, path in [
-            ("GET", f"/v1/videos/{vid}"),
-            ("GET", f"/v1/videos/{vid}/content"),
-            ("GET", f"/v1/videos/{vid}/content?variant=thumbnail"),
-            ("POST", f"/v1/videos/{vid}/cancel"),
-            ("DELETE", f"/v1/videos/{vid}"),
-        ]:
-            resp = other.request(method, path)
-            assert resp.status_code == 404, (method, path, resp.text)
+        assert_not_found(other, f"/v1/videos/{vid}", "/content?variant=thumbnail")
         listed = other.get("/v1/videos").json()
         assert vid not in [v["id"] for v in listed["data"]]
         assert other.get("/v1/videos", params={"after": vid}).status_code == 400

@@ -55,10 +55,8 @@ def sstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
 
 @pytest.fixture
 def client(sstack: SyncStack) -> Iterator[httpx.Client]:
-    sstack.set_failpoints({})
-    with sstack.client(timeout=60) as c:
+    with sstack.client_without_failpoints(timeout=60) as c:
         yield c
-    sstack.set_failpoints({})
 
 
 def _find(client: httpx.Client, prompt: str, *statuses: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from models.session_bus import (
 from storage.bus import BusMessage, EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import RealtimeSettings, Settings
+from tests.integration.conftest import flushed_redis
 from workers.pipelines.reference_voice import ReferenceVoicePipeline
 from workers.pipelines.registry import PipelineRegistry
 from workers.voice_sessions import VoiceSessionRunner
@@ -87,13 +88,8 @@ class SlowVoice(ReferenceVoicePipeline):
 
 @pytest.fixture
 def client() -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(REDIS_URL)
-    r.flushdb()
-    try:
+    with flushed_redis(REDIS_URL) as r:
         yield r
-    finally:
-        r.flushdb()
-        r.close()
 
 
 class Session:
@@ -179,6 +175,11 @@ class Session:
                     return got
         raise AssertionError(f"no matching output; got {[e.event for e in got]}")
 
+    def stop(self) -> list[Out]:
+        """Stop the session; its outputs up to ``finished``."""
+        self.send(StopCommand())
+        return self.read_until(lambda e: e.event.type == "finished")
+
     def join(self) -> str | None:
         assert self.thread is not None
         self.thread.join(HANG_GUARD_S)
@@ -219,8 +220,7 @@ def test_respond_streams_audio_then_completes(client: redis.Redis) -> None:
     out = s.read_until(_finished("resp_2"))
     assert out[-1].event.status == "completed"
     assert out[-1].event.transcript == "You wrote 3 words."
-    s.send(StopCommand())
-    assert s.read_until(lambda e: e.event.type == "finished")[-1].event == FinishedOutput()
+    assert s.stop()[-1].event == FinishedOutput()
     assert s.join() == "stopped"
 
 
@@ -249,8 +249,7 @@ def test_cancel_ends_the_response_within_one_step(client: redis.Redis) -> None:
     nxt = s.read_until(_finished("resp_next"))
     assert [e.event.type for e in nxt if e.event.type != "audio"] == ["response_finished"]
     assert nxt[-1].event.status == "completed"
-    s.send(StopCommand())
-    s.read_until(lambda e: e.event.type == "finished")
+    s.stop()
     assert s.join() == "stopped"
 
 
@@ -270,8 +269,7 @@ def test_respond_while_busy_waits_its_turn_and_can_be_cancelled(client: redis.Re
     last_a = max(i for i, e in enumerate(out) if getattr(e.event, "response_id", None) == "resp_a")
     first_c = min(i for i, e in enumerate(out) if getattr(e.event, "response_id", None) == "resp_c")
     assert last_a < first_c  # one response at a time
-    s.send(StopCommand())
-    s.read_until(lambda e: e.event.type == "finished")
+    s.stop()
     assert s.join() == "stopped"
 
 
@@ -280,8 +278,7 @@ def test_stop_mid_response_cancels_it_and_finishes(client: redis.Redis) -> None:
     s.start()
     s.respond("resp_1", b"\x00\x00" * RATE * 8)
     s.read_until(lambda e: e.event.type == "audio")
-    s.send(StopCommand())
-    out = s.read_until(lambda e: e.event.type == "finished")
+    out = s.stop()
     assert [e.event.type for e in out if e.event.type != "audio"] == [
         "response_finished",
         "finished",

@@ -95,11 +95,11 @@ class Client:
         self.events: list[dict[str, Any]] = []
         self.cmds: list[Any] = []
         self.pump()
-        if turn_detection is None:
+        if turn_detection != "default":  # None (off) or a turn_detection object
             self.send(
                 {
                     "type": "session.update",
-                    "session": {"audio": {"input": {"turn_detection": None}}},
+                    "session": {"audio": {"input": {"turn_detection": turn_detection}}},
                 }
             )
 

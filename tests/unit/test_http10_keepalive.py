@@ -16,11 +16,6 @@ from tests.unit.uvicorn_thread import serving
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
-        return
     await receive()
     path = scope["path"]
     if path == "/stream":  # no length: only the end of the connection delimits it

@@ -20,11 +20,6 @@ SEEN: dict[str, Any] = {}
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
-        return
     if scope["type"] == "websocket":
         await receive()
         await send({"type": "websocket.accept"})

@@ -159,17 +159,7 @@ def test_barge_in_cancels_with_turn_detected() -> None:
 
 
 def test_no_barge_in_when_interrupt_response_is_off() -> None:
-    c = Client()
-    c.send(
-        {
-            "type": "session.update",
-            "session": {
-                "audio": {
-                    "input": {"turn_detection": {"type": "server_vad", "interrupt_response": False}}
-                }
-            },
-        }
-    )
+    c = Client(turn_detection={"type": "server_vad", "interrupt_response": False})
     c.append(speech(300) + silence(600))
     rid = c.respond().response_id
     c.append(speech(200))
@@ -179,17 +169,7 @@ def test_no_barge_in_when_interrupt_response_is_off() -> None:
 
 
 def test_create_response_false_only_commits() -> None:
-    c = Client()
-    c.send(
-        {
-            "type": "session.update",
-            "session": {
-                "audio": {
-                    "input": {"turn_detection": {"type": "server_vad", "create_response": False}}
-                }
-            },
-        }
-    )
+    c = Client(turn_detection={"type": "server_vad", "create_response": False})
     out = c.append(speech(300) + silence(600))
     assert "input_audio_buffer.committed" in c.types(out)
     assert "response.created" not in c.types(out)
@@ -280,17 +260,7 @@ def test_truncate_drops_unheard_audio_and_transcript() -> None:
 
 
 def test_idle_timeout_triggers_a_response() -> None:
-    c = Client()
-    c.send(
-        {
-            "type": "session.update",
-            "session": {
-                "audio": {
-                    "input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}
-                }
-            },
-        }
-    )
+    c = Client(turn_detection={"type": "server_vad", "idle_timeout_ms": 5000})
     c.append(speech(300) + silence(600))
     rid = c.respond().response_id
     c.p.worker_finished(rid, "completed", c.now)

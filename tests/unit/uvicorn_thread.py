@@ -15,9 +15,12 @@ from cli.embedded import free_port
 
 @contextmanager
 def serving(app: Any, http: type[Any]) -> Iterator[int]:
-    """Serve ``app`` with protocol class ``http`` on a free loopback port; yields the port."""
+    """Serve ``app`` with protocol class ``http`` on a free loopback port; yields the port.
+    No lifespan events: the test apps only answer ``http`` and ``websocket`` scopes."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, http=http, log_level="warning")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http=http, log_level="warning", lifespan="off"
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -28,8 +28,10 @@ from workers.pipelines.base import GenerationRequest, StepState
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
     DiffusersState,
+    batched_prediction,
     call_default,
     cfg,
+    cfg_batch,
     extra_step_kwargs,
     grey_preview,
     guidance_scale,
@@ -54,17 +56,14 @@ class CogVideoXState(DiffusersState):
     old_pred_original_sample: torch.Tensor | None = None
 
 
-class CogVideoXAdapter(DiffusersAdapter):
+class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
     """``CogVideoXPipeline`` (CogVideoX 2b/5b, CogVideoX 1.5 5b text-to-video)."""
 
     family = "diffusers.cogvideox"
     pipeline_class = CogVideoXPipeline
 
-    @torch.no_grad()
-    def prepare(self, request: GenerationRequest) -> CogVideoXState:
-        """``__call__`` steps 1-7; nothing is written to the shared pipe."""
-        pipe = self._loaded()
-        self._no_reference(request)
+    def _prepare(self, pipe: Any, request: GenerationRequest) -> CogVideoXState:
+        """``__call__`` steps 1-7."""
         height, width, num_frames = request.height, request.width, request.num_frames
         # 1. Check inputs.
         pipe.check_inputs(request.prompt, height, width, request.negative_prompt, None)
@@ -128,26 +127,19 @@ class CogVideoXAdapter(DiffusersAdapter):
             is_dpm=isinstance(scheduler, CogVideoXDPMScheduler),
         )
 
-    @torch.no_grad()
-    def step(self, state: StepState) -> None:
+    def _step(self, pipe: Any, s: CogVideoXState) -> None:
         """One iteration of ``__call__``'s step 8."""
-        pipe, s = self._loaded(), _state(state)
         i = s.step_index
         t = s.timesteps[i]
         latents = s.latents
-        latent_model_input = torch.cat([latents] * 2) if s.do_cfg else latents
-        latent_model_input = s.scheduler.scale_model_input(latent_model_input, t)
-        timestep = t.expand(latent_model_input.shape[0])
-        with pipe.transformer.cache_context("cond_uncond"):
-            noise_pred = pipe.transformer(
-                hidden_states=latent_model_input,
-                encoder_hidden_states=s.prompt_embeds,
-                timestep=timestep,
-                image_rotary_emb=s.image_rotary_emb,
-                attention_kwargs=None,
-                return_dict=False,
-            )[0]
-        noise_pred = noise_pred.float()
+        latent_model_input = s.scheduler.scale_model_input(cfg_batch(latents, s.do_cfg), t)
+        noise_pred = batched_prediction(
+            pipe,
+            latent_model_input,
+            t,
+            encoder_hidden_states=s.prompt_embeds,
+            image_rotary_emb=s.image_rotary_emb,
+        )
         scale = s.guidance_scale
         if s.use_dynamic_cfg:
             # As written in __call__ (t is a train timestep, compared with the step count).
@@ -173,13 +165,10 @@ class CogVideoXAdapter(DiffusersAdapter):
                 return_dict=False,
             )
         s.latents = latents.to(s.prompt_embeds.dtype)
-        s.step_index += 1
 
-    @torch.no_grad()
-    def decode_frames(self, state: StepState) -> np.ndarray:
+    def _decode_frames(self, pipe: Any, s: CogVideoXState) -> np.ndarray:
         """The tail of ``__call__``: drop 1.5's padding frames, ``decode_latents``
         (permute to B×C×F×h×w, divide by the VAE scaling factor, decode), postprocess."""
-        pipe, s = self._loaded(), _state(state)
         latents = s.latents[:, s.additional_frames :]
         opts = s.request.options
         with vae_options(pipe.vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
@@ -189,11 +178,5 @@ class CogVideoXAdapter(DiffusersAdapter):
 
     def preview(self, state: StepState) -> np.ndarray | None:
         """Grey middle latent frame (latents are B×F×C×h×w)."""
-        s = _state(state)
+        s = self._state(state)
         return grey_preview(s.latents[:, s.additional_frames :], channel_dim=2, frame_dim=1)
-
-
-def _state(state: StepState) -> CogVideoXState:
-    if not isinstance(state, CogVideoXState):
-        raise TypeError(f"expected a CogVideoXState, got {type(state).__name__}")
-    return state

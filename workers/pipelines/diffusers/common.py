@@ -9,16 +9,18 @@ per-request value is ever written to it: each job gets its own scheduler copy an
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import inspect
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Generic, TypeVar, cast, get_args
 
 import numpy as np
 import torch
+from diffusers.utils.torch_utils import randn_tensor
 
 from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput
@@ -204,19 +206,6 @@ class DiffusersState(StepState):
     do_cfg: bool
 
 
-class SamplingFields(TypedDict):
-    """The :class:`DiffusersState` fields that every adapter fills the same way."""
-
-    num_steps: int
-    request: GenerationRequest
-    generator: torch.Generator
-    scheduler: Any
-    timesteps: torch.Tensor
-    latents: torch.Tensor
-    guidance_scale: float
-    do_cfg: bool
-
-
 def sampling(
     request: GenerationRequest,
     generator: torch.Generator,
@@ -225,30 +214,78 @@ def sampling(
     latents: torch.Tensor,
     guidance_scale: float,
     do_cfg: bool,
-) -> SamplingFields:
-    """Those fields for a state's constructor (``State(**sampling(…), own=…)``); the job
-    has as many steps as its schedule has timesteps."""
-    return SamplingFields(
-        num_steps=len(timesteps),
-        request=request,
-        generator=generator,
-        scheduler=scheduler,
-        timesteps=timesteps,
-        latents=latents,
-        guidance_scale=guidance_scale,
-        do_cfg=do_cfg,
-    )
+) -> dict[str, Any]:
+    """The :class:`DiffusersState` fields every adapter fills the same way, for a state's
+    constructor (``State(**sampling(…), own=…)``); the job has as many steps as its
+    schedule has timesteps."""
+    return {
+        "num_steps": len(timesteps),
+        "request": request,
+        "generator": generator,
+        "scheduler": scheduler,
+        "timesteps": timesteps,
+        "latents": latents,
+        "guidance_scale": guidance_scale,
+        "do_cfg": do_cfg,
+    }
+
+
+def cfg_batch(latents: torch.Tensor, do_cfg: bool) -> torch.Tensor:
+    """The model input of one step: ``latents`` twice (the [negative, positive] batch)
+    under classifier-free guidance, else as they are."""
+    return torch.cat([latents] * 2) if do_cfg else latents
+
+
+def batched_prediction(
+    pipe: Any, latent_model_input: torch.Tensor, t: torch.Tensor, **conditioning: Any
+) -> torch.Tensor:
+    """One transformer pass over a step's whole model input (the CFG batch: the
+    ``"cond_uncond"`` cache context) at timestep ``t``; the prediction in float32."""
+    timestep = t.expand(latent_model_input.shape[0])
+    with pipe.transformer.cache_context("cond_uncond"):
+        prediction: torch.Tensor = pipe.transformer(
+            hidden_states=latent_model_input,
+            timestep=timestep,
+            attention_kwargs=None,
+            return_dict=False,
+            **conditioning,
+        )[0]
+    return prediction.float()
+
+
+def decode_video(pipe: Any, request: GenerationRequest, *latents: Any) -> np.ndarray:
+    """``vae.decode(*latents)`` under the request's VAE options, post-processed to float32
+    T×H×W×3 in [0, 1] (``postprocess_video(output_type="np")`` of the one video)."""
+    opts = request.options
+    with vae_options(pipe.vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
+        video = pipe.vae.decode(*latents, return_dict=False)[0]
+    frames: np.ndarray = pipe.video_processor.postprocess_video(video, output_type="np")
+    return frames[0]
+
+
+S = TypeVar("S", bound=DiffusersState)
 
 
 _DTYPE_KWARG = _dtype_kwarg()
 
 
-class DiffusersAdapter(Pipeline):
-    """Common loading for the adapters; subclasses implement prepare/step/decode."""
+class DiffusersAdapter(Pipeline, Generic[S]):
+    """Common loading and the :class:`Pipeline` calls, run without autograd on the loaded
+    pipe and the adapter's own state class; subclasses implement ``_prepare`` (what
+    ``__call__`` does before its loop), ``_step`` (one loop iteration, without advancing
+    ``step_index``) and ``_decode_frames`` (what follows the loop, for video)."""
 
     family: str = ""
     # Defined by subclasses: the diffusers pipeline class loaded from ``path``.
     pipeline_class: Any = None
+    state_class: type[S]  # the type argument: ``class LTXAdapter(DiffusersAdapter[LTXState])``
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            args = get_args(base)
+            if args and isinstance(args[0], type) and issubclass(args[0], DiffusersState):
+                cls.state_class = cast(Any, args[0])
 
     def __init__(
         self,
@@ -296,30 +333,113 @@ class DiffusersAdapter(Pipeline):
     def _seq_len(self, default: int) -> int:
         return default if self.max_sequence_length is None else self.max_sequence_length
 
-    def _no_reference(self, request: GenerationRequest) -> None:
+    def _state(self, state: StepState) -> S:
+        if not isinstance(state, self.state_class):
+            name = self.state_class.__name__
+            raise TypeError(f"expected a {name}, got {type(state).__name__}")
+        return state
+
+    @torch.no_grad()
+    def prepare(self, request: GenerationRequest) -> S:
+        """Everything ``__call__`` does before its loop; nothing is written to the pipe.
+        These adapters are text-to-video/audio: an input reference is refused."""
         if request.reference_image is not None:
             raise InvalidJobInput(f"{self.spec.name} does not take an input_reference")
+        return self._prepare(self._loaded(), request)
 
+    @torch.no_grad()
+    def step(self, state: StepState) -> None:
+        """One iteration of ``__call__``'s denoising loop."""
+        s = self._state(state)
+        self._step(self._loaded(), s)
+        s.step_index += 1
+
+    @torch.no_grad()
     def decode_frames(self, state: StepState) -> np.ndarray:
         """The decoded video as float32 T×H×W×3 in [0, 1], i.e. what
         ``pipe(..., output_type="np").frames[0]`` returns."""
-        raise NotImplementedError
+        return self._decode_frames(self._loaded(), self._state(state))
 
     def decode(self, state: StepState) -> Media:
         """``decode_frames`` as uint8 at the request's fps."""
-        if not isinstance(state, DiffusersState):
-            raise TypeError(f"expected a DiffusersState, got {type(state).__name__}")
-        return Media(frames=to_uint8(self.decode_frames(state)), fps=state.request.fps)
+        s = self._state(state)
+        return Media(frames=to_uint8(self.decode_frames(s)), fps=s.request.fps)
+
+    @abc.abstractmethod
+    def _prepare(self, pipe: Any, request: GenerationRequest) -> S: ...
+
+    @abc.abstractmethod
+    def _step(self, pipe: Any, s: S) -> None: ...
+
+    def _decode_frames(self, pipe: Any, s: S) -> np.ndarray:
+        raise NotImplementedError
 
 
-def unpack_video_latents(pipe: Any, latents: torch.Tensor, state: Any) -> torch.Tensor:
-    """LTX/LTX-2 packed token latents → B×C×F×H×W, with the state's latent grid."""
-    unpacked: torch.Tensor = pipe._unpack_latents(
-        latents,
-        state.latent_num_frames,
-        state.latent_height,
-        state.latent_width,
-        pipe.transformer_spatial_patch_size,
-        pipe.transformer_temporal_patch_size,
-    )
-    return unpacked
+@dataclass(kw_only=True)
+class PackedState(DiffusersState):
+    """A job of the LTX family, whose ``latents`` are packed B×tokens×C on this grid."""
+
+    latent_num_frames: int
+    latent_height: int
+    latent_width: int
+    device: torch.device
+
+
+P = TypeVar("P", bound=PackedState)
+
+
+class PackedLatentsAdapter(DiffusersAdapter[P]):
+    """What LTX and LTX-2 share: Gemma/T5 prompt batches with attention masks, and latents
+    packed into tokens (unpacked for decode and previews)."""
+
+    def _prompt_batch(
+        self, pipe: Any, request: GenerationRequest, do_cfg: bool, device: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``encode_prompt``: the prompt embeddings and their attention mask, as the
+        [negative, positive] batch under CFG."""
+        embeds, mask, neg_embeds, neg_mask = pipe.encode_prompt(
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            do_classifier_free_guidance=do_cfg,
+            num_videos_per_prompt=1,
+            max_sequence_length=self._seq_len(call_default(pipe, "max_sequence_length")),
+            device=device,
+        )
+        if do_cfg:
+            embeds = torch.cat([neg_embeds, embeds], dim=0)
+            mask = torch.cat([neg_mask, mask], dim=0)
+        return embeds, mask
+
+    def _decode_noise(
+        self, latents: torch.Tensor, extra: dict[str, Any], generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What LTX and LTX-2 do after their loop for a timestep-conditioned VAE: mix
+        ``decode_noise_scale`` of fresh noise (drawn from ``generator``) into the latents and
+        decode at ``decode_timestep`` (the ``__call__`` arguments; ``request.extra`` here).
+        Returns the noised latents and the decode timestep."""
+        default = call_default(self._loaded(), "decode_timestep")
+        decode_timestep = float(extra.get("decode_timestep", default))
+        noise_scale = float(extra.get("decode_noise_scale", decode_timestep))
+        device, dtype = latents.device, latents.dtype
+        noise = randn_tensor(latents.shape, generator=generator, device=device, dtype=dtype)
+        timestep = torch.tensor([decode_timestep], device=device, dtype=dtype)
+        scale = torch.tensor([noise_scale], device=device, dtype=dtype)[:, None, None, None, None]
+        return (1 - scale) * latents + scale * noise, timestep
+
+    def _unpacked(self, latents: torch.Tensor, s: P) -> torch.Tensor:
+        """Packed token latents → B×C×F×H×W, on the state's latent grid."""
+        pipe = self._loaded()
+        unpacked: torch.Tensor = pipe._unpack_latents(
+            latents,
+            s.latent_num_frames,
+            s.latent_height,
+            s.latent_width,
+            pipe.transformer_spatial_patch_size,
+            pipe.transformer_temporal_patch_size,
+        )
+        return unpacked
+
+    def preview(self, state: StepState) -> np.ndarray | None:
+        """Grey middle latent frame of the unpacked video latents (B×C×F×h×w)."""
+        s = self._state(state)
+        return grey_preview(self._unpacked(s.latents, s), channel_dim=1, frame_dim=2)

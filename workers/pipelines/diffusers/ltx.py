@@ -25,51 +25,43 @@ from diffusers.pipelines.ltx.pipeline_ltx import (
     rescale_noise_cfg,
     retrieve_timesteps,
 )
-from diffusers.utils.torch_utils import randn_tensor
 
-from workers.pipelines.base import GenerationRequest, StepState
+from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.common import (
-    DiffusersAdapter,
-    DiffusersState,
+    PackedLatentsAdapter,
+    PackedState,
+    batched_prediction,
     call_default,
     cfg,
+    cfg_batch,
     clone_generator,
-    grey_preview,
+    decode_video,
     guidance_scale,
     job_scheduler,
     make_generator,
     sampling,
-    unpack_video_latents,
-    vae_options,
 )
 
 
 @dataclass(kw_only=True)
-class LTXState(DiffusersState):
+class LTXState(PackedState):
     """One LTX job. ``latents`` are packed (B×tokens×C); ``prompt_embeds`` and
     ``prompt_attention_mask`` hold the [negative, positive] batch when CFG is on."""
 
     prompt_embeds: torch.Tensor
     prompt_attention_mask: torch.Tensor
     guidance_rescale: float
-    latent_num_frames: int
-    latent_height: int
-    latent_width: int
     rope_interpolation_scale: tuple[float, float, float]
-    device: torch.device
 
 
-class LTXAdapter(DiffusersAdapter):
+class LTXAdapter(PackedLatentsAdapter[LTXState]):
     """``LTXPipeline`` (LTX-Video 0.9.x text-to-video)."""
 
     family = "diffusers.ltx"
     pipeline_class = LTXPipeline
 
-    @torch.no_grad()
-    def prepare(self, request: GenerationRequest) -> LTXState:
-        """``__call__`` steps 1-6; nothing is written to the shared pipe."""
-        pipe = self._loaded()
-        self._no_reference(request)
+    def _prepare(self, pipe: Any, request: GenerationRequest) -> LTXState:
+        """``__call__`` steps 1-6."""
         height, width, num_frames = request.height, request.width, request.num_frames
         # 1. Check inputs.
         pipe.check_inputs(prompt=request.prompt, height=height, width=width)
@@ -80,17 +72,7 @@ class LTXAdapter(DiffusersAdapter):
         device = pipe._execution_device
 
         # 3. Prepare text embeddings ([negative, positive] batch under CFG).
-        embeds, mask, neg_embeds, neg_mask = pipe.encode_prompt(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt,
-            do_classifier_free_guidance=do_cfg,
-            num_videos_per_prompt=1,
-            max_sequence_length=self._seq_len(call_default(pipe, "max_sequence_length")),
-            device=device,
-        )
-        if do_cfg:
-            embeds = torch.cat([neg_embeds, embeds], dim=0)
-            mask = torch.cat([neg_mask, mask], dim=0)
+        embeds, mask = self._prompt_batch(pipe, request, do_cfg, device)
 
         # 4. Prepare latent variables (packed into tokens).
         generator = make_generator(request.seed)
@@ -140,29 +122,22 @@ class LTXAdapter(DiffusersAdapter):
             device=device,
         )
 
-    @torch.no_grad()
-    def step(self, state: StepState) -> None:
+    def _step(self, pipe: Any, s: LTXState) -> None:
         """One iteration of ``__call__``'s step 7 (batched CFG, optional rescale)."""
-        pipe, s = self._loaded(), _state(state)
         t = s.timesteps[s.step_index]
         latents = s.latents
-        latent_model_input = torch.cat([latents] * 2) if s.do_cfg else latents
-        latent_model_input = latent_model_input.to(s.prompt_embeds.dtype)
-        timestep = t.expand(latent_model_input.shape[0])
-        with pipe.transformer.cache_context("cond_uncond"):
-            noise_pred = pipe.transformer(
-                hidden_states=latent_model_input,
-                encoder_hidden_states=s.prompt_embeds,
-                timestep=timestep,
-                encoder_attention_mask=s.prompt_attention_mask,
-                num_frames=s.latent_num_frames,
-                height=s.latent_height,
-                width=s.latent_width,
-                rope_interpolation_scale=s.rope_interpolation_scale,
-                attention_kwargs=None,
-                return_dict=False,
-            )[0]
-        noise_pred = noise_pred.float()
+        latent_model_input = cfg_batch(latents, s.do_cfg).to(s.prompt_embeds.dtype)
+        noise_pred = batched_prediction(
+            pipe,
+            latent_model_input,
+            t,
+            encoder_hidden_states=s.prompt_embeds,
+            encoder_attention_mask=s.prompt_attention_mask,
+            num_frames=s.latent_num_frames,
+            height=s.latent_height,
+            width=s.latent_width,
+            rope_interpolation_scale=s.rope_interpolation_scale,
+        )
         if s.do_cfg:
             noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
             noise_pred = cfg(noise_pred_uncond, noise_pred_text, s.guidance_scale)
@@ -171,15 +146,9 @@ class LTXAdapter(DiffusersAdapter):
                     noise_pred, noise_pred_text, guidance_rescale=s.guidance_rescale
                 )
         s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
-        s.step_index += 1
 
-    def _unpacked(self, latents: torch.Tensor, s: LTXState) -> torch.Tensor:
-        return unpack_video_latents(self._loaded(), latents, s)
-
-    @torch.no_grad()
-    def decode_frames(self, state: StepState) -> np.ndarray:
+    def _decode_frames(self, pipe: Any, s: LTXState) -> np.ndarray:
         """The tail of ``__call__``: unpack, de-normalise, decode-timestep noise, decode."""
-        pipe, s = self._loaded(), _state(state)
         vae = pipe.vae
         latents = self._unpacked(s.latents, s)
         latents = pipe._denormalize_latents(
@@ -188,35 +157,7 @@ class LTXAdapter(DiffusersAdapter):
         latents = latents.to(s.prompt_embeds.dtype)
         timestep: torch.Tensor | None = None
         if vae.config.timestep_conditioning:
-            extra = s.request.extra
             # Drawn from a clone: decoding twice gives the same video.
-            noise = randn_tensor(
-                latents.shape,
-                generator=clone_generator(s.generator),
-                device=s.device,
-                dtype=latents.dtype,
-            )
-            default = call_default(pipe, "decode_timestep")
-            decode_timestep = float(extra.get("decode_timestep", default))
-            noise_scale = float(extra.get("decode_noise_scale", decode_timestep))
-            timestep = torch.tensor([decode_timestep], device=s.device, dtype=latents.dtype)
-            scale = torch.tensor([noise_scale], device=s.device, dtype=latents.dtype)
-            scale = scale[:, None, None, None, None]
-            latents = (1 - scale) * latents + scale * noise
-        latents = latents.to(vae.dtype)
-        opts = s.request.options
-        with vae_options(vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
-            video = vae.decode(latents, timestep, return_dict=False)[0]
-        frames: np.ndarray = pipe.video_processor.postprocess_video(video, output_type="np")
-        return frames[0]
-
-    def preview(self, state: StepState) -> np.ndarray | None:
-        """Grey middle latent frame of the unpacked latents (B×C×F×h×w)."""
-        s = _state(state)
-        return grey_preview(self._unpacked(s.latents, s), channel_dim=1, frame_dim=2)
-
-
-def _state(state: StepState) -> LTXState:
-    if not isinstance(state, LTXState):
-        raise TypeError(f"expected an LTXState, got {type(state).__name__}")
-    return state
+            generator = clone_generator(s.generator)
+            latents, timestep = self._decode_noise(latents, s.request.extra, generator)
+        return decode_video(pipe, s.request, latents.to(vae.dtype), timestep)

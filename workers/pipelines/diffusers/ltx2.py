@@ -42,22 +42,20 @@ from diffusers.pipelines.ltx2.pipeline_ltx2 import (
     retrieve_timesteps,
 )
 from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
-from diffusers.utils.torch_utils import randn_tensor
 
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.common import (
-    DiffusersAdapter,
-    DiffusersState,
+    PackedLatentsAdapter,
+    PackedState,
     call_default,
-    grey_preview,
+    cfg_batch,
+    decode_video,
     guidance_scale,
     job_scheduler,
     make_generator,
     sampling,
     to_uint8,
-    unpack_video_latents,
-    vae_options,
 )
 
 _KNOBS = (
@@ -81,7 +79,7 @@ EXTRA_PARAMS = (
 
 
 @dataclass(kw_only=True)
-class LTX2State(DiffusersState):
+class LTX2State(PackedState):
     """One LTX-2 job. ``latents`` (video) and ``audio_latents`` are packed B×tokens×C;
     ``embeds``/``audio_embeds``/``attention_mask``/coords hold the [negative, positive]
     batch under CFG, the ``guide_*`` fields what the STG / modality passes use."""
@@ -104,12 +102,8 @@ class LTX2State(DiffusersState):
     guide_video_coords: torch.Tensor
     guide_audio_coords: torch.Tensor
     conditioning_fps: float
-    latent_num_frames: int
-    latent_height: int
-    latent_width: int
     audio_num_frames: int
     latent_mel_bins: int
-    device: torch.device
 
     @property
     def do_stg(self) -> bool:
@@ -120,7 +114,7 @@ class LTX2State(DiffusersState):
         return self.scales["modality_scale"] > 1.0 or self.scales["audio_modality_scale"] > 1.0
 
 
-class LTX2Adapter(DiffusersAdapter):
+class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
     """``LTX2Pipeline`` (Lightricks LTX-2 text-to-video with sound)."""
 
     family = "diffusers.ltx2"
@@ -150,11 +144,7 @@ class LTX2Adapter(DiffusersAdapter):
             ) from None
         return blocks or None
 
-    @torch.no_grad()
-    def prepare(self, request: GenerationRequest) -> LTX2State:
-        """Everything ``__call__`` does before its loop; nothing is written to the pipe."""
-        pipe = self._loaded()
-        self._no_reference(request)
+    def _prepare(self, pipe: Any, request: GenerationRequest) -> LTX2State:
         height, width = request.height, request.width
         num_frames, fps, extra = request.num_frames, request.fps, request.extra
         scales = self._scales(request)
@@ -175,17 +165,7 @@ class LTX2Adapter(DiffusersAdapter):
         device = pipe._execution_device
 
         # Prompt encoding ([negative, positive] under CFG), then the text connectors.
-        embeds, mask, neg_embeds, neg_mask = pipe.encode_prompt(
-            prompt=request.prompt,
-            negative_prompt=request.negative_prompt,
-            do_classifier_free_guidance=do_cfg,
-            num_videos_per_prompt=1,
-            max_sequence_length=self._seq_len(call_default(pipe, "max_sequence_length")),
-            device=device,
-        )
-        if do_cfg:
-            embeds = torch.cat([neg_embeds, embeds], dim=0)
-            mask = torch.cat([neg_mask, mask], dim=0)
+        embeds, mask = self._prompt_batch(pipe, request, do_cfg, device)
         padding_side = getattr(pipe.tokenizer, "padding_side", "left")
         video_embeds, audio_embeds, conn_mask = pipe.connectors(
             embeds, mask, padding_side=padding_side
@@ -344,10 +324,8 @@ class LTX2Adapter(DiffusersAdapter):
         )
         return out_video.float(), out_audio.float()
 
-    @torch.no_grad()
-    def step(self, state: StepState) -> None:
+    def _step(self, pipe: Any, s: LTX2State) -> None:
         """One loop iteration: CFG / STG / modality guidance in x0 space, both schedulers."""
-        pipe, s = self._loaded(), _state(state)
         i, t, sc = s.step_index, s.timesteps[s.step_index], s.scales
         latents, audio_latents = s.latents, s.audio_latents
         video_sched, audio_sched = s.scheduler, s.audio_scheduler
@@ -355,8 +333,7 @@ class LTX2Adapter(DiffusersAdapter):
         def x0(sample: torch.Tensor, v: torch.Tensor, sched: Any) -> torch.Tensor:
             return pipe.convert_velocity_to_x0(sample, v, i, sched)
 
-        video_in = torch.cat([latents] * 2) if s.do_cfg else latents
-        audio_in = torch.cat([audio_latents] * 2) if s.do_cfg else audio_latents
+        video_in, audio_in = cfg_batch(latents, s.do_cfg), cfg_batch(audio_latents, s.do_cfg)
         timestep = t.expand(video_in.shape[0])
         with pipe.transformer.cache_context("cond_uncond"):
             pred_v, pred_a = self._forward(s, video_in, audio_in, timestep, guide=False)
@@ -409,46 +386,25 @@ class LTX2Adapter(DiffusersAdapter):
         velocity_a = pipe.convert_x0_to_velocity(audio_latents, guided_a, i, audio_sched)
         s.latents = video_sched.step(velocity_v, t, latents, return_dict=False)[0]
         s.audio_latents = audio_sched.step(velocity_a, t, audio_latents, return_dict=False)[0]
-        s.step_index += 1
 
-    def _unpacked(self, latents: torch.Tensor, s: LTX2State) -> torch.Tensor:
-        return unpack_video_latents(self._loaded(), latents, s)
-
-    @torch.no_grad()
-    def decode_frames(self, state: StepState) -> np.ndarray:
+    def _decode_frames(self, pipe: Any, s: LTX2State) -> np.ndarray:
         """Video tail of ``__call__``: unpack, decode-timestep noise (timestep-conditioned
-        VAEs), de-normalise, VAE decode; float32 T×H×W×3 in [0, 1] (``output_type="np"``)."""
-        pipe, s = self._loaded(), _state(state)
+        VAEs, drawn from the job's generator as ``__call__`` does), de-normalise, decode."""
         vae = pipe.vae
         latents = self._unpacked(s.latents, s).to(s.dtype)
         timestep: torch.Tensor | None = None
         if vae.config.timestep_conditioning:
-            noise = randn_tensor(
-                latents.shape, generator=s.generator, device=s.device, dtype=latents.dtype
-            )
-            decode_timestep = float(
-                s.request.extra.get("decode_timestep", call_default(pipe, "decode_timestep"))
-            )
-            noise_scale = float(s.request.extra.get("decode_noise_scale", decode_timestep))
-            timestep = torch.tensor([decode_timestep], device=s.device, dtype=latents.dtype)
-            scale = torch.tensor([noise_scale], device=s.device, dtype=latents.dtype)
-            scale = scale[:, None, None, None, None]
-            latents = (1 - scale) * latents + scale * noise
+            latents, timestep = self._decode_noise(latents, s.request.extra, s.generator)
         latents = pipe._denormalize_latents(
             latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
         )
-        latents = latents.to(vae.dtype)
-        opts = s.request.options
-        with vae_options(vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
-            video = vae.decode(latents, timestep, return_dict=False)[0]
-        frames: np.ndarray = pipe.video_processor.postprocess_video(video, output_type="np")
-        return frames[0]
+        return decode_video(pipe, s.request, latents.to(vae.dtype), timestep)
 
     @torch.no_grad()
     def decode_audio(self, state: StepState) -> torch.Tensor:
         """Audio tail of ``__call__``: de-normalise, unpack, audio VAE → mel → vocoder;
         B×channels×samples (``LTX2PipelineOutput.audio``)."""
-        pipe, s = self._loaded(), _state(state)
+        pipe, s = self._loaded(), self._state(state)
         audio_vae = pipe.audio_vae
         latents = pipe._denormalize_audio_latents(
             s.audio_latents, audio_vae.latents_mean, audio_vae.latents_std
@@ -463,7 +419,7 @@ class LTX2Adapter(DiffusersAdapter):
     def decode(self, state: StepState) -> Media:
         """uint8 frames at the request's fps plus float32 (channels, samples) audio at the
         vocoder's ``output_sampling_rate``."""
-        s = _state(state)
+        s = self._state(state)
         frames = to_uint8(self.decode_frames(s))
         audio = self.decode_audio(s)[0].float().cpu().numpy()
         return Media(
@@ -472,14 +428,3 @@ class LTX2Adapter(DiffusersAdapter):
             audio=np.ascontiguousarray(audio, dtype=np.float32),
             sample_rate=int(self._loaded().vocoder.config.output_sampling_rate),
         )
-
-    def preview(self, state: StepState) -> np.ndarray | None:
-        """Grey middle latent frame of the unpacked video latents (B×C×F×h×w)."""
-        s = _state(state)
-        return grey_preview(self._unpacked(s.latents, s), channel_dim=1, frame_dim=2)
-
-
-def _state(state: StepState) -> LTX2State:
-    if not isinstance(state, LTX2State):
-        raise TypeError(f"expected an LTX2State, got {type(state).__name__}")
-    return state

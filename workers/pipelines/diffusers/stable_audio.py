@@ -39,6 +39,7 @@ from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
     DiffusersState,
     cfg,
+    cfg_batch,
     extra_step_kwargs,
     guidance_scale,
     job_scheduler,
@@ -64,7 +65,7 @@ class StableAudioState(DiffusersState):
     waveform_end: int
 
 
-class StableAudioAdapter(DiffusersAdapter):
+class StableAudioAdapter(DiffusersAdapter[StableAudioState]):
     """``StableAudioPipeline`` (e.g. stabilityai/stable-audio-open-1.0); audio only."""
 
     family = "diffusers.stable_audio"
@@ -80,11 +81,8 @@ class StableAudioAdapter(DiffusersAdapter):
             raise InvalidJobInput("an audio request needs duration_s (or extra audio_end_in_s)")
         return start, request.duration_s
 
-    @torch.no_grad()
-    def prepare(self, request: GenerationRequest) -> StableAudioState:
-        """``__call__`` steps 0-7; nothing is written to the shared pipe."""
-        pipe = self._loaded()
-        self._no_reference(request)
+    def _prepare(self, pipe: Any, request: GenerationRequest) -> StableAudioState:
+        """``__call__`` steps 0-7."""
         prompt = request.prompt
         negative_prompt = request.negative_prompt or None
         start, end = self.audio_window(request)
@@ -153,14 +151,11 @@ class StableAudioAdapter(DiffusersAdapter):
             waveform_end=waveform_end,
         )
 
-    @torch.no_grad()
-    def step(self, state: StepState) -> None:
+    def _step(self, pipe: Any, s: StableAudioState) -> None:
         """One iteration of ``__call__``'s step 8 (batched CFG, job scheduler step)."""
-        pipe, s = self._loaded(), _state(state)
         t = s.timesteps[s.step_index]
         latents = s.latents
-        latent_model_input = torch.cat([latents] * 2) if s.do_cfg else latents
-        latent_model_input = s.scheduler.scale_model_input(latent_model_input, t)
+        latent_model_input = s.scheduler.scale_model_input(cfg_batch(latents, s.do_cfg), t)
         noise_pred = pipe.transformer(
             latent_model_input,
             t.unsqueeze(0),
@@ -173,19 +168,18 @@ class StableAudioAdapter(DiffusersAdapter):
             noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
             noise_pred = cfg(noise_pred_uncond, noise_pred_text, s.guidance_scale)
         s.latents = s.scheduler.step(noise_pred, t, latents, **s.step_kwargs).prev_sample
-        s.step_index += 1
 
     @torch.no_grad()
     def decode_audio(self, state: StepState) -> torch.Tensor:
         """``__call__``'s step 9: VAE decode, cropped to the requested window; B×C×S, what
         ``pipe(..., output_type="pt").audios`` returns."""
-        pipe, s = self._loaded(), _state(state)
+        pipe, s = self._loaded(), self._state(state)
         audio: torch.Tensor = pipe.vae.decode(s.latents).sample
         return audio[:, :, s.waveform_start : s.waveform_end]
 
     def decode(self, state: StepState) -> Media:
         """Audio-only media: no frames (shape 0×0×0×3), float32 (channels, samples)."""
-        s = _state(state)
+        s = self._state(state)
         audio = self.decode_audio(s)[0].float().cpu().numpy()
         return Media(
             frames=_NO_FRAMES.copy(),
@@ -193,9 +187,3 @@ class StableAudioAdapter(DiffusersAdapter):
             audio=np.ascontiguousarray(audio, dtype=np.float32),
             sample_rate=int(self._loaded().vae.config.sampling_rate),
         )
-
-
-def _state(state: StepState) -> StableAudioState:
-    if not isinstance(state, StableAudioState):
-        raise TypeError(f"expected a StableAudioState, got {type(state).__name__}")
-    return state

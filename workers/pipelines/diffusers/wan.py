@@ -30,12 +30,12 @@ from workers.pipelines.diffusers.common import (
     DiffusersState,
     call_default,
     cfg,
+    decode_video,
     grey_preview,
     guidance_scale,
     job_scheduler,
     make_generator,
     sampling,
-    vae_options,
 )
 
 logger = logging.getLogger(__name__)
@@ -52,17 +52,14 @@ class WanState(DiffusersState):
     transformer_dtype: torch.dtype
 
 
-class WanAdapter(DiffusersAdapter):
+class WanAdapter(DiffusersAdapter[WanState]):
     """``WanPipeline`` (T2V 1.3B/14B, Wan 2.2 A14B with ``transformer_2``, TI2V-5B)."""
 
     family = "diffusers.wan"
     pipeline_class = WanPipeline
 
-    @torch.no_grad()
-    def prepare(self, request: GenerationRequest) -> WanState:
-        """``__call__`` steps 1-5; nothing is written to the shared pipe."""
-        pipe = self._loaded()
-        self._no_reference(request)
+    def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:
+        """``__call__`` steps 1-5."""
         opts = request.options
         prompt, negative_prompt = request.prompt, request.negative_prompt
         height, width, num_frames = request.height, request.width, request.num_frames
@@ -137,10 +134,8 @@ class WanAdapter(DiffusersAdapter):
             transformer_dtype=transformer_dtype,
         )
 
-    @torch.no_grad()
-    def step(self, state: StepState) -> None:
+    def _step(self, pipe: Any, s: WanState) -> None:
         """One iteration of ``__call__``'s step 6 (the denoising loop)."""
-        pipe, s = self._loaded(), _state(state)
         i = s.step_index
         t = s.timesteps[i]
         if s.boundary_timestep is None or t >= s.boundary_timestep:
@@ -160,32 +155,25 @@ class WanAdapter(DiffusersAdapter):
             "sigma": float(s.scheduler.sigmas[i]),
             "num_inference_steps": len(s.timesteps),
         }
-        with model.cache_context("cond", **cache_kwargs):
-            noise_pred = model(
-                hidden_states=latent_model_input,
-                timestep=timestep,
-                encoder_hidden_states=s.prompt_embeds,
-                attention_kwargs=None,
-                return_dict=False,
-            )[0]
-        if s.do_cfg:
-            with model.cache_context("uncond", **cache_kwargs):
-                noise_uncond = model(
+
+        def predict(cache: str, embeds: torch.Tensor | None) -> torch.Tensor:
+            with model.cache_context(cache, **cache_kwargs):
+                return model(
                     hidden_states=latent_model_input,
                     timestep=timestep,
-                    encoder_hidden_states=s.negative_prompt_embeds,
+                    encoder_hidden_states=embeds,
                     attention_kwargs=None,
                     return_dict=False,
                 )[0]
-            noise_pred = cfg(noise_uncond, noise_pred, scale)
-        s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
-        s.step_index += 1
 
-    @torch.no_grad()
-    def decode_frames(self, state: StepState) -> np.ndarray:
+        noise_pred = predict("cond", s.prompt_embeds)
+        if s.do_cfg:  # a second pass, not a batch: Wan runs CFG as __call__ does
+            noise_pred = cfg(predict("uncond", s.negative_prompt_embeds), noise_pred, scale)
+        s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+
+    def _decode_frames(self, pipe: Any, s: WanState) -> np.ndarray:
         """The tail of ``__call__``: de-normalise with the VAE's latents_mean/std, decode,
         ``postprocess_video(output_type="np")``."""
-        pipe, s = self._loaded(), _state(state)
         vae = pipe.vae
         latents = s.latents.to(get_module_execution_device(vae), dtype=vae.dtype)
         shape = (1, vae.config.z_dim, 1, 1, 1)
@@ -193,19 +181,8 @@ class WanAdapter(DiffusersAdapter):
         std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(
             latents.device, latents.dtype
         )
-        latents = latents / std + mean
-        opts = s.request.options
-        with vae_options(vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
-            video = vae.decode(latents, return_dict=False)[0]
-        frames: np.ndarray = pipe.video_processor.postprocess_video(video, output_type="np")
-        return frames[0]
+        return decode_video(pipe, s.request, latents / std + mean)
 
     def preview(self, state: StepState) -> np.ndarray | None:
         """Grey middle latent frame (latents are B×C×F×h×w)."""
-        return grey_preview(_state(state).latents, channel_dim=1, frame_dim=2)
-
-
-def _state(state: StepState) -> WanState:
-    if not isinstance(state, WanState):
-        raise TypeError(f"expected a WanState, got {type(state).__name__}")
-    return state
+        return grey_preview(self._state(state).latents, channel_dim=1, frame_dim=2)

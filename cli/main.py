@@ -84,9 +84,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     context.pipelines.load_all()
     context.start_background()
     if realtime:
-        # Session threads mostly wait on Redis; a waking thread gets the GIL within 1 ms
-        # instead of 5 (Python's default), which is most of a busy worker's delivery jitter.
-        sys.setswitchinterval(0.001)
+        # How soon a session thread woken by Redis gets the GIL (docs/PERFORMANCE.md).
+        sys.setswitchinterval(settings.realtime.switch_interval_ms / 1000)
     app = create_worker_app(settings, context)
     # Jobs: one at a time per device (solo). Sessions: one thread per slot.
     pool = (

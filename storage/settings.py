@@ -168,6 +168,11 @@ class RealtimeSettings(BaseModel):
     # thread, together; the first of a batch waits this long for others to join it
     # (0: no wait; batches hold what arrived meanwhile). Adds at most this to detection.
     vad_batch_ms: float = Field(10.0, ge=0, le=100)
+    # Realtime workers: Python's GIL switch interval, how long a session thread woken by
+    # Redis may wait for another thread's slice. 5 ms is Python's own default; 1 ms helped
+    # video transport before the voice model calls took turns on one lock, and with that
+    # lock it made voice first audio later (docs/PERFORMANCE.md).
+    switch_interval_ms: float = Field(5.0, gt=0, le=100)
     # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
     resume_grace_s: float = 30.0
     # How long the Redis-held state of a duplex voice session (replay log, session config,

@@ -7,7 +7,7 @@
 #
 # Run from anywhere inside the repo on the device, with the wheelhouse carried
 # (run(..., carry=[".wheelhouse"])). The wheelhouse (.wheelhouse/, ignored through
-# .git/info/exclude; rebuilt here by `python3 .wheelhouse/build.py`) is wheels.tar.xz: the
+# .git/info/exclude; rebuilt here by `python3 benchmarks/device_wheelhouse.py`) is wheels.tar.xz: the
 # wheels the image lacks, repacked to fit the 64 MiB carry limit. It leaves out psycopg
 # (PostgreSQL only; the embedded stack uses SQLite), so the project goes in with --no-deps
 # and its requirements are read from pyproject.toml's `all` extra, psycopg skipped.

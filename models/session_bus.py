@@ -18,7 +18,7 @@ media (never base64 in the JSON)::
         keepalive                        the worker is alive
         started                          world: the rollout began
         chunk {kind, …}                  world; data: one fMP4 fragment
-        audio {response_id, …}           voice; data: one step of PCM16
+        audio {response_id, …}           voice; data: PCM16 of one or more steps
         response_finished {…}            voice
         failed {code, message}           the message is safe to show the client
         finished {stopped, artifact_id}  the session ended on the worker

@@ -7,7 +7,7 @@ the voice model and answers turns. They talk over the session's two Redis Stream
     in  (API → worker): keepalive; respond {response_id, turn} (+ the turn's PCM16 as data);
                         cancel {response_id, reason}; stop
     out (worker → API): accepted {worker_id}; keepalive; audio {response_id, produced_at,
-                        text} (+ one step of PCM16); response_finished {response_id,
+                        text} (+ one wake-up's PCM16); response_finished {response_id,
                         status, audio_ms, transcript}; failed {code, message}; finished
 
 ``workers/session_slot.py`` holds what both session kinds share: the slot's life
@@ -219,12 +219,12 @@ class _VoiceSession:
         response.started = time.monotonic()
 
     def _step(self, response: _Response) -> None:
-        """The steps of one wake-up, back to back: until the prebuffer is full (the first
-        one), else until ``audio_chunk_ms`` more is made; then one send. Commands are read
-        between those steps only after a step that took longer than the audio it made: a
-        fast model fills its chunk without a Redis round trip (each one costs a GIL
-        hand-off among dozens of session threads), a slow one still sees a cancel within
-        a step."""
+        """The steps of one wake-up, back to back under the compute lock: until the
+        prebuffer is full (the first one), else until ``audio_chunk_ms`` more is made; then
+        one send. Commands are read between those steps only after a step that took longer
+        than the audio it made (the lock let go meanwhile): a fast model fills its chunk
+        without a Redis round trip or a lock hand-off (each one costs a GIL hand-off among
+        dozens of session threads), a slow one still sees a cancel within a step."""
         assert self.pipe is not None
         rt, rate = self.settings.realtime, self.pipe.sample_rate
         if response.released:
@@ -232,38 +232,49 @@ class _VoiceSession:
         else:
             until = rt.audio_prebuffer_ms * rate // 1000
         slow = False
-        while True:
-            if slow:
-                self._drain(None)  # a stop raises; a cancel ends the response
-                if self.active is not response:
-                    return
-            with self.compute:
+        with self.compute:
+            while True:
+                if slow:
+                    self.compute.release()  # reading commands is I/O: not under the lock
+                    try:
+                        self._drain(None)  # a stop raises; a cancel ends the response
+                    finally:
+                        self.compute.acquire()
+                    if self.active is not response:
+                        return
                 began = time.monotonic()
                 chunk = self.pipe.step(response.state)
                 slow = time.monotonic() - began > self.pipe.step_ms / 1000
-            if chunk.pcm16:
-                response.samples += len(chunk.pcm16) // 2
-                if chunk.text:
-                    response.transcript.append(chunk.text)
-                audio = AudioOutput(
-                    response_id=response.id, produced_at=time.time(), text=chunk.text
-                )
-                response.held.append((audio, chunk.pcm16))
-            done = self.pipe.done(response.state)
-            if response.samples >= until or done:
-                break
+                if chunk.pcm16:
+                    response.samples += len(chunk.pcm16) // 2
+                    if chunk.text:
+                        response.transcript.append(chunk.text)
+                    audio = AudioOutput(
+                        response_id=response.id, produced_at=time.time(), text=chunk.text
+                    )
+                    response.held.append((audio, chunk.pcm16))
+                done = self.pipe.done(response.state)
+                if response.samples >= until or done:
+                    break
         self._release(response)
         if done:
             self._finish(response, "completed")
             self.active = None
 
     def _release(self, response: _Response) -> None:
-        """Send the audio made and not yet sent (one round trip)."""
+        """Send the audio made and not yet sent as one ``audio`` output (one round trip,
+        one entry for the API to read): ``produced_at`` of its first step, the text of all."""
         response.released = True
-        if response.held:
-            self.slot.send_many(response.held)
-            response.published += sum(len(data or b"") // 2 for _, data in response.held)
-            response.held = []
+        if not response.held:
+            return
+        first = response.held[0][0]
+        pcm = b"".join(data or b"" for _, data in response.held)
+        if len(response.held) > 1:
+            text = "".join(audio.text or "" for audio, _ in response.held) or None
+            first = first.model_copy(update={"text": text})
+        self.slot.send(first, pcm)
+        response.published += len(pcm) // 2
+        response.held = []
 
     def _finish(self, response: _Response, status: str) -> None:
         """Report the end; audio still held back (a cancel during the prebuffer) is dropped."""

@@ -198,7 +198,7 @@ def test_every_output_reaches_the_session_as_sent(
     slot = SessionSlot(EventBus(client, ttl_s=60), session_id, RealtimeSettings())
     for output, data in OUTPUTS[:2]:
         slot.send(output, data)
-    slot.send_many(OUTPUTS[2:])  # the voice runner's burst path
+    slot.send_many(OUTPUTS[2:])  # several outputs in one round trip
     target = _Collector(len(OUTPUTS))
 
     async def relay() -> None:
@@ -231,8 +231,9 @@ class _Batches(_Collector):
 def test_a_burst_reaches_a_relay_that_already_waits_in_one_read(
     session: tuple[str, redis.Redis], redis_url: str
 ) -> None:
-    """The voice runner's prebuffer burst: the relay is blocked in ``XREAD`` when the burst
-    lands, and gets all of it at once (one client delta), not its first entry alone."""
+    """Outputs sent in one round trip (``send_many``): the relay is blocked in ``XREAD``
+    when they land, and gets all of them at once, not the first entry alone (a voice
+    answer's prebuffer once reached the client split that way)."""
     session_id, client = session
     slot = SessionSlot(EventBus(client, ttl_s=60), session_id, RealtimeSettings())
     burst = [(AudioOutput(response_id="resp_1", produced_at=1.0), PCM)] * 5

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -133,11 +133,14 @@ class _Collector:
     def __init__(self, expected: int) -> None:
         self.expected = expected
         self.got: list[BusMessage[SessionOutput]] = []
+        self.reads: list[int] = []  # entries per read that delivered any
 
     def ended(self) -> bool:
         return len(self.got) >= self.expected
 
     async def outputs(self, entries: list[BusMessage[SessionOutput]], now: float) -> None:
+        if entries:
+            self.reads.append(len(entries))
         self.got += entries
 
     async def worker_gone(self, code: str, message: str) -> None:
@@ -170,6 +173,27 @@ def _relay(session_id: str, redis_url: str, target: Any) -> tuple[Relay, Any]:
     return Relay(session_id, host, target), client
 
 
+def _deliver(
+    session_id: str, redis_url: str, target: _Collector, send: Callable[[], None] | None = None
+) -> None:
+    """Relay the session's outputs to ``target`` until it has them all; ``send``: called
+    (on a thread) once the relay is waiting on the stream."""
+
+    async def relay() -> None:
+        relay, aclient = _relay(session_id, redis_url, target)
+        relay.start()
+        if send is not None:
+            await asyncio.sleep(0.1)  # the relay blocks on the empty stream
+            await asyncio.to_thread(send)
+        async with asyncio.timeout(10):
+            while not target.ended():
+                await asyncio.sleep(0.01)
+        await relay.close()
+        await aclient.aclose()
+
+    asyncio.run(relay())
+
+
 def test_every_command_reaches_the_worker_as_sent(
     session: tuple[str, redis.Redis], redis_url: str
 ) -> None:
@@ -200,32 +224,9 @@ def test_every_output_reaches_the_session_as_sent(
         slot.send(output, data)
     slot.send_many(OUTPUTS[2:])  # several outputs in one round trip
     target = _Collector(len(OUTPUTS))
-
-    async def relay() -> None:
-        relay, aclient = _relay(session_id, redis_url, target)
-        relay.start()
-        async with asyncio.timeout(10):
-            while not target.ended():
-                await asyncio.sleep(0.01)
-        await relay.close()
-        await aclient.aclose()
-
-    asyncio.run(relay())
+    _deliver(session_id, redis_url, target)
     assert [(m.event, m.data) for m in target.got] == OUTPUTS
     assert all(type(m.event) is type(o) for m, (o, _) in zip(target.got, OUTPUTS, strict=True))
-
-
-class _Batches(_Collector):
-    """Keeps each read's entries apart."""
-
-    def __init__(self, expected: int) -> None:
-        super().__init__(expected)
-        self.reads: list[int] = []
-
-    async def outputs(self, entries: list[BusMessage[SessionOutput]], now: float) -> None:
-        if entries:
-            self.reads.append(len(entries))
-        self.got += entries
 
 
 def test_a_burst_reaches_a_relay_that_already_waits_in_one_read(
@@ -237,20 +238,8 @@ def test_a_burst_reaches_a_relay_that_already_waits_in_one_read(
     session_id, client = session
     slot = SessionSlot(EventBus(client, ttl_s=60), session_id, RealtimeSettings())
     burst = [(AudioOutput(response_id="resp_1", produced_at=1.0), PCM)] * 5
-    target = _Batches(len(burst))
-
-    async def relay() -> None:
-        relay, aclient = _relay(session_id, redis_url, target)
-        relay.start()
-        await asyncio.sleep(0.1)  # the relay blocks on the empty stream
-        await asyncio.to_thread(slot.send_many, burst)
-        async with asyncio.timeout(10):
-            while not target.ended():
-                await asyncio.sleep(0.01)
-        await relay.close()
-        await aclient.aclose()
-
-    asyncio.run(relay())
+    target = _Collector(len(burst))
+    _deliver(session_id, redis_url, target, send=lambda: slot.send_many(burst))
     assert target.reads == [5]
 
 

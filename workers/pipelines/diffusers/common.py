@@ -372,7 +372,8 @@ class DiffusersAdapter(Pipeline, Generic[S]):
     def _step(self, pipe: Any, s: S) -> None: ...
 
     def _decode_frames(self, pipe: Any, s: S) -> np.ndarray:
-        raise NotImplementedError
+        """Video adapters override this; an audio adapter overrides ``decode`` instead."""
+        raise TypeError(f"{self.spec.name} makes audio, not video frames")
 
 
 @dataclass(kw_only=True)

@@ -46,7 +46,7 @@ from realtime.audio_protocol import Cancel, RealtimeOptions, RealtimeProtocol, R
 from realtime.broker import BROKER_ERRORS, bounded
 from realtime.relay import Relay, SessionHost
 from realtime.vad import SileroVAD
-from realtime.vad_batch import scorer
+from realtime.vad_batch import VadScorer, scorer
 from realtime.voice_state import TakenOverSession, VoiceStateSync, take_over
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
 from storage.bus import BusMessage
@@ -89,6 +89,7 @@ class VoiceSession:
         self.tasks: list[asyncio.Task[None]] = []
         self.grace: asyncio.Task[None] | None = None
         self.ended_event = asyncio.Event()
+        self._vad_scorer: VadScorer | None = None
 
     # ---------------------------------------------------------------- socket side
 
@@ -124,15 +125,18 @@ class VoiceSession:
             vad = self.protocol.input.vad
             if unscored and vad is not None:
                 if isinstance(vad, SileroVAD):  # scored with other sessions' input
-                    events = await scorer(self.host.settings.realtime.vad_batch_ms).feed(
-                        vad, unscored
-                    )
+                    events = await self._scorer().feed(vad, unscored)
                 else:
                     events = vad.feed(unscored)
                 self.protocol.vad_scored(events, time.monotonic())
             if not self.relay.placed and not self.protocol.close_expected():
                 await self.place()
             await self.flush()
+
+    def _scorer(self) -> VadScorer:
+        if self._vad_scorer is None:  # this process's, started by its first VAD append
+            self._vad_scorer = scorer(self.host.settings.realtime.vad_batch_ms)
+        return self._vad_scorer
 
     async def clock(self) -> None:
         """The protocol's deadlines (cancel grace, idle timeout), checked when due."""

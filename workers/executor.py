@@ -54,8 +54,16 @@ from workers.audio_media import (
 from workers.failpoints import Failpoints
 from workers.failures import classify, log_level
 from workers.media import encode_mp4, encode_thumbnail
-from workers.pipelines.base import GenerationRequest, Media, Pipeline, checkpoints
+from workers.pipelines.base import (
+    GenerationRequest,
+    Media,
+    Pipeline,
+    StopReason,
+    checkpoints,
+    step_stops,
+)
 from workers.pipelines.registry import PipelineRegistry
+from workers.stop_watch import StopWatch
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +90,9 @@ class _Run:
     last_write: float = 0.0
     attempt: int = 1
     timeout_s: float = 0.0
+    # Set (by the stop watch or the heartbeat) once the job is no longer ours to run.
+    stop: threading.Event = field(default_factory=threading.Event)
+    blocks: int = 0  # block gates passed in the current step
 
     def timed_out(self) -> JobTimedOut:
         return JobTimedOut(f"the job passed its {self.timeout_s:g} s deadline")
@@ -130,7 +141,9 @@ class StepExecutor:
         run.progress = job.progress  # a taken-over job never reports less than before
         run.attempt = job.attempt
         run.durations["queue"] = round(max((job.started_at or time.time()) - job.created_at, 0), 4)
-        self._publish(job, StatusEvent(status="in_progress"))
+        started = self._publish(job, StatusEvent(status="in_progress"))
+        watch = StopWatch(self.bus, job_id, started).start()
+        run.stop = watch.flag
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
         stop_heartbeat = self._start_heartbeat(run)
         completed = False
@@ -151,10 +164,11 @@ class StepExecutor:
             outcome = code.value
         finally:
             stop_heartbeat.set()
+            watch.close()
             shutil.rmtree(tmp, ignore_errors=True)
             if not completed:
                 self._delete_objects(job)
-            self._release_memory(after_oom=outcome == "oom")
+            self._release_memory(after_oom=outcome == "oom", stopped=not completed)
         log.info("job %s: %s", job_id, outcome)
         return outcome
 
@@ -196,9 +210,12 @@ class StepExecutor:
         del request
         self._enter(run, "denoise")
         preview_every = self.settings.worker.preview_every
+        in_step = self._in_step_stop(run)
         while not state.done:
             self._failpoint(run, f"step:{state.step_index}")
-            pipe.step(state)
+            run.blocks = 0
+            with step_stops(in_step):
+                pipe.step(state)
             run.step = state.step_index
             span = DENOISE_END - STAGE_START["denoise"]
             progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps
@@ -378,6 +395,25 @@ class StepExecutor:
 
         return check
 
+    def _in_step_stop(self, run: _Run) -> StopReason:
+        """What the denoiser's block gates ask before each block: the stop flag and the
+        deadline (no database read: the stop watch and the heartbeat set the flag)."""
+        failpoints = self.failpoints
+
+        def reason(block: int) -> BaseException | None:
+            if block != run.blocks:
+                run.blocks = block
+                if failpoints.path is not None:
+                    self._failpoint(run, f"block:{run.step}:{block}")
+            if run.stop.is_set():
+                log.info("job %s stops in step %d before block %d", run.job.id, run.step, block)
+                return JobLost()
+            if time.time() > run.deadline:
+                return run.timed_out()
+            return None
+
+        return reason
+
     def _check(self, run: _Run) -> None:
         if not self._owned(run):
             raise JobLost
@@ -412,15 +448,16 @@ class StepExecutor:
         )
         self._publish(run.job, event)
 
-    def _publish(self, job: Job, event: Any, data: bytes | None = None) -> None:
+    def _publish(self, job: Job, event: Any, data: bytes | None = None) -> str | None:
         """Events are best effort: a bus failure never fails the job (the row is the
-        truth, and pollers still see it)."""
+        truth, and pollers still see it). Returns the entry's id, None when not sent."""
         if self.bus is None:
-            return
+            return None
         try:
-            self.bus.publish(job_events_key(job.id), event, data)
+            return self.bus.publish(job_events_key(job.id), event, data)
         except Exception:
             log.warning("could not publish %s of %s", event.type, job.id, exc_info=True)
+            return None
 
     def _start_heartbeat(self, run: _Run) -> threading.Event:
         """Heartbeat from a thread, so a long stage (decode, upload) is not taken for a
@@ -434,6 +471,7 @@ class StepExecutor:
                 try:
                     latest = {"progress": run.progress, "step": run.step, "stage": run.stage}
                     if not self.jobs.update_running(run.job.id, self.worker_id, **latest):
+                        run.stop.set()  # cancelled or taken over: stop inside the step too
                         return
                 except Exception:
                     log.warning("heartbeat of %s failed", run.job.id, exc_info=True)
@@ -450,12 +488,15 @@ class StepExecutor:
             log.warning("could not delete objects of %s; the reconciler will", job.id)
 
     @staticmethod
-    def _release_memory(*, after_oom: bool = False) -> None:
+    def _release_memory(*, after_oom: bool = False, stopped: bool = False) -> None:
         """Per-job tensors die with the state by reference counting; a young-generation
         collection catches short cycles (a full one costs ~250 ms with diffusers loaded).
-        After an OOM the allocator's cached blocks go back to the driver as well, so the
-        next job starts unfragmented."""
+        A job stopped inside a step may have left blocks queued on the device: wait for
+        them, so "stopped" means the device is idle. After an OOM the allocator's cached
+        blocks go back to the driver as well, so the next job starts unfragmented."""
         gc.collect(0)
+        if stopped and torch.cuda.is_available():
+            torch.cuda.synchronize()
         if after_oom:
             gc.collect()
             if torch.cuda.is_available():

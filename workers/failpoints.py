@@ -7,7 +7,8 @@ point names to actions, re-read at every hit so a running worker can be steered:
 
     {"encode": "pause", "step:2": "raise", "upload": "kill"}
 
-Points of a job: ``prepare``, ``step:<i>`` (before step i, from 0), ``decode``,
+Points of a job: ``prepare``, ``step:<i>`` (before step i, from 0), ``block:<i>:<b>``
+(inside step i, before the denoiser's block b, from 1: diffusers adapters), ``decode``,
 ``encode``, ``upload``, ``upload_part`` (before each part of a multipart upload),
 ``complete`` (just before the final UPDATE). ``name@attempt<N>`` fires only on the job's
 N-th attempt. Of a realtime video session: ``session_chunk:<i>`` (chunk i is made, before
@@ -23,6 +24,7 @@ one), ``invalid`` (``InvalidJobInput``: the pipeline refuses the request on purp
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -34,6 +36,8 @@ import torch
 from models.errors import InvalidJobInput
 
 PAUSE_LIMIT_S = 120.0
+
+log = logging.getLogger(__name__)
 
 
 class InjectedFault(RuntimeError):
@@ -58,6 +62,7 @@ class Failpoints:
         action = self._action(f"{name}@attempt{attempt}") or self._action(name)
         if action is None:
             return
+        log.info("failpoint %s: %s", name, action)  # tests wait for this line
         if action == "pause":
             deadline = time.monotonic() + PAUSE_LIMIT_S
             while still_owned() and time.monotonic() < deadline:

@@ -193,3 +193,37 @@ def test_stable_audio_runs_through_the_queue(dstack: Stack) -> None:
     assert np.abs(pcm - np.round(expected * 32767)).max() <= 1
     mp3, rate = decode_audio(io.BytesIO(content["mp3"]))
     assert mp3.shape[1] / rate == 1.5
+
+
+def test_cancel_stops_a_diffusers_job_inside_a_step(dstack: Stack) -> None:
+    """A cancel lands between two transformer blocks of a step, not at the step's end: the
+    worker is held inside step 1 before its second block (a failpoint sleep), the client
+    cancels, and the job stops right there; the worker goes on to the next job."""
+    job = {
+        "model": "tiny/wan",
+        "prompt": PROMPT,
+        "size": "32x32",
+        "num_frames": 9,
+        "num_inference_steps": 4,
+        "seed": 3,
+    }
+    with dstack.client_without_failpoints() as c:
+        dstack.set_failpoints({"block:1:2": "sleep:3"})
+        vid = c.post("/v1/videos", json=job).json()["id"]
+        deadline = time.monotonic() + 120
+        while "failpoint block:1:2: sleep:3" not in dstack.log("w0"):
+            assert time.monotonic() < deadline, dstack.log("w0")
+            time.sleep(0.02)
+        assert c.post(f"/v1/videos/{vid}/cancel").status_code == 200
+        done = dstack.wait_for(c, vid, timeout=30)
+        assert done["status"] == "failed", (done, dstack.log("w0"))
+        assert done["error"]["code"] == "cancelled"
+        deadline = time.monotonic() + 10
+        wanted = (f"job {vid} stops in step 1 before block 2", f"job {vid}: cancelled")
+        while not all(line in dstack.log("w0") for line in wanted):
+            assert time.monotonic() < deadline, dstack.log("w0")
+            time.sleep(0.05)
+        assert dstack.objects("video", vid) == []
+        dstack.set_failpoints({})
+        again = c.post("/v1/videos", json=job).json()["id"]
+        assert dstack.wait_for(c, again, timeout=120)["status"] == "completed"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.unit.test_diffusers_video import CASES, FAMILIES, _adapter, _request, _run
-from workers.pipelines.base import GenerationRequest, checkpoint, checkpoints
+from workers.pipelines.base import GenerationRequest, checkpoint, checkpoints, step_stops
 from workers.pipelines.reference_video import ReferenceVideoPipeline
 
 
@@ -94,5 +94,45 @@ def test_diffusers_text_encoder_and_vae_blocks_are_cancel_points(name: str) -> N
     with checkpoints(Counter(stop_at=2)), pytest.raises(Stop):
         adapter.decode(state)
     # an interrupted decode leaves nothing behind: the next job is bit-identical
+    again, _ = _run(adapter, req)
+    np.testing.assert_array_equal(again, expected)
+
+
+class BlockStop:
+    """A step's stop question that answers ``Stop`` from block ``stop_at`` on, and
+    records the block numbers it was asked about."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.asked: list[int] = []
+        self.stop_at = stop_at
+
+    def __call__(self, block: int) -> BaseException | None:
+        self.asked.append(block)
+        return Stop() if self.stop_at is not None and block >= self.stop_at else None
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_diffusers_denoiser_blocks_stop_a_step_midway(name: str) -> None:
+    """Every family's denoiser blocks ask the step's stop question; a stop raised at block
+    2 (the first, where the tiny model has one) ends the step there (the step does not
+    count), and the job run again afterwards is bit-identical: an interrupted step leaves
+    nothing on the shared pipeline."""
+    case = CASES[name]
+    adapter = _adapter(case, case.build())
+    req = _request(case)
+    expected, _ = _run(adapter, req)
+    state: Any = adapter.prepare(req)
+    asked = BlockStop()
+    with step_stops(asked):
+        adapter.step(state)
+    per_step = len(asked.asked)  # blocks x passes (two under Wan's sequential CFG)
+    assert per_step >= 1 and asked.asked == list(range(1, per_step + 1))
+    assert state.step_index == 1
+    stop_at = min(2, per_step)
+    stopper = BlockStop(stop_at=stop_at)
+    with step_stops(stopper), pytest.raises(Stop):
+        adapter.step(state)
+    assert stopper.asked == list(range(1, stop_at + 1)) and state.step_index == 1
+    adapter.step(state)  # outside a job step the gates do nothing
     again, _ = _run(adapter, req)
     np.testing.assert_array_equal(again, expected)

@@ -65,6 +65,33 @@ def checkpoints(check: Callable[[], None]) -> Iterator[None]:
         _checkpoint.reset(token)
 
 
+# Set by the executor around each denoise step (and by a worker group's other ranks):
+# why the job must stop now, or None. Asked before every block of the denoiser with the
+# block's number in the step (from 1; asked again with the same number while waiting).
+StopReason = Callable[[int], BaseException | None]
+_step_stop: contextvars.ContextVar[StopReason | None] = contextvars.ContextVar(
+    "omniq_step_stop", default=None
+)
+
+
+def step_stop() -> StopReason | None:
+    """The stop question of the denoise step running in this context, or None outside one
+    (a block hook then does nothing: sessions, tests, a bare ``step`` call)."""
+    return _step_stop.get()
+
+
+@contextlib.contextmanager
+def step_stops(reason: StopReason) -> Iterator[None]:
+    """Run one denoise step whose blocks may stop it: ``reason(block)`` answers, before
+    each transformer block, the exception to stop with (cancel, deadline) or None. It must
+    be cheap (a flag and a clock read): it runs some 30-60 times a step."""
+    token = _step_stop.set(reason)
+    try:
+        yield
+    finally:
+        _step_stop.reset(token)
+
+
 @dataclass
 class GenerationRequest:
     """A validated, normalized request as the worker sees it (the executor builds it from

@@ -25,6 +25,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, checkpoint
+from workers.pipelines.blocks import BlockGate
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -56,8 +57,8 @@ def _checkpoint_hook(module: torch.nn.Module, args: Any) -> None:
 def _install_checkpoints(pipe: Any) -> None:
     """Cancel points inside prepare and decode: a forward pre-hook calling ``checkpoint()``
     on every block (each element of a ``ModuleList``) of the text encoders, VAEs and
-    vocoders. The denoiser gets none: the executor checks between steps. Outside a job's
-    prepare/decode the hook is one context-variable read."""
+    vocoders. The denoiser's blocks get a :class:`BlockGate` instead (``load``). Outside a
+    job's prepare/decode the hook is one context-variable read."""
     for name, component in pipe.components.items():
         if not isinstance(component, torch.nn.Module) or name.startswith(("transformer", "unet")):
             continue
@@ -305,6 +306,8 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         # None: the pipeline's ``__call__`` default (Wan 512, LTX 128, CogVideoX 226).
         self.max_sequence_length = max_sequence_length
         self.device = torch.device("cpu")
+        # Cancel points between the denoiser's blocks (installed by ``load``).
+        self.gate = BlockGate(self.device)
 
     def load(self, device: str) -> None:
         """``from_pretrained(path, dtype=…, local_files_only=True)`` (or the injected pipe,
@@ -324,6 +327,8 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         self.pipe.to(device)
         self.device = torch.device(device)
         _install_checkpoints(self.pipe)
+        self.gate.device = self.device
+        self.gate.install(self.pipe)
 
     def _loaded(self) -> Any:
         if self.pipe is None:
@@ -351,6 +356,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
     def step(self, state: StepState) -> None:
         """One iteration of ``__call__``'s denoising loop."""
         s = self._state(state)
+        self.gate.begin_step()
         self._step(self._loaded(), s)
         s.step_index += 1
 

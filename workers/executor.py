@@ -170,6 +170,9 @@ class StepExecutor:
                 self._delete_objects(job)
             self._release_memory(after_oom=outcome == "oom", stopped=not completed)
         log.info("job %s: %s", job_id, outcome)
+        if torch.cuda.is_available():  # back to the loaded weights after every job
+            allocated = torch.cuda.memory_allocated() / 2**20
+            log.info("job %s: cuda memory allocated %.1f MiB", job_id, allocated)
         return outcome
 
     def _acquire(self, job_id: str) -> bool:

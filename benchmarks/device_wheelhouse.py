@@ -155,6 +155,7 @@ def main() -> None:
             repack(whl, out / whl.name, tmp)
             print(f"{whl.stat().st_size:>10} -> {(out / whl.name).stat().st_size:>10} {whl.name}")
         names = sorted(p.name for p in out.glob("*.whl"))
+        HERE.mkdir(exist_ok=True)
         (HERE / "MANIFEST.txt").write_text("\n".join(names) + "\n")
         target = HERE / "wheels.tar.xz"
         with open(target, "wb") as f:

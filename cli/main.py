@@ -5,6 +5,7 @@ client.
                  [--api-processes N] [--api-replicas N] [--database-url URL]
     omniqueue api [--host] [--port]                             the HTTP API
     omniqueue worker [--name] [--models] [--device]             one GPU worker process
+    omniqueue worker --devices cuda:0,cuda:1                     one job across N GPUs
     omniqueue migrate                                           alembic upgrade head
     omniqueue keys create --name NAME | list | revoke KEY_ID    API keys
     omniqueue generate "prompt" [...]                           submit, watch, download
@@ -62,54 +63,27 @@ def _shared_socket(host: str, port: int) -> socket.socket:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from workers.celery_app import create_worker_app, worker_queues
-    from workers.context import WorkerContext
-
     settings = get_settings()
     update: dict[str, object] = {}
     if args.models:
         update["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
     if args.device:
         update["device"] = args.device
+    if args.devices:
+        update["devices"] = [d.strip() for d in args.devices.split(",") if d.strip()]
     worker = settings.worker.model_copy(update=update)
     settings = settings.model_copy(update={"worker": worker})
     settings.check_secrets()
-    realtime = bool(args.realtime)
-    context = WorkerContext.build(settings, name=args.name, realtime=realtime)
-    queues = worker_queues(settings, realtime=realtime)
-    if not queues:
-        kind = "streaming" if realtime else "job"
-        print(f"omniqueue worker: no {kind} model is served", file=sys.stderr)
-        return 2
-    context.pipelines.load_all()
-    context.start_background()
-    if realtime:
-        # How soon a session thread woken by Redis gets the GIL (docs/PERFORMANCE.md).
-        sys.setswitchinterval(settings.realtime.switch_interval_ms / 1000)
-    app = create_worker_app(settings, context)
-    # Jobs: one at a time per device (solo). Sessions: one thread per slot.
-    pool = (
-        ["--pool=threads", f"--concurrency={settings.realtime.slots}"]
-        if realtime
-        else ["--pool=solo", "--concurrency=1"]
-    )
-    argv = [
-        "worker",
-        *pool,
-        "--prefetch-multiplier=1",
-        "-Q",
-        ",".join(queues),
-        "-n",
-        f"{args.name}@%h",
-        "--loglevel=INFO",
-        "--without-gossip",
-        "--without-mingle",
-    ]
-    try:
-        app.worker_main(argv)
-    finally:
-        context.close()
-    return 0
+    if settings.worker.group_size > 1:
+        if args.realtime:
+            print("omniqueue worker: --realtime runs on one device, not --devices", file=sys.stderr)
+            return 2
+        from workers.group import run_group
+
+        return run_group(settings, args.name)
+    from workers.celery_app import serve
+
+    return serve(settings, args.name, realtime=bool(args.realtime))
 
 
 def _cmd_migrate(_: argparse.Namespace) -> int:
@@ -222,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--name", default="worker")
     worker.add_argument("--models", default=None, help="comma-separated served models")
     worker.add_argument("--device", default=None, help="cpu, cuda, cuda:1, …")
+    worker.add_argument(
+        "--devices",
+        default=None,
+        help="a worker group: one job across these devices (cuda:0,cuda:1), a process each",
+    )
     worker.add_argument(
         "--realtime",
         action="store_true",

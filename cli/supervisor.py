@@ -48,8 +48,10 @@ class Supervisor:
         say: Callable[[str], None],
         policy: RestartPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        label: str = "omniqueue up",
     ) -> None:
         self._say = say
+        self._label = label
         self.policy = policy or RestartPolicy()
         self._clock = clock
         self._items: list[Supervised] = []
@@ -82,7 +84,7 @@ class Supervisor:
             )
         delay = min(p.backoff_s * 2 ** (item.failures - 1), p.max_backoff_s)
         self._say(
-            f"omniqueue up: {item.name} {what}; restarting it in {delay:g} s "
+            f"{self._label}: {item.name} {what}; restarting it in {delay:g} s "
             f"(failure {item.failures} in a row; giving up at {p.max_fast_failures})"
         )
         item.restart_at = now + delay
@@ -96,4 +98,4 @@ class Supervisor:
             self._failed(item, f"could not be restarted ({exc})")
             return
         item.restarts += 1
-        self._say(f"omniqueue up: {item.name} restarted")
+        self._say(f"{self._label}: {item.name} restarted")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tomllib
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 Modality = Literal["video", "audio"]
 # Which adapter interface runs a model (``workers/pipelines/base.py``): a job pipeline
@@ -277,6 +277,9 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
 }
 
 
+ParallelStrategy = Literal["cfg", "ulysses", "ring"]
+
+
 class ServedModel(BaseModel):
     """One entry of the served-model registry: which adapter runs it, from where, how."""
 
@@ -289,7 +292,26 @@ class ServedModel(BaseModel):
     device: str | None = None
     # Extra keyword arguments of the adapter's constructor (e.g. max_sequence_length).
     adapter_options: dict[str, Any] = Field(default_factory=dict)
+    # Devices one job runs on: a worker group of exactly that many serves the model
+    # (``omniqueue worker --devices cuda:0,cuda:1``), and single-device workers do not.
+    devices: int = Field(default=1, ge=1, le=64)
+    # How a group splits the work (docs/deployment.md): ``cfg``, the conditional and
+    # unconditional passes of classifier-free guidance on two ranks; ``ulysses`` / ``ring``,
+    # diffusers' context parallelism over the token sequence.
+    parallel: ParallelStrategy | None = None
     spec: ModelSpec
+
+    @model_validator(mode="after")
+    def _check_parallel(self) -> ServedModel:
+        if self.devices > 1 and self.parallel is None:
+            raise ValueError("devices > 1 needs a parallel strategy (cfg, ulysses or ring)")
+        if self.devices == 1 and self.parallel is not None:
+            raise ValueError(f"parallel = {self.parallel!r} needs devices > 1")
+        if self.parallel == "cfg" and self.devices != 2:
+            raise ValueError("parallel = 'cfg' runs on exactly 2 devices")
+        if self.devices > 1 and self.spec.streaming:
+            raise ValueError("streaming models run on one device (devices = 1)")
+        return self
 
 
 BUILTIN_MODELS: dict[str, ServedModel] = {

@@ -117,6 +117,12 @@ class WorkerSettings(BaseModel):
     # Models this worker serves (comma-separated); empty means every served model.
     models: ModelList = Field(default_factory=list)
     device: str = "cpu"
+    # A worker group: one job across these devices, one process per rank (``cuda:0,cuda:1``;
+    # ``cpu,cpu`` runs a gloo group on CPUs). Empty: a single-device worker on ``device``.
+    devices: ModelList = Field(default_factory=list)
+    # A worker group's collectives give up after this long: a rank that hangs fails the
+    # group (restarted, its job taken over) instead of holding the others forever.
+    collective_timeout_s: float = Field(default=300.0, gt=0)
     heartbeat_s: float = 5.0
     # A job whose owner has not heartbeated for this long is taken over.
     heartbeat_timeout_s: float = 30.0
@@ -134,10 +140,15 @@ class WorkerSettings(BaseModel):
     # Tests only: a JSON file of fault-injection points (see workers/failpoints.py).
     failpoints_file: str | None = None
 
-    @field_validator("models", mode="before")
+    @field_validator("models", "devices", mode="before")
     @classmethod
     def _split_models(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @property
+    def group_size(self) -> int:
+        """Devices one job of this worker runs on (1 unless it is a worker group)."""
+        return max(1, len(self.devices))
 
 
 class RealtimeSettings(BaseModel):

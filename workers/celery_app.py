@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -41,6 +43,58 @@ def create_worker_app(settings: Settings, context: WorkerContext) -> Celery:
         return run_task(context, payload)
 
     return app
+
+
+def serve(
+    settings: Settings,
+    name: str,
+    *,
+    realtime: bool = False,
+    prepare: Callable[[WorkerContext], None] | None = None,
+) -> int:
+    """Run this process as a Celery worker of ``settings``' models until it is stopped:
+    jobs one at a time (solo pool), or sessions on ``OMNIQ_REALTIME__SLOTS`` threads.
+    ``prepare`` runs on the context once its pipelines are loaded (a worker group's rank 0
+    wraps them there). Returns the exit status."""
+    context = WorkerContext.build(settings, name=name, realtime=realtime)
+    queues = worker_queues(settings, realtime=realtime)
+    if not queues:
+        kind = "streaming" if realtime else "job"
+        size = settings.worker.group_size
+        what = f" for {size} devices" if size > 1 else ""
+        print(f"omniqueue worker: no {kind} model is served{what}", file=sys.stderr)
+        return 2
+    context.pipelines.load_all()
+    if prepare is not None:
+        prepare(context)
+    context.start_background()
+    if realtime:
+        # How soon a session thread woken by Redis gets the GIL (docs/PERFORMANCE.md).
+        sys.setswitchinterval(settings.realtime.switch_interval_ms / 1000)
+    app = create_worker_app(settings, context)
+    # Jobs: one at a time per device (solo). Sessions: one thread per slot.
+    pool = (
+        ["--pool=threads", f"--concurrency={settings.realtime.slots}"]
+        if realtime
+        else ["--pool=solo", "--concurrency=1"]
+    )
+    argv = [
+        "worker",
+        *pool,
+        "--prefetch-multiplier=1",
+        "-Q",
+        ",".join(queues),
+        "-n",
+        f"{name}@%h",
+        "--loglevel=INFO",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    try:
+        app.worker_main(argv)
+    finally:
+        context.close()
+    return 0
 
 
 def worker_queues(settings: Settings, *, realtime: bool = False) -> list[str]:

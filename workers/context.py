@@ -27,17 +27,24 @@ from workers.voice_sessions import VoiceSessionRunner
 
 def worker_models(settings: Settings, *, realtime: bool = False) -> dict[str, ServedModel]:
     """The served models this worker runs (``OMNIQ_WORKER__MODELS``, default all): the
-    streaming ones for a realtime worker, the others for a job worker."""
+    streaming ones for a realtime worker, the others for a job worker; of those, the ones
+    whose ``devices`` is this worker's group size (1 for a single-device worker), so a
+    job that needs two GPUs is only ever placed on a group of two."""
+    size = settings.worker.group_size
     served = {
         name: model
         for name, model in settings.served_models().items()
         if model.spec.streaming == realtime
     }
-    wanted = [m for m in settings.worker.models if m in served] or list(served)
-    unknown = [m for m in wanted if m not in served]
-    if unknown:
-        raise ValueError(f"OMNIQ_WORKER__MODELS names unserved model(s): {', '.join(unknown)}")
-    return {name: served[name] for name in wanted}
+    fitting = {name: m for name, m in served.items() if m.devices == size}
+    named = [m for m in settings.worker.models if m in served]
+    misfit = [f"{m} ({served[m].devices})" for m in named if m not in fitting]
+    if misfit:
+        raise ValueError(
+            f"OMNIQ_WORKER__MODELS names model(s) for another number of devices than this "
+            f"worker's {size}: {', '.join(misfit)}"
+        )
+    return {name: fitting[name] for name in named or fitting}
 
 
 @dataclass

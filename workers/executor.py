@@ -200,8 +200,14 @@ class StepExecutor:
     # ---- the pipeline -----------------------------------------------------------
 
     def _execute(self, run: _Run, tmp: Path) -> bool:
+        pipe = self.pipelines.job(run.job.model)
+        try:
+            return self._execute_on(pipe, run, tmp)
+        finally:
+            pipe.end()
+
+    def _execute_on(self, pipe: Pipeline, run: _Run, tmp: Path) -> bool:
         job = run.job
-        pipe = self.pipelines.job(job.model)
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         started = time.monotonic()

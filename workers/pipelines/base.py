@@ -166,6 +166,11 @@ class Pipeline(abc.ABC):
         """A cheap uint8 H×W×3 estimate of the current result, or None."""
         return None
 
+    def end(self) -> None:
+        """The job ended, whichever way (completed, cancelled, failed, lost): let go of
+        what it held outside its state (a worker group's other ranks drop theirs)."""
+        return None
+
 
 # --- world: a steerable video stream, one chunk at a time --------------------------------
 

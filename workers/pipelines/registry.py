@@ -107,6 +107,14 @@ class PipelineRegistry:
             raise InvalidJobInput(f"model {name!r} is not a voice model", param="model")
         return pipe
 
+    def replace(self, name: str, pipe: AnyPipeline) -> None:
+        """Serve ``name`` through ``pipe`` from now on (a worker group's rank 0 wraps its
+        loaded adapters)."""
+        with self._lock:
+            if name not in self.models:
+                raise ValueError(f"model {name!r} is not served by this worker")
+            self._loaded[name] = pipe
+
     def load_all(self) -> None:
         for name in self.models:
             self.get(name)

@@ -24,6 +24,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput
+from workers.parallel import Parallel
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, checkpoint
 from workers.pipelines.blocks import BlockGate
 
@@ -280,6 +281,9 @@ class DiffusersAdapter(Pipeline, Generic[S]):
     # Defined by subclasses: the diffusers pipeline class loaded from ``path``.
     pipeline_class: Any = None
     state_class: type[S]  # the type argument: ``class LTXAdapter(DiffusersAdapter[LTXState])``
+    # Runs classifier-free guidance as two passes through ``self.parallel.cfg_pair`` (so
+    # a ``cfg`` worker group can put them on two ranks).
+    cfg_parallel = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -308,6 +312,9 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         self.device = torch.device("cpu")
         # Cancel points between the denoiser's blocks (installed by ``load``).
         self.gate = BlockGate(self.device)
+        # This process's share of a step (workers/parallel.py): all of it, unless a
+        # worker group's rank.
+        self.parallel = Parallel()
 
     def load(self, device: str) -> None:
         """``from_pretrained(path, dtype=…, local_files_only=True)`` (or the injected pipe,

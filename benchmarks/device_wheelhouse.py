@@ -43,8 +43,10 @@ PINS = [  # same versions as the dev venv where they exist
     "click-didyoumean==0.3.1",
     "click-plugins==1.1.1.2",
     "click-repl==0.4.1",
+    "diffusers==0.42.1",  # not in the image (its transformers, safetensors, hub are)
     "fastapi==0.165.0",
     "httptools==0.9.0",
+    "importlib-metadata==10.2.0",  # diffusers
     "jmespath==1.1.0",
     "kombu==5.7.0",
     "mako==1.4.3",
@@ -68,6 +70,7 @@ PINS = [  # same versions as the dev venv where they exist
     "vine==5.1.0",
     "wcwidth==0.9.4",
     "websockets==17.4",
+    "zipp==4.1.2",  # importlib-metadata
 ]
 BOTOCORE_SERVICES = {"s3", "sts", "sso", "sso-oidc"}
 PLATFORMS = [

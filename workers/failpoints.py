@@ -59,10 +59,13 @@ class Failpoints:
         return str(action) if action else None
 
     def hit(self, name: str, still_owned: Callable[[], bool], attempt: int = 1) -> None:
-        action = self._action(f"{name}@attempt{attempt}") or self._action(name)
+        key = f"{name}@attempt{attempt}"
+        action = self._action(key)
+        if action is None:
+            key, action = name, self._action(name)
         if action is None:
             return
-        log.info("failpoint %s: %s", name, action)  # tests wait for this line
+        log.info("failpoint %s: %s", key, action)  # tests wait for this line
         if action == "pause":
             deadline = time.monotonic() + PAUSE_LIMIT_S
             while still_owned() and time.monotonic() < deadline:

@@ -309,6 +309,8 @@ class ServedModel(BaseModel):
             raise ValueError(f"parallel = {self.parallel!r} needs devices > 1")
         if self.parallel == "cfg" and self.devices != 2:
             raise ValueError("parallel = 'cfg' runs on exactly 2 devices")
+        if self.devices > 1 and self.device is not None:
+            raise ValueError("a model on several devices runs on the worker group's (--devices)")
         if self.devices > 1 and self.spec.streaming:
             raise ValueError("streaming models run on one device (devices = 1)")
         return self

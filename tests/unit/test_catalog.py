@@ -81,3 +81,36 @@ def test_settings_read_the_registry_file(tmp_path: Path) -> None:
     assert list(settings.served_models()) == ["Wan-AI/Wan2.1-T2V-1.3B"]
     with pytest.raises(ValueError, match="cannot read"):
         Settings(model_registry=tmp_path / "missing.toml").served_models()
+
+
+W = "[[model]]\nname = 'w'\nadapter = 'diffusers.wan'\npath = '/w'\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("devices = 2\n", "needs a parallel strategy"),
+        ("parallel = 'cfg'\n", "needs devices > 1"),
+        ("devices = 4\nparallel = 'cfg'\n", "exactly 2 devices"),
+        ("devices = 2\nparallel = 'tensor'\n", "w"),
+        ("devices = 2\nparallel = 'ulysses'\ndevice = 'cuda:1'\n", "worker group"),
+        ("devices = 0\n", "w"),
+    ],
+)
+def test_group_entries_are_checked(extra: str, message: str) -> None:
+    with pytest.raises(CatalogError, match=message):
+        parse_registry(W + extra)
+
+
+def test_workers_serve_only_the_models_of_their_group_size(tmp_path: Path) -> None:
+    from workers.context import worker_models
+
+    registry = tmp_path / "models.toml"
+    registry.write_text(W + "\n" + W.replace("'w'", "'w2'") + "devices = 2\nparallel = 'cfg'\n")
+    one = Settings(model_registry=registry)  # type: ignore[call-arg]
+    assert list(worker_models(one)) == ["w"]
+    group = Settings(model_registry=registry, worker={"devices": ["cuda:0", "cuda:1"]})  # type: ignore[call-arg]
+    assert list(worker_models(group)) == ["w2"]
+    named = Settings(model_registry=registry, worker={"models": ["w2"]})  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match=r"w2 \(2\)"):
+        worker_models(named)

@@ -3,9 +3,10 @@ client.
 
     omniqueue up [--host] [--port] [--data-dir] [--workers N]   embedded stack, one command
                  [--api-processes N] [--api-replicas N] [--database-url URL]
+                 [--worker-devices cuda:0,cuda:1] [--group cuda:2,cuda:3 ...]
     omniqueue api [--host] [--port]                             the HTTP API
     omniqueue worker [--name] [--models] [--device]             one GPU worker process
-    omniqueue worker --devices cuda:0,cuda:1                     one job across N GPUs
+    omniqueue worker --devices cuda:0,cuda:1                    one job across N GPUs
     omniqueue migrate                                           alembic upgrade head
     omniqueue keys create --name NAME | list | revoke KEY_ID    API keys
     omniqueue generate "prompt" [...]                           submit, watch, download
@@ -120,14 +121,21 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _devices(text: str | None) -> list[str]:
+    return [d.strip() for d in (text or "").split(",") if d.strip()]
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     from cli.up import run_up
 
+    worker_devices = _devices(args.worker_devices)
     return run_up(
         host=args.host,
         port=args.port,
         data_dir=Path(args.data_dir),
-        workers=args.workers,
+        workers=len(worker_devices) if worker_devices else args.workers,
+        worker_devices=worker_devices,
+        groups=[_devices(g) for g in args.group],
         realtime_workers=args.realtime_workers,
         database_url=args.database_url,
         api_processes=args.api_processes,
@@ -162,6 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8000)
     up.add_argument("--data-dir", default="omniqueue-data")
     up.add_argument("--workers", type=int, default=1)
+    up.add_argument(
+        "--worker-devices",
+        default=None,
+        help="one worker per device (cuda:0,cuda:1,…) instead of --workers on one device",
+    )
+    up.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="DEVICES",
+        help="also a worker group on these devices (cuda:0,cuda:1); repeat for more groups",
+    )
     up.add_argument(
         "--realtime-workers",
         type=int,

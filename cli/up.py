@@ -225,6 +225,8 @@ def run_up(
     database_url: str | None = None,
     api_processes: int = 1,
     api_replicas: int = 1,
+    worker_devices: list[str] | None = None,
+    groups: list[list[str]] | None = None,
 ) -> int:
     """Run the embedded stack until SIGINT/SIGTERM (exit 0), or until a child keeps
     dying however often it is restarted (exit 1)."""
@@ -274,7 +276,14 @@ def run_up(
         for name, api_port in api_children(port, api_replicas, api_processes):
             children.spawn(name, _cli("api", "--host", host, "--port", str(api_port)))
         for i in range(workers):
-            children.spawn(f"worker {i}", _cli("worker", "--name", f"embedded-{i}"))
+            # one per listed device when there is a list (``--worker-devices cuda:0,cuda:1``)
+            device = ["--device", worker_devices[i]] if worker_devices else []
+            children.spawn(f"worker {i}", _cli("worker", "--name", f"embedded-{i}", *device))
+        for i, devices in enumerate(groups or []):
+            name = f"embedded-group{i}"
+            children.spawn(
+                f"worker group {i}", _cli("worker", "--name", name, "--devices", ",".join(devices))
+            )
         # realtime workers (OMNIQ_REALTIME__SLOTS session threads each) for streaming models
         for i in range(realtime_workers):
             name = "embedded-rt" if i == 0 else f"embedded-rt{i}"

@@ -102,5 +102,9 @@ def enable(adapter: Any, parallel: GroupParallel) -> None:
         if isinstance(component, torch.nn.Module) and name.startswith("transformer"):
             if not getattr(type(component), "_cp_plan", None):
                 raise TypeError(f"{type(component).__name__} has no context-parallel plan")
+            if parallel.strategy == "ring" and torch.cuda.is_available():
+                # ring attention merges partial results by their log-sum-exp, which
+                # PyTorch's default SDPA dispatch does not return; cuDNN's does
+                component.set_attention_backend("_native_cudnn")  # type: ignore[operator]
             with _cpu_accelerator():
                 component.enable_parallelism(config=ContextParallelConfig(**degree))  # type: ignore[operator]

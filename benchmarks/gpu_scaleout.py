@@ -1,0 +1,155 @@
+"""N single-GPU workers against one: jobs per minute of fixed-shape jobs through the whole
+stack (``omniqueue up --worker-devices cuda:0,…``), Wan2.1-T2V-1.3B architecture with
+random bf16 weights.
+
+    python benchmarks/gpu_scaleout.py --gpus 2 --jobs-per-worker 4 --frames 33 --steps 20
+    python benchmarks/gpu_scaleout.py --device cpu --gpus 2 --layers 2 --height 64 \\
+        --width 64 --frames 5 --steps 2 --jobs-per-worker 2          # a smoke run on CPUs
+
+For 1 worker and then ``--gpus`` workers (worker i on ``cuda:i``): every worker runs one
+warm-up job, then ``jobs-per-worker`` × workers jobs are submitted at once and each is
+followed to ``completed``; jobs per minute = jobs ÷ (last completion − first submit).
+``scaleout_N_workers`` is the ratio. Queue routing and prefetch decide whether the
+workers overlap: each worker holds at most one unacknowledged job (prefetch 1, late
+acks), so a job waits for the first free worker, not behind a busy one.
+
+Prints one JSON object (also ``$OUT/gpu_scaleout.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.embedded_stack import Stack, git_state, say
+from benchmarks.gpu_stack import MODEL, PROMPT, _follow
+from benchmarks.gpu_wan import build_pipeline
+
+
+def _run(url: str, body: dict[str, Any]) -> float:
+    """One job to completion; the time it completed."""
+    with httpx.Client(base_url=url, timeout=3600) as client:
+        resp = client.post("/v1/videos", json=body)
+        resp.raise_for_status()
+        done = _follow(client, resp.json()["id"])
+        if done.get("status") != "completed":
+            raise RuntimeError(f"{resp.json()['id']}: {done}")
+        return time.perf_counter()
+
+
+def measure(workers: int, registry: Path, args: argparse.Namespace) -> dict[str, Any]:
+    devices = ",".join(f"cuda:{i}" if args.device == "cuda" else "cpu" for i in range(workers))
+    env = {
+        "OMNIQ_MODEL_REGISTRY": str(registry),
+        "OMNIQ_MODELS": MODEL,
+        "OMNIQ_WORKER__PREVIEW_EVERY": "0",
+    }
+    stack = Stack(
+        workers=workers, env=env, args=("--worker-devices", devices, "--realtime-workers", "0")
+    )
+    stack.start(timeout=900)
+    body = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "size": f"{args.width}x{args.height}",
+        "num_frames": args.frames,
+        "fps": 16,
+        "num_inference_steps": args.steps,
+        "guidance_scale": args.guidance,
+    }
+    count = workers * args.jobs_per_worker
+    try:
+        with ThreadPoolExecutor(max_workers=count) as pool:
+            list(pool.map(lambda i: _run(stack.url, {**body, "seed": i}), range(workers)))
+            start = time.perf_counter()
+            ends = list(
+                pool.map(lambda i: _run(stack.url, {**body, "seed": 100 + i}), range(count))
+            )
+        wall = max(ends) - start
+    finally:
+        code = stack.stop()
+        stack.remove()
+    return {
+        "workers": workers,
+        "devices": devices,
+        "jobs": count,
+        "wall_s": round(wall, 2),
+        "jobs_per_min": round(count / wall * 60, 3),
+        "up_exit_code": code,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpus", type=int, default=2)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--jobs-per-worker", type=int, default=4)
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--width", type=int, default=832)
+    p.add_argument("--frames", type=int, default=33)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--guidance", type=float, default=5.0)
+    p.add_argument("--layers", type=int, default=30)
+    args = p.parse_args()
+    import diffusers
+
+    cuda = args.device == "cuda"
+    out: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "gpus_visible": torch.cuda.device_count() if cuda else 0,
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "date": datetime.date.today().isoformat(),
+        **git_state(),
+        "shape": {
+            "height": args.height,
+            "width": args.width,
+            "frames": args.frames,
+            "steps": args.steps,
+            "layers": args.layers,
+        },
+    }
+    if cuda and torch.cuda.device_count() < args.gpus:
+        out["error"] = f"{args.gpus} GPUs asked for, {torch.cuda.device_count()} visible"
+        print(json.dumps(out, indent=2))
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="oq-gpu-scale-"))
+    model_dir = work / "wan"
+    build_pipeline("cuda" if cuda else "cpu", num_layers=args.layers).save_pretrained(model_dir)
+    if cuda:
+        torch.cuda.empty_cache()
+    registry = work / "models.toml"
+    registry.write_text(
+        f'[[model]]\nname = "{MODEL}"\nadapter = "diffusers.wan"\n'
+        f'path = "{model_dir}"\ndtype = "bfloat16"\n'
+    )
+    runs = []
+    for workers in (1, args.gpus):
+        say(f"{workers} worker(s)")
+        runs.append(measure(workers, registry, args))
+    out["runs"] = runs
+    out[f"scaleout_{args.gpus}_workers"] = round(
+        runs[1]["jobs_per_min"] / runs[0]["jobs_per_min"], 3
+    )
+    text = json.dumps(out, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu_scaleout.json").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -128,9 +128,13 @@ class GroupPipeline(Pipeline):
         try:
             self.inner.step(state)
         except Exception as exc:
-            if _is_collective_error(exc):
-                _group_lost(f"a collective failed in step {state.step_index} ({exc})")
-            raise
+            gate = getattr(self.inner, "gate", None)
+            if gate is not None and gate.agreed(exc):
+                raise  # a stop every rank agreed on: they all left the step at this block
+            # Anything else left the other ranks inside a collective this rank will not
+            # join: only a restart frees them (the job is then taken over).
+            what = "a collective failed" if _is_collective_error(exc) else "rank 0 failed"
+            _group_lost(f"{what} in step {state.step_index} ({exc!r})")
 
     def decode(self, state: StepState) -> Media:
         self._end()  # the others free their memory while this rank decodes

@@ -93,6 +93,10 @@ class BlockGate:
         self._flags.clear()
         self._reason = None
 
+    def agreed(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the stop this rank's group agreed on in the current step."""
+        return self.group is not None and exc is self._reason
+
     def _hook(self, module: torch.nn.Module, args: Any) -> None:
         reason = step_stop()
         if reason is None:

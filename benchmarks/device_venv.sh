@@ -52,9 +52,11 @@ EOF
     )
     pip=("$VENV/bin/python" -m pip install -q --no-index --find-links "$wheels")
     "${pip[@]}" "${reqs[@]}"
-    # The diffusers extra: diffusers itself from the wheelhouse, the rest from the image.
+    # The diffusers extra: diffusers itself from the wheelhouse, its requirements from the
+    # image (huggingface-hub, safetensors, regex, requests, filelock; importlib's metadata
+    # comes with Python).
     if ls "$wheels"/diffusers-*.whl >/dev/null 2>&1; then
-        "${pip[@]}" diffusers importlib-metadata
+        "${pip[@]}" --no-deps diffusers
     fi
     "${pip[@]}" --no-deps --no-build-isolation -e .
     "$VENV/bin/python" -m pip check || true  # expect only: omniqueue requires psycopg

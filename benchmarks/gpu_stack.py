@@ -233,7 +233,11 @@ def stack_phase(model_dir: Path, args: argparse.Namespace, step_s: float) -> dic
     }
     logs = LogWatcher(stack.log_path)
     try:
-        with httpx.Client(base_url=stack.url, timeout=600) as client:
+        with (
+            httpx.Client(base_url=stack.url, timeout=600) as client,
+            httpx.Client(base_url=stack.url, timeout=60) as canceller,  # a warm connection
+        ):
+            canceller.get("/health").raise_for_status()
 
             def job() -> tuple[float, str, int]:
                 start = time.perf_counter()
@@ -277,19 +281,22 @@ def stack_phase(model_dir: Path, args: argparse.Namespace, step_s: float) -> dic
                 vid = resp.json()["id"]
                 sent: list[float] = []
 
+                answered: list[float] = []
+
                 def on_progress(
                     event: dict[str, Any],
                     v: str = vid,
                     t: int = target,
                     d: float = delay,
                     sent: list[float] = sent,
+                    answered: list[float] = answered,
                 ) -> None:
                     if sent or event.get("stage") != "denoise" or event.get("step", 0) < t:
                         return
                     time.sleep(d)
                     sent.append(time.time())
-                    with httpx.Client(base_url=stack.url, timeout=60) as other:
-                        other.post(f"/v1/videos/{v}/cancel").raise_for_status()
+                    canceller.post(f"/v1/videos/{v}/cancel").raise_for_status()
+                    answered.append(time.time())
 
                 _follow(client, vid, on_progress)
                 released = logs.wait_released(vid, timeout=120)
@@ -307,6 +314,9 @@ def stack_phase(model_dir: Path, args: argparse.Namespace, step_s: float) -> dic
                             round((stop[0] - sent[0]) * 1000, 1) if stop and sent else None
                         ),
                         "stopped_at": {"step": stop[1], "block": stop[2]} if stop else None,
+                        "cancel_round_trip_ms": (
+                            round((answered[0] - sent[0]) * 1000, 1) if answered else None
+                        ),
                     }
                 )
             out["cancels"] = cancels

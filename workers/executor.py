@@ -87,7 +87,10 @@ class _Run:
     durations: dict[str, float] = field(default_factory=dict)
     progress: int = 0
     step: int = 0
-    last_write: float = 0.0
+    published_step: int = -1  # the step of the last progress event sent
+    # Set by the step loop when it has progress to write; the writer thread writes it.
+    dirty: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one write at a time
     attempt: int = 1
     timeout_s: float = 0.0
     # Set (by the stop watch or the heartbeat) once the job is no longer ours to run.
@@ -352,13 +355,26 @@ class StepExecutor:
         self._report(run, STAGE_START[stage], force=True)
 
     def _report(self, run: _Run, progress: int, *, force: bool = False) -> None:
-        """Check deadline and ownership; write progress at most every interval."""
+        """Check deadline and ownership; record progress. A forced report (a stage change)
+        is written here; a step's goes to the writer thread (``_start_heartbeat``), so the
+        step loop never waits on a database write: on a GPU, whose queue holds only a
+        couple of blocks (``workers/pipelines/blocks.py``), it would idle meanwhile."""
         if time.time() > run.deadline:
             raise run.timed_out()
         run.progress = max(run.progress, progress)
-        now = time.monotonic()
-        if force or now - run.last_write >= self.settings.worker.progress_interval_s:
-            run.last_write = now
+        if force:
+            if not self._write_progress(run):
+                raise JobLost
+            return
+        run.dirty.set()
+        if run.stop.is_set():
+            raise JobLost
+        self._check(run)
+
+    def _write_progress(self, run: _Run, *, background: bool = False) -> bool:
+        """Write the job's latest progress, step and stage, and send them as a progress
+        event (from the writer thread: only new denoise steps). False: no longer ours."""
+        with run.lock:
             ok = self.jobs.update_running(
                 run.job.id,
                 self.worker_id,
@@ -368,7 +384,10 @@ class StepExecutor:
                 stage_durations=run.durations,
             )
             if not ok:
-                raise JobLost
+                return False
+            if background and (run.stage != "denoise" or run.step <= run.published_step):
+                return True
+            run.published_step = run.step
             event = ProgressEvent(
                 progress=run.progress,
                 step=run.step,
@@ -376,8 +395,7 @@ class StepExecutor:
                 stage=run.stage,
             )
             self._publish(run.job, event)
-        else:
-            self._check(run)
+            return True
 
     def _failpoint(self, run: _Run, name: str) -> None:
         self.failpoints.hit(name, lambda: self._owned(run), run.attempt)
@@ -469,17 +487,25 @@ class StepExecutor:
             return None
 
     def _start_heartbeat(self, run: _Run) -> threading.Event:
-        """Heartbeat from a thread, so a long stage (decode, upload) is not taken for a
-        dead worker; each beat also writes the latest step and progress, which the
-        throttled writes of the step loop may have skipped."""
+        """The job's writer thread: it writes the step loop's progress within
+        ``progress_interval_s`` of a step, and heartbeats every ``heartbeat_s`` besides, so
+        a long stage (decode, upload) is not taken for a dead worker. When the job is no
+        longer ours it sets the stop flag (the block gates and the step loop read it)."""
         stop = threading.Event()
-        interval = self.settings.worker.heartbeat_s
+        w = self.settings.worker
 
         def beat() -> None:
-            while not stop.wait(interval):
+            last = time.monotonic()
+            while not stop.wait(min(w.progress_interval_s, w.heartbeat_s)):
+                now = time.monotonic()
+                if not run.dirty.is_set() and now - last < w.heartbeat_s:
+                    continue
+                run.dirty.clear()
+                last = now
                 try:
-                    latest = {"progress": run.progress, "step": run.step, "stage": run.stage}
-                    if not self.jobs.update_running(run.job.id, self.worker_id, **latest):
+                    if stop.is_set():
+                        return
+                    if not self._write_progress(run, background=True):
                         run.stop.set()  # cancelled or taken over: stop inside the step too
                         return
                 except Exception:

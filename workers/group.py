@@ -254,6 +254,10 @@ def _rank_main(
                 context.pipelines.replace(model, group)
 
         sys.exit(serve(settings, f"{name}-group", prepare=wrap))
+    # A stop (Ctrl-C, SIGTERM to the process group) is rank 0's to handle: it finishes
+    # its job, which needs this rank, and this rank exits when rank 0's pipe closes.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     models = worker_models(settings)
     registry = PipelineRegistry(models, devices[rank])
     _follow(rank, _load_group(registry, rank, world), links[0])

@@ -53,7 +53,7 @@ from workers.audio_media import (
 )
 from workers.failpoints import Failpoints
 from workers.failures import classify, log_level
-from workers.media import encode_mp4, encode_thumbnail
+from workers.media import decode_streamed, encode_video, finish_video, preview_jpeg
 from workers.pipelines.base import (
     GenerationRequest,
     Media,
@@ -237,19 +237,26 @@ class StepExecutor:
 
         self._enter(run, "decode")
         self._failpoint(run, "decode")
+        streamed: np.ndarray | None = None  # the middle frame, once the MP4 is written
         with checkpoints(self._stop_point(run)):
-            media = pipe.decode(state)
+            if isinstance(run.spec, VideoSpec):
+                streamed = decode_streamed(pipe, state, run.spec.fps, tmp)
+            media = pipe.decode(state) if streamed is None else None
         del state
         inference_time = time.monotonic() - started
 
         self._enter(run, "encode")
         self._failpoint(run, "encode")
         extra_values: dict[str, Any] = {}
-        if isinstance(run.spec, AudioSpec):
+        if streamed is not None:
+            files = finish_video(streamed, tmp)
+        elif isinstance(run.spec, AudioSpec):
+            assert media is not None
             files, output = self._encode_audio(run, run.spec, media, tmp)
             extra_values["output"] = output.model_dump()
         else:
-            files = self._encode_video(media, tmp)
+            assert media is not None
+            files = encode_video(media, tmp)
         del media
 
         self._enter(run, "upload")
@@ -285,13 +292,6 @@ class StepExecutor:
             with Image.open(io.BytesIO(png)) as img:
                 reference = np.asarray(img.convert("RGB"))
         return generation_request(spec, reference)
-
-    @staticmethod
-    def _encode_video(media: Media, tmp: Path) -> list[tuple[str, Path, str]]:
-        video_path, thumb_path = tmp / "video.mp4", tmp / "thumbnail.jpg"
-        encode_mp4(media, video_path)
-        encode_thumbnail(_thumbnail_frame(media), thumb_path)
-        return [("video", video_path, "video/mp4"), ("thumbnail", thumb_path, "image/jpeg")]
 
     def _encode_audio(
         self, run: _Run, spec: AudioSpec, media: Media, tmp: Path
@@ -564,27 +564,6 @@ def generation_request(
         reference_image=reference,
         **common,
     )
-
-
-@dataclass(frozen=True)
-class _Jpeg:
-    data: bytes
-    width: int
-    height: int
-
-
-def preview_jpeg(image: np.ndarray, max_side: int) -> _Jpeg:
-    """A small JPEG of a uint8 H×W×3 (or H×W) preview, longer side ≤ ``max_side``."""
-    img = Image.fromarray(np.asarray(image, dtype=np.uint8))
-    img.thumbnail((max_side, max_side), Image.Resampling.BILINEAR)
-    buf = io.BytesIO()
-    img.convert("RGB").save(buf, format="JPEG", quality=70)
-    return _Jpeg(buf.getvalue(), img.width, img.height)
-
-
-def _thumbnail_frame(media: Media) -> np.ndarray:
-    frames = media.frames
-    return np.asarray(frames[len(frames) // 2])
 
 
 def _peak_memory_mb() -> float:

@@ -140,6 +140,10 @@ class GroupPipeline(Pipeline):
         self._end()  # the others free their memory while this rank decodes
         return self.inner.decode(state)
 
+    def decode_stream(self, state: StepState) -> Any:
+        self._end()
+        return self.inner.decode_stream(state)
+
     def preview(self, state: StepState) -> Any:
         return self.inner.preview(state)
 

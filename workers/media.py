@@ -9,9 +9,13 @@ Audio is padded or trimmed to the video duration; the AAC encoder pads its last
 
 from __future__ import annotations
 
+import io
+import queue
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -19,7 +23,7 @@ from av.audio.stream import AudioStream
 from av.container import OutputContainer
 from PIL import Image
 
-from workers.pipelines.base import Media
+from workers.pipelines.base import Media, Pipeline
 
 AAC_FRAME_SIZE = 1024
 DEFAULT_SAMPLE_RATE = 48_000
@@ -55,15 +59,8 @@ def encode_mp4(
         audio = _fit_audio(_check_audio(media.audio), n_samples)
     out = Path(path)
 
-    with av.open(
-        str(out), mode="w", format="mp4", container_options={"movflags": "+faststart"}
-    ) as container:
-        video = container.add_stream("libx264", rate=rate)
-        video.width = width
-        video.height = height
-        video.pix_fmt = "yuv420p"
-        video.time_base = 1 / rate
-        video.options = {"crf": str(crf), "preset": preset}
+    with _open_mp4(out) as container:
+        video = _video_stream(container, width, height, rate, crf, preset)
         sound = None
         if audio is not None:
             sound = container.add_stream("aac", rate=sample_rate)
@@ -94,6 +91,112 @@ def encode_mp4(
         duration_s=float(num_frames / rate),
         has_audio=audio is not None,
     )
+
+
+def _open_mp4(path: Path) -> OutputContainer:
+    return av.open(str(path), mode="w", format="mp4", container_options={"movflags": "+faststart"})
+
+
+def _video_stream(
+    container: OutputContainer, width: int, height: int, rate: Fraction, crf: int, preset: str
+) -> Any:
+    video = container.add_stream("libx264", rate=rate)
+    video.width = width
+    video.height = height
+    video.pix_fmt = "yuv420p"
+    video.time_base = 1 / rate
+    video.options = {"crf": str(crf), "preset": preset}
+    return video
+
+
+class Mp4Writer:
+    """An MP4 of video only, written chunk by chunk as the frames are decoded, on a thread
+    of its own: the frames go into a queue and x264 encodes them while the caller decodes
+    the next chunk (on the GPU). Same stream settings as :func:`encode_mp4`::
+
+        with Mp4Writer(path, fps) as mp4:
+            for chunk in chunks:        # uint8 T×H×W×3
+                mp4.write(chunk)
+        info = mp4.info                 # after the with block: the file is complete
+    """
+
+    def __init__(
+        self, path: str | Path, fps: float, *, crf: int = 23, preset: str = "veryfast"
+    ) -> None:
+        if fps <= 0:
+            raise ValueError(f"fps must be positive, got {fps}")
+        self.path = Path(path)
+        self.rate = Fraction(fps).limit_denominator(1001)
+        self._crf, self._preset = crf, preset
+        self._queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=8)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="mp4-writer", daemon=True)
+        self._size: tuple[int, int] | None = None
+        self.frames = 0
+        self.info: EncodedInfo | None = None
+
+    def __enter__(self) -> Mp4Writer:
+        self._thread.start()
+        return self
+
+    def write(self, chunk: np.ndarray) -> None:
+        frames = _check_frames(chunk)
+        size = frames.shape[1:3]
+        if self._size is None:
+            self._size = (int(size[0]), int(size[1]))
+        elif tuple(size) != self._size:
+            raise ValueError(f"frame size changed from {self._size} to {tuple(size)}")
+        if self._error is not None:
+            raise self._error
+        self.frames += len(frames)
+        self._queue.put(frames)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if exc_type is None and self._error is not None:
+            raise self._error
+        if exc_type is None and self._size is not None:
+            height, width = self._size
+            self.info = EncodedInfo(
+                path=self.path,
+                bytes=self.path.stat().st_size,
+                width=width,
+                height=height,
+                num_frames=self.frames,
+                fps=float(self.rate),
+                duration_s=float(self.frames / self.rate),
+                has_audio=False,
+            )
+
+    def _run(self) -> None:
+        container: Any = None
+        video: Any = None
+        index = 0
+        ended = False  # the caller's end mark (None) was taken
+        try:
+            while (frames := self._queue.get()) is not None:
+                if container is None:
+                    container = _open_mp4(self.path)
+                    height, width = frames.shape[1:3]
+                    video = _video_stream(
+                        container, width, height, self.rate, self._crf, self._preset
+                    )
+                for frame in frames:
+                    picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
+                    picture.pts = index
+                    index += 1
+                    container.mux(video.encode(picture))
+            ended = True
+            if video is not None:
+                container.mux(video.encode(None))
+        except BaseException as exc:  # the caller sees it at its next write or at exit
+            self._error = exc
+            while not ended and self._queue.get() is not None:  # the caller never blocks
+                pass
+        finally:
+            if container is not None:
+                container.close()
 
 
 def encode_thumbnail(
@@ -174,3 +277,58 @@ def remux_faststart(src: str | Path, dst: str | Path) -> int:
             packet.stream = target
             out.mux(packet)
     return Path(dst).stat().st_size
+
+
+# ---- a job's video files ------------------------------------------------------------
+
+VideoFiles = list[tuple[str, Path, str]]  # (variant, path, content type)
+
+
+def encode_video(media: Media, tmp: Path) -> VideoFiles:
+    """A video job's files in ``tmp``: the MP4 and its thumbnail (the middle frame)."""
+    encode_mp4(media, tmp / "video.mp4")
+    return finish_video(np.asarray(media.frames[len(media.frames) // 2]), tmp)
+
+
+def finish_video(middle: np.ndarray, tmp: Path) -> VideoFiles:
+    """The files of a video whose MP4 is written: add the thumbnail."""
+    thumb_path = tmp / "thumbnail.jpg"
+    encode_thumbnail(middle, thumb_path)
+    return [("video", tmp / "video.mp4", "video/mp4"), ("thumbnail", thumb_path, "image/jpeg")]
+
+
+def decode_streamed(pipe: Pipeline, state: Any, fps: float, tmp: Path) -> np.ndarray | None:
+    """Decode and encode at once where the adapter streams its decode
+    (``Pipeline.decode_stream``): x264 encodes each chunk on the writer's thread while the
+    next one decodes. Returns the middle frame (for the thumbnail) once ``tmp/video.mp4``
+    is complete; None: no stream, the caller decodes whole."""
+    chunks = pipe.decode_stream(state)
+    if chunks is None:
+        return None
+    kept = []
+    with Mp4Writer(tmp / "video.mp4", fps) as mp4:
+        for chunk in chunks:
+            mp4.write(chunk)
+            kept.append(chunk)
+    middle = mp4.frames // 2
+    for chunk in kept:
+        if middle < len(chunk):
+            return np.asarray(chunk[middle])
+        middle -= len(chunk)
+    raise RuntimeError("the decode stream made no frames")
+
+
+@dataclass(frozen=True)
+class Jpeg:
+    data: bytes
+    width: int
+    height: int
+
+
+def preview_jpeg(image: np.ndarray, max_side: int) -> Jpeg:
+    """A small JPEG of a uint8 H×W×3 (or H×W) preview, longer side ≤ ``max_side``."""
+    img = Image.fromarray(np.asarray(image, dtype=np.uint8))
+    img.thumbnail((max_side, max_side), Image.Resampling.BILINEAR)
+    buf = io.BytesIO()
+    img.convert("RGB").save(buf, format="JPEG", quality=70)
+    return Jpeg(buf.getvalue(), img.width, img.height)

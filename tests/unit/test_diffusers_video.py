@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 import pytest
 import torch
@@ -354,3 +355,31 @@ def test_family_specs_declare_what_the_adapters_read() -> None:
         assert not spec.supports_image_input
     assert set(ltx.extra_params) == set(CASES["ltx"].extra)
     assert set(cog.extra_params) == set(CASES["cogvideox"].extra)
+
+
+def test_wan_decode_stream_is_the_whole_decode_chunk_by_chunk(tmp_path: Path) -> None:
+    """Wan's decode streamed one latent frame at a time gives exactly the frames of the
+    whole decode (1 frame, then 4 per latent frame), and the MP4 written from the stream
+    while it decodes has every frame; with tiling asked for, there is no stream."""
+    from workers.media import decode_streamed
+
+    case = CASES["wan"]
+    adapter = _adapter(case, case.build())
+    req = _request(case)
+    state: Any = adapter.prepare(req)
+    while not state.done:
+        adapter.step(state)
+    whole = adapter.decode(state).frames
+    stream = adapter.decode_stream(state)
+    assert stream is not None
+    chunks = list(stream)
+    assert [len(c) for c in chunks] == [1] + [4] * (len(chunks) - 1)
+    np.testing.assert_array_equal(np.concatenate(chunks), whole)
+    middle = decode_streamed(adapter, state, req.fps, tmp_path)
+    assert middle is not None
+    np.testing.assert_array_equal(middle, whole[len(whole) // 2])
+    with av.open(str(tmp_path / "video.mp4")) as container:
+        assert sum(1 for _ in container.decode(video=0)) == len(whole)
+    tiled = _request(case, options={"vae_use_tiling": True})
+    state.request = tiled
+    assert adapter.decode_stream(state) is None

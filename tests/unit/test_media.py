@@ -132,3 +132,29 @@ def test_thumbnail_does_not_upscale(tmp_path: Path) -> None:
     encode_thumbnail(_frames(1)[0], path, max_side=512, quality=70)
     with Image.open(path) as image:
         assert image.size == (64, 48)
+
+
+def test_mp4_writer_encodes_chunks_as_they_come_and_stops_cleanly(tmp_path: Path) -> None:
+    """The streaming writer makes the MP4 encode_mp4 makes for the same frames, refuses a
+    chunk of another size, and a failure in the caller's loop (a cancel mid-decode) ends
+    its thread without a complete file being claimed."""
+    from workers.media import Mp4Writer, encode_mp4
+
+    rng = np.random.default_rng(3)
+    frames = rng.integers(0, 255, (9, 32, 48, 3), dtype=np.uint8)
+    with Mp4Writer(tmp_path / "s.mp4", 16) as mp4:
+        mp4.write(frames[:1])
+        mp4.write(frames[1:])
+        with pytest.raises(ValueError, match="frame size changed"):
+            mp4.write(frames[:, :16])
+    assert mp4.info is not None and (mp4.info.num_frames, mp4.info.width) == (9, 48)
+    whole = encode_mp4(Media(frames=frames, fps=16), tmp_path / "w.mp4")
+    assert (whole.num_frames, whole.height, whole.width) == (9, 32, 48)
+    with av.open(str(tmp_path / "s.mp4")) as c:
+        assert c.streams.video[0].average_rate == 16
+        assert sum(1 for _ in c.decode(video=0)) == 9
+    failed = Mp4Writer(tmp_path / "f.mp4", 16)
+    with pytest.raises(RuntimeError, match="cancelled"), failed:
+        failed.write(frames)
+        raise RuntimeError("cancelled")
+    assert failed.info is None and not failed._thread.is_alive()

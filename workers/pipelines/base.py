@@ -166,6 +166,12 @@ class Pipeline(abc.ABC):
         """A cheap uint8 H×W×3 estimate of the current result, or None."""
         return None
 
+    def decode_stream(self, state: StepState) -> Iterator[np.ndarray] | None:
+        """The video of ``decode``, as uint8 T×H×W×3 chunks in order, each as soon as it
+        is decoded, so the executor encodes one while the next decodes; or None (the
+        default) to use ``decode``. For silent video only (a stream has no audio)."""
+        return None
+
     def end(self) -> None:
         """The job ended, whichever way (completed, cancelled, failed, lost): let go of
         what it held outside its state (a worker group's other ranks drop theirs)."""

@@ -15,6 +15,7 @@ config for this job), ``flow_shift`` (job scheduler built with that shift),
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from workers.pipelines.diffusers.common import (
     job_scheduler,
     make_generator,
     sampling,
+    to_uint8,
 )
 
 logger = logging.getLogger(__name__)
@@ -182,6 +184,11 @@ class WanAdapter(DiffusersAdapter[WanState]):
     def _decode_frames(self, pipe: Any, s: WanState) -> np.ndarray:
         """The tail of ``__call__``: de-normalise with the VAE's latents_mean/std, decode,
         ``postprocess_video(output_type="np")``."""
+        return decode_video(pipe, s.request, self._vae_latents(pipe, s))
+
+    @staticmethod
+    def _vae_latents(pipe: Any, s: WanState) -> torch.Tensor:
+        """The final latents de-normalised with the VAE's latents_mean/std, on its device."""
         vae = pipe.vae
         latents = s.latents.to(get_module_execution_device(vae), dtype=vae.dtype)
         shape = (1, vae.config.z_dim, 1, 1, 1)
@@ -189,7 +196,50 @@ class WanAdapter(DiffusersAdapter[WanState]):
         std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(
             latents.device, latents.dtype
         )
-        return decode_video(pipe, s.request, latents / std + mean)
+        return latents / std + mean
+
+    def decode_stream(self, state: StepState) -> Iterator[np.ndarray] | None:
+        """``_decode_frames`` one latent frame at a time (1 video frame, then 4 each):
+        ``AutoencoderKLWan._decode``'s own loop over its causal decoder, with the clamp and
+        ``postprocess_video`` applied per chunk (both work frame by frame), so the chunks
+        are bit-identical to the whole decode. None where that loop is not what
+        ``vae.decode`` would run (tiling asked for or engaged, slicing of a batch, a
+        patched VAE, an offload hook)."""
+        pipe = self._loaded()
+        s = self._state(state)
+        vae = pipe.vae
+        opts = s.request.options
+        if (
+            opts.get("vae_use_tiling")
+            or getattr(vae, "use_tiling", False)
+            or vae.config.get("patch_size") is not None
+            or hasattr(vae, "_hf_hook")
+            or not hasattr(vae, "_feat_map")
+        ):
+            return None
+        return self._stream(pipe, s)
+
+    def _stream(self, pipe: Any, s: WanState) -> Iterator[np.ndarray]:
+        vae = pipe.vae
+        vae.clear_cache()
+        with torch.no_grad():
+            x = vae.post_quant_conv(self._vae_latents(pipe, s))
+        try:
+            for i in range(x.shape[2]):
+                with torch.no_grad():  # per chunk: grad mode is not held across the yield
+                    vae._conv_idx = [0]
+                    first = {"first_chunk": True} if i == 0 else {}
+                    out = vae.decoder(
+                        x[:, :, i : i + 1],
+                        feat_cache=vae._feat_map,
+                        feat_idx=vae._conv_idx,
+                        **first,
+                    )
+                    out = torch.clamp(out, min=-1.0, max=1.0)
+                    frames = pipe.video_processor.postprocess_video(out, output_type="np")[0]
+                yield to_uint8(frames)
+        finally:
+            vae.clear_cache()
 
     def preview(self, state: StepState) -> np.ndarray | None:
         """Grey middle latent frame (latents are B×C×F×h×w)."""

@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import tempfile
@@ -37,34 +36,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.embedded_stack import git_state, say
-from benchmarks.gpu_wan import build_pipeline
+from benchmarks.embedded_stack import say
+from benchmarks.gpu_common import emit, generation_request, header, save_wan, shape_args
+from benchmarks.gpu_common import sync_time as _sync
 from cli.embedded import free_port
-
-PROMPT = "a red ball bouncing over a blue ocean at sunset"
-
-
-def _sync() -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 def _run_job(adapter: Any, args: argparse.Namespace, decode: bool) -> tuple[list[float], Any]:
     """Prepare, every step (timed, inside a stop question as in a job), decode."""
-    from workers.pipelines.base import GenerationRequest, step_stops
+    from workers.pipelines.base import step_stops
 
-    request = GenerationRequest(
-        prompt=PROMPT,
-        width=args.width,
-        height=args.height,
-        num_frames=args.frames,
-        fps=16,
-        num_inference_steps=args.steps,
-        seed=1,
-        guidance_scale=args.guidance,
-    )
-    state: Any = adapter.prepare(request)
+    state: Any = adapter.prepare(generation_request(args))
     times = []
     while not state.done:
         start = _sync()
@@ -153,42 +135,18 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gpus", type=int, default=2, help="ranks of the group")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
-    p.add_argument("--frames", type=int, default=81)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--guidance", type=float, default=5.0)
-    p.add_argument("--layers", type=int, default=30, help="of the transformer's 30 blocks")
+    shape_args(p, frames=81, steps=10)
     p.add_argument("--strategies", default="cfg,ulysses,ring")
     p.add_argument("--timeout", type=float, default=900, help="per strategy (s)")
     args = p.parse_args()
-    import diffusers
-
     world = args.gpus
     cuda = args.device == "cuda"
-    out: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0) if cuda else None,
-        "gpus_visible": torch.cuda.device_count() if cuda else 0,
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "date": datetime.date.today().isoformat(),
-        **git_state(),
-        "shape": {
-            "height": args.height,
-            "width": args.width,
-            "frames": args.frames,
-            "steps": args.steps,
-            "guidance_scale": args.guidance,
-            "layers": args.layers,
-            "dtype": "bfloat16",
-        },
-    }
+    out = header(args)
     if cuda and torch.cuda.device_count() < world:
         out["error"] = f"{world} GPUs asked for, {torch.cuda.device_count()} visible"
         print(json.dumps(out, indent=2))
         return 1
-    model_dir = Path(tempfile.mkdtemp(prefix="oq-gpu-par-")) / "wan"
-    build_pipeline("cuda" if cuda else "cpu", num_layers=args.layers).save_pretrained(model_dir)
+    model_dir, _ = save_wan(Path(tempfile.mkdtemp(prefix="oq-gpu-par-")), args)
     say("one device")
     single = _adapter(model_dir, "cuda:0" if cuda else "cpu")
     _run_job(single, args, decode=False)
@@ -220,10 +178,7 @@ def main() -> int:
         out[f"multi_gpu_step_speedup_{world}"] = ok[best]["speedup"]
         out["multi_gpu_strategy"] = best
         out["max_abs_frame_diff"] = ok[best]["max_abs_frame_diff"]
-    text = json.dumps(out, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_parallel.json").write_text(text)
+    emit(out, "gpu_parallel")
     return 0
 
 

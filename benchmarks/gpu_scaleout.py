@@ -19,9 +19,7 @@ Prints one JSON object (also ``$OUT/gpu_scaleout.json``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import sys
 import tempfile
 import time
@@ -34,9 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.embedded_stack import Stack, git_state, say
-from benchmarks.gpu_stack import MODEL, PROMPT, _follow
-from benchmarks.gpu_wan import build_pipeline
+from benchmarks.embedded_stack import Stack, say
+from benchmarks.gpu_common import MODEL, emit, header, job_body, save_wan, shape_args
+from benchmarks.gpu_stack import _follow
 
 
 def _run(url: str, body: dict[str, Any]) -> float:
@@ -61,15 +59,7 @@ def measure(workers: int, registry: Path, args: argparse.Namespace) -> dict[str,
         workers=workers, env=env, args=("--worker-devices", devices, "--realtime-workers", "0")
     )
     stack.start(timeout=900)
-    body = {
-        "model": MODEL,
-        "prompt": PROMPT,
-        "size": f"{args.width}x{args.height}",
-        "num_frames": args.frames,
-        "fps": 16,
-        "num_inference_steps": args.steps,
-        "guidance_scale": args.guidance,
-    }
+    body = job_body(args)
     count = workers * args.jobs_per_worker
     try:
         with ThreadPoolExecutor(max_workers=count) as pool:
@@ -97,45 +87,15 @@ def main() -> int:
     p.add_argument("--gpus", type=int, default=2)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--jobs-per-worker", type=int, default=4)
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
-    p.add_argument("--frames", type=int, default=33)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--guidance", type=float, default=5.0)
-    p.add_argument("--layers", type=int, default=30)
+    shape_args(p)
     args = p.parse_args()
-    import diffusers
-
     cuda = args.device == "cuda"
-    out: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0) if cuda else None,
-        "gpus_visible": torch.cuda.device_count() if cuda else 0,
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "date": datetime.date.today().isoformat(),
-        **git_state(),
-        "shape": {
-            "height": args.height,
-            "width": args.width,
-            "frames": args.frames,
-            "steps": args.steps,
-            "layers": args.layers,
-        },
-    }
+    out = header(args)
     if cuda and torch.cuda.device_count() < args.gpus:
         out["error"] = f"{args.gpus} GPUs asked for, {torch.cuda.device_count()} visible"
         print(json.dumps(out, indent=2))
         return 1
-    work = Path(tempfile.mkdtemp(prefix="oq-gpu-scale-"))
-    model_dir = work / "wan"
-    build_pipeline("cuda" if cuda else "cpu", num_layers=args.layers).save_pretrained(model_dir)
-    if cuda:
-        torch.cuda.empty_cache()
-    registry = work / "models.toml"
-    registry.write_text(
-        f'[[model]]\nname = "{MODEL}"\nadapter = "diffusers.wan"\n'
-        f'path = "{model_dir}"\ndtype = "bfloat16"\n'
-    )
+    _, registry = save_wan(Path(tempfile.mkdtemp(prefix="oq-gpu-scale-")), args)
     runs = []
     for workers in (1, args.gpus):
         say(f"{workers} worker(s)")
@@ -144,10 +104,7 @@ def main() -> int:
     out[f"scaleout_{args.gpus}_workers"] = round(
         runs[1]["jobs_per_min"] / runs[0]["jobs_per_min"], 3
     )
-    text = json.dumps(out, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_scaleout.json").write_text(text)
+    emit(out, "gpu_scaleout")
     return 0
 
 

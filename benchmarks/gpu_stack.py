@@ -30,10 +30,8 @@ the keys of the multi-GPU issue at its top level; the rows that need two GPUs ar
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
-import os
 import random
 import statistics
 import sys
@@ -48,17 +46,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import pct, summary
-from benchmarks.embedded_stack import LogWatcher, Stack, git_state, say
-from benchmarks.gpu_wan import build_pipeline
-
-MODEL = "wan-1.3b-random"
-PROMPT = "a red ball bouncing over a blue ocean at sunset"
-
-
-def _sync_time() -> float:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter()
+from benchmarks.embedded_stack import LogWatcher, Stack, say
+from benchmarks.gpu_common import (
+    MODEL,
+    emit,
+    generation_request,
+    header,
+    job_body,
+    raw_call,
+    save_wan,
+    shape_args,
+)
+from benchmarks.gpu_common import sync_time as _sync_time
 
 
 def _free() -> None:
@@ -68,43 +67,20 @@ def _free() -> None:
 
 
 def raw_phase(pipe: Any, args: argparse.Namespace) -> list[float]:
-    def call(seed: int) -> float:
-        start = _sync_time()
-        pipe(
-            PROMPT,
-            height=args.height,
-            width=args.width,
-            num_frames=args.frames,
-            num_inference_steps=args.steps,
-            guidance_scale=args.guidance,
-            generator=torch.Generator().manual_seed(seed),
-            output_type="np",
-        )
-        return _sync_time() - start
-
-    call(0)  # warm-up
-    return [call(1) for _ in range(args.repeats)]
+    raw_call(pipe, args, 0)  # warm-up
+    return [raw_call(pipe, args, 1)[0] for _ in range(args.repeats)]
 
 
 def gate_phase(pipe: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Step time with the gates idle and active; blocks per step; stop latency."""
     from models.catalog import FAMILY_SPECS
-    from workers.pipelines.base import GenerationRequest, step_stops
+    from workers.pipelines.base import step_stops
     from workers.pipelines.diffusers.wan import WanAdapter
 
     spec = FAMILY_SPECS["diffusers.wan"].model_copy(update={"name": MODEL})
     adapter = WanAdapter(pipe=pipe, dtype="bfloat16", spec=spec)
     adapter.load(args.device)
-    request = GenerationRequest(
-        prompt=PROMPT,
-        width=args.width,
-        height=args.height,
-        num_frames=args.frames,
-        fps=16,
-        num_inference_steps=args.steps,
-        seed=1,
-        guidance_scale=args.guidance,
-    )
+    request = generation_request(args)
     state: Any = adapter.prepare(request)
     seen: list[int] = []
 
@@ -204,14 +180,9 @@ def _follow(client: Any, vid: str, on_progress: Any = None) -> dict[str, Any]:
     raise RuntimeError(f"the event stream of {vid} ended without done")
 
 
-def stack_phase(model_dir: Path, args: argparse.Namespace, step_s: float) -> dict[str, Any]:
+def stack_phase(registry: Path, args: argparse.Namespace, step_s: float) -> dict[str, Any]:
     import httpx
 
-    registry = model_dir.parent / "models.toml"
-    registry.write_text(
-        f'[[model]]\nname = "{MODEL}"\nadapter = "diffusers.wan"\n'
-        f'path = "{model_dir}"\ndtype = "bfloat16"\n'
-    )
     env = {
         "OMNIQ_MODEL_REGISTRY": str(registry),
         "OMNIQ_MODELS": MODEL,
@@ -221,16 +192,7 @@ def stack_phase(model_dir: Path, args: argparse.Namespace, step_s: float) -> dic
     stack = Stack(workers=1, env=env, args=("--realtime-workers", "0"))
     stack.start(timeout=600)
     out: dict[str, Any] = {}
-    body = {
-        "model": MODEL,
-        "prompt": PROMPT,
-        "size": f"{args.width}x{args.height}",
-        "num_frames": args.frames,
-        "fps": 16,
-        "num_inference_steps": args.steps,
-        "seed": 1,
-        "guidance_scale": args.guidance,
-    }
+    body = job_body(args, seed=1)
     logs = LogWatcher(stack.log_path)
     try:
         with (
@@ -332,11 +294,7 @@ def stack_phase(model_dir: Path, args: argparse.Namespace, step_s: float) -> dic
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
-    p.add_argument("--frames", type=int, default=33)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--guidance", type=float, default=5.0)
+    shape_args(p)
     p.add_argument("--repeats", type=int, default=3, help="raw pipe(...) calls timed")
     p.add_argument("--jobs", type=int, default=3, help="jobs timed through the stack")
     p.add_argument("--cancels", type=int, default=10)
@@ -344,32 +302,12 @@ def main() -> int:
     p.add_argument("--stop-trials", type=int, default=12)
     p.add_argument("--skip-stack", action="store_true", help="phases 1 and 2 only")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script")
-    p.add_argument("--layers", type=int, default=30, help="of the transformer's 30 blocks")
     args = p.parse_args()
-
-    import diffusers
     from diffusers import WanPipeline
 
-    out: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "date": datetime.date.today().isoformat(),
-        **git_state(),
-        "shape": {
-            "height": args.height,
-            "width": args.width,
-            "frames": args.frames,
-            "steps": args.steps,
-            "guidance_scale": args.guidance,
-            "dtype": "bfloat16",
-            "layers": args.layers,
-        },
-    }
-    work = Path(tempfile.mkdtemp(prefix="oq-gpu-stack-"))
-    model_dir = work / "wan-1.3b-random"
+    out = header(args)
     t0 = time.perf_counter()
-    build_pipeline(args.device, num_layers=args.layers).save_pretrained(model_dir)
+    model_dir, registry = save_wan(Path(tempfile.mkdtemp(prefix="oq-gpu-stack-")), args)
     _free()
     pipe = WanPipeline.from_pretrained(model_dir, dtype=torch.bfloat16).to(args.device)
     out["build_save_load_s"] = round(time.perf_counter() - t0, 1)
@@ -387,7 +325,7 @@ def main() -> int:
 
     if not args.skip_stack:
         say("the stack")
-        stack = stack_phase(model_dir, args, gates["step_ms"]["idle"] / 1000)
+        stack = stack_phase(registry, args, gates["step_ms"]["idle"] / 1000)
         out["stack"] = stack
         walls = stack.get("client_wall_s") or []
         if walls:
@@ -404,10 +342,7 @@ def main() -> int:
     for key in ("scaleout_2_workers", "multi_gpu_step_speedup_2", "multi_gpu_strategy"):
         out.setdefault(key, None)  # one GPU: not measured here
     out.setdefault("max_abs_frame_diff", None)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_stack.json").write_text(text)
+    emit(out, "gpu_stack")
     return 0
 
 

@@ -124,54 +124,27 @@ class LocalArtifacts:
 
 
 def main() -> None:
+    from benchmarks.gpu_common import PROMPT, header, shape_args
+
     p = argparse.ArgumentParser()
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
-    p.add_argument("--frames", type=int, default=33)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--guidance", type=float, default=5.0)
+    shape_args(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cancel-steps", default="1,10,19")
     args = p.parse_args()
     device = "cuda"
-    prompt = "a red ball bouncing over a blue ocean at sunset"
-    out: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "shape": {
-            "height": args.height,
-            "width": args.width,
-            "frames": args.frames,
-            "steps": args.steps,
-            "guidance_scale": args.guidance,
-            "dtype": "bfloat16",
-        },
-    }
+    prompt = PROMPT
+    out: dict[str, Any] = header(args)
     t0 = time.perf_counter()
-    pipe = build_pipeline(device)
-    import diffusers
-
-    out["diffusers"] = diffusers.__version__
+    pipe = build_pipeline(device, num_layers=args.layers)
     out["build_s"] = round(time.perf_counter() - t0, 2)
     out["transformer_params_m"] = round(
         sum(p.numel() for p in pipe.transformer.parameters()) / 1e6, 1
     )
 
     def raw_call(seed: int) -> Any:
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        frames = pipe(
-            prompt,
-            height=args.height,
-            width=args.width,
-            num_frames=args.frames,
-            num_inference_steps=args.steps,
-            guidance_scale=args.guidance,
-            generator=torch.Generator().manual_seed(seed),
-            output_type="np",
-        ).frames
-        torch.cuda.synchronize()
-        return time.perf_counter() - start, frames
+        from benchmarks.gpu_common import raw_call as call
+
+        return call(pipe, args, seed)
 
     raw_call(0)  # warm-up (kernels, allocator)
     raw = [raw_call(1)[0] for _ in range(args.repeats)]

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import Artifact, ErrorCode, Job, JobRecord, JobStatus, JobView
+from storage.db_reads import RawSelect
 
 ACTIVE = (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value)
 
@@ -24,6 +25,7 @@ _JOBS = Job.__table__
 # Built once: SQLAlchemy caches the compiled form of a statement object it sees again.
 _JOB_BY_ID = select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
 _COLUMNS = tuple(_JOBS.columns.keys())  # the order ``select(_JOBS)`` returns them in
+_OWNER = _COLUMNS.index("owner")
 
 
 def _record(row: Any) -> JobRecord:
@@ -84,6 +86,7 @@ class JobStore:
         # SELECT anyway, and SQLAlchemy would set and reset the level with PRAGMAs around
         # every checkout (half of a status read there).
         engine: Engine = sessions.kw["bind"]
+        self._by_id = RawSelect(engine, _JOB_BY_ID)
         if engine.dialect.name != "sqlite":
             engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._engine = engine
@@ -133,12 +136,13 @@ class JobStore:
             return job
 
     def read(self, job_id: str, owner: str | None = None) -> JobRecord | None:
-        """The job's row, read-only (the API's status reads): one Core ``SELECT`` on a
-        pooled connection, no ORM session, identity map or instance state, which were
-        two thirds of a status read's database time. Attributes are named as on ``Job``."""
-        with self._engine.connect() as conn:
-            row = conn.execute(_JOB_BY_ID, {"job_id": job_id}).one_or_none()
-        if row is None or (owner is not None and row.owner != owner):
+        """The job's row, read-only (the API's status reads): one ``SELECT`` on a pooled
+        DBAPI cursor (:class:`storage.db_reads.RawSelect`), no ORM session, identity map
+        or instance state, nor SQLAlchemy's execution context and result objects (on
+        PostgreSQL they were most of a status read's database time). Attributes are named
+        as on ``Job``; ``None`` for another owner's job."""
+        row = self._by_id.one({"job_id": job_id})
+        if row is None or (owner is not None and row[_OWNER] != owner):
             return None
         return _record(row)
 

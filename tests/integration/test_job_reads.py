@@ -14,7 +14,7 @@ import anyio.to_thread
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, bindparam, event, select, text
 from sqlalchemy.exc import OperationalError
 
 from api.app import create_app
@@ -22,9 +22,10 @@ from api.state import AppState
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Job, JobStatus
-from models.job_specs import VideoSpec
+from models.job_specs import AudioSpec, VideoSpec
 from storage.db import make_engine, make_sessionmaker
-from storage.jobs import JobStore
+from storage.db_reads import RawSelect
+from storage.jobs import _JOB_BY_ID, _JOBS, JobStore
 from storage.settings import DatabaseSettings
 from tests.integration.conftest import (
     _drop_pg_database,
@@ -56,7 +57,13 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
 
 def _job(job_id: str, model: str, created_at: float, status: str = "queued") -> Job:
     spec = VideoSpec(
-        model=model, prompt="p", seed=1, num_inference_steps=1, width=64, height=48, fps=16,
+        model=model,
+        prompt="p",
+        seed=1,
+        num_inference_steps=1,
+        width=64,
+        height=48,
+        fps=16,
         num_frames=8,
     )
     return Job.new(spec, id=job_id, owner="local", status=status, created_at=created_at)
@@ -96,6 +103,106 @@ def test_queue_positions_of_a_page_in_one_statement(engine: Engine) -> None:
         "video_b1": 1,
     }
     assert len(statements) == 1, statements
+
+
+def _varied_jobs(t: float) -> list[Job]:
+    """Rows that exercise every column type: JSON (spec, stage durations, output),
+    booleans both ways, floats, big integers, NULLs, another owner."""
+    spec = VideoSpec(
+        model="m/a",
+        prompt="p ü",
+        seed=2**40,
+        num_inference_steps=4,
+        width=64,
+        height=48,
+        fps=12.5,
+        num_frames=8,
+        has_audio=True,
+        options={"guidance_scale": 3.5},
+    )
+    audio = AudioSpec(model="m/s", prompt="say", seed=3, num_inference_steps=2, duration_ms=1500)
+    return [
+        _job("video_r_queued", "m/a", t),
+        Job.new(
+            spec,
+            id="video_r_done",
+            owner="key_other",
+            status=JobStatus.COMPLETED.value,
+            created_at=t + 1,
+            started_at=t + 1.25,
+            completed_at=t + 2.5,
+            expires_at=t + 99,
+            stage_durations={"queue": 0.25, "denoise": 1.125},
+            inference_time_s=1.5,
+            peak_memory_mb=512.5,
+            progress=100,
+            step=4,
+            stage="done",
+            attempt=2,
+            worker_id="worker-1",
+            heartbeat_at=t + 2.5,
+            deadline_at=t + 600,
+        ),
+        Job.new(
+            spec,
+            id="video_r_failed",
+            owner="local",
+            status=JobStatus.FAILED.value,
+            created_at=t + 2,
+            error_code="cancelled",
+            error_message="cancelled by the client",
+            cancel_requested=True,
+            idempotency_key="idem-1",
+        ),
+        Job.new(
+            audio,
+            id="audio_r_done",
+            owner="local",
+            status=JobStatus.COMPLETED.value,
+            created_at=t + 3,
+            output={"sample_rate": 24000, "channels": 1, "num_samples": 36000},
+        ),
+    ]
+
+
+def test_status_read_returns_the_row_the_orm_reads(engine: Engine) -> None:
+    """The raw-cursor read (:class:`RawSelect`) gives every column as the ORM and a Core
+    ``SELECT`` of the same row do: same values, same Python types."""
+    store = JobStore(make_sessionmaker(engine))
+    jobs = _varied_jobs(time.time())
+    for job in jobs:
+        store.create(job, idempotency_window_s=60)
+    columns = list(_JOBS.columns.keys())
+    for job in jobs:
+        record = store.read(job.id)
+        assert record is not None
+        with engine.connect() as conn:
+            core = conn.execute(_JOB_BY_ID, {"job_id": job.id}).one()._asdict()
+        orm = store.get(job.id)
+        assert orm is not None
+        read = vars(record)
+        assert list(read) == columns
+        for name in columns:
+            value = read[name]
+            assert value == core[name] == getattr(orm, name), (job.id, name)
+            assert type(value) is type(core[name]) is type(getattr(orm, name)), (job.id, name)
+    assert store.read("video_r_done", owner="local") is None  # another owner's job
+    assert store.read("video_r_done", owner="key_other") is not None
+    assert store.read("video_nope") is None
+
+
+def test_raw_select_refuses_a_bind_that_needs_converting(tmp_path: Path) -> None:
+    """No bind processor runs on the raw path, so a statement whose parameters need one
+    on the dialect (a float on SQLite) is refused when it is built, not sent wrong."""
+    eng = make_engine(DatabaseSettings(url=f"sqlite:///{tmp_path / 'b.db'}"))
+    try:
+        by_time = select(_JOBS).where(
+            _JOBS.c.created_at > bindparam("t", type_=_JOBS.c.created_at.type)
+        )
+        with pytest.raises(ValueError, match="'t'"):
+            RawSelect(eng, by_time)
+    finally:
+        eng.dispose()
 
 
 def test_pool_keeps_its_connections_under_concurrent_reads(engine: Engine) -> None:

@@ -14,18 +14,19 @@ import anyio.to_thread
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, bindparam, event, select, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import Engine, bindparam, event, insert, select, text
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from api.app import create_app
 from api.state import AppState
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
-from models.db import Job, JobStatus
+from models.db import Artifact, ErrorCode, Job, JobStatus
 from models.job_specs import AudioSpec, VideoSpec
 from storage.db import make_engine, make_sessionmaker
-from storage.db_reads import RawSelect
-from storage.jobs import _JOB_BY_ID, _JOBS, JobStore
+from storage.db_raw import RawStatement
+from storage.job_statements import JOB_BY_ID, JOBS
+from storage.jobs import JobStore
 from storage.settings import DatabaseSettings
 from tests.integration.conftest import (
     _drop_pg_database,
@@ -166,18 +167,18 @@ def _varied_jobs(t: float) -> list[Job]:
 
 
 def test_status_read_returns_the_row_the_orm_reads(engine: Engine) -> None:
-    """The raw-cursor read (:class:`RawSelect`) gives every column as the ORM and a Core
+    """The raw-cursor read (:class:`RawStatement`) gives every column as the ORM and a Core
     ``SELECT`` of the same row do: same values, same Python types."""
     store = JobStore(make_sessionmaker(engine))
     jobs = _varied_jobs(time.time())
     for job in jobs:
         store.create(job, idempotency_window_s=60)
-    columns = list(_JOBS.columns.keys())
+    columns = list(JOBS.columns.keys())
     for job in jobs:
         record = store.read(job.id)
         assert record is not None
         with engine.connect() as conn:
-            core = conn.execute(_JOB_BY_ID, {"job_id": job.id}).one()._asdict()
+            core = conn.execute(JOB_BY_ID, {"job_id": job.id}).one()._asdict()
         orm = store.get(job.id)
         assert orm is not None
         read = vars(record)
@@ -191,18 +192,165 @@ def test_status_read_returns_the_row_the_orm_reads(engine: Engine) -> None:
     assert store.read("video_nope") is None
 
 
-def test_raw_select_refuses_a_bind_that_needs_converting(tmp_path: Path) -> None:
-    """No bind processor runs on the raw path, so a statement whose parameters need one
-    on the dialect (a float on SQLite) is refused when it is built, not sent wrong."""
-    eng = make_engine(DatabaseSettings(url=f"sqlite:///{tmp_path / 'b.db'}"))
-    try:
-        by_time = select(_JOBS).where(
-            _JOBS.c.created_at > bindparam("t", type_=_JOBS.c.created_at.type)
-        )
-        with pytest.raises(ValueError, match="'t'"):
-            RawSelect(eng, by_time)
-    finally:
-        eng.dispose()
+def test_a_create_without_a_key_writes_the_row_the_orm_writes(engine: Engine) -> None:
+    """The raw INSERT of a create leaves unset columns SQL NULL (not JSON ``null``) and
+    writes every other one as the ORM's flush does."""
+    store = JobStore(make_sessionmaker(engine))
+    t = time.time()
+    store.create(_job("video_raw", "m/a", t), idempotency_window_s=60)
+    with make_sessionmaker(engine)() as s:
+        s.add(_job("video_orm", "m/a", t))
+        s.commit()
+    nulls = [c.is_(None).label(f"{c.key}_is_null") for c in JOBS.columns]
+    with engine.connect() as conn:
+        rows = {r.id: r._asdict() for r in conn.execute(select(JOBS, *nulls))}
+    raw, orm = rows.pop("video_raw"), rows.pop("video_orm")
+    raw.pop("id"), orm.pop("id")
+    assert raw == orm
+    assert raw["output_is_null"] and raw["error_code_is_null"]
+
+
+def _artifact(job_id: str, variant: str, t: float) -> Artifact:
+    return Artifact(
+        job_id=job_id,
+        variant=variant,
+        bucket="b",
+        key=f"videos/{job_id}/output/{variant}",
+        content_type="video/mp4" if variant == "video" else "image/jpeg",
+        size_bytes=2**33 + 5,
+        created_at=t,
+    )
+
+
+def _orm_row(engine: Engine, job_id: str) -> Job:
+    with make_sessionmaker(engine)() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def test_worker_transitions_write_what_the_orm_reads(engine: Engine) -> None:
+    """claim → progress → complete (with artifacts) through the raw statements, read back
+    with the ORM: each invariant holds (a second claim, a smaller progress and a lost
+    owner change nothing) and written values keep their types (JSON, floats)."""
+    store = JobStore(make_sessionmaker(engine))
+    t = time.time()
+    store.create(_job("video_w", "m/a", t), idempotency_window_s=60)
+    assert store.claim("video_w", "w1")
+    assert not store.claim("video_w", "w2")  # claimed already
+    row = _orm_row(engine, "video_w")
+    assert (row.status, row.worker_id, row.attempt, row.stage) == (
+        "in_progress",
+        "w1",
+        1,
+        "prepare",
+    )
+    assert row.started_at is not None and row.started_at == row.heartbeat_at
+    assert store.still_owned("video_w", "w1") and not store.still_owned("video_w", "w2")
+    durations = {"queue": 0.25, "prepare": 0.125}
+    assert store.update_running(
+        "video_w", "w1", progress=40, step=2, stage="denoise", stage_durations=durations
+    )
+    assert not store.update_running("video_w", "w1", progress=30)  # never decreases
+    assert not store.update_running("video_w", "w2", progress=50)  # not its owner
+    row = _orm_row(engine, "video_w")
+    assert (row.progress, row.step, row.stage, row.stage_durations) == (40, 2, "denoise", durations)
+    assert not store.complete("video_w", "w2", [_artifact("video_w", "video", t)], progress=100)
+    assert store.artifact("video_w", "video") is None  # nothing inserted for a non-owner
+    arts = [_artifact("video_w", "video", t + 1), _artifact("video_w", "thumbnail", t + 2)]
+    assert store.complete(
+        "video_w",
+        "w1",
+        arts,
+        progress=100,
+        stage="done",
+        completed_at=t + 3,
+        stage_durations={**durations, "upload": 0.5},
+        inference_time_s=1.5,
+        peak_memory_mb=64.5,
+    )
+    row = _orm_row(engine, "video_w")
+    assert (row.status, row.progress, row.stage, row.inference_time_s) == (
+        "completed",
+        100,
+        "done",
+        1.5,
+    )
+    assert row.stage_durations == {**durations, "upload": 0.5}
+    assert not store.still_owned("video_w", "w1")
+    for art in arts:
+        stored = store.artifact("video_w", art.variant)
+        assert stored is not None and stored.id is not None
+        got = {
+            k: getattr(stored, k)
+            for k in (
+                "job_id",
+                "variant",
+                "bucket",
+                "key",
+                "content_type",
+                "size_bytes",
+                "created_at",
+            )
+        }
+        assert got == {k: getattr(art, k) for k in got}
+    found = store.read_with_artifact("video_w", "local", "thumbnail")
+    assert found is not None
+    record, artifact = found
+    assert vars(record) == vars(store.read("video_w"))
+    assert artifact is not None and artifact.key == arts[1].key
+    missing = store.read_with_artifact("video_w", "local", "spritesheet")
+    assert missing is not None and vars(missing[0]) == vars(record) and missing[1] is None
+    assert store.read_with_artifact("video_w", "key_other", "video") is None
+
+
+def test_cancel_fail_and_take_over_keep_their_conditions(engine: Engine) -> None:
+    store = JobStore(make_sessionmaker(engine))
+    t = time.time()
+    for job_id in ("video_c", "video_f", "video_t"):
+        store.create(_job(job_id, "m/a", t), idempotency_window_s=60)
+    # a cancelled job is not claimed, and a second cancel changes nothing
+    assert store.cancel("video_c", "cancelled by the client")
+    assert not store.cancel("video_c")
+    assert not store.claim("video_c", "w1")
+    row = _orm_row(engine, "video_c")
+    assert (row.status, row.error_code, row.cancel_requested) == ("failed", "cancelled", True)
+    # fail: only while active, and only by its owner when one is given
+    assert store.claim("video_f", "w1")
+    assert not store.fail("video_f", ErrorCode.OOM, "no memory", worker_id="w2")
+    assert store.fail("video_f", ErrorCode.OOM, "no memory", worker_id="w1", stage="denoise")
+    assert not store.fail("video_f", ErrorCode.INTERNAL_ERROR, "again")
+    row = _orm_row(engine, "video_f")
+    assert (row.status, row.error_code, row.error_message, row.stage) == (
+        "failed",
+        "oom",
+        "no memory",
+        "denoise",
+    )
+    # take over: only a stale heartbeat, within the attempt bound
+    assert store.claim("video_t", "w1")
+    assert not store.take_over("video_t", "w2", stale_before=t - 60, max_attempts=3)
+    assert not store.take_over("video_t", "w2", stale_before=time.time() + 1, max_attempts=1)
+    assert store.take_over("video_t", "w2", stale_before=time.time() + 1, max_attempts=3)
+    row = _orm_row(engine, "video_t")
+    assert (row.worker_id, row.attempt, row.stage, row.step) == ("w2", 2, "prepare", 0)
+    assert store.get("video_t") is not None and store.get("video_t", owner="key_other") is None
+
+
+def test_raw_statement_errors_are_sqlalchemys(engine: Engine) -> None:
+    """A driver error on the raw path is SQLAlchemy's exception (here the primary key's
+    IntegrityError), and the connection goes back to the pool usable."""
+    store = JobStore(make_sessionmaker(engine))
+    store.create(_job("video_e", "m/a", time.time()), idempotency_window_s=60)
+    duplicate = RawStatement(
+        engine,
+        insert(JOBS).from_select(
+            list(JOBS.columns.keys()), select(JOBS).where(JOBS.c.id == bindparam("job_id"))
+        ),
+    )
+    with pytest.raises(IntegrityError):
+        duplicate.rowcount({"job_id": "video_e"})
+    assert store.read("video_e") is not None
 
 
 def test_pool_keeps_its_connections_under_concurrent_reads(engine: Engine) -> None:

@@ -6,7 +6,7 @@ reads the annotations of routes defined inside a function at runtime, and they n
 locals (the dependencies made here).
 """
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,18 +51,23 @@ class Caller:
     owner: str
 
 
-def caller_dep(kind: JobKind) -> Any:
-    """``Depends(…)`` of the kind's :class:`Caller` (route parameters say
-    ``call: Annotated[Caller, caller_dep(kind)]``). One dependency instead of a service
-    and an owner that both depended on the state: FastAPI solved five dependency levels
-    per request, a fifth of a status read's CPU."""
+def caller_of(kind: JobKind) -> Callable[[Request], Awaitable[Caller]]:
+    """The kind's service and the API key of a request (401 without a live key)."""
     cls = kind.service
 
     async def caller(request: Request) -> Caller:
         state: AppState = request.state.app
         return Caller(cls(state), await authenticate(request, state))
 
-    return Depends(caller)
+    return caller
+
+
+def caller_dep(kind: JobKind) -> Any:
+    """``Depends(…)`` of the kind's :class:`Caller` (route parameters say
+    ``call: Annotated[Caller, caller_dep(kind)]``). One dependency instead of a service
+    and an owner that both depended on the state: FastAPI solved five dependency levels
+    per request, a fifth of a status read's CPU."""
+    return Depends(caller_of(kind))
 
 
 def job_id_param(kind: JobKind) -> Any:

@@ -37,10 +37,10 @@ _Bind = tuple[str, Callable[[Any], Any] | None, Any]
 
 
 class RawStatement:
-    """``statement`` compiled for ``engine``; :meth:`one` (a SELECT's first row) and
-    :meth:`rowcount` (a write) run it on a pooled DBAPI cursor. Parameters are passed by
-    the names of the statement's ``bindparam``s; literals in the statement are bound as
-    SQLAlchemy binds them."""
+    """``statement`` compiled for ``engine``; :meth:`one` (a SELECT's first row, or a
+    write's ``RETURNING``) and :meth:`rowcount` (a write) run it on a pooled DBAPI
+    cursor. Parameters are passed by the names of the statement's ``bindparam``s;
+    literals in the statement are bound as SQLAlchemy binds them."""
 
     def __init__(self, engine: Engine, statement: ClauseElement) -> None:
         dialect = engine.dialect
@@ -59,14 +59,16 @@ class RawStatement:
         # the order of the parameters for positional paramstyles (SQLite's ``?``, where a
         # name may repeat); None for named ones (psycopg's ``%(name)s``)
         self._positions = compiled.positiontup
-        self._types = [c.type for c in getattr(statement, "selected_columns", ())]
+        # what a SELECT selects or a write returns
+        self._types = [c.type for c in getattr(statement, "exported_columns", ())]
         self._processors: list[tuple[int, Callable[[Any], Any]]] | None = None
         self._autocommit = dialect.name != "sqlite"
 
-    def one(self, params: Mapping[str, Any]) -> Sequence[Any] | None:
-        """The first row for ``params``, or None."""
+    def one(self, params: Mapping[str, Any], *, write: bool = False) -> Sequence[Any] | None:
+        """The first row for ``params``, or None; ``write`` for an INSERT or UPDATE with
+        ``RETURNING`` (committed on SQLite)."""
         args = self._args(params)
-        with self._cursor(args, commit=False) as cursor:
+        with self._cursor(args, commit=write) as cursor:
             cursor.execute(self._sql, args)
             row = cursor.fetchone()
             if row is None:

@@ -130,19 +130,26 @@ def insert_job(names: Iterable[str]) -> Insert:
     return insert(JOBS).values({n: param(n) for n in names})
 
 
-CLAIM = (
-    update(JOBS)
-    .where(JOBS.c.id == bindparam("job_id"), JOBS.c.status == _QUEUED)
-    .where(JOBS.c.cancel_requested.is_(False))
-    .values(
-        status=_RUNNING,
-        worker_id=bindparam("worker_id"),
-        attempt=JOBS.c.attempt + 1,
-        started_at=func.coalesce(JOBS.c.started_at, param("now", "heartbeat_at")),
-        heartbeat_at=param("now", "heartbeat_at"),
-        stage="prepare",
+def _claim() -> Update:
+    c = JOBS.c
+    return (
+        update(JOBS)
+        .where(c.id == bindparam("job_id"), c.status == _QUEUED, c.cancel_requested.is_(False))
+        .values(
+            status=_RUNNING,
+            worker_id=bindparam("worker_id"),
+            attempt=c.attempt + 1,
+            started_at=func.coalesce(c.started_at, param("now", "heartbeat_at")),
+            heartbeat_at=param("now", "heartbeat_at"),
+            stage="prepare",
+        )
     )
-)
+
+
+CLAIM = _claim()
+# Built on its own, not as ``CLAIM.returning(…)``: the copy would keep CLAIM's memoized
+# (empty) ``exported_columns`` once CLAIM has been compiled for a raw statement.
+CLAIM_RETURNING = _claim().returning(*JOBS.c)
 
 TAKE_OVER = (
     update(JOBS)

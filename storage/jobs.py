@@ -261,6 +261,14 @@ class JobStore:
         params = {"job_id": job_id, "worker_id": worker_id, "now": time.time()}
         return statement.rowcount(params) == 1
 
+    def claim_job(self, job_id: str, worker_id: str) -> Job | None:
+        """:meth:`claim`, returning the claimed row (``UPDATE … RETURNING``): what a
+        worker runs, without a read after the claim. None if it was not claimed."""
+        statement = self._statement(("claim_job",), lambda: sql.CLAIM_RETURNING)
+        params = {"job_id": job_id, "worker_id": worker_id, "now": time.time()}
+        row = statement.one(params, write=True)
+        return None if row is None else Job(**dict(zip(_COLUMNS, row, strict=True)))
+
     def take_over(
         self, job_id: str, worker_id: str, *, stale_before: float, max_attempts: int
     ) -> bool:

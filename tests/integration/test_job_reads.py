@@ -304,6 +304,20 @@ def test_worker_transitions_write_what_the_orm_reads(engine: Engine) -> None:
     assert store.read_with_artifact("video_w", "key_other", "video") is None
 
 
+def test_claim_job_returns_the_row_a_read_after_the_claim_gives(engine: Engine) -> None:
+    store = JobStore(make_sessionmaker(engine))
+    store.create(_job("video_cj", "m/a", time.time()), idempotency_window_s=60)
+    claimed = store.claim_job("video_cj", "w1")
+    assert claimed is not None and claimed.status == "in_progress"
+    read = store.get("video_cj")
+    assert read is not None
+    columns = list(JOBS.columns.keys())
+    assert {c: getattr(claimed, c) for c in columns} == {c: getattr(read, c) for c in columns}
+    assert store.claim_job("video_cj", "w2") is None  # claimed already: nothing written
+    assert _orm_row(engine, "video_cj").worker_id == "w1"
+    assert store.claim_job("video_nope", "w1") is None
+
+
 def test_cancel_fail_and_take_over_keep_their_conditions(engine: Engine) -> None:
     store = JobStore(make_sessionmaker(engine))
     t = time.time()

@@ -38,9 +38,10 @@ _Bind = tuple[str, Callable[[Any], Any] | None, Any]
 
 class RawStatement:
     """``statement`` compiled for ``engine``; :meth:`one` (a SELECT's first row, or a
-    write's ``RETURNING``) and :meth:`rowcount` (a write) run it on a pooled DBAPI
-    cursor. Parameters are passed by the names of the statement's ``bindparam``s;
-    literals in the statement are bound as SQLAlchemy binds them."""
+    write's ``RETURNING``), :meth:`all` (a SELECT's rows) and :meth:`rowcount` (a write)
+    run it on a pooled DBAPI cursor. Parameters are passed by the names of the
+    statement's ``bindparam``s; literals in the statement are bound as SQLAlchemy binds
+    them."""
 
     def __init__(self, engine: Engine, statement: ClauseElement) -> None:
         dialect = engine.dialect
@@ -76,12 +77,22 @@ class RawStatement:
             processors = self._processors
             if processors is None:
                 processors = self._processors = self._result_processors(cursor.description)
+        return row if not processors else _processed(row, processors)
+
+    def all(self, params: Mapping[str, Any]) -> list[Sequence[Any]]:
+        """Every row of a SELECT for ``params``."""
+        args = self._args(params)
+        with self._cursor(args, commit=False) as cursor:
+            cursor.execute(self._sql, args)
+            rows = cursor.fetchall()
+            if not rows:
+                return []
+            processors = self._processors
+            if processors is None:
+                processors = self._processors = self._result_processors(cursor.description)
         if not processors:
-            return row
-        values = list(row)
-        for i, process in processors:
-            values[i] = process(values[i])
-        return values
+            return list(rows)
+        return [_processed(row, processors) for row in rows]
 
     def rowcount(self, params: Mapping[str, Any]) -> int:
         """Run a write for ``params`` in its own transaction; the rows it matched."""
@@ -157,3 +168,10 @@ class RawStatement:
             fairy.invalidate(error)
         finally:
             fairy.close()
+
+
+def _processed(row: Sequence[Any], processors: list[tuple[int, Callable[[Any], Any]]]) -> list[Any]:
+    values = list(row)
+    for i, process in processors:
+        values[i] = process(values[i])
+    return values

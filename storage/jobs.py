@@ -30,7 +30,9 @@ from storage.db_raw import RawStatement
 ACTIVE = (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value)
 
 _COLUMNS = sql.COLUMNS
+_ID = _COLUMNS.index("id")
 _OWNER = _COLUMNS.index("owner")
+_CREATED_AT = _COLUMNS.index("created_at")
 _N = len(_COLUMNS)
 _ARTIFACT_ID = _N + sql.ARTIFACT_COLUMNS.index("id")
 # columns the ORM fills from a Python-side default when an object leaves them unset
@@ -149,16 +151,17 @@ class JobStore:
         self, owner: str, *, after: str | None, limit: int, order: str, kind: str
     ) -> tuple[list[JobRecord], bool]:
         """A page of the owner's jobs by ``created_at`` (ties by id), after a cursor id,
-        as read-only rows (see :meth:`read`); one of four statements built once."""
+        as read-only rows (see :meth:`read`); one of four statements built once, run on
+        the raw path."""
         params: dict[str, Any] = {"owner": owner, "kind": kind, "limit": limit + 1}
-        with self._engine.connect() as conn:
-            if after is not None:
-                cursor = conn.execute(sql.JOB_BY_ID, {"job_id": after}).one_or_none()
-                if cursor is None or cursor.owner != owner:
-                    raise KeyError(after)
-                params |= {"cursor_created_at": cursor.created_at, "cursor_id": cursor.id}
-            statement = _PAGES[(order == "asc", after is not None)]
-            rows = [_record(row) for row in conn.execute(statement, params)]
+        if after is not None:
+            cursor = self._by_id.one({"job_id": after})
+            if cursor is None or cursor[_OWNER] != owner:
+                raise KeyError(after)
+            params |= {"cursor_created_at": cursor[_CREATED_AT], "cursor_id": cursor[_ID]}
+        key = (order == "asc", after is not None)
+        statement = self._statement(("page", *key), lambda: _PAGES[key])
+        rows = [_record(row) for row in statement.all(params)]
         return rows[:limit], len(rows) > limit
 
     def queue_positions(self, jobs: Sequence[JobView]) -> dict[str, int]:

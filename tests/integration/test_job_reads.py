@@ -26,6 +26,7 @@ from models.job_specs import AudioSpec, VideoSpec
 from storage.db import make_engine, make_sessionmaker
 from storage.db_raw import RawStatement
 from storage.job_statements import JOB_BY_ID, JOBS
+from storage.job_statements import page as sql_page
 from storage.jobs import JobStore
 from storage.settings import DatabaseSettings
 from tests.integration.conftest import (
@@ -190,6 +191,33 @@ def test_status_read_returns_the_row_the_orm_reads(engine: Engine) -> None:
     assert store.read("video_r_done", owner="local") is None  # another owner's job
     assert store.read("video_r_done", owner="key_other") is not None
     assert store.read("video_nope") is None
+
+
+def test_pages_are_the_rows_a_core_select_gives(engine: Engine) -> None:
+    """List pages on the raw path: the rows (every column) and ``has_more`` of the same
+    statements run through SQLAlchemy, both orders, with and without a cursor, ties on
+    ``created_at`` broken by id, other owners' and other kinds' jobs left out."""
+    store = JobStore(make_sessionmaker(engine))
+    t = time.time()
+    jobs = [_job(f"video_p{i}", "m/a", t + i // 2) for i in range(7)]  # pairs tie
+    jobs += _varied_jobs(t + 10)  # another owner's job, an audio job
+    for job in jobs:
+        store.create(job, idempotency_window_s=60)
+    page_statement = {(a, b): sql_page(a, b) for a in (True, False) for b in (True, False)}
+    for order in ("asc", "desc"):
+        for after in (None, "video_p2", "video_p5"):
+            got, more = store.page("local", after=after, limit=3, order=order, kind="video")
+            params: dict[str, Any] = {"owner": "local", "kind": "video", "limit": 4}
+            with engine.connect() as conn:
+                if after is not None:
+                    cursor = conn.execute(JOB_BY_ID, {"job_id": after}).one()
+                    params |= {"cursor_created_at": cursor.created_at, "cursor_id": cursor.id}
+                statement = page_statement[(order == "asc", after is not None)]
+                core = [r._asdict() for r in conn.execute(statement, params)]
+            assert [vars(r) for r in got] == core[:3], (order, after)
+            assert more == (len(core) > 3)
+    with pytest.raises(KeyError):
+        store.page("local", after="video_r_done", limit=3, order="desc", kind="video")
 
 
 def test_a_create_without_a_key_writes_the_row_the_orm_writes(engine: Engine) -> None:

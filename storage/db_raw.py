@@ -32,7 +32,8 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 _REQUIRED = object()
 
-# (the name the SQL text uses, the bind processor or None, a fixed value or _REQUIRED)
+# by the name the SQL text uses: (the key callers pass the value by, the bind processor
+# or None, a fixed value or _REQUIRED)
 _Bind = tuple[str, Callable[[Any], Any] | None, Any]
 
 

@@ -261,11 +261,25 @@ class JobService(abc.ABC, Generic[WireT]):
             log.warning("could not delete the event stream of %s", job.id)
 
     def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[JobView, Artifact]:
-        job = self.get_job(job_id, owner)
-        return job, self.artifact_of(job, variant)
+        """The job and its ``variant`` artifact, read in one statement (404/409/410 as
+        for content: :meth:`servable`)."""
+        job, artifact = self.job_and_artifact(job_id, owner, variant)
+        return job, self.servable(job, artifact, variant)
 
-    def artifact_of(self, job: JobView, variant: str) -> Artifact:
-        """The ``variant`` artifact of a job already read (404/409/410 as for content)."""
+    def job_and_artifact(
+        self, job_id: str, owner: str, variant: str
+    ) -> tuple[JobView, Artifact | None]:
+        """The owner's job of this kind (404 otherwise) and its ``variant`` artifact row,
+        if there is one, in one round trip."""
+        jobs = self.state.jobs
+        found = jobs.read_with_artifact(job_id, owner, variant) if storable(job_id) else None
+        if found is None or found[0].kind != self.kind:
+            raise NotFound(f"no {self.noun} with id {job_id!r}", param=self.id_param)
+        return found
+
+    def servable(self, job: JobView, artifact: Artifact | None, variant: str) -> Artifact:
+        """``artifact`` if the job's content can be served: 409 before the job completed,
+        410 once it expired, 404 without the ``variant``."""
         job_id = job.id
         if job.status != JobStatus.COMPLETED:
             raise NotReady(
@@ -274,17 +288,18 @@ class JobService(abc.ABC, Generic[WireT]):
             )
         if job.expires_at is not None and job.expires_at <= time.time():
             raise Gone(f"the content of {self.noun} {job_id} has expired", param=self.id_param)
-        artifact = self.state.jobs.artifact(job.id, variant)
         if artifact is None:
             raise NotFound(f"{self.noun} {job_id} has no {variant!r} variant", param="variant")
         return artifact
 
     # ---- sync -------------------------------------------------------------------
 
-    async def wait_done(self, request: Request, job_id: str, owner: str) -> JobView:
+    async def wait_done(
+        self, request: Request, job_id: str, owner: str, variant: str
+    ) -> tuple[JobView, Artifact | None]:
         """Wait for the job to end by following its event stream; cancel it when the
         client disconnects (:class:`ClientGone`) or the sync timeout passes (504). A
-        failed job raises.
+        failed job raises. The ended job's row and its ``variant`` artifact.
 
         The stream is read from its start, so a ``done`` published before this call is
         seen at once; the row is read when the job has ended, and when the stream was
@@ -302,7 +317,7 @@ class JobService(abc.ABC, Generic[WireT]):
 
                 tg.start_soon(watch_client)
                 try:
-                    job = await self._until_ended(job_id, owner)
+                    job, artifact = await self._until_ended(job_id, owner, variant)
                 except Exception as exc:  # raised below, not wrapped in an ExceptionGroup
                     error = exc
                 tg.cancel_scope.cancel()
@@ -323,7 +338,7 @@ class JobService(abc.ABC, Generic[WireT]):
                 f"{self.noun} {job_id} failed: {job.error_message or 'the job failed'}",
                 code=job.error_code or "internal_error",
             )
-        return job
+        return job, artifact
 
     async def file_when_done(
         self,
@@ -337,10 +352,10 @@ class JobService(abc.ABC, Generic[WireT]):
         with ``X-Request-Id`` and ``X-Inference-Time-S`` (and ``extra_headers(job)``); 499
         when the client left. A failed or timed-out job raises (:meth:`wait_done`)."""
         try:
-            job = await self.wait_done(request, job_id, owner)
+            job, found = await self.wait_done(request, job_id, owner, variant)
         except ClientGone:
             return Response(status_code=499)
-        artifact = await self.state.blocking(self.artifact_of, job, variant)
+        artifact = self.servable(job, found, variant)
         headers = {
             "X-Request-Id": job_id,
             "X-Inference-Time-S": f"{job.inference_time_s or 0.0:.3f}",
@@ -348,10 +363,14 @@ class JobService(abc.ABC, Generic[WireT]):
         }
         return await stream_artifact(self.state.artifacts, artifact, None, headers, self.id_param)
 
-    async def _until_ended(self, job_id: str, owner: str) -> JobView:
-        """The job's row once its stream says ``done`` or the row says it ended. The
+    async def _until_ended(
+        self, job_id: str, owner: str, variant: str
+    ) -> tuple[JobView, Artifact | None]:
+        """The job's row (and its ``variant`` artifact, in the same statement and
+        thread-pool call) once its stream says ``done`` or the row says it ended. The
         first read does not wait: an empty stream (expired, or the job ended long ago)
         sends us to the row at once."""
+        read = self.job_and_artifact
         stream = job_events_key(job_id)
         after = "0-0"
         block_ms: int | None = None
@@ -363,13 +382,13 @@ class JobService(abc.ABC, Generic[WireT]):
                 entries = []
                 await anyio.sleep(1.0)
             if any(entry.type == "done" for entry in entries):
-                return await self.state.blocking(self.get_job, job_id, owner)
+                return await self.state.blocking(read, job_id, owner, variant)
             if entries:
                 after = entries[-1].id
             else:
-                job = await self.state.blocking(self.get_job, job_id, owner)
-                if job.status in (JobStatus.COMPLETED, JobStatus.FAILED):
-                    return job
+                found = await self.state.blocking(read, job_id, owner, variant)
+                if found[0].status in (JobStatus.COMPLETED, JobStatus.FAILED):
+                    return found
             block_ms = ROW_CHECK_MS
 
     async def cancel_quietly(self, job_id: str, message: str) -> None:

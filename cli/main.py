@@ -26,6 +26,7 @@ from storage.settings import Settings, get_settings
 def _cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from api.access_log import log_config
     from api.app import create_app
     from api.http_deadlines import deadline_protocol
 
@@ -40,6 +41,7 @@ def _cmd_api(args: argparse.Namespace) -> int:
         host=host,
         port=port,
         log_level="info",
+        log_config=log_config(),
         access_log=settings.http.access_log,
         timeout_graceful_shutdown=settings.shutdown_grace_s,
         http=http,

@@ -3,76 +3,51 @@
 ``WHERE status = expected`` (and, for a worker, ``worker_id = me``) makes two workers
 unable to both own a job and turns a late result after a cancel into a no-op: whoever
 loses the race changes nothing and learns it from the row count.
+
+The statements of the request path and of a running job (status reads, claim, progress,
+ownership checks, completion) are built once (:mod:`storage.job_statements`) and run on a
+pooled DBAPI cursor (:class:`storage.db_raw.RawStatement`): a single statement in
+autocommit is its own transaction, one round trip on PostgreSQL where a ``Session`` made
+three (BEGIN, the statement, COMMIT or ROLLBACK), at a fraction of the CPU.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, delete, func, or_, select, update
+from sqlalchemy import ClauseElement, delete, select, update
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import Artifact, ErrorCode, Job, JobRecord, JobStatus, JobView
+from storage import job_statements as sql
+from storage.db_raw import RawStatement
 
 ACTIVE = (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value)
 
-_JOBS = Job.__table__
-# Built once: SQLAlchemy caches the compiled form of a statement object it sees again.
-_JOB_BY_ID = select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
-_COLUMNS = tuple(_JOBS.columns.keys())  # the order ``select(_JOBS)`` returns them in
+_COLUMNS = sql.COLUMNS
+_ID = _COLUMNS.index("id")
+_OWNER = _COLUMNS.index("owner")
+_CREATED_AT = _COLUMNS.index("created_at")
+_N = len(_COLUMNS)
+_ARTIFACT_ID = _N + sql.ARTIFACT_COLUMNS.index("id")
+# columns the ORM fills from a Python-side default when an object leaves them unset
+_DEFAULTED = frozenset(c.key for c in sql.JOBS.columns if c.default is not None)
+
+# (ascending, after a cursor) -> statement
+_PAGES = {(a, b): sql.page(a, b) for a in (True, False) for b in (True, False)}
 
 
-def _record(row: Any) -> JobRecord:
+def _record(row: Sequence[Any]) -> JobRecord:
     return JobRecord(**dict(zip(_COLUMNS, row, strict=True)))
 
 
-def _queue_positions_statement() -> Select[Any]:
-    """``(id, queued jobs of the same model ahead of it)`` for the job ids ``:ids``."""
-    ahead = _JOBS.alias("ahead")
-    count = (
-        select(func.count())
-        .select_from(ahead)
-        .where(
-            ahead.c.status == JobStatus.QUEUED.value,
-            ahead.c.model == _JOBS.c.model,
-            or_(
-                ahead.c.created_at < _JOBS.c.created_at,
-                and_(ahead.c.created_at == _JOBS.c.created_at, ahead.c.id < _JOBS.c.id),
-            ),
-        )
-        .scalar_subquery()
-    )
-    return select(_JOBS.c.id, count).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)))
-
-
-_QUEUE_POSITIONS = _queue_positions_statement()
-
-
-def _page_statement(ascending: bool, after_cursor: bool) -> Select[Any]:
-    """An owner's jobs of one kind by ``created_at`` then id, ``:limit`` of them, after the
-    cursor job (``:cursor_created_at``, ``:cursor_id``) when ``after_cursor``."""
-    c = _JOBS.c
-    q = select(_JOBS).where(c.owner == bindparam("owner"), c.kind == bindparam("kind"))
-    if after_cursor:
-        at = bindparam("cursor_created_at", type_=c.created_at.type)
-        cid = bindparam("cursor_id", type_=c.id.type)
-        if ascending:
-            q = q.where(or_(c.created_at > at, and_(c.created_at == at, c.id > cid)))
-        else:
-            q = q.where(or_(c.created_at < at, and_(c.created_at == at, c.id < cid)))
-    if ascending:
-        q = q.order_by(c.created_at.asc(), c.id.asc())
-    else:
-        q = q.order_by(c.created_at.desc(), c.id.desc())
-    return q.limit(bindparam("limit"))
-
-
-# (ascending, after a cursor) -> statement
-_PAGES = {(a, b): _page_statement(a, b) for a in (True, False) for b in (True, False)}
+def _artifact(row: Sequence[Any]) -> Artifact:
+    return Artifact(**dict(zip(sql.ARTIFACT_COLUMNS, row, strict=True)))
 
 
 class JobStore:
@@ -84,15 +59,30 @@ class JobStore:
         # SELECT anyway, and SQLAlchemy would set and reset the level with PRAGMAs around
         # every checkout (half of a status read there).
         engine: Engine = sessions.kw["bind"]
-        if engine.dialect.name != "sqlite":
+        self._raw = engine
+        self._sqlite = engine.dialect.name == "sqlite"
+        # statements by what varies in them (the columns written, the artifact count)
+        self._statements: dict[tuple[Any, ...], RawStatement] = {}
+        self._by_id = self._statement(("by_id",), lambda: sql.JOB_BY_ID)
+        if not self._sqlite:
             engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._engine = engine
+
+    def _statement(self, key: tuple[Any, ...], build: Callable[[], Any]) -> RawStatement:
+        """The statement of ``key``, compiled on first use (a race compiles it twice)."""
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = RawStatement(self._raw, build())
+        return found
 
     # ---- API side -------------------------------------------------------------------
 
     def create(self, job: Job, *, idempotency_window_s: float) -> tuple[Job, bool]:
         """Insert ``job``; with an idempotency key already used by the owner within the
-        window, return that job instead. Returns ``(job, created)``."""
+        window, return that job instead. Returns ``(job, created)``. Without a key, one
+        INSERT on the raw path (:meth:`_insert`)."""
+        if not job.idempotency_key and self._insert(job):
+            return job, True
         with self._sessions() as s:
             if job.idempotency_key:
                 existing = self._by_idempotency_key(s, job.owner, job.idempotency_key)
@@ -113,6 +103,19 @@ class JobStore:
                 raise
             return job, True
 
+    def _insert(self, job: Job) -> bool:
+        """INSERT the columns ``job`` has values for, as the ORM's flush would (a column
+        never set is left to the database: SQL NULL, where binding None would store a
+        JSON ``null``); False, inserting nothing, when a column with a Python-side
+        default is unset (:meth:`Job.new` sets them all), for the ORM to fill in."""
+        values = sa_inspect(job).dict
+        if not _DEFAULTED.issubset(values):
+            return False
+        names = tuple(c for c in _COLUMNS if c in values)
+        statement = self._statement(("insert", names), lambda: sql.insert_job(names))
+        statement.rowcount({n: values[n] for n in names})
+        return True
+
     def find_idempotent(self, owner: str, key: str, window_s: float) -> Job | None:
         """The owner's job created with ``key`` within the window, if any."""
         with self._sessions() as s:
@@ -126,19 +129,21 @@ class JobStore:
         return s.scalars(select(Job).where(Job.owner == owner, Job.idempotency_key == key)).first()
 
     def get(self, job_id: str, owner: str | None = None) -> Job | None:
-        with self._sessions() as s:
-            job = s.get(Job, job_id)
-            if job is None or (owner is not None and job.owner != owner):
-                return None
-            return job
+        """The job as an ORM object outside any session (what a worker runs); its row is
+        read as :meth:`read` reads it."""
+        row = self._by_id.one({"job_id": job_id})
+        if row is None or (owner is not None and row[_OWNER] != owner):
+            return None
+        return Job(**dict(zip(_COLUMNS, row, strict=True)))
 
     def read(self, job_id: str, owner: str | None = None) -> JobRecord | None:
-        """The job's row, read-only (the API's status reads): one Core ``SELECT`` on a
-        pooled connection, no ORM session, identity map or instance state, which were
-        two thirds of a status read's database time. Attributes are named as on ``Job``."""
-        with self._engine.connect() as conn:
-            row = conn.execute(_JOB_BY_ID, {"job_id": job_id}).one_or_none()
-        if row is None or (owner is not None and row.owner != owner):
+        """The job's row, read-only (the API's status reads): one ``SELECT`` on a pooled
+        DBAPI cursor, no ORM session, identity map or instance state, nor SQLAlchemy's
+        execution context and result objects (on PostgreSQL they were most of a status
+        read's database time). Attributes are named as on ``Job``; ``None`` for another
+        owner's job."""
+        row = self._by_id.one({"job_id": job_id})
+        if row is None or (owner is not None and row[_OWNER] != owner):
             return None
         return _record(row)
 
@@ -146,16 +151,17 @@ class JobStore:
         self, owner: str, *, after: str | None, limit: int, order: str, kind: str
     ) -> tuple[list[JobRecord], bool]:
         """A page of the owner's jobs by ``created_at`` (ties by id), after a cursor id,
-        as read-only rows (see :meth:`read`); one of four statements built once."""
+        as read-only rows (see :meth:`read`); one of four statements built once, run on
+        the raw path."""
         params: dict[str, Any] = {"owner": owner, "kind": kind, "limit": limit + 1}
-        with self._engine.connect() as conn:
-            if after is not None:
-                cursor = conn.execute(_JOB_BY_ID, {"job_id": after}).one_or_none()
-                if cursor is None or cursor.owner != owner:
-                    raise KeyError(after)
-                params |= {"cursor_created_at": cursor.created_at, "cursor_id": cursor.id}
-            statement = _PAGES[(order == "asc", after is not None)]
-            rows = [_record(row) for row in conn.execute(statement, params)]
+        if after is not None:
+            cursor = self._by_id.one({"job_id": after})
+            if cursor is None or cursor[_OWNER] != owner:
+                raise KeyError(after)
+            params |= {"cursor_created_at": cursor[_CREATED_AT], "cursor_id": cursor[_ID]}
+        key = (order == "asc", after is not None)
+        statement = self._statement(("page", *key), lambda: _PAGES[key])
+        rows = [_record(row) for row in statement.all(params)]
         return rows[:limit], len(rows) > limit
 
     def queue_positions(self, jobs: Sequence[JobView]) -> dict[str, int]:
@@ -163,44 +169,57 @@ class JobStore:
 
         One statement for the whole page (a correlated count per job on the
         ``status, model, created_at`` index), not one round trip per queued job; built
-        once (:data:`_QUEUE_POSITIONS`): making its alias per call was 40% of a create."""
+        once (:data:`storage.job_statements.QUEUE_POSITIONS`): making its alias per call
+        was 40% of a create. One job (a status read, a create) is counted on the raw
+        path."""
         queued = [j.id for j in jobs if j.status == JobStatus.QUEUED]
         if not queued:
             return {}
+        if len(queued) == 1:
+            one = self._statement(("position",), lambda: sql.QUEUE_POSITION)
+            row = one.one({"job_id": queued[0]})
+            return {} if row is None else {queued[0]: int(row[0] or 0)}
         with self._engine.connect() as conn:
-            rows = conn.execute(_QUEUE_POSITIONS, {"ids": queued})
+            rows = conn.execute(sql.QUEUE_POSITIONS, {"ids": queued})
             return {job_id: int(n or 0) for job_id, n in rows}
 
     def cancel(self, job_id: str, message: str = "cancelled by the client") -> bool:
         """Fail a queued or running job with ``cancelled``; False if it had already ended."""
-        now = time.time()
-        with self._sessions() as s:
-            res = s.execute(
-                update(Job)
-                .where(Job.id == job_id, Job.status.in_(ACTIVE))
-                .values(
-                    status=JobStatus.FAILED.value,
-                    error_code=ErrorCode.CANCELLED.value,
-                    error_message=message,
-                    cancel_requested=True,
-                    completed_at=now,
-                )
-            )
-            s.commit()
-            return _rowcount(res) == 1
+        statement = self._statement(("cancel",), lambda: sql.CANCEL)
+        params = {
+            "job_id": job_id,
+            "error_code": ErrorCode.CANCELLED.value,
+            "error_message": message,
+            "completed_at": time.time(),
+        }
+        return statement.rowcount(params) == 1
 
     def delete(self, job_id: str) -> bool:
         with self._sessions() as s:
             s.execute(delete(Artifact).where(Artifact.job_id == job_id))
             res = s.execute(delete(Job).where(Job.id == job_id))
             s.commit()
-            return _rowcount(res) == 1
+            return int(res.rowcount) == 1  # type: ignore[attr-defined]
 
     def artifact(self, job_id: str, variant: str) -> Artifact | None:
-        with self._sessions() as s:
-            return s.scalars(
-                select(Artifact).where(Artifact.job_id == job_id, Artifact.variant == variant)
-            ).first()
+        """The job's ``variant`` artifact row (an ORM object outside any session)."""
+        statement = self._statement(("artifact",), lambda: sql.ARTIFACT)
+        row = statement.one({"job_id": job_id, "variant": variant})
+        return None if row is None else _artifact(row)
+
+    def read_with_artifact(
+        self, job_id: str, owner: str, variant: str
+    ) -> tuple[JobRecord, Artifact | None] | None:
+        """The job's row (as :meth:`read`) and its ``variant`` artifact, if it has one, in
+        one statement: what serving content and answering a ``sync`` request need."""
+        statement = self._statement(("with_artifact",), lambda: sql.JOB_WITH_ARTIFACT)
+        row = statement.one({"job_id": job_id, "variant": variant})
+        if row is None or row[_OWNER] != owner:
+            return None
+        artifact = None
+        if row[_ARTIFACT_ID] is not None:
+            artifact = _artifact(row[_N:])
+        return _record(row[:_N]), artifact
 
     def insert_finished(self, job: Job, artifacts: list[Artifact]) -> None:
         """Store a job that finished elsewhere (a persisted realtime session) with its
@@ -241,80 +260,77 @@ class JobStore:
 
     def claim(self, job_id: str, worker_id: str) -> bool:
         """queued → in_progress for ``worker_id``; False if cancelled or already claimed."""
-        now = time.time()
-        return self._update_one(
-            (
-                Job.id == job_id,
-                Job.status == JobStatus.QUEUED.value,
-                Job.cancel_requested.is_(False),
-            ),
-            status=JobStatus.IN_PROGRESS.value,
-            worker_id=worker_id,
-            attempt=Job.attempt + 1,
-            started_at=func.coalesce(Job.started_at, now),
-            heartbeat_at=now,
-            stage="prepare",
-        )
+        statement = self._statement(("claim",), lambda: sql.CLAIM)
+        params = {"job_id": job_id, "worker_id": worker_id, "now": time.time()}
+        return statement.rowcount(params) == 1
+
+    def claim_job(self, job_id: str, worker_id: str) -> Job | None:
+        """:meth:`claim`, returning the claimed row (``UPDATE … RETURNING``): what a
+        worker runs, without a read after the claim. None if it was not claimed."""
+        statement = self._statement(("claim_job",), lambda: sql.CLAIM_RETURNING)
+        params = {"job_id": job_id, "worker_id": worker_id, "now": time.time()}
+        row = statement.one(params, write=True)
+        return None if row is None else Job(**dict(zip(_COLUMNS, row, strict=True)))
 
     def take_over(
         self, job_id: str, worker_id: str, *, stale_before: float, max_attempts: int
     ) -> bool:
         """Take a running job whose owner stopped heartbeating (attempt + 1, bounded)."""
-        return self._update_one(
-            (*_running(job_id), Job.heartbeat_at < stale_before, Job.attempt < max_attempts),
-            worker_id=worker_id,
-            attempt=Job.attempt + 1,
-            heartbeat_at=time.time(),
-            stage="prepare",
-            step=0,
-        )
+        statement = self._statement(("take_over",), lambda: sql.TAKE_OVER)
+        params = {
+            "job_id": job_id,
+            "worker_id": worker_id,
+            "stale_before": stale_before,
+            "max_attempts": max_attempts,
+            "now": time.time(),
+        }
+        return statement.rowcount(params) == 1
 
     def still_owned(self, job_id: str, worker_id: str) -> bool:
         """True while the job is running, not cancelled and owned by ``worker_id``."""
-        with self._sessions() as s:
-            row = s.execute(
-                select(Job.status, Job.worker_id, Job.cancel_requested).where(Job.id == job_id)
-            ).first()
-        return (
-            row is not None
-            and row.status == JobStatus.IN_PROGRESS
-            and row.worker_id == worker_id
-            and not row.cancel_requested
-        )
+        row = self._statement(("ownership",), lambda: sql.OWNERSHIP).one({"job_id": job_id})
+        if row is None:
+            return False
+        status, owner, cancel_requested = row
+        return status == JobStatus.IN_PROGRESS and owner == worker_id and not cancel_requested
 
     def update_running(self, job_id: str, worker_id: str, **values: Any) -> bool:
         """Write progress/stage/heartbeat fields while the job is ours; False once it isn't.
 
         ``progress`` never decreases: the UPDATE only applies when the stored value is not
         larger than the new one."""
-        conditions = _running(job_id, worker_id)
-        if "progress" in values:
-            conditions.append(Job.progress <= values["progress"])
-        return self._update_one(conditions, heartbeat_at=time.time(), **values)
-
-    def _update_one(self, where: Sequence[Any], **values: Any) -> bool:
-        """One conditional UPDATE of a job row; True when the row matched ``where``."""
-        with self._sessions() as s:
-            res = s.execute(update(Job).where(*where).values(**values))
-            s.commit()
-            return _rowcount(res) == 1
+        names = tuple(sorted(values))
+        statement = self._statement(("running", names), lambda: sql.update_running(names))
+        params = {**_plain(values), "job_id": job_id, "worker_id": worker_id}
+        return statement.rowcount({**params, "heartbeat_at": time.time()}) == 1
 
     def complete(
         self, job_id: str, worker_id: str, artifacts: list[Artifact], **values: Any
     ) -> bool:
-        """in_progress → completed and the artifact rows, in one transaction."""
-        with self._sessions() as s:
-            res = s.execute(
-                update(Job)
-                .where(*_running(job_id, worker_id))
-                .values(status=JobStatus.COMPLETED.value, heartbeat_at=time.time(), **values)
-            )
-            if _rowcount(res) != 1:
-                s.rollback()
-                return False
-            s.add_all(artifacts)
-            s.commit()
-            return True
+        """in_progress → completed and the artifact rows, in one transaction (on
+        PostgreSQL one statement: :func:`storage.job_statements.complete`)."""
+        now = time.time()
+        if self._sqlite:  # no data-modifying CTE there
+            with self._sessions() as s:
+                res = s.execute(
+                    update(Job)
+                    .where(*_running(job_id, worker_id))
+                    .values(status=JobStatus.COMPLETED.value, heartbeat_at=now, **values)
+                )
+                if int(res.rowcount) != 1:  # type: ignore[attr-defined]
+                    s.rollback()
+                    return False
+                s.add_all(artifacts)
+                s.commit()
+                return True
+        names = tuple(sorted(values))
+        statement = self._statement(
+            ("complete", names, len(artifacts)), lambda: sql.complete(names, len(artifacts))
+        )
+        params = {**_plain(values), "job_id": job_id, "worker_id": worker_id, "heartbeat_at": now}
+        for i, artifact in enumerate(artifacts):
+            params |= {f"{k}_{i}": getattr(artifact, k) for k in sql.ARTIFACT_VALUES[1:]}
+        return statement.rowcount(params) == max(len(artifacts), 1)
 
     def fail(
         self,
@@ -326,30 +342,33 @@ class JobStore:
         **values: Any,
     ) -> bool:
         """Fail a job that is still active (and, given ``worker_id``, still ours)."""
-        conditions = [Job.id == job_id, Job.status.in_(ACTIVE)]
-        if worker_id is not None:
-            conditions.append(Job.worker_id == worker_id)
-        return self._update_one(
-            conditions,
-            status=JobStatus.FAILED.value,
-            error_code=code.value,
-            error_message=message,
-            completed_at=time.time(),
-            **values,
-        )
+        names = tuple(sorted(values))
+        owned = worker_id is not None
+        statement = self._statement(("fail", owned, names), lambda: sql.fail(owned, names))
+        params = {
+            **_plain(values),
+            "job_id": job_id,
+            "worker_id": worker_id,
+            "error_code": code.value,
+            "error_message": message,
+            "completed_at": time.time(),
+        }
+        return statement.rowcount(params) == 1
 
 
-def _running(job_id: str, worker_id: str | None = None) -> list[Any]:
-    """The job is running and not cancelled (and owned by ``worker_id``, when given)."""
-    conditions = [
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` to bind as they are: a SQL expression cannot go through a bind."""
+    for name, value in values.items():
+        if isinstance(value, ClauseElement):
+            raise TypeError(f"{name}: a SQL expression, not a value")
+    return values
+
+
+def _running(job_id: str, worker_id: str) -> list[Any]:
+    """The job is running, not cancelled and owned by ``worker_id``."""
+    return [
         Job.id == job_id,
         Job.status == JobStatus.IN_PROGRESS.value,
         Job.cancel_requested.is_(False),
+        Job.worker_id == worker_id,
     ]
-    if worker_id is not None:
-        conditions.append(Job.worker_id == worker_id)
-    return conditions
-
-
-def _rowcount(result: Any) -> int:
-    return int(result.rowcount)

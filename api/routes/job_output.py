@@ -8,16 +8,14 @@ the last event seen, and the stream ends with ``done``.
 
 # No ``from __future__ import annotations``: see api/job_kinds.py.
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, WebSocket
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from api.content import stream_artifact
-from api.deps import CurrentOwner
-from api.job_kinds import JobKind, job_id_param, service_dep
+from api.job_kinds import Caller, JobKind, caller_dep, job_id_param
 from api.job_stream import follow, parse_cursor, serve_websocket, sse
-from api.jobs_service import JobService
 from api.openapi import REDIRECT, SSE, binary, errors
 from api.state import AppState
 from models.errors import InvalidRequest
@@ -29,7 +27,7 @@ def _redirect(redirect: bool | None = None) -> bool | None:
 
 
 def add_output_routes(router: APIRouter, kind: JobKind) -> None:
-    svc_dep, id_path, noun, item = service_dep(kind), job_id_param(kind), kind.noun, kind.item
+    caller, id_path, noun, item = caller_dep(kind), job_id_param(kind), kind.noun, kind.item
     id_param = kind.service.id_param
 
     @router.get(
@@ -46,13 +44,13 @@ def add_output_routes(router: APIRouter, kind: JobKind) -> None:
     )
     async def content(
         job_id: Annotated[str, id_path],
-        svc: Annotated[JobService[Any], svc_dep],
-        owner: CurrentOwner,
+        call: Annotated[Caller, caller],
         variant: Annotated[str, Depends(kind.variant)],
         redirect: Annotated[bool | None, Depends(_redirect)],
         range_header: Annotated[str | None, Header(alias="Range")] = None,
     ) -> Response:
-        job, artifact = await svc.state.blocking(svc.content_artifact, job_id, owner, variant)
+        svc = call.service
+        job, artifact = await svc.state.blocking(svc.content_artifact, job_id, call.owner, variant)
         store = svc.state.artifacts
         if redirect if redirect is not None else svc.settings.s3.redirect_content:
             name = svc.filename(job, variant)
@@ -70,11 +68,11 @@ def add_output_routes(router: APIRouter, kind: JobKind) -> None:
     )
     async def events(
         job_id: Annotated[str, id_path],
-        svc: Annotated[JobService[Any], svc_dep],
-        owner: CurrentOwner,
+        call: Annotated[Caller, caller],
         last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
         last_event_id_q: Annotated[str | None, Query(alias="last_event_id")] = None,
     ) -> StreamingResponse:
+        svc, owner = call.service, call.owner
         after = parse_cursor(last_event_id, last_event_id_q)
         await svc.state.blocking(svc.get_job, job_id, owner)  # 404 for others' jobs
 

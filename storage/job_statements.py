@@ -1,0 +1,226 @@
+"""The job repository's hot statements (:mod:`storage.jobs`), built once as Core
+constructs with named bind parameters and run as :class:`storage.db_raw.RawStatement`.
+
+Each transition's invariant is its ``WHERE``: see the methods of
+:class:`storage.jobs.JobStore` that run them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, cast
+
+from sqlalchemy import (
+    BindParameter,
+    ColumnElement,
+    Insert,
+    Select,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    union_all,
+    update,
+)
+
+from models.db import Artifact, Job, JobStatus
+
+JOBS = cast(Table, Job.__table__)
+ARTIFACTS = cast(Table, Artifact.__table__)
+COLUMNS = tuple(JOBS.columns.keys())  # the order ``select(JOBS)`` returns them in
+ARTIFACT_COLUMNS = tuple(ARTIFACTS.columns.keys())
+# What a worker writes of an artifact (its id is the table's sequence).
+ARTIFACT_VALUES = tuple(k for k in ARTIFACT_COLUMNS if k != "id")
+
+_QUEUED = JobStatus.QUEUED.value
+_RUNNING = JobStatus.IN_PROGRESS.value
+
+
+def param(name: str, column: str | None = None) -> BindParameter[Any]:
+    """``:name``, typed as the job column ``column`` (default: the one named ``name``),
+    so its value is converted as SQLAlchemy converts it (JSON, SQLite's floats)."""
+    return bindparam(name, type_=JOBS.c[column or name].type)
+
+
+def _active() -> ColumnElement[bool]:
+    # not ``status IN (…)``: SQLAlchemy expands a literal IN list per execution
+    return or_(JOBS.c.status == _QUEUED, JOBS.c.status == _RUNNING)
+
+
+def running(owned: bool) -> list[ColumnElement[bool]]:
+    """Job ``:job_id`` is running and not cancelled (and ``worker_id = :worker_id``)."""
+    c = JOBS.c
+    where = [c.id == bindparam("job_id"), c.status == _RUNNING, c.cancel_requested.is_(False)]
+    if owned:
+        where.append(c.worker_id == bindparam("worker_id"))
+    return where
+
+
+JOB_BY_ID = select(JOBS).where(JOBS.c.id == bindparam("job_id"))
+
+# The job row and its ``:variant`` artifact (NULLs without one): what serving content and
+# a ``sync`` answer read, in one round trip.
+JOB_WITH_ARTIFACT = (
+    select(JOBS, *ARTIFACTS.c)
+    .outerjoin(
+        ARTIFACTS,
+        and_(ARTIFACTS.c.job_id == JOBS.c.id, ARTIFACTS.c.variant == bindparam("variant")),
+    )
+    .where(JOBS.c.id == bindparam("job_id"))
+)
+
+ARTIFACT = select(ARTIFACTS).where(
+    ARTIFACTS.c.job_id == bindparam("job_id"), ARTIFACTS.c.variant == bindparam("variant")
+)
+
+OWNERSHIP = select(JOBS.c.status, JOBS.c.worker_id, JOBS.c.cancel_requested).where(
+    JOBS.c.id == bindparam("job_id")
+)
+
+
+def _ahead() -> Any:
+    """How many queued jobs of the same model are ahead of the outer ``jobs`` row."""
+    ahead = JOBS.alias("ahead")
+    return (
+        select(func.count())
+        .select_from(ahead)
+        .where(
+            ahead.c.status == _QUEUED,
+            ahead.c.model == JOBS.c.model,
+            or_(
+                ahead.c.created_at < JOBS.c.created_at,
+                and_(ahead.c.created_at == JOBS.c.created_at, ahead.c.id < JOBS.c.id),
+            ),
+        )
+        .scalar_subquery()
+    )
+
+
+# ``(id, queued jobs of the same model ahead of it)`` for the job ids ``:ids``.
+QUEUE_POSITIONS = select(JOBS.c.id, _ahead()).where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
+# The same for one job ``:job_id`` (a status read, a create).
+QUEUE_POSITION = select(_ahead()).select_from(JOBS).where(JOBS.c.id == bindparam("job_id"))
+
+
+def page(ascending: bool, after_cursor: bool) -> Select[Any]:
+    """An owner's jobs of one kind by ``created_at`` then id, ``:limit`` of them, after the
+    cursor job (``:cursor_created_at``, ``:cursor_id``) when ``after_cursor``."""
+    c = JOBS.c
+    q = select(JOBS).where(c.owner == bindparam("owner"), c.kind == bindparam("kind"))
+    if after_cursor:
+        at = bindparam("cursor_created_at", type_=c.created_at.type)
+        cid = bindparam("cursor_id", type_=c.id.type)
+        if ascending:
+            q = q.where(or_(c.created_at > at, and_(c.created_at == at, c.id > cid)))
+        else:
+            q = q.where(or_(c.created_at < at, and_(c.created_at == at, c.id < cid)))
+    if ascending:
+        q = q.order_by(c.created_at.asc(), c.id.asc())
+    else:
+        q = q.order_by(c.created_at.desc(), c.id.desc())
+    return q.limit(bindparam("limit"))
+
+
+def insert_job(names: Iterable[str]) -> Insert:
+    """A new job row with the columns ``names`` (``:name`` each)."""
+    return insert(JOBS).values({n: param(n) for n in names})
+
+
+def _claim() -> Update:
+    c = JOBS.c
+    return (
+        update(JOBS)
+        .where(c.id == bindparam("job_id"), c.status == _QUEUED, c.cancel_requested.is_(False))
+        .values(
+            status=_RUNNING,
+            worker_id=bindparam("worker_id"),
+            attempt=c.attempt + 1,
+            started_at=func.coalesce(c.started_at, param("now", "heartbeat_at")),
+            heartbeat_at=param("now", "heartbeat_at"),
+            stage="prepare",
+        )
+    )
+
+
+CLAIM = _claim()
+# Built on its own, not as ``CLAIM.returning(…)``: the copy would keep CLAIM's memoized
+# (empty) ``exported_columns`` once CLAIM has been compiled for a raw statement.
+CLAIM_RETURNING = _claim().returning(*JOBS.c)
+
+TAKE_OVER = (
+    update(JOBS)
+    .where(*running(owned=False))
+    .where(JOBS.c.heartbeat_at < param("stale_before", "heartbeat_at"))
+    .where(JOBS.c.attempt < bindparam("max_attempts"))
+    .values(
+        worker_id=bindparam("worker_id"),
+        attempt=JOBS.c.attempt + 1,
+        heartbeat_at=param("now", "heartbeat_at"),
+        stage="prepare",
+        step=0,
+    )
+)
+
+CANCEL = (
+    update(JOBS)
+    .where(JOBS.c.id == bindparam("job_id"), _active())
+    .values(
+        status=JobStatus.FAILED.value,
+        error_code=param("error_code"),
+        error_message=param("error_message"),
+        cancel_requested=True,
+        completed_at=param("completed_at"),
+    )
+)
+
+
+def update_running(values: Iterable[str]) -> Update:
+    """Write ``values`` (and ``heartbeat_at``) while the job is running and ours; with
+    ``progress`` among them, only when the stored progress is not larger."""
+    names = sorted({*values, "heartbeat_at"})
+    where = running(owned=True)
+    if "progress" in names:
+        where.append(JOBS.c.progress <= param("progress"))
+    return update(JOBS).where(*where).values({n: param(n) for n in names})
+
+
+def fail(owned: bool, values: Iterable[str]) -> Update:
+    """Fail job ``:job_id`` while it is active (and ``worker_id = :worker_id``)."""
+    where = [JOBS.c.id == bindparam("job_id"), _active()]
+    if owned:
+        where.append(JOBS.c.worker_id == bindparam("worker_id"))
+    names = sorted({*values, "error_code", "error_message", "completed_at"})
+    sets = {n: param(n) for n in names}
+    return update(JOBS).where(*where).values(status=JobStatus.FAILED.value, **sets)
+
+
+def complete(values: Iterable[str], artifacts: int) -> Update | Insert:
+    """in_progress → completed with ``values``, and ``artifacts`` artifact rows
+    (``:variant_0``, ``:key_0`` …), as one statement: the INSERT selects from the
+    UPDATE's ``RETURNING`` (a data-modifying CTE, PostgreSQL), so it inserts the rows
+    when the job was still ours and nothing otherwise, atomically and in one round trip;
+    its row count says which."""
+    names = sorted({*values, "heartbeat_at"})
+    done = (
+        update(JOBS)
+        .where(*running(owned=True))
+        .values(status=JobStatus.COMPLETED.value, **{n: param(n) for n in names})
+    )
+    if not artifacts:
+        return done
+    cte = done.returning(JOBS.c.id).cte("done")
+    rows = [
+        select(cte.c.id, *[_artifact_param(k, i) for k in ARTIFACT_VALUES[1:]])
+        for i in range(artifacts)
+    ]
+    assert ARTIFACT_VALUES[0] == "job_id"
+    source = rows[0] if artifacts == 1 else union_all(*rows)
+    return insert(ARTIFACTS).from_select(list(ARTIFACT_VALUES), source).add_cte(cte)
+
+
+def _artifact_param(column: str, i: int) -> BindParameter[Any]:
+    return bindparam(f"{column}_{i}", type_=ARTIFACTS.c[column].type)

@@ -126,9 +126,7 @@ class StepExecutor:
 
     def run(self, job_id: str) -> str:
         """Run one job to a terminal state; returns the outcome for logs and tests."""
-        if not self._acquire(job_id):
-            return "skipped"
-        job = self.jobs.get(job_id)
+        job = self._acquire(job_id)
         if job is None:
             return "skipped"
         spec = job_spec(job)
@@ -178,27 +176,31 @@ class StepExecutor:
             log.info("job %s: cuda memory allocated %.1f MiB", job_id, allocated)
         return outcome
 
-    def _acquire(self, job_id: str) -> bool:
-        """Claim a queued job, or take over one whose worker stopped heartbeating."""
-        if self.jobs.claim(job_id, self.worker_id):
-            return True
+    def _acquire(self, job_id: str) -> Job | None:
+        """Claim a queued job, or take over one whose worker stopped heartbeating; the
+        job's row once it is ours (a claim returns it: no read after it)."""
+        claimed = self.jobs.claim_job(job_id, self.worker_id)
+        if claimed is not None:
+            return claimed
         job = self.jobs.get(job_id)
         if job is None or job.status != JobStatus.IN_PROGRESS:
-            return False  # cancelled, finished or deleted: drop the message
+            return None  # cancelled, finished or deleted: drop the message
         w = self.settings.worker
         stale_before = time.time() - w.heartbeat_timeout_s
         if job.heartbeat_at is not None and job.heartbeat_at >= stale_before:
-            return False  # a live worker owns it: this is a duplicate delivery
+            return None  # a live worker owns it: this is a duplicate delivery
         if job.attempt >= w.max_attempts:
             message = f"the worker running this job was lost {job.attempt} times"
             if self.jobs.fail(job_id, ErrorCode.WORKER_LOST, message):
                 error = JobError(code=ErrorCode.WORKER_LOST.value, message=message)
                 self._publish(job, DoneEvent(status="failed", error=error))
             self._delete_objects(job)
-            return False
-        return self.jobs.take_over(
+            return None
+        if not self.jobs.take_over(
             job_id, self.worker_id, stale_before=stale_before, max_attempts=w.max_attempts
-        )
+        ):
+            return None
+        return self.jobs.get(job_id)
 
     # ---- the pipeline -----------------------------------------------------------
 

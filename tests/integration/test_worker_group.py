@@ -28,7 +28,7 @@ from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 13
+REDIS_DB = 6
 SINGLE, CFG, ULYSSES = "tiny/wan", "tiny/wan-cfg2", "tiny/wan-ulysses2"
 
 

@@ -11,6 +11,7 @@ have always had: each route keeps its old function name (``retrieve_video``,
 """
 
 # No ``from __future__ import annotations``: see api/job_kinds.py.
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -33,6 +34,19 @@ def job_router(kind: JobKind) -> APIRouter:
 
     def _object(svc: JobService[Any], obj: BaseModel) -> Response:
         return json_response(obj, {"openai-poll-after-ms": str(svc.settings.poll_after_ms)})
+
+    def _object_route(call: Callable[[JobService[Any]], Callable[[str, str], BaseModel]]) -> Any:
+        """Retrieve and cancel: the job's object as the service method ``call(svc)`` returns
+        it for ``(job_id, owner)`` (a blocking call, on the request pool)."""
+
+        async def route(
+            job_id: Annotated[str, id_path],
+            svc: Annotated[JobService[Any], svc_dep],
+            owner: CurrentOwner,
+        ) -> Response:
+            return _object(svc, await svc.state.blocking(call(svc), job_id, owner))
+
+        return route
 
     @router.post(
         "",
@@ -63,15 +77,9 @@ def job_router(kind: JobKind) -> APIRouter:
         # An empty ``after=`` (what some clients send for "no cursor") is no cursor.
         return json_response(await svc.state.blocking(svc.page, owner, after or None, limit, order))
 
-    @router.get(
+    router.get(
         item, name=f"retrieve_{noun}", response_model=kind.object, responses=errors(401, 404, 422)
-    )
-    async def retrieve(
-        job_id: Annotated[str, id_path],
-        svc: Annotated[JobService[Any], svc_dep],
-        owner: CurrentOwner,
-    ) -> Response:
-        return _object(svc, await svc.state.blocking(svc.retrieve, job_id, owner))
+    )(_object_route(lambda svc: svc.retrieve))
 
     @router.delete(
         item,
@@ -88,18 +96,12 @@ def job_router(kind: JobKind) -> APIRouter:
         await svc.state.artifacts.run(svc.delete, job_id, owner)
         return json_response(kind.deleted(id=job_id))
 
-    @router.post(
+    router.post(
         f"{item}/cancel",
         name=f"cancel_{noun}",
         response_model=kind.object,
         responses=errors(401, 404, 422),
-    )
-    async def cancel(
-        job_id: Annotated[str, id_path],
-        svc: Annotated[JobService[Any], svc_dep],
-        owner: CurrentOwner,
-    ) -> Response:
-        return _object(svc, await svc.state.blocking(svc.cancel, job_id, owner))
+    )(_object_route(lambda svc: svc.cancel))
 
     add_output_routes(router, kind)
     return router

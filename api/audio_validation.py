@@ -15,12 +15,11 @@ from typing import Any
 
 from api.payload import loads
 from api.validation import (
-    check_extra,
+    check_prompts,
     default_model,
+    job_fields,
     parse_model,
-    resolve_seed,
     resolve_steps,
-    resolve_timeout,
 )
 from models.audio import (
     AUDIO_FORMATS,
@@ -104,18 +103,7 @@ def resolve_audio(
     if spec.streaming:
         raise InvalidRequest(f"model {model!r} serves realtime sessions only", param="model")
 
-    if not req.prompt.strip():
-        raise InvalidRequest(f"{prompt_param} must not be empty", param=prompt_param)
-    if len(req.prompt) > limits.max_prompt_chars:
-        raise InvalidRequest(
-            f"{prompt_param} is longer than {limits.max_prompt_chars} characters",
-            param=prompt_param,
-        )
-    if req.negative_prompt and len(req.negative_prompt) > limits.max_prompt_chars:
-        raise InvalidRequest(
-            f"negative_prompt is longer than {limits.max_prompt_chars} characters",
-            param="negative_prompt",
-        )
+    check_prompts(req.prompt, req.negative_prompt, limits, prompt_param)
 
     fmt = req.response_format.strip().lower()
     if fmt not in AUDIO_FORMATS:
@@ -147,22 +135,13 @@ def resolve_audio(
         if value is not None and name in spec.parameters:
             kept[name] = value
 
-    seed = resolve_seed(req.seed)
-    timeout = resolve_timeout(req.timeout, limits)
     return AudioSpec(
-        model=model,
-        prompt=req.prompt,
+        **job_fields(req, model, spec, limits, steps=steps, options=kept),
         duration_ms=max(1, round(seconds * 1000)),
-        num_inference_steps=steps,
-        seed=seed,
-        timeout_s=timeout,
         response_format=fmt,
         sample_rate=req.sample_rate,
         channels=req.channels,
         stream_pcm=fmt == "pcm" if stream_pcm is None else stream_pcm,
-        negative_prompt=req.negative_prompt,
-        options=kept,
-        extra=check_extra(req.extra_params, spec),
     )
 
 

@@ -164,6 +164,14 @@ def _check_rate(rate: int | None, fmt: str) -> None:
         )
 
 
+def _generation(body: SpeechCreate | AudioGenerate, **fields: Any) -> AudioCreate:
+    """The generations request a speech or generate body asks for: ``input`` as the
+    prompt, every field the body has under a generations name (``model``, ``seed``,
+    ``num_inference_steps``, …), then ``fields``."""
+    same = body.model_dump(include=set(AudioCreate.model_fields))
+    return AudioCreate(prompt=body.input, **same | fields)
+
+
 # ---- OpenAI speech ----------------------------------------------------------------------
 
 
@@ -203,12 +211,9 @@ def resolve_speech(
         seconds = min(seconds, max_seconds(spec, settings))
     if body.duration_seconds is not None:  # the clip length asked for (resolve_audio checks it)
         seconds = body.duration_seconds
-    req = AudioCreate(
-        prompt=body.input,
-        model=body.model,
+    req = _generation(
+        body,
         seconds=seconds,
-        num_inference_steps=body.num_inference_steps,
-        seed=body.seed,
         response_format=fmt,
         sample_rate=body.sample_rate or 24_000,
         channels=1,
@@ -282,19 +287,7 @@ def resolve_generate(
         extra["audio_start_in_s"] = start
         length = body.audio_length if body.audio_length is not None else spec.default_seconds
         extra["audio_end_in_s"] = start + length
-    req = AudioCreate(
-        prompt=body.input,
-        model=body.model,
-        seconds=body.audio_length,
-        num_inference_steps=body.num_inference_steps,
-        seed=body.seed,
-        guidance_scale=body.guidance_scale,
-        negative_prompt=body.negative_prompt,
-        response_format=body.response_format,
-        sample_rate=body.sample_rate,
-        extra_params=extra,
-        timeout=body.timeout,
-    )
+    req = _generation(body, seconds=body.audio_length, extra_params=extra)
     return resolve_audio(
         req,
         specs,

@@ -22,10 +22,10 @@ from api.state import AppState
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Job, JobStatus
-from models.job_specs import VideoSpec
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.settings import DatabaseSettings
+from tests.helpers import video_spec
 from tests.integration.conftest import (
     _drop_pg_database,
     _new_pg_database,
@@ -55,10 +55,7 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
 
 
 def _job(job_id: str, model: str, created_at: float, status: str = "queued") -> Job:
-    spec = VideoSpec(
-        model=model, prompt="p", seed=1, num_inference_steps=1, width=64, height=48, fps=16,
-        num_frames=8,
-    )
+    spec = video_spec(model=model)
     return Job.new(spec, id=job_id, owner="local", status=status, created_at=created_at)
 
 

@@ -14,9 +14,8 @@ both draw from here; neither imports the other. Nothing here understands languag
 * :func:`soundtrack` makes stereo music for a scene: chords picked from the prompt (minor
   for dark words), bass, and an arpeggio panned with the main shape's position.
 * :func:`encode`, :func:`upsample`, :func:`blur` and :func:`to_uint8` are the stand-in
-  latent space (2x average pooling in place of a VAE), :func:`euler_step` the sampler
-  step both models take in it; :func:`chunks` splits work into pieces of a bounded size
-  (``RENDER_BUDGET``, ``STEP_BUDGET``).
+  latent space (2x average pooling for a VAE), :func:`euler_step` the sampler's step in
+  it; :func:`chunks` splits work into bounded pieces (``RENDER_BUDGET``, ``STEP_BUDGET``).
 
 Everything is deterministic: the same inputs give bit-identical outputs (on one machine
 and torch thread count).
@@ -250,10 +249,8 @@ def euler_step(
     index: int,
     keep: int | None = None,
 ) -> torch.Tensor | None:
-    """One flow-matching Euler step of ``latents`` (T×3×h×w, in place, chunked over
-    frames) from ``sigmas[index]`` to ``sigmas[index + 1]``, toward x0_hat: ``clean``
-    blurred and flattened toward ``mean`` by the noise level. Returns a copy of frame
-    ``keep``'s x0_hat (a preview), None without ``keep``."""
+    """One Euler step of ``latents`` (T×3×h×w, in place, chunked over frames) toward
+    ``clean`` blurred by ``sigmas[index + 1]``; a copy of frame ``keep``'s x0 estimate."""
     sigma, sigma_next = float(sigmas[index]), float(sigmas[index + 1])
     t, _, lh, lw = latents.shape
     level = sigma_next**2 * max(0.0, math.log2(min(lh, lw)) - 1)  # blur octaves

@@ -15,12 +15,11 @@ from typing import Any
 
 from api.payload import loads
 from api.validation import (
-    check_extra,
+    check_prompts,
     default_model,
+    job_fields,
     parse_model,
-    resolve_seed,
     resolve_steps,
-    resolve_timeout,
 )
 from models.audio import (
     AUDIO_FORMATS,
@@ -104,18 +103,7 @@ def resolve_audio(
     if spec.streaming:
         raise InvalidRequest(f"model {model!r} serves realtime sessions only", param="model")
 
-    if not req.prompt.strip():
-        raise InvalidRequest(f"{prompt_param} must not be empty", param=prompt_param)
-    if len(req.prompt) > limits.max_prompt_chars:
-        raise InvalidRequest(
-            f"{prompt_param} is longer than {limits.max_prompt_chars} characters",
-            param=prompt_param,
-        )
-    if req.negative_prompt and len(req.negative_prompt) > limits.max_prompt_chars:
-        raise InvalidRequest(
-            f"negative_prompt is longer than {limits.max_prompt_chars} characters",
-            param="negative_prompt",
-        )
+    check_prompts(req.prompt, req.negative_prompt, limits, prompt_param)
 
     fmt = req.response_format.strip().lower()
     if fmt not in AUDIO_FORMATS:
@@ -147,22 +135,13 @@ def resolve_audio(
         if value is not None and name in spec.parameters:
             kept[name] = value
 
-    seed = resolve_seed(req.seed)
-    timeout = resolve_timeout(req.timeout, limits)
     return AudioSpec(
-        model=model,
-        prompt=req.prompt,
+        **job_fields(req, model, spec, limits, steps=steps, options=kept),
         duration_ms=max(1, round(seconds * 1000)),
-        num_inference_steps=steps,
-        seed=seed,
-        timeout_s=timeout,
         response_format=fmt,
         sample_rate=req.sample_rate,
         channels=req.channels,
         stream_pcm=fmt == "pcm" if stream_pcm is None else stream_pcm,
-        negative_prompt=req.negative_prompt,
-        options=kept,
-        extra=check_extra(req.extra_params, spec),
     )
 
 
@@ -183,6 +162,14 @@ def _check_rate(rate: int | None, fmt: str) -> None:
             f"sample_rate must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE}",
             param="sample_rate",
         )
+
+
+def _generation(body: SpeechCreate | AudioGenerate, **fields: Any) -> AudioCreate:
+    """The generations request a speech or generate body asks for: ``input`` as the
+    prompt, every field the body has under a generations name (``model``, ``seed``,
+    ``num_inference_steps``, …), then ``fields``."""
+    same = body.model_dump(include=set(AudioCreate.model_fields))
+    return AudioCreate(prompt=body.input, **same | fields)
 
 
 # ---- OpenAI speech ----------------------------------------------------------------------
@@ -224,12 +211,9 @@ def resolve_speech(
         seconds = min(seconds, max_seconds(spec, settings))
     if body.duration_seconds is not None:  # the clip length asked for (resolve_audio checks it)
         seconds = body.duration_seconds
-    req = AudioCreate(
-        prompt=body.input,
-        model=body.model,
+    req = _generation(
+        body,
         seconds=seconds,
-        num_inference_steps=body.num_inference_steps,
-        seed=body.seed,
         response_format=fmt,
         sample_rate=body.sample_rate or 24_000,
         channels=1,
@@ -303,19 +287,7 @@ def resolve_generate(
         extra["audio_start_in_s"] = start
         length = body.audio_length if body.audio_length is not None else spec.default_seconds
         extra["audio_end_in_s"] = start + length
-    req = AudioCreate(
-        prompt=body.input,
-        model=body.model,
-        seconds=body.audio_length,
-        num_inference_steps=body.num_inference_steps,
-        seed=body.seed,
-        guidance_scale=body.guidance_scale,
-        negative_prompt=body.negative_prompt,
-        response_format=body.response_format,
-        sample_rate=body.sample_rate,
-        extra_params=extra,
-        timeout=body.timeout,
-    )
+    req = _generation(body, seconds=body.audio_length, extra_params=extra)
     return resolve_audio(
         req,
         specs,

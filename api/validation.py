@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from api.payload import loads
+from models.audio import AudioCreate
 from models.catalog import ModelSpec
 from models.errors import InvalidRequest, ModelNotFound
 from models.job_specs import VideoSpec
@@ -96,19 +97,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
             param="model",
         )
 
-    prompt = req.prompt.strip()
-    if not prompt:
-        raise InvalidRequest("prompt must not be empty", param="prompt")
-    if len(req.prompt) > limits.max_prompt_chars:
-        raise InvalidRequest(
-            f"prompt is longer than {limits.max_prompt_chars} characters", param="prompt"
-        )
-    if req.negative_prompt and len(req.negative_prompt) > limits.max_prompt_chars:
-        raise InvalidRequest(
-            f"negative_prompt is longer than {limits.max_prompt_chars} characters",
-            param="negative_prompt",
-        )
-
+    check_prompts(req.prompt, req.negative_prompt, limits)
     width, height = _resolve_size(req, spec, settings)
     fps, num_frames = _resolve_timing(req, spec, settings)
 
@@ -125,23 +114,56 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         if value is not None and name in spec.parameters:
             options[name] = value
 
-    seed = resolve_seed(req.seed)
-    timeout = resolve_timeout(req.timeout, limits)
     return VideoSpec(
-        model=model,
-        prompt=req.prompt,
+        **job_fields(req, model, spec, limits, steps=steps, options=options),
         width=width,
         height=height,
         fps=fps,
         num_frames=num_frames,
-        num_inference_steps=steps,
-        seed=seed,
-        timeout_s=timeout,
         has_audio=spec.has_audio,
-        negative_prompt=req.negative_prompt,
-        options=options,
-        extra=check_extra(req.extra_params, spec),
     )
+
+
+def check_prompts(
+    prompt: str, negative_prompt: str | None, limits: LimitSettings, param: str = "prompt"
+) -> None:
+    """The prompt (named ``param`` as the client spelled it) is not blank, and neither it
+    nor the negative prompt is longer than the server allows."""
+    if not prompt.strip():
+        raise InvalidRequest(f"{param} must not be empty", param=param)
+    if len(prompt) > limits.max_prompt_chars:
+        raise InvalidRequest(
+            f"{param} is longer than {limits.max_prompt_chars} characters", param=param
+        )
+    if negative_prompt and len(negative_prompt) > limits.max_prompt_chars:
+        raise InvalidRequest(
+            f"negative_prompt is longer than {limits.max_prompt_chars} characters",
+            param="negative_prompt",
+        )
+
+
+def job_fields(
+    req: VideoCreate | AudioCreate,
+    model: str,
+    spec: ModelSpec,
+    limits: LimitSettings,
+    *,
+    steps: int,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """The fields every kind of job spec has (``models.job_specs._Spec``), resolved alike:
+    a drawn seed when none was given, the timeout within the server's range, the
+    ``extra_params`` checked against the model (in that order, so is the first error)."""
+    return {
+        "model": model,
+        "prompt": req.prompt,
+        "seed": resolve_seed(req.seed),
+        "num_inference_steps": steps,
+        "timeout_s": resolve_timeout(req.timeout, limits),
+        "negative_prompt": req.negative_prompt,
+        "options": options,
+        "extra": check_extra(req.extra_params, spec),
+    }
 
 
 def resolve_steps(requested: int | None, spec: ModelSpec, limits: LimitSettings) -> int:

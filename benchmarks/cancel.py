@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import pct  # noqa: E402
+from benchmarks.common import parser, pct  # noqa: E402
 from benchmarks.embedded_stack import (  # noqa: E402
     S3_BUCKET,
     LogWatcher,
@@ -339,7 +339,7 @@ def leftovers(stack: Stack, job_ids: list[str]) -> dict[str, Any]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--per-stage", type=int, default=10, help="cancels per stage")
     p.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset")
     p.add_argument("--size", default="832x480")

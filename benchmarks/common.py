@@ -1,10 +1,12 @@
-"""What the benchmark scripts share: percentile summaries and an embedded stack.
+"""What the benchmark scripts share: their argument parser, percentile summaries and an
+embedded stack.
 
 Scripts put the repository root on ``sys.path`` and ``from benchmarks.common import …``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import shutil
@@ -18,6 +20,11 @@ from pathlib import Path
 from cli.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """A script's argument parser: its docstring is the ``--help`` text, kept as written."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -11,7 +11,6 @@ per watcher count and the fan-out cost (p99 with N watchers − p99 with one).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -28,12 +27,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import parser, pct
 from cli.embedded import free_port
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def _watch(client: httpx.AsyncClient, vid: str, lat: list[float]) -> int:
@@ -71,16 +66,16 @@ async def run(url: str, watchers: int, jobs: int, body: dict[str, Any]) -> dict[
         "watchers": watchers,
         "events_measured": len(lat),
         "latency_ms": {
-            "p50": round(_pct(lat, 0.5), 2),
-            "p95": round(_pct(lat, 0.95), 2),
-            "p99": round(_pct(lat, 0.99), 2),
+            "p50": round(pct(lat, 0.5), 2),
+            "p95": round(pct(lat, 0.95), 2),
+            "p99": round(pct(lat, 0.99), 2),
             "max": round(max(lat), 2),
         },
     }
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--watchers", type=int, default=100)
     p.add_argument("--jobs", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)

@@ -44,7 +44,6 @@ second ``completed``; a session that fails a check is reported in ``errors``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import itertools
@@ -64,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine, start_up, stop_up, summary  # noqa: E402
+from benchmarks.common import machine, parser, start_up, stop_up, summary  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "speech"
 CHUNK_MS = 100
@@ -350,7 +349,7 @@ def _cpu_ms_per_session_s(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--sessions", default="1,10,20,50", help="comma-separated concurrency levels")
     p.add_argument("--url", default=None, help="use a running server instead of starting one")
     p.add_argument(

@@ -49,7 +49,6 @@ silent for 60 s, and 20 sessions on 2 cores can take longer than that).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
 import json
@@ -69,7 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine, start_up, stop_up, summary, valkey_url  # noqa: E402
+from benchmarks.common import machine, parser, start_up, stop_up, summary, valkey_url  # noqa: E402
 from models.session_bus import OUTPUTS, ChunkOutput  # noqa: E402
 from storage.constants import session_out_key  # noqa: E402
 
@@ -335,7 +334,7 @@ def _renice_realtime_worker(up_pid: int, increment: int) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--sessions", default="1,20", help="comma-separated concurrency levels")
     p.add_argument("--size", default="256x256", help="WIDTHxHEIGHT (multiples of 16)")
     p.add_argument("--num-frames", type=int, default=189, help="189 = 16 chunks")

@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import pct  # noqa: E402
+from benchmarks.common import parser, pct  # noqa: E402
 from benchmarks.embedded_stack import (  # noqa: E402
     S3_BUCKET,
     LogWatcher,
@@ -266,7 +266,7 @@ def log_problems(logs: LogWatcher, stack: Stack) -> dict[str, Any]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--jobs", type=int, default=500)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--size", default="64x48")

@@ -39,7 +39,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import start_up, summary
+from benchmarks.common import parser, start_up, summary
 
 TINY = {"prompt": "status bench", "size": "64x48", "seconds": "0.5", "fps": 16}
 SYNC = {"prompt": "sync bench", "size": "320x192", "seconds": "1", "num_inference_steps": 4}
@@ -210,7 +210,7 @@ def bench(database: str | None, args: argparse.Namespace, ab: str | None) -> dic
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser(__doc__)
     p.add_argument(
         "--database-url",
         action="append",

@@ -9,28 +9,18 @@ polling), the worker-side stage durations the API reports, and jobs per minute.
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def _summary(values: list[float]) -> dict[str, float]:
-    return {
-        "mean": round(statistics.fmean(values), 4),
-        "p50": round(_pct(values, 0.5), 4),
-        "p95": round(_pct(values, 0.95), 4),
-        "max": round(max(values), 4),
-    }
+from benchmarks.common import parser, summary
 
 
 def run_one(client: httpx.Client, body: dict[str, Any], poll_s: float) -> dict[str, Any]:
@@ -53,7 +43,7 @@ def run_one(client: httpx.Client, body: dict[str, Any], poll_s: float) -> dict[s
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--api-key", default=None)
     p.add_argument("--jobs", type=int, default=20)
@@ -72,14 +62,14 @@ def main() -> None:
         results = list(pool.map(lambda _: run_one(client, body, args.poll), range(args.jobs)))
     wall = time.perf_counter() - t0
     ok = [r for r in results if r["status"] == "completed"]
-    stages = {k: _summary([r["stages"][k] for r in ok]) for k in ok[0]["stages"]} if ok else {}
+    stages = {k: summary([r["stages"][k] for r in ok], 4) for k in ok[0]["stages"]} if ok else {}
     print(json.dumps({
         "jobs": args.jobs, "completed": len(ok), "concurrency": args.concurrency,
         "request": body, "wall_s": round(wall, 3),
         "jobs_per_minute": round(len(ok) / wall * 60, 2),
-        "create_latency_s": _summary([r["create_s"] for r in results]),
-        "end_to_end_s": _summary([r["end_to_end_s"] for r in ok]) if ok else None,
-        "inference_time_s": _summary([r["inference_time_s"] for r in ok]) if ok else None,
+        "create_latency_s": summary([r["create_s"] for r in results], digits=4),
+        "end_to_end_s": summary([r["end_to_end_s"] for r in ok], digits=4) if ok else None,
+        "inference_time_s": summary([r["inference_time_s"] for r in ok], digits=4) if ok else None,
         "stage_durations_s": stages,
     }, indent=2))
 

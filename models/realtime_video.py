@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -374,25 +374,30 @@ def is_camera_block(actions: CameraActions) -> bool:
     )
 
 
-def resolve_start(
-    message: dict[str, Any],
-    *,
-    default_width: int,
-    default_height: int,
-    default_fps: float,
-    default_num_frames: int,
-    max_chunks: int | None = None,
-    models: Collection[str] | None = None,
-    model_limits: Mapping[str, StartLimits] | None = None,
-    default_model: str | None = None,
-    max_session_s: float | None = None,
-) -> tuple[SessionStart, VideoConfig]:
+@dataclass(frozen=True)
+class StartRules:
+    """What :func:`resolve_start` resolves a ``session.start`` against: the defaults of
+    what it leaves out, the models it may name, and the caps."""
+
+    default_width: int = 832
+    default_height: int = 480
+    default_fps: float = 16.0
+    default_num_frames: int = 81
+    max_chunks: int | None = None
+    models: Collection[str] | None = None  # accepted ``model`` values; None: any
+    # the model a start without ``model`` gets, and each model's caps (``max_frames``…)
+    default_model: str | None = None
+    model_limits: Mapping[str, StartLimits] = field(default_factory=dict)
+    # the longest rollout (``num_frames / fps``) the server serves; None: no limit
+    max_session_s: float | None = None
+
+
+def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionStart, VideoConfig]:
     """Validate a ``session.start`` and resolve its rollout; raises ``StartRejected``.
 
     Explicit fields win over ``size`` / ``seconds``, which win over the defaults;
-    ``num_frames`` is rounded down to whole chunks. ``models``: accepted model ids;
-    ``model_limits``: each model's caps (``start.model`` or ``default_model``);
-    ``max_session_s``: the longest rollout (``num_frames / fps``) the server serves.
+    ``num_frames`` is rounded down to whole chunks; ``rules.model_limits`` of
+    ``start.model`` (or ``rules.default_model``) cap it.
     """
     C = VideoErrorCode
     try:
@@ -412,10 +417,10 @@ def resolve_start(
         param = ".".join(str(part) for part in loc) or None
         detail = f"Invalid session.start: {describe_error(exc)}"
         raise StartRejected(code, detail, param) from None
-    if models is not None and start.model is not None and start.model not in models:
+    if rules.models is not None and start.model is not None and start.model not in rules.models:
         raise StartRejected(C.MODEL_NOT_FOUND, f"unknown model {start.model!r}", "model")
-    model = start.model or default_model
-    limits = (model_limits or {}).get(model or "", StartLimits())
+    model = start.model or rules.default_model
+    limits = rules.model_limits.get(model or "", StartLimits())
     width, height = start.width, start.height
     size_param = "size"
     if start.size is not None and (width is None or height is None):
@@ -425,26 +430,26 @@ def resolve_start(
         width, height = int(w) if width is None else width, int(h) if height is None else height
     else:
         size_param = "width" if start.width is not None else "height"
-    width = default_width if width is None else width
-    height = default_height if height is None else height
+    width = rules.default_width if width is None else width
+    height = rules.default_height if height is None else height
     if width <= 0 or height <= 0 or width % 16 or height % 16:
         detail = "width and height must be positive multiples of 16"
         raise StartRejected(C.INVALID_SIZE, detail, size_param)
     if width > limits.max_width or height > limits.max_height:
         detail = f"{model} renders at most {limits.max_width}x{limits.max_height}"
         raise StartRejected(C.INVALID_SIZE, detail, size_param)
-    fps = start.fps or default_fps
+    fps = start.fps or rules.default_fps
     if limits.max_fps is not None and fps > limits.max_fps:
         raise StartRejected(C.INVALID_REQUEST, f"fps must be at most {limits.max_fps:g}", "fps")
     num_frames, frames_param = start.num_frames, "num_frames"
     if num_frames is None and start.seconds is not None:
         num_frames, frames_param = round(start.seconds * fps), "seconds"
-    num_frames = default_num_frames if num_frames is None else num_frames
+    num_frames = rules.default_num_frames if num_frames is None else num_frames
     chunks = chunks_for_frames(num_frames) if num_frames >= 1 else 0
     if chunks < 1:
         detail = "num_frames must be at least 9 (one chunk)"
         raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
-    top = _max_chunks(max_chunks, limits.max_frames, max_session_s, fps)
+    top = _max_chunks(rules.max_chunks, limits.max_frames, rules.max_session_s, fps)
     if top is not None and chunks > top:
         most = frames_for_chunks(top) if top else 0
         detail = f"num_frames must be at most {most} at {fps:g} fps"

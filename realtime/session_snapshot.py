@@ -16,7 +16,8 @@ counters, which are private to everyone else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from models.realtime_state import ItemState, ResponseState, VoiceSessionSnapshot
 from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, State
@@ -45,6 +46,12 @@ def _to_mono(t: float | None, now: float, wall: float) -> float | None:
     return None if t is None else now + (t - wall)
 
 
+def _fields(run: ResponseRun) -> dict[str, Any]:
+    """A response run's fields by name: ``ResponseState`` has the same ones (its clocks
+    on the wall clock instead of the monotonic one)."""
+    return {f.name: getattr(run, f.name) for f in fields(run)}
+
+
 def snapshot(
     p: RealtimeProtocol, owner: str, relay: RelayPosition, now: float, wall: float
 ) -> VoiceSessionSnapshot:
@@ -59,20 +66,11 @@ def snapshot(
     active = None
     if p.active is not None:
         run = p.active
-        active = ResponseState(
-            id=run.id,
-            item_id=run.item_id,
-            output_index=run.output_index,
-            in_conversation=run.in_conversation,
-            metadata=run.metadata,
-            transcript=run.transcript,
-            audio_bytes=run.audio_bytes,
-            cancel_reason=run.cancel_reason,
-            muted=run.muted,
-            cancel_deadline=_to_wall(run.cancel_deadline, now, wall),
-            started_at=wall + (run.started_at - now),
-            played_ms=run.played_ms,
-        )
+        clocks = {
+            "cancel_deadline": _to_wall(run.cancel_deadline, now, wall),
+            "started_at": wall + (run.started_at - now),
+        }
+        active = ResponseState(**_fields(run) | clocks)
     return VoiceSessionSnapshot(
         session_id=p.id,
         owner=owner,
@@ -137,21 +135,11 @@ def restore(
         previous = item.id
     if snap.active is not None:
         a = snap.active
-        cancel_deadline = _to_mono(a.cancel_deadline, now, wall)
-        p.active = ResponseRun(
-            id=a.id,
-            item_id=a.item_id,
-            output_index=a.output_index,
-            in_conversation=a.in_conversation,
-            metadata=a.metadata,
-            transcript=a.transcript,
-            audio_bytes=a.audio_bytes,
-            cancel_reason=a.cancel_reason,
-            muted=a.muted,
-            cancel_deadline=cancel_deadline,
-            started_at=now + (a.started_at - wall),
-            played_ms=a.played_ms,
-        )
+        clocks = {
+            "cancel_deadline": _to_mono(a.cancel_deadline, now, wall),
+            "started_at": now + (a.started_at - wall),
+        }
+        p.active = ResponseRun(**a.model_dump() | clocks)
     return p
 
 

@@ -41,8 +41,8 @@ from __future__ import annotations
 import enum
 import secrets
 import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import TypeAdapter, ValidationError
@@ -113,22 +113,14 @@ Command = StartRequested | InteractionRequested | StopRequested
 
 
 @dataclass(frozen=True)
-class VideoSessionOptions:
-    """Limits and defaults of a session (the handler fills them from the settings)."""
+class VideoSessionOptions(wire.StartRules):
+    """Limits and defaults of a session (the handler fills them from the settings): what
+    its ``session.start`` is resolved against, and the socket's own timeouts and caps."""
 
     start_timeout: float = 10.0
     stall_timeout: float = 60.0
     max_start_bytes: int = 4 * 1024 * 1024
     max_control_bytes: int = 128 * 1024
-    default_width: int = 832
-    default_height: int = 480
-    default_fps: float = 16.0
-    default_num_frames: int = 81
-    max_chunks: int | None = None
-    models: frozenset[str] | None = None  # accepted ``model`` values; None: any
-    # the model a start without ``model`` gets, and each model's caps (``max_frames``…)
-    default_model: str | None = None
-    model_limits: Mapping[str, wire.StartLimits] = field(default_factory=dict)
     # realtime.max_session_s: the longest rollout accepted and the longest live session
     max_session_s: float | None = 600.0
 
@@ -467,18 +459,7 @@ class VideoSessionProtocol:
     def _start(self, message: dict[str, Any], now: float) -> None:
         o = self.options
         try:
-            start, config = wire.resolve_start(
-                message,
-                default_width=o.default_width,
-                default_height=o.default_height,
-                default_fps=o.default_fps,
-                default_num_frames=o.default_num_frames,
-                max_chunks=o.max_chunks,
-                models=o.models,
-                model_limits=o.model_limits,
-                default_model=o.default_model,
-                max_session_s=o.max_session_s,
-            )
+            start, config = wire.resolve_start(message, o)
         except wire.StartRejected as exc:
             return self._fatal(exc.code, exc.message, param=exc.param)
         self.config = config

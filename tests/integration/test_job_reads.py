@@ -29,6 +29,7 @@ from storage.job_statements import JOB_BY_ID, JOBS
 from storage.job_statements import page as sql_page
 from storage.jobs import JobStore
 from storage.settings import DatabaseSettings
+from tests.helpers import video_spec
 from tests.integration.conftest import (
     _drop_pg_database,
     _new_pg_database,
@@ -58,16 +59,7 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
 
 
 def _job(job_id: str, model: str, created_at: float, status: str = "queued") -> Job:
-    spec = VideoSpec(
-        model=model,
-        prompt="p",
-        seed=1,
-        num_inference_steps=1,
-        width=64,
-        height=48,
-        fps=16,
-        num_frames=8,
-    )
+    spec = video_spec(model=model, num_inference_steps=1)
     return Job.new(spec, id=job_id, owner="local", status=status, created_at=created_at)
 
 

@@ -15,12 +15,12 @@ import redis
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Artifact, Job
-from models.job_specs import VideoSpec
 from storage.artifacts import ArtifactStore, make_s3_client
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.queue import JobQueue, make_celery
 from storage.settings import Settings
+from tests.helpers import video_spec
 from tests.integration.conftest import service_settings
 from workers.reconciler import LOCK_KEY, Reconciler, sweep_temp_dirs
 
@@ -48,12 +48,8 @@ def parts(pg_url: str, s3_server: EmbeddedS3) -> Iterator[tuple[Reconciler, JobS
 
 
 def _job(jobs: JobStore, job_id: str, **values: object) -> Job:
-    spec = VideoSpec(
-        model="reference/video", prompt="p", seed=1, num_inference_steps=2, width=64,
-        height=48, fps=16, num_frames=8,
-    )
     job, _ = jobs.create(
-        Job.new(spec, id=job_id, owner="local", **values), idempotency_window_s=0
+        Job.new(video_spec(), id=job_id, owner="local", **values), idempotency_window_s=0
     )
     return job
 

@@ -73,6 +73,13 @@ async def _drain(ws: ClientConnection, seen: list[dict[str, Any]]) -> None:
         pass
 
 
+async def _send_resume(ws: ClientConnection, session_id: str, token: str, **cursor: int) -> None:
+    """``session.resume``, the same message on both protocols but for its cursor
+    (``last_received_server_event_seq``, ``last_generation_chunk_index``)."""
+    resume = {"type": "session.resume", "session_id": session_id, "resume_token": token}
+    await ws.send(json.dumps(resume | cursor))
+
+
 async def _resume(
     url: str, session: dict[str, Any], last_seq: int, again: bool = False
 ) -> list[dict[str, Any]]:
@@ -81,13 +88,9 @@ async def _resume(
     ws = await connect(url.replace("http", "ws") + "/v1/duplex?model=reference/voice")
     fresh = await _recv(ws)
     assert fresh["type"] == "session.created" and fresh["session"]["id"] != session["id"]
-    resume = {
-        "type": "session.resume",
-        "session_id": session["id"],
-        "resume_token": session["resume_token"],
-        "last_received_server_event_seq": last_seq,
-    }
-    await ws.send(json.dumps(resume))
+    await _send_resume(
+        ws, session["id"], session["resume_token"], last_received_server_event_seq=last_seq
+    )
     after = [await _recv(ws)]
     while after[-1]["type"] not in ("response.done", "session.resync_required", "error"):
         after.append(await _recv(ws))
@@ -276,13 +279,9 @@ async def _pair(ws: ClientConnection) -> tuple[dict[str, Any], bytes | None]:
 
 async def _resume_video(url: str, start: dict[str, Any], last: int) -> ClientConnection:
     ws = await _video_ws(url)
-    resume = {
-        "type": "session.resume",
-        "session_id": start["session_id"],
-        "resume_token": start["resume_token"],
-        "last_generation_chunk_index": last,
-    }
-    await ws.send(json.dumps(resume))
+    await _send_resume(
+        ws, start["session_id"], start["resume_token"], last_generation_chunk_index=last
+    )
     resumed, _ = await _pair(ws)
     assert resumed == {
         "type": "session.resumed",

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.unit.reference_fixtures import loaded, video_request
 from tests.unit.test_diffusers_video import CASES, FAMILIES, _adapter, _request, _run
-from workers.pipelines.base import GenerationRequest, checkpoint, checkpoints, step_stops
+from workers.pipelines.base import checkpoint, checkpoints, step_stops
 from workers.pipelines.reference_video import ReferenceVideoPipeline
 
 
@@ -40,27 +41,15 @@ def test_checkpoint_is_a_no_op_outside_a_job_and_scoped_inside() -> None:
     assert counter.calls == 2
 
 
-def _video_request() -> GenerationRequest:
-    return GenerationRequest(
-        prompt="a red ball rolling over green hills",
-        width=320,
-        height=192,
-        num_frames=48,
-        fps=24,
-        num_inference_steps=2,
-        seed=1,
-    )
-
-
 def test_reference_video_prepare_and_decode_stop_midway() -> None:
-    pipe = ReferenceVideoPipeline()
-    pipe.load("cpu")
+    pipe = loaded(ReferenceVideoPipeline)
+    request = video_request(width=320, height=192, num_frames=48, num_inference_steps=2)
     counting = Counter()
     with checkpoints(counting):
-        state = pipe.prepare(_video_request())
+        state = pipe.prepare(request)
     assert counting.calls >= 3  # several cancel points in one prepare (48 frames, 3 chunks)
     with checkpoints(Counter(stop_at=2)), pytest.raises(Stop):
-        pipe.prepare(_video_request())
+        pipe.prepare(request)
     while not state.done:
         pipe.step(state)
     expected = pipe.decode(state).frames

@@ -22,7 +22,7 @@ from models.errors import (
     ObjectMissing,
     StorageError,
 )
-from tests.unit.test_reference_video import _request
+from tests.unit.reference_fixtures import loaded, video_request
 from workers.failures import INTERNAL_ERROR_MESSAGE, classify
 from workers.pipelines.reference_video import ReferenceVideoPipeline
 from workers.pipelines.reference_world import DuplicateEventError
@@ -67,9 +67,8 @@ def test_a_request_refused_on_purpose_is_invalid_request_with_its_message() -> N
 
 
 def test_adapters_refuse_bad_requests_with_invalid_job_input() -> None:
-    pipe = ReferenceVideoPipeline()
-    pipe.load("cpu")
-    exc = _raised(lambda: pipe.prepare(_request(extra={"bogus": 1})))
+    pipe = loaded(ReferenceVideoPipeline)
+    exc = _raised(lambda: pipe.prepare(video_request(extra={"bogus": 1})))
     code, message = classify(exc)
     assert code is ErrorCode.INVALID_REQUEST
     assert "bogus" in message

@@ -16,8 +16,9 @@ from api.audio_validation import parse_generation, resolve_audio, resolve_genera
 from api.validation import parse_create, resolve
 from models.catalog import BUILTIN_SPECS
 from models.db import Job, job_spec
-from models.job_specs import AudioOutput, AudioSpec, VideoSpec, audio_shape, parse_spec
+from models.job_specs import AudioOutput, AudioSpec, audio_shape, parse_spec
 from storage.settings import Settings
+from tests.helpers import video_spec
 from workers.executor import generation_request
 
 
@@ -141,16 +142,7 @@ def test_an_audio_request_is_a_duration_not_frames(
 
 
 def test_a_stored_spec_is_checked_when_parsed() -> None:
-    video = VideoSpec(
-        model="m",
-        prompt="p",
-        seed=1,
-        num_inference_steps=2,
-        width=8,
-        height=8,
-        fps=4.0,
-        num_frames=4,
-    ).model_dump(mode="json")
+    video = video_spec().model_dump(mode="json")
     assert parse_spec(video).kind == "video"
     with pytest.raises(ValidationError):  # a field the contract does not have
         parse_spec(video | {"params": {}})

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from tests.unit.reference_fixtures import loaded
 from workers.pipelines.base import GenerationRequest, Media
 from workers.pipelines.reference_audio import (
     POOL,
@@ -33,9 +34,7 @@ def _request(**kw: object) -> GenerationRequest:
 
 @pytest.fixture()
 def pipe() -> ReferenceAudioPipeline:
-    p = ReferenceAudioPipeline()
-    p.load("cpu")
-    return p
+    return loaded(ReferenceAudioPipeline)
 
 
 def _run(pipe: ReferenceAudioPipeline, req: GenerationRequest) -> Media:

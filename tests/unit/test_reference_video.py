@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.unit.reference_fixtures import loaded, video_request
 from workers.pipelines.base import GenerationRequest, Media
 from workers.pipelines.reference_video import (
     SAMPLE_RATE,
@@ -16,26 +17,9 @@ from workers.pipelines.reference_video import (
     ReferenceVideoState,
 )
 
-PROMPT = "a red ball bouncing over a blue ocean at sunset"
-
-
-def _request(**overrides: Any) -> GenerationRequest:
-    fields: dict[str, Any] = {
-        "prompt": PROMPT, "width": 64, "height": 48, "num_frames": 8, "fps": 8.0,
-        "num_inference_steps": 4, "seed": 7,
-    }
-    fields.update(overrides)
-    return GenerationRequest(**fields)
-
-
-def _pipe() -> ReferenceVideoPipeline:
-    pipe = ReferenceVideoPipeline()
-    pipe.load("cpu")
-    return pipe
-
 
 def _run(request: GenerationRequest) -> Media:
-    pipe = _pipe()
+    pipe = loaded(ReferenceVideoPipeline)
     state = pipe.prepare(request)
     while not state.done:
         pipe.step(state)
@@ -43,29 +27,29 @@ def _run(request: GenerationRequest) -> Media:
 
 
 def test_same_request_and_seed_is_bit_identical() -> None:
-    a, b = _run(_request()), _run(_request())
+    a, b = _run(video_request()), _run(video_request())
     assert np.array_equal(a.frames, b.frames)
     assert a.audio is not None and b.audio is not None
     assert np.array_equal(a.audio, b.audio)
 
 
 def test_different_seeds_differ() -> None:
-    a, b = _run(_request(seed=1)), _run(_request(seed=2))
+    a, b = _run(video_request(seed=1)), _run(video_request(seed=2))
     assert np.abs(a.frames.astype(int) - b.frames.astype(int)).mean() > 1.0
 
 
 def test_state_lives_in_the_state_object_not_on_the_pipeline() -> None:
-    pipe = _pipe()
-    first, second = pipe.prepare(_request(seed=1)), pipe.prepare(_request(seed=2))
+    pipe = loaded(ReferenceVideoPipeline)
+    first, second = pipe.prepare(video_request(seed=1)), pipe.prepare(video_request(seed=2))
     while not first.done:  # interleave two requests on one pipeline
         pipe.step(first)
         pipe.step(second)
-    assert np.array_equal(pipe.decode(first).frames, _run(_request(seed=1)).frames)
-    assert np.array_equal(pipe.decode(second).frames, _run(_request(seed=2)).frames)
+    assert np.array_equal(pipe.decode(first).frames, _run(video_request(seed=1)).frames)
+    assert np.array_equal(pipe.decode(second).frames, _run(video_request(seed=2)).frames)
 
 
 def test_output_shapes_and_types() -> None:
-    media = _run(_request(width=80, height=32, num_frames=12, fps=30.0))
+    media = _run(video_request(width=80, height=32, num_frames=12, fps=30.0))
     assert media.frames.shape == (12, 32, 80, 3)
     assert media.frames.dtype == np.uint8
     assert media.fps == 30.0
@@ -76,8 +60,8 @@ def test_output_shapes_and_types() -> None:
 
 
 def test_steps_advance_one_at_a_time() -> None:
-    pipe = _pipe()
-    state = pipe.prepare(_request(num_inference_steps=6))
+    pipe = loaded(ReferenceVideoPipeline)
+    state = pipe.prepare(video_request(num_inference_steps=6))
     assert isinstance(state, ReferenceVideoState)
     assert state.num_steps == 6 and state.step_index == 0
     assert state.sigmas[0] == 1.0 and state.sigmas[-1] == 0.0 and len(state.sigmas) == 7
@@ -94,15 +78,15 @@ def test_steps_advance_one_at_a_time() -> None:
 
 
 def test_one_step_already_lands_on_the_clean_scene() -> None:
-    one = _run(_request(num_inference_steps=1))
-    many = _run(_request(num_inference_steps=12))
+    one = _run(video_request(num_inference_steps=1))
+    many = _run(video_request(num_inference_steps=12))
     assert one.frames.shape == (8, 48, 64, 3)
     assert np.array_equal(one.frames, many.frames)
 
 
 def test_intermediate_state_is_blurrier_than_the_final_one() -> None:
-    pipe = _pipe()
-    state = pipe.prepare(_request(width=128, height=96, num_inference_steps=10))
+    pipe = loaded(ReferenceVideoPipeline)
+    state = pipe.prepare(video_request(width=128, height=96, num_inference_steps=10))
     pipe.step(state)
     early = pipe.preview(state)
     while not state.done:
@@ -117,8 +101,8 @@ def test_intermediate_state_is_blurrier_than_the_final_one() -> None:
 
 
 def test_preview_is_small() -> None:
-    pipe = _pipe()
-    state = pipe.prepare(_request(width=640, height=360, num_frames=2, num_inference_steps=2))
+    pipe = loaded(ReferenceVideoPipeline)
+    state = pipe.prepare(video_request(width=640, height=360, num_frames=2, num_inference_steps=2))
     before = pipe.preview(state)
     pipe.step(state)
     after = pipe.preview(state)
@@ -128,7 +112,7 @@ def test_preview_is_small() -> None:
 
 
 def test_frames_are_a_smooth_scene_not_noise() -> None:
-    frames = _run(_request(width=96, height=64, num_frames=12, fps=24.0)).frames.astype(float)
+    frames = _run(video_request(width=96, height=64, num_frames=12, fps=24.0)).frames.astype(float)
     noise = np.random.default_rng(0).integers(0, 256, frames.shape[1:]).astype(float)
     temporal = np.abs(np.diff(frames, axis=0)).mean()
     spatial = np.abs(np.diff(frames, axis=2)).mean()
@@ -140,12 +124,12 @@ def test_frames_are_a_smooth_scene_not_noise() -> None:
 
 
 def test_prompt_colours_are_visible() -> None:
-    red = _run(_request(prompt="a red ball", num_frames=1)).frames.astype(float)
-    blue = _run(_request(prompt="a blue ball", num_frames=1)).frames.astype(float)
+    red = _run(video_request(prompt="a red ball", num_frames=1)).frames.astype(float)
+    blue = _run(video_request(prompt="a blue ball", num_frames=1)).frames.astype(float)
     redness = lambda f: float((f[..., 0] - f[..., 2]).clip(0).sum())  # noqa: E731
     assert redness(red) > redness(blue)
-    night = _run(_request(prompt="a quiet night", num_frames=1)).frames
-    day = _run(_request(prompt="a sunny day", num_frames=1)).frames
+    night = _run(video_request(prompt="a quiet night", num_frames=1)).frames
+    day = _run(video_request(prompt="a sunny day", num_frames=1)).frames
     assert night.mean() < day.mean()
 
 
@@ -155,7 +139,7 @@ def test_reference_image_becomes_frame_zero() -> None:
     image = np.stack([xx * 4, yy * 5, (xx + yy) * 2], axis=-1).clip(0, 255).astype(np.uint8)
     image[10:20, 10:30] = (250, 240, 10)
     image.setflags(write=False)  # callers may hand over read-only buffers
-    media = _run(_request(reference_image=image, num_frames=12))
+    media = _run(video_request(reference_image=image, num_frames=12))
     first = media.frames[0].astype(float)
     assert np.abs(first - image).mean() < 1.0
     assert np.abs(media.frames[-1].astype(float) - image).mean() > 2.0  # it evolves
@@ -174,26 +158,26 @@ def test_reference_image_becomes_frame_zero() -> None:
 )
 def test_bad_extra_raises_naming_the_key(extra: dict[str, Any], key: str) -> None:
     with pytest.raises(ValueError, match=key):
-        _pipe().prepare(_request(extra=extra))
+        loaded(ReferenceVideoPipeline).prepare(video_request(extra=extra))
 
 
 @pytest.mark.parametrize("camera", ["static", "pan", "zoom"])
 def test_cameras_and_motion(camera: str) -> None:
-    moving = _run(_request(extra={"camera": camera, "motion": 2.0}))
-    frozen = _run(_request(extra={"camera": camera, "motion": 0.0}))
+    moving = _run(video_request(extra={"camera": camera, "motion": 2.0}))
+    frozen = _run(video_request(extra={"camera": camera, "motion": 0.0}))
     assert np.abs(np.diff(moving.frames.astype(float), axis=0)).mean() > 0.0
     assert np.array_equal(frozen.frames[0], frozen.frames[-1])
 
 
 def test_guidance_scale_grades_saturation() -> None:
-    plain = _run(_request(num_frames=1)).frames.astype(float)
-    vivid = _run(_request(num_frames=1, guidance_scale=8.0)).frames.astype(float)
+    plain = _run(video_request(num_frames=1)).frames.astype(float)
+    vivid = _run(video_request(num_frames=1, guidance_scale=8.0)).frames.astype(float)
     spread = lambda f: float((f.max(axis=-1) - f.min(axis=-1)).mean())  # noqa: E731
     assert spread(vivid) > spread(plain)
 
 
 def test_audio_is_audible_stereo_music_not_noise() -> None:
-    media = _run(_request(num_frames=16))
+    media = _run(video_request(num_frames=16))
     audio = media.audio
     assert audio is not None
     assert np.abs(audio).max() <= 1.0
@@ -212,7 +196,7 @@ def test_load_rejects_unknown_devices() -> None:
 
 
 def test_small_request_is_fast() -> None:
-    _run(_request(width=64, height=64))  # warm-up
+    _run(video_request(width=64, height=64))  # warm-up
     start = time.perf_counter()
-    _run(_request(width=64, height=64, num_frames=8, num_inference_steps=4))
+    _run(video_request(width=64, height=64, num_frames=8, num_inference_steps=4))
     assert time.perf_counter() - start < 1.0

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from models.catalog import BUILTIN_MODELS
+from tests.unit.reference_fixtures import loaded
 from workers.pipelines.base import VoiceChunk, VoicePipeline, VoiceTurn
 from workers.pipelines.reference_voice import (
     BASE_PITCH_HZ,
@@ -48,9 +49,7 @@ def _run(pipe: ReferenceVoicePipeline, turn: VoiceTurn) -> tuple[VoiceState, lis
 
 @pytest.fixture(scope="module")
 def pipe() -> ReferenceVoicePipeline:
-    p = ReferenceVoicePipeline()
-    p.load("cpu")
-    return p
+    return loaded(ReferenceVoicePipeline)
 
 
 def test_registered_as_a_streaming_audio_model() -> None:

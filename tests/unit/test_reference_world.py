@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.unit.reference_fixtures import loaded
 from workers.pipelines.reference_world import (
     REFERENCE_WORLD,
     DuplicateEventError,
@@ -33,12 +34,6 @@ def _config(**overrides: Any) -> WorldConfig:
     return WorldConfig(**fields)
 
 
-def _pipe() -> ReferenceWorldPipeline:
-    pipe = ReferenceWorldPipeline()
-    pipe.load("cpu")
-    return pipe
-
-
 def _next_chunk(pipe: ReferenceWorldPipeline, state: WorldState) -> np.ndarray:
     while not pipe.chunk_done(state):
         pipe.step(state)
@@ -46,7 +41,7 @@ def _next_chunk(pipe: ReferenceWorldPipeline, state: WorldState) -> np.ndarray:
 
 
 def _run(config: WorldConfig) -> list[np.ndarray]:
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(config)
     return [_next_chunk(pipe, state) for _ in range(pipe.num_chunks(state))]
 
@@ -69,7 +64,7 @@ def test_chunk_arithmetic(num_frames: int, chunks: int, total: int) -> None:
 
 @pytest.mark.parametrize(("num_frames", "chunks"), [(9, 1), (33, 3), (45, 4)])
 def test_chunk_counts_and_frame_counts(num_frames: int, chunks: int) -> None:
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(width=32, height=32, num_frames=num_frames))
     assert pipe.num_chunks(state) == chunks and state.num_frames == frames_for_chunks(chunks)
     sizes = []
@@ -89,7 +84,7 @@ def test_chunk_counts_and_frame_counts(num_frames: int, chunks: int) -> None:
 
 
 def test_take_before_the_chunk_is_finished_raises() -> None:
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config())
     pipe.step(state)
     with pytest.raises(RuntimeError, match="not finished"):
@@ -127,7 +122,7 @@ def test_frames_are_a_moving_scene_continuous_across_chunks() -> None:
 def test_w_zooms_in_and_s_zooms_out(key: str, bigger: bool) -> None:
     config = _config(width=96, height=96, num_frames=9)
     hold = _run(config)[0][-1]
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(width=96, height=96, num_frames=9,
                                camera_action_script=[[[key], [key], [key]]]))
     moved = _next_chunk(pipe, state)[-1]
@@ -140,7 +135,7 @@ def test_w_zooms_in_and_s_zooms_out(key: str, bigger: bool) -> None:
 @pytest.mark.parametrize(("key", "direction"), [("d", -1), ("a", 1)])
 def test_d_pans_right_so_the_scene_shifts_left(key: str, direction: int) -> None:
     hold = _run(_config(width=96, height=96, num_frames=9))[0][-1]
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(width=96, height=96, num_frames=9,
                                camera_action_script=[[[key], [key], [key]]]))
     moved = _next_chunk(pipe, state)[-1]
@@ -151,7 +146,7 @@ def test_d_pans_right_so_the_scene_shifts_left(key: str, direction: int) -> None
 
 
 def test_script_runs_per_latent_frame_and_holds_after_it_ends() -> None:
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(num_frames=45, camera_action_script=[HOLD, [["d"], [], []]]))
     _next_chunk(pipe, state)
     assert state.camera.pan == 0.0
@@ -164,7 +159,7 @@ def test_script_runs_per_latent_frame_and_holds_after_it_ends() -> None:
 
 
 def test_camera_interaction_equals_the_same_script() -> None:
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(num_frames=33))
     chunks = [_next_chunk(pipe, state)]
     pipe.interact(state, None, "wd", 1, "turn")  # chunk 1 has not begun: from chunk 1
@@ -176,7 +171,7 @@ def test_camera_interaction_equals_the_same_script() -> None:
 
 def test_camera_block_interaction_repeats_in_every_later_chunk() -> None:
     block = [["w"], [], ["a", "s"]]
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(num_frames=45, camera_action_script=[HOLD, [["d"]] * 3]))
     chunks = [_next_chunk(pipe, state)]
     pipe.interact(state, None, block, 0, "block")  # replaces the script's "d" chunk too
@@ -186,7 +181,7 @@ def test_camera_block_interaction_repeats_in_every_later_chunk() -> None:
 
 
 def test_interaction_during_a_chunk_waits_for_the_next_one() -> None:
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(num_frames=33))
     pipe.step(state)  # chunk 0 has begun
     pipe.interact(state, None, "d", 1, "late")
@@ -201,7 +196,7 @@ def test_interaction_during_a_chunk_waits_for_the_next_one() -> None:
 
 def test_prompt_interaction_fades_over_transition_chunks() -> None:
     night = PROMPT + " at night"
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(num_frames=57))  # 5 chunks
     events = []
     chunks = [_next_chunk(pipe, state)]
@@ -232,7 +227,7 @@ def test_prompt_interaction_fades_over_transition_chunks() -> None:
 
 def test_prompt_cut_and_overlapping_events() -> None:
     night, red_sky = PROMPT + " at night", PROMPT + " under a pink sky"
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(num_frames=45))  # 4 chunks
     _next_chunk(pipe, state)
     pipe.interact(state, night, None, 0, "cut")
@@ -252,7 +247,7 @@ def test_prompt_cut_and_overlapping_events() -> None:
 
 
 def test_interaction_checks() -> None:
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config())
     pipe.interact(state, "a blue box", None, 1, "e1")
     with pytest.raises(DuplicateEventError, match="e1"):
@@ -271,7 +266,7 @@ def test_interaction_checks() -> None:
 
 
 def test_interleaved_sessions_match_separate_runs() -> None:
-    pipe = _pipe()
+    pipe = loaded(ReferenceWorldPipeline)
     script = [[["d"], ["d"], ["w"]], HOLD, [["s"], ["a"], []]]
     configs = [_config(num_frames=33, camera_action_script=script),
                _config(num_frames=33, seed=9, prompt="a blue box flying over the desert")]
@@ -321,7 +316,7 @@ def test_reference_image_is_frame_zero_and_pans_with_the_camera() -> None:
 )
 def test_bad_action_script_names_the_problem(script: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        _pipe().start(_config(camera_action_script=script))
+        loaded(ReferenceWorldPipeline).start(_config(camera_action_script=script))
 
 
 @pytest.mark.parametrize(
@@ -338,4 +333,4 @@ def test_bad_action_script_names_the_problem(script: Any, message: str) -> None:
 )
 def test_bad_config_raises(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        _pipe().start(_config(**overrides))
+        loaded(ReferenceWorldPipeline).start(_config(**overrides))

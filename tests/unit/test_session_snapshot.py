@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import fields
 from typing import Any
 
-from models.realtime_state import VoiceSessionSnapshot
+from models.realtime_state import ResponseState, VoiceSessionSnapshot
 from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, Respond, State, Stop
+from realtime.responses import ResponseRun
 from realtime.session_snapshot import AudioDiff, RelayPosition, audio_parts, restore, snapshot
 from tests.unit.realtime_client import SDK, Client, ScriptedVAD, run_response, speech
 
@@ -107,6 +109,15 @@ def test_clocks_cross_processes_as_wall_time() -> None:
     out = _events(b.data_to_send())
     assert out[-1]["type"] == "response.done" and out[-1]["response"]["status"] == "cancelled"
     assert not any(e["type"] == "response.output_audio.delta" for e in out)
+
+
+def test_the_response_in_flight_is_stored_field_for_field() -> None:
+    # snapshot/restore copy a ResponseRun by its field names: the stored model has them all
+    assert [f.name for f in fields(ResponseRun)] == list(ResponseState.model_fields)
+    c = Client(duplex=True, turn_detection=None)
+    rid = run_response(c, deltas=1)
+    b = _transfer(c, [], now=c.now, wall=WALL)
+    assert c.p.active is not None and b.active == c.p.active and b.active.id == rid
 
 
 def test_session_config_and_closed_state_survive() -> None:

@@ -29,6 +29,7 @@ from tests.unit.video_session_client import (
     start_json,
     streaming,
     texts,
+    timed_out,
 )
 
 # ------------------------------------------------------------------ chunk arithmetic
@@ -139,11 +140,7 @@ def test_vllm_omni_client_fields_are_accepted_and_resolved() -> None:
 def test_stall_timeout_stops_the_worker_and_closes() -> None:
     p = streaming(now=0.0, stall_timeout=60.0)
     assert p.next_deadline() == 60.0
-    p.check_timeouts(59.9)
-    assert p.data_to_send() == [] and p.events_received() == []
-    p.check_timeouts(60.0)
-    assert p.events_received() == [StopRequested("stalled")]
-    error = error_event(p)
+    error = timed_out(p, 60.0, "stalled")
     assert (error["code"], error["request_id"]) == ("stalled", "video_stream-1")
     assert p.state is State.FAILED and p.close_code == CLOSE_INTERNAL
 

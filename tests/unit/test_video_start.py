@@ -12,7 +12,6 @@ from realtime.video_protocol import (
     CLOSE_POLICY,
     StartRequested,
     State,
-    StopRequested,
     VideoSessionProtocol,
 )
 from tests.unit.video_session_client import (
@@ -22,6 +21,7 @@ from tests.unit.video_session_client import (
     send_media,
     start_json,
     streaming,
+    timed_out,
 )
 
 # ------------------------------------------------------------------ session.start
@@ -203,11 +203,7 @@ def test_a_live_session_ends_at_the_time_limit() -> None:
     send_media(p, 0, now=29.0)
     p.data_to_send()
     assert p.next_deadline() == 30.0  # progress refreshes the stall clock, not the limit
-    p.check_timeouts(29.9)
-    assert p.data_to_send() == [] and p.events_received() == []
-    p.check_timeouts(30.0)
-    assert p.events_received() == [StopRequested("expired")]
-    error = error_event(p)
+    error = timed_out(p, 30.0, "expired")
     assert (error["code"], error["request_id"]) == ("session_expired", "video_stream-1")
     assert "30 s" in error["message"]
     assert p.state is State.FAILED and p.close_code == CLOSE_POLICY

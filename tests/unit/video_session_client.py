@@ -15,6 +15,8 @@ from models.realtime_video import (
 )
 from realtime.video_protocol import (
     StartRequested,
+    StopReason,
+    StopRequested,
     VideoSessionOptions,
     VideoSessionProtocol,
 )
@@ -82,6 +84,16 @@ def error_event(p: VideoSessionProtocol) -> dict[str, Any]:
     event = one_event(p)
     assert event["type"] == "error", event
     return event
+
+
+def timed_out(p: VideoSessionProtocol, deadline: float, reason: StopReason) -> dict[str, Any]:
+    """A live session's timeout: nothing happens just before ``deadline``; at it the worker
+    is told to stop for ``reason`` and the client gets an error event (returned)."""
+    p.check_timeouts(deadline - 0.1)
+    assert p.data_to_send() == [] and p.events_received() == []
+    p.check_timeouts(deadline)
+    assert p.events_received() == [StopRequested(reason)]
+    return error_event(p)
 
 
 def interaction_json(event_id: str | None = "ui-1", **interaction: Any) -> str:

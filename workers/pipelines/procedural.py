@@ -14,8 +14,8 @@ both draw from here; neither imports the other. Nothing here understands languag
 * :func:`soundtrack` makes stereo music for a scene: chords picked from the prompt (minor
   for dark words), bass, and an arpeggio panned with the main shape's position.
 * :func:`encode`, :func:`upsample`, :func:`blur` and :func:`to_uint8` are the stand-in
-  latent space (2x average pooling in place of a VAE); :func:`chunks` splits work into
-  pieces of a bounded size (``RENDER_BUDGET``, ``STEP_BUDGET``).
+  latent space (2x average pooling for a VAE), :func:`euler_step` the sampler's step in
+  it; :func:`chunks` splits work into bounded pieces (``RENDER_BUDGET``, ``STEP_BUDGET``).
 
 Everything is deterministic: the same inputs give bit-identical outputs (on one machine
 and torch thread count).
@@ -239,6 +239,32 @@ def blur(x: torch.Tensor, level: float) -> torch.Tensor:
     k = math.floor(level)
     coarse = down_up(2**k)
     return torch.lerp(coarse, down_up(2 ** (k + 1)), level - k) if level > k else coarse
+
+
+def euler_step(
+    latents: torch.Tensor,
+    clean: torch.Tensor,
+    mean: torch.Tensor,
+    sigmas: torch.Tensor,
+    index: int,
+    keep: int | None = None,
+) -> torch.Tensor | None:
+    """One Euler step of ``latents`` (T×3×h×w, in place, chunked over frames) toward
+    ``clean`` blurred by ``sigmas[index + 1]``; a copy of frame ``keep``'s x0 estimate."""
+    sigma, sigma_next = float(sigmas[index]), float(sigmas[index + 1])
+    t, _, lh, lw = latents.shape
+    level = sigma_next**2 * max(0.0, math.log2(min(lh, lw)) - 1)  # blur octaves
+    kept = None
+    for start, stop in chunks(t, 3 * lh * lw, STEP_BUDGET):
+        x, x0 = latents[start:stop], clean[start:stop]
+        if sigma_next > 0:
+            x0 = mean + (blur(x0, level) - mean) * (1 - 0.5 * sigma_next)
+            x.add_((x - x0).mul_((sigma_next - sigma) / sigma))
+        else:
+            x.copy_(x0)  # x + (0 - s) * (x - x0) / s == x0, without rounding error
+        if keep is not None and start <= keep < stop:
+            kept = x0[keep - start].clone()
+    return kept
 
 
 # --- the scene, from prompt words and seed --------------------------------------------------

@@ -31,7 +31,6 @@ Scene, renderer, soundtrack and the stand-in latent space are the public
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,19 +105,10 @@ class ReferenceVideoPipeline(proc.OnDevice, Pipeline):
         st = _as_state(state)
         if st.done:
             raise RuntimeError("all denoise steps have already run")
-        sigma = float(st.sigmas[st.step_index])
-        sigma_next = float(st.sigmas[st.step_index + 1])
-        t, _, lh, lw = st.latents.shape
-        level = sigma_next**2 * max(0.0, math.log2(min(lh, lw)) - 1)  # blur octaves
-        for start, stop in proc.chunks(t, 3 * lh * lw, proc.STEP_BUDGET):
-            x, x0 = st.latents[start:stop], st.clean[start:stop]
-            if sigma_next > 0:
-                x0 = st.mean + (proc.blur(x0, level) - st.mean) * (1 - 0.5 * sigma_next)
-                x.add_((x - x0).mul_((sigma_next - sigma) / sigma))
-            else:
-                x.copy_(x0)  # x + (0 - s) * (x - x0) / s == x0, without rounding error
-            if start <= t // 2 < stop:
-                st.x0_preview = x0[t // 2 - start].clone()
+        middle = st.latents.shape[0] // 2
+        st.x0_preview = proc.euler_step(
+            st.latents, st.clean, st.mean, st.sigmas, st.step_index, keep=middle
+        )
         st.step_index += 1
 
     def decode(self, state: StepState) -> Media:

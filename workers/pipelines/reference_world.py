@@ -196,17 +196,7 @@ class ReferenceWorldPipeline(proc.OnDevice, WorldPipeline[WorldState]):
         if state.step_index == 0:
             self._begin_chunk(state)
         assert state.latents is not None and state.clean is not None and state.mean is not None
-        sigma = float(state.sigmas[state.step_index])
-        sigma_next = float(state.sigmas[state.step_index + 1])
-        t, _, lh, lw = state.latents.shape
-        level = sigma_next**2 * max(0.0, math.log2(min(lh, lw)) - 1)  # blur octaves
-        for start, stop in proc.chunks(t, 3 * lh * lw, proc.STEP_BUDGET):
-            x, x0 = state.latents[start:stop], state.clean[start:stop]
-            if sigma_next > 0:  # x0_hat: the target, blurred and flattened by the noise level
-                x0 = state.mean + (proc.blur(x0, level) - state.mean) * (1 - 0.5 * sigma_next)
-                x.add_((x - x0).mul_((sigma_next - sigma) / sigma))
-            else:
-                x.copy_(x0)  # x + (0 - s) * (x - x0) / s == x0, without rounding error
+        proc.euler_step(state.latents, state.clean, state.mean, state.sigmas, state.step_index)
         state.step_index += 1
 
     def take_chunk(self, state: WorldState) -> np.ndarray:

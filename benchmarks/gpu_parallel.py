@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import parser
 from benchmarks.embedded_stack import say
 from benchmarks.gpu_common import emit, generation_request, header, save_wan, shape_args
 from benchmarks.gpu_common import sync_time as _sync
@@ -132,7 +133,7 @@ def _group(strategy: str, world: int, model_dir: Path, args: argparse.Namespace)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--gpus", type=int, default=2, help="ranks of the group")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     shape_args(p, frames=81, steps=10)

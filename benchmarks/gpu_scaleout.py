@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import parser
 from benchmarks.embedded_stack import Stack, say
 from benchmarks.gpu_common import MODEL, emit, header, job_body, save_wan, shape_args
 from benchmarks.gpu_stack import _follow
@@ -83,7 +84,7 @@ def measure(workers: int, registry: Path, args: argparse.Namespace) -> dict[str,
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--gpus", type=int, default=2)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--jobs-per-worker", type=int, default=4)

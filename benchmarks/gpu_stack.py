@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import pct, summary
+from benchmarks.common import parser, pct, summary
 from benchmarks.embedded_stack import LogWatcher, Stack, say
 from benchmarks.gpu_common import (
     MODEL,
@@ -293,7 +293,7 @@ def stack_phase(registry: Path, args: argparse.Namespace, step_s: float) -> dict
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     shape_args(p)
     p.add_argument("--repeats", type=int, default=3, help="raw pipe(...) calls timed")
     p.add_argument("--jobs", type=int, default=3, help="jobs timed through the stack")

@@ -200,6 +200,7 @@ def _follow(rank: int, pipes: dict[str, Any], link: Connection) -> None:
     """A rank other than 0: do what rank 0 sends until its pipe closes."""
     state: Any = None
     pipe: Any = None
+    failed = False  # this rank's prepare of the current job raised
 
     def go_on(block: int) -> None:
         return None  # rank 0 decides; the block gates carry its answer here
@@ -212,12 +213,18 @@ def _follow(rank: int, pipes: dict[str, Any], link: Connection) -> None:
             return
         if isinstance(command, Prepare):
             pipe = pipes[command.model]
+            failed = False
             try:
                 state = pipe.prepare(command.request)
             except Exception:  # rank 0 prepares the same request: it fails the job
                 log.warning("rank %d: prepare failed", rank, exc_info=True)
-                state = None
+                state, failed = None, True
         elif isinstance(command, Step):
+            if state is None and failed:
+                # Rank 0 prepared what this rank could not: it would wait in this step's
+                # collectives forever. Exit; the group restarts and the job is retried.
+                log.error("rank %d: prepare failed where rank 0's did not; exiting", rank)
+                sys.exit(1)
             if state is None:
                 continue  # stopped already; rank 0's end follows
             try:
@@ -227,7 +234,7 @@ def _follow(rank: int, pipes: dict[str, Any], link: Connection) -> None:
                 log.info("rank %d: step %d aborted: %s", rank, command.index, exc)
                 state = None
         else:
-            state = None
+            state, failed = None, False
             gc.collect(0)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()

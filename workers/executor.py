@@ -428,6 +428,7 @@ class StepExecutor:
         """What the denoiser's block gates ask before each block: the stop flag and the
         deadline (no database read: the stop watch and the heartbeat set the flag)."""
         failpoints = self.failpoints
+        noted: list[int] = []
 
         def reason(block: int) -> BaseException | None:
             if block != run.blocks:
@@ -435,7 +436,9 @@ class StepExecutor:
                 if failpoints.path is not None:
                     self._failpoint(run, f"block:{run.step}:{block}")
             if run.stop.is_set():
-                log.info("job %s stops in step %d before block %d", run.job.id, run.step, block)
+                if not noted:  # a group's gates ask again until the ranks agree
+                    noted.append(block)
+                    log.info("job %s stops in step %d before block %d", run.job.id, run.step, block)
                 return JobLost()
             if time.time() > run.deadline:
                 return run.timed_out()

@@ -73,6 +73,13 @@ class End:
     """The job is over for the other ranks (decode is rank 0's, or it stopped)."""
 
 
+@dataclass(frozen=True)
+class Ended:
+    """A rank's answer to :class:`End`: it dropped the job's state."""
+
+    memory_allocated: int  # bytes on its device afterwards (0 on CPUs)
+
+
 Command = Prepare | Step | End
 
 
@@ -162,9 +169,11 @@ class GroupPipeline(Pipeline):
             if not link.poll(max(0.0, deadline - time.monotonic())):
                 _group_lost(f"rank {rank} did not end its job within {self.timeout_s:g} s")
             try:
-                link.recv()
+                answer = link.recv()
             except (EOFError, OSError) as exc:
                 _group_lost(f"rank {rank} is gone ({exc!r})")
+            if not isinstance(answer, Ended):
+                _group_lost(f"rank {rank} answered {type(answer).__name__} to end")
 
 
 # ---- one rank -------------------------------------------------------------------------
@@ -239,7 +248,7 @@ def _follow(rank: int, pipes: dict[str, Any], link: Connection) -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             allocated = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
-            link.send(("ended", allocated))
+            link.send(Ended(memory_allocated=allocated))
 
 
 def _rank_main(

@@ -22,7 +22,7 @@ from api.state import AppState
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Artifact, ErrorCode, Job, JobStatus
-from models.job_specs import AudioSpec, VideoSpec
+from models.job_specs import AudioSpec
 from storage.db import make_engine, make_sessionmaker
 from storage.db_raw import RawStatement
 from storage.job_statements import JOB_BY_ID, JOBS
@@ -102,15 +102,12 @@ def test_queue_positions_of_a_page_in_one_statement(engine: Engine) -> None:
 def _varied_jobs(t: float) -> list[Job]:
     """Rows that exercise every column type: JSON (spec, stage durations, output),
     booleans both ways, floats, big integers, NULLs, another owner."""
-    spec = VideoSpec(
+    spec = video_spec(
         model="m/a",
         prompt="p ü",
         seed=2**40,
         num_inference_steps=4,
-        width=64,
-        height=48,
         fps=12.5,
-        num_frames=8,
         has_audio=True,
         options={"guidance_scale": 3.5},
     )

@@ -81,7 +81,7 @@ class BlockGate:
         """Hook every denoiser block of ``pipe`` (once); returns how many."""
         blocks = denoiser_blocks(pipe)
         for block in blocks:
-            if getattr(block, "_omniq_gate", None) is None:
+            if getattr(block, "_omniq_gate", None) is None:  # another adapter's already
                 block.register_forward_pre_hook(self._hook)
                 block._omniq_gate = self  # type: ignore[assignment]
         return len(blocks)
@@ -99,10 +99,8 @@ class BlockGate:
 
     def _hook(self, module: torch.nn.Module, args: Any) -> None:
         reason = step_stop()
-        if reason is None:
-            return
-        gate: BlockGate = getattr(module, "_omniq_gate", self)
-        gate.enter(reason)
+        if reason is not None:
+            self.enter(reason)
 
     def enter(self, reason: StopReason) -> None:
         """Before one block: pace, ask, agree, raise."""

@@ -12,9 +12,12 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from models.common import ErrorBody, ErrorDetail
-from models.errors import OmniqueueError, RangeNotSatisfiable
+from models.errors import OmniqueueError, RangeNotSatisfiable, RateLimited
 
 log = logging.getLogger(__name__)
+
+# ``request.state`` attribute holding a create's ``x-ratelimit-*`` headers (api/quotas.py).
+RATELIMIT_STATE = "ratelimit_headers"
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
@@ -26,11 +29,17 @@ def error_response(
     return JSONResponse(body.model_dump(), status_code=status)
 
 
-async def _omniqueue_error(_: Request, exc: Exception) -> JSONResponse:
+async def _omniqueue_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OmniqueueError)
     resp = error_response(exc.status_code, exc.message, exc.type, param=exc.param, code=exc.code)
     if isinstance(exc, RangeNotSatisfiable):  # RFC 9110 §15.5.17: say how long it is
         resp.headers["Content-Range"] = f"bytes */{exc.size}"
+    # A create refused after its rate-limit hit still says where the key stands.
+    headers = getattr(request.state, RATELIMIT_STATE, None)
+    if headers:
+        resp.headers.update(headers)
+    if isinstance(exc, RateLimited):
+        resp.headers.update(exc.headers)
     return resp
 
 

@@ -58,9 +58,12 @@ class JobService(abc.ABC, Generic[WireT]):
     noun = "video"  # in error messages
     id_param = "video_id"
 
-    def __init__(self, state: AppState) -> None:
+    def __init__(self, state: AppState, *, max_active_jobs: int = 0) -> None:
+        """``max_active_jobs``: the creating key's limit of queued + running jobs
+        (0: none), checked by :meth:`insert` (``api/admission.py`` sets it)."""
         self.state = state
         self.settings = state.settings
+        self.max_active_jobs = max_active_jobs
 
     # ---- create -----------------------------------------------------------------
 
@@ -89,7 +92,9 @@ class JobService(abc.ABC, Generic[WireT]):
     ) -> tuple[Job, bool]:
         """Insert ``job`` and enqueue it; the owner's job with the same idempotency key
         (within the window) instead, if there is one. ``before_insert`` stores inputs
-        under the job's prefix; whatever fails, nothing is left behind."""
+        under the job's prefix; whatever fails, nothing is left behind. The key's
+        ``max_active_jobs`` is checked after the idempotency lookup (a retried create
+        gets its job) and before anything is stored."""
         jobs = self.state.jobs
         window = self.settings.idempotency_ttl_s
         prefix = job_prefix(job.kind, job.id)
@@ -97,6 +102,8 @@ class JobService(abc.ABC, Generic[WireT]):
             existing = jobs.find_idempotent(job.owner, idempotency_key, window)
             if existing is not None:
                 return existing, False
+        if self.max_active_jobs:
+            self.state.quotas.check_active(jobs, job.owner, self.max_active_jobs)
         if before_insert is not None:
             try:
                 before_insert()

@@ -31,6 +31,8 @@ _ERRORS = {
     413: "The body, an upload or a pixel count is above its cap.",
     416: "The byte range is outside the object.",
     422: "A query, path or header parameter has the wrong type; `error.param` names it.",
+    429: "A quota of the key is used up (`error.param` names it: `creates_per_minute`, "
+    "`max_active_jobs`); `Retry-After` says when to try again. Nothing was stored.",
     503: "A backing service (database, broker, object storage) is unavailable.",
     504: "The job did not finish within the sync timeout; it was cancelled.",
 }

@@ -21,6 +21,7 @@ import redis.asyncio
 from sqlalchemy import Engine, text
 
 from api.blocking import BlockingPool
+from api.quotas import Quotas
 from models.catalog import ModelSpec
 from storage.artifacts import ArtifactStore, make_s3_client
 from storage.bus import AsyncEventBus, EventBus
@@ -81,6 +82,8 @@ class AppState:
     blocking_pool: BlockingPool
     # Duplex /v1/realtime sessions' state in Redis: any replica resumes any session.
     session_states: SessionStateStore
+    # Per-key quotas (creates per minute, active jobs, sessions): api/quotas.py.
+    quotas: Quotas
     # Live /v1/realtime sessions of this process by id: a cache in front of session_states
     # (a duplex resume on the replica that serves the session needs no Redis read).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
@@ -103,7 +106,7 @@ class AppState:
         return cls(
             settings=settings,
             engine=engine,
-            jobs=JobStore(sessions),
+            jobs=JobStore(sessions, fair_share=settings.quotas.fair_share),
             keys=ApiKeyStore(sessions),
             artifacts=ArtifactStore(
                 s3_client or make_s3_client(settings.s3),
@@ -122,6 +125,7 @@ class AppState:
                 ttl_s=settings.realtime.state_ttl_s,
                 log_events=settings.realtime.replay_events,
             ),
+            quotas=Quotas(settings, aredis),
         )
 
     async def aclose(self) -> None:

@@ -8,7 +8,8 @@ client.
     omniqueue worker [--name] [--models] [--device]             one GPU worker process
     omniqueue worker --devices cuda:0,cuda:1                    one job across N GPUs
     omniqueue migrate                                           alembic upgrade head
-    omniqueue keys create --name NAME | list | revoke KEY_ID    API keys
+    omniqueue keys create --name NAME | list | revoke KEY_ID    API keys (cli/keys.py)
+    omniqueue keys update KEY_ID --max-active-jobs N ...        a key's quotas
     omniqueue generate "prompt" [...]                           submit, watch, download
 """
 
@@ -20,6 +21,7 @@ import socket
 import sys
 from pathlib import Path
 
+from cli import keys
 from storage.settings import Settings, get_settings
 
 
@@ -95,31 +97,6 @@ def _cmd_migrate(_: argparse.Namespace) -> int:
     settings = get_settings()
     upgrade(settings.database.url)
     print("database is at the latest revision", file=sys.stderr)
-    return 0
-
-
-def _cmd_keys(args: argparse.Namespace) -> int:
-    from storage.db import make_engine, make_sessionmaker
-    from storage.keys import ApiKeyStore
-
-    engine = make_engine(get_settings().database)
-    try:
-        store = ApiKeyStore(make_sessionmaker(engine))
-        if args.keys_cmd == "create":
-            row, secret = store.create(args.name)
-            print(secret)
-            print(f"created {row.id} ({row.name}); the key is shown only once", file=sys.stderr)
-        elif args.keys_cmd == "list":
-            for row in store.list():
-                state = "revoked" if row.revoked_at else "active"
-                print(f"{row.id}\t{row.prefix}…\t{state}\t{row.name}")
-        else:
-            if not store.revoke(args.key_id):
-                print(f"no active key {args.key_id}", file=sys.stderr)
-                return 1
-            print(f"revoked {args.key_id}", file=sys.stderr)
-    finally:
-        engine.dispose()
     return 0
 
 
@@ -233,14 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     mig = sub.add_parser("migrate", help="upgrade the database schema to the latest revision")
     mig.set_defaults(func=_cmd_migrate)
 
-    keys = sub.add_parser("keys", help="manage API keys")
-    ksub = keys.add_subparsers(dest="keys_cmd", required=True)
-    kc = ksub.add_parser("create", help="create a key (printed once)")
-    kc.add_argument("--name", required=True)
-    ksub.add_parser("list", help="list keys")
-    kr = ksub.add_parser("revoke", help="revoke a key")
-    kr.add_argument("key_id")
-    keys.set_defaults(func=_cmd_keys)
+    keys.add_parser(sub)
 
     gen = sub.add_parser("generate", help="generate a video and download it")
     gen.add_argument("prompt")

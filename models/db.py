@@ -49,6 +49,11 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Per-key quotas (``api/quotas.py``): NULL takes the server default
+    # (``OMNIQ_QUOTAS__*``), 0 means unlimited for this key.
+    creates_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_active_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_sessions: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class Job(Base):
@@ -57,6 +62,11 @@ class Job(Base):
         UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idempotency_key"),
         Index("ix_jobs_owner_created", "owner", "created_at", "id"),
         Index("ix_jobs_status_model_created", "status", "model", "created_at"),
+        # A key's active jobs (its ``max_active_jobs`` quota, its running jobs of a model
+        # under fair share): one index range, no table rows.
+        Index("ix_jobs_owner_status", "owner", "status"),
+        # A key's last start on a model (fair share: the key served longest ago goes first).
+        Index("ix_jobs_owner_model_started", "owner", "model", "started_at"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)

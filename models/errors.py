@@ -20,6 +20,9 @@
     │   │   └── StartRejected         a video ``session.start`` that cannot be served
     │   ├── PayloadTooLarge           a byte/pixel cap    → 413
     │   ├── AuthenticationError       missing/bad key     → 401
+    │   ├── RateLimited               a key's quota is used up → 429, code
+    │   │                             rate_limit_exceeded, param names the quota; with
+    │   │                             Retry-After (HTTP) / close 1013 (realtime)
     │   ├── NotFound                  no such job (or not yours) → 404
     │   │   └── NotReady              content requested before completion → 404
     │   ├── Gone                      artifact expired    → 410
@@ -161,6 +164,20 @@ class AuthenticationError(OmniqueueError):
     status_code = 401
     type = "authentication_error"
     default_code = "invalid_api_key"
+
+
+class RateLimited(OmniqueueError):
+    """A key's quota (``param``: ``creates_per_minute``, ``max_active_jobs``,
+    ``max_sessions``) is used up; ``headers`` go on the 429 (``Retry-After`` and the
+    ``x-ratelimit-*`` ones). ``type`` is what OpenAI sends for a request-rate 429."""
+
+    status_code = 429
+    type = "requests"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, param: str, headers: dict[str, str]) -> None:
+        super().__init__(message, param=param)
+        self.headers = headers
 
 
 class NotFound(OmniqueueError):

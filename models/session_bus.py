@@ -200,10 +200,13 @@ SessionConfig = Annotated[VoiceSessionConfig | WorldSessionConfig, Field(discrim
 
 
 class JobTask(BaseModel):
-    """Run a stored job (its row holds everything else)."""
+    """Run a stored job (its row holds everything else). Under fair share the worker
+    may run another queued job of ``model`` instead (``storage/fair_share.py``): the
+    model travels with the message, so even one whose job was deleted runs the next."""
 
     kind: Literal["job"] = "job"
     job_id: str
+    model: str | None = None  # None in messages queued before fair share
 
 
 class SessionTask(BaseModel):

@@ -17,6 +17,7 @@ def new_job_id(kind: str) -> str:
     """A fresh job id of ``kind``: its prefix and 96 random bits (``video_3f…``)."""
     return ID_PREFIX[kind] + secrets.token_hex(12)
 
+
 # Owner of jobs created while auth is off.
 LOCAL_OWNER = "local"
 
@@ -64,3 +65,9 @@ def session_state_key(session_id: str, part: str) -> str:
     ``holder`` (the API replica serving it), ``state`` (protocol snapshot), ``log`` (the
     numbered client-facing events), ``audio:{item_id}:{content_index}`` (PCM16)."""
     return f"{KEY_PREFIX}session:{session_id}:state:{part}"
+
+
+def quota_sessions_key(owner: str) -> str:
+    """Sorted set of one API key's connected realtime sessions (``api/quotas.py``):
+    a member per socket, scored by when its lease expires."""
+    return f"{KEY_PREFIX}quota:sessions:{owner}"

@@ -106,6 +106,13 @@ QUEUE_POSITIONS = select(JOBS.c.id, _ahead()).where(JOBS.c.id.in_(bindparam("ids
 QUEUE_POSITION = select(_ahead()).select_from(JOBS).where(JOBS.c.id == bindparam("job_id"))
 
 
+# A key's jobs that are queued or running (its ``max_active_jobs`` quota): a count on the
+# ``(owner, status)`` index.
+COUNT_ACTIVE = (
+    select(func.count()).select_from(JOBS).where(JOBS.c.owner == bindparam("owner"), _active())
+)
+
+
 def page(ascending: bool, after_cursor: bool) -> Select[Any]:
     """An owner's jobs of one kind by ``created_at`` then id, ``:limit`` of them, after the
     cursor job (``:cursor_created_at``, ``:cursor_id``) when ``after_cursor``."""
@@ -130,19 +137,26 @@ def insert_job(names: Iterable[str]) -> Insert:
     return insert(JOBS).values({n: param(n) for n in names})
 
 
+def claim_values() -> dict[str, Any]:
+    """What a claim writes: running for ``:worker_id`` since ``:now`` (a job's first
+    start is kept), one attempt more."""
+    c = JOBS.c
+    return {
+        "status": _RUNNING,
+        "worker_id": bindparam("worker_id"),
+        "attempt": c.attempt + 1,
+        "started_at": func.coalesce(c.started_at, param("now", "heartbeat_at")),
+        "heartbeat_at": param("now", "heartbeat_at"),
+        "stage": "prepare",
+    }
+
+
 def _claim() -> Update:
     c = JOBS.c
     return (
         update(JOBS)
         .where(c.id == bindparam("job_id"), c.status == _QUEUED, c.cancel_requested.is_(False))
-        .values(
-            status=_RUNNING,
-            worker_id=bindparam("worker_id"),
-            attempt=c.attempt + 1,
-            started_at=func.coalesce(c.started_at, param("now", "heartbeat_at")),
-            heartbeat_at=param("now", "heartbeat_at"),
-            stage="prepare",
-        )
+        .values(claim_values())
     )
 
 

@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import Artifact, ErrorCode, Job, JobRecord, JobStatus, JobView
+from storage import fair_share
 from storage import job_statements as sql
 from storage.db_raw import RawStatement
 
@@ -51,8 +52,11 @@ def _artifact(row: Sequence[Any]) -> Artifact:
 
 
 class JobStore:
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+    def __init__(self, sessions: sessionmaker[Session], *, fair_share: bool = False) -> None:
+        """``fair_share``: queue positions as fair-share claims take jobs
+        (:mod:`storage.fair_share`), not FIFO by model."""
         self._sessions = sessions
+        self._fair = fair_share
         # Reads of the request path in autocommit on a server database: no BEGIN and no
         # ROLLBACK on return, one round trip per statement on PostgreSQL (each sees the
         # latest committed state). Not on SQLite: its driver begins no transaction for a
@@ -165,7 +169,9 @@ class JobStore:
         return rows[:limit], len(rows) > limit
 
     def queue_positions(self, jobs: Sequence[JobView]) -> dict[str, int]:
-        """For queued jobs: how many queued jobs of the same model are ahead (0 = next).
+        """For queued jobs: how many queued jobs of the same model are ahead (0 = next);
+        under fair share, how many round-robin across keys takes first
+        (:mod:`storage.fair_share`).
 
         One statement for the whole page (a correlated count per job on the
         ``status, model, created_at`` index), not one round trip per queued job; built
@@ -175,13 +181,19 @@ class JobStore:
         queued = [j.id for j in jobs if j.status == JobStatus.QUEUED]
         if not queued:
             return {}
+        statements = fair_share if self._fair else sql
         if len(queued) == 1:
-            one = self._statement(("position",), lambda: sql.QUEUE_POSITION)
+            one = self._statement(("position", self._fair), lambda: statements.QUEUE_POSITION)
             row = one.one({"job_id": queued[0]})
             return {} if row is None else {queued[0]: int(row[0] or 0)}
         with self._engine.connect() as conn:
-            rows = conn.execute(sql.QUEUE_POSITIONS, {"ids": queued})
+            rows = conn.execute(statements.QUEUE_POSITIONS, {"ids": queued})
             return {job_id: int(n or 0) for job_id, n in rows}
+
+    def count_active(self, owner: str) -> int:
+        """The owner's jobs that are queued or in progress (one indexed COUNT)."""
+        row = self._statement(("active",), lambda: sql.COUNT_ACTIVE).one({"owner": owner})
+        return int(row[0]) if row is not None else 0
 
     def cancel(self, job_id: str, message: str = "cancelled by the client") -> bool:
         """Fail a queued or running job with ``cancelled``; False if it had already ended."""
@@ -269,6 +281,17 @@ class JobStore:
         worker runs, without a read after the claim. None if it was not claimed."""
         statement = self._statement(("claim_job",), lambda: sql.CLAIM_RETURNING)
         params = {"job_id": job_id, "worker_id": worker_id, "now": time.time()}
+        row = statement.one(params, write=True)
+        return None if row is None else Job(**dict(zip(_COLUMNS, row, strict=True)))
+
+    def claim_next(self, model: str, worker_id: str) -> Job | None:
+        """Claim the fair next queued job of ``model`` (:mod:`storage.fair_share`) for
+        ``worker_id``, returning its row; None when none is queued. Atomic: PostgreSQL
+        skips rows another claim holds, SQLite runs one write at a time."""
+        statement = self._statement(
+            ("claim_next",), lambda: fair_share.claim_next(postgres=not self._sqlite)
+        )
+        params = {"model": model, "worker_id": worker_id, "now": time.time()}
         row = statement.one(params, write=True)
         return None if row is None else Job(**dict(zip(_COLUMNS, row, strict=True)))
 

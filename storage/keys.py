@@ -1,4 +1,5 @@
-"""API keys: created once, shown once, stored as a sha256 hash."""
+"""API keys: created once, shown once, stored as a sha256 hash; each with its own quotas
+(NULL: the server default, 0: unlimited; see ``api/quotas.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from models.db import ApiKey
 
 KEY_PREFIX = "oq-"
+# The per-key quota columns a create or an update may set.
+QUOTA_FIELDS = ("creates_per_minute", "max_active_jobs", "max_sessions")
 
 
 def hash_key(key: str) -> str:
@@ -22,8 +25,9 @@ class ApiKeyStore:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
 
-    def create(self, name: str) -> tuple[ApiKey, str]:
-        """Create a key; returns the row and the secret, which is never stored."""
+    def create(self, name: str, **quotas: int | None) -> tuple[ApiKey, str]:
+        """Create a key with its own ``quotas`` (:data:`QUOTA_FIELDS`; unset or None: the
+        server default); returns the row and the secret, which is never stored."""
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         row = ApiKey(
             id="key_" + secrets.token_hex(8),
@@ -31,6 +35,7 @@ class ApiKeyStore:
             prefix=secret[:10],
             key_hash=hash_key(secret),
             created_at=time.time(),
+            **_quotas(quotas),
         )
         with self._sessions() as s:
             s.add(row)
@@ -40,6 +45,21 @@ class ApiKeyStore:
     def list(self) -> list[ApiKey]:
         with self._sessions() as s:
             return list(s.scalars(select(ApiKey).order_by(ApiKey.created_at)))
+
+    def update(self, key_id: str, **quotas: int | None) -> ApiKey | None:
+        """Set the key's ``quotas`` (a value: the key's own; None: back to the server
+        default); fields not given keep theirs. The updated row, None without such a key.
+        API processes read a key's quotas with the key, on every request."""
+        with self._sessions() as s:
+            row = s.get(ApiKey, key_id)
+            if row is None:
+                return None
+            for name, value in _quotas(quotas).items():
+                setattr(row, name, value)
+            s.commit()
+            s.refresh(row)
+            s.expunge(row)
+            return row
 
     def revoke(self, key_id: str) -> bool:
         with self._sessions() as s:
@@ -58,3 +78,13 @@ class ApiKeyStore:
         if row is None or row.revoked_at is not None:
             return None
         return row
+
+
+def _quotas(values: dict[str, int | None]) -> dict[str, int | None]:
+    unknown = set(values) - set(QUOTA_FIELDS)
+    if unknown:
+        raise TypeError(f"not a key quota: {', '.join(sorted(unknown))}")
+    for name, value in values.items():
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be 0 (unlimited) or more, not {value}")
+    return values

@@ -82,7 +82,7 @@ class JobQueue:
         self._app = app
 
     def enqueue(self, job_id: str, model: str) -> None:
-        payload = JobTask(job_id=job_id).model_dump(mode="json")
+        payload = JobTask(job_id=job_id, model=model).model_dump(mode="json")
         self._app.send_task(TASK_RUN_JOB, args=[payload], task_id=job_id, queue=job_queue(model))
 
     def start_session(self, session_id: str, config: SessionConfig, *, expires_s: float) -> None:

@@ -101,6 +101,25 @@ class LimitSettings(BaseModel):
     default_job_timeout_s: int = 1800
 
 
+class QuotaSettings(BaseModel):
+    """Server-wide per-key defaults (``api/quotas.py``); a key's own value, set with
+    ``omniqueue keys create/update``, overrides each. 0 means unlimited."""
+
+    # Job create requests per key per minute (a moving window, counted in Redis).
+    creates_per_minute: int = Field(default=0, ge=0)
+    # Jobs of a key that are queued or running at once.
+    max_active_jobs: int = Field(default=0, ge=0)
+    # Realtime sessions (voice and video) of a key connected at once.
+    max_sessions: int = Field(default=0, ge=0)
+    # ``Retry-After`` of a create refused for ``max_active_jobs`` (seconds): when one of
+    # the key's jobs ends cannot be known; a job usually frees within this.
+    active_retry_after_s: int = Field(default=10, ge=1)
+    # Workers claim the fair next queued job of the message's model (the key with the
+    # fewest running, then the one started longest ago, FIFO within a key) instead of
+    # the message's own job; off: strictly the message's job (FIFO by message).
+    fair_share: bool = True
+
+
 class InputSettings(BaseModel):
     # Remote http(s) URLs given as input references (``input_reference``,
     # ``image_reference``): ``off`` refuses them, ``public`` fetches only hosts whose every
@@ -241,6 +260,7 @@ class Settings(BaseSettings):
     # ``OMNIQ_AUTH=off`` is allowed only while the API listens on loopback.
     auth: Literal["off", "required"] = "required"
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     inputs: InputSettings = Field(default_factory=InputSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)

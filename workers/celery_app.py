@@ -22,7 +22,7 @@ def run_task(context: WorkerContext, payload: Any) -> str:
         {"kind": "job", "job_id": payload} if isinstance(payload, str) else payload
     )
     if isinstance(task, JobTask):
-        return context.executor.run(task.job_id)
+        return context.executor.run(task.job_id, task.model)
     assert isinstance(task, SessionTask)
     if isinstance(task.config, VoiceSessionConfig):  # WS /v1/realtime
         return context.voice_sessions.run(task.session_id, task.config)

@@ -124,11 +124,14 @@ class StepExecutor:
 
     # ---- entry ------------------------------------------------------------------
 
-    def run(self, job_id: str) -> str:
-        """Run one job to a terminal state; returns the outcome for logs and tests."""
-        job = self._acquire(job_id)
+    def run(self, job_id: str, model: str | None = None) -> str:
+        """Run one job to a terminal state for the message of job ``job_id`` (of
+        ``model``): that job, or under fair share the fair next queued job of the model
+        (:meth:`_acquire`); returns the outcome for logs and tests."""
+        job = self._acquire(job_id, model)
         if job is None:
             return "skipped"
+        job_id = job.id  # from here on: the job this message runs
         spec = job_spec(job)
         timeout = spec.timeout_s or self.settings.limits.default_job_timeout_s
         timeout = min(timeout, self.settings.limits.max_job_timeout_s)
@@ -176,19 +179,43 @@ class StepExecutor:
             log.info("job %s: cuda memory allocated %.1f MiB", job_id, allocated)
         return outcome
 
-    def _acquire(self, job_id: str) -> Job | None:
-        """Claim a queued job, or take over one whose worker stopped heartbeating; the
-        job's row once it is ours (a claim returns it: no read after it)."""
-        claimed = self.jobs.claim_job(job_id, self.worker_id)
-        if claimed is not None:
-            return claimed
+    def _acquire(self, job_id: str, model: str | None) -> Job | None:
+        """The job this message runs, once it is ours (a claim returns its row: no read
+        after it), or None: nothing to run.
+
+        Without fair share: the message's own job, claimed, or taken over when its
+        worker stopped heartbeating. Under fair share (``OMNIQ_QUOTAS__FAIR_SHARE``,
+        :mod:`storage.fair_share`) the message's job is taken over in that same case
+        (a redelivery or a reconciler re-enqueue: that path is unchanged); otherwise the
+        message claims the fair next queued job of its model, which may be its own, or
+        another key's while its own waits for a later message. Every message either
+        takes over, claims a queued job or finds none queued, so there are never fewer
+        messages than queued jobs, and a cancelled job's message runs someone else's."""
+        if not self.settings.quotas.fair_share:
+            claimed = self.jobs.claim_job(job_id, self.worker_id)
+            if claimed is not None:
+                return claimed
+            return self._take_over(self.jobs.get(job_id))
         job = self.jobs.get(job_id)
+        taken = self._take_over(job)
+        if taken is not None:
+            return taken
+        model = model or (job.model if job is not None else None)
+        if model is None:
+            return None  # a message from before fair share whose job was deleted
+        return self.jobs.claim_next(model, self.worker_id)
+
+    def _take_over(self, job: Job | None) -> Job | None:
+        """Take over ``job`` if it is running and its worker stopped heartbeating
+        (attempt + 1; failed with ``worker_lost`` once its attempts are used up); None
+        otherwise (a job that ended, or that a live worker owns: a duplicate delivery)."""
         if job is None or job.status != JobStatus.IN_PROGRESS:
-            return None  # cancelled, finished or deleted: drop the message
+            return None
+        job_id = job.id
         w = self.settings.worker
         stale_before = time.time() - w.heartbeat_timeout_s
         if job.heartbeat_at is not None and job.heartbeat_at >= stale_before:
-            return None  # a live worker owns it: this is a duplicate delivery
+            return None
         if job.attempt >= w.max_attempts:
             message = f"the worker running this job was lost {job.attempt} times"
             if self.jobs.fail(job_id, ErrorCode.WORKER_LOST, message):

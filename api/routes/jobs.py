@@ -17,6 +17,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from api.admission import Admitted, admission
 from api.deps import IdempotencyKey
 from api.forms import read_create_body
 from api.job_kinds import Caller, JobKind, caller_dep, caller_of, job_id_param
@@ -39,17 +40,18 @@ def job_router(kind: JobKind) -> APIRouter:
         "",
         name=f"create_{noun}",
         response_model=kind.object,
-        responses=errors(400, 401, 413, 422, 503),
+        responses=errors(400, 401, 413, 422, 429, 503),
         openapi_extra=create_body(kind.create),
     )
     async def create(
         request: Request,
-        call: Annotated[Caller, caller],
+        call: Annotated[Admitted[JobService[Any]], admission(kind.service)],
         idempotency_key: IdempotencyKey = None,
     ) -> Response:
         svc = call.service
         raw, upload = await read_create_body(request, svc.settings.limits)
-        return _object(svc, await svc.create(raw, upload, call.owner, idempotency_key))
+        created = await svc.create(raw, upload, call.owner, idempotency_key)
+        return call.answer(_object(svc, created))
 
     @router.get(
         "", name=f"list_{kind.plural}", response_model=kind.page, responses=errors(400, 401, 422)

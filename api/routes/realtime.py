@@ -22,6 +22,8 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from api.deps import accept_websocket
 from api.state import AppState
+from models.errors import RateLimited
+from models.realtime import ErrorEvent, RealtimeError
 from realtime.voice_session import VoiceSession, try_resume
 
 router = APIRouter(tags=["realtime"])
@@ -34,11 +36,21 @@ def _pick_model(state: AppState, requested: str | None) -> str | None:
     return voice[0] if voice else None
 
 
+def _refusal(error: RateLimited) -> str:
+    """The OpenAI Realtime ``error`` event of a session refused by a quota."""
+    detail = RealtimeError(
+        type=error.type, code=error.code, message=error.message, param=error.param
+    )
+    return ErrorEvent(event_id="event_" + secrets.token_hex(10), error=detail).model_dump_json()
+
+
 async def _serve(websocket: WebSocket, duplex: bool) -> None:
-    accepted = await accept_websocket(websocket)
-    if accepted is None:
-        return
-    state, owner = accepted
+    async with accept_websocket(websocket, _refusal) as accepted:
+        if accepted is not None:
+            await _serve_accepted(websocket, *accepted, duplex)
+
+
+async def _serve_accepted(websocket: WebSocket, state: AppState, owner: str, duplex: bool) -> None:
     requested = websocket.query_params.get("model")
     model = _pick_model(state, requested)
     if model is None:

@@ -13,18 +13,28 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from api.deps import accept_websocket
 from api.inputs import reference_from_url
+from api.state import AppState
+from models.errors import RateLimited
+from models.realtime_video import ErrorEvent
 from realtime.broker import BROKER_ERRORS
 from realtime.video_session import VideoSession
 
 router = APIRouter(tags=["realtime"])
 
 
+def _refusal(error: RateLimited) -> str:
+    """This endpoint's ``error`` event of a session refused by a quota."""
+    return ErrorEvent(message=error.message, code=error.code, param=error.param).to_json()
+
+
 @router.websocket("/v1/realtime/video")
 async def realtime_video(websocket: WebSocket) -> None:
-    accepted = await accept_websocket(websocket)
-    if accepted is None:
-        return
-    state, owner = accepted
+    async with accept_websocket(websocket, _refusal) as accepted:
+        if accepted is not None:
+            await _serve(websocket, *accepted)
+
+
+async def _serve(websocket: WebSocket, state: AppState, owner: str) -> None:
     specs = [s for s in state.specs.values() if s.streaming and s.modality == "video"]
 
     def fetch_reference(url: str, width: int, height: int) -> bytes:

@@ -12,14 +12,15 @@ the job.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from api.admission import Admitted, admission
 from api.audio_service import AudioService, audio_spec
 from api.audio_sync import finished_file, pcm_stream
-from api.deps import AudioDep, CurrentOwner, IdempotencyKey
+from api.deps import IdempotencyKey
 from api.forms import read_create_body
 from api.openapi import AUDIO_MEDIA_TYPES, binary, create_body, errors
 from models.audio import AudioGenerate, SpeechCreate
@@ -27,7 +28,9 @@ from models.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
 
-_ERRORS = errors(400, 401, 409, 413, 422, 503, 504)
+_ERRORS = errors(400, 401, 409, 413, 422, 429, 503, 504)
+# The service, the caller and the create's rate-limit headers (api/admission.py).
+AudioCall = Annotated[Admitted[AudioService], admission(AudioService)]
 _HEADERS = {"X-Request-Id": "The id of the audio job.", "X-Sample-Rate": "Hz", "X-Channels": "1|2"}
 
 
@@ -45,11 +48,12 @@ async def _body(request: Request, audio: AudioService) -> dict[str, Any]:
     openapi_extra=create_body(AudioGenerate),
 )
 async def generate(
-    request: Request, audio: AudioDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
+    request: Request, call: AudioCall, idempotency_key: IdempotencyKey = None
 ) -> Response:
     """vLLM-Omni's diffusion audio request; the encoded file once the job completes."""
+    audio, owner = call.service, call.owner
     job = await audio.create_generate(await _body(request, audio), owner, idempotency_key)
-    return await finished_file(request, audio, job, owner)
+    return call.answer(await finished_file(request, audio, job, owner))
 
 
 @router.post(
@@ -68,10 +72,12 @@ async def generate(
     openapi_extra=create_body(SpeechCreate),
 )
 async def speech(
-    request: Request, audio: AudioDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
+    request: Request, call: AudioCall, idempotency_key: IdempotencyKey = None
 ) -> Response:
     """OpenAI text-to-speech: the audio file, or a PCM16 / SSE stream for ``pcm``."""
+    audio, owner = call.service, call.owner
     job, body = await audio.create_speech(await _body(request, audio), owner, idempotency_key)
     if audio_spec(job).stream_pcm:
-        return await pcm_stream(request, audio, job, owner, sse=body.stream_format == "sse")
-    return await finished_file(request, audio, job, owner)
+        sse = body.stream_format == "sse"
+        return call.answer(await pcm_stream(request, audio, job, owner, sse=sse))
+    return call.answer(await finished_file(request, audio, job, owner))

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import Request
 from fastapi.responses import Response
 
-from api.deps import CurrentOwner, IdempotencyKey, VideosDep
+from api.admission import Admitted, admission
+from api.deps import IdempotencyKey
 from api.forms import read_create_body
 from api.job_kinds import JobKind
 from api.openapi import VIDEO_MEDIA_TYPES, binary, create_body, errors
@@ -48,15 +49,18 @@ _SYNC_HEADERS = {
     response_class=Response,
     responses={
         200: binary("The MP4 of the finished job.", "video/mp4", headers=_SYNC_HEADERS),
-        **errors(400, 401, 409, 413, 422, 503, 504),
+        **errors(400, 401, 409, 413, 422, 429, 503, 504),
     },
     openapi_extra=create_body(VideoCreate),
 )
 async def create_video_sync(
-    request: Request, videos: VideosDep, owner: CurrentOwner, idempotency_key: IdempotencyKey = None
+    request: Request,
+    call: Annotated[Admitted[VideoService], admission(VideoService)],
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Create and wait; the MP4 bytes, or 504 after the sync timeout (the job is cancelled).
     A client that disconnects cancels its job."""
+    videos, owner = call.service, call.owner
     raw, reference = await read_create_body(request, videos.settings.limits)
     video = await videos.create(raw, reference, owner, idempotency_key)
-    return await videos.file_when_done(request, video.id, owner, "video")
+    return call.answer(await videos.file_when_done(request, video.id, owner, "video"))

@@ -1,0 +1,107 @@
+"""``omniqueue keys``: create, list, update and revoke API keys.
+
+    omniqueue keys create --name NAME [--creates-per-minute N] [--max-active-jobs N]
+                                      [--max-sessions N]
+    omniqueue keys update KEY_ID [--creates-per-minute N|default] [...]
+    omniqueue keys list
+    omniqueue keys revoke KEY_ID
+
+A quota given as ``N`` is the key's own (0: unlimited for this key); ``default`` (or a
+quota never given) follows the server default ``OMNIQ_QUOTAS__*`` (``docs/limits.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from storage.settings import get_settings
+
+# (flag, ApiKey column, help)
+_QUOTAS = (
+    ("--creates-per-minute", "creates_per_minute", "job create requests per minute"),
+    ("--max-active-jobs", "max_active_jobs", "jobs queued or running at once"),
+    ("--max-sessions", "max_sessions", "realtime sessions connected at once"),
+)
+DEFAULT = "default"
+
+
+def _quota(text: str) -> int | str:
+    if text == DEFAULT:
+        return DEFAULT
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number or {DEFAULT!r}: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"0 (unlimited) or more, not {value}")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    """The ``keys`` command and its subcommands on the top-level ``sub`` parsers."""
+    keys = sub.add_parser("keys", help="manage API keys and their quotas")
+    ksub = keys.add_subparsers(dest="keys_cmd", required=True)
+    kc = ksub.add_parser("create", help="create a key (printed once)")
+    kc.add_argument("--name", required=True)
+    ku = ksub.add_parser("update", help="change a key's quotas")
+    ku.add_argument("key_id")
+    for parser in (kc, ku):
+        for flag, _, what in _QUOTAS:
+            parser.add_argument(
+                flag, type=_quota, default=None, help=f"{what}; 0 unlimited, '{DEFAULT}' server's"
+            )
+    ksub.add_parser("list", help="list keys")
+    kr = ksub.add_parser("revoke", help="revoke a key")
+    kr.add_argument("key_id")
+    keys.set_defaults(func=run)
+
+
+def _given(args: argparse.Namespace) -> dict[str, int | None]:
+    """The quotas given on the command line (``default`` → None: the server's)."""
+    given = {}
+    for _, name, _ in _QUOTAS:
+        value = getattr(args, name)
+        if value is not None:
+            given[name] = None if value == DEFAULT else int(value)
+    return given
+
+
+def _limits(row: Any) -> str:
+    parts = []
+    for _, name, _ in _QUOTAS:
+        value = getattr(row, name)
+        parts.append(f"{name}={DEFAULT if value is None else value}")
+    return " ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    from storage.db import make_engine, make_sessionmaker
+    from storage.keys import ApiKeyStore
+
+    engine = make_engine(get_settings().database)
+    try:
+        store = ApiKeyStore(make_sessionmaker(engine))
+        if args.keys_cmd == "create":
+            row, secret = store.create(args.name, **_given(args))
+            print(secret)
+            print(f"created {row.id} ({row.name}); the key is shown only once", file=sys.stderr)
+        elif args.keys_cmd == "update":
+            updated = store.update(args.key_id, **_given(args))
+            if updated is None:
+                print(f"no key {args.key_id}", file=sys.stderr)
+                return 1
+            print(f"{updated.id}\t{_limits(updated)}")
+        elif args.keys_cmd == "list":
+            for row in store.list():
+                state = "revoked" if row.revoked_at else "active"
+                print(f"{row.id}\t{row.prefix}…\t{state}\t{row.name}\t{_limits(row)}")
+        else:
+            if not store.revoke(args.key_id):
+                print(f"no active key {args.key_id}", file=sys.stderr)
+                return 1
+            print(f"revoked {args.key_id}", file=sys.stderr)
+    finally:
+        engine.dispose()
+    return 0

@@ -76,3 +76,28 @@ def test_placeholder_secret_is_refused_in_production(env: dict[str, str]) -> Non
     result = _omniqueue("api", "--host", "127.0.0.1", "--port", "1", env=env)
     assert result.returncode == 2
     assert "placeholder" in result.stderr
+
+
+def test_keys_quotas_are_set_listed_and_reset(env: dict[str, str]) -> None:
+    assert _omniqueue("migrate", env=env).returncode == 0
+    created = _omniqueue(
+        "keys", "create", "--name", "tenant", "--creates-per-minute", "30",
+        "--max-active-jobs", "0", env=env,
+    )
+    assert created.returncode == 0, created.stderr
+    key_id = created.stderr.split()[1]
+    listed = _omniqueue("keys", "list", env=env).stdout
+    assert "creates_per_minute=30 max_active_jobs=0 max_sessions=default" in listed
+
+    updated = _omniqueue(
+        "keys", "update", key_id, "--creates-per-minute", "default", "--max-sessions", "2",
+        env=env,
+    )
+    assert updated.returncode == 0, updated.stderr
+    assert updated.stdout.split("\t") == [
+        key_id, "creates_per_minute=default max_active_jobs=0 max_sessions=2\n"
+    ]
+    bad = _omniqueue("keys", "update", key_id, "--max-sessions", "-1", env=env)
+    assert bad.returncode == 2 and "0 (unlimited) or more" in bad.stderr
+    missing = _omniqueue("keys", "update", "key_nope", "--max-sessions", "1", env=env)
+    assert missing.returncode == 1 and "no key key_nope" in missing.stderr

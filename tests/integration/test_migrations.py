@@ -19,6 +19,7 @@ from models.db import Base, audio_output, job_spec
 from models.job_specs import AudioOutput, AudioSpec, VideoSpec
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
+from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings, Settings
 from tests.integration.conftest import (
     REDIS_BASE_URL,
@@ -213,3 +214,42 @@ def test_rows_of_0001_are_read_by_the_new_code_and_downgrade_back(
         # every key the old code wrote; at most empty defaults it reads the same way
         assert params | dict(written["params"]) == params  # type: ignore[arg-type]
         assert all(params[k] in (None, {}) for k in params.keys() - written["params"])  # type: ignore[operator]
+
+
+# ---- 0003: per-key quotas ---------------------------------------------------------------
+
+
+def test_keys_of_0002_take_the_server_defaults_and_downgrade_back(database_url: str) -> None:
+    upgrade(database_url, "0002")
+    engine = create_engine(database_url)
+    keys = Table("api_keys", MetaData(), autoload_with=engine)
+    old_key = dict(id="key_old", name="old", prefix="oq-abc", key_hash="h" * 64, created_at=NOW)
+    with engine.begin() as conn:
+        conn.execute(keys.insert(), [old_key | {"revoked_at": None}])
+    engine.dispose()
+
+    upgrade(database_url)
+    engine = make_engine(DatabaseSettings(url=database_url))
+    store = ApiKeyStore(make_sessionmaker(engine))
+    (row,) = store.list()
+    # NULL: the server default for each quota
+    assert (row.creates_per_minute, row.max_active_jobs, row.max_sessions) == (None, None, None)
+    updated = store.update("key_old", max_active_jobs=0, max_sessions=2)
+    assert updated is not None and (updated.max_active_jobs, updated.max_sessions) == (0, 2)
+    indexes = {ix["name"] for ix in inspect(engine).get_indexes("jobs")}
+    assert {"ix_jobs_owner_status", "ix_jobs_owner_model_started"} <= indexes
+    engine.dispose()
+
+    downgrade(database_url, "0002")
+    engine = create_engine(database_url)
+    try:
+        columns = {c["name"] for c in inspect(engine).get_columns("api_keys")}
+        indexes = {ix["name"] for ix in inspect(engine).get_indexes("jobs")}
+        table = Table("api_keys", MetaData(), autoload_with=engine)
+        with engine.connect() as conn:
+            back = dict(conn.execute(select(table)).mappings().one())
+    finally:
+        engine.dispose()
+    assert columns == {"id", "name", "prefix", "key_hash", "created_at", "revoked_at"}
+    assert not indexes & {"ix_jobs_owner_status", "ix_jobs_owner_model_started"}
+    assert back == old_key | {"revoked_at": None}

@@ -171,7 +171,11 @@ def child_env(
             "OMNIQ_S3__BUCKET": s3.bucket,
             "OMNIQ_S3__ACCESS_KEY_ID": s3.access_key,
             "OMNIQ_S3__SECRET_ACCESS_KEY": s3.secret_key,
-            "OMNIQ_AUTH": "off" if host in LOOPBACK_HOSTS else "required",
+            # Keys are optional on loopback unless asked for (OMNIQ_AUTH=required: per-key
+            # quotas and fair share need callers told apart), required anywhere else.
+            "OMNIQ_AUTH": "off"
+            if host in LOOPBACK_HOSTS and os.environ.get("OMNIQ_AUTH") != "required"
+            else "required",
             "OMNIQ_HOST": host,
             "OMNIQ_PORT": str(port),
             "PYTHONPATH": _pythonpath(),
@@ -292,7 +296,7 @@ def run_up(
         if problem is not None:
             _say(f"omniqueue up: {problem}")
             return 1
-        if host not in LOOPBACK_HOSTS:
+        if env["OMNIQ_AUTH"] == "required":
             _say(
                 f"auth is required on {host}; create a key with: "
                 f"OMNIQ_DATABASE__URL={env['OMNIQ_DATABASE__URL']} "

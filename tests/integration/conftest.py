@@ -18,11 +18,12 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import redis
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
-from storage.settings import Settings
+from storage.db import make_engine
+from storage.settings import DatabaseSettings, Settings
 from tests.integration.stack import Stack
 
 PG_ADMIN_URL = os.environ.get(
@@ -142,6 +143,43 @@ def isolated_stack(
         st.stop()
         redis.Redis.from_url(redis_url).flushdb()
         _drop_pg_database(db_name)
+
+
+@contextmanager
+def started_stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    s3: EmbeddedS3,
+    name: str,
+    *,
+    redis_db: int,
+    workers: int = 1,
+    extra_env: dict[str, str] | None = None,
+    auth: str = "off",
+) -> Iterator[Stack]:
+    """:func:`isolated_stack` in a fresh temporary directory, started with ``workers``
+    job workers."""
+    work = Path(tmp_path_factory.mktemp(name))
+    with isolated_stack(work, s3, redis_db=redis_db, extra_env=extra_env or {}, auth=auth) as st:
+        st.start(workers=workers)
+        yield st
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """A migrated database, once on SQLite and once on a fresh PostgreSQL database."""
+    name = None
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'test.db'}"
+    else:
+        name, url = _new_pg_database()
+    upgrade(url)
+    eng = make_engine(DatabaseSettings(url=url))
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+        if name is not None:
+            _drop_pg_database(name)
 
 
 @pytest.fixture(scope="session")

@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, select
 
 from cli.embedded import EmbeddedS3
-from migrations.runner import upgrade
 from models.db import Job, JobStatus
-from storage.db import make_engine, make_sessionmaker
+from storage.db import make_sessionmaker
 from storage.jobs import JobStore
-from storage.settings import DatabaseSettings
 from tests.helpers import video_spec
-from tests.integration.conftest import _drop_pg_database, _new_pg_database, isolated_stack
+from tests.integration.conftest import started_stack
 from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -31,27 +28,21 @@ TINY = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 1}
 FLOOD = 30
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[JobStore]:
-    name = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'fair.db'}"
-    else:
-        name, url = _new_pg_database()
-    upgrade(url)
-    engine: Engine = make_engine(DatabaseSettings(url=url))
-    try:
-        yield JobStore(make_sessionmaker(engine), fair_share=True)
-    finally:
-        engine.dispose()
-        if name is not None:
-            _drop_pg_database(name)
+@pytest.fixture
+def store(engine: Engine) -> JobStore:
+    return JobStore(make_sessionmaker(engine), fair_share=True)
 
 
-def _queue(store: JobStore, job_id: str, owner: str, created_at: float, model: str = "m/a") -> None:
-    spec = video_spec(model=model)
-    job = Job.new(spec, id=job_id, owner=owner, created_at=created_at)
-    store.create(job, idempotency_window_s=60)
+def _queue(store: JobStore, **per_key: int) -> None:
+    """Queue jobs of model ``m/a``: ``key_a=3`` queues ``video_a0`` … ``video_a2`` for
+    ``key_a``, one second apart, each key after the previous one's."""
+    t = time.time() - 100
+    for key, count in per_key.items():
+        for i in range(count):
+            job_id = f"video_{key.removeprefix('key_')}{i}"
+            job = Job.new(video_spec(model="m/a"), id=job_id, owner=key, created_at=t)
+            store.create(job, idempotency_window_s=60)
+            t += 1
 
 
 def _finish(store: JobStore, job: Job | None) -> str:
@@ -61,12 +52,9 @@ def _finish(store: JobStore, job: Job | None) -> str:
 
 
 def test_claims_take_turns_across_keys_fifo_within_a_key(store: JobStore) -> None:
-    t = time.time() - 100
-    for i in range(4):
-        _queue(store, f"video_a{i}", "key_a", t + i)
-    _queue(store, "video_b0", "key_b", t + 10)
-    _queue(store, "video_b1", "key_b", t + 11)
-    _queue(store, "video_c0", "key_c", t + 12, model="m/other")  # another model's queue
+    _queue(store, key_a=4, key_b=2)
+    other = Job.new(video_spec(model="m/other"), id="video_c0", owner="key_c")
+    store.create(other, idempotency_window_s=60)  # another model's queue
     # one worker: each claim after the previous job ended
     order = [_finish(store, store.claim_next("m/a", "w1")) for _ in range(6)]
     # keys never served go first (by their oldest job), then turns by the oldest last start
@@ -76,11 +64,7 @@ def test_claims_take_turns_across_keys_fifo_within_a_key(store: JobStore) -> Non
 
 
 def test_a_key_with_running_jobs_yields_and_cancelled_jobs_are_skipped(store: JobStore) -> None:
-    t = time.time() - 100
-    for i in range(3):
-        _queue(store, f"video_a{i}", "key_a", t + i)
-    _queue(store, "video_b0", "key_b", t + 5)
-    _queue(store, "video_b1", "key_b", t + 6)
+    _queue(store, key_a=3, key_b=2)
     first = store.claim_next("m/a", "w1")
     assert first is not None and first.id == "video_a0" and first.worker_id == "w1"
     assert first.attempt == 1 and first.started_at is not None
@@ -95,10 +79,7 @@ def test_a_key_with_running_jobs_yields_and_cancelled_jobs_are_skipped(store: Jo
 
 
 def test_queue_positions_count_round_robin_turns(store: JobStore) -> None:
-    t = time.time() - 100
-    for i in range(3):
-        _queue(store, f"video_a{i}", "key_a", t + i)
-    _queue(store, "video_b0", "key_b", t + 10)
+    _queue(store, key_a=3, key_b=1)
     rows = [store.read(j) for j in ("video_a0", "video_a1", "video_a2", "video_b0")]
     positions = store.queue_positions(rows)  # type: ignore[arg-type]
     # b0 is key_b's first turn: nothing takes a turn before it, whatever key_a queued
@@ -111,9 +92,10 @@ def test_queue_positions_count_round_robin_turns(store: JobStore) -> None:
 
 @pytest.fixture(scope="module")
 def fair_stack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("fair"))
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env={}, auth="required") as st:
-        st.start(workers=1)
+    """API + one job worker, keys required (two tenants)."""
+    with started_stack(
+        tmp_path_factory, s3_server, "fair", redis_db=REDIS_DB, auth="required"
+    ) as st:
         yield st
 
 

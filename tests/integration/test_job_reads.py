@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -39,23 +37,6 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.integration
 
 REDIS_DB = 7  # jobs created here are never run: no worker listens on this index
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    name = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'reads.db'}"
-    else:
-        name, url = _new_pg_database()
-    upgrade(url)
-    eng = make_engine(DatabaseSettings(url=url))
-    try:
-        yield eng
-    finally:
-        eng.dispose()
-        if name is not None:
-            _drop_pg_database(name)
 
 
 def _job(job_id: str, model: str, created_at: float, status: str = "queued") -> Job:

@@ -33,7 +33,7 @@ from storage.constants import job_queue
 from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings
-from tests.integration.conftest import isolated_stack
+from tests.integration.conftest import started_stack
 from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -89,12 +89,16 @@ class Deployment:
 def deployment(
     tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
 ) -> Iterator[Deployment]:
-    work = Path(tmp_path_factory.mktemp("quotas"))
-    with isolated_stack(
-        work / "a", s3_server, redis_db=REDIS_DB, extra_env=DEFAULTS, auth="required"
+    with started_stack(
+        tmp_path_factory,
+        s3_server,
+        "quotas",
+        redis_db=REDIS_DB,
+        workers=0,
+        extra_env=DEFAULTS,
+        auth="required",
     ) as a:
-        a.start(workers=0)
-        b = a.sibling(work / "b", {})
+        b = a.sibling(Path(tmp_path_factory.mktemp("quotas-b")), {})  # a second API process
         b.start(workers=0)
         try:
             yield Deployment(a, b)

@@ -83,11 +83,12 @@ class KeyLimits:
 def go_duration(seconds: float) -> str:
     """``seconds`` as OpenAI's ``x-ratelimit-reset-*`` headers write a duration (Go's
     ``time.Duration`` text): ``250ms``, ``1s``, ``1.5s``, ``6m0s``, ``1h0m0s``."""
-    if seconds < 1:
-        return f"{max(0, round(seconds * 1000))}ms"
-    if seconds < 60:
-        return f"{math.ceil(seconds * 1000) / 1000:g}s"
-    whole = math.ceil(seconds)
+    ms = max(0, round(seconds * 1000))
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:g}s"
+    whole = math.ceil(ms / 1000)
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     return (f"{hours}h" if hours else "") + f"{minutes}m{secs}s"

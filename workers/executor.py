@@ -180,17 +180,13 @@ class StepExecutor:
         return outcome
 
     def _acquire(self, job_id: str, model: str | None) -> Job | None:
-        """The job this message runs, once it is ours (a claim returns its row: no read
-        after it), or None: nothing to run.
+        """The job this message runs, once it is ours (a claim returns its row), or None.
 
-        Without fair share: the message's own job, claimed, or taken over when its
-        worker stopped heartbeating. Under fair share (``OMNIQ_QUOTAS__FAIR_SHARE``,
-        :mod:`storage.fair_share`) the message's job is taken over in that same case
-        (a redelivery or a reconciler re-enqueue: that path is unchanged); otherwise the
-        message claims the fair next queued job of its model, which may be its own, or
-        another key's while its own waits for a later message. Every message either
-        takes over, claims a queued job or finds none queued, so there are never fewer
-        messages than queued jobs, and a cancelled job's message runs someone else's."""
+        The message's own job is taken over when its worker stopped heartbeating (a
+        redelivery or a reconciler re-enqueue). Otherwise, under fair share
+        (:mod:`storage.fair_share`), the message claims the fair next queued job of its
+        model, its own or another key's; without, its own job. Every message takes
+        over, claims or finds nothing queued: never fewer messages than queued jobs."""
         if not self.settings.quotas.fair_share:
             claimed = self.jobs.claim_job(job_id, self.worker_id)
             if claimed is not None:

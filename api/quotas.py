@@ -105,9 +105,12 @@ def ratelimit_headers(limit: int, remaining: int, reset_s: float) -> dict[str, s
 class Quotas:
     """The quota checks of one API process (built at startup, on its asyncio Redis)."""
 
-    def __init__(self, settings: Settings, aredis: Any) -> None:
+    def __init__(
+        self, settings: Settings, aredis: Any, *, session_lease_s: float = SESSION_LEASE_S
+    ) -> None:
         self.defaults = settings.quotas
         self.timeout_s = settings.redis.command_timeout_s
+        self.session_lease_s = session_lease_s
         self._redis = aredis
         # The limits library on our client's connection pool (no second pool).
         storage = RedisStorage(
@@ -192,7 +195,9 @@ class Quotas:
         member = secrets.token_hex(8)
         try:
             with anyio.fail_after(self.timeout_s):
-                admitted = await self._admit(keys=[key], args=[limit, SESSION_LEASE_S, member])
+                admitted = await self._admit(
+                    keys=[key], args=[limit, self.session_lease_s, member]
+                )
         except (RedisError, TimeoutError) as exc:
             raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
         if not admitted:
@@ -209,9 +214,9 @@ class Quotas:
 
     async def _keep(self, key: str, member: str) -> None:
         while True:
-            await asyncio.sleep(SESSION_LEASE_S / 3)
+            await asyncio.sleep(self.session_lease_s / 3)
             try:
                 with anyio.fail_after(self.timeout_s):
-                    await self._renew(keys=[key], args=[SESSION_LEASE_S, member])
+                    await self._renew(keys=[key], args=[self.session_lease_s, member])
             except (RedisError, TimeoutError):  # retried at the next beat; lapses if Redis is gone
                 continue

@@ -9,9 +9,13 @@ the model's queue. A key's own value beats the server default; 0 is unlimited.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,19 +26,21 @@ import httpx
 import openai
 import pytest
 import redis
+import redis.asyncio
 from PIL import Image
 from sqlalchemy import create_engine, func, select
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+from api.quotas import Quotas
 from cli.embedded import EmbeddedS3
 from models.db import Job
 from storage.constants import job_queue
 from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
-from storage.settings import DatabaseSettings
+from storage.settings import DatabaseSettings, Settings
 from tests.integration.conftest import started_stack
-from tests.integration.stack import Stack
+from tests.integration.stack import REPO, Stack
 
 pytestmark = pytest.mark.integration
 
@@ -252,3 +258,59 @@ def test_a_session_over_the_limit_is_refused_with_1013(deployment: Deployment) -
     two, _ = deployment.key("two sessions", max_sessions=2)
     with _ws(deployment.a, two, "/v1/realtime/video"), _ws(deployment.b, two, "/v1/realtime") as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+
+
+# An API replica holding one session place of ``key_killed``, renewing a 3 s lease.
+_HOLDER = """
+import asyncio, sys
+import redis.asyncio
+from api.quotas import Quotas
+from storage.settings import Settings
+
+async def main():
+    url = sys.argv[1]
+    settings = Settings(redis={"url": url}, _env_file=None)
+    quotas = Quotas(settings, redis.asyncio.Redis.from_url(url), session_lease_s=3.0)
+    async with quotas.session_lease("key_killed", 1) as admitted:
+        print("admitted" if admitted else "refused", flush=True)
+        await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def _admitted(redis_url: str) -> bool:
+    """Whether a session of ``key_killed`` (limit 1) is admitted now (and let go)."""
+
+    async def attempt() -> bool:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        settings = Settings(redis={"url": redis_url}, _env_file=None)  # type: ignore[call-arg]
+        try:
+            async with Quotas(settings, client, session_lease_s=3.0).session_lease(
+                "key_killed", 1
+            ) as admitted:
+                return admitted
+        finally:
+            await client.aclose()
+
+    return asyncio.run(attempt())
+
+
+def test_the_sessions_of_a_killed_replica_expire(deployment: Deployment) -> None:
+    url = deployment.a.redis_url
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, url], cwd=REPO, env=env, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"admitted"
+        assert not _admitted(url)
+        time.sleep(4)  # past one lease: the holder renewed it
+        assert not _admitted(url)
+    finally:
+        holder.kill()  # no chance to let go of its place
+        holder.wait(10)
+    deadline = time.monotonic() + 15
+    while not _admitted(url):
+        assert time.monotonic() < deadline, "the killed holder's lease never expired"
+        time.sleep(0.2)

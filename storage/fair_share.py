@@ -58,14 +58,22 @@ def claim_next(postgres: bool) -> Update:
         .scalar_subquery()
     )
     served = JOBS.alias("served")
-    last_start = (
+    last_start = (  # IS NOT NULL: the index range starts at the owner's last start
         select(func.max(served.c.started_at))
-        .where(served.c.owner == owners.c.owner, served.c.model == model)
+        .where(
+            served.c.owner == owners.c.owner,
+            served.c.model == model,
+            served.c.started_at.is_not(None),
+        )
         .scalar_subquery()
     )
-    keys = select(
-        owners.c.owner, running.label("running"), last_start.label("last_start")
-    ).subquery("keys")
+    # Materialized: ranked once per claim, not once per queued row (a planner that
+    # inlines it evaluates both subqueries for every queued job: quadratic).
+    keys = (
+        select(owners.c.owner, running.label("running"), last_start.label("last_start"))
+        .cte("fair_keys")
+        .prefix_with("MATERIALIZED")
+    )
     q = JOBS.alias("q")
     pick = (
         select(q.c.id)

@@ -285,7 +285,7 @@ def test_every_task_payload_reaches_its_runner_as_sent(redis_url: str) -> None:
         model = "contract/" + secrets.token_hex(4)
         queue.enqueue("video_123", model)
         assert run_task(context, _take(app, job_queue(model))) == "job"
-        assert context.calls[-1] == ("job", "video_123")
+        assert context.calls[-1] == ("job", "video_123", model)  # fair share needs the model
         for example, runner in zip(CONFIGS, ("voice", "world"), strict=True):
             # a queue of its own: a live worker of the shared stack takes none of these
             config = example.model_copy(update={"model": model})
@@ -296,6 +296,6 @@ def test_every_task_payload_reaches_its_runner_as_sent(redis_url: str) -> None:
             assert type(context.calls[-1][2]) is type(config)
         # a job message queued before payloads were typed still runs
         assert run_task(context, "video_old") == "job"
-        assert context.calls[-1] == ("job", "video_old")
+        assert context.calls[-1] == ("job", "video_old", None)
     finally:
         queue.close()

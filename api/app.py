@@ -14,8 +14,9 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
+from api.metrics import HttpMetrics
 from api.openapi import install as install_openapi
-from api.routes import audio, realtime, realtime_video, speech, system, videos
+from api.routes import audio, metrics, realtime, realtime_video, speech, system, videos
 from api.state import AppState
 from storage.settings import Settings, get_settings
 
@@ -63,6 +64,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodySizeLimit, max_bytes=settings.limits.max_upload_bytes * 2 + _BODY_OVERHEAD
     )
+    if settings.metrics.enabled:  # outermost: a 413 or an unhandled error is counted too
+        app.add_middleware(HttpMetrics)
+        app.include_router(metrics.router)
     app.include_router(system.router)
     app.include_router(videos.router)
     app.include_router(realtime_video.router)

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from api.content import stream_artifact
+from api.metrics import JOBS_CREATED
 from api.payload import storable
 from api.state import AppState
 from models.db import Artifact, Job, JobStatus, JobView
@@ -118,6 +119,7 @@ class JobService(abc.ABC, Generic[WireT]):
             jobs.delete(job.id)
             self._drop_objects(prefix)
             raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
+        JOBS_CREATED.labels(job.model, job.kind).inc()
         return stored, True
 
     async def announce(self, job: Job, created: bool, position: int | None) -> None:

@@ -21,6 +21,7 @@ import redis.asyncio
 from sqlalchemy import Engine, text
 
 from api.blocking import BlockingPool
+from api.metrics import ApiMetrics, QueueCollector
 from models.catalog import ModelSpec
 from storage.artifacts import ArtifactStore, make_s3_client
 from storage.bus import AsyncEventBus, EventBus
@@ -81,6 +82,8 @@ class AppState:
     blocking_pool: BlockingPool
     # Duplex /v1/realtime sessions' state in Redis: any replica resumes any session.
     session_states: SessionStateStore
+    # What GET /metrics reports (api/metrics.py).
+    metrics: ApiMetrics
     # Live /v1/realtime sessions of this process by id: a cache in front of session_states
     # (a duplex resume on the replica that serves the session needs no Redis read).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
@@ -100,10 +103,14 @@ class AppState:
         sessions = make_sessionmaker(engine)
         s3_pool = ThreadPoolExecutor(settings.s3.api_threads, thread_name_prefix="s3")
         aredis = _async_redis(settings.redis.url)
+        jobs = JobStore(sessions)
+        specs = served_specs(settings)
+        job_models = [name for name, spec in specs.items() if not spec.streaming]
+        queue = QueueCollector(jobs.queue_stats, job_models, settings.metrics.queue_cache_s)
         return cls(
             settings=settings,
             engine=engine,
-            jobs=JobStore(sessions),
+            jobs=jobs,
             keys=ApiKeyStore(sessions),
             artifacts=ArtifactStore(
                 s3_client or make_s3_client(settings.s3),
@@ -112,7 +119,7 @@ class AppState:
                 executor=s3_pool,
             ),
             queue=JobQueue(make_celery(settings, publisher=True)),
-            specs=served_specs(settings),
+            specs=specs,
             bus=EventBus(_sync_redis(settings), ttl_s=settings.events_ttl_s),
             abus=AsyncEventBus(aredis, ttl_s=settings.events_ttl_s),
             s3_pool=s3_pool,
@@ -122,6 +129,7 @@ class AppState:
                 ttl_s=settings.realtime.state_ttl_s,
                 log_events=settings.realtime.replay_events,
             ),
+            metrics=ApiMetrics(queue),
         )
 
     async def aclose(self) -> None:
@@ -132,6 +140,7 @@ class AppState:
         self.s3_pool.shutdown(wait=False, cancel_futures=True)
         self.blocking_pool.shutdown()
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
+        self.metrics.close()
 
     async def blocking(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` on the API's ``OMNIQ_HTTP__THREADS`` threads

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -23,14 +24,28 @@ from pathlib import Path
 from storage.settings import Settings, get_settings
 
 
+def _metrics_mode(settings: Settings, *, api: bool) -> None:
+    """Choose where this process keeps its metrics, before ``prometheus_client`` is
+    imported (it reads ``PROMETHEUS_MULTIPROC_DIR`` then): an API process in the files of
+    ``OMNIQ_METRICS__MULTIPROC_DIR`` when set, a worker always in memory (it serves its
+    own port, and must not count into an API's directory)."""
+    directory = settings.metrics.multiproc_dir
+    if api and settings.metrics.enabled and directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    elif not api:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+
 def _cmd_api(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    _metrics_mode(settings, api=True)
     import uvicorn
 
     from api.access_log import log_config
     from api.app import create_app
     from api.http_deadlines import deadline_protocol
 
-    settings = get_settings()
     host = args.host or settings.host
     port = args.port or settings.port
     settings.check_auth_binding(host)
@@ -67,6 +82,7 @@ def _shared_socket(host: str, port: int) -> socket.socket:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     settings = get_settings()
+    _metrics_mode(settings, api=False)
     update: dict[str, object] = {}
     if args.models:
         update["models"] = [m.strip() for m in args.models.split(",") if m.strip()]

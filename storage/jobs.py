@@ -183,6 +183,12 @@ class JobStore:
             rows = conn.execute(sql.QUEUE_POSITIONS, {"ids": queued})
             return {job_id: int(n or 0) for job_id, n in rows}
 
+    def queue_stats(self) -> dict[str, tuple[int, float]]:
+        """``model -> (queued jobs, created_at of the oldest)`` for models with queued
+        jobs: one aggregate on the ``status, model, created_at`` index."""
+        statement = self._statement(("queue_stats",), lambda: sql.QUEUE_STATS)
+        return {model: (int(n), float(oldest)) for model, n, oldest in statement.all({})}
+
     def cancel(self, job_id: str, message: str = "cancelled by the client") -> bool:
         """Fail a queued or running job with ``cancelled``; False if it had already ended."""
         statement = self._statement(("cancel",), lambda: sql.CANCEL)

@@ -224,6 +224,32 @@ class HttpSettings(BaseModel):
     ws_compression: bool = False
 
 
+class MetricsSettings(BaseModel):
+    # Prometheus metrics (docs/metrics.md): ``GET /metrics`` on the API (no API key: keep
+    # it off the public network) and each worker's own port. Off: neither is served.
+    enabled: bool = True
+    # The port a worker serves ``/metrics`` on (its own HTTP server; a worker group's
+    # rank 0 serves the group's); 0: none. ``omniqueue up`` gives its workers consecutive
+    # free ports from this one (9400 when it is 0), each printed at startup.
+    worker_port: int = Field(default=0, ge=0, le=65535)
+    # The address the worker's metrics server binds.
+    worker_host: str = "0.0.0.0"
+    # API processes that share one port (``omniqueue up --api-processes N``, or several
+    # ``omniqueue api`` with ``OMNIQ_HTTP__REUSE_PORT``) keep their metrics in files in
+    # this directory (prometheus-client's multiprocess mode), so a scrape answered by any
+    # of them reports them all. Empty: each process counts in memory (one process per
+    # port). The directory must be emptied before the first of them starts.
+    multiproc_dir: Path | None = None
+    # Queue depth and oldest-queued age are one SQL aggregate per scrape, reused for this
+    # long, so many scrapers cost one query (seconds).
+    queue_cache_s: float = Field(default=1.0, ge=0)
+
+    @field_validator("multiproc_dir", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return value or None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="OMNIQ_", env_nested_delimiter="__", extra="ignore"
@@ -245,6 +271,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     # Served models (comma-separated); the first is the default for requests naming none.
     # Unset: every model of the registry file, or ``reference/video`` without one.

@@ -53,6 +53,7 @@ from workers.audio_media import (
 )
 from workers.failpoints import Failpoints
 from workers.failures import classify, log_level
+from workers import metrics
 from workers.media import decode_streamed, encode_video, finish_video, preview_jpeg
 from workers.pipelines.base import (
     GenerationRequest,
@@ -170,6 +171,7 @@ class StepExecutor:
             if not completed:
                 self._delete_objects(job)
             self._release_memory(after_oom=outcome == "oom", stopped=not completed)
+        metrics.run_ended(self.jobs, job, outcome, run.durations)  # the device is idle now
         log.info("job %s: %s", job_id, outcome)
         if torch.cuda.is_available():  # back to the loaded weights after every job
             allocated = torch.cuda.memory_allocated() / 2**20
@@ -184,6 +186,8 @@ class StepExecutor:
             return claimed
         job = self.jobs.get(job_id)
         if job is None or job.status != JobStatus.IN_PROGRESS:
+            if job is not None:
+                metrics.message_dropped(job)
             return None  # cancelled, finished or deleted: drop the message
         w = self.settings.worker
         stale_before = time.time() - w.heartbeat_timeout_s
@@ -192,6 +196,7 @@ class StepExecutor:
         if job.attempt >= w.max_attempts:
             message = f"the worker running this job was lost {job.attempt} times"
             if self.jobs.fail(job_id, ErrorCode.WORKER_LOST, message):
+                metrics.job_finished(job, JobStatus.FAILED.value, ErrorCode.WORKER_LOST.value)
                 error = JobError(code=ErrorCode.WORKER_LOST.value, message=message)
                 self._publish(job, DoneEvent(status="failed", error=error))
             self._delete_objects(job)
@@ -225,11 +230,14 @@ class StepExecutor:
         self._enter(run, "denoise")
         preview_every = self.settings.worker.preview_every
         in_step = self._in_step_stop(run)
+        step_seconds = metrics.STEP_SECONDS.labels(job.model)
         while not state.done:
             self._failpoint(run, f"step:{state.step_index}")
             run.blocks = 0
+            step_started = time.monotonic()
             with step_stops(in_step):
                 pipe.step(state)
+            step_seconds.observe(time.monotonic() - step_started)
             run.step = state.step_index
             span = DENOISE_END - STAGE_START["denoise"]
             progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps

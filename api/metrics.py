@@ -45,7 +45,9 @@ HTTP_DURATION = Histogram(
     buckets=HTTP_BUCKETS,
 )
 JOBS_CREATED = Counter(
-    "omniqueue_jobs_created_total", "Jobs stored and enqueued, by model and kind.", ["model", "kind"]
+    "omniqueue_jobs_created_total",
+    "Jobs stored and enqueued, by model and kind.",
+    ["model", "kind"],
 )
 WATCHERS = Gauge(
     "omniqueue_event_stream_watchers",
@@ -173,7 +175,8 @@ class QueueCollector:
             log.warning("metrics: could not read the queue depth", exc_info=True)
             return
         depth = GaugeMetricFamily(
-            "omniqueue_queue_depth", "Jobs queued (not yet claimed by a worker), by model.",
+            "omniqueue_queue_depth",
+            "Jobs queued (not yet claimed by a worker), by model.",
             labels=["model"],
         )
         age = GaugeMetricFamily(

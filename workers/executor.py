@@ -42,6 +42,7 @@ from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
 from storage.jobs import JobStore
 from storage.settings import Settings
+from workers import metrics
 from workers.audio_media import (
     EXTENSIONS,
     MEDIA_TYPES,
@@ -53,7 +54,6 @@ from workers.audio_media import (
 )
 from workers.failpoints import Failpoints
 from workers.failures import classify, log_level
-from workers import metrics
 from workers.media import decode_streamed, encode_video, finish_video, preview_jpeg
 from workers.pipelines.base import (
     GenerationRequest,

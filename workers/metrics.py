@@ -142,7 +142,8 @@ class SlotsCollector:
         busy = dict(self._usage.busy)
         free = max(0, self._slots - sum(busy.values()))
         busy_family = GaugeMetricFamily(
-            "omniqueue_realtime_slots_busy", "Realtime sessions on this worker, by model.",
+            "omniqueue_realtime_slots_busy",
+            "Realtime sessions on this worker, by model.",
             labels=["model"],
         )
         free_family = GaugeMetricFamily(
@@ -169,7 +170,8 @@ class GpuMemoryCollector:
         import torch
 
         allocated = GaugeMetricFamily(
-            "omniqueue_gpu_memory_allocated_bytes", "Device memory allocated by tensors now.",
+            "omniqueue_gpu_memory_allocated_bytes",
+            "Device memory allocated by tensors now.",
             labels=["device"],
         )
         peak = GaugeMetricFamily(

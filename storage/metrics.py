@@ -18,7 +18,17 @@ imported, from ``PROMETHEUS_MULTIPROC_DIR``; ``omniqueue api`` sets it from
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest, values
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    disable_created_metrics,
+    generate_latest,
+    values,
+)
+
+# No ``*_created`` series (a timestamp per counter and histogram child): they double the
+# series of every counter, and nothing here reads them (rate() needs none).
+disable_created_metrics()
 
 PREFIX = "omniqueue_"
 # Label names that would make a series per job, session or key.

@@ -67,7 +67,7 @@ def test_metric_objects_follow_the_conventions() -> None:
     assert len(wrappers) >= 10
     for metric in wrappers:
         name, kind, labels = metric._name, metric._type, metric._labelnames
-        assert name.startswith("omniqueue_"), name
+        assert name.startswith(shared_metrics.PREFIX), name
         assert re.fullmatch(r"[a-z][a-z0-9_]*", name), name
         if kind == "histogram":
             assert name.endswith(UNITS), f"{name}: a histogram's name ends in its unit"

@@ -2,11 +2,13 @@
 ``omniqueue api`` process and a real Celery worker with its metrics port): a completed
 job counts its create, its HTTP requests, its end, its stage durations and its steps; a
 cancelled one its end and its cancel latency; queued jobs raise the queue depth and
-cancelling them brings it back to 0; an SSE watcher is counted while it is open.
+cancelling them brings it back to 0; an SSE watcher is counted while it is open; a
+realtime video session holds a slot of the realtime worker and a socket of the API.
 Expositions are parsed with prometheus-client's own parser."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3, free_port
 from tests.integration.conftest import isolated_stack
@@ -26,6 +29,17 @@ REDIS_DB = 1
 MODEL = {"model": "reference/video", "kind": "video"}
 STEPS = 4
 SMALL = {"prompt": "a ball", "size": "64x48", "seconds": "0.5", "fps": 16}
+
+# A world session long enough (seconds of 256x256 chunks) to hold its slot while scraped.
+LONG_SESSION = {
+    "type": "session.start",
+    "model": "reference/world",
+    "prompt": "a red ball at sunset",
+    "width": 256,
+    "height": 256,
+    "num_frames": 957,
+    "fps": 16,
+}
 
 Samples = list[tuple[str, dict[str, str], float]]
 
@@ -61,13 +75,26 @@ def eventually(read: Callable[[], Samples], check: Callable[[Samples], bool]) ->
 
 
 class MeteredStack(Stack):
-    worker_metrics_port: int = 0
+    """The API, a job worker and a realtime worker, each worker on a metrics port."""
+
+    ports: dict[str, int]
+
+    def start_metered(self) -> None:
+        self.ports = {}
+        for name in ("w0", "rt0"):  # a port each: the environment of each spawn
+            self.ports[name] = free_port()
+            self.extra_env["OMNIQ_METRICS__WORKER_PORT"] = str(self.ports[name])
+            if name == "w0":
+                self.start(workers=1)
+            else:
+                self._spawn(name, "worker", "--realtime", "--name", name)
+        self.wait_workers(2)
 
     def api_metrics(self) -> Samples:
         return scrape(f"{self.url}/metrics")
 
-    def worker_metrics(self) -> Samples:
-        return scrape(f"http://127.0.0.1:{self.worker_metrics_port}/metrics")
+    def worker_metrics(self, name: str = "w0") -> Samples:
+        return scrape(f"http://127.0.0.1:{self.ports[name]}/metrics")
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +102,10 @@ def mstack(
     tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
 ) -> Iterator[MeteredStack]:
     work = Path(tmp_path_factory.mktemp("metrics"))
-    port = free_port()
-    env = {"OMNIQ_METRICS__WORKER_PORT": str(port), "OMNIQ_METRICS__WORKER_HOST": "127.0.0.1"}
+    env = {"OMNIQ_METRICS__WORKER_HOST": "127.0.0.1", "OMNIQ_REALTIME__SLOTS": "2"}
     with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=MeteredStack) as st:
-        st.worker_metrics_port = port
         st.set_failpoints({})
-        st.start(workers=1)
+        st.start_metered()
         yield st
 
 
@@ -203,3 +228,24 @@ def test_queue_depth_and_watchers_follow_the_queue(
     # the running job, and the two whose messages the worker then drops, each once
     stopped = _finished(worker0, "failed", "cancelled") + 3
     eventually(mstack.worker_metrics, lambda s: _finished(s, "failed", "cancelled") == stopped)
+
+
+def test_a_realtime_session_holds_a_slot_and_a_socket(mstack: MeteredStack) -> None:
+    world = {"model": "reference/world"}
+    video = {"kind": "video"}
+    sessions = "omniqueue_realtime_sessions"
+
+    def rt() -> Samples:
+        return mstack.worker_metrics("rt0")
+
+    assert value(rt(), "omniqueue_realtime_slots_free", **world) == 2
+    url = mstack.url.replace("http://", "ws://") + "/v1/realtime/video"
+    with connect(url, max_size=16 * 1024 * 1024) as ws:
+        ws.send(json.dumps(LONG_SESSION))
+        assert json.loads(ws.recv(timeout=30))["type"] == "video.start"
+        busy = eventually(rt, lambda s: value(s, "omniqueue_realtime_slots_busy", **world) == 1)
+        assert value(busy, "omniqueue_realtime_slots_free", **world) == 1
+        assert value(mstack.api_metrics(), sessions, **video) == 1
+        ws.send(json.dumps({"type": "session.stop"}))
+    eventually(rt, lambda s: value(s, "omniqueue_realtime_slots_free", **world) == 2)
+    eventually(mstack.api_metrics, lambda s: value(s, sessions, **video) == 0)

@@ -18,6 +18,7 @@ the database in the process that serves the scrape.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -95,20 +96,21 @@ class HttpMetrics:
     """Pure ASGI middleware: count each HTTP request by method, route template and status
     and observe its duration. The route is the one the router matched (``scope["route"]``,
     set by Starlette's router), its template (``/v1/videos/{video_id}``) the label; the
-    metric children are found through two dict lookups keyed by that route object and
-    the method, so a request allocates no label tuple. WebSockets are not counted here
+    metric children are found through two dict lookups keyed by that template (a string
+    of the route: its hash is cached) and the method, so a request allocates no label
+    tuple. WebSockets are not counted here
     (``omniqueue_realtime_sessions``, ``omniqueue_event_stream_watchers``)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._series: dict[Any, dict[str, _RouteSeries]] = {}
+        self._series: dict[str, dict[str, _RouteSeries]] = {}
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500  # what the client gets when the app raises before responding
+        status = 0  # until the response starts
 
         async def send_status(message: Message) -> None:
             nonlocal status
@@ -118,19 +120,23 @@ class HttpMetrics:
 
         try:
             await self.app(scope, receive, send_status)
+        except asyncio.CancelledError:
+            status = status or 499  # cancelled before answering (nginx's "client closed")
+            raise
         finally:
-            series = self._route_series(scope.get("route"), scope["method"])
+            template = getattr(scope.get("route"), "path", None) or UNMATCHED
+            series = self._route_series(template, scope["method"])
             series.duration.observe(time.perf_counter() - start)
-            series.requests(status).inc()
+            # no response started: the app raised, and the client gets a 500
+            series.requests(status or 500).inc()
 
-    def _route_series(self, route: Any, method: str) -> _RouteSeries:
-        by_method = self._series.get(route)
+    def _route_series(self, template: str, method: str) -> _RouteSeries:
+        by_method = self._series.get(template)
         if by_method is None:
-            by_method = self._series[route] = {}
+            by_method = self._series[template] = {}
         series = by_method.get(method)
         if series is None:
             name = method if method in _METHODS else "OTHER"
-            template = getattr(route, "path", None) or UNMATCHED
             series = _RouteSeries(name, template)
             if name == method:  # an unknown method is not kept (the client picks it)
                 by_method[method] = series

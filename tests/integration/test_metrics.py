@@ -211,7 +211,8 @@ def test_queue_depth_and_watchers_follow_the_queue(
 
     with client.stream("GET", f"/v1/videos/{waiting[0]}/events") as events:
         assert events.status_code == 200
-        next(events.iter_lines())  # the stream is open
+        lines = events.iter_lines()  # held: dropping the iterator closes the stream
+        next(lines)  # the stream is open
         sse = {"transport": "sse"}
         eventually(
             mstack.api_metrics, lambda s: value(s, "omniqueue_event_stream_watchers", **sse) == 1

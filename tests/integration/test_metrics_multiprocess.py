@@ -88,7 +88,8 @@ def test_live_gauges_sum_the_live_processes(apis: TwoApis) -> None:
     vid = resp.json()["id"]
     sse = {"transport": "sse"}
     with httpx.stream("GET", f"{apis.url}/v1/videos/{vid}/events", timeout=10) as events:
-        next(events.iter_lines())
+        lines = events.iter_lines()  # held: dropping the iterator closes the stream
+        next(lines)
         for samples in apis.scrapes():
             assert value(samples, "omniqueue_event_stream_watchers", **sse) == 1
     deadline = time.monotonic() + 30

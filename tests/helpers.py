@@ -11,13 +11,7 @@ def video_spec(**overrides: Any) -> VideoSpec:
     """A valid video job spec, small (64x48, 8 frames at 16 fps, 2 steps, seed 1), with
     ``overrides`` in place of its fields."""
     fields: dict[str, Any] = {
-        "model": "reference/video",
-        "prompt": "p",
-        "seed": 1,
-        "num_inference_steps": 2,
-        "width": 64,
-        "height": 48,
-        "fps": 16.0,
-        "num_frames": 8,
+        "model": "reference/video", "prompt": "p", "seed": 1, "num_inference_steps": 2,
+        "width": 64, "height": 48, "fps": 16.0, "num_frames": 8,
     }
     return VideoSpec(**fields | overrides)

@@ -21,11 +21,7 @@ pytestmark = pytest.mark.integration
 def _omniqueue(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cli.main", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )
 
 

@@ -98,23 +98,9 @@ class Up:
         self.port = port
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "cli.main",
-                    "up",
-                    "--port",
-                    str(port),
-                    "--data-dir",
-                    str(data_dir),
-                    "--workers",
-                    str(workers),
-                    *args,
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=log,
+                [sys.executable, "-m", "cli.main", "up", "--port", str(port),
+                 "--data-dir", str(data_dir), "--workers", str(workers), *args],
+                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
             )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()
@@ -153,15 +139,10 @@ def test_up_runs_stops_cleanly_and_keeps_data(tmp_path: Path) -> None:
     try:
         with httpx.Client(base_url=up.url, timeout=30) as c:
             assert c.get("/ready").status_code == 200
-            video = c.post(
-                "/v1/videos",
-                json={
-                    "prompt": "a green kite",
-                    "size": "64x48",
-                    "seconds": "0.5",
-                    "num_inference_steps": 3,
-                },
-            ).json()
+            video = c.post("/v1/videos", json={
+                "prompt": "a green kite", "size": "64x48", "seconds": "0.5",
+                "num_inference_steps": 3,
+            }).json()
             deadline = time.monotonic() + 120
             while c.get(f"/v1/videos/{video['id']}").json()["status"] != "completed":
                 assert time.monotonic() < deadline, up.log.read_text()[-4000:]

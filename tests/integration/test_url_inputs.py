@@ -93,7 +93,9 @@ def public_stack(
 
 
 @pytest.fixture(scope="module")
-def any_stack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def any_stack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("url-any"))
     env = {"OMNIQ_INPUTS__URL_FETCH": "any"}
     with isolated_stack(work, s3_server, redis_db=15, extra_env=env) as st:
@@ -143,16 +145,13 @@ def test_job_create_refuses_a_loopback_url(
     assert _keys(s3_server) == before
 
 
-def test_realtime_video_refuses_a_loopback_url(public_stack: Stack, images: _ImageServer) -> None:
+def test_realtime_video_refuses_a_loopback_url(
+    public_stack: Stack, images: _ImageServer
+) -> None:
     seen = len(images.requests)
     start = {
-        "type": "session.start",
-        "model": "reference/world",
-        "prompt": "a red ball",
-        "width": 64,
-        "height": 64,
-        "num_frames": 9,
-        "fps": 16,
+        "type": "session.start", "model": "reference/world", "prompt": "a red ball",
+        "width": 64, "height": 64, "num_frames": 9, "fps": 16,
         "image_reference": {"image_url": images.url()},
     }
     url = public_stack.url.replace("http://", "ws://") + "/v1/realtime/video"
@@ -174,11 +173,9 @@ def test_any_fetches_a_local_image_for_a_job(
     assert resp.status_code == 200, resp.text
     job_id = resp.json()["id"]
     assert images.requests[seen:] == ["/frame.png"]
-    reference = (
-        s3_server.client()
-        .get_object(Bucket=s3_server.bucket, Key=f"videos/{job_id}/input/reference.png")["Body"]
-        .read()
-    )
+    reference = s3_server.client().get_object(
+        Bucket=s3_server.bucket, Key=f"videos/{job_id}/input/reference.png"
+    )["Body"].read()
     with Image.open(io.BytesIO(reference)) as image:
         assert image.size == (64, 48)
 

@@ -56,27 +56,16 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
         single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
     )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="</s>",
-        unk_token="<unk>",
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
         model_max_length=512,
     )
 
 
 def _t5_kwargs() -> dict[str, Any]:
     return {
-        "vocab_size": 128,
-        "d_model": TEXT_DIM,
-        "d_kv": 8,
-        "d_ff": 37,
-        "num_layers": 2,
-        "num_heads": 4,
-        "relative_attention_num_buckets": 8,
-        "dropout_rate": 0.0,
-        "pad_token_id": 0,
-        "eos_token_id": 1,
-        "decoder_start_token_id": 0,
+        "vocab_size": 128, "d_model": TEXT_DIM, "d_kv": 8, "d_ff": 37, "num_layers": 2,
+        "num_heads": 4, "relative_attention_num_buckets": 8, "dropout_rate": 0.0,
+        "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
     }
 
 
@@ -93,18 +82,9 @@ def tiny_umt5() -> UMT5EncoderModel:
 def _tiny_wan_transformer(seed: int) -> WanTransformer3DModel:
     torch.manual_seed(seed)
     return WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=2,
-        attention_head_dim=12,
-        in_channels=16,
-        out_channels=16,
-        text_dim=TEXT_DIM,
-        freq_dim=256,
-        ffn_dim=32,
-        num_layers=2,
-        cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=32,
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
+        out_channels=16, text_dim=TEXT_DIM, freq_dim=256, ffn_dim=32, num_layers=2,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
     ).eval()
 
 
@@ -114,23 +94,15 @@ def tiny_wan_pipeline(*, two_stage: bool = False, boundary_ratio: float = 0.875)
     VAE: 8x spatial / 4x temporal, z_dim 16. Sizes: multiples of 16."""
     torch.manual_seed(0)
     vae = AutoencoderKLWan(
-        base_dim=3,
-        z_dim=16,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
+        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
         temperal_downsample=[False, True, True],
     ).eval()
     scheduler = UniPCMultistepScheduler(
-        prediction_type="flow_prediction",
-        use_flow_sigmas=True,
-        flow_shift=3.0,
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
         num_train_timesteps=1000,
     )
     return WanPipeline(
-        tokenizer=tiny_tokenizer(),
-        text_encoder=tiny_umt5(),
-        vae=vae,
-        scheduler=scheduler,
+        tokenizer=tiny_tokenizer(), text_encoder=tiny_umt5(), vae=vae, scheduler=scheduler,
         transformer=_tiny_wan_transformer(0),
         transformer_2=_tiny_wan_transformer(1) if two_stage else None,
         boundary_ratio=boundary_ratio if two_stage else None,
@@ -144,45 +116,27 @@ def tiny_ltx_pipeline(*, timestep_conditioning: bool = True) -> LTXPipeline:
     Sizes: multiples of 32 (the pipeline's check); frames 4k+1."""
     torch.manual_seed(0)
     transformer = LTXVideoTransformer3DModel(
-        in_channels=8,
-        out_channels=8,
-        patch_size=1,
-        patch_size_t=1,
-        num_attention_heads=4,
-        attention_head_dim=8,
-        cross_attention_dim=32,
-        num_layers=1,
-        caption_channels=TEXT_DIM,
+        in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=4,
+        attention_head_dim=8, cross_attention_dim=32, num_layers=1, caption_channels=TEXT_DIM,
     ).eval()
     torch.manual_seed(0)
     vae = AutoencoderKLLTXVideo(
-        latent_channels=8,
-        block_out_channels=(8, 8, 8, 8),
+        latent_channels=8, block_out_channels=(8, 8, 8, 8),
         decoder_block_out_channels=(8, 8, 8, 8),
         spatio_temporal_scaling=(True, True, False, False),
         decoder_spatio_temporal_scaling=(True, True, False, False),
-        layers_per_block=(1, 1, 1, 1, 1),
-        decoder_layers_per_block=(1, 1, 1, 1, 1),
-        patch_size=1,
-        patch_size_t=1,
-        encoder_causal=True,
-        decoder_causal=False,
+        layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
+        patch_size=1, patch_size_t=1, encoder_causal=True, decoder_causal=False,
         timestep_conditioning=timestep_conditioning,
     ).eval()
     vae.use_framewise_encoding = False
     vae.use_framewise_decoding = False
     scheduler = FlowMatchEulerDiscreteScheduler(
-        use_dynamic_shifting=True,
-        base_shift=0.95,
-        max_shift=2.05,
-        base_image_seq_len=1024,
-        max_image_seq_len=4096,
+        use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
+        base_image_seq_len=1024, max_image_seq_len=4096,
     )
     return LTXPipeline(
-        scheduler=scheduler,
-        vae=vae,
-        text_encoder=tiny_t5(),
-        tokenizer=tiny_tokenizer(),
+        scheduler=scheduler, vae=vae, text_encoder=tiny_t5(), tokenizer=tiny_tokenizer(),
         transformer=transformer,
     )
 
@@ -195,48 +149,26 @@ def tiny_cogvideox_pipeline(
     4x temporal, 4 latent channels. Sizes: multiples of 16; frames 4k+1."""
     torch.manual_seed(0)
     transformer = CogVideoXTransformer3DModel(
-        num_attention_heads=2,
-        attention_head_dim=16,
-        in_channels=4,
-        out_channels=4,
-        time_embed_dim=2,
-        text_embed_dim=TEXT_DIM,
-        num_layers=1,
-        sample_width=4,
-        sample_height=4,
-        sample_frames=9,
-        patch_size=2,
-        patch_size_t=patch_size_t,
-        temporal_compression_ratio=4,
-        max_text_seq_length=TINY_SEQ_LEN,
-        use_rotary_positional_embeddings=True,
-        use_learned_positional_embeddings=False,
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        time_embed_dim=2, text_embed_dim=TEXT_DIM, num_layers=1, sample_width=4,
+        sample_height=4, sample_frames=9, patch_size=2, patch_size_t=patch_size_t,
+        temporal_compression_ratio=4, max_text_seq_length=TINY_SEQ_LEN,
+        use_rotary_positional_embeddings=True, use_learned_positional_embeddings=False,
     ).eval()
     torch.manual_seed(0)
     vae = AutoencoderKLCogVideoX(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("CogVideoXDownBlock3D",) * 4,
-        up_block_types=("CogVideoXUpBlock3D",) * 4,
-        block_out_channels=(8, 8, 8, 8),
-        latent_channels=4,
-        layers_per_block=1,
-        norm_num_groups=2,
-        temporal_compression_ratio=4,
+        in_channels=3, out_channels=3,
+        down_block_types=("CogVideoXDownBlock3D",) * 4, up_block_types=("CogVideoXUpBlock3D",) * 4,
+        block_out_channels=(8, 8, 8, 8), latent_channels=4, layers_per_block=1,
+        norm_num_groups=2, temporal_compression_ratio=4,
     ).eval()
     sched_kwargs: dict[str, Any] = {
-        "timestep_spacing": "trailing",
-        "prediction_type": "v_prediction",
-        "rescale_betas_zero_snr": True,
-        "clip_sample": False,
-        "set_alpha_to_one": True,
+        "timestep_spacing": "trailing", "prediction_type": "v_prediction",
+        "rescale_betas_zero_snr": True, "clip_sample": False, "set_alpha_to_one": True,
         "snr_shift_scale": 1.0,
     }
     scheduler = (CogVideoXDPMScheduler if dpm else CogVideoXDDIMScheduler)(**sched_kwargs)
     return CogVideoXPipeline(
-        tokenizer=tiny_tokenizer(),
-        text_encoder=tiny_t5(),
-        vae=vae,
-        transformer=transformer,
+        tokenizer=tiny_tokenizer(), text_encoder=tiny_t5(), vae=vae, transformer=transformer,
         scheduler=scheduler,
     )

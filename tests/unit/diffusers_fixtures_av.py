@@ -27,11 +27,7 @@ _T = TypeVar("_T")
 # Stable Audio: at most sample_size * hop_length / sampling_rate = 16 * 2 / 8 = 4 seconds).
 LTX2_REQUEST: dict[str, Any] = {"width": 32, "height": 32, "num_frames": 5, "fps": 25.0}
 STABLE_AUDIO_REQUEST: dict[str, Any] = {
-    "width": 0,
-    "height": 0,
-    "num_frames": 0,
-    "fps": 0.0,
-    "duration_s": 1.5,
+    "width": 0, "height": 0, "num_frames": 0, "fps": 0.0, "duration_s": 1.5,
 }
 
 
@@ -114,120 +110,54 @@ def tiny_ltx2_pipeline(*, timestep_conditioning: bool = False) -> Any:
     text_encoder = _seeded(lambda: _tiny_gemma3(len(tokenizer)))
     hidden = text_encoder.config.text_config.hidden_size
     layers = text_encoder.config.text_config.num_hidden_layers
-    transformer = _seeded(
-        lambda: LTX2VideoTransformer3DModel(
-            in_channels=4,
-            out_channels=4,
-            patch_size=1,
-            patch_size_t=1,
-            num_attention_heads=2,
-            attention_head_dim=8,
-            cross_attention_dim=16,
-            audio_in_channels=4,
-            audio_out_channels=4,
-            audio_num_attention_heads=2,
-            audio_attention_head_dim=4,
-            audio_cross_attention_dim=8,
-            num_layers=2,
-            qk_norm="rms_norm_across_heads",
-            caption_channels=hidden,
-            rope_double_precision=False,
-            rope_type="split",
-        )
-    )
-    connectors = _seeded(
-        lambda: LTX2TextConnectors(
-            caption_channels=hidden,
-            text_proj_in_factor=layers + 1,
-            video_connector_num_attention_heads=4,
-            video_connector_attention_head_dim=8,
-            video_connector_num_layers=1,
-            video_connector_num_learnable_registers=None,
-            audio_connector_num_attention_heads=4,
-            audio_connector_attention_head_dim=8,
-            audio_connector_num_layers=1,
-            audio_connector_num_learnable_registers=None,
-            connector_rope_base_seq_len=32,
-            rope_theta=10000.0,
-            rope_double_precision=False,
-            causal_temporal_positioning=False,
-            rope_type="split",
-        )
-    )
-    vae = _seeded(
-        lambda: AutoencoderKLLTX2Video(
-            in_channels=3,
-            out_channels=3,
-            latent_channels=4,
-            block_out_channels=(8,),
-            decoder_block_out_channels=(8,),
-            layers_per_block=(1,),
-            decoder_layers_per_block=(1, 1),
-            spatio_temporal_scaling=(True,),
-            decoder_spatio_temporal_scaling=(True,),
-            decoder_inject_noise=(False, False),
-            downsample_type=("spatial",),
-            upsample_residual=(False,),
-            upsample_factor=(1,),
-            timestep_conditioning=timestep_conditioning,
-            patch_size=1,
-            patch_size_t=1,
-            encoder_causal=True,
-            decoder_causal=False,
-        )
-    )
-    audio_vae: Any = _seeded(
-        lambda: AutoencoderKLLTX2Audio(
-            base_channels=4,
-            output_channels=2,
-            ch_mult=(1,),
-            num_res_blocks=1,
-            attn_resolutions=None,
-            in_channels=2,
-            resolution=32,
-            latent_channels=2,
-            norm_type="pixel",
-            causality_axis="height",
-            dropout=0.0,
-            mid_block_add_attention=False,
-            sample_rate=16000,
-            mel_hop_length=160,
-            is_causal=True,
-            mel_bins=8,
-        )
-    )
-    vocoder = _seeded(
-        lambda: LTX2Vocoder(
-            in_channels=audio_vae.config.output_channels * audio_vae.config.mel_bins,
-            hidden_channels=32,
-            out_channels=2,
-            upsample_kernel_sizes=[4, 4],
-            upsample_factors=[2, 2],
-            resnet_kernel_sizes=[3],
-            resnet_dilations=[[1, 3, 5]],
-            leaky_relu_negative_slope=0.1,
-            output_sampling_rate=16000,
-        )
-    )
+    transformer = _seeded(lambda: LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1,
+        num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+        audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2,
+        qk_norm="rms_norm_across_heads", caption_channels=hidden,
+        rope_double_precision=False, rope_type="split",
+    ))
+    connectors = _seeded(lambda: LTX2TextConnectors(
+        caption_channels=hidden, text_proj_in_factor=layers + 1,
+        video_connector_num_attention_heads=4, video_connector_attention_head_dim=8,
+        video_connector_num_layers=1, video_connector_num_learnable_registers=None,
+        audio_connector_num_attention_heads=4, audio_connector_attention_head_dim=8,
+        audio_connector_num_layers=1, audio_connector_num_learnable_registers=None,
+        connector_rope_base_seq_len=32, rope_theta=10000.0, rope_double_precision=False,
+        causal_temporal_positioning=False, rope_type="split",
+    ))
+    vae = _seeded(lambda: AutoencoderKLLTX2Video(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,),
+        decoder_block_out_channels=(8,), layers_per_block=(1,), decoder_layers_per_block=(1, 1),
+        spatio_temporal_scaling=(True,), decoder_spatio_temporal_scaling=(True,),
+        decoder_inject_noise=(False, False), downsample_type=("spatial",),
+        upsample_residual=(False,), upsample_factor=(1,),
+        timestep_conditioning=timestep_conditioning,
+        patch_size=1, patch_size_t=1, encoder_causal=True, decoder_causal=False,
+    ))
+    audio_vae: Any = _seeded(lambda: AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1,
+        attn_resolutions=None, in_channels=2, resolution=32, latent_channels=2,
+        norm_type="pixel", causality_axis="height", dropout=0.0,
+        mid_block_add_attention=False, sample_rate=16000, mel_hop_length=160,
+        is_causal=True, mel_bins=8,
+    ))
+    vocoder = _seeded(lambda: LTX2Vocoder(
+        in_channels=audio_vae.config.output_channels * audio_vae.config.mel_bins,
+        hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4],
+        upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+        leaky_relu_negative_slope=0.1, output_sampling_rate=16000,
+    ))
     # The shift settings of the released LTX-2 scheduler config (dynamic shifting, mu
     # computed from the video sequence length, terminal shift 0.1).
     scheduler = FlowMatchEulerDiscreteScheduler(
-        use_dynamic_shifting=True,
-        base_shift=0.95,
-        max_shift=2.05,
-        base_image_seq_len=1024,
-        max_image_seq_len=4096,
-        shift_terminal=0.1,
+        use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
+        base_image_seq_len=1024, max_image_seq_len=4096, shift_terminal=0.1,
     )
     pipe: Any = LTX2Pipeline(
-        scheduler=scheduler,
-        vae=vae,
-        audio_vae=audio_vae,
-        text_encoder=text_encoder,
-        tokenizer=tokenizer,
-        connectors=connectors,
-        transformer=transformer,
-        vocoder=vocoder,
+        scheduler=scheduler, vae=vae, audio_vae=audio_vae, text_encoder=text_encoder,
+        tokenizer=tokenizer, connectors=connectors, transformer=transformer, vocoder=vocoder,
     )
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -251,66 +181,31 @@ def tiny_stable_audio_pipeline() -> Any:
     from transformers import T5Config, T5EncoderModel
 
     tokenizer = tiny_t5_tokenizer()
-    transformer = _seeded(
-        lambda: StableAudioDiTModel(
-            sample_size=16,
-            in_channels=3,
-            num_layers=2,
-            attention_head_dim=4,
-            num_key_value_attention_heads=2,
-            out_channels=3,
-            cross_attention_dim=4,
-            time_proj_dim=8,
-            global_states_input_dim=8,
-            cross_attention_input_dim=4,
-        )
-    )
+    transformer = _seeded(lambda: StableAudioDiTModel(
+        sample_size=16, in_channels=3, num_layers=2, attention_head_dim=4,
+        num_key_value_attention_heads=2, out_channels=3, cross_attention_dim=4,
+        time_proj_dim=8, global_states_input_dim=8, cross_attention_input_dim=4,
+    ))
     scheduler = EDMDPMSolverMultistepScheduler(
-        solver_order=2,
-        prediction_type="v_prediction",
-        sigma_data=1.0,
-        sigma_schedule="exponential",
-        algorithm_type="sde-dpmsolver++",
+        solver_order=2, prediction_type="v_prediction", sigma_data=1.0,
+        sigma_schedule="exponential", algorithm_type="sde-dpmsolver++",
     )
-    vae = _seeded(
-        lambda: AutoencoderOobleck(
-            encoder_hidden_size=6,
-            downsampling_ratios=[1, 2],
-            decoder_channels=3,
-            decoder_input_channels=3,
-            audio_channels=2,
-            channel_multiples=[2, 4],
-            sampling_rate=8,
-        )
-    )
+    vae = _seeded(lambda: AutoencoderOobleck(
+        encoder_hidden_size=6, downsampling_ratios=[1, 2], decoder_channels=3,
+        decoder_input_channels=3, audio_channels=2, channel_multiples=[2, 4], sampling_rate=8,
+    ))
     t5 = T5Config(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        d_kv=4,
-        d_ff=32,
-        num_layers=2,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=16,
-        pad_token_id=0,
-        eos_token_id=1,
+        vocab_size=len(tokenizer), d_model=16, d_kv=4, d_ff=32, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        pad_token_id=0, eos_token_id=1,
     )
     text_encoder = _seeded(lambda: T5EncoderModel(t5).eval())
-    projection_model = _seeded(
-        lambda: StableAudioProjectionModel(
-            text_encoder_dim=t5.d_model,
-            conditioning_dim=4,
-            min_value=0,
-            max_value=32,
-        )
-    )
+    projection_model = _seeded(lambda: StableAudioProjectionModel(
+        text_encoder_dim=t5.d_model, conditioning_dim=4, min_value=0, max_value=32,
+    ))
     pipe: Any = StableAudioPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        projection_model=projection_model,
-        tokenizer=tokenizer,
-        transformer=transformer,
-        scheduler=scheduler,
+        vae=vae, text_encoder=text_encoder, projection_model=projection_model,
+        tokenizer=tokenizer, transformer=transformer, scheduler=scheduler,
     )
     pipe.set_progress_bar_config(disable=True)
     return pipe

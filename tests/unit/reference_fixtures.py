@@ -28,12 +28,7 @@ def loaded(make: Callable[[], P]) -> P:
 def video_request(**overrides: Any) -> GenerationRequest:
     """The tiny request with ``overrides`` in place of its fields."""
     fields: dict[str, Any] = {
-        "prompt": PROMPT,
-        "width": 64,
-        "height": 48,
-        "num_frames": 8,
-        "fps": 8.0,
-        "num_inference_steps": 4,
-        "seed": 7,
+        "prompt": PROMPT, "width": 64, "height": 48, "num_frames": 8, "fps": 8.0,
+        "num_inference_steps": 4, "seed": 7,
     }
     return GenerationRequest(**fields | overrides)

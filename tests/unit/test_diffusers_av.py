@@ -80,24 +80,18 @@ def _assert_unchanged(pipe: Any, snap: tuple[dict[str, Any], dict[str, torch.Ten
 
 def _sa_request(**kw: Any) -> GenerationRequest:
     base: dict[str, Any] = dict(
-        prompt="a hammer hitting a wooden surface",
-        num_inference_steps=4,
-        seed=3,
-        guidance_scale=6.0,
-        **STABLE_AUDIO_REQUEST,
+        prompt="a hammer hitting a wooden surface", num_inference_steps=4, seed=3,
+        guidance_scale=6.0, **STABLE_AUDIO_REQUEST,
     )
     return GenerationRequest(**(base | kw))
 
 
 def _sa_reference(pipe: Any, req: GenerationRequest, end: float | None = None) -> torch.Tensor:
     out = pipe(
-        req.prompt,
-        negative_prompt=req.negative_prompt or None,
+        req.prompt, negative_prompt=req.negative_prompt or None,
         audio_end_in_s=req.duration_s if end is None else end,
-        num_inference_steps=req.num_inference_steps,
-        guidance_scale=req.guidance_scale,
-        generator=torch.Generator().manual_seed(req.seed),
-        output_type="pt",
+        num_inference_steps=req.num_inference_steps, guidance_scale=req.guidance_scale,
+        generator=torch.Generator().manual_seed(req.seed), output_type="pt",
     )
     audio: torch.Tensor = out.audios[0]
     return audio
@@ -189,13 +183,8 @@ def test_stable_audio_save_and_load(sa_pipe: Any, tmp_path: Path) -> None:
 
 def _ltx2_request(**kw: Any) -> GenerationRequest:
     base: dict[str, Any] = dict(
-        prompt="a robot dancing",
-        negative_prompt="blurry",
-        num_inference_steps=3,
-        seed=5,
-        guidance_scale=3.0,
-        extra=dict(LTX2_EXTRA),
-        **LTX2_REQUEST,
+        prompt="a robot dancing", negative_prompt="blurry", num_inference_steps=3, seed=5,
+        guidance_scale=3.0, extra=dict(LTX2_EXTRA), **LTX2_REQUEST,
     )
     return GenerationRequest(**(base | kw))
 
@@ -204,19 +193,11 @@ def _ltx2_reference(
     pipe: Any, req: GenerationRequest, **kw: Any
 ) -> tuple[np.ndarray, torch.Tensor]:
     video, audio = pipe(
-        req.prompt,
-        negative_prompt=req.negative_prompt,
-        height=req.height,
-        width=req.width,
-        num_frames=req.num_frames,
-        frame_rate=req.fps,
-        num_inference_steps=req.num_inference_steps,
-        guidance_scale=req.guidance_scale,
-        generator=torch.Generator().manual_seed(req.seed),
-        max_sequence_length=SEQ_LEN,
-        output_type="np",
-        return_dict=False,
-        **(LTX2_KWARGS | kw),
+        req.prompt, negative_prompt=req.negative_prompt, height=req.height, width=req.width,
+        num_frames=req.num_frames, frame_rate=req.fps,
+        num_inference_steps=req.num_inference_steps, guidance_scale=req.guidance_scale,
+        generator=torch.Generator().manual_seed(req.seed), max_sequence_length=SEQ_LEN,
+        output_type="np", return_dict=False, **(LTX2_KWARGS | kw),
     )
     return video[0], audio[0]
 
@@ -249,7 +230,9 @@ def _check_ltx2(media: Media, ref: tuple[np.ndarray, torch.Tensor]) -> None:
     assert media.sample_rate == 16000 and media.fps == 25.0
 
 
-def test_ltx2_equals_pipeline(ltx2: LTX2Adapter, ltx2_ref: tuple[np.ndarray, torch.Tensor]) -> None:
+def test_ltx2_equals_pipeline(
+    ltx2: LTX2Adapter, ltx2_ref: tuple[np.ndarray, torch.Tensor]
+) -> None:
     state = ltx2.prepare(_ltx2_request())
     assert state.num_steps == 3 and state.do_cfg and state.do_stg and state.do_modality
     while not state.done:
@@ -262,46 +245,21 @@ def test_ltx2_equals_pipeline(ltx2: LTX2Adapter, ltx2_ref: tuple[np.ndarray, tor
 
 _GUIDANCE: list[tuple[float, dict[str, Any], dict[str, Any]]] = [
     # CFG only (video 4.0, audio 7.0 default), no STG / modality pass, no rescale.
-    (
-        4.0,
-        {
-            "stg_blocks": "",
-            "stg_scale": 0.0,
-            "audio_stg_scale": 0.0,
-            "modality_scale": 1.0,
-            "audio_modality_scale": 1.0,
-            "guidance_rescale": 0.0,
-            "audio_guidance_rescale": 0.0,
-        },
-        {
-            "spatio_temporal_guidance_blocks": None,
-            "stg_scale": 0.0,
-            "audio_stg_scale": 0.0,
-            "modality_scale": 1.0,
-            "audio_modality_scale": 1.0,
-            "guidance_rescale": 0.0,
-            "audio_guidance_rescale": 0.0,
-        },
-    ),
+    (4.0, {"stg_blocks": "", "stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0,
+           "audio_modality_scale": 1.0, "guidance_rescale": 0.0, "audio_guidance_rescale": 0.0},
+     {"spatio_temporal_guidance_blocks": None, "stg_scale": 0.0, "audio_stg_scale": 0.0,
+      "modality_scale": 1.0, "audio_modality_scale": 1.0, "guidance_rescale": 0.0,
+      "audio_guidance_rescale": 0.0}),
     # No CFG at all: STG and modality passes on the unbatched prompt, legacy cross timestep.
-    (
-        1.0,
-        {"stg_blocks": "0", "audio_guidance_scale": 1.0, "use_cross_timestep": False},
-        {
-            "spatio_temporal_guidance_blocks": [0],
-            "audio_guidance_scale": 1.0,
-            "use_cross_timestep": False,
-        },
-    ),
+    (1.0, {"stg_blocks": "0", "audio_guidance_scale": 1.0, "use_cross_timestep": False},
+     {"spatio_temporal_guidance_blocks": [0], "audio_guidance_scale": 1.0,
+      "use_cross_timestep": False}),
 ]
 
 
 @pytest.mark.parametrize(("scale", "extra", "kwargs"), _GUIDANCE, ids=["cfg-only", "no-cfg"])
 def test_ltx2_guidance_variants_equal_pipeline(
-    ltx2: LTX2Adapter,
-    ltx2_pipe: Any,
-    scale: float,
-    extra: dict[str, Any],
+    ltx2: LTX2Adapter, ltx2_pipe: Any, scale: float, extra: dict[str, Any],
     kwargs: dict[str, Any],
 ) -> None:
     req = _ltx2_request(guidance_scale=scale, extra=extra, num_inference_steps=2)
@@ -316,17 +274,10 @@ def test_ltx2_decode_noise_interleaved_equals_pipeline() -> None:
     adapter = LTX2Adapter(pipe=pipe, max_sequence_length=SEQ_LEN)
     adapter.load("cpu")
     extra = {"decode_timestep": 0.05, "decode_noise_scale": 0.025}
-    off = {
-        "stg_blocks": "",
-        "stg_scale": 0.0,
-        "audio_stg_scale": 0.0,
-        "modality_scale": 1.0,
-        "audio_modality_scale": 1.0,
-    }
-    kwargs = {
-        "spatio_temporal_guidance_blocks": None,
-        **{k: v for k, v in off.items() if k != "stg_blocks"},
-    }
+    off = {"stg_blocks": "", "stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0,
+           "audio_modality_scale": 1.0}
+    kwargs = {"spatio_temporal_guidance_blocks": None, **{k: v for k, v in off.items()
+                                                         if k != "stg_blocks"}}
     reqs = [
         _ltx2_request(num_inference_steps=2, extra=extra | off),
         _ltx2_request(num_inference_steps=2, extra=extra | off, seed=6, prompt="a red ball"),

@@ -27,13 +27,8 @@ HOLD: list[list[str]] = [[], [], []]
 
 def _config(**overrides: Any) -> WorldConfig:
     fields: dict[str, Any] = {
-        "prompt": PROMPT,
-        "width": 64,
-        "height": 48,
-        "num_frames": 21,
-        "fps": 16.0,
-        "seed": 3,
-        "steps_per_chunk": 2,
+        "prompt": PROMPT, "width": 64, "height": 48, "num_frames": 21, "fps": 16.0,
+        "seed": 3, "steps_per_chunk": 2,
     }
     fields.update(overrides)
     return WorldConfig(**fields)
@@ -128,9 +123,8 @@ def test_w_zooms_in_and_s_zooms_out(key: str, bigger: bool) -> None:
     config = _config(width=96, height=96, num_frames=9)
     hold = _run(config)[0][-1]
     pipe = loaded(ReferenceWorldPipeline)
-    state = pipe.start(
-        _config(width=96, height=96, num_frames=9, camera_action_script=[[[key], [key], [key]]])
-    )
+    state = pipe.start(_config(width=96, height=96, num_frames=9,
+                               camera_action_script=[[[key], [key], [key]]]))
     moved = _next_chunk(pipe, state)[-1]
     zoom = math.exp(state.camera.log_zoom)
     assert (zoom > 1.2) if bigger else (zoom < 0.85)
@@ -142,9 +136,8 @@ def test_w_zooms_in_and_s_zooms_out(key: str, bigger: bool) -> None:
 def test_d_pans_right_so_the_scene_shifts_left(key: str, direction: int) -> None:
     hold = _run(_config(width=96, height=96, num_frames=9))[0][-1]
     pipe = loaded(ReferenceWorldPipeline)
-    state = pipe.start(
-        _config(width=96, height=96, num_frames=9, camera_action_script=[[[key], [key], [key]]])
-    )
+    state = pipe.start(_config(width=96, height=96, num_frames=9,
+                               camera_action_script=[[[key], [key], [key]]]))
     moved = _next_chunk(pipe, state)[-1]
     shift_px = -state.camera.pan * 96  # the ball is on the ground: it moves with the terrain
     assert direction * shift_px > 15
@@ -248,16 +241,9 @@ def test_prompt_cut_and_overlapping_events() -> None:
     last = _next_chunk(pipe, state)
     assert pipe.events_for_chunk(state) == ([], ["sky"], ["sky"])
     assert state.done
-    assert np.array_equal(
-        last[-1],
-        _run(
-            _config(
-                num_frames=45,
-                prompt=red_sky,
-                camera_action_script=[HOLD, HOLD, [["d"]] * 3, [["d"]] * 3],
-            )
-        )[3][-1],
-    )
+    assert np.array_equal(last[-1], _run(_config(
+        num_frames=45, prompt=red_sky, camera_action_script=[HOLD, HOLD, [["d"]] * 3, [["d"]] * 3],
+    ))[3][-1])
 
 
 def test_interaction_checks() -> None:
@@ -282,10 +268,8 @@ def test_interaction_checks() -> None:
 def test_interleaved_sessions_match_separate_runs() -> None:
     pipe = loaded(ReferenceWorldPipeline)
     script = [[["d"], ["d"], ["w"]], HOLD, [["s"], ["a"], []]]
-    configs = [
-        _config(num_frames=33, camera_action_script=script),
-        _config(num_frames=33, seed=9, prompt="a blue box flying over the desert"),
-    ]
+    configs = [_config(num_frames=33, camera_action_script=script),
+               _config(num_frames=33, seed=9, prompt="a blue box flying over the desert")]
     states = [pipe.start(c) for c in configs]
     out: list[list[np.ndarray]] = [[], []]
     for i in range(3):

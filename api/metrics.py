@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from storage.metrics import HTTP_BUCKETS, exposition, multiprocess
+from storage.metrics import HTTP_BUCKETS, exposition, gauge_families, multiprocess
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,15 @@ REALTIME_SESSIONS = Gauge(
     "Realtime sessions with an open socket on the API, by kind (voice, video).",
     ["kind"],
     multiprocess_mode="livesum",
+)
+
+# The queue collector's gauges: (name, help).
+_QUEUE_GAUGES = (
+    ("omniqueue_queue_depth", "Jobs queued (not yet claimed by a worker), by model."),
+    (
+        "omniqueue_queue_oldest_age_seconds",
+        "How long the oldest queued job of a model has waited (0: none queued).",
+    ),
 )
 
 # A route label for requests that matched no route (404s of unknown paths): one series,
@@ -180,23 +189,12 @@ class QueueCollector:
         except Exception:
             log.warning("metrics: could not read the queue depth", exc_info=True)
             return
-        depth = GaugeMetricFamily(
-            "omniqueue_queue_depth",
-            "Jobs queued (not yet claimed by a worker), by model.",
-            labels=["model"],
-        )
-        age = GaugeMetricFamily(
-            "omniqueue_queue_oldest_age_seconds",
-            "How long the oldest queued job of a model has waited (0: none queued).",
-            labels=["model"],
-        )
         now = time.time()
+        rows = []
         for model in sorted({*self._models, *stats}):
             count, oldest = stats.get(model, (0, now))
-            depth.add_metric([model], count)
-            age.add_metric([model], max(0.0, now - oldest))
-        yield depth
-        yield age
+            rows.append((model, count, max(0.0, now - oldest)))
+        yield from gauge_families("model", _QUEUE_GAUGES, rows)
 
 
 class ApiMetrics:

@@ -40,7 +40,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import parser, start_up, summary
+from benchmarks.common import emit, parser, start_up, summary
 
 TINY = {"prompt": "status bench", "size": "64x48", "seconds": "0.5", "fps": 16}
 SYNC = {"prompt": "sync bench", "size": "320x192", "seconds": "1", "num_inference_steps": 4}
@@ -246,11 +246,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": [bench(db, args, ab) for db in databases],
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ imported, from ``PROMETHEUS_MULTIPROC_DIR``; ``omniqueue api`` sets it from
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -25,6 +28,7 @@ from prometheus_client import (
     generate_latest,
     values,
 )
+from prometheus_client.metrics_core import GaugeMetricFamily
 
 # No ``*_created`` series (a timestamp per counter and histogram child): they double the
 # series of every counter, and nothing here reads them (rate() needs none).
@@ -61,3 +65,16 @@ def exposition(*registries: CollectorRegistry) -> bytes:
     """The text exposition of ``registries``, one after the other (their metric names
     must not overlap)."""
     return b"".join(generate_latest(registry) for registry in registries)
+
+
+def gauge_families(
+    label: str, described: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]]
+) -> list[GaugeMetricFamily]:
+    """Gauge families of a custom collector (values read when scraped): one per
+    ``(name, help)`` of ``described``, each with the one label ``label``; each row of
+    ``rows`` is a label value, then one value per family."""
+    families = [GaugeMetricFamily(name, text, labels=[label]) for name, text in described]
+    for key, *row in rows:
+        for family, sample in zip(families, row, strict=True):
+            family.add_metric([key], sample)
+    return families

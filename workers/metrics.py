@@ -28,12 +28,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 
 from models.db import Job, JobStatus
 from models.errors import ErrorCode
 from storage.jobs import JobStore
-from storage.metrics import CANCEL_BUCKETS, STAGE_BUCKETS, STEP_BUCKETS
+from storage.metrics import CANCEL_BUCKETS, STAGE_BUCKETS, STEP_BUCKETS, gauge_families
 from storage.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,18 @@ CANCEL_LATENCY = Histogram(
     buckets=CANCEL_BUCKETS,
 )
 STAGES = ("queue", "prepare", "denoise", "decode", "encode", "upload")
+# The custom collectors' gauges: (name, help).
+_SLOT_GAUGES = (
+    ("omniqueue_realtime_slots_busy", "Realtime sessions on this worker, by model."),
+    ("omniqueue_realtime_slots_free", "Session slots of this worker free to take a session."),
+)
+_GPU_GAUGES = (
+    ("omniqueue_gpu_memory_allocated_bytes", "Device memory allocated by tensors now."),
+    (
+        "omniqueue_gpu_memory_peak_bytes",
+        "Peak device memory allocated since the current (or last) job started.",
+    ),
+)
 _CANCELLED = ErrorCode.CANCELLED.value
 
 
@@ -141,21 +153,8 @@ class SlotsCollector:
     def collect(self) -> Iterator[Metric]:
         busy = dict(self._usage.busy)
         free = max(0, self._slots - sum(busy.values()))
-        busy_family = GaugeMetricFamily(
-            "omniqueue_realtime_slots_busy",
-            "Realtime sessions on this worker, by model.",
-            labels=["model"],
-        )
-        free_family = GaugeMetricFamily(
-            "omniqueue_realtime_slots_free",
-            "Session slots of this worker free to take a session of the model.",
-            labels=["model"],
-        )
-        for model in self._models:
-            busy_family.add_metric([model], busy.get(model, 0))
-            free_family.add_metric([model], free)
-        yield busy_family
-        yield free_family
+        rows = ((model, busy.get(model, 0), free) for model in self._models)
+        yield from gauge_families("model", _SLOT_GAUGES, rows)
 
 
 class GpuMemoryCollector:
@@ -169,21 +168,11 @@ class GpuMemoryCollector:
     def collect(self) -> Iterator[Metric]:
         import torch
 
-        allocated = GaugeMetricFamily(
-            "omniqueue_gpu_memory_allocated_bytes",
-            "Device memory allocated by tensors now.",
-            labels=["device"],
+        rows = (
+            (d, torch.cuda.memory_allocated(d), torch.cuda.max_memory_allocated(d))
+            for d in self._devices
         )
-        peak = GaugeMetricFamily(
-            "omniqueue_gpu_memory_peak_bytes",
-            "Peak device memory allocated since the current (or last) job started.",
-            labels=["device"],
-        )
-        for device in self._devices:
-            allocated.add_metric([device], torch.cuda.memory_allocated(device))
-            peak.add_metric([device], torch.cuda.max_memory_allocated(device))
-        yield allocated
-        yield peak
+        yield from gauge_families("device", _GPU_GAUGES, rows)
 
 
 def serve_metrics(settings: Settings, *, realtime_models: Iterable[str] = ()) -> int | None:

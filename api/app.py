@@ -66,12 +66,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     if settings.metrics.enabled:  # outermost: a 413 or an unhandled error is counted too
         app.add_middleware(HttpMetrics)
-        app.include_router(metrics.router)
     app.include_router(system.router)
     app.include_router(videos.router)
     app.include_router(realtime_video.router)
     app.include_router(audio.router)
     app.include_router(speech.router)
     app.include_router(realtime.router)
+    if settings.metrics.enabled:  # last: the API's own routes are matched first
+        app.include_router(metrics.router)
     install_openapi(app)
     return app

@@ -2,7 +2,9 @@
 --api-processes 2`` runs them) with one multiprocess metrics directory: whichever
 process answers a scrape reports both processes' requests and creates, an SSE watcher
 open on either, and the queue depth once (it comes from the database); a process that
-stops takes its gauges with it and leaves its counts."""
+stops takes its gauges with it and leaves its counts. And ``omniqueue up`` itself: the
+line listing every scrape URL, a worker answering on its port, both API processes of a
+replica counting in that replica's directory."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from cli.embedded import EmbeddedS3, free_port
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_metrics import SMALL, Samples, scrape, value
+from tests.integration.test_up import Up, _api_pids
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -114,3 +117,30 @@ def test_a_stopped_process_leaves_its_counts_and_takes_its_gauges(apis: TwoApis)
     assert pid in _pids(apis.metrics_dir, "counter")
     for samples in apis.scrapes(3):  # all answered by the one left
         assert value(samples, "omniqueue_http_requests_total", **health) == before
+
+
+def test_up_prints_every_scrape_url_and_shares_a_dir_per_replica(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    up = Up(data, free_port(), args=("--api-processes", "2", "--realtime-workers", "0"))
+    try:
+        line = next(ln for ln in up.log.read_text().splitlines() if ln.startswith("metrics: "))
+        urls = re.findall(r"http://\S+/metrics", line)
+        assert urls[0] == f"{up.url}/metrics" and len(urls) == 2, line
+        deadline = time.monotonic() + 90
+        while True:  # the worker serves it once its pipelines are loaded
+            try:
+                worker = httpx.get(urls[1], timeout=10)
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline, up.log.read_text()[-4000:]
+                time.sleep(0.5)
+        assert "# TYPE omniqueue_jobs_finished_total counter" in worker.text
+        directory = data / "metrics" / f"api-{up.port}"
+        apis = set(_api_pids(up))
+        assert len(apis) == 2
+        deadline = time.monotonic() + 60
+        while not apis <= _pids(directory, "counter"):  # both count in the replica's dir
+            assert time.monotonic() < deadline, sorted(p.name for p in directory.iterdir())
+            httpx.get(up.url + "/health", timeout=5)
+    finally:
+        up.stop(signal.SIGTERM)

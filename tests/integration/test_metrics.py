@@ -220,9 +220,20 @@ def test_queue_depth_and_watchers_follow_the_queue(
     eventually(
         mstack.api_metrics, lambda s: value(s, "omniqueue_event_stream_watchers", **sse) == 0
     )
+    ws_url = mstack.url.replace("http://", "ws://") + f"/v1/videos/{waiting[1]}/stream"
+    socket = {"transport": "websocket"}
+    with connect(ws_url) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "status"
+        eventually(
+            mstack.api_metrics, lambda s: value(s, "omniqueue_event_stream_watchers", **socket) == 1
+        )
 
     for vid in waiting:  # cancelled while queued
         assert client.post(f"/v1/videos/{vid}/cancel").status_code == 200
+    # the server finds the closed socket when it next writes to it: the cancel's event
+    eventually(
+        mstack.api_metrics, lambda s: value(s, "omniqueue_event_stream_watchers", **socket) == 0
+    )
     api = eventually(mstack.api_metrics, queued(0))
     assert value(api, "omniqueue_queue_oldest_age_seconds", **depth) == 0
     assert client.post(f"/v1/videos/{running}/cancel").status_code == 200

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install as install_openapi
+from api.playground import install as install_playground
 from api.routes import audio, realtime, realtime_video, speech, system, videos
 from api.state import AppState
 from storage.settings import Settings, get_settings
@@ -70,4 +71,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(speech.router)
     app.include_router(realtime.router)
     install_openapi(app)
+    install_playground(app)  # after the API's routes, which it never shadows
     return app

@@ -7,7 +7,8 @@ const KINDS = {
   audio: { path: "/v1/audio/generations", list: "audio-jobs", more: "audio-jobs-more" },
 };
 const SIZES = [[256, 144], [480, 272], [512, 512], [640, 360], [832, 480], [1280, 720]];
-const PAGE_SIZE = 10;
+// Jobs per page of each list; `/?limit=N` sets another (1–100).
+const PAGE_SIZE = Number(new URLSearchParams(location.search).get("limit")) || 10;
 const $ = (id) => document.getElementById(id);
 const cards = new Map();
 const cursors = {};
@@ -234,7 +235,10 @@ async function showMedia(card) {
   const { job, kind } = card;
   const url = `${KINDS[kind].path}/${job.id}/content`;
   let src = url;
-  if (getKey()) src = URL.createObjectURL(await (await api(url, { raw: true })).blob());
+  if (getKey()) {
+    const file = await api(`${url}?redirect=false`, { raw: true }); // not a cross-origin S3 URL
+    src = URL.createObjectURL(await file.blob());
+  }
   const player = el(kind, { controls: true, preload: "auto", src });
   player.setAttribute("aria-label", `Result of ${job.id}`);
   const ext = kind === "video" ? "mp4" : job.response_format || "wav";

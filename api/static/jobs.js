@@ -190,8 +190,12 @@ async function follow(card) {
     for await (const event of jobEvents(`${KINDS[card.kind].path}/${job.id}/events`, signal)) {
       const data = event.data;
       if (event.type === "status") {
-        Object.assign(job, { status: data.status, queue_position: data.queue_position });
+        if (data.status !== "queued" || job.status === "queued") job.status = data.status;
+        job.queue_position = data.queue_position;
       } else if (event.type === "progress") {
+        // Progress means it runs, even where the worker's `in_progress` status event was
+        // written before the API's `queued` one (a claim right after the publish).
+        if (job.status === "queued") job.status = "in_progress";
         Object.assign(job, { progress: data.progress, step: data.step, stage: data.stage });
         job.num_inference_steps = data.num_steps;
         const now = performance.now();

@@ -131,7 +131,7 @@ def test_cancel_from_the_page_frees_the_worker_and_the_list_pages(page: Page, up
 def test_talk_with_a_wav_file_gets_an_answer_and_barge_in_cancels_it(page: Page, up: Up) -> None:
     page.goto(up.url + "/#talk")
     talk = page.locator("#talk")
-    talk.get_by_role("button", name="Connect").click()
+    talk.get_by_role("button", name="Connect", exact=True).click()
     expect(page.locator("#talk-conn")).to_have_text("open")
     wav = talk.get_by_label("WAV file")
     wav.set_input_files(SPEECH / "hello.wav")

@@ -23,10 +23,13 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from benchmarks.common import ROOT, start_up, stop_up
 
 KEY_STORAGE = "omniqueue.apiKey"
+SPEECH = ROOT / "tests" / "fixtures" / "speech"
 CHROMIUM_ARGS = [
     "--autoplay-policy=no-user-gesture-required",
-    "--use-fake-ui-for-media-stream",
+    "--use-fake-ui-for-media-stream",  # microphone permission granted without a prompt
     "--use-fake-device-for-media-stream",
+    # the fake microphone says "Hello, can you hear me?" once, then silence
+    f"--use-file-for-fake-audio-capture={SPEECH / 'hello.wav'}%noloop",
     "--no-sandbox",  # CI runs as root
 ]
 

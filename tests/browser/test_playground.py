@@ -12,11 +12,10 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.browser.conftest import Up
+from tests.browser.conftest import SPEECH, Up
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
-SPEECH = Path(__file__).parents[1] / "fixtures" / "speech"
 JOB_MS = 90_000  # a tiny job on a loaded 2-core CI box
 STEP_TEXT = re.compile(r"step \d+/\d+")
 
@@ -146,6 +145,20 @@ def test_talk_with_a_wav_file_gets_an_answer_and_barge_in_cancels_it(page: Page,
     heard = int(page.locator("#talk-heard").inner_text().split()[0])
     assert heard > 0
     page.screenshot(path=up.artifacts / "talk.png", full_page=True)
+
+
+def test_talk_with_the_microphone_gets_an_answer(page: Page, up: Up) -> None:
+    page.goto(up.url + "/#talk")
+    talk = page.locator("#talk")
+    talk.get_by_role("button", name="Connect", exact=True).click()
+    expect(page.locator("#talk-conn")).to_have_text("open")
+    mic = talk.get_by_role("button", name="Microphone")
+    mic.click()  # Web Audio at 24 kHz → PCM16 appends; the fake device plays hello.wav
+    expect(mic).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#talk-log")).to_contain_text("turn committed", timeout=30_000)
+    expect(page.locator("#talk-answer")).to_have_text("completed", timeout=30_000)
+    mic.click()
+    expect(mic).to_have_attribute("aria-pressed", "false")
 
 
 def test_world_plays_chunks_through_mse_and_w_is_acknowledged(page: Page, up: Up) -> None:

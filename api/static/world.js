@@ -112,7 +112,8 @@ class Session {
       }
       case "session.done":
         this.ended = true;
-        status(`done: ${event.chunks} chunks${event.stopped ? " (stopped)" : ""}`);
+        status(`done: ${event.chunks} chunk${event.chunks === 1 ? "" : "s"}` +
+          (event.stopped ? " (stopped)" : ""));
         this.pump();
         this.ws.close(1000);
         break;

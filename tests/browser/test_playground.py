@@ -6,52 +6,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Locator, Page, expect
+from playwright.sync_api import Browser, Page, expect
 
-from tests.browser.conftest import SPEECH, Up
+from tests.browser.conftest import REACT_MS, SPEECH, Up
+from tests.browser.pages import JOB_MS, media, record_statuses, submit
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
 
-JOB_MS = 90_000  # a tiny job on a loaded 2-core CI box
 STEP_TEXT = re.compile(r"step \d+/\d+")
-
-
-def media(locator: Locator) -> dict[str, Any]:
-    state: dict[str, Any] = locator.evaluate(
-        """m => ({readyState: m.readyState, duration: m.duration, time: m.currentTime,
-                  error: m.error && m.error.code,
-                  buffered: m.buffered.length ? m.buffered.end(m.buffered.length - 1) : 0})"""
-    )
-    return state
-
-
-def record_statuses(page: Page) -> None:
-    """Keep every status text the job lists show (they change faster than a poll)."""
-    page.evaluate(
-        """() => { window.seen = [];
-          new MutationObserver(() => document.querySelectorAll('.job .status')
-            .forEach(s => window.seen.push(s.textContent)))
-          .observe(document.querySelector('#jobs .lists'),
-                   {subtree: true, childList: true, characterData: true}); }"""
-    )
-
-
-def submit(page: Page, model: str, prompt: str, **fields: str) -> tuple[Locator, str]:
-    """Fill the Jobs form as a person would and press Generate: (the job's card, its id)."""
-    jobs = page.locator("#jobs")
-    jobs.get_by_label("Model").select_option(model)
-    jobs.get_by_label("Prompt").fill(prompt)
-    for label, value in fields.items():
-        jobs.get_by_label(label, exact=False).first.fill(value)
-    jobs.get_by_role("button", name="Generate").click()
-    status = page.locator("#job-form-status")
-    expect(status).to_contain_text("created")
-    job_id = status.inner_text().split()[-1]
-    return page.locator(f'li.job[data-id="{job_id}"]'), job_id
 
 
 def api(up: Up) -> httpx.Client:
@@ -183,6 +148,7 @@ def test_world_plays_chunks_through_mse_and_w_is_acknowledged(page: Page, up: Up
 def test_the_page_asks_for_the_key_once_and_fits_a_phone(browser: Browser, up: Up) -> None:
     context = browser.new_context(viewport={"width": 390, "height": 844})
     page = context.new_page()
+    page.set_default_timeout(REACT_MS)
     try:
         page.goto(up.url + "/")  # the page itself needs no key; /v1/models does
         dialog = page.get_by_role("dialog")

@@ -199,6 +199,7 @@ async function start() {
   ws.addEventListener("open", () => {
     current.send(message);
     $("world-stop").disabled = false;
+    document.querySelector(".wasd button").focus(); // out of the prompt: w/a/s/d steer
     status(`starting ${width}x${height}, ${message.num_frames} frames…`);
   });
   ws.addEventListener("message", (m) => {

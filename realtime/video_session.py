@@ -205,17 +205,7 @@ class VideoSession:
         if isinstance(output, StartedOutput):
             self.protocol.started(now=now)
         elif isinstance(output, ChunkOutput) and data is not None:
-            self.protocol.chunk(
-                output.kind,
-                data,
-                now=now,
-                produced_at=output.produced_at,
-                generation_chunk_index=output.generation_chunk_index,
-                num_frames=output.num_frames,
-                started_event_ids=output.started_event_ids,
-                active_event_ids=output.active_event_ids,
-                completed_event_ids=output.completed_event_ids,
-            )
+            self.protocol.chunk(output, data, now=now)
         elif isinstance(output, FinishedOutput):
             self.protocol.finished(stopped=output.stopped, artifact_id=output.artifact_id)
         elif isinstance(output, FailedOutput):

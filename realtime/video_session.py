@@ -139,10 +139,7 @@ class VideoSession:
             owner=self.owner,
             prompt=start.prompt,
             negative_prompt=start.negative_prompt,
-            width=cfg.width,
-            height=cfg.height,
-            num_frames=cfg.num_frames,
-            fps=cfg.fps,
+            **cfg.model_dump(exclude={"chunks"}),  # the resolved rollout, as video.start says
             seed=seed if seed is not None and seed >= 0 else secrets.randbelow(2**31),
             extra_params=start.extra_params.model_dump(exclude_none=True),
         )

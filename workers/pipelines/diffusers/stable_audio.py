@@ -131,8 +131,7 @@ class StableAudioAdapter(DiffusersAdapter[StableAudioState]):
         )
         latents = latents * scheduler.init_noise_sigma
 
-        # 6. Extra step kwargs; 7. rotary positional embedding.
-        step_kwargs = extra_step_kwargs(scheduler, generator, 0.0)
+        # 7. Rotary positional embedding (6., the extra step kwargs, go into the state).
         rotary_embedding = get_1d_rotary_pos_embed(
             pipe.rotary_embed_dim,
             latents.shape[2] + audio_duration_embeds.shape[1],
@@ -144,7 +143,7 @@ class StableAudioAdapter(DiffusersAdapter[StableAudioState]):
             text_audio_duration_embeds=text_audio_duration_embeds,
             audio_duration_embeds=audio_duration_embeds,
             rotary_embedding=rotary_embedding,
-            step_kwargs=step_kwargs,
+            step_kwargs=extra_step_kwargs(scheduler, generator, 0.0),
             window=window,
         )
 

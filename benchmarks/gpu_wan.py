@@ -64,16 +64,10 @@ def build_pipeline(device: str, num_layers: int = 30) -> Any:
             rope_max_seq_len=1024,
         ).to(dtype)
         vae = AutoencoderKLWan().to(torch.float32)
+        # UMT5's defaults (d_kv 64, d_ff 1024, 32 relative-attention buckets), at the real
+        # 4096 width with 2 layers and a small vocabulary.
         text_encoder = UMT5EncoderModel(
-            UMT5Config(
-                d_model=4096,
-                d_kv=64,
-                d_ff=1024,
-                num_layers=2,
-                num_heads=16,
-                vocab_size=4096,
-                relative_attention_num_buckets=32,
-            )
+            UMT5Config(d_model=4096, num_layers=2, num_heads=16, vocab_size=4096)
         ).to(dtype)
     words = ["a", "red", "ball", "bouncing", "over", "blue", "ocean", "at", "sunset"]
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}

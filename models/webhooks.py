@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 # Every event type, by job kind; a job emits exactly one, when it ends.
 EVENT_TYPES: dict[str, tuple[str, ...]] = {
@@ -46,8 +46,15 @@ def _split_events(value: Any) -> Any:
 
 # The create fields (``models/videos.py``, ``models/audio.py``): checked in
 # ``api/validation.py`` (:func:`api.validation.resolve_webhook`).
-WebhookUrl = str | None
-WebhookEvents = Annotated[list[str] | None, BeforeValidator(_split_events)]
+WebhookUrl = Annotated[
+    str | None,
+    Field(description="Where to POST the job's signed terminal event (docs/webhooks.md)."),
+]
+WebhookEvents = Annotated[
+    list[str] | None,
+    BeforeValidator(_split_events),
+    Field(description="The event types to send there; default: all of the job's kind."),
+]
 
 
 class JobWebhook(BaseModel):

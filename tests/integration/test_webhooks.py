@@ -294,12 +294,13 @@ def test_invalid_webhook_stores_nothing(
     resp = alice.post("/v1/videos", json={**VIDEO, **fields})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param
-    form = {k: v for k, v in {**VIDEO, **fields}.items() if v != []}
-    if isinstance(form.get("webhook_events"), list):
-        form["webhook_events"] = ",".join(form["webhook_events"])
-    resp = alice.post("/v1/videos", files=multipart(form))
-    assert resp.status_code == 400, resp.text
-    assert resp.json()["error"]["param"] == param
+    if fields.get("webhook_events") != []:  # a form has no empty list ("" is "not given")
+        form = {**VIDEO, **fields}
+        if isinstance(form.get("webhook_events"), list):
+            form["webhook_events"] = ",".join(form["webhook_events"])
+        resp = alice.post("/v1/videos", files=multipart(form))
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == param
     assert stack.count_jobs() == before
 
 

@@ -42,7 +42,7 @@ class Receiver:
         self.port = port or free_port()
         self.receipts: list[Receipt] = []
         self._seen: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # wait()'s predicate may call accepted()
         self._changed = threading.Condition(self._lock)
         self._server: ThreadingHTTPServer | None = None
 

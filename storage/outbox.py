@@ -89,8 +89,8 @@ class Attempt:
     outcome: Outcome
     started_at: float
     duration_s: float
-    status_code: int | None = None
-    error: str | None = None
+    # the receiver's status code, or None and why there was none (timeout, refused …)
+    answer: tuple[int | None, str | None]
     next_attempt_at: float | None = None
 
 
@@ -165,10 +165,11 @@ class Outbox:
         """Store ``attempt`` and the delivery's next state; False (the attempt is kept,
         the state is not changed) when the claim had passed to another sender."""
         d = DELIVERIES.c
+        status_code, error = attempt.answer
         values: dict[str, Any] = {
             "attempts": d.attempts + 1,
-            "last_status_code": attempt.status_code,
-            "last_error": attempt.error,
+            "last_status_code": status_code,
+            "last_error": error,
             "claim_token": None,
         }
         if attempt.outcome == "retry":
@@ -183,8 +184,8 @@ class Outbox:
                     attempt=delivery.attempts + 1,
                     started_at=attempt.started_at,
                     duration_s=attempt.duration_s,
-                    status_code=attempt.status_code,
-                    error=attempt.error,
+                    status_code=status_code,
+                    error=error,
                     outcome=attempt.outcome,
                 )
             )

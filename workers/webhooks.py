@@ -108,12 +108,8 @@ class WebhookSender:
         rand: Callable[[], float] = random.random,
     ) -> None:
         self.settings = settings
-        self.outbox = outbox
-        self.store = store
-        self.client = client
-        self._resolver = resolver
-        self._clock = clock
-        self._rand = rand
+        self.outbox, self.store, self.client = outbox, store, client
+        self._resolver, self._clock, self._rand = resolver, clock, rand
         self._token = secrets.token_hex(16)
         self._pool = ThreadPoolExecutor(settings.batch_size, thread_name_prefix="webhook")
         self._free = settings.batch_size
@@ -191,7 +187,7 @@ class WebhookSender:
         if outcome is None:
             next_at = self._clock() + backoff_s(delivery.attempts + 1, s, self._rand)
             outcome = "retry" if next_at <= delivery.created_at + s.max_age_s else "failed"
-        attempt = Attempt(outcome, started, duration, status_code, error, next_at)
+        attempt = Attempt(outcome, started, duration, (status_code, error), next_at)
         self.outbox.record(delivery, self._token, attempt)
         record_outcome(outcome)
         if outcome != "delivered":

@@ -21,63 +21,51 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+_TYPES = {"int": sa.Integer, "float": sa.Float, "text": sa.Text, "json": sa.JSON}
+
+
+def _columns(spec: str) -> list[sa.Column]:
+    """``name:type`` words → columns, frozen here (the models may change, this may not):
+    ``type`` is int, float, text, json or strN (``String(N)``); a trailing ``?`` makes
+    the column nullable."""
+    out = []
+    for word in spec.split():
+        name, kind = word.split(":")
+        nullable, kind = kind.endswith("?"), kind.rstrip("?")
+        made = sa.String(length=int(kind[3:])) if kind.startswith("str") else _TYPES[kind]()
+        out.append(sa.Column(name, made, nullable=nullable))
+    return out
+
+
 def upgrade() -> None:
     op.create_table(
         "webhook_endpoints",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("owner", sa.String(length=40), nullable=False),
-        sa.Column("url", sa.String(length=2048), nullable=False),
-        sa.Column("events", sa.JSON(), nullable=True),
-        sa.Column("created_at", sa.Float(), nullable=False),
+        *_columns("id:str40 owner:str40 url:str2048 events:json? created_at:float"),
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("ix_webhook_endpoints_owner", "webhook_endpoints", ["owner"])
     op.create_table(
         "webhook_secrets",
-        sa.Column("owner", sa.String(length=40), nullable=False),
-        sa.Column("secret", sa.String(length=100), nullable=False),
-        sa.Column("previous_secret", sa.String(length=100), nullable=True),
-        sa.Column("rotated_at", sa.Float(), nullable=True),
-        sa.Column("created_at", sa.Float(), nullable=False),
+        *_columns("owner:str40 secret:str100 previous_secret:str100? rotated_at:float?"),
+        *_columns("created_at:float"),
         sa.PrimaryKeyConstraint("owner"),
     )
     op.create_table(
         "webhook_deliveries",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("event_id", sa.String(length=40), nullable=False),
-        sa.Column("event_type", sa.String(length=32), nullable=False),
-        sa.Column("job_id", sa.String(length=64), nullable=False),
-        sa.Column("owner", sa.String(length=40), nullable=False),
-        sa.Column("url", sa.String(length=2048), nullable=False),
-        sa.Column("payload", sa.Text(), nullable=False),
-        sa.Column("status", sa.String(length=16), nullable=False),
-        sa.Column("attempts", sa.Integer(), nullable=False),
-        sa.Column("next_attempt_at", sa.Float(), nullable=False),
-        sa.Column("claim_token", sa.String(length=32), nullable=True),
-        sa.Column("created_at", sa.Float(), nullable=False),
-        sa.Column("finished_at", sa.Float(), nullable=True),
-        sa.Column("last_status_code", sa.Integer(), nullable=True),
-        sa.Column("last_error", sa.Text(), nullable=True),
+        *_columns("id:int event_id:str40 event_type:str32 job_id:str64 owner:str40"),
+        *_columns("url:str2048 payload:text status:str16 attempts:int next_attempt_at:float"),
+        *_columns("claim_token:str32? created_at:float finished_at:float?"),
+        *_columns("last_status_code:int? last_error:text?"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("event_id", "url", name="uq_webhook_deliveries_event_url"),
     )
-    op.create_index(
-        "ix_webhook_deliveries_due", "webhook_deliveries", ["status", "next_attempt_at"]
-    )
+    op.create_index("ix_webhook_deliveries_due", "webhook_deliveries", ["status", "next_attempt_at"])
     op.create_index("ix_webhook_deliveries_job_id", "webhook_deliveries", ["job_id"])
     op.create_table(
         "webhook_attempts",
-        sa.Column("id", sa.Integer(), autoincrement=True, nullable=False),
-        sa.Column("delivery_id", sa.Integer(), nullable=False),
-        sa.Column("attempt", sa.Integer(), nullable=False),
-        sa.Column("started_at", sa.Float(), nullable=False),
-        sa.Column("duration_s", sa.Float(), nullable=False),
-        sa.Column("status_code", sa.Integer(), nullable=True),
-        sa.Column("error", sa.Text(), nullable=True),
-        sa.Column("outcome", sa.String(length=16), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["delivery_id"], ["webhook_deliveries.id"], ondelete="CASCADE"
-        ),
+        *_columns("id:int delivery_id:int attempt:int started_at:float duration_s:float"),
+        *_columns("status_code:int? error:text? outcome:str16"),
+        sa.ForeignKeyConstraint(["delivery_id"], ["webhook_deliveries.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("ix_webhook_attempts_delivery_id", "webhook_attempts", ["delivery_id"])

@@ -96,7 +96,7 @@ def test_claims_do_not_overlap_and_lapse_with_their_lease(
     assert sorted(c.id for c in lapsed) == sorted(c.id for c in first + second)
 
     claimed = lapsed[0]
-    retry = Attempt("retry", now + 31, 0.5, status_code=503, next_attempt_at=now + 40)
+    retry = Attempt("retry", now + 31, 0.5, (503, None), next_attempt_at=now + 40)
     assert not outbox.record(claimed, "one", retry)  # that claim passed to "three"
     assert outbox.record(claimed, "three", retry)
     [row] = outbox.deliveries(claimed.job_id)
@@ -105,7 +105,7 @@ def test_claims_do_not_overlap_and_lapse_with_their_lease(
     assert [a["status_code"] for a in row["attempts_made"]] == [503, 503]  # both kept
     [again] = outbox.claim("four", limit=1, lease_s=30, now=now + 40)
     assert again.id == claimed.id and again.attempts == 1
-    assert outbox.record(again, "four", Attempt("delivered", now + 40, 0.1, status_code=204))
+    assert outbox.record(again, "four", Attempt("delivered", now + 40, 0.1, (204, None)))
     [row] = outbox.deliveries(claimed.job_id)
     assert row["status"] == "delivered" and row["finished_at"] == pytest.approx(now + 40.1)
     rest = outbox.claim("five", limit=10, lease_s=30, now=now + 10_000)  # "three"'s lapsed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from openai import OpenAI
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from api.validation import resolve_webhook
@@ -58,6 +59,8 @@ def test_signed_headers_verify_with_standardwebhooks() -> None:
         Webhook(new_secret()).verify(body, headers)
     with pytest.raises(WebhookVerificationError):
         Webhook(new).verify(body.replace("completed", "failed"), headers)
+    # the OpenAI SDK verifies them as it verifies OpenAI's own
+    OpenAI(api_key="unused").webhooks.verify_signature(body, headers, secret=new)
 
 
 def test_event_types() -> None:

@@ -10,8 +10,8 @@ claimed and marked by the senders (``workers/webhooks.py``), every attempt kept 
   twice (a retry, the sweep, two racing processes) inserts nothing the second time.
 * **Sweep** (:meth:`Outbox.sweep`): a process can die between the job's UPDATE and the
   insert; the sender re-enqueues jobs that ended within a window and have no delivery.
-* **Claim** (:meth:`Outbox.claim`) is one conditional UPDATE of due rows (PostgreSQL picks
-  them ``FOR UPDATE SKIP LOCKED``, SQLite serializes writers) that moves their
+* **Claim** (:meth:`Outbox.claim`) is a conditional UPDATE of due rows (PostgreSQL locks
+  them first ``FOR UPDATE SKIP LOCKED``, SQLite serializes writers) that moves their
   ``next_attempt_at`` past a lease and stamps a claim token, so two senders never send the
   same attempt and a sender that dies mid-attempt loses its claim when the lease ends.
 * **Record** (:meth:`Outbox.record`) stores the attempt and the delivery's next state in
@@ -118,8 +118,9 @@ class Outbox:
             if not values:
                 return 0
             statement = self._dialect.insert(DELIVERIES).values(values)
-            res = conn.execute(statement.on_conflict_do_nothing(index_elements=["event_id", "url"]))
-            return max(int(res.rowcount), 0)
+            statement = statement.on_conflict_do_nothing(index_elements=["event_id", "url"])
+            # counted by RETURNING: psycopg's rowcount of this statement was not the rows
+            return len(conn.execute(statement.returning(DELIVERIES.c.id)).all())
 
     def sweep(self, since: float, now: float | None = None) -> int:
         """Enqueue the events of jobs that ended since ``since`` with a destination but no
@@ -142,22 +143,34 @@ class Outbox:
     # ---- send -----------------------------------------------------------------------
 
     def claim(self, token: str, limit: int, lease_s: float, now: float) -> list[Claimed]:
-        """Up to ``limit`` due pending deliveries, claimed for ``lease_s`` under ``token``."""
+        """Up to ``limit`` due pending deliveries, claimed for ``lease_s`` under ``token``.
+
+        PostgreSQL: the due ids are locked first (``FOR UPDATE SKIP LOCKED``: rows another
+        sender is claiming are passed over, not waited for), then updated, in one
+        transaction. Not as ``UPDATE … WHERE id IN (that SELECT)``: the planner may run
+        the sub-select again per row, and each run skips the rows the update has already
+        locked, so it claimed past ``limit``. SQLite: one conditional UPDATE (writers take
+        the database's one write lock, so the sub-select cannot race another sender)."""
         d = DELIVERIES.c
         due = (
             select(d.id)
             .where(d.status == PENDING, d.next_attempt_at <= now)
             .order_by(d.next_attempt_at)
             .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-        statement = (
-            update(DELIVERIES)
-            .where(d.id.in_(due), d.status == PENDING, d.next_attempt_at <= now)
-            .values(next_attempt_at=now + lease_s, claim_token=token)
-            .returning(*(d[name] for name in _CLAIMED_COLUMNS))
         )
         with self._engine.begin() as conn:
+            if self._dialect is postgresql:
+                ids: Any = list(conn.scalars(due.with_for_update(skip_locked=True)))
+                if not ids:
+                    return []
+            else:
+                ids = due
+            statement = (
+                update(DELIVERIES)
+                .where(d.id.in_(ids), d.status == PENDING, d.next_attempt_at <= now)
+                .values(next_attempt_at=now + lease_s, claim_token=token)
+                .returning(*(d[name] for name in _CLAIMED_COLUMNS))
+            )
             rows = conn.execute(statement).all()
         return sorted((Claimed(*row) for row in rows), key=lambda c: c.id)
 

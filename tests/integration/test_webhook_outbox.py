@@ -74,9 +74,10 @@ def test_a_job_end_queues_its_deliveries_once(sessions: sessionmaker[Session]) -
 
     cancelled = _job(jobs, "video_b", url=HOOK, events=("video.completed",))
     assert jobs.cancel(cancelled)
+    # its own URL wants completions only, but the key's endpoint of that URL wants all
     urls = [r["url"] for r in jobs.outbox.deliveries(cancelled)]
-    assert urls == ["https://hooks.example.com/key", "https://hooks.example.com/cancels"]
-    assert [r["event_type"] for r in jobs.outbox.deliveries(cancelled)] == ["video.cancelled"] * 2
+    assert urls == ["https://hooks.example.com/key", HOOK, "https://hooks.example.com/cancels"]
+    assert [r["event_type"] for r in jobs.outbox.deliveries(cancelled)] == ["video.cancelled"] * 3
 
 
 def test_claims_do_not_overlap_and_lapse_with_their_lease(

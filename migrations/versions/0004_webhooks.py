@@ -59,7 +59,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("event_id", "url", name="uq_webhook_deliveries_event_url"),
     )
-    op.create_index("ix_webhook_deliveries_due", "webhook_deliveries", ["status", "next_attempt_at"])
+    op.create_index(
+        "ix_webhook_deliveries_due", "webhook_deliveries", ["status", "next_attempt_at"]
+    )
     op.create_index("ix_webhook_deliveries_job_id", "webhook_deliveries", ["job_id"])
     op.create_table(
         "webhook_attempts",

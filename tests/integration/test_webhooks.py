@@ -181,6 +181,8 @@ def test_every_event_is_signed_and_arrives_once_after_three_failures(
 def test_a_receiver_that_was_down_gets_the_event_when_it_is_back(
     stack: Stack, alice: httpx.Client
 ) -> None:
+    """Refused connections are retried, across a restart of the sender (the state is in
+    the database), until the receiver is back; then the event arrives once."""
     port = free_port()  # nothing listens there yet: connections are refused
     job = create(alice, webhook_url=f"http://127.0.0.1:{port}/ok")["id"]
     stack.wait_for(alice, job)
@@ -190,6 +192,9 @@ def test_a_receiver_that_was_down_gets_the_event_when_it_is_back(
         return bool(rows) and rows[0]["attempts"] >= 3
 
     _wait(refused_three_times)
+    stack.stop_process("webhooks")
+    assert deliveries(stack, job)[0]["status"] == "pending"
+    stack._spawn("webhooks", "webhooks", "serve")
     with running_receiver(port) as back:
         [receipt] = back.wait(lambda got: bool(got))
         assert receipt.webhook_id == event_id(job)

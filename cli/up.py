@@ -271,7 +271,7 @@ def run_up(
             return 1
         _say(
             f"starting the API on {' '.join(urls)} ({api_processes} process(es) each), "
-            f"{workers} worker(s) and {realtime_workers} realtime worker(s)…"
+            f"{workers} worker(s), {realtime_workers} realtime worker(s) and the webhook sender…"
         )
         if api_processes > 1:  # they share the port; the kernel spreads connections
             env["OMNIQ_HTTP__REUSE_PORT"] = "true"

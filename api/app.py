@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install as install_openapi
-from api.routes import audio, realtime, realtime_video, speech, system, videos
+from api.routes import audio, realtime, realtime_video, speech, system, videos, webhooks
 from api.state import AppState
 from storage.settings import Settings, get_settings
 
@@ -69,5 +69,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(audio.router)
     app.include_router(speech.router)
     app.include_router(realtime.router)
+    app.include_router(webhooks.router)
     install_openapi(app)
     return app

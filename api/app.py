@@ -16,7 +16,7 @@ from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.openapi import install as install_openapi
 from api.playground import install as install_playground
-from api.routes import audio, realtime, realtime_video, speech, system, videos
+from api.routes import audio, realtime, realtime_video, speech, system, videos, webhooks
 from api.state import AppState
 from storage.settings import Settings, get_settings
 
@@ -70,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(audio.router)
     app.include_router(speech.router)
     app.include_router(realtime.router)
+    app.include_router(webhooks.router)
     install_openapi(app)
     install_playground(app)  # after the API's routes, which it never shadows
     return app

@@ -30,6 +30,7 @@ from storage.keys import ApiKeyStore
 from storage.queue import JobQueue, make_celery
 from storage.session_state import SessionStateStore
 from storage.settings import Settings
+from storage.webhooks import WebhookStore
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -81,6 +82,8 @@ class AppState:
     blocking_pool: BlockingPool
     # Duplex /v1/realtime sessions' state in Redis: any replica resumes any session.
     session_states: SessionStateStore
+    # Per-key webhook endpoints and signing secrets (``/v1/webhooks/secret``).
+    webhooks: WebhookStore
     # Live /v1/realtime sessions of this process by id: a cache in front of session_states
     # (a duplex resume on the replica that serves the session needs no Redis read).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
@@ -122,6 +125,7 @@ class AppState:
                 ttl_s=settings.realtime.state_ttl_s,
                 log_events=settings.realtime.replay_events,
             ),
+            webhooks=WebhookStore(sessions),
         )
 
     async def aclose(self) -> None:

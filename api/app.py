@@ -16,7 +16,17 @@ from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
 from api.metrics import HttpMetrics
 from api.openapi import install as install_openapi
-from api.routes import audio, metrics, realtime, realtime_video, speech, system, videos
+from api.playground import install as install_playground
+from api.routes import (
+    audio,
+    metrics,
+    realtime,
+    realtime_video,
+    speech,
+    system,
+    videos,
+    webhooks,
+)
 from api.state import AppState
 from storage.settings import Settings, get_settings
 
@@ -72,7 +82,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(audio.router)
     app.include_router(speech.router)
     app.include_router(realtime.router)
+    app.include_router(webhooks.router)
     if settings.metrics.enabled:  # last: the API's own routes are matched first
         app.include_router(metrics.router)
     install_openapi(app)
+    install_playground(app)  # after the API's routes, which it never shadows
     return app

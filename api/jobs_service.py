@@ -40,6 +40,7 @@ from models.videos import StageDurations, VideoError
 from storage.artifacts import StorageError
 from storage.bus import BusUnavailable
 from storage.constants import job_events_key, job_prefix
+from storage.webhooks import check_destination
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,14 @@ class JobService(abc.ABC, Generic[WireT]):
     ) -> tuple[Job, bool]:
         """Insert ``job`` and enqueue it; the owner's job with the same idempotency key
         (within the window) instead, if there is one. ``before_insert`` stores inputs
-        under the job's prefix; whatever fails, nothing is left behind."""
+        under the job's prefix; whatever fails, nothing is left behind. A ``webhook_url``
+        the URL guard refuses is a 400 before any of it."""
         jobs = self.state.jobs
         window = self.settings.idempotency_ttl_s
         prefix = job_prefix(job.kind, job.id)
+        hook = job.spec.get("webhook")
+        if hook:  # the URL guard (DNS): here, in the thread pool, before anything is stored
+            check_destination(hook["url"], self.settings.webhooks, "webhook_url")
         if idempotency_key:
             existing = jobs.find_idempotent(job.owner, idempotency_key, window)
             if existing is not None:

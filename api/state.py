@@ -31,6 +31,7 @@ from storage.keys import ApiKeyStore
 from storage.queue import JobQueue, make_celery
 from storage.session_state import SessionStateStore
 from storage.settings import Settings
+from storage.webhooks import WebhookStore
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -84,6 +85,8 @@ class AppState:
     session_states: SessionStateStore
     # What GET /metrics reports (api/metrics.py).
     metrics: ApiMetrics
+    # Per-key webhook endpoints and signing secrets (``/v1/webhooks/secret``).
+    webhooks: WebhookStore
     # Live /v1/realtime sessions of this process by id: a cache in front of session_states
     # (a duplex resume on the replica that serves the session needs no Redis read).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
@@ -130,6 +133,7 @@ class AppState:
                 log_events=settings.realtime.replay_events,
             ),
             metrics=ApiMetrics(queue),
+            webhooks=WebhookStore(sessions),
         )
 
     async def aclose(self) -> None:

@@ -9,6 +9,7 @@ client.
     omniqueue worker --devices cuda:0,cuda:1                    one job across N GPUs
     omniqueue migrate                                           alembic upgrade head
     omniqueue keys create --name NAME | list | revoke KEY_ID    API keys
+    omniqueue webhooks serve | add URL [--key] [--events] | list | remove ID | deliveries JOB
     omniqueue generate "prompt" [...]                           submit, watch, download
 """
 
@@ -257,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     kr = ksub.add_parser("revoke", help="revoke a key")
     kr.add_argument("key_id")
     keys.set_defaults(func=_cmd_keys)
+
+    from cli import webhooks
+
+    webhooks.add_parser(sub)
 
     gen = sub.add_parser("generate", help="generate a video and download it")
     gen.add_argument("prompt")

@@ -1,15 +1,16 @@
 """``omniqueue up``: the whole stack on one machine, all state under one data directory.
 
 Valkey and SeaweedFS run embedded (:mod:`cli.embedded`), the database is a SQLite file,
-and the API and the workers are ``omniqueue api`` / ``omniqueue worker`` child processes
-configured through ``OMNIQ_`` environment variables. Once up, every one of them is
-supervised (:mod:`cli.supervisor`): one that dies is restarted after a backoff, so a killed
-worker's job is taken over and the API stays up; one that keeps dying right after each
-start stops the whole stack (exit 1). Ctrl-C or SIGTERM stops the children first (they
-may still need Redis and S3 while they finish), then S3, then Valkey; the API's own
-graceful shutdown (``OMNIQ_SHUTDOWN_GRACE_S``) is kept shorter than the time it gets, so
-open SSE streams and WebSockets never get it killed. Progress goes to stderr; stdout gets
-one line once every API replica answers.
+and the API, the workers and the webhook sender are ``omniqueue api`` / ``omniqueue
+worker`` / ``omniqueue webhooks serve`` child processes configured through ``OMNIQ_``
+environment variables (on loopback, webhooks may go to private and loopback hosts).
+Once up, every one of them is supervised (:mod:`cli.supervisor`): one that dies is
+restarted after a backoff, so a killed worker's job is taken over and the API stays up;
+one that keeps dying right after each start stops the whole stack (exit 1). Ctrl-C or
+SIGTERM stops the children first (they may still need Redis and S3 while they finish),
+then S3, then Valkey; the API's own graceful shutdown (``OMNIQ_SHUTDOWN_GRACE_S``) is
+kept shorter than the time it gets, so open SSE streams and WebSockets never get it
+killed. Progress goes to stderr; stdout gets one line once every API replica answers.
 
 ``--api-replicas N`` runs N APIs on ports ``P … P+N-1`` (each with ``--api-processes``
 processes sharing its port): replicas as a load balancer would see them, sharing the
@@ -19,8 +20,8 @@ Metrics (docs/metrics.md): each API serves ``/metrics`` on its port; the process
 replica with ``--api-processes N`` > 1 share a multiprocess directory
 (``<data dir>/metrics/api-PORT``, emptied at start), so any of them reports all. Each
 worker serves its own port: the free ones from ``OMNIQ_METRICS__WORKER_PORT`` up (9400
-when unset), in the order workers, worker groups, realtime workers; the line
-``metrics: …`` on stderr lists every scrape URL.
+when unset), in the order workers, worker groups, realtime workers, the webhook sender;
+the line ``metrics: …`` on stderr lists every scrape URL.
 """
 
 from __future__ import annotations
@@ -198,6 +199,8 @@ def child_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if host in LOOPBACK_HOSTS:  # a receiver on this machine is the usual local setup
+        env.setdefault("OMNIQ_WEBHOOKS__ALLOW_PRIVATE", "true")
     return env
 
 
@@ -324,7 +327,7 @@ def run_up(
             return 1
         _say(
             f"starting the API on {' '.join(urls)} ({api_processes} process(es) each), "
-            f"{workers} worker(s) and {realtime_workers} realtime worker(s)…"
+            f"{workers} worker(s), {realtime_workers} realtime worker(s) and the webhook sender…"
         )
         if api_processes > 1:  # they share the port; the kernel spreads connections
             env["OMNIQ_HTTP__REUSE_PORT"] = "true"
@@ -339,6 +342,8 @@ def run_up(
                 {MULTIPROC_ENV: str(directory)} if directory else None,
             )
         spawned = _worker_commands(workers, worker_devices, groups, realtime_workers)
+        # the webhook sender: its own process, so a slow receiver holds no worker or API
+        spawned.append(("webhook sender", _cli("webhooks", "serve")))
         taken = set(range(port, port + api_replicas))
         ports = worker_metrics_ports(host, len(spawned), metrics, taken)
         for (name, argv), metrics_port in zip(spawned, ports, strict=True):

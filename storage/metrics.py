@@ -18,17 +18,22 @@ imported, from ``PROMETHEUS_MULTIPROC_DIR``; ``omniqueue api`` sets it from
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     disable_created_metrics,
     generate_latest,
+    start_http_server,
     values,
 )
 from prometheus_client.metrics_core import GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from storage.settings import MetricsSettings
 
 # No ``*_created`` series (a timestamp per counter and histogram child): they double the
 # series of every counter, and nothing here reads them (rate() needs none).
@@ -45,12 +50,12 @@ STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 60
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CANCEL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-# Counted by the webhook sender, one per delivery attempt: ``delivered`` (2xx),
-# ``retrying`` (5xx, timeout or connection error; tried again later), ``rejected`` (4xx:
-# not retried), ``exhausted`` (the last retry failed).
+# Counted by the webhook sender (``workers/webhooks.py``), one per delivery attempt:
+# ``delivered`` (2xx), ``retry`` (5xx, 408, 429, a timeout or a connection error: tried
+# again later), ``failed`` (any other answer, or the event grew too old to retry).
 WEBHOOK_DELIVERIES = Counter(
     "omniqueue_webhook_deliveries_total",
-    "Webhook delivery attempts by outcome (delivered, retrying, rejected, exhausted).",
+    "Webhook delivery attempts by outcome (delivered, retry, failed).",
     ["outcome"],
 )
 
@@ -78,3 +83,24 @@ def gauge_families(
         for family, sample in zip(families, row, strict=True):
             family.add_metric([key], sample)
     return families
+
+
+def serve_port(settings: MetricsSettings, who: str) -> int | None:
+    """Serve this process's metrics (the default registry) on
+    ``OMNIQ_METRICS__WORKER_PORT``, from a thread, as a worker and the webhook sender do;
+    the port, or None when off. A port in use is reported on stderr and the process runs
+    on without metrics (a scrape target down is better than a worker down)."""
+    if not settings.enabled or not settings.worker_port:
+        return None
+    where = f"{settings.worker_host}:{settings.worker_port}"
+    try:
+        start_http_server(settings.worker_port, addr=settings.worker_host)
+    except OSError as exc:
+        print(
+            f"omniqueue {who}: no metrics: cannot listen on {where} ({exc.strerror})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    print(f"omniqueue {who}: metrics on http://{where}/metrics", file=sys.stderr, flush=True)
+    return settings.worker_port

@@ -228,11 +228,11 @@ class MetricsSettings(BaseModel):
     # Prometheus metrics (docs/metrics.md): ``GET /metrics`` on the API (no API key: keep
     # it off the public network) and each worker's own port. Off: neither is served.
     enabled: bool = True
-    # The port a worker serves ``/metrics`` on (its own HTTP server; a worker group's
-    # rank 0 serves the group's); 0: none. ``omniqueue up`` gives its workers consecutive
-    # free ports from this one (9400 when it is 0), each printed at startup.
+    # The port a worker (or the webhook sender) serves ``/metrics`` on (its own HTTP
+    # server; a worker group's rank 0 serves the group's); 0: none. ``omniqueue up`` gives
+    # its workers and sender free ports from this one up (9400 when it is 0), printed.
     worker_port: int = Field(default=0, ge=0, le=65535)
-    # The address the worker's metrics server binds.
+    # The address that metrics server binds.
     worker_host: str = "0.0.0.0"
     # API processes that share one port (``omniqueue up --api-processes N``, or several
     # ``omniqueue api`` with ``OMNIQ_HTTP__REUSE_PORT``) keep their metrics in files in
@@ -248,6 +248,34 @@ class MetricsSettings(BaseModel):
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return value or None
+
+
+class WebhookSettings(BaseModel):
+    # Destinations whose host resolves to a loopback, private, link-local … address are
+    # refused (at registration and again at every delivery) unless this is true, as for
+    # URL inputs (storage/url_guard.py). ``omniqueue up`` on loopback turns it on.
+    allow_private: bool = False
+    # One delivery attempt (DNS, connect, the receiver's answer) gives up after this long.
+    timeout_s: float = Field(default=10.0, gt=0)
+    # An event is retried (5xx, 408, 429, timeouts, connection errors) until it is this old,
+    # then marked failed (seconds).
+    max_age_s: float = Field(default=24 * 3600.0, gt=0)
+    # Retry n waits ``min(backoff_cap_s, backoff_base_s * 2**(n-1))``, the second half of
+    # it drawn at random (jitter), so receivers coming back are not hit all at once.
+    backoff_base_s: float = Field(default=5.0, gt=0)
+    backoff_cap_s: float = Field(default=900.0, gt=0)
+    # The sender looks for due deliveries this often when it found none (seconds).
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    # Deliveries one sender claims at once and has in flight at most.
+    batch_size: int = Field(default=32, ge=1, le=1000)
+    # After a rotation the previous secret still signs (a second signature) this long, so
+    # receivers can switch without dropping events (seconds; 0: the new one only).
+    rotation_grace_s: float = Field(default=24 * 3600.0, ge=0)
+    # How often the sender looks for ended jobs whose events were never queued (a worker
+    # that died between the job's last UPDATE and the insert of its deliveries), and how
+    # far back (seconds).
+    sweep_interval_s: float = Field(default=60.0, gt=0)
+    sweep_window_s: float = Field(default=3600.0, gt=0)
 
 
 class Settings(BaseSettings):
@@ -272,6 +300,7 @@ class Settings(BaseSettings):
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
 
     # Served models (comma-separated); the first is the default for requests naming none.
     # Unset: every model of the registry file, or ``reference/video`` without one.

@@ -21,19 +21,24 @@ processes share one port, where a scrape cannot pick a process; workers share no
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.metrics_core import Metric
 
 from models.db import Job, JobStatus
 from models.errors import ErrorCode
 from storage.jobs import JobStore
-from storage.metrics import CANCEL_BUCKETS, STAGE_BUCKETS, STEP_BUCKETS, gauge_families
+from storage.metrics import (
+    CANCEL_BUCKETS,
+    STAGE_BUCKETS,
+    STEP_BUCKETS,
+    gauge_families,
+    serve_port,
+)
 from storage.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -176,32 +181,18 @@ class GpuMemoryCollector:
 
 
 def serve_metrics(settings: Settings, *, realtime_models: Iterable[str] = ()) -> int | None:
-    """Serve this worker's ``/metrics`` on ``OMNIQ_METRICS__WORKER_PORT`` (a thread);
-    the port, or None when off. A port in use is reported and the worker runs on
-    without metrics (a scrape target down is better than a worker down)."""
+    """Serve this worker's ``/metrics`` on ``OMNIQ_METRICS__WORKER_PORT`` (a thread,
+    :func:`storage.metrics.serve_port`), with its GPU memory on a CUDA device and its
+    slots on a realtime worker; the port, or None when off or the port is taken."""
     m = settings.metrics
     if not m.enabled or not m.worker_port:
         return None
-    import torch
-
     device = settings.worker.device
-    if device.startswith("cuda") and torch.cuda.is_available():
-        REGISTRY.register(GpuMemoryCollector([device]))
+    if device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            REGISTRY.register(GpuMemoryCollector([device]))
     if realtime_models:
         REGISTRY.register(SlotsCollector(SLOTS, realtime_models, settings.realtime.slots))
-    try:
-        start_http_server(m.worker_port, addr=m.worker_host)
-    except OSError as exc:
-        print(
-            f"omniqueue worker: no metrics: cannot listen on {m.worker_host}:{m.worker_port} "
-            f"({exc.strerror})",
-            file=sys.stderr,
-            flush=True,
-        )
-        return None
-    print(
-        f"omniqueue worker: metrics on http://{m.worker_host}:{m.worker_port}/metrics",
-        file=sys.stderr,
-        flush=True,
-    )
-    return m.worker_port
+    return serve_port(m, "worker")

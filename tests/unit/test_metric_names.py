@@ -317,12 +317,17 @@ def test_prometheus_scrapes_the_compose_api_and_worker_ports() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     worker_port = int(services["worker"]["environment"]["OMNIQ_METRICS__WORKER_PORT"])
+    sender_port = int(services["webhooks"]["environment"]["OMNIQ_METRICS__WORKER_PORT"])
     targets = {
         name: (sd["names"][0], sd["port"])
         for name, job in jobs.items()
         for sd in job["dns_sd_configs"]
     }
-    assert targets == {"omniqueue-api": ("api", 8000), "omniqueue-worker": ("worker", worker_port)}
+    assert targets == {
+        "omniqueue-api": ("api", 8000),
+        "omniqueue-worker": ("worker", worker_port),
+        "omniqueue-webhooks": ("webhooks", sender_port),
+    }
     for name in ("prometheus", "grafana"):
         assert services[name]["profiles"] == ["metrics"]
         for volume in services[name]["volumes"]:

@@ -3,8 +3,8 @@
 process answers a scrape reports both processes' requests and creates, an SSE watcher
 open on either, and the queue depth once (it comes from the database); a process that
 stops takes its gauges with it and leaves its counts. And ``omniqueue up`` itself: the
-line listing every scrape URL, a worker answering on its port, both API processes of a
-replica counting in that replica's directory."""
+line listing every scrape URL, a worker and the webhook sender answering on their ports,
+both API processes of a replica counting in that replica's directory."""
 
 from __future__ import annotations
 
@@ -119,22 +119,32 @@ def test_a_stopped_process_leaves_its_counts_and_takes_its_gauges(apis: TwoApis)
         assert value(samples, "omniqueue_http_requests_total", **health) == before
 
 
+def _when_served(url: str, up: Up) -> str:
+    """The exposition at ``url`` once it answers (a worker serves it once its pipelines
+    are loaded)."""
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            return httpx.get(url, timeout=10).text
+        except httpx.ConnectError:
+            assert time.monotonic() < deadline, up.log.read_text()[-4000:]
+            time.sleep(0.5)
+
+
 def test_up_prints_every_scrape_url_and_shares_a_dir_per_replica(tmp_path: Path) -> None:
     data = tmp_path / "data"
     up = Up(data, free_port(), args=("--api-processes", "2", "--realtime-workers", "0"))
     try:
         line = next(ln for ln in up.log.read_text().splitlines() if ln.startswith("metrics: "))
         urls = re.findall(r"http://\S+/metrics", line)
-        assert urls[0] == f"{up.url}/metrics" and len(urls) == 2, line
-        deadline = time.monotonic() + 90
-        while True:  # the worker serves it once its pipelines are loaded
-            try:
-                worker = httpx.get(urls[1], timeout=10)
-                break
-            except httpx.ConnectError:
-                assert time.monotonic() < deadline, up.log.read_text()[-4000:]
-                time.sleep(0.5)
-        assert "# TYPE omniqueue_jobs_finished_total counter" in worker.text
+        # the API, the worker, the webhook sender
+        assert urls[0] == f"{up.url}/metrics" and len(urls) == 3, line
+        assert "worker 0 " in line and "webhook sender " in line, line
+        for url, family in (
+            (urls[1], "omniqueue_jobs_finished_total"),
+            (urls[2], "omniqueue_webhook_deliveries_total"),
+        ):
+            assert f"# TYPE {family} counter" in _when_served(url, up)
         directory = data / "metrics" / f"api-{up.port}"
         apis = set(_api_pids(up))
         assert len(apis) == 2

@@ -335,3 +335,16 @@ def test_prometheus_scrapes_the_compose_api_and_worker_ports() -> None:
             if source.startswith("./"):
                 assert (ROOT / source).exists(), volume
         assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"])
+
+
+def test_each_webhook_attempt_is_counted_by_outcome() -> None:
+    from workers.webhooks import record_outcome
+
+    before = {
+        o: _value("omniqueue_webhook_deliveries_total", outcome=o) for o in ("retry", "failed")
+    }
+    record_outcome("retry")
+    record_outcome("retry")
+    record_outcome("failed")
+    assert _value("omniqueue_webhook_deliveries_total", outcome="retry") == before["retry"] + 2
+    assert _value("omniqueue_webhook_deliveries_total", outcome="failed") == before["failed"] + 1

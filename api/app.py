@@ -14,8 +14,19 @@ from fastapi import FastAPI
 
 from api.errors import install_error_handlers
 from api.limits import BodySizeLimit
+from api.metrics import HttpMetrics
 from api.openapi import install as install_openapi
-from api.routes import audio, realtime, realtime_video, speech, system, videos
+from api.playground import install as install_playground
+from api.routes import (
+    audio,
+    metrics,
+    realtime,
+    realtime_video,
+    speech,
+    system,
+    videos,
+    webhooks,
+)
 from api.state import AppState
 from storage.settings import Settings, get_settings
 
@@ -63,11 +74,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(
         BodySizeLimit, max_bytes=settings.limits.max_upload_bytes * 2 + _BODY_OVERHEAD
     )
+    if settings.metrics.enabled:  # outermost: a 413 or an unhandled error is counted too
+        app.add_middleware(HttpMetrics)
     app.include_router(system.router)
     app.include_router(videos.router)
     app.include_router(realtime_video.router)
     app.include_router(audio.router)
     app.include_router(speech.router)
     app.include_router(realtime.router)
+    app.include_router(webhooks.router)
+    if settings.metrics.enabled:  # last: the API's own routes are matched first
+        app.include_router(metrics.router)
     install_openapi(app)
+    install_playground(app)  # after the API's routes, which it never shadows
     return app

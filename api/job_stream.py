@@ -19,6 +19,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 
 from api.deps import websocket_owner
 from api.jobs_service import JobService
+from api.metrics import WATCHERS
 from api.state import AppState
 from models.db import JobStatus
 from models.errors import InvalidRequest, OmniqueueError
@@ -139,18 +140,25 @@ async def serve_websocket(
         return
     await websocket.accept(subprotocol=subprotocol)
     try:
-        async for entry in follow(service.state, service, job_id, owner, last_event_id):
-            if entry is None:
-                continue
-            message = wire(entry)
-            if entry.data is not None:
-                message["byte_length"] = len(entry.data)
-            await websocket.send_text(json.dumps(message))
-            if entry is BUS_ERROR:
-                await websocket.close(code=1011, reason="event bus unavailable")
-                return
-            if entry.data is not None:
-                await websocket.send_bytes(entry.data)
-        await websocket.close(code=1000)
+        with WATCHERS.labels("websocket").track_inprogress():
+            await _send_events(websocket, service, job_id, owner, last_event_id)
     except WebSocketDisconnect:
         return
+
+
+async def _send_events(
+    websocket: WebSocket, service: JobService, job_id: str, owner: str, last_event_id: str
+) -> None:
+    async for entry in follow(service.state, service, job_id, owner, last_event_id):
+        if entry is None:
+            continue
+        message = wire(entry)
+        if entry.data is not None:
+            message["byte_length"] = len(entry.data)
+        await websocket.send_text(json.dumps(message))
+        if entry is BUS_ERROR:
+            await websocket.close(code=1011, reason="event bus unavailable")
+            return
+        if entry.data is not None:
+            await websocket.send_bytes(entry.data)
+    await websocket.close(code=1000)

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from starlette.concurrency import run_in_threadpool
 
 from api.content import stream_artifact
+from api.metrics import JOBS_CREATED
 from api.payload import storable
 from api.state import AppState
 from models.db import Artifact, Job, JobStatus, JobView
@@ -39,6 +40,7 @@ from models.videos import StageDurations, VideoError
 from storage.artifacts import StorageError
 from storage.bus import BusUnavailable
 from storage.constants import job_events_key, job_prefix
+from storage.webhooks import check_destination
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +94,16 @@ class JobService(abc.ABC, Generic[WireT]):
     ) -> tuple[Job, bool]:
         """Insert ``job`` and enqueue it; the owner's job with the same idempotency key
         (within the window) instead, if there is one. ``before_insert`` stores inputs
-        under the job's prefix; whatever fails, nothing is left behind. The key's
-        ``max_active_jobs`` is checked after the idempotency lookup (a retried create
-        gets its job) and before anything is stored."""
+        under the job's prefix; whatever fails, nothing is left behind. A ``webhook_url``
+        the URL guard refuses is a 400 before any of it. The key's ``max_active_jobs`` is
+        checked after the idempotency lookup (a retried create gets its job) and before
+        anything is stored."""
         jobs = self.state.jobs
         window = self.settings.idempotency_ttl_s
         prefix = job_prefix(job.kind, job.id)
+        hook = job.spec.get("webhook")
+        if hook:  # the URL guard (DNS): here, in the thread pool, before anything is stored
+            check_destination(hook["url"], self.settings.webhooks, "webhook_url")
         if idempotency_key:
             existing = jobs.find_idempotent(job.owner, idempotency_key, window)
             if existing is not None:
@@ -125,6 +131,7 @@ class JobService(abc.ABC, Generic[WireT]):
             jobs.delete(job.id)
             self._drop_objects(prefix)
             raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
+        JOBS_CREATED.labels(job.model, job.kind).inc()
         return stored, True
 
     async def announce(self, job: Job, created: bool, position: int | None) -> None:

@@ -125,6 +125,11 @@ def _schemas() -> dict[str, Any]:
                     "type": "string",
                     "description": "A JSON object, as text.",
                 }
+        if "webhook_events" in form["properties"]:  # one field: a form repeats no key
+            form["properties"]["webhook_events"] = {
+                "type": "string",
+                "description": "Event types, comma-separated (or a JSON list, as text).",
+            }
         if "input_reference" in form["properties"]:
             form["properties"]["input_reference"] = {
                 "description": "The first frame: an image or video file, or a data: URL.",

@@ -195,9 +195,7 @@ class Quotas:
         member = secrets.token_hex(8)
         try:
             with anyio.fail_after(self.timeout_s):
-                admitted = await self._admit(
-                    keys=[key], args=[limit, self.session_lease_s, member]
-                )
+                admitted = await self._admit(keys=[key], args=[limit, self.session_lease_s, member])
         except (RedisError, TimeoutError) as exc:
             raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
         if not admitted:

@@ -21,6 +21,7 @@ import redis.asyncio
 from sqlalchemy import Engine, text
 
 from api.blocking import BlockingPool
+from api.metrics import ApiMetrics, QueueCollector
 from api.quotas import Quotas
 from models.catalog import ModelSpec
 from storage.artifacts import ArtifactStore, make_s3_client
@@ -31,6 +32,7 @@ from storage.keys import ApiKeyStore
 from storage.queue import JobQueue, make_celery
 from storage.session_state import SessionStateStore
 from storage.settings import Settings
+from storage.webhooks import WebhookStore
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -82,6 +84,10 @@ class AppState:
     blocking_pool: BlockingPool
     # Duplex /v1/realtime sessions' state in Redis: any replica resumes any session.
     session_states: SessionStateStore
+    # What GET /metrics reports (api/metrics.py).
+    metrics: ApiMetrics
+    # Per-key webhook endpoints and signing secrets (``/v1/webhooks/secret``).
+    webhooks: WebhookStore
     # Per-key quotas (creates per minute, active jobs, sessions): api/quotas.py.
     quotas: Quotas
     # Live /v1/realtime sessions of this process by id: a cache in front of session_states
@@ -103,10 +109,14 @@ class AppState:
         sessions = make_sessionmaker(engine)
         s3_pool = ThreadPoolExecutor(settings.s3.api_threads, thread_name_prefix="s3")
         aredis = _async_redis(settings.redis.url)
+        jobs = JobStore(sessions, fair_share=settings.quotas.fair_share)
+        specs = served_specs(settings)
+        job_models = [name for name, spec in specs.items() if not spec.streaming]
+        queue = QueueCollector(jobs.queue_stats, job_models, settings.metrics.queue_cache_s)
         return cls(
             settings=settings,
             engine=engine,
-            jobs=JobStore(sessions, fair_share=settings.quotas.fair_share),
+            jobs=jobs,
             keys=ApiKeyStore(sessions),
             artifacts=ArtifactStore(
                 s3_client or make_s3_client(settings.s3),
@@ -115,7 +125,7 @@ class AppState:
                 executor=s3_pool,
             ),
             queue=JobQueue(make_celery(settings, publisher=True)),
-            specs=served_specs(settings),
+            specs=specs,
             bus=EventBus(_sync_redis(settings), ttl_s=settings.events_ttl_s),
             abus=AsyncEventBus(aredis, ttl_s=settings.events_ttl_s),
             s3_pool=s3_pool,
@@ -125,6 +135,8 @@ class AppState:
                 ttl_s=settings.realtime.state_ttl_s,
                 log_events=settings.realtime.replay_events,
             ),
+            metrics=ApiMetrics(queue),
+            webhooks=WebhookStore(sessions),
             quotas=Quotas(settings, aredis),
         )
 
@@ -136,6 +148,7 @@ class AppState:
         self.s3_pool.shutdown(wait=False, cancel_futures=True)
         self.blocking_pool.shutdown()
         self._probe_pool.shutdown(wait=False, cancel_futures=True)
+        self.metrics.close()
 
     async def blocking(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` on the API's ``OMNIQ_HTTP__THREADS`` threads

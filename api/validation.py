@@ -19,7 +19,9 @@ from models.catalog import ModelSpec
 from models.errors import InvalidRequest, ModelNotFound
 from models.job_specs import VideoSpec
 from models.videos import VideoCreate
+from models.webhooks import EVENT_TYPES, JobWebhook
 from storage.settings import LimitSettings, Settings
+from storage.webhooks import check_events, check_webhook_url
 
 # Optional numeric/boolean fields passed to a pipeline that declares them in
 # ``ModelSpec.parameters``; for other models they are accepted and ignored.
@@ -153,7 +155,8 @@ def job_fields(
 ) -> dict[str, Any]:
     """The fields every kind of job spec has (``models.job_specs._Spec``), resolved alike:
     a drawn seed when none was given, the timeout within the server's range, the
-    ``extra_params`` checked against the model (in that order, so is the first error)."""
+    ``extra_params`` checked against the model, the webhook (in that order, so is the
+    first error)."""
     return {
         "model": model,
         "prompt": req.prompt,
@@ -163,7 +166,23 @@ def job_fields(
         "negative_prompt": req.negative_prompt,
         "options": options,
         "extra": check_extra(req.extra_params, spec),
+        "webhook": resolve_webhook(req.webhook_url, req.webhook_events, spec.modality),
     }
+
+
+def resolve_webhook(url: str | None, events: list[str] | None, kind: str) -> JobWebhook | None:
+    """``webhook_url`` and ``webhook_events`` of a create request: an absolute http(s) URL
+    without credentials, and event names of the job's kind (default: all), as
+    :mod:`storage.webhooks` checks them. Whether its host may be called is the guard's to
+    say, before the insert (:meth:`api.jobs_service.JobService.insert`)."""
+    if url is None:
+        if events is not None:
+            raise InvalidRequest("webhook_events needs a webhook_url", param="webhook_events")
+        return None
+    check_webhook_url(url, "webhook_url")
+    if events is None:
+        return JobWebhook(url=url)
+    return JobWebhook(url=url, events=check_events(events, EVENT_TYPES[kind], "webhook_events"))
 
 
 def resolve_steps(requested: int | None, spec: ModelSpec, limits: LimitSettings) -> int:

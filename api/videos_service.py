@@ -56,7 +56,11 @@ class VideoService(JobService[VideoObject]):
             )
         if remote is not None:
             png = await self.state.blocking(
-                reference_from_url, remote[0], resolved.width, resolved.height, self.settings,
+                reference_from_url,
+                remote[0],
+                resolved.width,
+                resolved.height,
+                self.settings,
                 remote[1],
             )
         elif reference is not None:

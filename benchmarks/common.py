@@ -7,6 +7,7 @@ Scripts put the repository root on ``sys.path`` and ``from benchmarks.common imp
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from cli.embedded import free_port
 
@@ -25,6 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def parser(doc: str | None) -> argparse.ArgumentParser:
     """A script's argument parser: its docstring is the ``--help`` text, kept as written."""
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+
+
+def emit(report: dict[str, Any], out: Path | None) -> None:
+    """Print a script's JSON report, and write it to ``out`` too when given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
 
 
 def pct(values: list[float], q: float) -> float:

@@ -65,15 +65,24 @@ def sync_time() -> float:
     return time.perf_counter()
 
 
+def job_shape(args: argparse.Namespace) -> dict[str, int]:
+    """The job's size, length and step count under the names that diffusers' ``pipe()``,
+    ``GenerationRequest`` and ``VideoSpec`` share: the raw call and the job the executor
+    runs are one shape by construction."""
+    return {
+        "height": args.height,
+        "width": args.width,
+        "num_frames": args.frames,
+        "num_inference_steps": args.steps,
+    }
+
+
 def raw_call(pipe: Any, args: argparse.Namespace, seed: int) -> tuple[float, Any]:
     """The raw ``pipe(...)`` of the job: its wall time and frames."""
     start = sync_time()
     frames = pipe(
         PROMPT,
-        height=args.height,
-        width=args.width,
-        num_frames=args.frames,
-        num_inference_steps=args.steps,
+        **job_shape(args),
         guidance_scale=args.guidance,
         generator=torch.Generator().manual_seed(seed),
         output_type="np",
@@ -86,14 +95,7 @@ def generation_request(args: argparse.Namespace, seed: int = 1) -> Any:
     from workers.pipelines.base import GenerationRequest
 
     return GenerationRequest(
-        prompt=PROMPT,
-        width=args.width,
-        height=args.height,
-        num_frames=args.frames,
-        fps=16,
-        num_inference_steps=args.steps,
-        seed=seed,
-        guidance_scale=args.guidance,
+        prompt=PROMPT, **job_shape(args), fps=16, seed=seed, guidance_scale=args.guidance
     )
 
 

@@ -3,6 +3,7 @@
     python benchmarks/status_reads.py --out docs/evidence/status_reads.json
     python benchmarks/status_reads.py --database-url postgresql+psycopg://postgres@127.0.0.1/bench
     python benchmarks/status_reads.py --skip-ab --sync-jobs 40      # only the sync overhead
+    OMNIQ_METRICS__ENABLED=false python benchmarks/status_reads.py --reads-only  # A/B
 
 Starts its own embedded stack (``omniqueue up``, one worker, no realtime worker) for each
 database: SQLite in the data dir, then the ``--database-url`` ones (an empty PostgreSQL
@@ -39,7 +40,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import parser, start_up, summary
+from benchmarks.common import emit, parser, start_up, summary
 
 TINY = {"prompt": "status bench", "size": "64x48", "seconds": "0.5", "fps": 16}
 SYNC = {"prompt": "sync bench", "size": "320x192", "seconds": "1", "num_inference_steps": 4}
@@ -186,6 +187,8 @@ def bench(database: str | None, args: argparse.Namespace, ab: str | None) -> dic
                 reads = {"n": args.requests, "c": args.concurrency, "api": api}
                 _ab(ab, get_url, **{**reads, "n": 300})  # warm-up
                 out["get_status"] = _ab(ab, get_url, **reads)
+                if args.reads_only:
+                    return out
                 out["list_20"] = _ab(ab, f"{url}/v1/videos?limit=20", **reads)
             if args.sync_jobs:
                 out["sync"] = _sync_overheads(client, args.sync_jobs)
@@ -226,6 +229,11 @@ def main() -> None:
     p.add_argument("--sync-jobs", type=int, default=0, help="sync overhead samples (0: skip)")
     p.add_argument("--skip-ab", action="store_true", help="only the sync overhead")
     p.add_argument(
+        "--reads-only",
+        action="store_true",
+        help="only the status reads (A/B of a setting: OMNIQ_METRICS__ENABLED=false ...)",
+    )
+    p.add_argument(
         "--api-processes", type=int, default=1, help="omniqueue up --api-processes (same port)"
     )
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
@@ -238,11 +246,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": [bench(db, args, ab) for db in databases],
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ client.
     omniqueue migrate                                           alembic upgrade head
     omniqueue keys create --name NAME | list | revoke KEY_ID    API keys (cli/keys.py)
     omniqueue keys update KEY_ID --max-active-jobs N ...        a key's quotas
+    omniqueue webhooks serve | add URL [--key] [--events] | list | remove ID | deliveries JOB
     omniqueue generate "prompt" [...]                           submit, watch, download
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 from pathlib import Path
@@ -25,14 +27,28 @@ from cli import keys
 from storage.settings import Settings, get_settings
 
 
+def _metrics_mode(settings: Settings, *, api: bool) -> None:
+    """Choose where this process keeps its metrics, before ``prometheus_client`` is
+    imported (it reads ``PROMETHEUS_MULTIPROC_DIR`` then): an API process in the files of
+    ``OMNIQ_METRICS__MULTIPROC_DIR`` when set, a worker always in memory (it serves its
+    own port, and must not count into an API's directory)."""
+    directory = settings.metrics.multiproc_dir
+    if api and settings.metrics.enabled and directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    elif not api:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+
+
 def _cmd_api(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    _metrics_mode(settings, api=True)
     import uvicorn
 
     from api.access_log import log_config
     from api.app import create_app
     from api.http_deadlines import deadline_protocol
 
-    settings = get_settings()
     host = args.host or settings.host
     port = args.port or settings.port
     settings.check_auth_binding(host)
@@ -69,6 +85,7 @@ def _shared_socket(host: str, port: int) -> socket.socket:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     settings = get_settings()
+    _metrics_mode(settings, api=False)
     update: dict[str, object] = {}
     if args.models:
         update["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -211,6 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     mig.set_defaults(func=_cmd_migrate)
 
     keys.add_parser(sub)
+
+    from cli import webhooks
+
+    webhooks.add_parser(sub)
 
     gen = sub.add_parser("generate", help="generate a video and download it")
     gen.add_argument("prompt")

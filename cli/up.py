@@ -1,24 +1,33 @@
 """``omniqueue up``: the whole stack on one machine, all state under one data directory.
 
 Valkey and SeaweedFS run embedded (:mod:`cli.embedded`), the database is a SQLite file,
-and the API and the workers are ``omniqueue api`` / ``omniqueue worker`` child processes
-configured through ``OMNIQ_`` environment variables. Once up, every one of them is
-supervised (:mod:`cli.supervisor`): one that dies is restarted after a backoff, so a killed
-worker's job is taken over and the API stays up; one that keeps dying right after each
-start stops the whole stack (exit 1). Ctrl-C or SIGTERM stops the children first (they
-may still need Redis and S3 while they finish), then S3, then Valkey; the API's own
-graceful shutdown (``OMNIQ_SHUTDOWN_GRACE_S``) is kept shorter than the time it gets, so
-open SSE streams and WebSockets never get it killed. Progress goes to stderr; stdout gets
-one line once every API replica answers.
+and the API, the workers and the webhook sender are ``omniqueue api`` / ``omniqueue
+worker`` / ``omniqueue webhooks serve`` child processes configured through ``OMNIQ_``
+environment variables (on loopback, webhooks may go to private and loopback hosts).
+Once up, every one of them is supervised (:mod:`cli.supervisor`): one that dies is
+restarted after a backoff, so a killed worker's job is taken over and the API stays up;
+one that keeps dying right after each start stops the whole stack (exit 1). Ctrl-C or
+SIGTERM stops the children first (they may still need Redis and S3 while they finish),
+then S3, then Valkey; the API's own graceful shutdown (``OMNIQ_SHUTDOWN_GRACE_S``) is
+kept shorter than the time it gets, so open SSE streams and WebSockets never get it
+killed. Progress goes to stderr; stdout gets one line once every API replica answers.
 
 ``--api-replicas N`` runs N APIs on ports ``P … P+N-1`` (each with ``--api-processes``
 processes sharing its port): replicas as a load balancer would see them, sharing the
 database, Valkey and S3, so a client can move from one to another.
+
+Metrics (docs/metrics.md): each API serves ``/metrics`` on its port; the processes of a
+replica with ``--api-processes N`` > 1 share a multiprocess directory
+(``<data dir>/metrics/api-PORT``, emptied at start), so any of them reports all. Each
+worker serves its own port: the free ones from ``OMNIQ_METRICS__WORKER_PORT`` up (9400
+when unset), in the order workers, worker groups, realtime workers, the webhook sender;
+the line ``metrics: …`` on stderr lists every scrape URL.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +39,7 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
+from prometheus_client.multiprocess import mark_process_dead
 
 from cli.embedded import (
     EmbeddedS3,
@@ -39,7 +49,7 @@ from cli.embedded import (
     kill_process_group,
 )
 from cli.supervisor import GaveUp, Supervisor
-from storage.settings import get_settings
+from storage.settings import MetricsSettings, get_settings
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 CHILD_STOP_TIMEOUT_S = 10.0
@@ -50,6 +60,9 @@ HEALTH_TIMEOUT_S = 60.0
 MIGRATE_TIMEOUT_S = 300.0
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
 _STDERR_FD = 2
+MULTIPROC_ENV = "OMNIQ_METRICS__MULTIPROC_DIR"
+# The first worker metrics port ``up`` tries when OMNIQ_METRICS__WORKER_PORT is 0.
+WORKER_METRICS_PORT = 9400
 
 
 def _say(message: str) -> None:
@@ -74,16 +87,19 @@ class ProcessGroup:
         self._env = env
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._argv: dict[str, list[str]] = {}
+        self._extra: dict[str, dict[str, str]] = {}
 
     @property
     def names(self) -> list[str]:
         return list(self._procs)
 
-    def spawn(self, name: str, argv: list[str]) -> None:
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        """Start ``name``; ``env``: variables of this child on top of the group's."""
         self._argv[name] = argv
+        self._extra[name] = env or {}
         self._procs[name] = subprocess.Popen(
             argv,
-            env=self._env,
+            env={**self._env, **self._extra[name]},
             stdin=subprocess.DEVNULL,
             stdout=_STDERR_FD,
             stderr=_STDERR_FD,
@@ -95,9 +111,14 @@ class ProcessGroup:
 
     def respawn(self, name: str) -> None:
         """Start ``name`` again with the same command line, after what is left of its
-        process group (a dead worker's own children) is killed."""
-        kill_process_group(self._procs[name].pid)
-        self.spawn(name, self._argv[name])
+        process group (a dead worker's own children) is killed. A dead API process's
+        live gauges leave its metrics directory (it could not remove them itself)."""
+        pid = self._procs[name].pid
+        kill_process_group(pid)
+        metrics_dir = self._extra[name].get(MULTIPROC_ENV)
+        if metrics_dir:
+            mark_process_dead(pid, metrics_dir)
+        self.spawn(name, self._argv[name], self._extra[name])
 
     def first_exited(self) -> tuple[str, int] | None:
         """The name and exit code of a child that has exited, if any."""
@@ -182,6 +203,8 @@ def child_env(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if host in LOOPBACK_HOSTS:  # a receiver on this machine is the usual local setup
+        env.setdefault("OMNIQ_WEBHOOKS__ALLOW_PRIVATE", "true")
     return env
 
 
@@ -218,6 +241,42 @@ def api_children(port: int, replicas: int, processes: int) -> list[tuple[str, in
         base = "api" if r == 0 else f"api :{port + r}"
         out += [(base if i == 0 else f"{base} {i}", port + r) for i in range(processes)]
     return out
+
+
+def api_metrics_dirs(
+    data_dir: Path, port: int, replicas: int, processes: int, metrics: MetricsSettings
+) -> dict[int, Path]:
+    """The multiprocess metrics directory of each API replica (``port -> directory``),
+    emptied: its processes share one port, so a scrape on it must report them all. None
+    when a replica is one process (it counts in memory) or metrics are off."""
+    if not metrics.enabled or processes < 2:
+        return {}
+    dirs = {}
+    for p in range(port, port + replicas):
+        path = data_dir / "metrics" / f"api-{p}"
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        dirs[p] = path
+    return dirs
+
+
+def worker_metrics_ports(
+    host: str, count: int, metrics: MetricsSettings, taken: set[int]
+) -> list[int | None]:
+    """A metrics port for each of ``count`` workers: the free ones from
+    ``OMNIQ_METRICS__WORKER_PORT`` up (9400 when it is 0), skipping ``taken``; all None
+    when metrics are off."""
+    if not metrics.enabled:
+        return [None] * count
+    ports: list[int | None] = []
+    candidate = metrics.worker_port or WORKER_METRICS_PORT
+    while len(ports) < count:
+        if candidate > 65535:
+            raise OSError("no free port left for the workers' metrics")
+        if candidate not in taken and _port_free(host, candidate):
+            ports.append(candidate)
+        candidate += 1
+    return ports
 
 
 def run_up(
@@ -272,26 +331,40 @@ def run_up(
             return 1
         _say(
             f"starting the API on {' '.join(urls)} ({api_processes} process(es) each), "
-            f"{workers} worker(s) and {realtime_workers} realtime worker(s)…"
+            f"{workers} worker(s), {realtime_workers} realtime worker(s) and the webhook sender…"
         )
         if api_processes > 1:  # they share the port; the kernel spreads connections
             env["OMNIQ_HTTP__REUSE_PORT"] = "true"
+        metrics = get_settings().metrics
+        metrics_dirs = api_metrics_dirs(data_dir, port, api_replicas, api_processes, metrics)
         children = ProcessGroup(env)
         for name, api_port in api_children(port, api_replicas, api_processes):
-            children.spawn(name, _cli("api", "--host", host, "--port", str(api_port)))
-        for i in range(workers):
-            # one per listed device when there is a list (``--worker-devices cuda:0,cuda:1``)
-            device = ["--device", worker_devices[i]] if worker_devices else []
-            children.spawn(f"worker {i}", _cli("worker", "--name", f"embedded-{i}", *device))
-        for i, devices in enumerate(groups or []):
-            name = f"embedded-group{i}"
+            directory = metrics_dirs.get(api_port)
             children.spawn(
-                f"worker group {i}", _cli("worker", "--name", name, "--devices", ",".join(devices))
+                name,
+                _cli("api", "--host", host, "--port", str(api_port)),
+                {MULTIPROC_ENV: str(directory)} if directory else None,
             )
-        # realtime workers (OMNIQ_REALTIME__SLOTS session threads each) for streaming models
-        for i in range(realtime_workers):
-            name = "embedded-rt" if i == 0 else f"embedded-rt{i}"
-            children.spawn(f"realtime worker {i}", _cli("worker", "--realtime", "--name", name))
+        spawned = _worker_commands(workers, worker_devices, groups, realtime_workers)
+        # the webhook sender: its own process, so a slow receiver holds no worker or API
+        spawned.append(("webhook sender", _cli("webhooks", "serve")))
+        taken = set(range(port, port + api_replicas))
+        ports = worker_metrics_ports(host, len(spawned), metrics, taken)
+        for (name, argv), metrics_port in zip(spawned, ports, strict=True):
+            extra = None
+            if metrics_port is not None:
+                extra = {
+                    "OMNIQ_METRICS__WORKER_PORT": str(metrics_port),
+                    "OMNIQ_METRICS__WORKER_HOST": host,
+                }
+            children.spawn(name, argv, extra)
+        if metrics.enabled:
+            scrape = [f"API {u}/metrics" for u in urls]
+            scrape += [
+                f"{name} http://{_url_host(host)}:{p}/metrics"
+                for (name, _), p in zip(spawned, ports, strict=True)
+            ]
+            _say("metrics: " + ", ".join(scrape))
         problem = _wait_healthy(urls, children, HEALTH_TIMEOUT_S)
         if problem is not None:
             _say(f"omniqueue up: {problem}")
@@ -328,6 +401,28 @@ def run_up(
         _shutdown(children, s3, valkey, stop_timeout)
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def _worker_commands(
+    workers: int,
+    worker_devices: list[str] | None,
+    groups: list[list[str]] | None,
+    realtime_workers: int,
+) -> list[tuple[str, list[str]]]:
+    """``(name, argv)`` of every worker child: the job workers (one per listed device
+    when there is a list, ``--worker-devices cuda:0,cuda:1``), the worker groups, and the
+    realtime workers (``OMNIQ_REALTIME__SLOTS`` session threads each)."""
+    out = []
+    for i in range(workers):
+        device = ["--device", worker_devices[i]] if worker_devices else []
+        out.append((f"worker {i}", _cli("worker", "--name", f"embedded-{i}", *device)))
+    for i, devices in enumerate(groups or []):
+        argv = _cli("worker", "--name", f"embedded-group{i}", "--devices", ",".join(devices))
+        out.append((f"worker group {i}", argv))
+    for i in range(realtime_workers):
+        name = "embedded-rt" if i == 0 else f"embedded-rt{i}"
+        out.append((f"realtime worker {i}", _cli("worker", "--realtime", "--name", name)))
+    return out
 
 
 def _shutdown(

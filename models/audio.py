@@ -23,6 +23,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from models.common import Int, JobError, JobStatus, Number
 from models.videos import StageDurations
+from models.webhooks import WebhookEvents, WebhookUrl
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
 AUDIO_FORMATS: tuple[str, ...] = ("wav", "mp3", "flac", "opus", "aac", "pcm")
@@ -73,6 +74,8 @@ class AudioCreate(BaseModel):
     channels: Int | None = None
     extra_params: dict[str, Any] = Field(default_factory=dict)
     timeout: Number | None = None
+    webhook_url: WebhookUrl = None
+    webhook_events: WebhookEvents = None
 
 
 class SpeechCreate(BaseModel):
@@ -113,6 +116,8 @@ class SpeechCreate(BaseModel):
     non_streaming_mode: bool | None = None
     extra_params: dict[str, Any] | None = None
     word_timestamps: bool = False
+    webhook_url: WebhookUrl = None
+    webhook_events: WebhookEvents = None
 
 
 class AudioGenerate(BaseModel):
@@ -135,6 +140,8 @@ class AudioGenerate(BaseModel):
     sample_rate: Int | None = None
     extra_params: dict[str, Any] = Field(default_factory=dict)
     timeout: Number | None = None
+    webhook_url: WebhookUrl = None
+    webhook_events: WebhookEvents = None
 
 
 class AudioObject(BaseModel):

@@ -50,12 +50,44 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class ModelLimits(BaseModel):
+    """What a request to the model may ask for: the model's own limits intersected with
+    the server's (``OMNIQ_LIMITS__*``), so a client (the playground) can build its form.
+    Sizes are ``min_size``…``max_width`` × ``min_size``…``max_height`` in multiples of
+    ``size_multiple``; frames ``frame_offset + k × frame_multiple``; ``max_seconds`` null
+    where only ``max_frames`` caps the length."""
+
+    min_size: int
+    max_width: int
+    max_height: int
+    size_multiple: int
+    default_size: str
+    min_frames: int
+    max_frames: int
+    frame_multiple: int
+    frame_offset: int
+    default_fps: int
+    max_fps: int
+    default_seconds: float
+    max_seconds: float | None
+    min_steps: int
+    max_steps: int
+    default_steps: int
+    supports_image_input: bool
+    has_audio: bool
+
+
 class ModelObject(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str = "omniqueue"
     modality: str = "video"
+    # Which API serves it: ``job`` (/v1/videos or /v1/audio/generations), ``world``
+    # (WS /v1/realtime/video) or ``voice`` (WS /v1/realtime).
+    kind: Literal["job", "world", "voice"] = "job"
+    description: str = ""
+    limits: ModelLimits | None = None
 
 
 class ModelList(BaseModel):

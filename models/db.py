@@ -1,4 +1,4 @@
-"""SQLAlchemy ORM tables: API keys, jobs and their artifacts.
+"""SQLAlchemy ORM tables: API keys, jobs and their artifacts, webhooks.
 
 The database is the source of truth for job state. Every state transition is a
 conditional UPDATE (see :mod:`storage.jobs`), so columns here carry no behaviour.
@@ -67,6 +67,8 @@ class Job(Base):
         Index("ix_jobs_owner_status", "owner", "status"),
         # A key's last start on a model (fair share: the key served longest ago goes first).
         Index("ix_jobs_owner_model_started", "owner", "model", "started_at"),
+        # the webhook sender's sweep of recently ended jobs (storage/outbox.py)
+        Index("ix_jobs_completed_at", "completed_at"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -206,3 +208,84 @@ class Artifact(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
     job: Mapped[Job] = relationship(back_populates="artifacts")
+
+
+# ---- webhooks (storage/webhooks.py, storage/outbox.py, docs/webhooks.md) -----------------
+
+
+class WebhookEndpoint(Base):
+    """A destination of every event of an API key's jobs (``omniqueue webhooks add``)."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    # The API key id ("local" when auth is off).
+    owner: Mapped[str] = mapped_column(String(40), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    # Event types sent there; NULL: all.
+    events: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class WebhookSigningSecret(Base):
+    """An API key's signing secret (``whsec_…``; "local": the server's, with auth off).
+    Stored as it is: signing needs the secret itself, not a hash of it."""
+
+    __tablename__ = "webhook_secrets"
+
+    owner: Mapped[str] = mapped_column(String(40), primary_key=True)
+    secret: Mapped[str] = mapped_column(String(100))
+    # The one before the last rotation: it still signs until ``rotated_at`` + the grace.
+    previous_secret: Mapped[str | None] = mapped_column(String(100), nullable=True)
+    rotated_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class WebhookDelivery(Base):
+    """One event for one destination URL (the outbox): ``pending`` until a sender gets a
+    2xx (``delivered``) or gives up (``failed``). ``payload`` is the exact body, the same
+    bytes on every attempt; ``event_id`` is its ``webhook-id``. No foreign key to the job:
+    the event of a deleted job is still delivered."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("event_id", "url", name="uq_webhook_deliveries_event_url"),
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    event_id: Mapped[str] = mapped_column(String(40))
+    event_type: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str] = mapped_column(String(64), index=True)
+    owner: Mapped[str] = mapped_column(String(40))
+    url: Mapped[str] = mapped_column(String(2048))
+    payload: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # When a sender may take it next; a claim moves it past the attempt's lease.
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    # The sender's claim of the attempt in flight (NULL when none).
+    claim_token: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class WebhookAttempt(Base):
+    """One POST of a delivery and how it went."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[int] = mapped_column(
+        ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), index=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    duration_s: Mapped[float] = mapped_column(Float)
+    # The receiver's status, or NULL when there was none (timeout, refused, no route).
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # ``delivered``, ``retry`` or ``failed`` (docs/webhooks.md, "Retries").
+    outcome: Mapped[str] = mapped_column(String(16))

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from models.audio import AudioFormat
+from models.webhooks import JobWebhook
 
 
 class _Spec(BaseModel):
@@ -35,6 +36,9 @@ class _Spec(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     # ``extra_params`` checked against the model's schema.
     extra: dict[str, Any] = Field(default_factory=dict)
+    # Where the job's terminal event goes besides its key's endpoints (the worker never
+    # reads it; storage/outbox.py does, when the job ends).
+    webhook: JobWebhook | None = None
 
 
 class VideoSpec(_Spec):

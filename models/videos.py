@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.common import Int, JobError, JobStatus, Number
+from models.webhooks import WebhookEvents, WebhookUrl
 
 # The names of the first job kind; every job kind uses the same two (models/common.py).
 VideoStatus = JobStatus
@@ -46,6 +47,9 @@ class VideoCreate(BaseModel):
     vae_use_tiling: bool | None = None
     timeout: Number | None = None
     input_reference_url: str | None = None
+    # Where to POST this job's terminal event (docs/webhooks.md), and which events.
+    webhook_url: WebhookUrl = None
+    webhook_events: WebhookEvents = None
 
 
 class StageDurations(BaseModel):

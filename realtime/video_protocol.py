@@ -49,6 +49,7 @@ from pydantic import TypeAdapter, ValidationError
 
 import models.realtime_video as wire
 from models.errors import OmniqueueError
+from models.session_bus import ChunkOutput
 from realtime.fmp4_split import NotFragmented, split_init
 from realtime.json_input import JsonInputError, parse
 
@@ -70,6 +71,17 @@ class State(enum.Enum):
     DONE = "done"
     FAILED = "failed"
 
+
+# What a chunk's metadata takes from the worker's ChunkOutput as it is (the init segment
+# of a resumed session is the API's own: no index, no frames, no events).
+_FROM_WORKER = {
+    "generation_chunk_index",
+    "num_frames",
+    "started_event_ids",
+    "active_event_ids",
+    "completed_event_ids",
+}
+_INIT_SEGMENT: dict[str, Any] = {"generation_chunk_index": None, "num_frames": 0}
 
 _LIVE = (State.STARTING, State.STREAMING, State.STOPPING)
 _ENDED = (State.DONE, State.FAILED)
@@ -324,20 +336,11 @@ class VideoSessionProtocol:
         self._out.append(((start.to_json(),), None))
         self._flush_held()
 
-    def chunk(
-        self,
-        kind: wire.ChunkKind,
-        data: bytes,
-        *,
-        now: float,
-        produced_at: float,
-        generation_chunk_index: int | None = None,
-        num_frames: int = 0,
-        started_event_ids: Iterable[str] = (),
-        active_event_ids: Iterable[str] = (),
-        completed_event_ids: Iterable[str] = (),
-    ) -> None:
-        """One encoded fMP4 fragment → its ``video.chunk_metadata`` and binary frame."""
+    def chunk(self, output: ChunkOutput, data: bytes, *, now: float) -> None:
+        """One encoded fMP4 fragment (the worker's ``chunk`` output and its bytes) → its
+        ``video.chunk_metadata`` and binary frame."""
+        kind, generation_chunk_index = output.kind, output.generation_chunk_index
+        num_frames = output.num_frames
         if self.state in _ENDED:
             return
         if self.state not in (State.STREAMING, State.STOPPING) or not self._video_started:
@@ -366,7 +369,7 @@ class VideoSessionProtocol:
             except NotFragmented as exc:
                 raise ProtocolError(str(exc)) from exc
             self._init_pending = False
-            self._send_chunk("init", init, None, 0, produced_at, (), (), ())
+            self._send_chunk("init", init, output.produced_at)
             self._flush_held()
         index = generation_chunk_index
         if kind == "media" and index is not None and index <= self._skip_through:
@@ -374,39 +377,26 @@ class VideoSessionProtocol:
             return
         if self._transport_index == 0 and data[4:8] != b"ftyp":
             raise ProtocolError("the first binary frame must begin with the ftyp box")
-        self._send_chunk(
-            kind,
-            data,
-            generation_chunk_index,
-            num_frames,
-            produced_at,
-            started_event_ids,
-            active_event_ids,
-            completed_event_ids,
-        )
+        self._send_chunk(kind, data, output.produced_at, output)
 
     def _send_chunk(
         self,
         kind: wire.ChunkKind,
         data: bytes,
-        generation_chunk_index: int | None,
-        num_frames: int,
         produced_at: float,
-        started_event_ids: Iterable[str],
-        active_event_ids: Iterable[str],
-        completed_event_ids: Iterable[str],
+        output: ChunkOutput | None = None,
     ) -> None:
+        """Queue one metadata + binary pair. The chunk's index, frame count and event ids
+        are the worker's ``output`` as it came; the init segment (``output`` None) has no
+        index, no frames and no events."""
+        from_worker = _INIT_SEGMENT if output is None else output.model_dump(include=_FROM_WORKER)
         metadata = wire.VideoChunkMetadata(
             request_id=self.request_id,
             kind=kind,
-            generation_chunk_index=generation_chunk_index,
             transport_chunk_index=self._transport_index,
-            num_frames=num_frames,
             byte_length=len(data),
-            started_event_ids=list(started_event_ids),
-            active_event_ids=list(active_event_ids),
-            completed_event_ids=list(completed_event_ids),
             produced_at=produced_at,
+            **from_worker,
         )
         self._transport_index += 1
         self.chunks_sent += kind == "media"

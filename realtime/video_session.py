@@ -139,10 +139,7 @@ class VideoSession:
             owner=self.owner,
             prompt=start.prompt,
             negative_prompt=start.negative_prompt,
-            width=cfg.width,
-            height=cfg.height,
-            num_frames=cfg.num_frames,
-            fps=cfg.fps,
+            **cfg.model_dump(exclude={"chunks"}),  # the resolved rollout, as video.start says
             seed=seed if seed is not None and seed >= 0 else secrets.randbelow(2**31),
             extra_params=start.extra_params.model_dump(exclude_none=True),
         )
@@ -205,17 +202,7 @@ class VideoSession:
         if isinstance(output, StartedOutput):
             self.protocol.started(now=now)
         elif isinstance(output, ChunkOutput) and data is not None:
-            self.protocol.chunk(
-                output.kind,
-                data,
-                now=now,
-                produced_at=output.produced_at,
-                generation_chunk_index=output.generation_chunk_index,
-                num_frames=output.num_frames,
-                started_event_ids=output.started_event_ids,
-                active_event_ids=output.active_event_ids,
-                completed_event_ids=output.completed_event_ids,
-            )
+            self.protocol.chunk(output, data, now=now)
         elif isinstance(output, FinishedOutput):
             self.protocol.finished(stopped=output.stopped, artifact_id=output.artifact_id)
         elif isinstance(output, FailedOutput):

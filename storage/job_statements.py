@@ -104,6 +104,13 @@ def _ahead() -> Any:
 QUEUE_POSITIONS = select(JOBS.c.id, _ahead()).where(JOBS.c.id.in_(bindparam("ids", expanding=True)))
 # The same for one job ``:job_id`` (a status read, a create).
 QUEUE_POSITION = select(_ahead()).select_from(JOBS).where(JOBS.c.id == bindparam("job_id"))
+# ``(model, queued jobs, oldest created_at)`` per model with queued jobs: a range of the
+# ``status, model, created_at`` index (the metrics' queue depth, ``api/metrics.py``).
+QUEUE_STATS = (
+    select(JOBS.c.model, func.count(), func.min(JOBS.c.created_at))
+    .where(JOBS.c.status == _QUEUED)
+    .group_by(JOBS.c.model)
+)
 
 
 # A key's jobs that are queued or running (its ``max_active_jobs`` quota): a count on the

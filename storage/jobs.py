@@ -9,10 +9,15 @@ ownership checks, completion) are built once (:mod:`storage.job_statements`) and
 pooled DBAPI cursor (:class:`storage.db_raw.RawStatement`): a single statement in
 autocommit is its own transaction, one round trip on PostgreSQL where a ``Session`` made
 three (BEGIN, the statement, COMMIT or ROLLBACK), at a fraction of the CPU.
+
+Every transition to an end (complete, fail, cancel) that took effect is followed by the
+insert of the job's webhook deliveries (:meth:`storage.outbox.Outbox.enqueue`,
+idempotent; the webhook sender's sweep repairs a process that died in between).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +32,9 @@ from models.db import Artifact, ErrorCode, Job, JobRecord, JobStatus, JobView
 from storage import fair_share
 from storage import job_statements as sql
 from storage.db_raw import RawStatement
+from storage.outbox import Outbox
+
+log = logging.getLogger(__name__)
 
 ACTIVE = (JobStatus.QUEUED.value, JobStatus.IN_PROGRESS.value)
 
@@ -71,6 +79,18 @@ class JobStore:
         if not self._sqlite:
             engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._engine = engine
+        self.outbox = Outbox(sessions)
+
+    def _ended(self, job_id: str, ended: bool) -> bool:
+        """After a transition: when it ended the job, queue its webhook deliveries (a
+        failure is logged, never raised: the job has ended either way, and the sender's
+        sweep queues them later)."""
+        if ended:
+            try:
+                self.outbox.enqueue(job_id)
+            except Exception:
+                log.warning("could not queue the webhooks of %s", job_id, exc_info=True)
+        return ended
 
     def _statement(self, key: tuple[Any, ...], build: Callable[[], Any]) -> RawStatement:
         """The statement of ``key``, compiled on first use (a race compiles it twice)."""
@@ -195,6 +215,12 @@ class JobStore:
         row = self._statement(("active",), lambda: sql.COUNT_ACTIVE).one({"owner": owner})
         return int(row[0]) if row is not None else 0
 
+    def queue_stats(self) -> dict[str, tuple[int, float]]:
+        """``model -> (queued jobs, created_at of the oldest)`` for models with queued
+        jobs: one aggregate on the ``status, model, created_at`` index."""
+        statement = self._statement(("queue_stats",), lambda: sql.QUEUE_STATS)
+        return {model: (int(n), float(oldest)) for model, n, oldest in statement.all({})}
+
     def cancel(self, job_id: str, message: str = "cancelled by the client") -> bool:
         """Fail a queued or running job with ``cancelled``; False if it had already ended."""
         statement = self._statement(("cancel",), lambda: sql.CANCEL)
@@ -204,7 +230,7 @@ class JobStore:
             "error_message": message,
             "completed_at": time.time(),
         }
-        return statement.rowcount(params) == 1
+        return self._ended(job_id, statement.rowcount(params) == 1)
 
     def delete(self, job_id: str) -> bool:
         with self._sessions() as s:
@@ -345,7 +371,7 @@ class JobStore:
                     return False
                 s.add_all(artifacts)
                 s.commit()
-                return True
+            return self._ended(job_id, True)
         names = tuple(sorted(values))
         statement = self._statement(
             ("complete", names, len(artifacts)), lambda: sql.complete(names, len(artifacts))
@@ -353,7 +379,7 @@ class JobStore:
         params = {**_plain(values), "job_id": job_id, "worker_id": worker_id, "heartbeat_at": now}
         for i, artifact in enumerate(artifacts):
             params |= {f"{k}_{i}": getattr(artifact, k) for k in sql.ARTIFACT_VALUES[1:]}
-        return statement.rowcount(params) == max(len(artifacts), 1)
+        return self._ended(job_id, statement.rowcount(params) == max(len(artifacts), 1))
 
     def fail(
         self,
@@ -376,7 +402,7 @@ class JobStore:
             "error_message": message,
             "completed_at": time.time(),
         }
-        return statement.rowcount(params) == 1
+        return self._ended(job_id, statement.rowcount(params) == 1)
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:

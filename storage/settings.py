@@ -243,6 +243,60 @@ class HttpSettings(BaseModel):
     ws_compression: bool = False
 
 
+class MetricsSettings(BaseModel):
+    # Prometheus metrics (docs/metrics.md): ``GET /metrics`` on the API (no API key: keep
+    # it off the public network) and each worker's own port. Off: neither is served.
+    enabled: bool = True
+    # The port a worker (or the webhook sender) serves ``/metrics`` on (its own HTTP
+    # server; a worker group's rank 0 serves the group's); 0: none. ``omniqueue up`` gives
+    # its workers and sender free ports from this one up (9400 when it is 0), printed.
+    worker_port: int = Field(default=0, ge=0, le=65535)
+    # The address that metrics server binds.
+    worker_host: str = "0.0.0.0"
+    # API processes that share one port (``omniqueue up --api-processes N``, or several
+    # ``omniqueue api`` with ``OMNIQ_HTTP__REUSE_PORT``) keep their metrics in files in
+    # this directory (prometheus-client's multiprocess mode), so a scrape answered by any
+    # of them reports them all. Empty: each process counts in memory (one process per
+    # port). The directory must be emptied before the first of them starts.
+    multiproc_dir: Path | None = None
+    # Queue depth and oldest-queued age are one SQL aggregate per scrape, reused for this
+    # long, so many scrapers cost one query (seconds).
+    queue_cache_s: float = Field(default=1.0, ge=0)
+
+    @field_validator("multiproc_dir", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return value or None
+
+
+class WebhookSettings(BaseModel):
+    # Destinations whose host resolves to a loopback, private, link-local … address are
+    # refused (at registration and again at every delivery) unless this is true, as for
+    # URL inputs (storage/url_guard.py). ``omniqueue up`` on loopback turns it on.
+    allow_private: bool = False
+    # One delivery attempt (DNS, connect, the receiver's answer) gives up after this long.
+    timeout_s: float = Field(default=10.0, gt=0)
+    # An event is retried (5xx, 408, 429, timeouts, connection errors) until it is this old,
+    # then marked failed (seconds).
+    max_age_s: float = Field(default=24 * 3600.0, gt=0)
+    # Retry n waits ``min(backoff_cap_s, backoff_base_s * 2**(n-1))``, the second half of
+    # it drawn at random (jitter), so receivers coming back are not hit all at once.
+    backoff_base_s: float = Field(default=5.0, gt=0)
+    backoff_cap_s: float = Field(default=900.0, gt=0)
+    # The sender looks for due deliveries this often when it found none (seconds).
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    # Deliveries one sender claims at once and has in flight at most.
+    batch_size: int = Field(default=32, ge=1, le=1000)
+    # After a rotation the previous secret still signs (a second signature) this long, so
+    # receivers can switch without dropping events (seconds; 0: the new one only).
+    rotation_grace_s: float = Field(default=24 * 3600.0, ge=0)
+    # How often the sender looks for ended jobs whose events were never queued (a worker
+    # that died between the job's last UPDATE and the insert of its deliveries), and how
+    # far back (seconds).
+    sweep_interval_s: float = Field(default=60.0, gt=0)
+    sweep_window_s: float = Field(default=3600.0, gt=0)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="OMNIQ_", env_nested_delimiter="__", extra="ignore"
@@ -265,6 +319,8 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)
     http: HttpSettings = Field(default_factory=HttpSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
 
     # Served models (comma-separated); the first is the default for requests naming none.
     # Unset: every model of the registry file, or ``reference/video`` without one.

@@ -202,6 +202,28 @@ def fetch_url(
     raise URLFetchError(f"more than {max_redirects} redirects")
 
 
+def pinned_request(
+    client: httpx.Client,
+    method: str,
+    url: httpx.URL,
+    address: IPAddress,
+    headers: dict[str, str],
+    timeout_s: float,
+    content: bytes | None = None,
+) -> httpx.Request:
+    """A request for ``url`` that connects to ``address`` (from :func:`pin`) and nothing
+    else: the original ``Host`` header and TLS server name, so no second DNS answer is
+    ever asked for (the guard's check holds for the connection)."""
+    return client.build_request(
+        method,
+        url.copy_with(host=str(address)),
+        headers={**headers, "Host": url.netloc.decode("ascii")},
+        content=content,
+        extensions={"sni_hostname": url.raw_host.decode("ascii")},
+        timeout=httpx.Timeout(timeout_s),
+    )
+
+
 def _get(
     client: httpx.Client,
     url: httpx.URL,
@@ -214,13 +236,8 @@ def _get(
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise URLFetchError("timed out")
-    host_header = url.netloc.decode("ascii")
-    request = client.build_request(
-        "GET",
-        url.copy_with(host=str(address)),
-        headers={**headers, "Host": host_header, "Accept-Encoding": "identity"},
-        extensions={"sni_hostname": url.raw_host.decode("ascii")},
-        timeout=httpx.Timeout(remaining),
+    request = pinned_request(
+        client, "GET", url, address, {**headers, "Accept-Encoding": "identity"}, remaining
     )
     response = client.send(request, stream=True)
     try:

@@ -13,6 +13,7 @@ from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtim
 from storage.queue import make_celery
 from storage.settings import Settings
 from workers.context import WorkerContext, worker_models
+from workers.metrics import serve_metrics
 
 
 def run_task(context: WorkerContext, payload: Any) -> str:
@@ -68,6 +69,8 @@ def serve(
     if prepare is not None:
         prepare(context)
     context.start_background()
+    streaming = worker_models(settings, realtime=True) if realtime else {}
+    serve_metrics(settings, realtime_models=list(streaming))
     if realtime:
         # How soon a session thread woken by Redis gets the GIL (docs/PERFORMANCE.md).
         sys.setswitchinterval(settings.realtime.switch_interval_ms / 1000)

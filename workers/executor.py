@@ -42,6 +42,7 @@ from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
 from storage.jobs import JobStore
 from storage.settings import Settings
+from workers import metrics
 from workers.audio_media import (
     EXTENSIONS,
     MEDIA_TYPES,
@@ -173,6 +174,7 @@ class StepExecutor:
             if not completed:
                 self._delete_objects(job)
             self._release_memory(after_oom=outcome == "oom", stopped=not completed)
+        metrics.run_ended(self.jobs, job, outcome, run.durations)  # the device is idle now
         log.info("job %s: %s", job_id, outcome)
         if torch.cuda.is_available():  # back to the loaded weights after every job
             allocated = torch.cuda.memory_allocated() / 2**20
@@ -206,6 +208,8 @@ class StepExecutor:
         (attempt + 1; failed with ``worker_lost`` once its attempts are used up); None
         otherwise (a job that ended, or that a live worker owns: a duplicate delivery)."""
         if job is None or job.status != JobStatus.IN_PROGRESS:
+            if job is not None:
+                metrics.message_dropped(job)  # counts a job cancelled before any claim
             return None
         job_id = job.id
         w = self.settings.worker
@@ -215,6 +219,7 @@ class StepExecutor:
         if job.attempt >= w.max_attempts:
             message = f"the worker running this job was lost {job.attempt} times"
             if self.jobs.fail(job_id, ErrorCode.WORKER_LOST, message):
+                metrics.job_finished(job, JobStatus.FAILED.value, ErrorCode.WORKER_LOST.value)
                 error = JobError(code=ErrorCode.WORKER_LOST.value, message=message)
                 self._publish(job, DoneEvent(status="failed", error=error))
             self._delete_objects(job)
@@ -248,11 +253,14 @@ class StepExecutor:
         self._enter(run, "denoise")
         preview_every = self.settings.worker.preview_every
         in_step = self._in_step_stop(run)
+        step_seconds = metrics.STEP_SECONDS.labels(job.model)
         while not state.done:
             self._failpoint(run, f"step:{state.step_index}")
             run.blocks = 0
+            step_started = time.monotonic()
             with step_stops(in_step):
                 pipe.step(state)
+            step_seconds.observe(time.monotonic() - step_started)
             run.step = state.step_index
             span = DENOISE_END - STAGE_START["denoise"]
             progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps

@@ -21,6 +21,9 @@ from storage.jobs import JobStore
 from storage.settings import Settings
 from workers.media import encode_thumbnail, remux_faststart
 
+# What the stored video job takes from the session's config as it was placed.
+_FROM_SESSION = {"model", "prompt", "seed", "width", "height", "fps"}
+
 
 class SessionPersister:
     def __init__(self, settings: Settings, jobs: JobStore, artifacts: ArtifactStore) -> None:
@@ -56,14 +59,9 @@ class SessionPersister:
                 )
             )
         spec = VideoSpec(
-            model=config.model,
-            prompt=config.prompt,
-            seed=config.seed,
+            **config.model_dump(include=_FROM_SESSION),
             num_inference_steps=0,
-            width=config.width,
-            height=config.height,
-            fps=float(config.fps),
-            num_frames=frames,
+            num_frames=frames,  # what the remuxed file holds
             session_id=session_id,
         )
         job = Job.new(

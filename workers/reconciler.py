@@ -40,6 +40,7 @@ from storage.constants import ID_PREFIX, KEY_PREFIX, job_events_key, job_prefix
 from storage.jobs import JobStore
 from storage.queue import JobQueue
 from storage.settings import Settings
+from workers.metrics import job_finished
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ class Reconciler:
             if job.attempt >= w.max_attempts:
                 message = f"the worker running this job was lost {job.attempt} times"
                 if self.jobs.fail(job.id, ErrorCode.WORKER_LOST, message):
+                    job_finished(job, JobStatus.FAILED.value, ErrorCode.WORKER_LOST.value)
                     report.worker_lost.append(job.id)
                     self._delete(job.kind, job.id)
                     error = JobError(code=ErrorCode.WORKER_LOST.value, message=message)

@@ -31,6 +31,7 @@ from storage.bus import BusMessage, EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import RealtimeSettings, Settings
 from workers.failures import classify, log_level
+from workers.metrics import SLOTS
 from workers.pipelines.registry import PipelineRegistry
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,8 @@ class SlotRunner(abc.ABC, Generic[ConfigT]):
             return "abandoned"  # the API gave up waiting for a slot
         slot.send(AcceptedOutput(worker_id=self.worker_id))
         try:
-            outcome = self.serve(slot, config)
+            with SLOTS.running(getattr(config, "model", "")):
+                outcome = self.serve(slot, config)
         except Exception as exc:
             code, message = classify(exc)
             log.log(log_level(code), "%s %s failed: %s", self.label, session_id, code, exc_info=exc)

@@ -16,6 +16,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from api.content import stream_artifact
 from api.job_kinds import Caller, JobKind, caller_dep, job_id_param
 from api.job_stream import follow, parse_cursor, serve_websocket, sse
+from api.metrics import WATCHERS
 from api.openapi import REDIRECT, SSE, binary, errors
 from api.state import AppState
 from models.errors import InvalidRequest
@@ -77,8 +78,9 @@ def add_output_routes(router: APIRouter, kind: JobKind) -> None:
         await svc.state.blocking(svc.get_job, job_id, owner)  # 404 for others' jobs
 
         async def body() -> AsyncIterator[str]:
-            async for entry in follow(svc.state, svc, job_id, owner, after):
-                yield sse(entry)
+            with WATCHERS.labels("sse").track_inprogress():
+                async for entry in follow(svc.state, svc, job_id, owner, after):
+                    yield sse(entry)
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(body(), media_type="text/event-stream", headers=headers)

@@ -21,6 +21,7 @@ import secrets
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from api.deps import accept_websocket
+from api.metrics import REALTIME_SESSIONS
 from api.state import AppState
 from models.errors import RateLimited
 from models.realtime import ErrorEvent, RealtimeError
@@ -114,9 +115,11 @@ async def _read_loop(websocket: WebSocket, session: VoiceSession, owner: str) ->
 @router.websocket("/v1/realtime")
 async def realtime(websocket: WebSocket) -> None:
     duplex = websocket.query_params.get("duplex", "").lower() in ("1", "true", "yes")
-    await _serve(websocket, duplex)
+    with REALTIME_SESSIONS.labels("voice").track_inprogress():
+        await _serve(websocket, duplex)
 
 
 @router.websocket("/v1/duplex")
 async def duplex(websocket: WebSocket) -> None:
-    await _serve(websocket, True)
+    with REALTIME_SESSIONS.labels("voice").track_inprogress():
+        await _serve(websocket, True)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from api.deps import accept_websocket
 from api.inputs import reference_from_url
+from api.metrics import REALTIME_SESSIONS
 from api.state import AppState
 from models.errors import RateLimited
 from models.realtime_video import ErrorEvent
@@ -43,7 +44,8 @@ async def _serve(websocket: WebSocket, state: AppState, owner: str) -> None:
     session = VideoSession(websocket, state, owner, specs, fetch_reference)
     disconnected = dropped = False
     try:
-        await session.run()
+        with REALTIME_SESSIONS.labels("video").track_inprogress():
+            await session.run()
     except WebSocketDisconnect as exc:
         disconnected, dropped = True, exc.code not in (1000, 1001)
     except BROKER_ERRORS:  # placing the session or sending a command

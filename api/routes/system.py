@@ -6,20 +6,17 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from api.deps import CurrentOwner, StateDep
+from api.model_list import model_object
 from api.openapi import errors
-from models.common import Health, ModelList, ModelObject
+from models.common import Health, ModelList
 
 router = APIRouter(tags=["system"])
 
 
 @router.get("/v1/models", response_model=ModelList, responses=errors(401))
 async def list_models(state: StateDep, _owner: CurrentOwner) -> ModelList:
-    return ModelList(
-        data=[
-            ModelObject(id=spec.name, owned_by=spec.owned_by, modality=spec.modality)
-            for spec in state.specs.values()
-        ]
-    )
+    limits = state.settings.limits
+    return ModelList(data=[model_object(spec, limits) for spec in state.specs.values()])
 
 
 @router.get("/health", response_model=Health)

@@ -31,7 +31,15 @@ from tests.integration.conftest import (
 
 pytestmark = pytest.mark.integration
 
-TABLES = {"api_keys", "jobs", "artifacts"}
+TABLES = {
+    "api_keys",
+    "jobs",
+    "artifacts",
+    "webhook_endpoints",
+    "webhook_secrets",
+    "webhook_deliveries",
+    "webhook_attempts",
+}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

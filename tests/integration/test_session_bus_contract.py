@@ -46,13 +46,13 @@ from models.session_bus import (
     TaskPayload,
     VoiceSessionConfig,
     VoiceTurnSpec,
-    WorldSessionConfig,
 )
 from realtime.relay import Relay
 from storage.bus import AsyncEventBus, BusMessage, EventBus
 from storage.constants import job_queue, realtime_queue
 from storage.queue import JobQueue, make_celery
 from storage.settings import RealtimeSettings, RedisSettings, Settings
+from tests.helpers import world_session_config
 from workers.celery_app import run_task
 from workers.session_slot import SessionSlot
 
@@ -91,14 +91,9 @@ OUTPUTS: list[tuple[BaseModel, bytes | None]] = [
 ]
 CONFIGS: list[Any] = [
     VoiceSessionConfig(model="reference/voice", owner="key_1", sample_rate=24000),
-    WorldSessionConfig(
-        model="reference/world",
+    world_session_config(
         owner="key_1",
         prompt="a lighthouse",
-        width=64,
-        height=48,
-        num_frames=33,
-        fps=8.0,
         seed=7,
         extra_params={"flow_shift": 5.0, "persist": True, "camera_action_script": [[["w"]]]},
     ),

@@ -34,11 +34,11 @@ from models.session_bus import (
     StopCommand,
     VoiceSessionConfig,
     VoiceTurnSpec,
-    WorldSessionConfig,
 )
 from storage.bus import BusMessage, EventBus
 from storage.constants import session_in_key, session_out_key
 from storage.settings import RealtimeSettings, Settings
+from tests.helpers import world_session_config
 from workers.pipelines.base import (
     ActionBlock,
     ChunkEvents,
@@ -229,16 +229,9 @@ class Api:
 def test_a_third_party_world_model_runs_through_the_session_runner(redis_url: str) -> None:
     api = Api(redis_url)
     runner = SessionRunner(api.settings, api.registry, api.bus, "test-worker")
-    config = WorldSessionConfig(
-        model=WORLD.name,
-        owner="local",
-        prompt="red",
-        width=32,
-        height=32,
-        num_frames=12,
-        fps=8.0,
-        seed=1,
-        extra_params={"level": 90},
+    # 12 frames: three of the paint model's 4-frame chunks.
+    config = world_session_config(
+        model=WORLD.name, prompt="red", num_frames=12, extra_params={"level": 90}
     )
     # Queued before the first step: takes effect from chunk 0, over two chunks.
     api.send(InteractionCommand(event_id="evt_1", prompt="blue", transition_chunks=2))

@@ -27,7 +27,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 ENV_EXAMPLE = ROOT / ".env.example"
 DOCKERIGNORE = ROOT / ".dockerignore"
 
-APP_SERVICES = ("migrate", "api", "worker")
+APP_SERVICES = ("migrate", "api", "worker", "webhooks")
 ALL_SERVICES = {"postgres", "redis", "minio", "minio-init", *APP_SERVICES}
 
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message}, ${VAR?message}
@@ -113,6 +113,7 @@ def test_commands(services: dict[str, Any]) -> None:
     assert services["migrate"]["restart"] == "no"
     assert services["api"]["command"][0] == "api"
     assert services["worker"]["command"][0] == "worker"
+    assert services["webhooks"]["command"] == ["webhooks", "serve"]
     assert "8000:8000" in services["api"]["ports"]
 
 
@@ -190,7 +191,7 @@ def test_depends_on_conditions(services: dict[str, Any]) -> None:
         "redis": "service_healthy",
         "minio": "service_healthy",
     }
-    for name in ("api", "worker"):
+    for name in ("api", "worker", "webhooks"):
         assert depends_on(services[name]) == expected, name
 
 
@@ -359,8 +360,9 @@ def test_dockerfile() -> None:
 
 
 def test_images_per_tier(services: dict[str, Any]) -> None:
-    """api and migrate run the torch-free API image, the worker the CUDA worker image."""
-    for name in ("api", "migrate"):
+    """api, migrate and the webhook sender run the torch-free API image, the worker the
+    CUDA worker image."""
+    for name in ("api", "migrate", "webhooks"):
         assert build_of(services[name])["target"] == "api", name
         assert services[name]["image"] == services["api"]["image"]
     assert build_of(services["worker"])["target"] == "worker"

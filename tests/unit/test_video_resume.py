@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from models.realtime_video import VideoConfig, frames_in_chunk
+from models.session_bus import ChunkOutput
 from realtime.fmp4_split import NotFragmented, split_init
 from realtime.video_protocol import (
     CLOSE_POLICY,
@@ -41,14 +42,13 @@ def _chunks() -> list[bytes]:
 
 def _feed(p: VideoSessionProtocol, chunks: list[bytes], upto: int) -> None:
     for i in range(upto):
-        p.chunk(
-            "media",
-            chunks[i],
-            now=1.0,
+        output = ChunkOutput(
+            kind="media",
             produced_at=100.0 + i,
             generation_chunk_index=i,
             num_frames=frames_in_chunk(i),
         )
+        p.chunk(output, chunks[i], now=1.0)
 
 
 def _pairs(frames: list[str | bytes]) -> list[tuple[dict[str, Any], bytes | None]]:

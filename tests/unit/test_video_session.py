@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from models.realtime_video import chunks_for_frames, frames_for_chunks, frames_in_chunk
+from models.session_bus import ChunkOutput
 from realtime.video_protocol import (
     CLOSE_INTERNAL,
     CLOSE_NORMAL,
@@ -92,7 +93,7 @@ def test_full_session_streams_every_chunk_then_done() -> None:
     assert binaries[0][4:8] == b"ftyp"  # the init segment rides in the first binary frame
     assert sum(frames_in_chunk(i) for i in range(16)) == 189
 
-    p.chunk("trailer", b"mfra-bytes", now=20.0, produced_at=120.0)
+    p.chunk(ChunkOutput(kind="trailer", produced_at=120.0), b"mfra-bytes", now=20.0)
     metadata, data = p.data_to_send()
     assert isinstance(metadata, str) and data == b"mfra-bytes"
     meta = texts([metadata])[0]
@@ -206,7 +207,11 @@ def test_chunk_contiguity_is_enforced() -> None:
 
 
 def _no_init_segment(p: VideoSessionProtocol) -> None:
-    p.chunk("media", b"moof", now=0, produced_at=0, generation_chunk_index=0, num_frames=9)
+    p.chunk(
+        ChunkOutput(kind="media", produced_at=0, generation_chunk_index=0, num_frames=9),
+        b"moof",
+        now=0,
+    )
 
 
 def _finished_early(p: VideoSessionProtocol) -> None:
@@ -221,16 +226,18 @@ def _too_many_chunks(p: VideoSessionProtocol) -> None:
 
 def _media_after_trailer(p: VideoSessionProtocol) -> None:
     send_media(p, 0)
-    p.chunk("trailer", b"t", now=0, produced_at=0)
+    p.chunk(ChunkOutput(kind="trailer", produced_at=0), b"t", now=0)
     send_media(p, 1)
 
 
 def _indexed_trailer(p: VideoSessionProtocol) -> None:
-    p.chunk("trailer", INIT, now=0, produced_at=0, generation_chunk_index=0)
+    p.chunk(ChunkOutput(kind="trailer", produced_at=0, generation_chunk_index=0), INIT, now=0)
 
 
 def _empty_chunk(p: VideoSessionProtocol) -> None:
-    p.chunk("media", b"", now=0, produced_at=0, generation_chunk_index=0, num_frames=9)
+    p.chunk(
+        ChunkOutput(kind="media", produced_at=0, generation_chunk_index=0, num_frames=9), b"", now=0
+    )
 
 
 def _started_twice(p: VideoSessionProtocol) -> None:

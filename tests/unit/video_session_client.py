@@ -13,6 +13,7 @@ from models.realtime_video import (
     ServerEvent,
     frames_in_chunk,
 )
+from models.session_bus import ChunkOutput
 from realtime.video_protocol import (
     StartRequested,
     StopReason,
@@ -74,10 +75,14 @@ def streaming(now: float = 0.0, start: str | None = None, **options: Any) -> Vid
 
 def send_media(p: VideoSessionProtocol, index: int, now: float = 0.0, **ids: Any) -> None:
     data = (INIT if index == 0 else b"") + b"moof" + bytes([index]) * 32
-    p.chunk(
-        "media", data, now=now, produced_at=100.0 + index, generation_chunk_index=index,
-        num_frames=frames_in_chunk(index), **ids,
-    )  # fmt: skip
+    output = ChunkOutput(
+        kind="media",
+        produced_at=100.0 + index,
+        generation_chunk_index=index,
+        num_frames=frames_in_chunk(index),
+        **ids,
+    )
+    p.chunk(output, data, now=now)
 
 
 def error_event(p: VideoSessionProtocol) -> dict[str, Any]:

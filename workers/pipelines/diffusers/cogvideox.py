@@ -69,7 +69,6 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
         pipe.check_inputs(request.prompt, height, width, request.negative_prompt, None)
         scale = guidance_scale(pipe, request)
         do_cfg = scale > 1.0
-        use_dynamic_cfg = bool(request.extra.get("use_dynamic_cfg", False))
         device = pipe._execution_device
         transformer_config = pipe.transformer.config
 
@@ -121,7 +120,7 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
             prompt_embeds=embeds,
             image_rotary_emb=rotary,
             extra_step_kwargs=step_kwargs,
-            use_dynamic_cfg=use_dynamic_cfg,
+            use_dynamic_cfg=bool(request.extra.get("use_dynamic_cfg", False)),
             num_inference_steps=steps,
             additional_frames=additional_frames,
             is_dpm=isinstance(scheduler, CogVideoXDPMScheduler),

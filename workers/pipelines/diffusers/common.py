@@ -389,14 +389,29 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         raise TypeError(f"{self.spec.name} makes audio, not video frames")
 
 
+@dataclass(frozen=True)
+class LatentGrid:
+    """The latent video grid of an LTX-family job: frames, height and width once the VAE
+    has compressed them, as ``prepare_latents`` lays the packed tokens out."""
+
+    num_frames: int
+    height: int
+    width: int
+
+    @property
+    def tokens(self) -> int:
+        return self.num_frames * self.height * self.width
+
+    def transformer_kwargs(self) -> dict[str, int]:
+        """The grid under the names the LTX transformers take it."""
+        return {"num_frames": self.num_frames, "height": self.height, "width": self.width}
+
+
 @dataclass(kw_only=True)
 class PackedState(DiffusersState):
-    """A job of the LTX family, whose ``latents`` are packed B×tokens×C on this grid."""
+    """A job of the LTX family, whose ``latents`` are packed B×tokens×C on ``grid``."""
 
-    latent_num_frames: int
-    latent_height: int
-    latent_width: int
-    device: torch.device
+    grid: LatentGrid
 
 
 P = TypeVar("P", bound=PackedState)
@@ -440,14 +455,23 @@ class PackedLatentsAdapter(DiffusersAdapter[P]):
         scale = torch.tensor([noise_scale], device=device, dtype=dtype)[:, None, None, None, None]
         return (1 - scale) * latents + scale * noise, timestep
 
+    def _latent_grid(self, pipe: Any, request: GenerationRequest) -> LatentGrid:
+        """The request's video on the VAE's latent grid."""
+        temporal, spatial = pipe.vae_temporal_compression_ratio, pipe.vae_spatial_compression_ratio
+        return LatentGrid(
+            (request.num_frames - 1) // temporal + 1,
+            request.height // spatial,
+            request.width // spatial,
+        )
+
     def _unpacked(self, latents: torch.Tensor, s: P) -> torch.Tensor:
         """Packed token latents → B×C×F×H×W, on the state's latent grid."""
         pipe = self._loaded()
         unpacked: torch.Tensor = pipe._unpack_latents(
             latents,
-            s.latent_num_frames,
-            s.latent_height,
-            s.latent_width,
+            s.grid.num_frames,
+            s.grid.height,
+            s.grid.width,
             pipe.transformer_spatial_patch_size,
             pipe.transformer_temporal_patch_size,
         )

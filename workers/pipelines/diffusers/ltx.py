@@ -88,14 +88,12 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
         )
 
         # 5. Prepare timesteps: sigmas 1 → 1/N shifted by mu(video sequence length).
-        latent_num_frames = (num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
-        latent_height = height // pipe.vae_spatial_compression_ratio
-        latent_width = width // pipe.vae_spatial_compression_ratio
+        grid = self._latent_grid(pipe, request)
         steps = request.num_inference_steps
         scheduler = job_scheduler(pipe.scheduler)
         config = scheduler.config
         mu = calculate_shift(
-            latent_num_frames * latent_height * latent_width,
+            grid.tokens,
             config.get("base_image_seq_len", 256),
             config.get("max_image_seq_len", 4096),
             config.get("base_shift", 0.5),
@@ -115,11 +113,8 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
             prompt_embeds=embeds,
             prompt_attention_mask=mask,
             guidance_rescale=rescale,
-            latent_num_frames=latent_num_frames,
-            latent_height=latent_height,
-            latent_width=latent_width,
+            grid=grid,
             rope_interpolation_scale=rope_scale,
-            device=device,
         )
 
     def _step(self, pipe: Any, s: LTXState) -> None:
@@ -133,9 +128,7 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
             t,
             encoder_hidden_states=s.prompt_embeds,
             encoder_attention_mask=s.prompt_attention_mask,
-            num_frames=s.latent_num_frames,
-            height=s.latent_height,
-            width=s.latent_width,
+            **s.grid.transformer_kwargs(),
             rope_interpolation_scale=s.rope_interpolation_scale,
         )
         if s.do_cfg:

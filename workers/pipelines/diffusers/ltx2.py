@@ -173,9 +173,7 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
 
         # Video then audio latents, both from the job's generator (noise_scale 0).
         generator = make_generator(request.seed)
-        latent_num_frames = (num_frames - 1) // pipe.vae_temporal_compression_ratio + 1
-        latent_height = height // pipe.vae_spatial_compression_ratio
-        latent_width = width // pipe.vae_spatial_compression_ratio
+        grid = self._latent_grid(pipe, request)
         latents = pipe.prepare_latents(
             1,
             pipe.transformer.config.in_channels,
@@ -226,9 +224,9 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         # RoPE coordinates; the guidance passes use the positive half of the batch.
         video_coords = pipe.transformer.rope.prepare_video_coords(
             latents.shape[0],
-            latent_num_frames,
-            latent_height,
-            latent_width,
+            grid.num_frames,
+            grid.height,
+            grid.width,
             latents.device,
             fps=cond_fps,
         )
@@ -267,12 +265,9 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             guide_video_coords=guide[3],
             guide_audio_coords=guide[4],
             conditioning_fps=cond_fps,
-            latent_num_frames=latent_num_frames,
-            latent_height=latent_height,
-            latent_width=latent_width,
+            grid=grid,
             audio_num_frames=audio_num_frames,
             latent_mel_bins=latent_mel_bins,
-            device=device,
         )
 
     def _forward(
@@ -308,9 +303,7 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             sigma=timestep,
             encoder_attention_mask=embeds[2],
             audio_encoder_attention_mask=embeds[2],
-            num_frames=s.latent_num_frames,
-            height=s.latent_height,
-            width=s.latent_width,
+            **s.grid.transformer_kwargs(),
             fps=s.conditioning_fps,
             audio_num_frames=s.audio_num_frames,
             video_coords=coords[0],

@@ -61,8 +61,7 @@ class StableAudioState(DiffusersState):
     audio_duration_embeds: torch.Tensor
     rotary_embedding: tuple[torch.Tensor, torch.Tensor]
     step_kwargs: dict[str, Any]
-    waveform_start: int
-    waveform_end: int
+    window: slice  # the requested samples of the decoded waveform
 
 
 class StableAudioAdapter(DiffusersAdapter[StableAudioState]):
@@ -95,8 +94,7 @@ class StableAudioAdapter(DiffusersAdapter[StableAudioState]):
                 f"The total audio length requested ({end - start}s) is longer than the model "
                 f"maximum possible length ({max_seconds})."
             )
-        waveform_start = int(start * sampling_rate)
-        waveform_end = int(end * sampling_rate)
+        window = slice(int(start * sampling_rate), int(end * sampling_rate))
         waveform_length = int(pipe.transformer.config.sample_size)
 
         # 1. Check inputs (callback_steps=1 as __call__'s default).
@@ -133,8 +131,7 @@ class StableAudioAdapter(DiffusersAdapter[StableAudioState]):
         )
         latents = latents * scheduler.init_noise_sigma
 
-        # 6. Extra step kwargs; 7. rotary positional embedding.
-        step_kwargs = extra_step_kwargs(scheduler, generator, 0.0)
+        # 7. Rotary positional embedding (6., the extra step kwargs, go into the state).
         rotary_embedding = get_1d_rotary_pos_embed(
             pipe.rotary_embed_dim,
             latents.shape[2] + audio_duration_embeds.shape[1],
@@ -146,9 +143,8 @@ class StableAudioAdapter(DiffusersAdapter[StableAudioState]):
             text_audio_duration_embeds=text_audio_duration_embeds,
             audio_duration_embeds=audio_duration_embeds,
             rotary_embedding=rotary_embedding,
-            step_kwargs=step_kwargs,
-            waveform_start=waveform_start,
-            waveform_end=waveform_end,
+            step_kwargs=extra_step_kwargs(scheduler, generator, 0.0),
+            window=window,
         )
 
     def _step(self, pipe: Any, s: StableAudioState) -> None:
@@ -175,7 +171,7 @@ class StableAudioAdapter(DiffusersAdapter[StableAudioState]):
         ``pipe(..., output_type="pt").audios`` returns."""
         pipe, s = self._loaded(), self._state(state)
         audio: torch.Tensor = pipe.vae.decode(s.latents).sample
-        return audio[:, :, s.waveform_start : s.waveform_end]
+        return audio[:, :, s.window]
 
     def decode(self, state: StepState) -> Media:
         """Audio-only media: no frames (shape 0×0×0×3), float32 (channels, samples)."""

@@ -1,0 +1,43 @@
+"""``GET /v1/models``'s entries: each served model with what a request may ask of it."""
+
+from __future__ import annotations
+
+from models.catalog import ModelSpec
+from models.common import ModelLimits, ModelObject
+from storage.settings import LimitSettings
+
+
+def model_object(spec: ModelSpec, limits: LimitSettings) -> ModelObject:
+    """``spec`` as listed: job models within the server's limits (the checks of
+    ``api/validation.py``); streaming models as they declare (their sessions have their
+    own caps, ``docs/streaming.md``)."""
+    job = not spec.streaming
+    width, height = spec.default_size
+    seconds = min(spec.max_seconds or limits.max_seconds, limits.max_seconds)
+    return ModelObject(
+        id=spec.name,
+        owned_by=spec.owned_by,
+        modality=spec.modality,
+        kind=spec.kind,
+        description=spec.description,
+        limits=ModelLimits(
+            min_size=spec.min_size,
+            max_width=min(spec.max_width, limits.max_width) if job else spec.max_width,
+            max_height=min(spec.max_height, limits.max_height) if job else spec.max_height,
+            size_multiple=spec.size_multiple,
+            default_size=f"{width}x{height}",
+            min_frames=spec.min_frames,
+            max_frames=min(spec.max_frames, limits.max_frames) if job else spec.max_frames,
+            frame_multiple=spec.frame_multiple,
+            frame_offset=spec.frame_offset,
+            default_fps=spec.default_fps,
+            max_fps=spec.max_fps,
+            default_seconds=spec.default_seconds,
+            max_seconds=seconds if job else spec.max_seconds,
+            min_steps=spec.min_steps,
+            max_steps=min(spec.max_steps, limits.max_steps) if job else spec.max_steps,
+            default_steps=spec.default_steps,
+            supports_image_input=spec.supports_image_input,
+            has_audio=spec.has_audio,
+        ),
+    )

@@ -1,0 +1,184 @@
+"""The playground at ``/`` in headless chromium, against ``omniqueue up`` with auth on:
+each page does what a person would do with it, through the public API only."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from tests.browser.conftest import REACT_MS, SPEECH, Up
+from tests.browser.pages import JOB_MS, media, record_statuses, submit
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.slow]
+
+STEP_TEXT = re.compile(r"step \d+/\d+")
+
+
+def api(up: Up) -> httpx.Client:
+    return httpx.Client(base_url=up.url, headers={"Authorization": f"Bearer {up.key}"}, timeout=30)
+
+
+def test_video_job_shows_live_progress_plays_and_downloads(page: Page, up: Up) -> None:
+    page.goto(up.url + "/")
+    record_statuses(page)
+    card, video_id = submit(
+        page, "reference/video", "a red ball bouncing", Size="128x72", Seconds="1", Steps="6"
+    )
+    expect(card.locator(".status")).to_have_text(re.compile("completed · 100 %"), timeout=JOB_MS)
+    seen: list[str] = page.evaluate("window.seen")
+    assert any(STEP_TEXT.search(text) and "in progress" in text for text in seen), seen
+    assert card.locator("progress").evaluate("p => p.value") == 100
+    expect(card.locator("img.preview")).to_be_visible()  # the worker's preview events
+    player = card.locator("video")
+    page.wait_for_function("v => v.readyState >= 2", arg=player.element_handle(), timeout=JOB_MS)
+    state = media(player)
+    assert state["error"] is None and abs(state["duration"] - 1.0) < 0.15, state
+
+    with page.expect_download() as download:
+        card.get_by_role("link", name="Download").click()
+    saved = Path(download.value.path()).read_bytes()
+    assert download.value.suggested_filename == f"{video_id}.mp4"
+    with api(up) as client:
+        assert saved == client.get(f"/v1/videos/{video_id}/content").content
+    player.evaluate("v => new Promise(done => { v.onseeked = done; v.currentTime = 0.5; })")
+    page.screenshot(path=up.artifacts / "jobs.png", full_page=True)
+
+
+def test_audio_job_plays_in_an_audio_element(page: Page, up: Up) -> None:
+    page.goto(up.url + "/#jobs")
+    card, _ = submit(page, "reference/audio", "rain and drums at night", Seconds="1", Steps="3")
+    expect(card.locator(".status")).to_have_text(re.compile("completed"), timeout=JOB_MS)
+    player = card.locator("audio")
+    page.wait_for_function("a => a.readyState >= 2", arg=player.element_handle(), timeout=JOB_MS)
+    assert abs(media(player)["duration"] - 1.0) < 0.05
+    player.evaluate("a => a.play()")
+    page.wait_for_function("a => a.currentTime > 0.3", arg=player.element_handle(), timeout=10_000)
+
+
+def test_cancel_from_the_page_frees_the_worker_and_the_list_pages(page: Page, up: Up) -> None:
+    page.goto(up.url + "/")
+    up.failpoints.write_text(json.dumps({"step:2": "pause"}))  # holds the job mid-run
+    try:
+        card, video_id = submit(
+            page, "reference/video", "a slow kite", Size="64x48", Seconds="0.5", Steps="8"
+        )
+        expect(card).to_have_attribute("data-status", "in_progress", timeout=JOB_MS)
+        card.get_by_role("button", name="Cancel").click()
+        expect(card.locator(".status")).to_have_text("cancelled", timeout=JOB_MS)
+        expect(card.get_by_role("button", name="Cancel")).to_be_hidden()
+    finally:
+        up.failpoints.write_text("{}")
+    after, _ = submit(
+        page, "reference/video", "the next one", Size="64x48", Seconds="0.5", Steps="2"
+    )
+    expect(after.locator(".status")).to_have_text(re.compile("completed"), timeout=JOB_MS)
+
+    # The list is the API's own: it survives a reload, and pages with the cursor.
+    with api(up) as client:
+        total = len(client.get("/v1/videos", params={"limit": 100}).json()["data"])
+    assert total >= 3
+    page.goto(up.url + "/?limit=2")
+    cards = page.locator("#video-jobs li.job")
+    expect(cards).to_have_count(2)
+    expect(page.locator(f'li.job[data-id="{video_id}"] .status')).to_have_text("cancelled")
+    more = page.get_by_role("button", name="Older video jobs")
+    for shown in range(4, total + 2, 2):
+        more.click()
+        expect(cards).to_have_count(min(shown, total))
+    expect(more).to_be_hidden()
+
+
+def test_talk_with_a_wav_file_gets_an_answer_and_barge_in_cancels_it(page: Page, up: Up) -> None:
+    page.goto(up.url + "/#talk")
+    talk = page.locator("#talk")
+    talk.get_by_role("button", name="Connect", exact=True).click()
+    expect(page.locator("#talk-conn")).to_have_text("open")
+    wav = talk.get_by_label("WAV file")
+    wav.set_input_files(SPEECH / "hello.wav")
+    talk.get_by_role("button", name="Send file").click()
+    answer = page.locator("#talk-answer")
+    expect(answer).to_have_attribute("data-state", "speaking", timeout=30_000)
+    expect(page.locator("#talk-vad")).to_have_text("silence")
+    wav.set_input_files(SPEECH / "stop.wav")  # speak over the answer
+    talk.get_by_role("button", name="Send file").click()
+    expect(page.locator("#talk-log")).to_contain_text("cancelled (turn_detected)", timeout=30_000)
+    expect(answer).to_have_text("completed", timeout=30_000)  # the answer to "stop…"
+    heard = int(page.locator("#talk-heard").inner_text().split()[0])
+    assert heard > 0
+    page.screenshot(path=up.artifacts / "talk.png", full_page=True)
+
+
+def test_talk_with_the_microphone_gets_an_answer(page: Page, up: Up) -> None:
+    page.goto(up.url + "/#talk")
+    talk = page.locator("#talk")
+    talk.get_by_role("button", name="Connect", exact=True).click()
+    expect(page.locator("#talk-conn")).to_have_text("open")
+    mic = talk.get_by_role("button", name="Microphone")
+    mic.click()  # Web Audio at 24 kHz → PCM16 appends; the fake device plays hello.wav
+    expect(mic).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#talk-log")).to_contain_text("turn committed", timeout=30_000)
+    expect(page.locator("#talk-answer")).to_have_text("completed", timeout=30_000)
+    mic.click()
+    expect(mic).to_have_attribute("aria-pressed", "false")
+
+
+def test_world_plays_chunks_through_mse_and_w_is_acknowledged(page: Page, up: Up) -> None:
+    page.goto(up.url + "/#world")
+    world = page.locator("#world")
+    world.get_by_label("Size").select_option("256x144")
+    world.get_by_label("Seconds").fill("2.8")  # 45 frames at 16 fps: 4 chunks (9 + 3 × 12)
+    world.get_by_role("button", name="Start").click()
+    page.wait_for_function("Number(document.getElementById('world-chunks').textContent) >= 1")
+    page.keyboard.press("w")
+    expect(page.locator("#world-action")).to_have_attribute("data-state", "queued")
+    expect(page.locator("#world-status")).to_have_text("done: 4 chunks", timeout=JOB_MS)
+    video = page.locator("#world-video")
+    # at least three chunks played: past the end of the second (9 + 12 frames)
+    page.wait_for_function("v => v.currentTime > 21 / 16", arg=video.element_handle())
+    state = media(video)
+    assert state["error"] is None and state["buffered"] > 44 / 16, state
+    expect(page.locator("#world-latency")).to_contain_text("over 4")
+    page.screenshot(path=up.artifacts / "world.png", full_page=True)
+
+
+def test_the_page_asks_for_the_key_once_and_fits_a_phone(browser: Browser, up: Up) -> None:
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    page.set_default_timeout(REACT_MS)
+    try:
+        page.goto(up.url + "/")  # the page itself needs no key; /v1/models does
+        dialog = page.get_by_role("dialog")
+        expect(dialog).to_contain_text("needs an API key")
+        dialog.get_by_label("Key").fill(up.key)
+        dialog.get_by_role("button", name="Use key").click()
+        expect(page.locator("#job-model option")).to_have_count(2)  # the job models
+        page.get_by_role("link", name="World").click()
+        expect(page.locator("#world-model option")).to_have_count(1)
+        expect(dialog).to_be_hidden()  # asked once
+        stored = page.evaluate("[sessionStorage.length, localStorage.length]")
+        assert stored == [1, 0]
+        page.get_by_role("link", name="Jobs").click()
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        page.screenshot(path=up.artifacts / "phone.png", full_page=True)
+    finally:
+        context.close()
+
+
+def test_the_page_shadows_no_api_route(up: Up) -> None:
+    with httpx.Client(base_url=up.url, timeout=30) as client:
+        page = client.get("/")
+        assert page.status_code == 200 and "<title>omniqueue playground" in page.text
+        script = client.get("/static/app.js")
+        assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+        assert client.get("/v1/models").status_code == 401
+        unknown = client.get("/v1/nothing-here")
+        assert unknown.status_code == 404 and "error" in unknown.json()
+        wrong = client.put("/v1/videos")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, POST"
+        assert client.get("/health").status_code == 200
+        assert "/" not in client.get("/openapi.json").json()["paths"]

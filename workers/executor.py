@@ -126,9 +126,8 @@ class StepExecutor:
     # ---- entry ------------------------------------------------------------------
 
     def run(self, job_id: str, model: str | None = None) -> str:
-        """Run one job to a terminal state for the message of job ``job_id`` (of
-        ``model``): that job, or under fair share the fair next queued job of the model
-        (:meth:`_acquire`); returns the outcome for logs and tests."""
+        """Run one job to a terminal state for the message of ``job_id`` (see
+        :meth:`_acquire`); returns the outcome for logs and tests."""
         job = self._acquire(job_id, model)
         if job is None:
             return "skipped"
@@ -182,13 +181,11 @@ class StepExecutor:
         return outcome
 
     def _acquire(self, job_id: str, model: str | None) -> Job | None:
-        """The job this message runs, once it is ours (a claim returns its row), or None.
-
-        The message's own job is taken over when its worker stopped heartbeating (a
-        redelivery or a reconciler re-enqueue). Otherwise, under fair share
-        (:mod:`storage.fair_share`), the message claims the fair next queued job of its
-        model, its own or another key's; without, its own job. Every message takes
-        over, claims or finds nothing queued: never fewer messages than queued jobs."""
+        """The job this message runs, once ours, or None. Its own job is taken over when
+        its worker stopped heartbeating; otherwise, under fair share
+        (:mod:`storage.fair_share`), it claims the fair next queued job of ``model``
+        (maybe another key's), without, its own job. Every message takes over, claims or
+        finds nothing queued: never fewer messages than queued jobs."""
         if not self.settings.quotas.fair_share:
             claimed = self.jobs.claim_job(job_id, self.worker_id)
             if claimed is not None:
@@ -204,9 +201,8 @@ class StepExecutor:
         return self.jobs.claim_next(model, self.worker_id)
 
     def _take_over(self, job: Job | None) -> Job | None:
-        """Take over ``job`` if it is running and its worker stopped heartbeating
-        (attempt + 1; failed with ``worker_lost`` once its attempts are used up); None
-        otherwise (a job that ended, or that a live worker owns: a duplicate delivery)."""
+        """Take over ``job`` if its worker stopped heartbeating (``worker_lost`` once its
+        attempts are used up); None if it ended or a live worker owns it."""
         if job is None or job.status != JobStatus.IN_PROGRESS:
             if job is not None:
                 metrics.message_dropped(job)  # counts a job cancelled before any claim

@@ -48,9 +48,7 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import parser, pct  # noqa: E402
 from benchmarks.embedded_stack import (  # noqa: E402

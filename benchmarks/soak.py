@@ -51,8 +51,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import parser, pct  # noqa: E402
-from benchmarks.embedded_stack import (  # noqa: E402
+from benchmarks.common import parser, pct
+from benchmarks.embedded_stack import (
     S3_BUCKET,
     LogWatcher,
     Stack,

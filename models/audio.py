@@ -21,9 +21,17 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from models.common import Int, JobError, JobStatus, Number
+from models.common import (
+    Deleted,
+    Int,
+    JobError,
+    JobRequestOptions,
+    JobStatus,
+    ListPage,
+    Number,
+)
 from models.videos import StageDurations
-from models.webhooks import WebhookEvents, WebhookUrl
+from models.webhooks import WebhookFields
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
 AUDIO_FORMATS: tuple[str, ...] = ("wav", "mp3", "flac", "opus", "aac", "pcm")
@@ -54,10 +62,10 @@ SAMPLE_RATES: dict[str, tuple[int, ...] | None] = {
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192_000
 
 
-class AudioCreate(BaseModel):
+class AudioCreate(JobRequestOptions):
     """A ``POST /v1/audio/generations`` body (JSON, or multipart with string values)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # extra_params, timeout, webhook_url/webhook_events: from JobRequestOptions.
 
     prompt: str
     model: str | None = None
@@ -72,18 +80,15 @@ class AudioCreate(BaseModel):
     sample_rate: Int | None = None
     # 1 (mono) or 2 (stereo); default: what the model makes.
     channels: Int | None = None
-    extra_params: dict[str, Any] = Field(default_factory=dict)
-    timeout: Number | None = None
-    webhook_url: WebhookUrl = None
-    webhook_events: WebhookEvents = None
 
 
-class SpeechCreate(BaseModel):
+class SpeechCreate(WebhookFields):
     """``POST /v1/audio/speech``: OpenAI's text-to-speech request, plus every field of
     vLLM-Omni's ``OpenAICreateSpeechRequest`` (``protocol/audio.py``) so its TTS clients
     are not refused at parse time. Which of them a served model honours, ignores as a
     hint, or refuses is decided in ``api/audio_validation.py``."""
 
+    # webhook_url/webhook_events: from WebhookFields; extra_params is its own (may be null).
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
@@ -116,14 +121,12 @@ class SpeechCreate(BaseModel):
     non_streaming_mode: bool | None = None
     extra_params: dict[str, Any] | None = None
     word_timestamps: bool = False
-    webhook_url: WebhookUrl = None
-    webhook_events: WebhookEvents = None
 
 
-class AudioGenerate(BaseModel):
+class AudioGenerate(JobRequestOptions):
     """``POST /v1/audio/generate``: vLLM-Omni's synchronous diffusion audio request."""
 
-    model_config = ConfigDict(extra="forbid")
+    # omniqueue extensions: sample_rate, and the JobRequestOptions fields.
 
     input: str
     model: str | None = None
@@ -136,12 +139,7 @@ class AudioGenerate(BaseModel):
     guidance_scale: Number | None = None
     num_inference_steps: Int | None = None
     seed: Int | None = None
-    # omniqueue extensions
     sample_rate: Int | None = None
-    extra_params: dict[str, Any] = Field(default_factory=dict)
-    timeout: Number | None = None
-    webhook_url: WebhookUrl = None
-    webhook_events: WebhookEvents = None
 
 
 class AudioObject(BaseModel):
@@ -174,18 +172,12 @@ class AudioObject(BaseModel):
     attempt: int = 0
 
 
-class AudioPage(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[AudioObject]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool = False
+class AudioPage(ListPage[AudioObject]):
+    pass
 
 
-class AudioDeleted(BaseModel):
-    id: str
+class AudioDeleted(Deleted):
     object: Literal["audio.deleted"] = "audio.deleted"
-    deleted: bool = True
 
 
 class SpeechAudioDelta(BaseModel):

@@ -4,9 +4,11 @@ what every job kind (video, audio) shares: its status and its error."""
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from models.webhooks import WebhookFields
 
 
 def _not_bool(value: Any) -> Any:
@@ -19,6 +21,17 @@ def _not_bool(value: Any) -> Any:
 # (multipart values) still parse, ASCII digits only.
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Number = Annotated[float, BeforeValidator(_not_bool)]
+
+
+class JobRequestOptions(WebhookFields):
+    """The options every job create body takes besides its own parameters: the model's
+    ``extra_params``, a ``timeout`` in seconds, and the webhook fields. Unknown fields are
+    refused (a misspelt parameter is a 400, not silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    extra_params: dict[str, Any] = Field(default_factory=dict)
+    timeout: Number | None = None
 
 
 class JobStatus(enum.StrEnum):
@@ -37,6 +50,28 @@ class JobError(BaseModel):
 
     code: str
     message: str
+
+
+Item = TypeVar("Item")
+
+
+class ListPage(BaseModel, Generic[Item]):
+    """A page of a job kind's list (``GET /v1/videos``, …): OpenAI's cursor page. Each
+    kind names its own (``class VideoPage(ListPage[VideoObject])``), so the schema does."""
+
+    object: Literal["list"] = "list"
+    data: list[Item]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class Deleted(BaseModel):
+    """The answer to deleting a job; each kind narrows ``object`` (``"video.deleted"``)."""
+
+    id: str
+    object: str
+    deleted: bool = True
 
 
 class ErrorDetail(BaseModel):

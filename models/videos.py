@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from models.common import Int, JobError, JobStatus, Number
-from models.webhooks import WebhookEvents, WebhookUrl
+from models.common import (
+    Deleted,
+    Int,
+    JobError,
+    JobRequestOptions,
+    JobStatus,
+    ListPage,
+    Number,
+)
 
 # The names of the first job kind; every job kind uses the same two (models/common.py).
 VideoStatus = JobStatus
@@ -15,14 +22,14 @@ VideoError = JobError
 STAGES = ("queue", "prepare", "denoise", "decode", "encode", "upload")
 
 
-class VideoCreate(BaseModel):
+class VideoCreate(JobRequestOptions):
     """A create request after alias normalization, before model validation.
 
     Both ``multipart/form-data`` and JSON bodies become this; multipart values arrive as
     strings and pydantic's lax mode parses ``"4"``, ``"7.5"`` and ``"true"``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    # extra_params, timeout, webhook_url/webhook_events: from JobRequestOptions.
 
     prompt: str
     model: str | None = None
@@ -40,16 +47,11 @@ class VideoCreate(BaseModel):
     boundary_ratio: Number | None = None
     seed: Int | None = None
     negative_prompt: str | None = None
-    extra_params: dict[str, Any] = Field(default_factory=dict)
     lora: dict[str, Any] | None = None
     n: Int = 1
     vae_use_slicing: bool | None = None
     vae_use_tiling: bool | None = None
-    timeout: Number | None = None
     input_reference_url: str | None = None
-    # Where to POST this job's terminal event (docs/webhooks.md), and which events.
-    webhook_url: WebhookUrl = None
-    webhook_events: WebhookEvents = None
 
 
 class StageDurations(BaseModel):
@@ -92,15 +94,9 @@ class VideoObject(BaseModel):
     attempt: int = 0
 
 
-class VideoPage(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[VideoObject]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool = False
+class VideoPage(ListPage[VideoObject]):
+    pass
 
 
-class VideoDeleted(BaseModel):
-    id: str
+class VideoDeleted(Deleted):
     object: Literal["video.deleted"] = "video.deleted"
-    deleted: bool = True

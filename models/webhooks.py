@@ -57,6 +57,14 @@ WebhookEvents = Annotated[
 ]
 
 
+class WebhookFields(BaseModel):
+    """``webhook_url`` and ``webhook_events``: every job create body takes them, so each
+    inherits them from here (``models.common.JobRequestOptions`` adds the rest)."""
+
+    webhook_url: WebhookUrl = None
+    webhook_events: WebhookEvents = None
+
+
 class JobWebhook(BaseModel):
     """A job's own destination, as its create request gave it (part of the job's spec)."""
 

@@ -25,6 +25,7 @@ from api.content import stream_artifact
 from api.metrics import JOBS_CREATED
 from api.payload import storable
 from api.state import AppState
+from models.common import StageDurations
 from models.db import Artifact, Job, JobStatus, JobView
 from models.errors import (
     Gone,
@@ -36,7 +37,7 @@ from models.errors import (
     SyncTimeout,
 )
 from models.events import DoneEvent, StatusEvent
-from models.videos import StageDurations, VideoError
+from models.videos import VideoError
 from storage.artifacts import StorageError
 from storage.bus import BusUnavailable
 from storage.constants import job_events_key, job_prefix

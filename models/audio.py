@@ -24,13 +24,11 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from models.common import (
     Deleted,
     Int,
-    JobError,
+    JobObject,
     JobRequestOptions,
-    JobStatus,
     ListPage,
     Number,
 )
-from models.videos import StageDurations
 from models.webhooks import WebhookFields
 
 AudioFormat = Literal["wav", "mp3", "flac", "opus", "aac", "pcm"]
@@ -142,34 +140,14 @@ class AudioGenerate(JobRequestOptions):
     sample_rate: Int | None = None
 
 
-class AudioObject(BaseModel):
-    id: str
+class AudioObject(JobObject):
     object: Literal["audio"] = "audio"
-    model: str
-    status: JobStatus
-    progress: int = 0
-    created_at: int
-    completed_at: int | None = None
-    expires_at: int | None = None
-    prompt: str
-    seconds: str
-    error: JobError | None = None
-    queue_position: int | None = None
-    started_at: int | None = None
-    seed: int
-    num_inference_steps: int
-    step: int = 0
-    stage: str = "queue"
-    response_format: AudioFormat = "wav"
     media_type: str = "audio/wav"
+    response_format: AudioFormat = "wav"
     # Of the artifact; the requested values until the job has completed (None: the
     # model's own, known once it has).
     sample_rate: int | None = None
     channels: int | None = None
-    inference_time_s: float | None = None
-    stage_durations: StageDurations = Field(default_factory=StageDurations)
-    peak_memory_mb: float | None = None
-    attempt: int = 0
 
 
 class AudioPage(ListPage[AudioObject]):

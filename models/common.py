@@ -52,6 +52,46 @@ class JobError(BaseModel):
     message: str
 
 
+class StageDurations(BaseModel):
+    # Seconds a job spent in each stage (models.videos.STAGES).
+    queue: float = 0.0
+    prepare: float = 0.0
+    denoise: float = 0.0
+    decode: float = 0.0
+    encode: float = 0.0
+    upload: float = 0.0
+
+
+class JobObject(BaseModel):
+    """What a job of any kind answers about itself (``GET /v1/videos/{id}``, …): the
+    video job lifecycle. Each kind narrows ``object``, gives ``media_type`` its default and
+    adds its own fields (they follow these on the wire)."""
+
+    id: str
+    object: str
+    model: str
+    status: JobStatus
+    progress: int = 0
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = None
+    prompt: str
+    seconds: str
+    error: JobError | None = None
+    # omniqueue / vLLM-Omni extensions
+    queue_position: int | None = None
+    started_at: int | None = None
+    seed: int
+    num_inference_steps: int
+    step: int = 0
+    stage: str = "queue"
+    media_type: str
+    inference_time_s: float | None = None
+    stage_durations: StageDurations = Field(default_factory=StageDurations)
+    peak_memory_mb: float | None = None
+    attempt: int = 0
+
+
 Item = TypeVar("Item")
 
 

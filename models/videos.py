@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-
 from models.common import (
     Deleted,
     Int,
     JobError,
+    JobObject,
     JobRequestOptions,
     JobStatus,
     ListPage,
@@ -54,44 +53,14 @@ class VideoCreate(JobRequestOptions):
     input_reference_url: str | None = None
 
 
-class StageDurations(BaseModel):
-    queue: float = 0.0
-    prepare: float = 0.0
-    denoise: float = 0.0
-    decode: float = 0.0
-    encode: float = 0.0
-    upload: float = 0.0
-
-
-class VideoObject(BaseModel):
-    id: str
+class VideoObject(JobObject):
     object: Literal["video"] = "video"
-    model: str
-    status: JobStatus
-    progress: int = 0
-    created_at: int
-    completed_at: int | None = None
-    expires_at: int | None = None
-    prompt: str
+    media_type: str = "video/mp4"
     size: str
-    seconds: str
-    error: JobError | None = None
     remixed_from_video_id: str | None = None
-    # omniqueue / vLLM-Omni extensions
-    queue_position: int | None = None
-    started_at: int | None = None
     fps: float
     num_frames: int
-    seed: int
-    num_inference_steps: int
-    step: int = 0
-    stage: str = "queue"
-    media_type: str = "video/mp4"
     has_audio: bool = False
-    inference_time_s: float | None = None
-    stage_durations: StageDurations = Field(default_factory=StageDurations)
-    peak_memory_mb: float | None = None
-    attempt: int = 0
 
 
 class VideoPage(ListPage[VideoObject]):

@@ -142,8 +142,8 @@ class AudioGenerate(JobRequestOptions):
 
 class AudioObject(JobObject):
     object: Literal["audio"] = "audio"
-    media_type: str = "audio/wav"
     response_format: AudioFormat = "wav"
+    media_type: str = "audio/wav"
     # Of the artifact; the requested values until the job has completed (None: the
     # model's own, known once it has).
     sample_rate: int | None = None

@@ -55,11 +55,11 @@ class VideoCreate(JobRequestOptions):
 
 class VideoObject(JobObject):
     object: Literal["video"] = "video"
-    media_type: str = "video/mp4"
     size: str
     remixed_from_video_id: str | None = None
     fps: float
     num_frames: int
+    media_type: str = "video/mp4"
     has_audio: bool = False
 
 

@@ -105,23 +105,20 @@ class _Run:
         self.durations[self.stage] = round(time.monotonic() - self.stage_started, 4)
 
 
+@dataclass(eq=False, repr=False)
 class StepExecutor:
-    def __init__(
-        self,
-        settings: Settings,
-        jobs: JobStore,
-        artifacts: ArtifactStore,
-        pipelines: PipelineRegistry,
-        worker_id: str,
-        bus: EventBus | None = None,
-    ) -> None:
-        self.settings = settings
-        self.jobs = jobs
-        self.artifacts = artifacts
-        self.pipelines = pipelines
-        self.worker_id = worker_id
-        self.bus = bus
-        self.failpoints = Failpoints(settings.worker.failpoints_file)
+    """Runs jobs with the injected stores and pipelines (one per worker process)."""
+
+    settings: Settings
+    jobs: JobStore
+    artifacts: ArtifactStore
+    pipelines: PipelineRegistry
+    worker_id: str
+    bus: EventBus | None = None
+    failpoints: Failpoints = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.failpoints = Failpoints(self.settings.worker.failpoints_file)
 
     # ---- entry ------------------------------------------------------------------
 

@@ -57,21 +57,20 @@ class ReconcileReport:
     aborted_uploads: int = 0
 
 
+@dataclass(eq=False, repr=False)
 class Reconciler:
-    def __init__(
-        self,
-        settings: Settings,
-        jobs: JobStore,
-        artifacts: ArtifactStore,
-        queue: JobQueue,
-        redis: Any,
-    ) -> None:
-        self.settings = settings
-        self.jobs = jobs
-        self.artifacts = artifacts
-        self.queue = queue
-        self.redis = redis
-        self.bus = EventBus(redis, ttl_s=settings.events_ttl_s)
+    """Repairs what crashed workers and expired jobs leave behind, one locked pass at a
+    time (``run_once``)."""
+
+    settings: Settings
+    jobs: JobStore
+    artifacts: ArtifactStore
+    queue: JobQueue
+    redis: Any
+    bus: EventBus = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bus = EventBus(self.redis, ttl_s=self.settings.events_ttl_s)
 
     def run_once(self) -> ReconcileReport | None:
         """One pass, or None when another worker holds the lock."""

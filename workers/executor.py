@@ -317,7 +317,7 @@ class StepExecutor:
             png = self.artifacts.get_bytes(spec.reference_key)
             with Image.open(io.BytesIO(png)) as img:
                 reference = np.asarray(img.convert("RGB"))
-        return generation_request(spec, reference)
+        return GenerationRequest.from_spec(spec, reference)
 
     def _encode_audio(
         self, run: _Run, spec: AudioSpec, media: Media, tmp: Path
@@ -565,34 +565,6 @@ class StepExecutor:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-
-
-def generation_request(
-    spec: VideoSpec | AudioSpec, reference: np.ndarray | None = None
-) -> GenerationRequest:
-    """A job's spec as its adapter reads it: a video clip is ``num_frames`` at ``fps``, an
-    audio clip ``duration_s`` long (frame fields 0)."""
-    common: dict[str, Any] = {
-        "prompt": spec.prompt,
-        "num_inference_steps": spec.num_inference_steps,
-        "seed": spec.seed,
-        "negative_prompt": spec.negative_prompt,
-        "guidance_scale": spec.options.get("guidance_scale"),
-        "options": dict(spec.options),
-        "extra": dict(spec.extra),
-    }
-    if isinstance(spec, AudioSpec):
-        return GenerationRequest(
-            width=0, height=0, num_frames=0, fps=0.0, duration_s=spec.duration_s, **common
-        )
-    return GenerationRequest(
-        width=spec.width,
-        height=spec.height,
-        num_frames=spec.num_frames,
-        fps=spec.fps,
-        reference_image=reference,
-        **common,
-    )
 
 
 def _peak_memory_mb() -> float:

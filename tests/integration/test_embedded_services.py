@@ -288,7 +288,8 @@ def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], list[in
         proc.stdout.close()
         pytest.fail(f"omniqueue up did not start: {line!r}\n{log.read_text()[-3000:]}")
     children = _children(proc.pid)
-    assert len(children) == 5, children  # valkey, weed, api, one worker, one realtime worker
+    # valkey, weed, api, one worker, one realtime worker, the webhook sender
+    assert len(children) == 6, children
     return proc, children
 
 

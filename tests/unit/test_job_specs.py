@@ -19,7 +19,7 @@ from models.db import Job, job_spec
 from models.job_specs import AudioOutput, AudioSpec, audio_shape, parse_spec
 from storage.settings import Settings
 from tests.helpers import video_spec
-from workers.executor import generation_request
+from workers.pipelines.base import GenerationRequest
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_a_video_request_reaches_the_adapter_as_asked(settings: Settings) -> Non
     assert (job.status, job.progress, job.stage, job.idempotency_key) == ("queued", 0, "queue", "k")
     # the worker gets the same spec, and the adapter the request it describes
     assert job_spec(job) == spec and spec.seconds == "0.5"
-    request = generation_request(job_spec(job))
+    request = GenerationRequest.from_spec(job_spec(job))
     assert (request.width, request.height, request.num_frames, request.fps) == (64, 48, 8, 16.0)
     assert (request.seed, request.num_inference_steps, request.duration_s) == (9, 3, None)
     assert request.negative_prompt == "blur" and request.guidance_scale == 7.5
@@ -136,7 +136,7 @@ def test_an_audio_request_is_a_duration_not_frames(
     assert audio_shape(job.spec, None) == (fmt, spec.sample_rate, spec.channels)
     made = AudioOutput(sample_rate=8000, channels=2, num_samples=4).model_dump()
     assert audio_shape(job.spec, made) == (fmt, 8000, 2)
-    request = generation_request(parsed)
+    request = GenerationRequest.from_spec(parsed)
     assert request.duration_s == duration_ms / 1000
     assert (request.num_frames, request.fps, request.width, request.height) == (0, 0.0, 0, 0)
 

@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from models.catalog import ModelSpec
+from models.job_specs import AudioSpec, VideoSpec
 
 # Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
 _checkpoint: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
@@ -114,6 +115,34 @@ class GenerationRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     # An audio clip's length in seconds; None for video.
     duration_s: float | None = None
+
+    @classmethod
+    def from_spec(
+        cls, spec: VideoSpec | AudioSpec, reference: np.ndarray | None = None
+    ) -> GenerationRequest:
+        """A job's spec as its adapter reads it: a video clip is ``num_frames`` at ``fps``,
+        an audio clip ``duration_s`` long (frame fields 0)."""
+        common: dict[str, Any] = {
+            "prompt": spec.prompt,
+            "num_inference_steps": spec.num_inference_steps,
+            "seed": spec.seed,
+            "negative_prompt": spec.negative_prompt,
+            "guidance_scale": spec.options.get("guidance_scale"),
+            "options": dict(spec.options),
+            "extra": dict(spec.extra),
+        }
+        if isinstance(spec, AudioSpec):
+            return cls(
+                width=0, height=0, num_frames=0, fps=0.0, duration_s=spec.duration_s, **common
+            )
+        return cls(
+            width=spec.width,
+            height=spec.height,
+            num_frames=spec.num_frames,
+            fps=spec.fps,
+            reference_image=reference,
+            **common,
+        )
 
 
 @dataclass

@@ -108,7 +108,7 @@ class JobService(abc.ABC, Generic[WireT]):
         if idempotency_key:
             existing = jobs.find_idempotent(job.owner, idempotency_key, window)
             if existing is not None:
-                return existing, False
+                return _same_kind(existing, job), False
         if self.max_active_jobs:
             self.state.quotas.check_active(jobs, job.owner, self.max_active_jobs)
         if before_insert is not None:
@@ -125,7 +125,7 @@ class JobService(abc.ABC, Generic[WireT]):
             raise
         if not created:  # lost an idempotency race: ours is not needed
             self._drop_objects(prefix)
-            return stored, False
+            return _same_kind(stored, job), False
         try:
             self.state.queue.enqueue(job.id, job.model)
         except Exception as exc:
@@ -423,3 +423,15 @@ async def _disconnected(request: Request) -> None:
 
 def epoch(value: float | None) -> int | None:
     return None if value is None else int(value)
+
+
+def _same_kind(existing: Job, job: Job) -> Job:
+    """The job an ``Idempotency-Key`` already names, when it is of the kind being created;
+    a key first used for a video job cannot answer an audio create (or the reverse)."""
+    if existing.kind != job.kind:
+        raise InvalidRequest(
+            f"this Idempotency-Key was used for a {existing.kind} job; use a new key",
+            param="Idempotency-Key",
+            code="idempotency_key_reused",
+        )
+    return existing

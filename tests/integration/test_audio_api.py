@@ -198,6 +198,37 @@ def test_multipart_and_idempotency(astack: AudioStack, client: httpx.Client) -> 
     assert astack.wait_audio(client, first.json()["id"])["status"] == "completed"
 
 
+def test_an_idempotency_key_of_one_kind_does_not_answer_the_other(
+    astack: AudioStack, client: httpx.Client
+) -> None:
+    """A key first used for a video job: an audio create with it is a 400 naming the
+    header (it used to be a 500: the audio answer was built from the video job), and the
+    reverse; neither stores a job."""
+    headers = {"Idempotency-Key": "kinds-order-7"}
+    video = client.post(
+        "/v1/videos", json={"prompt": "a kite", "size": "64x48", "seconds": "1"}, headers=headers
+    )
+    assert video.status_code == 200, video.text
+    audios_before = client.get("/v1/audio/generations", params={"limit": 100}).json()["data"]
+    audio = client.post("/v1/audio/generations", json={"prompt": "rain"}, headers=headers)
+    assert audio.status_code == 400, audio.text
+    error = audio.json()["error"]
+    assert error["param"] == "Idempotency-Key" and error["code"] == "idempotency_key_reused"
+    assert client.get("/v1/audio/generations", params={"limit": 100}).json()["data"] == (
+        audios_before
+    )
+
+    headers = {"Idempotency-Key": "kinds-order-8"}
+    first = client.post("/v1/audio/generations", json={"prompt": "rain"}, headers=headers)
+    assert first.status_code == 200, first.text
+    again = client.post(
+        "/v1/videos", json={"prompt": "a kite", "size": "64x48", "seconds": "1"}, headers=headers
+    )
+    assert again.status_code == 400 and again.json()["error"]["param"] == "Idempotency-Key"
+    assert astack.wait_for(client, video.json()["id"])["status"] == "completed"
+    assert astack.wait_audio(client, first.json()["id"])["status"] == "completed"
+
+
 def test_cancel_and_delete_leave_nothing(astack: AudioStack, client: httpx.Client) -> None:
     astack.set_failpoints({"step:1": "pause"})
     try:

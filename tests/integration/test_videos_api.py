@@ -254,11 +254,13 @@ def test_cancel_queued_job_and_queue_position(stack: Stack, client: httpx.Client
     stack.wait_for(client, blocker["id"], until=("in_progress",))
     second = _create(client)
     third = _create(client)
-    # Positions count every queued job of the model; the session's shared stack may still
-    # hold one another module left queued, so they are checked relative to ``second``.
+    # Positions count the queued jobs of the model that go first; the session's shared
+    # stack may still hold one another module left queued (another key's, whose turns
+    # interleave with this key's under fair share), so they are checked relative to
+    # ``second``: ``third`` is behind it, and takes its place once it is cancelled.
     ahead = client.get(f"/v1/videos/{second['id']}").json()["queue_position"]
     assert ahead >= 0
-    assert client.get(f"/v1/videos/{third['id']}").json()["queue_position"] == ahead + 1
+    assert client.get(f"/v1/videos/{third['id']}").json()["queue_position"] > ahead
 
     cancelled = client.post(f"/v1/videos/{second['id']}/cancel")
     assert cancelled.status_code == 200

@@ -20,12 +20,16 @@ from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
 from storage.outbox import Outbox, event_id
 from storage.settings import DatabaseSettings
-from tests.integration.conftest import REDIS_DB, isolated_stack
+from tests.integration.conftest import isolated_stack
 from tests.integration.stack import REPO, Stack
 from tests.integration.test_bad_input import _refused
 from tests.integration.webhook_receiver import FLAKY_FAILURES, Receiver, running_receiver
 
 pytestmark = pytest.mark.integration
+
+# Its own Redis index: a worker of the session-wide stack (conftest, index 9) would take
+# this stack's messages and drop them (their jobs are not in its database).
+REDIS_DB = 2
 
 VIDEO = {"prompt": "a lighthouse at dusk", "size": "64x48", "seconds": "0.5", "fps": 16,
          "num_inference_steps": 3}  # fmt: skip

@@ -7,6 +7,14 @@ from models.common import ModelLimits, ModelObject
 from storage.settings import LimitSettings
 
 
+def quality_tiers(spec: ModelSpec) -> list[str]:
+    """The ``quality`` values a create may send for ``spec``: "lossless" and the model's
+    own tiers, for video job models; none for the others."""
+    if spec.streaming or spec.modality != "video":
+        return []
+    return ["lossless", *(t for t in spec.quality_tiers if t != "lossless")]
+
+
 def model_object(spec: ModelSpec, limits: LimitSettings) -> ModelObject:
     """``spec`` as listed: job models within the server's limits (the checks of
     ``api/validation.py``); streaming models as they declare (their sessions have their
@@ -20,6 +28,7 @@ def model_object(spec: ModelSpec, limits: LimitSettings) -> ModelObject:
         modality=spec.modality,
         kind=spec.kind,
         description=spec.description,
+        quality_tiers=quality_tiers(spec),
         limits=ModelLimits(
             min_size=spec.min_size,
             max_width=min(spec.max_width, limits.max_width) if job else spec.max_width,

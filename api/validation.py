@@ -9,13 +9,13 @@ from __future__ import annotations
 import math
 import re
 import secrets
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
 from api.payload import loads
 from models.audio import AudioCreate
-from models.catalog import ModelSpec
+from models.catalog import ModelSpec, QualityTier
 from models.errors import InvalidRequest, ModelNotFound
 from models.job_specs import VideoSpec
 from models.videos import VideoCreate
@@ -108,6 +108,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         raise InvalidRequest(f"n must be between 1 and {spec.max_outputs} for {model}", param="n")
     if req.lora is not None and "lora" not in spec.parameters:
         raise InvalidRequest(f"model {model!r} does not support LoRA", param="lora")
+    quality = resolve_quality(req.quality, spec)
     options: dict[str, Any] = {}
     for name in PIPELINE_OPTIONS:
         value = getattr(req, name)
@@ -123,7 +124,21 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         fps=fps,
         num_frames=num_frames,
         has_audio=spec.has_audio,
+        quality=quality,
     )
+
+
+def resolve_quality(requested: str | None, spec: ModelSpec) -> QualityTier:
+    """``quality``: "lossless" (every step in full) unless the model offers the tier."""
+    if requested is None or requested == "lossless":
+        return "lossless"
+    if requested not in spec.quality_tiers:
+        offered = ", ".join(["lossless", *spec.quality_tiers])
+        raise InvalidRequest(
+            f"model {spec.name!r} offers quality {offered}, not {requested!r}",
+            param="quality",
+        )
+    return cast(QualityTier, requested)
 
 
 def check_prompts(

@@ -120,6 +120,7 @@ class VideoService(JobService[VideoObject]):
             fps=fps,
             num_frames=num_frames,
             has_audio=job.has_audio,
+            quality=job.spec.get("quality", "lossless"),
         )
 
     def content_headers(self, job: JobView) -> dict[str, str]:

@@ -9,9 +9,13 @@ from __future__ import annotations
 import tomllib
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Modality = Literal["video", "audio"]
+# The ``quality`` of a video create (vLLM-Omni's field): "lossless" runs every denoise step
+# in full; "high" and "fast" reuse cached block outputs on some steps.
+QualityTier = Literal["lossless", "high", "fast"]
+QUALITY_TIERS: tuple[QualityTier, ...] = ("lossless", "high", "fast")
 # Which adapter interface runs a model (``workers/pipelines/base.py``): a job pipeline
 # (``/v1/videos``, ``/v1/audio/generations``), a world model (``WS /v1/realtime/video``)
 # or a voice model (``WS /v1/realtime``).
@@ -56,6 +60,10 @@ class ModelSpec(BaseModel):
     # Allowed values of string options and [low, high] of numeric ones.
     extra_choices: dict[str, list[str]] = Field(default_factory=dict)
     extra_ranges: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    # Request-scoped cache tiers of the ``quality`` field besides "lossless" (always
+    # offered: no cache). The worker maps each to its family's diffusers cache config
+    # (workers/pipelines/diffusers/cache_tiers.py; docs/adapters.md).
+    quality_tiers: list[QualityTier] = Field(default_factory=list)
 
     @property
     def kind(self) -> PipelineKind:
@@ -170,6 +178,7 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
 FAMILY_SPECS: dict[str, ModelSpec] = {
     "diffusers.wan": ModelSpec(
         name="diffusers.wan",
+        quality_tiers=["high", "fast"],
         size_multiple=16,
         default_size=(832, 480),
         frame_multiple=4,
@@ -189,6 +198,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
     ),
     "diffusers.ltx": ModelSpec(
         name="diffusers.ltx",
+        quality_tiers=["high", "fast"],
         size_multiple=32,
         default_size=(704, 480),
         frame_multiple=8,
@@ -211,6 +221,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
     ),
     "diffusers.cogvideox": ModelSpec(
         name="diffusers.cogvideox",
+        quality_tiers=["high", "fast"],
         size_multiple=16,
         default_size=(720, 480),
         frame_multiple=4,
@@ -278,6 +289,19 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
 
 
 ParallelStrategy = Literal["cfg", "ulysses", "ring"]
+# How a diffusers model's denoiser runs: each transformer block's forward compiled by
+# torch.compile (the per-block cancel gates and cache hooks stay outside), or eager.
+CompileMode = Literal["blocks", "off"]
+
+
+class WarmupShape(BaseModel):
+    """A shape bucket compiled at worker start, before the worker takes jobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    width: int = Field(ge=1)
+    height: int = Field(ge=1)
+    num_frames: int = Field(ge=1)
 
 
 class ServedModel(BaseModel):
@@ -299,6 +323,13 @@ class ServedModel(BaseModel):
     # unconditional passes of classifier-free guidance on two ranks; ``ulysses`` / ``ring``,
     # diffusers' context parallelism over the token sequence.
     parallel: ParallelStrategy | None = None
+    # None: "blocks" on a CUDA device, "off" elsewhere (docs/adapters.md, "Compiled blocks").
+    compile: CompileMode | None = None
+    # torch.compile's backend and mode for the blocks ("inductor", None: its default).
+    compile_backend: str = "inductor"
+    compile_mode: str | None = None
+    # Shapes compiled at worker start; a job of another shape compiles in its prepare.
+    warmup: list[WarmupShape] = Field(default_factory=list)
     spec: ModelSpec
 
     @model_validator(mode="after")

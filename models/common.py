@@ -163,6 +163,9 @@ class ModelObject(BaseModel):
     kind: Literal["job", "world", "voice"] = "job"
     description: str = ""
     limits: ModelLimits | None = None
+    # The ``quality`` tiers a video create may ask for ("lossless" always; empty for
+    # models that are not video job models).
+    quality_tiers: list[str] = Field(default_factory=list)
 
 
 class ModelList(BaseModel):

@@ -51,6 +51,8 @@ class VideoSpec(_Spec):
     # The model's real frame count (snapped to its lattice), not the one asked for.
     num_frames: int
     has_audio: bool = False
+    # The cache tier (``quality``): "lossless" runs every step in full.
+    quality: Literal["lossless", "high", "fast"] = "lossless"
     # The S3 key of the first frame for image-to-video (a PNG under the job's prefix).
     reference_key: str | None = None
     # Set when the job records a realtime video session that finished elsewhere.

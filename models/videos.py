@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from models.catalog import QualityTier
 from models.common import (
     Deleted,
     Int,
@@ -47,6 +48,8 @@ class VideoCreate(JobRequestOptions):
     seed: Int | None = None
     negative_prompt: str | None = None
     lora: dict[str, Any] | None = None
+    # vLLM-Omni's cache tier: "lossless" (the default), "high" or "fast" (models.catalog).
+    quality: QualityTier | None = None
     n: Int = 1
     vae_use_slicing: bool | None = None
     vae_use_tiling: bool | None = None
@@ -61,6 +64,8 @@ class VideoObject(JobObject):
     num_frames: int
     media_type: str = "video/mp4"
     has_audio: bool = False
+    # The cache tier the job runs with (``quality`` of the create; "lossless" by default).
+    quality: QualityTier = "lossless"
 
 
 class VideoPage(ListPage[VideoObject]):

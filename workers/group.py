@@ -244,6 +244,8 @@ def _follow(rank: int, pipes: dict[str, Any], link: Connection) -> None:
                 state = None
         else:
             state, failed = None, False
+            if pipe is not None:
+                pipe.end()  # the job's cache tier off this rank's pipe too
             gc.collect(0)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()

@@ -67,6 +67,24 @@ CANCEL_LATENCY = Histogram(
     ["model", "kind"],
     buckets=CANCEL_BUCKETS,
 )
+COMPILE_SECONDS = Histogram(
+    "omniqueue_compile_seconds",
+    "Time to compile a model's denoiser blocks for one input shape: at worker start "
+    "(when='warmup') or in the prepare stage of the first job of that shape (when='prepare').",
+    ["model", "when"],
+    buckets=(0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640),
+)
+RECOMPILES = Counter(
+    "omniqueue_recompiles_total",
+    "Graphs dynamo compiled while a job denoised, after its prepare stage (0 when every "
+    "shape and variant was compiled before).",
+    ["model"],
+)
+COMPILE_FALLBACKS = Counter(
+    "omniqueue_compile_fallbacks_total",
+    "Times a model's compiled blocks failed to compile and went back to eager.",
+    ["model"],
+)
 STAGES = ("queue", "prepare", "denoise", "decode", "encode", "upload")
 # The custom collectors' gauges: (name, help).
 _SLOT_GAUGES = (

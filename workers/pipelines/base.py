@@ -115,6 +115,8 @@ class GenerationRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     # An audio clip's length in seconds; None for video.
     duration_s: float | None = None
+    # The cache tier (``quality``): "lossless" runs every denoise step in full.
+    quality: str = "lossless"
 
     @classmethod
     def from_spec(
@@ -141,6 +143,7 @@ class GenerationRequest:
             num_frames=spec.num_frames,
             fps=spec.fps,
             reference_image=reference,
+            quality=spec.quality,
             **common,
         )
 

@@ -11,6 +11,7 @@ a :class:`Pipeline` (:meth:`PipelineRegistry.job`), the session runners for a
 from __future__ import annotations
 
 import importlib
+import inspect
 import threading
 from typing import Any
 
@@ -59,7 +60,26 @@ def build_adapter(model: ServedModel) -> AnyPipeline:
     if model.adapter.startswith("reference."):
         pipe: AnyPipeline = cls(**model.adapter_options)
     else:
-        pipe = cls(path=model.path, dtype=model.dtype, spec=model.spec, **model.adapter_options)
+        # The compiled-blocks settings go to the adapters that take them (the diffusers
+        # family's); another adapter class is built as before.
+        accepted = inspect.signature(cls).parameters
+        compiled = {
+            k: v
+            for k, v in (
+                ("compile", model.compile),
+                ("compile_backend", model.compile_backend),
+                ("compile_mode", model.compile_mode),
+                ("warmup", model.warmup),
+            )
+            if k in accepted
+        }
+        pipe = cls(
+            path=model.path,
+            dtype=model.dtype,
+            spec=model.spec,
+            **compiled,
+            **model.adapter_options,
+        )
     pipe.spec = model.spec
     return pipe
 
@@ -83,6 +103,9 @@ class PipelineRegistry:
                     raise ValueError(f"model {name!r} is not served by this worker")
                 pipe = build_adapter(model)
                 pipe.load(model.device or self.device)
+                warm_up = getattr(pipe, "warm_up", None)
+                if warm_up is not None:  # compiled blocks: the registry's shapes
+                    warm_up()
                 self._loaded[name] = pipe
             return pipe
 

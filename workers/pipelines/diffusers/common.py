@@ -13,6 +13,7 @@ import abc
 import contextlib
 import copy
 import inspect
+import logging
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,11 +23,15 @@ import numpy as np
 import torch
 from diffusers.utils.torch_utils import randn_tensor
 
-from models.catalog import FAMILY_SPECS, ModelSpec
+from models.catalog import FAMILY_SPECS, CompileMode, ModelSpec, WarmupShape
 from models.errors import InvalidJobInput
 from workers.parallel import Parallel
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, checkpoint
 from workers.pipelines.blocks import BlockGate
+from workers.pipelines.diffusers import cache_tiers
+from workers.pipelines.diffusers.compiled import BlockCompiler, graphs_made
+
+log = logging.getLogger(__name__)
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -300,6 +305,10 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         pipe: Any = None,
         spec: ModelSpec | None = None,
         max_sequence_length: int | None = None,
+        compile: CompileMode | None = None,
+        compile_backend: str = "inductor",
+        compile_mode: str | None = None,
+        warmup: list[WarmupShape] | None = None,
     ) -> None:
         if path is None and pipe is None:
             raise ValueError(f"{type(self).__name__} needs a local path or a pipe")
@@ -315,6 +324,18 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         # This process's share of a step (workers/parallel.py): all of it, unless a
         # worker group's rank.
         self.parallel = Parallel()
+        # Compiled blocks (compiled.py): None = "blocks" on CUDA, "off" elsewhere.
+        self.compile = compile
+        self.warmup = list(warmup or [])
+        self.compiler = BlockCompiler(
+            backend=compile_backend,
+            mode=compile_mode,
+            observe=self._compiled,
+            fell_back=self._compile_failed,
+        )
+        # Graphs dynamo had made when the running job's prepare ended (None: no job).
+        self._graphs_at_denoise: int | None = None
+        self.last_recompiles = 0  # graphs made while the last job denoised
 
     def load(self, device: str) -> None:
         """``from_pretrained(path, dtype=…, local_files_only=True)`` (or the injected pipe,
@@ -336,6 +357,62 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         _install_checkpoints(self.pipe)
         self.gate.device = self.device
         self.gate.install(self.pipe)
+        offered = set(cache_tiers.FAMILY_TIERS.get(self.family, ()))
+        unknown = sorted(set(self.spec.quality_tiers) - offered - {"lossless"})
+        if unknown:
+            raise ValueError(
+                f"{self.spec.name}: {self.family} has no quality tier {', '.join(unknown)}"
+            )
+        mode = self.compile or ("blocks" if self.device.type == "cuda" else "off")
+        if mode == "blocks":
+            self.compiler.install(self.pipe)
+
+    def warm_up(self) -> None:
+        """Compile the blocks for each of the registry's ``warmup`` shapes (at worker
+        start, before it takes jobs): a short request of that shape is prepared and one
+        step of it run on a copy of its state."""
+        if not self.compiler.enabled:
+            return
+        for shape in self.warmup:
+            request = GenerationRequest(
+                prompt="warm-up",
+                width=shape.width,
+                height=shape.height,
+                num_frames=shape.num_frames,
+                fps=float(self.spec.default_fps),
+                num_inference_steps=2,
+                seed=0,
+            )
+            with torch.no_grad():
+                state = self._prepare(self._loaded(), request)
+                self._compile_for(state, "warmup")
+            del state
+
+    def _compile_for(self, state: S, why: str) -> None:
+        """Compile the blocks for ``state``'s input shapes unless done: one step of a copy
+        of the state (its own scheduler and RNG, so the job's are untouched)."""
+        key = (type(state).__name__, tuple(state.latents.shape), state.do_cfg)
+        pipe = self._loaded()
+
+        def run() -> None:
+            trial = copy.copy(state)
+            trial.scheduler = copy.deepcopy(state.scheduler)
+            trial.generator = clone_generator(state.generator)
+            self._step(pipe, trial)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        self.compiler.ensure(key, run, why)
+
+    def _compiled(self, when: str, seconds: float) -> None:
+        from workers import metrics
+
+        metrics.COMPILE_SECONDS.labels(self.spec.name, when).observe(seconds)
+
+    def _compile_failed(self, reason: str) -> None:
+        from workers import metrics
+
+        metrics.COMPILE_FALLBACKS.labels(self.spec.name).inc()
 
     def _loaded(self) -> Any:
         if self.pipe is None:
@@ -353,11 +430,37 @@ class DiffusersAdapter(Pipeline, Generic[S]):
 
     @torch.no_grad()
     def prepare(self, request: GenerationRequest) -> S:
-        """Everything ``__call__`` does before its loop; nothing is written to the pipe.
-        These adapters are text-to-video/audio: an input reference is refused."""
+        """Everything ``__call__`` does before its loop, then what the job runs with: the
+        blocks compiled for its shape (once per shape), its cache tier installed (removed
+        again by ``end``). These adapters are text-to-video/audio: an input reference is
+        refused."""
         if request.reference_image is not None:
             raise InvalidJobInput(f"{self.spec.name} does not take an input_reference")
-        return self._prepare(self._loaded(), request)
+        pipe = self._loaded()
+        cache_tiers.remove(pipe)  # nothing of an earlier job's tier, whatever happened
+        if request.quality != "lossless" and request.quality not in self.spec.quality_tiers:
+            raise InvalidJobInput(f"{self.spec.name} has no quality tier {request.quality!r}")
+        state = self._prepare(pipe, request)
+        self._compile_for(state, "prepare")
+        cache_tiers.install(
+            pipe, cache_tiers.cache_config(self.family, request.quality, state.num_steps)
+        )
+        self._graphs_at_denoise = graphs_made() if self.compiler.enabled else None
+        return state
+
+    def end(self) -> None:
+        """After every job (the executor's ``finally``): the cache tier's hooks and their
+        state removed, and what the job compiled while it denoised counted."""
+        if self.pipe is not None:
+            cache_tiers.remove(self.pipe)
+        start, self._graphs_at_denoise = self._graphs_at_denoise, None
+        self.last_recompiles = 0 if start is None else graphs_made() - start
+        if self.last_recompiles > 0:
+            from workers import metrics
+
+            made = self.last_recompiles
+            log.warning("%s: %d graph(s) compiled while a job denoised", self.spec.name, made)
+            metrics.RECOMPILES.labels(self.spec.name).inc(self.last_recompiles)
 
     @torch.no_grad()
     def step(self, state: StepState) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import gc
+import hashlib
 import io
 import logging
 import resource
@@ -264,9 +265,12 @@ class StepExecutor:
         self._enter(run, "decode")
         self._failpoint(run, "decode")
         streamed: np.ndarray | None = None  # the middle frame, once the MP4 is written
+        # The raw frames' SHA-256, logged: the same request gives the same frames on any
+        # worker (x264's own output may differ from run to run; docs/adapters.md).
+        frames_digest = hashlib.sha256()
         with checkpoints(self._stop_point(run)):
             if isinstance(run.spec, VideoSpec):
-                streamed = decode_streamed(pipe, state, run.spec.fps, tmp)
+                streamed = decode_streamed(pipe, state, run.spec.fps, tmp, frames_digest)
             media = pipe.decode(state) if streamed is None else None
         del state
         inference_time = time.monotonic() - started
@@ -282,8 +286,10 @@ class StepExecutor:
             extra_values["output"] = output.model_dump()
         else:
             assert media is not None
-            files = encode_video(media, tmp)
+            files = encode_video(media, tmp, frames_digest)
         del media
+        if isinstance(run.spec, VideoSpec):
+            log.info("job %s: frames sha256 %s", job.id, frames_digest.hexdigest())
 
         self._enter(run, "upload")
         self._failpoint(run, "upload")

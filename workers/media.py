@@ -284,8 +284,11 @@ def remux_faststart(src: str | Path, dst: str | Path) -> int:
 VideoFiles = list[tuple[str, Path, str]]  # (variant, path, content type)
 
 
-def encode_video(media: Media, tmp: Path) -> VideoFiles:
-    """A video job's files in ``tmp``: the MP4 and its thumbnail (the middle frame)."""
+def encode_video(media: Media, tmp: Path, digest: Any = None) -> VideoFiles:
+    """A video job's files in ``tmp``: the MP4 and its thumbnail (the middle frame).
+    ``digest`` (a ``hashlib`` object), when given, is fed the raw uint8 frames."""
+    if digest is not None:
+        digest.update(np.ascontiguousarray(media.frames).tobytes())
     encode_mp4(media, tmp / "video.mp4")
     return finish_video(np.asarray(media.frames[len(media.frames) // 2]), tmp)
 
@@ -297,11 +300,14 @@ def finish_video(middle: np.ndarray, tmp: Path) -> VideoFiles:
     return [("video", tmp / "video.mp4", "video/mp4"), ("thumbnail", thumb_path, "image/jpeg")]
 
 
-def decode_streamed(pipe: Pipeline, state: Any, fps: float, tmp: Path) -> np.ndarray | None:
+def decode_streamed(
+    pipe: Pipeline, state: Any, fps: float, tmp: Path, digest: Any = None
+) -> np.ndarray | None:
     """Decode and encode at once where the adapter streams its decode
     (``Pipeline.decode_stream``): x264 encodes each chunk on the writer's thread while the
     next one decodes. Returns the middle frame (for the thumbnail) once ``tmp/video.mp4``
-    is complete; None: no stream, the caller decodes whole."""
+    is complete; None: no stream, the caller decodes whole. ``digest`` (a ``hashlib``
+    object), when given, is fed the raw uint8 frames in order."""
     chunks = pipe.decode_stream(state)
     if chunks is None:
         return None
@@ -310,6 +316,8 @@ def decode_streamed(pipe: Pipeline, state: Any, fps: float, tmp: Path) -> np.nda
         for chunk in chunks:
             mp4.write(chunk)
             kept.append(chunk)
+            if digest is not None:
+                digest.update(np.ascontiguousarray(chunk).tobytes())
     middle = mp4.frames // 2
     for chunk in kept:
         if middle < len(chunk):

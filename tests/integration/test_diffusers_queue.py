@@ -6,6 +6,7 @@ matches the pipeline's own call."""
 from __future__ import annotations
 
 import io
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -227,3 +228,82 @@ def test_cancel_stops_a_diffusers_job_inside_a_step(dstack: Stack) -> None:
         dstack.set_failpoints({})
         again = c.post("/v1/videos", json=job).json()["id"]
         assert dstack.wait_for(c, again, timeout=120)["status"] == "completed"
+
+
+def _video_frames(stack: Stack, client: Any, job: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Run ``job``; its object and the SHA-256 of the raw frames its worker encoded (from
+    the worker's log: x264's output under load differs from run to run, the frames not)."""
+    resp = client.post("/v1/videos", json=job)
+    assert resp.status_code == 200, resp.text
+    done = stack.wait_for(client, resp.json()["id"], timeout=180)
+    assert done["status"] == "completed", (done, stack.log(next(reversed(stack.procs))))
+    pattern = re.compile(rf"job {done['id']}: frames sha256 ([0-9a-f]{{64}})")
+    logs = "".join((stack.work / f"{n}.log").read_text(errors="replace") for n in stack.procs)
+    found = pattern.findall(logs)
+    assert len(found) == 1, found
+    return done, found[0]
+
+
+def _fresh_worker(stack: Stack, name: str) -> None:
+    for old in [n for n in stack.procs if n != "api"]:
+        stack.stop_process(old)
+    stack.start_worker(name)
+    stack.wait_workers(1)
+
+
+def test_quality_tiers_through_the_queue(dstack: Stack) -> None:
+    """Cache tiers (``quality``) through the API and a worker process: a worker serving
+    alternating tiers gives each job exactly the frames that the same job gets alone on a
+    fresh worker process (compared by the SHA-256 of the raw frames the worker encoded),
+    and a lossless job after a fast one is bit-equal to a fresh worker's; a cancel inside
+    a cached tier's computed step leaves the next job as on a fresh worker. A model
+    without tiers refuses ``quality``, storing nothing; ``/v1/models`` lists the tiers;
+    the job object records the tier."""
+    job = {
+        "model": "tiny/wan",
+        "prompt": PROMPT,
+        "size": "32x32",
+        "num_frames": 9,
+        "num_inference_steps": 6,
+        "seed": 11,
+    }
+    order = ["fast", "lossless", "high", "fast", "lossless"]
+    with dstack.client() as c:
+        listed = {m["id"]: m["quality_tiers"] for m in c.get("/v1/models").json()["data"]}
+        assert listed["tiny/wan"] == ["lossless", "high", "fast"]
+        assert listed["tiny/ltx2"] == ["lossless"] and listed[AUDIO_MODEL] == []
+        jobs_before = dstack.count_jobs()
+        bad = c.post("/v1/videos", json={**job, "model": "tiny/ltx2", "quality": "fast"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "quality", bad.text
+        bad = c.post("/v1/videos", data={**job, "num_frames": "9", "quality": "ultra"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "quality", bad.text
+        assert dstack.count_jobs() == jobs_before
+
+        shared: dict[str, list[str]] = {}
+        for quality in order:  # one worker, tiers alternating
+            done, frames = _video_frames(dstack, c, {**job, "quality": quality})
+            assert done["quality"] == quality and done["step"] == 6
+            shared.setdefault(quality, []).append(frames)
+        assert c.get(f"/v1/videos/{done['id']}").json()["quality"] == "lossless"
+
+        alone: dict[str, str] = {}
+        for i, quality in enumerate(("lossless", "high", "fast")):
+            _fresh_worker(dstack, f"fresh{i}")
+            alone[quality] = _video_frames(dstack, c, {**job, "quality": quality})[1]
+        for quality, runs in shared.items():
+            assert runs == [alone[quality]] * len(runs), quality
+        assert len(set(alone.values())) == 3  # each tier changes the frames
+
+        # A cancel inside a computed step of a fast job (step 1 of the warm-up), then lossless.
+        with dstack.client_without_failpoints() as c2:
+            dstack.set_failpoints({"block:1:2": "sleep:3"})
+            worker = next(n for n in dstack.procs if n != "api")
+            vid = c2.post("/v1/videos", json={**job, "quality": "fast"}).json()["id"]
+            deadline = time.monotonic() + 120
+            while "failpoint block:1:2: sleep:3" not in dstack.log(worker):
+                assert time.monotonic() < deadline, dstack.log(worker)
+                time.sleep(0.02)
+            assert c2.post(f"/v1/videos/{vid}/cancel").status_code == 200
+            assert dstack.wait_for(c2, vid, timeout=30)["error"]["code"] == "cancelled"
+            dstack.set_failpoints({})
+        assert _video_frames(dstack, c, {**job, "quality": "lossless"})[1] == alone["lossless"]

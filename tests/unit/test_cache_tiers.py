@@ -78,7 +78,7 @@ def test_a_job_stopped_inside_a_cached_tier_leaves_nothing_behind() -> None:
     def stop(block: int) -> BaseException | None:
         return JobLost() if state.step_index == 4 and block == 2 else None
 
-    with pytest.raises(JobLost):  # noqa: PT012 - steps until the stop inside step 4
+    with pytest.raises(JobLost):  # steps until the stop inside step 4
         while not state.done:
             with step_stops(stop):
                 adapter.step(state)
@@ -89,7 +89,7 @@ def test_a_job_stopped_inside_a_cached_tier_leaves_nothing_behind() -> None:
 
 def test_a_failed_prepare_leaves_no_tier_and_a_model_without_tiers_refuses() -> None:
     adapter = _fresh("wan")
-    with pytest.raises(Exception):  # noqa: B017,PT011 - the pipeline's own size check
+    with pytest.raises(ValueError, match="divisible by 16"):  # the pipeline's own check
         _frames(adapter, "fast", width=33)
     assert not cache_tiers.installed(adapter.pipe)
     adapter.spec = adapter.spec.model_copy(update={"quality_tiers": []})

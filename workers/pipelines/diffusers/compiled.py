@@ -99,7 +99,7 @@ class BlockCompiler:
             try:
                 return compiled(*args, **kwargs)
             except _COMPILE_ERRORS as exc:
-                self.give_up(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+                self.give_up(f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400])
                 return eager(*args, **kwargs)
 
         forward.__wrapped__ = eager  # type: ignore[attr-defined]

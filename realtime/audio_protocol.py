@@ -177,7 +177,7 @@ class RealtimeProtocol(TurnHandlers, ResponseHandlers):
 
     def journal(self) -> list[tuple[int, str]]:
         """Duplex: the ``(server_event_seq, frame)`` pairs emitted since the last call; the
-        shell stores them (``realtime/voice_state.py``) before sending ``data_to_send()``."""
+        shell stores them (``api/realtime/voice_state.py``) before sending ``data_to_send()``."""
         return self._outbox.take_journal()
 
     def check_timeouts(self, now: float) -> None:

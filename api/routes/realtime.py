@@ -1,15 +1,15 @@
 """``WS /v1/realtime`` (OpenAI Realtime GA) and its duplex alias ``/v1/duplex``.
 
 A thin shell: authenticate, pick the model, then read client frames into a
-:class:`~realtime.voice_session.VoiceSession`, which joins the sans-I/O protocol and the
-worker (through the shared relay, ``realtime/relay.py``). Admission (no worker slot
+:class:`~api.realtime.voice_session.VoiceSession`, which joins the sans-I/O protocol and the
+worker (through the shared relay, ``api/realtime/relay.py``). Admission (no worker slot
 within the admission timeout → ``resource_exhausted``), liveness (a silent worker →
 ``worker_lost``) and the broker (a failed Redis command → ``error broker_error``, close
 1011) are judged there, as for video sessions.
 
 Duplex sessions outlive their socket for ``realtime.resume_grace_s``: ``session.resume``
 on a new socket re-attaches it, on any API replica (their state is in Redis,
-``realtime/voice_state.py``; ``app_state.voice_sessions`` caches the ones this process
+``api/realtime/voice_state.py``; ``app_state.voice_sessions`` caches the ones this process
 holds).
 """
 
@@ -22,10 +22,10 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from api.deps import accept_websocket
 from api.metrics import REALTIME_SESSIONS
+from api.realtime.voice_session import VoiceSession, try_resume
 from api.state import AppState
 from models.errors import RateLimited
 from models.realtime import ErrorEvent, RealtimeError
-from realtime.voice_session import VoiceSession, try_resume
 
 router = APIRouter(tags=["realtime"])
 

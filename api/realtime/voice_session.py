@@ -1,9 +1,9 @@
 """One ``WS /v1/realtime`` session in the API process: the asyncio shell that joins the
 client socket, the sans-I/O ``RealtimeProtocol`` and the worker (through the shared
-:class:`~realtime.relay.Relay`).
+:class:`~api.realtime.relay.Relay`).
 
 Client frames go through the protocol; the audio they append goes to the process's VAD
-scorer (``realtime/vad_batch.py``: one thread scores every session's detector, batched),
+scorer (``api/realtime/vad_batch.py``: one thread scores every session's detector, batched),
 whose events go back into the protocol; the protocol's commands (``Respond``, ``Cancel``,
 ``Stop``) go to the worker as ``models.session_bus`` commands on the session's ``in``
 stream; the worker's outputs (``audio``, ``response_finished``, ``failed``,
@@ -14,7 +14,7 @@ relay.
 Duplex sessions outlive their socket for ``realtime.resume_grace_s``: the session keeps
 running and logging events; ``session.resume`` on a new socket re-attaches it, on any API
 replica (:func:`try_resume`): each flush stores the new events, the protocol state and
-the relay's position in Redis before anything is sent (``realtime/voice_state.py``), so a
+the relay's position in Redis before anything is sent (``api/realtime/voice_state.py``), so a
 replica that does not hold the session (or whose holder died mid-response) takes it over
 from there. The host's ``voice_sessions`` is this process's cache of the sessions it holds.
 """
@@ -30,6 +30,10 @@ from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
 
+from api.realtime.broker import BROKER_ERRORS, bounded
+from api.realtime.relay import Relay, SessionHost
+from api.realtime.vad_batch import VadScorer, scorer
+from api.realtime.voice_state import TakenOverSession, VoiceStateSync, take_over
 from models.session_bus import (
     AudioOutput,
     CancelCommand,
@@ -43,11 +47,7 @@ from models.session_bus import (
     VoiceTurnSpec,
 )
 from realtime.audio_protocol import Cancel, RealtimeOptions, RealtimeProtocol, Respond, State, Stop
-from realtime.broker import BROKER_ERRORS, bounded
-from realtime.relay import Relay, SessionHost
 from realtime.vad import SileroVAD
-from realtime.vad_batch import VadScorer, scorer
-from realtime.voice_state import TakenOverSession, VoiceStateSync, take_over
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
 from storage.bus import BusMessage
 

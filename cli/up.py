@@ -4,7 +4,7 @@ Valkey and SeaweedFS run embedded (:mod:`cli.embedded`), the database is a SQLit
 and the API, the workers and the webhook sender are ``omniqueue api`` / ``omniqueue
 worker`` / ``omniqueue webhooks serve`` child processes configured through ``OMNIQ_``
 environment variables (on loopback, webhooks may go to private and loopback hosts).
-Once up, every one of them is supervised (:mod:`cli.supervisor`): one that dies is
+Once up, every one of them is supervised (:mod:`workers.supervisor`): one that dies is
 restarted after a backoff, so a killed worker's job is taken over and the API stays up;
 one that keeps dying right after each start stops the whole stack (exit 1). Ctrl-C or
 SIGTERM stops the children first (they may still need Redis and S3 while they finish),
@@ -41,15 +41,10 @@ from types import FrameType
 import httpx
 from prometheus_client.multiprocess import mark_process_dead
 
-from cli.embedded import (
-    EmbeddedS3,
-    EmbeddedServiceError,
-    EmbeddedValkey,
-    child_popen_kwargs,
-    kill_process_group,
-)
-from cli.supervisor import GaveUp, Supervisor
+from cli.embedded import EmbeddedS3, EmbeddedServiceError, EmbeddedValkey
 from storage.settings import MetricsSettings, get_settings
+from workers.processes import child_popen_kwargs, kill_process_group
+from workers.supervisor import GaveUp, Supervisor
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 CHILD_STOP_TIMEOUT_S = 10.0

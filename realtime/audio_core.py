@@ -53,6 +53,19 @@ class Stop:
 Command = Respond | Cancel | Stop
 
 
+@dataclass(frozen=True)
+class ResumeRequested:
+    """For the shell, not the worker: the socket's first event asks to re-attach another,
+    detached duplex session. The shell looks it up (this process, or Redis) and either
+    resumes that session (:meth:`~realtime.audio_protocol.RealtimeProtocol.resume`) and
+    drops this one, or answers :meth:`~realtime.audio_protocol.RealtimeProtocol.resume_refused`
+    here."""
+
+    session_id: str
+    resume_token: str
+    last_seq: int
+
+
 class State(enum.Enum):
     OPEN = "open"
     DETACHED = "detached"  # duplex: socket gone, waiting for session.resume
@@ -94,6 +107,9 @@ class ProtocolCore:
         self.close_code: int | None = None
         self._outbox = Outbox(duplex=options.duplex, replay_events=options.replay_events)
         self._cmds: list[Command] = []
+        # No client frame yet on this socket: a session.resume may name another session.
+        self._opening = options.duplex
+        self._resume_request: ResumeRequested | None = None
         self.resume_token = secrets.token_urlsafe(24) if options.duplex else None
         self.session = wire.RealtimeSession(
             id=session_id,

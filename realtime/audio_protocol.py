@@ -9,9 +9,27 @@ In: ``receive_text`` (client frames), ``worker_audio`` / ``worker_finished`` /
 ``worker_failed`` (the relay of the worker's outputs),
 ``check_timeouts`` (due at ``next_deadline()``: the cancel grace, the idle timeout and
 the session time limit ``max_session_s``), ``connection_lost`` and, in duplex
-sessions, ``resume``. Out: ``commands()`` for the worker (``Respond``, ``Cancel``,
-``Stop``); ``data_to_send()``, JSON text frames in order; ``close_expected()`` /
-``close_code``.
+sessions, ``resume`` / ``resume_refused``. Out: ``commands()`` for the worker
+(``Respond``, ``Cancel``, ``Stop``); ``resume_requested()`` for the shell;
+``data_to_send()``, JSON text frames in order; ``close_expected()`` / ``close_code``.
+
+States and transitions (client events are handled in ``OPEN`` only, through the table
+:data:`HANDLERS` at the end of this module; frames that arrive in another state are
+dropped)::
+
+    OPEN     --session.close, close()-------------------------------> CLOSED (1000)
+    OPEN     --connection_lost(), duplex-----------------------------> DETACHED
+    OPEN     --connection_lost(), not duplex-------------------------> CLOSED (1000)
+    DETACHED --resume(token, last_seq), events still logged----------> OPEN
+    DETACHED --close() (the shell's resume grace ran out)------------> CLOSED (1000)
+    any      --max_session_s reached (check_timeouts)----------------> CLOSED (1008)
+    any      --release() (another replica took the session over)-----> CLOSED (1008)
+    any      --worker_failed(code)------------------------> CLOSED (1013 no slot, else 1011)
+
+``session.resume`` as the first frame of a fresh duplex socket names another session:
+the machine changes nothing and hands the shell a :class:`ResumeRequested`; the shell
+re-attaches that session (its ``resume``) or calls ``resume_refused`` here
+(``session.resync_required``). Any later ``session.resume`` gets that answer at once.
 
 Rules:
 - Client mistakes never raise and never close: they become ``error`` events naming the
@@ -29,6 +47,8 @@ Rules:
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -42,6 +62,7 @@ from realtime.audio_core import (
     Command,
     RealtimeOptions,
     Respond,
+    ResumeRequested,
     State,
     Stop,
 )
@@ -62,18 +83,25 @@ __all__ = [
     "RealtimeOptions",
     "RealtimeProtocol",
     "Respond",
+    "ResumeRequested",
     "State",
     "Stop",
 ]
 
 
 class RealtimeProtocol(TurnHandlers, ResponseHandlers):
-    """One session: see the module docstring. A client event of type ``a.b`` goes to
-    ``_on_a_b``, here or in one of the handler mixins."""
+    """One session: see the module docstring. A client event goes to its handler in
+    :data:`HANDLERS`, defined here or in one of the handler mixins."""
 
     def receive_text(self, text: str, now: float) -> None:
         if self.state is not State.OPEN:
             return
+        try:
+            self._dispatch(text, now)
+        finally:
+            self._opening = False
+
+    def _dispatch(self, text: str, now: float) -> None:
         if len(text) > self.options.max_event_bytes:
             self._error(
                 f"event is {len(text)} bytes; the limit is {self.options.max_event_bytes}",
@@ -105,8 +133,7 @@ class RealtimeProtocol(TurnHandlers, ResponseHandlers):
             code = "missing_required_parameter" if err["type"] == "missing" else "invalid_value"
             self._error(f"{param}: {err['msg']}", code=code, param=param, event_id=client_id)
             return
-        handler = getattr(self, "_on_" + kind.replace(".", "_"))
-        handler(event, now)
+        HANDLERS[kind](self, event, now)
 
     def _on_session_update(self, event: wire.SessionUpdateEvent, now: float) -> None:
         try:
@@ -136,11 +163,23 @@ class RealtimeProtocol(TurnHandlers, ResponseHandlers):
         )
 
     def _on_session_resume(self, event: wire.SessionResumeEvent, now: float) -> None:
-        # A resume names another (detached) session: the shell looks it up before
-        # handing frames to this machine, so reaching here means there was none.
+        if self._opening:  # the socket's first event: the shell looks the session up
+            self._resume_request = ResumeRequested(
+                event.session_id, event.resume_token, event.last_received_server_event_seq
+            )
+        else:
+            self.resume_refused(event.session_id)
+
+    def resume_requested(self) -> ResumeRequested | None:
+        """The resume the last client frame asked for, once; None when there is none."""
+        request, self._resume_request = self._resume_request, None
+        return request
+
+    def resume_refused(self, session_id: str) -> None:
+        """The shell found no session to resume for the :class:`ResumeRequested`."""
         self._emit(
             wire.ResyncRequiredEvent(
-                session_id=event.session_id,
+                session_id=session_id,
                 reason="no resumable session with that id and token (expired or unknown)",
             )
         )
@@ -159,6 +198,7 @@ class RealtimeProtocol(TurnHandlers, ResponseHandlers):
         if missed is None:
             return False
         self.state = State.OPEN
+        self._opening = False  # attached by this resume: no other session to ask for
         resumed = wire.SessionResumedEvent(
             session_id=self.id, replayed=len(missed), last_server_event_seq=self._outbox.seq
         )
@@ -177,7 +217,7 @@ class RealtimeProtocol(TurnHandlers, ResponseHandlers):
 
     def journal(self) -> list[tuple[int, str]]:
         """Duplex: the ``(server_event_seq, frame)`` pairs emitted since the last call; the
-        shell stores them (``realtime/voice_state.py``) before sending ``data_to_send()``."""
+        shell stores them (``api/realtime/voice_state.py``) before sending ``data_to_send()``."""
         return self._outbox.take_journal()
 
     def check_timeouts(self, now: float) -> None:
@@ -232,3 +272,30 @@ class RealtimeProtocol(TurnHandlers, ResponseHandlers):
             self.detach()
         else:
             self.close("disconnected", now)
+
+
+Handler = Callable[[RealtimeProtocol, Any, float], None]
+
+# Every client event and its handler (``wire.CLIENT_EVENTS`` has exactly these types;
+# tests/unit/test_realtime_dispatch.py checks it). Handlers never raise: a client mistake
+# becomes an ``error`` event. The state changes they make are drawn in the module docstring.
+HANDLERS: dict[str, Handler] = {
+    # session (this module)
+    "session.update": RealtimeProtocol._on_session_update,
+    "session.heartbeat": RealtimeProtocol._on_session_heartbeat,  # duplex
+    "session.close": RealtimeProtocol._on_session_close,  # duplex; → CLOSED
+    "session.resume": RealtimeProtocol._on_session_resume,  # duplex; → ResumeRequested
+    "playback.ack": RealtimeProtocol._on_playback_ack,  # duplex
+    # input audio and conversation items (realtime/audio_turns.py)
+    "input_audio_buffer.append": RealtimeProtocol._on_input_audio_buffer_append,
+    "input_audio_buffer.commit": RealtimeProtocol._on_input_audio_buffer_commit,
+    "input_audio_buffer.clear": RealtimeProtocol._on_input_audio_buffer_clear,
+    "conversation.item.create": RealtimeProtocol._on_conversation_item_create,
+    "conversation.item.retrieve": RealtimeProtocol._on_conversation_item_retrieve,
+    "conversation.item.delete": RealtimeProtocol._on_conversation_item_delete,
+    "conversation.item.truncate": RealtimeProtocol._on_conversation_item_truncate,
+    # responses (realtime/audio_responses.py); response.create queues a Respond command
+    "response.create": RealtimeProtocol._on_response_create,
+    "response.cancel": RealtimeProtocol._on_response_cancel,  # system-class: Cancel first
+    "output_audio_buffer.clear": RealtimeProtocol._on_output_audio_buffer_clear,
+}

@@ -247,7 +247,7 @@ class SileroVAD:
             return self.decide(probs)
 
     # The steps of ``feed``, for a caller that scores the frames of many detectors in one
-    # batch (``realtime/vad_batch.py``): frames → (net_input → the net → scored) per
+    # batch (``api/realtime/vad_batch.py``): frames → (net_input → the net → scored) per
     # frame, in order → decide.
 
     def frames(self, pcm16: bytes) -> np.ndarray:

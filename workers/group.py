@@ -5,7 +5,7 @@
 The command's own process supervises the group. It starts one process per device (rank r
 on ``devices[r]``, joined by ``torch.distributed``: NCCL on GPUs, gloo on CPUs) and, when
 any rank dies, kills the others and starts the whole group again, with the backoff and
-give-up policy of ``omniqueue up`` (``cli/supervisor.py``). Nothing is left waiting in a
+give-up policy of ``omniqueue up`` (``workers/supervisor.py``). Nothing is left waiting in a
 collective or holding device memory, and the job the group was running, whose heartbeat
 stopped with rank 0, is taken over by the next group to claim it (``worker_lost`` once the
 attempt limit is reached). A rank that hangs instead of dying is caught by the
@@ -46,6 +46,8 @@ from workers.parallel import GroupParallel, enable
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, step_stops
 from workers.pipelines.blocks import StepAborted
 from workers.pipelines.registry import PipelineRegistry
+from workers.processes import free_port
+from workers.supervisor import GaveUp, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +300,6 @@ class _Group:
         self._ctx = multiprocessing.get_context("spawn")
 
     def start(self) -> None:
-        from cli.embedded import free_port
-
         port = free_port()
         world = len(self.devices)
         pipes = [self._ctx.Pipe() for _ in range(world - 1)]
@@ -348,8 +348,6 @@ class _Group:
 
 def run_group(settings: Settings, name: str) -> int:
     """Run and supervise a worker group until SIGTERM/SIGINT; the exit status."""
-    from cli.supervisor import GaveUp, Supervisor
-
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -1,15 +1,16 @@
 """``WS /v1/realtime`` (OpenAI Realtime GA) and its duplex alias ``/v1/duplex``.
 
 A thin shell: authenticate, pick the model, then read client frames into a
-:class:`~realtime.voice_session.VoiceSession`, which joins the sans-I/O protocol and the
-worker (through the shared relay, ``realtime/relay.py``). Admission (no worker slot
+:class:`~api.realtime.voice_session.VoiceSession`, which joins the sans-I/O protocol and the
+worker (through the shared relay, ``api/realtime/relay.py``). Admission (no worker slot
 within the admission timeout → ``resource_exhausted``), liveness (a silent worker →
 ``worker_lost``) and the broker (a failed Redis command → ``error broker_error``, close
 1011) are judged there, as for video sessions.
 
 Duplex sessions outlive their socket for ``realtime.resume_grace_s``: ``session.resume``
-on a new socket re-attaches it, on any API replica (their state is in Redis,
-``realtime/voice_state.py``; ``app_state.voice_sessions`` caches the ones this process
+as the first event on a new socket re-attaches it (the protocol asks for it, the
+session's shell does it), on any API replica (their state is in Redis,
+``api/realtime/voice_state.py``; ``app_state.voice_sessions`` caches the ones this process
 holds).
 """
 
@@ -22,10 +23,10 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from api.deps import accept_websocket
 from api.metrics import REALTIME_SESSIONS
+from api.realtime.voice_session import VoiceSession
 from api.state import AppState
 from models.errors import RateLimited
 from models.realtime import ErrorEvent, RealtimeError
-from realtime.voice_session import VoiceSession, try_resume
 
 router = APIRouter(tags=["realtime"])
 
@@ -74,42 +75,21 @@ async def _serve_accepted(websocket: WebSocket, state: AppState, owner: str, dup
         await session.place()  # placed now, so the first response does not wait for it
         await session.flush()  # the broker_error when it could not be placed
     try:
-        await _read_loop(websocket, session, owner)
+        while not (session.ended_event.is_set() or session.protocol.close_expected()):
+            # No timeout here: a timer per message costs the event loop dearly at hundreds
+            # of appends a second; the protocol's clocks run in the session's clock task.
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", 1000))
+            text = message.get("text")
+            if text is not None:  # binary frames carry nothing in this protocol
+                # a session.resume opening the socket re-attaches another session to it
+                session = await session.receive(text)
     except WebSocketDisconnect:
         pass
     finally:
-        current = _current(websocket, session)
-        if current.ws is websocket:
-            await current.disconnected()
-
-
-def _current(websocket: WebSocket, session: VoiceSession) -> VoiceSession:
-    return getattr(websocket.state, "voice_session", session)
-
-
-async def _read_loop(websocket: WebSocket, session: VoiceSession, owner: str) -> None:
-    first = True
-    while True:
-        current = _current(websocket, session)
-        if current.ended_event.is_set() or current.protocol.close_expected():
-            return
-        # No timeout here: a timer per message costs the event loop dearly at hundreds of
-        # appends a second; the protocol's clocks run in the session's clock task.
-        message = await websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            raise WebSocketDisconnect(message.get("code", 1000))
-        text = message.get("text")
-        if text is None:
-            continue  # binary frames carry nothing in this protocol
-        if first and session.protocol.options.duplex and '"session.resume"' in text[:100]:
-            first = False
-            resumed = await try_resume(websocket, session, owner, text)
-            if resumed is not None:
-                websocket.state.voice_session = resumed
-                await session.finish()  # the fresh session was never placed
-                continue
-        first = False
-        await current.receive(text)
+        if session.ws is websocket:
+            await session.disconnected()
 
 
 @router.websocket("/v1/realtime")

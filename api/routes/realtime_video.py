@@ -1,10 +1,10 @@
 """``WS /v1/realtime/video``: a thin shell that authenticates the socket and hands it to a
-:class:`~realtime.video_session.VideoSession` (the asyncio shell around the sans-I/O
+:class:`~api.realtime.video_session.VideoSession` (the asyncio shell around the sans-I/O
 ``VideoSessionProtocol``, joined to the worker through the shared relay,
-``realtime/relay.py``). Losing Redis while placing the session or sending a command ends
+``api/realtime/relay.py``). Losing Redis while placing the session or sending a command ends
 it with ``error broker_error`` and close 1011, never a bare dropped socket. A socket that
 drops without a close handshake leaves a streaming session resumable on any replica
-(``session.resume``, ``realtime/video_resume.py``); a clean close ends it.
+(``session.resume``, ``api/realtime/video_resume.py``); a clean close ends it.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from api.deps import accept_websocket
 from api.inputs import reference_from_url
 from api.metrics import REALTIME_SESSIONS
+from api.realtime.broker import BROKER_ERRORS
+from api.realtime.video_session import VideoSession
 from api.state import AppState
 from models.errors import RateLimited
 from models.realtime_video import ErrorEvent
-from realtime.broker import BROKER_ERRORS
-from realtime.video_session import VideoSession
 
 router = APIRouter(tags=["realtime"])
 

@@ -38,6 +38,9 @@ class Stack:
     port: int = 0
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_offsets: dict[str, int] = field(default_factory=dict)
+    # Processes run by another interpreter (a venv with one tier's install): by name. They
+    # run outside the repository, so they import the installed package, not this checkout.
+    interpreters: dict[str, Path] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -109,10 +112,14 @@ class Stack:
         path = self.work / f"{name}.log"
         self.log_offsets[name] = path.stat().st_size if path.exists() else 0
         log = open(path, "ab")  # noqa: SIM115 - owned by the process
+        python = self.interpreters.get(name)
+        env = self.env()
+        if python is not None:
+            del env["PYTHONPATH"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", *args],
-            cwd=REPO,
-            env=self.env(),
+            [str(python or sys.executable), "-m", "cli.main", *args],
+            cwd=self.work if python is not None else REPO,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

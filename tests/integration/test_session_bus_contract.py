@@ -1,6 +1,6 @@
 """The contract between the API and a worker, per message type, over a real Redis.
 
-Every ``SessionCommand`` goes out through the API's relay (``realtime.relay.Relay``) and
+Every ``SessionCommand`` goes out through the API's relay (``api.realtime.relay.Relay``) and
 is read back by the worker's slot helper (``workers.session_slot.SessionSlot``); every
 ``SessionOutput`` goes the other way, published by the slot and delivered by the relay
 to its session. Every task payload goes through ``storage.queue.JobQueue`` onto the real
@@ -23,6 +23,7 @@ import redis
 import redis.asyncio
 from pydantic import BaseModel
 
+from api.realtime.relay import Relay
 from models.session_bus import (
     AcceptedOutput,
     AudioOutput,
@@ -47,7 +48,6 @@ from models.session_bus import (
     VoiceSessionConfig,
     VoiceTurnSpec,
 )
-from realtime.relay import Relay
 from storage.bus import AsyncEventBus, BusMessage, EventBus
 from storage.constants import job_queue, realtime_queue
 from storage.queue import JobQueue, make_celery

@@ -1,5 +1,5 @@
 """The Redis-held state of duplex realtime sessions (``storage/session_state.py``,
-``realtime/voice_state.py``) against a real Redis: fenced writes, the bounded numbered
+``api/realtime/voice_state.py``) against a real Redis: fenced writes, the bounded numbered
 log, audio parts, TTLs, and a protocol taken over by "another replica"."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import redis.asyncio
 
+from api.realtime.voice_state import VoiceStateSync, take_over
 from realtime.audio_protocol import RealtimeOptions
 from realtime.session_snapshot import RelayPosition
-from realtime.voice_state import VoiceStateSync, take_over
 from storage.constants import session_state_key
 from storage.session_state import SessionStateStore
 from tests.unit.realtime_client import Client, ScriptedVAD, run_response, speech

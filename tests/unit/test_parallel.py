@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from cli.embedded import free_port
 from models.catalog import ParallelStrategy
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 from tests.unit.reference_fixtures import video_request
 from workers.pipelines.base import step_stops
 from workers.pipelines.diffusers.wan import WanAdapter
+from workers.processes import free_port
 
 REQUEST = video_request(
     width=32, height=32, num_frames=9, fps=16, num_inference_steps=3, seed=4, guidance_scale=5.0

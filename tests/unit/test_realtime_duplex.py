@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import json
 
-from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, State, Stop
+from realtime.audio_protocol import (
+    RealtimeOptions,
+    RealtimeProtocol,
+    ResumeRequested,
+    State,
+    Stop,
+)
 from tests.unit.realtime_client import Client, ScriptedVAD, run_response, silence, speech
 
 
@@ -84,17 +90,50 @@ def test_duplex_close() -> None:
     assert c.cmds[-1] == Stop("bye") and c.p.close_code == 1000
 
 
-def test_resume_event_without_a_detached_session_asks_for_resync() -> None:
+RESUME = {
+    "type": "session.resume",
+    "session_id": "sess_x",
+    "resume_token": "t",
+    "last_received_server_event_seq": 3,
+}
+
+
+def test_a_first_resume_event_is_handed_to_the_shell() -> None:
+    """The socket's first event names another session: nothing is said until the shell
+    looked it up; with none to resume, the shell's ``resume_refused`` asks for a resync."""
     c = Client(duplex=True)
-    out = c.send(
-        {
-            "type": "session.resume",
-            "session_id": "sess_x",
-            "resume_token": "t",
-            "last_received_server_event_seq": 3,
-        }
-    )
-    assert c.types(out) == ["session.resync_required"]
+    assert c.send(RESUME) == [] and c.cmds == []
+    assert c.p.resume_requested() == ResumeRequested("sess_x", "t", 3)
+    assert c.p.resume_requested() is None  # handed over once
+    c.p.resume_refused("sess_x")
+    out = c.pump()
+    assert c.types(out) == ["session.resync_required"] and out[0]["session_id"] == "sess_x"
+    assert c.p.state is State.OPEN  # the fresh session goes on
+
+
+def test_a_later_resume_event_asks_for_resync_at_once() -> None:
+    c = Client(duplex=True)
+    c.send({"type": "session.heartbeat"})
+    assert c.types(c.send(RESUME)) == ["session.resync_required"]
+    assert c.p.resume_requested() is None
+
+
+def test_a_malformed_first_resume_is_a_client_error_not_a_request() -> None:
+    c = Client(duplex=True)
+    out = c.send({**RESUME, "last_received_server_event_seq": -1})
+    assert c.types(out) == ["error"]
+    assert out[0]["error"]["param"] == "last_received_server_event_seq"
+    assert c.p.resume_requested() is None
+    assert c.types(c.send(RESUME)) == ["session.resync_required"]  # no longer the first
+
+
+def test_a_session_attached_by_resume_asks_for_no_other() -> None:
+    c = Client(duplex=True)
+    c.p.connection_lost(c.now)
+    assert c.p.resume(c.p.resume_token or "", 1)
+    c.pump()
+    assert c.types(c.send(RESUME)) == ["session.resync_required"]
+    assert c.p.resume_requested() is None
 
 
 # ------------------------------------------------------------------ issue 9: hostile JSON

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from api.realtime.voice_session import coalesce
 from models.session_bus import AudioOutput, KeepaliveOutput, ResponseFinishedOutput, SessionOutput
-from realtime.voice_session import coalesce
 from storage.bus import BusMessage
 
 

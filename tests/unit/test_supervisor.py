@@ -1,11 +1,11 @@
-"""The restart policy of ``omniqueue up`` (:mod:`cli.supervisor`) on a fake clock; the real
+"""The restart policy of ``omniqueue up`` (:mod:`workers.supervisor`) on a fake clock; the real
 processes are supervised in ``tests/integration/test_up.py``."""
 
 from __future__ import annotations
 
 import pytest
 
-from cli.supervisor import GaveUp, RestartPolicy, Supervisor
+from workers.supervisor import GaveUp, RestartPolicy, Supervisor
 
 
 class Child:

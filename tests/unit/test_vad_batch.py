@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from api.realtime.vad_batch import VadScorer
 from realtime.vad import CONTEXT, FRAME, Net, SileroVAD, VadEvent, load_model
-from realtime.vad_batch import VadScorer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "speech"
 NAMES = [f["file"] for f in json.loads((FIXTURES / "fixtures.json").read_text())["fixtures"]]

@@ -1,5 +1,5 @@
 """The API's half of a realtime session's bus link, shared by voice
-(``realtime/voice_session.py``) and world video (``realtime/video_session.py``) sessions.
+(``api/realtime/voice_session.py``) and world video (``api/realtime/video_session.py``) sessions.
 
 A :class:`Relay` places the session on a worker (the first keep-alive creates the ``in``
 stream with its TTL, then a Celery task on the model's realtime queue carries the
@@ -14,7 +14,7 @@ Where the relay stands (placed, worker admitted, the last output read) is
 Redis, and the replica that takes the session over starts its relay from there.
 
 The session says what to do with all that through :class:`RelayTarget`. Every broker call
-is bounded (``realtime/broker.py``); a broker that fails or stalls ends the session with
+is bounded (``api/realtime/broker.py``); a broker that fails or stalls ends the session with
 ``broker_error`` (the target's ``broker_lost``), never a hung socket.
 
 Commands and outputs are the typed models of ``models/session_bus.py``; the worker's half
@@ -31,8 +31,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from api.realtime.broker import BROKER_ERRORS, bounded
 from models.session_bus import OUTPUTS, KeepaliveCommand, SessionConfig, SessionOutput
-from realtime.broker import BROKER_ERRORS, bounded
 from realtime.session_snapshot import RelayPosition
 from realtime.worker_watch import WorkerWatch
 from storage.bus import AsyncEventBus, BusMessage

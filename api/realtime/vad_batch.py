@@ -11,7 +11,7 @@ of a batch are bit-identical to one-row calls). Results go back to the event loo
 wake-up per batch.
 
 A detector is fed by one session, which awaits each append before the next
-(``realtime/voice_session.py`` holds the session's lock), so a batch holds at most one
+(``api/realtime/voice_session.py`` holds the session's lock), so a batch holds at most one
 append per detector; a second one would wait for the next round.
 """
 

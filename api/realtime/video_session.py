@@ -1,5 +1,5 @@
 """One ``WS /v1/realtime/video`` session in the API process: the asyncio shell around
-``VideoSessionProtocol`` and the worker (through the shared :class:`~realtime.relay.Relay`).
+``VideoSessionProtocol`` and the worker (through the shared :class:`~api.realtime.relay.Relay`).
 
 The protocol object decides everything (sans-I/O); this class only moves data: client
 frames in, commands out to the worker as ``models.session_bus`` commands, worker outputs
@@ -12,7 +12,7 @@ broker_error`` and close 1011, never a bare dropped socket.
 A streaming session outlives a dropped socket (no close handshake) for
 ``realtime.resume_grace_s``: the worker goes on, its chunks wait in the ``out`` stream,
 the keep-alives go on, and ``session.resume`` as a socket's first message takes it over
-on any replica (``realtime/video_resume.py``; the record it needs is stored before
+on any replica (``api/realtime/video_resume.py``; the record it needs is stored before
 ``video.start`` hands out the resume token). A session resumed elsewhere ends here with
 ``session_taken_over``.
 """
@@ -29,6 +29,9 @@ from typing import Any
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
+from api.realtime.broker import BROKER_ERRORS, bounded
+from api.realtime.relay import Relay, SessionHost
+from api.realtime.video_resume import VideoResumeRecord, take_over
 from models.errors import OmniqueueError
 from models.realtime_video import SessionResume, StartLimits, VideoErrorCode
 from models.session_bus import (
@@ -42,8 +45,6 @@ from models.session_bus import (
     StopCommand,
     WorldSessionConfig,
 )
-from realtime.broker import BROKER_ERRORS, bounded
-from realtime.relay import Relay, SessionHost
 from realtime.video_protocol import (
     InteractionRequested,
     StartRequested,
@@ -52,7 +53,6 @@ from realtime.video_protocol import (
     VideoSessionOptions,
     VideoSessionProtocol,
 )
-from realtime.video_resume import VideoResumeRecord, take_over
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
 from storage.bus import BusMessage
 

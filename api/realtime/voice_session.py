@@ -1,9 +1,9 @@
 """One ``WS /v1/realtime`` session in the API process: the asyncio shell that joins the
 client socket, the sans-I/O ``RealtimeProtocol`` and the worker (through the shared
-:class:`~realtime.relay.Relay`).
+:class:`~api.realtime.relay.Relay`).
 
 Client frames go through the protocol; the audio they append goes to the process's VAD
-scorer (``realtime/vad_batch.py``: one thread scores every session's detector, batched),
+scorer (``api/realtime/vad_batch.py``: one thread scores every session's detector, batched),
 whose events go back into the protocol; the protocol's commands (``Respond``, ``Cancel``,
 ``Stop``) go to the worker as ``models.session_bus`` commands on the session's ``in``
 stream; the worker's outputs (``audio``, ``response_finished``, ``failed``,
@@ -13,8 +13,9 @@ relay.
 
 Duplex sessions outlive their socket for ``realtime.resume_grace_s``: the session keeps
 running and logging events; ``session.resume`` on a new socket re-attaches it, on any API
-replica (:func:`try_resume`): each flush stores the new events, the protocol state and
-the relay's position in Redis before anything is sent (``realtime/voice_state.py``), so a
+replica: the protocol hands the shell a ``session.resume`` that opens a socket
+(:func:`try_resume`), and each flush stores the new events, the protocol state and
+the relay's position in Redis before anything is sent (``api/realtime/voice_state.py``), so a
 replica that does not hold the session (or whose holder died mid-response) takes it over
 from there. The host's ``voice_sessions`` is this process's cache of the sessions it holds.
 """
@@ -23,13 +24,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
 import time
 from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
 
+from api.realtime.broker import BROKER_ERRORS, bounded
+from api.realtime.relay import Relay, SessionHost
+from api.realtime.vad_batch import VadScorer, scorer
+from api.realtime.voice_state import TakenOverSession, VoiceStateSync, take_over
 from models.session_bus import (
     AudioOutput,
     CancelCommand,
@@ -42,12 +46,16 @@ from models.session_bus import (
     VoiceSessionConfig,
     VoiceTurnSpec,
 )
-from realtime.audio_protocol import Cancel, RealtimeOptions, RealtimeProtocol, Respond, State, Stop
-from realtime.broker import BROKER_ERRORS, bounded
-from realtime.relay import Relay, SessionHost
+from realtime.audio_protocol import (
+    Cancel,
+    RealtimeOptions,
+    RealtimeProtocol,
+    Respond,
+    ResumeRequested,
+    State,
+    Stop,
+)
 from realtime.vad import SileroVAD
-from realtime.vad_batch import VadScorer, scorer
-from realtime.voice_state import TakenOverSession, VoiceStateSync, take_over
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
 from storage.bus import BusMessage
 
@@ -118,9 +126,18 @@ class VoiceSession:
                 await ws.close(code=self.protocol.close_code or 1000)
             self.ended_event.set()
 
-    async def receive(self, text: str) -> None:
+    async def receive(self, text: str) -> VoiceSession:
+        """Feed a client frame; the session that serves the socket from now on: this one,
+        or the detached one the frame's ``session.resume`` re-attached to it."""
         async with self.lock:
             self.protocol.receive_text(text, time.monotonic())
+            request = self.protocol.resume_requested()
+            if request is not None:
+                resumed = await try_resume(self, request)
+                if resumed is not None:
+                    await self.finish()  # this fresh session was never placed
+                    return resumed
+                self.protocol.resume_refused(request.session_id)
             unscored = self.protocol.input.take_unscored()
             vad = self.protocol.input.vad
             if unscored and vad is not None:
@@ -132,6 +149,7 @@ class VoiceSession:
             if not self.relay.placed and not self.protocol.close_expected():
                 await self.place()
             await self.flush()
+        return self
 
     def _scorer(self) -> VadScorer:
         if self._vad_scorer is None:  # this process's, started by its first VAD append
@@ -318,19 +336,14 @@ def coalesce(
     return out
 
 
-async def try_resume(
-    websocket: WebSocket, fresh: VoiceSession, owner: str, text: str
-) -> VoiceSession | None:
-    """Re-attach the detached duplex session a ``session.resume`` names, for this owner
-    holding its token: from this process's cache if it still holds the session, else taken
-    over from its Redis-held state (another replica served it, or this one lost it)."""
-    host = fresh.host
-    try:
-        event = json.loads(text)
-        session_id = str(event.get("session_id"))
-        token = str(event.get("resume_token", ""))
-        last_seq = int(event.get("last_received_server_event_seq", -1))
-    except (ValueError, TypeError, AttributeError):
+async def try_resume(fresh: VoiceSession, request: ResumeRequested) -> VoiceSession | None:
+    """Re-attach the detached duplex session ``fresh``'s first event asked for, to
+    ``fresh``'s socket, for its owner holding its token: from this process's cache if it
+    still holds the session, else taken over from its Redis-held state (another replica
+    served it, or this one lost it). None (nothing changed) when there is none."""
+    host, owner, websocket = fresh.host, fresh.owner, fresh.ws
+    session_id, token, last_seq = request.session_id, request.resume_token, request.last_seq
+    if websocket is None:
         return None
     target = host.voice_sessions.get(session_id)
     taken = target is None or (target is not fresh and not await _holds(target))

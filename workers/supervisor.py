@@ -1,4 +1,6 @@
-"""Restart what dies: the supervision loop of ``omniqueue up``.
+"""Restart what dies: the supervision loop of ``omniqueue up`` (:mod:`cli.up`) and of a
+worker group's ranks (:mod:`workers.group`). It lives with the workers, which must not
+import ``cli`` (the worker image installs no ``embedded`` extra).
 
 Every supervised thing (a child process — the API, a worker — or an embedded service —
 Valkey, SeaweedFS) is a :class:`Supervised`: a way to read its exit code and a way to

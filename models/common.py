@@ -163,6 +163,9 @@ class ModelObject(BaseModel):
     kind: Literal["job", "world", "voice"] = "job"
     description: str = ""
     limits: ModelLimits | None = None
+    # Models that take ``lora``: the adapters ``lora.name`` may name alone (the server's
+    # catalog, ``OMNIQ_LORA__ROOTS``); None for models without LoRA.
+    loras: list[str] | None = None
 
 
 class ModelList(BaseModel):

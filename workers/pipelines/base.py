@@ -36,7 +36,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from models.catalog import ModelSpec
-from models.job_specs import AudioSpec, VideoSpec
+from models.job_specs import AudioSpec, LoraSpec, VideoSpec
 
 # Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
 _checkpoint: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
@@ -115,6 +115,8 @@ class GenerationRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     # An audio clip's length in seconds; None for video.
     duration_s: float | None = None
+    # The LoRA adapter to run with (video jobs of models that list ``lora``).
+    lora: LoraSpec | None = None
 
     @classmethod
     def from_spec(
@@ -141,6 +143,7 @@ class GenerationRequest:
             num_frames=spec.num_frames,
             fps=spec.fps,
             reference_image=reference,
+            lora=spec.lora,
             **common,
         )
 

@@ -23,10 +23,11 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from models.catalog import FAMILY_SPECS, ModelSpec
-from models.errors import InvalidJobInput
+from models.errors import InvalidJobInput, InvalidLora
 from workers.parallel import Parallel
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, checkpoint
 from workers.pipelines.blocks import BlockGate
+from workers.pipelines.diffusers.lora import LoraCache
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -315,6 +316,15 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         # This process's share of a step (workers/parallel.py): all of it, unless a
         # worker group's rank.
         self.parallel = Parallel()
+        # Per-request LoRA (workers/pipelines/diffusers/lora.py), for models that list
+        # ``lora``: set by ``use_lora`` before ``load``; None refuses a job's adapter.
+        self.lora: LoraCache | None = None
+
+    def use_lora(self, cache: LoraCache) -> None:
+        """Serve per-request LoRA through ``cache`` (its slot goes into the pipe at
+        ``load``, before anything compiles the transformer's blocks; called after ``load``,
+        the first LoRA job installs it)."""
+        self.lora = cache
 
     def load(self, device: str) -> None:
         """``from_pretrained(path, dtype=…, local_files_only=True)`` (or the injected pipe,
@@ -333,6 +343,8 @@ class DiffusersAdapter(Pipeline, Generic[S]):
             )
         self.pipe.to(device)
         self.device = torch.device(device)
+        if self.lora is not None:
+            self.lora.install(self.pipe)
         _install_checkpoints(self.pipe)
         self.gate.device = self.device
         self.gate.install(self.pipe)
@@ -357,7 +369,17 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         These adapters are text-to-video/audio: an input reference is refused."""
         if request.reference_image is not None:
             raise InvalidJobInput(f"{self.spec.name} does not take an input_reference")
-        return self._prepare(self._loaded(), request)
+        pipe = self._loaded()
+        if self.lora is not None:
+            self.lora.activate(pipe, request.lora)  # until end(); None: the base model
+        elif request.lora is not None:
+            raise InvalidLora(f"{self.spec.name} is not served with LoRA on this worker")
+        return self._prepare(pipe, request)
+
+    def end(self) -> None:
+        """The job ended: its LoRA adapter (if any) leaves the pipe."""
+        if self.lora is not None and self.pipe is not None:
+            self.lora.release(self.pipe)
 
     @torch.no_grad()
     def step(self, state: StepState) -> None:

@@ -105,6 +105,7 @@ class PipelineRegistry:
             return pipe
 
     def _use_lora(self, model: ServedModel, pipe: AnyPipeline) -> None:
+        assert self.lora is not None
         use_lora = getattr(pipe, "use_lora", None)
         if use_lora is None:
             raise CatalogError(f"model {model.name!r} lists lora, but its adapter takes none")

@@ -52,7 +52,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -165,8 +165,9 @@ class LoraCache:
                 if not isinstance(scaling, torch.Tensor):  # enable_lora_hotswap did not run
                     scaling = torch.tensor(float(scaling), device=module.weight.device)
                     module.scaling[SLOT] = scaling
-                a, b = module.lora_A[SLOT].weight, module.lora_B[SLOT].weight
-                layers.append(_Layer(name, a.data, b.data, scaling))
+                a = cast(torch.Tensor, module.lora_A[SLOT].weight).data
+                b = cast(torch.Tensor, module.lora_B[SLOT].weight).data
+                layers.append(_Layer(name, a, b, scaling))
         self._layers = layers
         self._index = {layer.name: i for i, layer in enumerate(layers)}
         self._pipe = pipe

@@ -220,6 +220,11 @@ class LoraCache:
         if self._pipe is pipe:
             self._park()
 
+    def layer_shapes(self) -> dict[str, tuple[int, int]]:
+        """The slot's layers (module names within the transformer) and their (out, in):
+        what an adapter may target (benchmarks build adapters in code from it)."""
+        return {layer.name: (layer.b.shape[0], layer.a.shape[1]) for layer in self._layers}
+
     def stats(self) -> LoraStats:
         return LoraStats(
             entries=len(self._entries),

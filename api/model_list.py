@@ -15,10 +15,13 @@ def quality_tiers(spec: ModelSpec) -> list[str]:
     return ["lossless", *(t for t in spec.quality_tiers if t != "lossless")]
 
 
-def model_object(spec: ModelSpec, limits: LimitSettings) -> ModelObject:
+def model_object(
+    spec: ModelSpec, limits: LimitSettings, loras: list[str] | None = None
+) -> ModelObject:
     """``spec`` as listed: job models within the server's limits (the checks of
     ``api/validation.py``); streaming models as they declare (their sessions have their
-    own caps, ``docs/streaming.md``)."""
+    own caps, ``docs/streaming.md``). ``loras``: the adapter catalog's names, listed for
+    models that take ``lora``."""
     job = not spec.streaming
     width, height = spec.default_size
     seconds = min(spec.max_seconds or limits.max_seconds, limits.max_seconds)
@@ -29,6 +32,7 @@ def model_object(spec: ModelSpec, limits: LimitSettings) -> ModelObject:
         kind=spec.kind,
         description=spec.description,
         quality_tiers=quality_tiers(spec),
+        loras=(loras or []) if "lora" in spec.parameters else None,
         limits=ModelLimits(
             min_size=spec.min_size,
             max_width=min(spec.max_width, limits.max_width) if job else spec.max_width,

@@ -10,6 +10,7 @@ from typing import Any
 
 from api.inputs import check_url, decode_data_url, reference_frame_png, reference_from_url
 from api.jobs_service import JobService
+from api.loras import resolve_lora
 from api.validation import parse_create, resolve
 from models.db import Job, JobView
 from models.errors import InvalidRequest
@@ -47,6 +48,10 @@ class VideoService(JobService[VideoObject]):
         if req.input_reference_url:
             reference, remote = self._reference(req.input_reference_url, "input_reference_url")
         resolved = resolve(req, self.state.specs, self.settings)
+        if req.lora is not None:  # the model takes LoRA (resolve checked): find the file
+            s3 = self.state.artifacts
+            lora = await s3.run(resolve_lora, req.lora, self.settings.lora, s3.client)
+            resolved = resolved.model_copy(update={"lora": lora})
         model = self.state.specs[resolved.model]
         png = None
         if (reference is not None or remote is not None) and not model.supports_image_input:

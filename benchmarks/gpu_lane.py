@@ -108,7 +108,9 @@ def _stops(adapter: Any, request: Any, step_s: float, trials: int) -> list[float
             set_at: list[float] = []
             delay = rng.uniform(0.05, 0.95) * step_s
 
-            def setter(f: threading.Event = flag, d: float = delay, o: list[float] = set_at) -> None:
+            def setter(
+                f: threading.Event = flag, d: float = delay, o: list[float] = set_at
+            ) -> None:
                 time.sleep(d)
                 o.append(time.perf_counter())
                 f.set()

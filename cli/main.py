@@ -12,6 +12,7 @@ client.
     omniqueue keys update KEY_ID --max-active-jobs N ...        a key's quotas
     omniqueue webhooks serve | add URL [--key] [--events] | list | remove ID | deliveries JOB
     omniqueue generate "prompt" [...]                           submit, watch, download
+    omniqueue loras                                             the LoRA adapter catalog
 """
 
 from __future__ import annotations
@@ -114,6 +115,19 @@ def _cmd_migrate(_: argparse.Namespace) -> int:
     settings = get_settings()
     upgrade(settings.database.url)
     print("database is at the latest revision", file=sys.stderr)
+    return 0
+
+
+def _cmd_loras(_: argparse.Namespace) -> int:
+    """The adapters ``lora.name`` may name alone: name and weights file, a line each."""
+    from api.loras import catalog
+
+    settings = get_settings()
+    if not settings.lora.roots:
+        print("no lora roots (set OMNIQ_LORA__ROOTS)", file=sys.stderr)
+        return 0
+    for entry in catalog(settings.lora):
+        print(f"{entry.name}\t{entry.path}")
     return 0
 
 
@@ -228,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     mig.set_defaults(func=_cmd_migrate)
 
     keys.add_parser(sub)
+
+    loras = sub.add_parser("loras", help="list the LoRA adapters of the lora roots")
+    loras.set_defaults(func=_cmd_loras)
 
     from cli import webhooks
 

@@ -166,6 +166,9 @@ class ModelObject(BaseModel):
     # The ``quality`` tiers a video create may ask for ("lossless" always; empty for
     # models that are not video job models).
     quality_tiers: list[str] = Field(default_factory=list)
+    # Models that take ``lora``: the adapters ``lora.name`` may name alone (the server's
+    # catalog, ``OMNIQ_LORA__ROOTS``); None for models without LoRA.
+    loras: list[str] | None = None
 
 
 class ModelList(BaseModel):

@@ -9,8 +9,10 @@
     │   │   ├── InvalidJobInput       (also a ValueError) a pipeline refuses the request on
     │   │   │                         purpose; its message names the parameter → job /
     │   │   │                         session code ``invalid_request``
-    │   │   │   └── DuplicateEventError  a reused interaction ``event_id``
-    │   │   │                         (``workers/pipelines/reference_world.py``)
+    │   │   │   ├── DuplicateEventError  a reused interaction ``event_id``
+    │   │   │   │                     (``workers/pipelines/reference_world.py``)
+    │   │   │   └── InvalidLora       a job's LoRA adapter does not fit the model (or
+    │   │   │                         cannot be read) → job code ``invalid_lora``
     │   │   │   Realtime client mistakes (each also a ValueError), sent as an ``error``
     │   │   │   event naming ``param`` with ``code``; the session goes on unless it
     │   │   │   cannot start:
@@ -78,6 +80,7 @@ class ErrorCode(enum.StrEnum):
     WORKER_LOST = "worker_lost"
     OOM = "oom"  # the device (or host) ran out of memory
     INVALID_REQUEST = "invalid_request"
+    INVALID_LORA = "invalid_lora"  # the job's LoRA adapter does not fit the model
     STORAGE_ERROR = "storage_error"
     BROKER_ERROR = "broker_error"
     INTERNAL_ERROR = "internal_error"
@@ -114,6 +117,18 @@ class InvalidJobInput(InvalidRequest, ValueError):
     the reverse does not hold: a bare ``ValueError`` is never taken for bad input."""
 
     default_code = "invalid_request"
+
+
+class InvalidLora(InvalidJobInput):
+    """A job's LoRA adapter cannot be applied to its model: unreadable, a format or
+    component we do not load, a layer the model lacks or of another shape, a rank above
+    the worker's slot. Raised before denoise, with nothing of it left in the pipe (job
+    code ``invalid_lora``; its message is ours)."""
+
+    default_code = "invalid_lora"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="lora")
 
 
 class JsonInputError(InvalidRequest, ValueError):
@@ -222,7 +237,7 @@ class JobFailed(OmniqueueError):
     """A job awaited synchronously failed; the status follows its stable error code."""
 
     type = "server_error"
-    _STATUS = {"invalid_request": 400, "cancelled": 409, "timeout": 504}
+    _STATUS = {"invalid_request": 400, "invalid_lora": 400, "cancelled": 409, "timeout": 504}
 
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message, code=code)

@@ -41,6 +41,25 @@ class _Spec(BaseModel):
     webhook: JobWebhook | None = None
 
 
+class LoraSpec(BaseModel):
+    """A LoRA adapter a job runs with, as the API resolved it (``api/loras.py``).
+
+    ``path`` is where the worker reads it: an absolute local path with symlinks and
+    ``..`` resolved, inside one of the server's allow-listed directory roots, or
+    ``s3://bucket/key`` under an allow-listed S3 root. ``version`` names that file's
+    content for the worker's adapter cache (the S3 ETag; None for a local file, whose
+    size and mtime the worker reads itself). ``scale`` multiplies the adapter's own
+    ``alpha / r``; ``int_id`` is vLLM-Omni's adapter id, recorded, not used."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    path: str
+    scale: float = 1.0
+    int_id: int | None = None
+    version: str | None = None
+
+
 class VideoSpec(_Spec):
     """A video clip (``/v1/videos``, or a persisted realtime session)."""
 
@@ -57,6 +76,8 @@ class VideoSpec(_Spec):
     reference_key: str | None = None
     # Set when the job records a realtime video session that finished elsewhere.
     session_id: str | None = None
+    # A per-request LoRA adapter (models that list ``lora`` in their parameters).
+    lora: LoraSpec | None = None
 
     @property
     def seconds(self) -> str:

@@ -240,3 +240,20 @@ class ArtifactStore:
         except (ClientError, BotoCoreError) as exc:
             raise StorageError(f"delete of {prefix} failed: {type(exc).__name__}") from exc
         return len(keys)
+
+
+def s3_object_bytes(client: Any, uri: str) -> bytes:
+    """The whole object ``s3://bucket/key`` (a LoRA adapter a worker reads). A missing
+    object (or one we may not read) is a ``FileNotFoundError``; a failing store a
+    :class:`StorageError` (transient)."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    try:
+        data: bytes = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code")
+        if code in ("NoSuchKey", "404", "NoSuchBucket", "AccessDenied", "403"):
+            raise FileNotFoundError(uri) from exc
+        raise StorageError(f"read of {uri} failed: {type(exc).__name__}") from exc
+    except BotoCoreError as exc:
+        raise StorageError(f"read of {uri} failed: {type(exc).__name__}") from exc
+    return data

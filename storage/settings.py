@@ -132,6 +132,33 @@ class InputSettings(BaseModel):
     url_fetch_max_redirects: int = Field(default=3, ge=0, le=10)
 
 
+class LoraSettings(BaseModel):
+    """Per-request LoRA adapters (docs/adapters.md, "LoRA")."""
+
+    # Where adapters may come from (comma-separated): directories, and ``s3://bucket/prefix``
+    # roots. A request's ``lora.local_path`` must resolve (symlinks and ``..`` followed)
+    # inside one of them; empty: no adapter is accepted. Every ``*.safetensors`` file and
+    # adapter directory directly under a directory root is also in the catalog, named by
+    # its stem (``GET /v1/models``, ``omniqueue loras``), so ``lora.name`` alone finds it.
+    roots: ModelList = Field(default_factory=list)
+    # A worker's cache of loaded adapters (already converted, on its device), per model:
+    # at most this many, and this many bytes of adapter tensors.
+    cache_adapters: int = Field(default=8, ge=1)
+    cache_bytes: int = Field(default=2 * 1024**3, ge=1)
+    # The rank of the one adapter slot a model's transformer gets (every adapter is
+    # hot-swapped into it, padded to this rank); a higher-rank adapter fails the job
+    # with ``invalid_lora``. The slot costs ``max_rank * (in + out)`` parameters per
+    # linear layer of the transformer, whether a job uses LoRA or not.
+    max_rank: int = Field(default=32, ge=1, le=1024)
+    # ``lora.scale`` must lie within [-max_scale, max_scale].
+    max_scale: float = Field(default=4.0, gt=0)
+
+    @field_validator("roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        return _split_list(value)
+
+
 class WorkerSettings(BaseModel):
     # Models this worker serves (comma-separated); empty means every served model.
     models: ModelList = Field(default_factory=list)
@@ -321,6 +348,7 @@ class Settings(BaseSettings):
     http: HttpSettings = Field(default_factory=HttpSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
 
     # Served models (comma-separated); the first is the default for requests naming none.
     # Unset: every model of the registry file, or ``reference/video`` without one.

@@ -6,12 +6,13 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
+from functools import partial
 
 import redis
 from sqlalchemy import Engine
 
 from models.catalog import ServedModel
-from storage.artifacts import ArtifactStore, make_s3_client
+from storage.artifacts import ArtifactStore, make_s3_client, s3_object_bytes
 from storage.bus import EventBus
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
@@ -69,7 +70,10 @@ class WorkerContext:
         jobs = JobStore(make_sessionmaker(engine))
         artifacts = ArtifactStore(make_s3_client(settings.s3), settings.s3)
         pipelines = PipelineRegistry(
-            worker_models(settings, realtime=realtime), settings.worker.device
+            worker_models(settings, realtime=realtime),
+            settings.worker.device,
+            lora=settings.lora,
+            fetch=partial(s3_object_bytes, artifacts.client),
         )
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
         client = redis.Redis.from_url(settings.redis.url)

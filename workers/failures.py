@@ -12,6 +12,7 @@ logs the exception whole.
 ================================================  ===================  ================
 exception                                         code                 message
 ================================================  ===================  ================
+``InvalidLora``                                   ``invalid_lora``     its own
 ``InvalidJobInput`` (or any ``InvalidRequest``)   ``invalid_request``  its own
 ``JobTimedOut``                                   ``timeout``          its own
 ``torch.OutOfMemoryError``, ``MemoryError``       ``oom``              fixed
@@ -34,6 +35,7 @@ import torch
 from models.errors import (
     BusUnavailable,
     ErrorCode,
+    InvalidLora,
     InvalidRequest,
     JobTimedOut,
     StorageError,
@@ -52,6 +54,8 @@ SAFE_MESSAGES = {
 
 def classify(exc: BaseException) -> tuple[ErrorCode, str]:
     """The stable code of ``exc`` and a message a client may see."""
+    if isinstance(exc, InvalidLora):
+        return ErrorCode.INVALID_LORA, exc.message[:MAX_MESSAGE_CHARS]
     if isinstance(exc, InvalidRequest):
         return ErrorCode.INVALID_REQUEST, exc.message[:MAX_MESSAGE_CHARS]
     if isinstance(exc, JobTimedOut):

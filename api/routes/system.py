@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from api.deps import CurrentOwner, StateDep
+from api.loras import catalog
 from api.model_list import model_object
 from api.openapi import errors
 from models.common import Health, ModelList
@@ -16,7 +17,11 @@ router = APIRouter(tags=["system"])
 @router.get("/v1/models", response_model=ModelList, responses=errors(401))
 async def list_models(state: StateDep, _owner: CurrentOwner) -> ModelList:
     limits = state.settings.limits
-    return ModelList(data=[model_object(spec, limits) for spec in state.specs.values()])
+    loras: list[str] = []
+    if any("lora" in spec.parameters for spec in state.specs.values()):
+        entries = await state.blocking(catalog, state.settings.lora)  # a directory listing
+        loras = [e.name for e in entries]
+    return ModelList(data=[model_object(spec, limits, loras) for spec in state.specs.values()])
 
 
 @router.get("/health", response_model=Health)

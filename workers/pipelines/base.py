@@ -36,7 +36,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from models.catalog import ModelSpec
-from models.job_specs import AudioSpec, VideoSpec
+from models.job_specs import AudioSpec, LoraSpec, VideoSpec
 
 # Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
 _checkpoint: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
@@ -117,6 +117,8 @@ class GenerationRequest:
     duration_s: float | None = None
     # The cache tier (``quality``): "lossless" runs every denoise step in full.
     quality: str = "lossless"
+    # The LoRA adapter to run with (video jobs of models that list ``lora``).
+    lora: LoraSpec | None = None
 
     @classmethod
     def from_spec(
@@ -144,6 +146,7 @@ class GenerationRequest:
             fps=spec.fps,
             reference_image=reference,
             quality=spec.quality,
+            lora=spec.lora,
             **common,
         )
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from models.catalog import CatalogError, PipelineKind, ServedModel
 from models.errors import InvalidJobInput
+from storage.settings import LoraSettings
 from workers.pipelines.base import AnyPipeline, Pipeline, VoicePipeline, WorldPipeline
 
 # Adapter ids of the registry file → "module:Class".
@@ -85,11 +87,25 @@ def build_adapter(model: ServedModel) -> AnyPipeline:
 
 
 class PipelineRegistry:
-    """Builds and loads each served pipeline on first use, then shares it across jobs."""
+    """Builds and loads each served pipeline on first use, then shares it across jobs.
 
-    def __init__(self, models: dict[str, ServedModel], device: str) -> None:
+    ``lora`` (an ``OMNIQ_LORA`` settings group) gives every model that lists ``lora`` in
+    its parameters an adapter cache of its own before it loads (its adapter must have
+    ``use_lora``); ``fetch(uri)`` reads ``s3://`` adapters. Without it such a model's
+    LoRA jobs fail with ``invalid_lora``."""
+
+    def __init__(
+        self,
+        models: dict[str, ServedModel],
+        device: str,
+        *,
+        lora: LoraSettings | None = None,
+        fetch: Callable[[str], bytes] | None = None,
+    ) -> None:
         self.models = dict(models)
         self.device = device
+        self.lora = lora
+        self.fetch = fetch
         self._loaded: dict[str, AnyPipeline] = {}
         self._lock = threading.Lock()
 
@@ -102,12 +118,31 @@ class PipelineRegistry:
                 if model is None:
                     raise ValueError(f"model {name!r} is not served by this worker")
                 pipe = build_adapter(model)
+                if self.lora is not None and "lora" in model.spec.parameters:
+                    self._use_lora(model, pipe)
                 pipe.load(model.device or self.device)
                 warm_up = getattr(pipe, "warm_up", None)
                 if warm_up is not None:  # compiled blocks: the registry's shapes
                     warm_up()
                 self._loaded[name] = pipe
             return pipe
+
+    def _use_lora(self, model: ServedModel, pipe: AnyPipeline) -> None:
+        assert self.lora is not None
+        use_lora = getattr(pipe, "use_lora", None)
+        if use_lora is None:
+            raise CatalogError(f"model {model.name!r} lists lora, but its adapter takes none")
+        from workers.pipelines.diffusers.lora import LoraCache
+
+        s = self.lora
+        use_lora(
+            LoraCache(
+                max_adapters=s.cache_adapters,
+                max_bytes=s.cache_bytes,
+                max_rank=s.max_rank,
+                fetch=self.fetch,
+            )
+        )
 
     def job(self, name: str) -> Pipeline:
         """The job pipeline of ``name`` (``/v1/videos``, ``/v1/audio/generations``)."""

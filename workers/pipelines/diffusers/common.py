@@ -24,12 +24,13 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from models.catalog import FAMILY_SPECS, CompileMode, ModelSpec, WarmupShape
-from models.errors import InvalidJobInput
+from models.errors import InvalidJobInput, InvalidLora
 from workers.parallel import Parallel
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, checkpoint
 from workers.pipelines.blocks import BlockGate
 from workers.pipelines.diffusers import cache_tiers
 from workers.pipelines.diffusers.compiled import BlockCompiler, graphs_made
+from workers.pipelines.diffusers.lora import LoraCache
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +337,15 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         # Graphs dynamo had made when the running job's prepare ended (None: no job).
         self._graphs_at_denoise: int | None = None
         self.last_recompiles = 0  # graphs made while the last job denoised
+        # Per-request LoRA (workers/pipelines/diffusers/lora.py), for models that list
+        # ``lora``: set by ``use_lora`` before ``load``; None refuses a job's adapter.
+        self.lora: LoraCache | None = None
+
+    def use_lora(self, cache: LoraCache) -> None:
+        """Serve per-request LoRA through ``cache`` (its slot goes into the pipe at
+        ``load``, before anything compiles the transformer's blocks; called after ``load``,
+        the first LoRA job installs it)."""
+        self.lora = cache
 
     def load(self, device: str) -> None:
         """``from_pretrained(path, dtype=…, local_files_only=True)`` (or the injected pipe,
@@ -354,6 +364,8 @@ class DiffusersAdapter(Pipeline, Generic[S]):
             )
         self.pipe.to(device)
         self.device = torch.device(device)
+        if self.lora is not None:
+            self.lora.install(self.pipe)
         _install_checkpoints(self.pipe)
         self.gate.device = self.device
         self.gate.install(self.pipe)
@@ -440,6 +452,10 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         cache_tiers.remove(pipe)  # nothing of an earlier job's tier, whatever happened
         if request.quality != "lossless" and request.quality not in self.spec.quality_tiers:
             raise InvalidJobInput(f"{self.spec.name} has no quality tier {request.quality!r}")
+        if self.lora is not None:
+            self.lora.activate(pipe, request.lora)  # until end(); None: the base model
+        elif request.lora is not None:
+            raise InvalidLora(f"{self.spec.name} is not served with LoRA on this worker")
         state = self._prepare(pipe, request)
         self._compile_for(state, "prepare")
         cache_tiers.install(
@@ -450,9 +466,12 @@ class DiffusersAdapter(Pipeline, Generic[S]):
 
     def end(self) -> None:
         """After every job (the executor's ``finally``): the cache tier's hooks and their
-        state removed, and what the job compiled while it denoised counted."""
+        state removed, the job's LoRA adapter (if any) out of the pipe, and what the job
+        compiled while it denoised counted."""
         if self.pipe is not None:
             cache_tiers.remove(self.pipe)
+            if self.lora is not None:
+                self.lora.release(self.pipe)
         start, self._graphs_at_denoise = self._graphs_at_denoise, None
         self.last_recompiles = 0 if start is None else graphs_made() - start
         if self.last_recompiles > 0:

@@ -28,8 +28,6 @@ from diffusers.pipelines.ltx.pipeline_ltx import (
 
 from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.common import (
-    PackedLatentsAdapter,
-    PackedState,
     batched_prediction,
     call_default,
     cfg,
@@ -41,6 +39,7 @@ from workers.pipelines.diffusers.common import (
     make_generator,
     sampling,
 )
+from workers.pipelines.diffusers.packed import PackedLatentsAdapter, PackedState
 
 
 @dataclass(kw_only=True)

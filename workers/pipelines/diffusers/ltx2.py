@@ -46,8 +46,6 @@ from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.common import (
-    PackedLatentsAdapter,
-    PackedState,
     call_default,
     cfg_batch,
     decode_video,
@@ -57,6 +55,7 @@ from workers.pipelines.diffusers.common import (
     sampling,
     to_uint8,
 )
+from workers.pipelines.diffusers.packed import PackedLatentsAdapter, PackedState
 
 _KNOBS = (
     "stg_scale",

@@ -1,6 +1,6 @@
 """Wire schemas of ``WS /v1/realtime/video`` (streaming world-model video sessions).
 
-The contract is ``shared/protocols/realtime-video.md``; a client written for
+The contract is ``docs/protocols/realtime-video.md``; a client written for
 vLLM-Omni's LingBot-World endpoint runs unchanged, so ``session.start`` accepts the
 extra top-level fields that server accepts (``size``, ``seconds``, sampler knobs, …).
 Control messages are JSON text frames with a ``type``; every

@@ -27,7 +27,7 @@ checked, not sent. Any client message and any worker progress (``started``,
 they become ``error`` events (fatal before the start, close 1008); an illegal
 worker-side call raises ``ProtocolError``. Once DONE or FAILED, input is ignored.
 
-Resume (``protocols/realtime-video.md``): ``video.start`` carries ``session_id`` and
+Resume (``docs/protocols/realtime-video.md``): ``video.start`` carries ``session_id`` and
 ``resume_token``; a session taken over on a new socket is rebuilt with :meth:`restored`,
 then :meth:`resume` answers ``session.resumed``, and the worker's outputs are fed again
 from the start of its stream: the first media chunk's init segment goes out alone as a

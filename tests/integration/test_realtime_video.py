@@ -199,10 +199,11 @@ def test_stop_ends_with_stopped_and_frees_the_slot(rstack: Stack) -> None:
     _two_slots_then_exhausted(rstack)
 
 
-def test_a_cleanly_closed_session_cannot_be_resumed(rstack: Stack) -> None:
-    """A close frame ends the session at once (no grace period, unlike a dropped
-    socket): ``session.resume`` right after is answered ``session_not_found``, close
-    1008, and no chunk or ``session.done`` of the old session."""
+@pytest.mark.parametrize("code", [1000, 4000])
+def test_a_cleanly_closed_session_cannot_be_resumed(rstack: Stack, code: int) -> None:
+    """A close frame (any code) ends the session at once (no grace period, unlike a
+    dropped socket): ``session.resume`` right after is answered ``session_not_found``,
+    close 1008, and no chunk or ``session.done`` of the old session."""
     with _ws(rstack) as ws:
         ws.send(json.dumps(LONG))
         start = _json(ws)
@@ -210,7 +211,7 @@ def test_a_cleanly_closed_session_cannot_be_resumed(rstack: Stack) -> None:
         for _ in range(2):
             assert _until(ws, "video.chunk_metadata")["kind"] == "media"
             assert isinstance(ws.recv(timeout=30), bytes)
-    # the with block sent a close frame (1000) and waited for the server's
+        ws.close(code)  # a close frame, then the server's
     resume = {
         "type": "session.resume",
         "session_id": start["session_id"],

@@ -55,12 +55,24 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-    resp = error_response(exc.status_code, str(exc.detail), type_)
+    message = str(exc.detail)
+    if exc.status_code == 404 and message == "Not Found":  # no route (or static file) here
+        message = _unknown_route(request)
+    resp = error_response(exc.status_code, message, type_)
     if exc.headers:
         resp.headers.update(exc.headers)
     if exc.status_code == 405:
         resp.headers["Allow"] = ", ".join(allowed_methods(request))
     return resp
+
+
+def _unknown_route(request: Request) -> str:
+    """The 404 of a path no route serves: OpenAI's ``Invalid URL (METHOD /path)``, and
+    where the routes are listed."""
+    return (
+        f"Invalid URL ({request.method} {request.url.path}): no such route. The API's routes "
+        "are listed at /docs (OpenAPI: /openapi.json); the playground is at /."
+    )
 
 
 def allowed_methods(request: Request) -> list[str]:

@@ -28,6 +28,7 @@ from api.state import AppState
 from models.common import StageDurations
 from models.db import Artifact, Job, JobStatus, JobView
 from models.errors import (
+    ErrorCode,
     Gone,
     InvalidRequest,
     JobFailed,
@@ -296,6 +297,14 @@ class JobService(abc.ABC, Generic[WireT]):
         """``artifact`` if the job's content can be served: 409 before the job completed,
         410 once it expired, 404 without the ``variant``."""
         job_id = job.id
+        if job.status == JobStatus.FAILED:  # ended without content, for good
+            cancelled = job.error_code == ErrorCode.CANCELLED
+            what = "was cancelled" if cancelled else f"failed ({job.error_code})"
+            raise NotReady(
+                f"{self.noun} {job_id} {what} and has no content",
+                param=self.id_param,
+                code="job_cancelled" if cancelled else "job_failed",
+            )
         if job.status != JobStatus.COMPLETED:
             raise NotReady(
                 f"{self.noun} {job_id} is {job.status}; content is available once it is completed",

@@ -40,10 +40,16 @@ class _Static(StaticFiles):
 
 
 def install(app: FastAPI) -> None:
-    """``GET /`` (the page) and ``/static`` (its files); neither is in ``/openapi.json``."""
+    """``GET /`` (the page), ``/favicon.ico`` and ``/static`` (its files); none is in
+    ``/openapi.json``."""
 
     @app.get("/", include_in_schema=False)
     async def playground() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", headers=_HEADERS)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        # browsers ask for it on every page (the API's JSON and /docs included)
+        return FileResponse(STATIC_DIR / "favicon.ico", headers=_HEADERS)
 
     app.mount("/static", _Static(directory=STATIC_DIR), name="static")

@@ -24,6 +24,9 @@ POLL_INTERVAL_S = 0.5
 MAX_POLL_FAILURES = 10
 EXIT_INTERRUPTED = 130
 TERMINAL = ("completed", "failed")
+# Stages with no progress of their own on the wire (progress moves only in ``denoise``):
+# the bar shows a spinner, the stage's name and its time so far instead of a still 0 %.
+_SPINNER = "|/-\\"
 
 
 class _CliError(Exception):
@@ -84,13 +87,20 @@ def _create_body(
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def _describe(video: dict[str, Any]) -> str:
-    """The bar's postfix: status, queue position or stage, and the denoise step."""
+def _describe(video: dict[str, Any], tick: int = 0, in_stage_s: float | None = None) -> str:
+    """The bar's postfix: status, queue position or stage, and the denoise step; a
+    stage without steps (``prepare``, ``decode``, ``encode``, ``upload``) gets a spinner
+    (``tick``: polls so far) and its time so far, so a long ``prepare`` is seen moving."""
     status = video.get("status", "?")
     if status == "queued":
         position = video.get("queue_position")
         return "queued" if position is None else f"queued (position {position})"
-    parts = [status, str(video.get("stage") or "")]
+    stage = str(video.get("stage") or "")
+    if status == "in_progress" and stage not in ("", "denoise", "queue"):
+        spin = _SPINNER[tick % len(_SPINNER)]
+        elapsed = "" if in_stage_s is None else f" {in_stage_s:.0f}s"
+        return f"{status} {spin} {stage}{elapsed}"
+    parts = [status, stage]
     if video.get("num_inference_steps"):
         parts.append(f"step {video.get('step') or 0}/{video['num_inference_steps']}")
     return " ".join(p for p in parts if p)
@@ -101,7 +111,8 @@ def _watch(
 ) -> dict[str, Any]:
     """Poll until the job is completed or failed, drawing a 0-100 progress bar."""
     path = f"/v1/videos/{video['id']}"
-    failures = 0
+    failures = tick = 0
+    stage, stage_since = None, time.monotonic()
     bar = tqdm(total=100, unit="%", desc=video["id"], file=sys.stderr, dynamic_ncols=True,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]{postfix}")
     with bar:
@@ -109,7 +120,10 @@ def _watch(
             progress = int(video.get("progress") or 0)
             if progress > bar.n:
                 bar.update(progress - bar.n)
-            bar.set_postfix_str(_describe(video))
+            if video.get("stage") != stage:
+                stage, stage_since = video.get("stage"), time.monotonic()
+            bar.set_postfix_str(_describe(video, tick, time.monotonic() - stage_since))
+            tick += 1
             if video.get("status") in TERMINAL:
                 return video
             sleep(interval)
@@ -140,6 +154,19 @@ def _download(client: httpx.Client, video_id: str, output: Path) -> int:
     finally:
         partial.unlink(missing_ok=True)
     return output.stat().st_size
+
+
+def _check_output(output: Path) -> str | None:
+    """Why the video could not be written to ``output``, or None: checked before the job
+    is created, so a bad ``-o`` costs no generation."""
+    parent = output.parent
+    if output.is_dir():
+        return f"{output} is a directory; give a file name (e.g. {output / 'video.mp4'})"
+    if not parent.is_dir():
+        return f"cannot write {output}: the directory {parent} does not exist"
+    if not os.access(parent, os.W_OK):
+        return f"cannot write {output}: the directory {parent} is not writable"
+    return None
 
 
 def _cancel(client: httpx.Client, video_id: str) -> None:
@@ -174,6 +201,9 @@ def run_generate(
     key = api_key or os.environ.get("OMNIQ_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     body = _create_body(prompt, seconds=seconds, size=size, steps=steps, seed=seed, model=model)
+    if output is not None and (problem := _check_output(Path(output))) is not None:
+        _say(f"omniqueue generate: {problem}")
+        return 1
     timeout = httpx.Timeout(60.0, connect=5.0)
     with httpx.Client(base_url=base, headers=headers, timeout=timeout) as client:
         try:

@@ -175,11 +175,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    up = sub.add_parser("up", help="run the embedded stack (Valkey, SQLite, S3, API, workers)")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--port", type=int, default=8000)
-    up.add_argument("--data-dir", default="omniqueue-data")
-    up.add_argument("--workers", type=int, default=1)
+    up = sub.add_parser(
+        "up",
+        help="run the embedded stack (Valkey, SQLite, S3, API, workers)",
+        description="Run the whole stack on this machine: embedded Valkey, SQLite and S3 "
+        "under --data-dir, the API on --host:--port (the playground at /), job and realtime "
+        "workers. Ctrl-C stops everything.",
+    )
+    up.add_argument(
+        "--host", default="127.0.0.1", help="address the API binds to (default: %(default)s)"
+    )
+    up.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="the API's port; clients then need --url / OMNIQ_URL http://HOST:PORT "
+        "(default: %(default)s)",
+    )
+    up.add_argument(
+        "--data-dir",
+        default="omniqueue-data",
+        help="where the database, Valkey and S3 files live (default: %(default)s)",
+    )
+    up.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="job worker processes on the default device (default: %(default)s)",
+    )
     up.add_argument(
         "--worker-devices",
         default=None,

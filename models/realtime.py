@@ -1,5 +1,5 @@
 """Wire schemas of ``WS /v1/realtime``: the OpenAI Realtime API (GA), plus the duplex
-extension of ``protocols/realtime-audio.md``.
+extension of ``docs/protocols/realtime-audio.md``.
 
 OpenAI fields first, omniqueue extensions after. Client events are parsed leniently
 (unknown fields are ignored, as the OpenAI server does for forward compatibility), but

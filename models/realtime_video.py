@@ -1,6 +1,6 @@
 """Wire schemas of ``WS /v1/realtime/video`` (streaming world-model video sessions).
 
-The contract is ``shared/protocols/realtime-video.md``; a client written for
+The contract is ``docs/protocols/realtime-video.md``; a client written for
 vLLM-Omni's LingBot-World endpoint runs unchanged, so ``session.start`` accepts the
 extra top-level fields that server accepts (``size``, ``seconds``, sampler knobs, …).
 Control messages are JSON text frames with a ``type``; every
@@ -105,6 +105,9 @@ class ExtraParams(BaseModel):
     camera_action_script: list[CameraActions] | None = None
     transition_chunks: Annotated[int, _NoBool, Field(ge=0, le=10**6)] | None = None
     persist: bool = False
+    # pacing: chunks generated ahead of the client's playback (0: unpaced); None: the
+    # server's ``realtime.video_lead_chunks``
+    max_chunks_ahead: Annotated[int, _NoBool, Field(ge=0, le=10_000)] | None = None
 
 
 class SessionStart(BaseModel):
@@ -342,6 +345,9 @@ class VideoErrorCode(enum.StrEnum):
     RESOURCE_EXHAUSTED = "resource_exhausted"
     WORKER_LOST = "worker_lost"
     INTERACTION_FAILED = "interaction_failed"
+    # an interaction that no chunk is left to apply to (sent after the last chunk was
+    # made, or queued but never started by the end of the rollout); the session goes on
+    INTERACTION_TOO_LATE = "interaction_too_late"
     INTERNAL_ERROR = "internal_error"
     BROKER_ERROR = "broker_error"  # the API lost Redis/Valkey mid-session (close 1011)
     # session.resume: no such session (or wrong token, or expired), close 1008; and the

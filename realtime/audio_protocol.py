@@ -1,5 +1,5 @@
 """Sans-I/O state machine of one ``WS /v1/realtime`` session (OpenAI Realtime GA, plus
-the duplex extension of ``protocols/realtime-audio.md``).
+the duplex extension of ``docs/protocols/realtime-audio.md``).
 
 As in the ``websockets`` core: no asyncio, sockets, Redis or clock; the caller owns
 them (``now``: any monotonic float, seconds). The voice-activity detector is injected

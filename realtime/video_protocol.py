@@ -22,12 +22,15 @@ media chunks (``session.done.chunks`` = media chunks sent). ``video.start`` is t
 first frame of an admitted session: earlier replies (pong, acks, non-fatal errors)
 are held until then. Interrupts jump the queue (STYLE rule 5): a stop or fatal error
 drops chunk pairs not yet taken by ``data_to_send()``; chunks after a stop are
-checked, not sent. Any client message and any worker progress (``started``,
-``chunk``) refresh the stall clock, as in vLLM-Omni. Client mistakes never raise:
-they become ``error`` events (fatal before the start, close 1008); an illegal
+checked, not sent. An interaction no chunk is left for gets ``error
+interaction_too_late`` (with its ``event_id``): at once when every media chunk was
+already made, else before ``session.done`` when the rollout ended without starting it
+(it reached the worker during the last chunk). Any client message and any worker
+progress (``started``, ``chunk``) refresh the stall clock, as in vLLM-Omni. Client
+mistakes never raise: they become ``error`` events (fatal before the start, close 1008); an illegal
 worker-side call raises ``ProtocolError``. Once DONE or FAILED, input is ignored.
 
-Resume (``protocols/realtime-video.md``): ``video.start`` carries ``session_id`` and
+Resume (``docs/protocols/realtime-video.md``): ``video.start`` carries ``session_id`` and
 ``resume_token``; a session taken over on a new socket is rebuilt with :meth:`restored`,
 then :meth:`resume` answers ``session.resumed``, and the worker's outputs are fed again
 from the start of its stream: the first media chunk's init segment goes out alone as a
@@ -82,6 +85,9 @@ _FROM_WORKER = {
     "completed_event_ids",
 }
 _INIT_SEGMENT: dict[str, Any] = {"generation_chunk_index": None, "num_frames": 0}
+
+_ALL_MADE = "every chunk of the rollout was already made: no chunk is left for this interaction"
+_ENDED_BEFORE = "the rollout ended before this interaction could apply (no chunk was left)"
 
 _LIVE = (State.STARTING, State.STREAMING, State.STOPPING)
 _ENDED = (State.DONE, State.FAILED)
@@ -165,6 +171,7 @@ class VideoSessionProtocol:
         self._video_started = self._trailer_seen = False
         self._next_index = self._transport_index = 0
         self._event_ids: set[str] = set()
+        self._pending: list[str] = []  # queued interactions no chunk has started yet
         self._default_transition: int | None = None  # extra_params.transition_chunks
         self._commands: list[Command] = []
         self._out: list[_Out] = []
@@ -354,6 +361,8 @@ class VideoSessionProtocol:
             if self._next_index >= self.config.chunks or num_frames < 1:
                 raise ProtocolError(f"beyond {self.config.chunks} chunks, or no frames")
             self._next_index += 1
+            started = set(output.started_event_ids)
+            self._pending = [e for e in self._pending if e not in started]
         elif kind == "trailer" and generation_chunk_index is None and num_frames == 0:
             self._trailer_seen = True
         else:
@@ -413,6 +422,10 @@ class VideoSessionProtocol:
         if not stopped and self._next_index != self.config.chunks:
             raise ProtocolError(f"finished after {self._next_index}/{self.config.chunks} chunks")
         self._flush_held()
+        if not stopped:
+            for event_id in self._pending:  # they reached the worker during the last chunk
+                self._error(Code.INTERACTION_TOO_LATE, _ENDED_BEFORE, event_id)
+        self._pending.clear()
         done = wire.SessionDone(
             request_id=self.request_id, chunks=self.chunks_sent, stopped=stopped
         )
@@ -468,7 +481,10 @@ class VideoSessionProtocol:
             return self._error(Code.INVALID_STATE, "the session is stopping", event_id)
         if event_id in self._event_ids:
             return self._error(Code.EVENT_ID_CONFLICT, "event_id_conflict", event_id)
+        if self.config is not None and self._next_index >= self.config.chunks:
+            return self._error(Code.INTERACTION_TOO_LATE, _ALL_MADE, event_id)
         self._event_ids.add(event_id)
+        self._pending.append(event_id)
         transition = interaction.transition_chunks
         transition = self._default_transition if transition is None else transition
         self._commands.append(InteractionRequested(event_id, prompt, camera, transition))

@@ -213,6 +213,12 @@ class RealtimeSettings(BaseModel):
     # Voice sessions: audio produced ahead of the wall clock since a response started;
     # more lead rides out hiccups, less makes a cancel drop less already-sent audio.
     audio_lead_ms: int = 300
+    # World sessions (``WS /v1/realtime/video``): the worker begins a chunk only while at
+    # most this many chunks of video are ahead of the client's playback clock (real time
+    # from the first chunk), so w/a/s/d reach the screen within a few chunks instead of
+    # after a clip buffered in full; 0: unpaced, as fast as the model goes. A session may
+    # ask for its own bound with ``extra_params.max_chunks_ahead`` (docs/streaming.md).
+    video_lead_chunks: int = Field(2, ge=0, le=10_000)
     # The first audio of a response is sent once this much is made (one burst), so a
     # client that starts playing at the first delta has a cushion against jitter.
     audio_prebuffer_ms: int = 200

@@ -12,6 +12,12 @@ Between any two denoise steps the runner drains commands (a stop or interaction 
 ahead of further computation), so ``session.stop`` or a vanished client ends the session
 within one step and frees the slot. If the API falls silent (no command or keep-alive for
 ``lost_after_s``), the runner stops on its own.
+
+Pacing (:class:`Playback`): the client plays the video in real time from the first chunk,
+so a chunk begins only while at most ``max_chunks_ahead`` chunks (the session's
+``extra_params``, else ``realtime.video_lead_chunks``; 0: unpaced) are ahead of that
+clock; an interaction then reaches the screen within about that many chunks. The wait
+is a blocking read of the session's commands, so a stop or an interaction ends it at once.
 """
 
 from __future__ import annotations
@@ -42,6 +48,36 @@ from workers.pipelines.registry import PipelineRegistry
 from workers.session_slot import SessionSlot, SlotRunner
 
 log = logging.getLogger(__name__)
+
+
+class Playback:
+    """The client's playback clock as the worker can know it: real time from the moment
+    the first chunk was sent, against the video time of the chunks sent so far."""
+
+    def __init__(self, fps: float, lead_chunks: int) -> None:
+        self.fps, self.lead = fps, lead_chunks
+        self.began: float | None = None  # when chunk 0 went out
+        self.video_s = 0.0  # video time sent
+        self.chunk_s = 0.0  # the last chunk's length
+
+    def sent(self, frames: int, now: float) -> None:
+        if self.began is None:
+            self.began = now
+        self.chunk_s = frames / self.fps
+        self.video_s += self.chunk_s
+
+    def wait_s(self, now: float) -> float:
+        """How long to wait before beginning the next chunk (0: begin now)."""
+        if not self.lead or self.began is None:
+            return 0.0
+        ahead = self.video_s - (now - self.began)
+        return max(0.0, ahead - self.lead * self.chunk_s)
+
+
+def lead_chunks(default: int, extra: dict[str, Any]) -> int:
+    """The session's pacing bound: ``extra_params.max_chunks_ahead``, else ``default``."""
+    asked = extra.get("max_chunks_ahead")
+    return default if asked is None else int(asked)
 # What a session's config hands the world pipeline as it is.
 _WORLD_FIELDS = {"prompt", "width", "height", "num_frames", "fps", "seed", "negative_prompt"}
 
@@ -111,9 +147,11 @@ class SessionRunner(SlotRunner[WorldSessionConfig]):
         slot.send(StartedOutput())
         stopped = False
         sent = 0
+        playback = Playback(world.fps, lead_chunks(self.settings.realtime.video_lead_chunks, extra))
+        between_chunks, wait_ms = True, None
         try:
             while sent < total:
-                for entry in slot.commands():
+                for entry in slot.commands(block_ms=wait_ms):
                     if isinstance(entry.event, StopCommand):
                         stopped = True
                     elif isinstance(entry.event, InteractionCommand):
@@ -123,6 +161,12 @@ class SessionRunner(SlotRunner[WorldSessionConfig]):
                     stopped = True
                     break
                 slot.keepalive(now)
+                wait = playback.wait_s(now) if between_chunks else 0.0
+                if wait > 0:  # paced: the client has enough to play; read commands meanwhile
+                    beat = max(slot.next_beat_in(now), 0.001)
+                    wait_ms = max(1, round(min(wait, beat) * 1000))
+                    continue
+                wait_ms, between_chunks = None, False
                 pipe.step(state)
                 if pipe.chunk_done(state):
                     frames = pipe.take_chunk(state)
@@ -142,6 +186,8 @@ class SessionRunner(SlotRunner[WorldSessionConfig]):
                         completed_event_ids=completed,
                     )
                     slot.send(chunk, data)
+                    playback.sent(len(frames), time.monotonic())
+                    between_chunks = True
                     sent += 1
             tail = writer.close()
             if tail and not stopped:

@@ -1,5 +1,5 @@
 """Resume of ``/v1/realtime/video`` sessions on any API replica
-(``protocols/realtime-video.md``, "Resume after a dropped socket").
+(``docs/protocols/realtime-video.md``, "Resume after a dropped socket").
 
 The chunks of a session are already in Redis (its ``out`` stream, written by the
 worker); what a replica needs besides is small and set once ``video.start`` is due: the

@@ -14,7 +14,8 @@ A streaming session outlives a dropped socket (no close handshake) for
 the keep-alives go on, and ``session.resume`` as a socket's first message takes it over
 on any replica (``api/realtime/video_resume.py``; the record it needs is stored before
 ``video.start`` hands out the resume token). A session resumed elsewhere ends here with
-``session_taken_over``.
+``session_taken_over``. A clean close (a close frame) ends the session at once: no grace
+period, and ``session.resume`` naming it is answered ``session_not_found``.
 """
 
 from __future__ import annotations
@@ -286,10 +287,13 @@ class VideoSession:
 
     async def close(self, disconnected: bool, dropped: bool = False) -> None:
         """``dropped``: the socket went away without a close handshake (a lost network),
-        which a streaming session survives; a client that closes it cleanly ends it."""
+        which a streaming session survives; a client that closes it cleanly ends it, and
+        its resume record goes first, so a ``session.resume`` after a clean close is
+        answered ``session_not_found`` (never ``session.resumed`` and a replay of its
+        end). The record is only deleted while this replica holds it."""
         if dropped and self.detach():
             return
-        if self.record is not None and self.protocol.close_expected():
+        if self.record is not None:
             with contextlib.suppress(*BROKER_ERRORS):
                 await bounded(self.record.drop())  # ended: nothing to resume
         if disconnected:

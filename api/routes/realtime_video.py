@@ -47,7 +47,9 @@ async def _serve(websocket: WebSocket, state: AppState, owner: str) -> None:
         with REALTIME_SESSIONS.labels("video").track_inprogress():
             await session.run()
     except WebSocketDisconnect as exc:
-        disconnected, dropped = True, exc.code not in (1000, 1001)
+        # 1006: the socket went away without a close frame (a lost network, a killed
+        # replica); any close frame, whatever its code, is the client ending the session
+        disconnected, dropped = True, exc.code == 1006
     except BROKER_ERRORS:  # placing the session or sending a command
         await session.broker_lost()
     finally:

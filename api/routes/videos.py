@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Query, Request
 from fastapi.responses import Response
 
 from api.admission import Admitted, admission
@@ -15,10 +15,19 @@ from api.job_kinds import JobKind
 from api.openapi import VIDEO_MEDIA_TYPES, binary, create_body, errors
 from api.routes.jobs import job_router
 from api.videos_service import VideoService
+from models.errors import InvalidRequest
 from models.videos import VideoCreate, VideoDeleted, VideoObject, VideoPage
 
+_VARIANTS = ("video", "thumbnail", "spritesheet")
 
-def _variant(variant: Literal["video", "thumbnail", "spritesheet"] = "video") -> str:
+
+def _variant(
+    variant: Annotated[str, Query(json_schema_extra={"enum": list(_VARIANTS)})] = "video",
+) -> str:
+    """``?variant=``; another value is a 400 naming it, as for every other bad parameter
+    (a ``Literal`` here made it FastAPI's 422)."""
+    if variant not in _VARIANTS:
+        raise InvalidRequest(f"variant must be one of {', '.join(_VARIANTS)}", param="variant")
     return variant
 
 

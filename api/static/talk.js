@@ -2,7 +2,8 @@
 // in real time) goes up as 100 ms PCM16 appends at 24 kHz; the server's VAD takes turns,
 // and the answer's audio deltas are played as they arrive. Speaking over an answer
 // interrupts it: the server cancels the response (barge-in) and the page drops what it
-// has not played yet.
+// has not played yet. A file (or a bundled sample, for people without a microphone) in
+// which the server's VAD hears no speech says so, instead of nothing happening.
 import { fillModels, logLine, openSocket } from "./api.js";
 
 const RATE = 24000;
@@ -18,6 +19,10 @@ let sources = [];
 let playEnd = 0;
 let heardMs = 0;
 let receivedMs = 0;
+let speechSeen = false; // a speech_started since the current file began
+let quietTimer = null;
+// After a file's last append: the VAD's onset latency plus its silence window, and slack.
+const NO_SPEECH_AFTER_MS = 1500;
 
 export async function init() {
   const voices = await fillModels($("talk-model"), (m) => m.kind === "voice");
@@ -27,6 +32,8 @@ export async function init() {
   $("talk-mic").addEventListener("click", () => toggleMic().catch(
     (e) => log(`microphone: ${e.message}`)));
   $("talk-send").addEventListener("click", () => sendFile().catch((e) => log(`file: ${e.message}`)));
+  $("talk-send-sample").addEventListener("click", () => sendSample().catch(
+    (e) => log(`sample: ${e.message}`)));
   $("talk-file").addEventListener("change", buttons);
 }
 
@@ -38,6 +45,7 @@ function buttons() {
   $("talk-disconnect").disabled = !ws;
   $("talk-mic").disabled = !open();
   $("talk-send").disabled = !open() || !$("talk-file").files.length;
+  $("talk-send-sample").disabled = !open();
 }
 
 function audio() {
@@ -137,16 +145,40 @@ async function toggleMic() {
 function stopFile() {
   clearInterval(fileTimer);
   fileTimer = null;
+  clearTimeout(quietTimer);
+  quietTimer = null;
 }
 
-/** Send the chosen file as a microphone would: 100 ms of audio every 100 ms. */
 async function sendFile() {
   const file = $("talk-file").files[0];
-  const decoded = await audio().decodeAudioData(await file.arrayBuffer()); // now at 24 kHz
+  await sendAudio(file.name, await file.arrayBuffer());
+}
+
+/** One of the bundled speech samples (the test suite's fixtures, espeak-ng voices). */
+async function sendSample() {
+  const name = $("talk-sample").value;
+  const response = await fetch(`/static/speech/${name}`);
+  if (!response.ok) throw new Error(`${name}: HTTP ${response.status}`);
+  await sendAudio(name, await response.arrayBuffer());
+}
+
+/** Say so when the server's VAD heard nothing in what was sent. */
+function noSpeech(name) {
+  quietTimer = null;
+  if (speechSeen) return;
+  $("talk-vad").textContent = "no speech detected";
+  log(`no speech detected in ${name}: the server heard nothing it could answer. ` +
+    "Try a louder recording, or one of the samples.");
+}
+
+/** Send audio as a microphone would: 100 ms of audio every 100 ms. */
+async function sendAudio(name, bytes) {
+  const decoded = await audio().decodeAudioData(bytes); // now at 24 kHz
   const samples = new Float32Array(decoded.length + RATE / 2); // and 500 ms of silence
   samples.set(decoded.getChannelData(0));
   stopFile();
-  log(`sending ${file.name} (${decoded.duration.toFixed(1)} s) in real time`);
+  speechSeen = false;
+  log(`sending ${name} (${decoded.duration.toFixed(1)} s) in real time`);
   const start = performance.now();
   let sent = 0;
   fileTimer = setInterval(() => {
@@ -157,7 +189,8 @@ async function sendFile() {
     }
     if (sent >= samples.length) {
       stopFile();
-      log(`${file.name} sent`);
+      log(`${name} sent`);
+      quietTimer = setTimeout(() => noSpeech(name), NO_SPEECH_AFTER_MS);
     }
   }, 50);
 }
@@ -200,6 +233,7 @@ function onEvent(event) {
       log(`session ${event.session.id} (${event.session.model})`);
       break;
     case "input_audio_buffer.speech_started":
+      speechSeen = true;
       $("talk-vad").textContent = "speech";
       if (sources.length) {
         stopPlayback();

@@ -1,6 +1,9 @@
 // World: `WS /v1/realtime/video`. The fMP4 fragments (the first one carries the init
 // segment) are appended to a Media Source Extensions buffer as they arrive, so the video
 // plays while it is generated; w/a/s/d (keys or buttons) go up as camera interactions.
+// The server paces generation a few chunks ahead of playback, so a key shows within
+// about two seconds; a key no chunk is left for is answered `interaction_too_late`, and
+// one pressed after the session ended says so here.
 import { el, fillModels, logLine, openSocket } from "./api.js";
 
 const SIZES = [[256, 144], [320, 176], [480, 272], [640, 352], [832, 480], [1280, 720]];
@@ -118,6 +121,13 @@ class Session {
         this.ws.close(1000);
         break;
       case "error":
+        if (event.code === "interaction_too_late") {
+          const key = this.actions.get(event.event_id) ?? "?";
+          $("world-action").textContent = `${key} too late: the rollout's last chunk was made`;
+          $("world-action").dataset.state = "late";
+          log(`${key}: too late (${event.message})`);
+          break;
+        }
         status(`error: ${event.message}${event.code ? ` (${event.code})` : ""}`);
         log(`error ${event.code ?? ""}: ${event.message}`);
         break;
@@ -210,7 +220,12 @@ async function start() {
 }
 
 function interact(key) {
-  if (!session || session.ws.readyState !== WebSocket.OPEN) return;
+  if (!session || session.ws.readyState !== WebSocket.OPEN) {
+    const why = session ? "the session has ended" : "no session is running";
+    $("world-action").textContent = `${key} not sent: ${why}; press Start for a new one`;
+    $("world-action").dataset.state = "ended";
+    return;
+  }
   session.sent += 1;
   const id = `${key}-${session.sent}`;
   session.actions.set(id, key);

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import wave
 from pathlib import Path
 
 import httpx
@@ -111,6 +112,33 @@ def test_talk_with_a_wav_file_gets_an_answer_and_barge_in_cancels_it(page: Page,
     heard = int(page.locator("#talk-heard").inner_text().split()[0])
     assert heard > 0
     page.screenshot(path=up.artifacts / "talk.png", full_page=True)
+
+
+def test_talk_says_no_speech_detected_and_offers_the_bundled_samples(
+    page: Page, up: Up, tmp_path: Path
+) -> None:
+    silent = tmp_path / "silence.wav"
+    with wave.open(str(silent), "wb") as w:  # 2 s of 24 kHz PCM16 zeros
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(24000)
+        w.writeframes(bytes(2 * 48000))
+    page.goto(up.url + "/#talk")
+    talk = page.locator("#talk")
+    talk.get_by_role("button", name="Connect", exact=True).click()
+    expect(page.locator("#talk-conn")).to_have_text("open")
+    talk.get_by_label("WAV file").set_input_files(silent)
+    talk.get_by_role("button", name="Send file").click()
+    log = page.locator("#talk-log")
+    expect(log).to_contain_text("no speech detected in silence.wav", timeout=15_000)
+    expect(page.locator("#talk-vad")).to_have_text("no speech detected")
+    expect(page.locator("#talk-answer")).to_have_text("–")  # nothing was answered
+    # without a microphone or a file: a bundled sample
+    talk.get_by_label("No microphone? A sample").select_option("weather.wav")
+    talk.get_by_role("button", name="Send sample").click()
+    expect(log).to_contain_text("sending weather.wav")
+    expect(page.locator("#talk-answer")).to_have_text("completed", timeout=30_000)
+    expect(log).not_to_contain_text("no speech detected in weather.wav")
 
 
 def test_talk_with_the_microphone_gets_an_answer(page: Page, up: Up) -> None:

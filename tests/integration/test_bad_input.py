@@ -313,6 +313,33 @@ def test_an_unserved_method_is_405_with_the_full_allow_header(
     assert resp.json()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_an_unknown_route_is_named_and_points_to_the_docs(
+    client: httpx.Client, method: str
+) -> None:
+    resp = client.request(method, "/v1/vidoes/abc")
+    assert resp.status_code == 404
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] is None
+    assert error["message"].startswith(f"Invalid URL ({method} /v1/vidoes/abc)"), error
+    assert "/docs" in error["message"]
+
+
+def test_a_bad_content_variant_is_a_400_like_every_other_bad_parameter(
+    stack: Stack, client: httpx.Client
+) -> None:
+    error = _refused(
+        stack, lambda: client.get("/v1/videos/video_0/content?variant=bogus"), "variant"
+    )
+    assert "video, thumbnail, spritesheet" in error["message"]
+
+
+def test_the_favicon_is_served(client: httpx.Client) -> None:
+    resp = client.get("/favicon.ico")
+    assert resp.status_code == 200
+    assert resp.content[:4] == b"\x00\x00\x01\x00"  # an ICO file
+
+
 @pytest.mark.parametrize("path", ["/v1/videos", "/v1/audio/generations"])
 def test_an_empty_after_is_ignored(client: httpx.Client, path: str) -> None:
     resp = client.get(path, params={"after": "", "limit": 2})

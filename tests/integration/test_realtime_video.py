@@ -199,6 +199,34 @@ def test_stop_ends_with_stopped_and_frees_the_slot(rstack: Stack) -> None:
     _two_slots_then_exhausted(rstack)
 
 
+@pytest.mark.parametrize("code", [1000, 4000])
+def test_a_cleanly_closed_session_cannot_be_resumed(rstack: Stack, code: int) -> None:
+    """A close frame (any code) ends the session at once (no grace period, unlike a
+    dropped socket): ``session.resume`` right after is answered ``session_not_found``,
+    close 1008, and no chunk or ``session.done`` of the old session."""
+    with _ws(rstack) as ws:
+        ws.send(json.dumps(LONG))
+        start = _json(ws)
+        assert start["type"] == "video.start" and start["resume_token"]
+        for _ in range(2):
+            assert _until(ws, "video.chunk_metadata")["kind"] == "media"
+            assert isinstance(ws.recv(timeout=30), bytes)
+        ws.close(code)  # a close frame, then the server's
+    resume = {
+        "type": "session.resume",
+        "session_id": start["session_id"],
+        "resume_token": start["resume_token"],
+        "last_generation_chunk_index": 1,
+    }
+    with _ws(rstack) as again:
+        again.send(json.dumps(resume))
+        reply = _json(again)
+        assert reply["type"] == "error" and reply["code"] == "session_not_found", reply
+        with pytest.raises(ConnectionClosed):
+            again.recv(timeout=10)
+        assert again.close_code == 1008
+
+
 def _two_slots_then_exhausted(rstack: Stack) -> None:
     long = LONG
     with _ws(rstack) as a, _ws(rstack) as b:

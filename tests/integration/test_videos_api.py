@@ -267,7 +267,11 @@ def test_cancel_queued_job_and_queue_position(stack: Stack, client: httpx.Client
     body = cancelled.json()
     assert body["status"] == "failed" and body["error"]["code"] == "cancelled"
     assert client.get(f"/v1/videos/{third['id']}").json()["queue_position"] == ahead
-    assert client.get(f"/v1/videos/{second['id']}/content").status_code == 404
+    content = client.get(f"/v1/videos/{second['id']}/content")
+    assert content.status_code == 404
+    error = content.json()["error"]
+    assert error["code"] == "job_cancelled", error  # never "available once completed"
+    assert error["message"] == f"video {second['id']} was cancelled and has no content"
 
     # cancelling the running job stops it at the next step boundary
     running = client.post(f"/v1/videos/{blocker['id']}/cancel").json()

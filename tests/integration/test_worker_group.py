@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
+import yaml
 
 from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
@@ -30,6 +31,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REDIS_DB = 6
 SINGLE, CFG, ULYSSES = "tiny/wan", "tiny/wan-cfg2", "tiny/wan-ulysses2"
+# The model of docs/deployment.md's worker-group recipe (tiny weights under its name).
+RECIPE_MODEL = "Wan-AI/Wan2.1-T2V-14B"
+DEPLOYMENT_MD = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +54,7 @@ def gstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
                 (SINGLE, ""),
                 (CFG, 'devices = 2\nparallel = "cfg"\n'),
                 (ULYSSES, 'devices = 2\nparallel = "ulysses"\n'),
+                (RECIPE_MODEL, 'devices = 2\nparallel = "cfg"\n'),
             )
         )
     )
@@ -175,3 +180,62 @@ def test_a_sigkilled_rank_restarts_the_group_and_the_job_is_taken_over(gstack: S
         assert done["attempt"] == 2
         after = _ranks(gstack)
         assert sorted(after) == [0, 1] and not set(after.values()) & set(before.values())
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """YAML with Compose's own tags (``!override``, ``!reset``) read as plain nodes."""
+
+
+_ComposeLoader.add_multi_constructor(
+    "!",
+    lambda loader, _tag, node: (
+        loader.construct_sequence(node, deep=True)
+        if isinstance(node, yaml.SequenceNode)
+        else loader.construct_mapping(node, deep=True)
+        if isinstance(node, yaml.MappingNode)
+        else loader.construct_scalar(node)
+    ),
+)
+
+
+def _recipe() -> dict[str, Any]:
+    """The ``worker-group`` service of docs/deployment.md, as written."""
+    blocks = re.findall(r"```yaml\n(.*?)```", DEPLOYMENT_MD.read_text(), re.S)
+    found = [b for b in blocks if "worker-group:" in b]
+    assert len(found) == 1, "one worker-group recipe in docs/deployment.md"
+    service: dict[str, Any] = yaml.load(found[0], Loader=_ComposeLoader)["services"]["worker-group"]
+    return service
+
+
+def test_the_deployment_recipe_runs_a_job_across_its_group(gstack: Stack) -> None:
+    """docs/deployment.md's worker-group service, run as written but on CPU ranks: its
+    command (the GPUs it names mapped to ``cpu``) with the environment it inherits from
+    the compose ``worker`` service (``OMNIQ_WORKER__DEVICE=cuda:0`` included), serving
+    the recipe's model (tiny Wan weights under its name). Docker, NCCL and GPUs are not
+    part of this test (see docs/deployment.md)."""
+    recipe = _recipe()
+    compose = yaml.safe_load((DEPLOYMENT_MD.parents[1] / "docker-compose.yml").read_text())
+    worker = compose["services"][recipe["extends"]]
+    ids = recipe["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+    command = list(recipe["command"])
+    devices = command[command.index("--devices") + 1].split(",")
+    assert devices == [f"cuda:{i}" for i in range(len(ids))], (devices, ids)  # cuda:N inside
+    assert command[command.index("--models") + 1] == RECIPE_MODEL
+    command[command.index("--devices") + 1] = ",".join("cpu" for _ in devices)
+    inherited = {k: str(v) for k, v in worker["environment"].items() if k.startswith("OMNIQ_W")}
+    assert inherited["OMNIQ_WORKER__DEVICE"] == "cuda:0"
+    name = command[command.index("--name") + 1]
+    before = dict(gstack.extra_env)
+    gstack.extra_env.update(inherited)  # the group's processes get it, as in the container
+    try:
+        gstack._spawn(name, *command)
+    finally:
+        gstack.extra_env.clear()
+        gstack.extra_env.update(before)
+    _wait_log(gstack, name, "ready.", timeout=180)
+    gstack.procs["g0"].terminate()  # only the recipe's group may take the job
+    gstack.procs["g0"].wait(timeout=60)
+    with gstack.client() as c:
+        done, frames = _run(c, gstack, RECIPE_MODEL)
+    assert done["id"] in _full_log(gstack, name)
+    assert frames.shape[0] == 9

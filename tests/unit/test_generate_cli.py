@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -202,3 +203,46 @@ def test_connection_refused_suggests_omniqueue_up(capsys: pytest.CaptureFixture[
     assert run_generate("a fox", url=url, sleep=_no_sleep) == 1
     err = capsys.readouterr().err
     assert "cannot connect" in err and "omniqueue up" in err
+
+
+@pytest.mark.parametrize("where", ["missing", "directory"])
+def test_a_bad_output_path_is_refused_before_the_job_is_created(
+    serve: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    api = serve(FakeApi(COMPLETING))
+    output = tmp_path / "no" / "such" / "x.mp4" if where == "missing" else tmp_path
+    assert run_generate("a fox", url=api.url, output=output, sleep=_no_sleep) == 1
+    assert api.created == [] and api.polls == 0  # nothing was generated
+    err = capsys.readouterr().err
+    expected = "does not exist" if where == "missing" else "is a directory"
+    assert "omniqueue generate: " in err and expected in err
+
+
+def test_a_stage_without_steps_shows_a_spinner_with_its_name(
+    serve: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    preparing = _video("in_progress", progress=0, stage="prepare")
+    states = [_video("queued"), preparing, preparing, preparing, *COMPLETING[1:]]
+    api = serve(FakeApi(states))
+    assert run_generate("a fox", url=api.url, output=tmp_path / "x.mp4", sleep=_no_sleep) == 0
+    err = capsys.readouterr().err
+    spun = {c for c in "|/-\\" if f"in_progress {c} prepare" in err}
+    assert len(spun) >= 2, err  # it turns from one poll to the next
+    assert "in_progress denoise step 1/4" in err
+
+
+def test_up_help_shows_every_option_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--help"])
+    options = " ".join(capsys.readouterr().out.split()).split("options:", 1)[1]
+    for option, default in (
+        ("--host", "127.0.0.1"),
+        ("--port", "8000"),
+        ("--data-dir", "omniqueue-data"),
+        ("--workers", "1"),
+    ):
+        found = re.search(rf" {option} [A-Z_]+ (.*?)(?= --[a-z-]+ [A-Z]|$)", options)
+        assert found is not None, option
+        assert f"(default: {default})" in found.group(1), (option, found.group(1))

@@ -343,3 +343,48 @@ def test_disconnect_stops_the_worker_and_later_input_is_ignored() -> None:
     p.finished(stopped=True)
     p.check_timeouts(1e9)
     assert p.data_to_send() == [] and p.events_received() == []
+
+
+# ------------------------------------------------------------------ late interactions
+
+
+def test_an_interaction_after_every_chunk_was_made_is_too_late_at_once() -> None:
+    p = streaming()  # 3 chunks
+    for index in range(3):
+        send_media(p, index)
+    p.data_to_send()
+    p.receive_text(interaction_json("late"), 1.0)
+    assert p.events_received() == []  # nothing for the worker: no chunk is left
+    error = error_event(p)
+    assert error["code"] == "interaction_too_late" and error["event_id"] == "late"
+    assert p.state is State.STREAMING  # the session goes on to its end
+    p.finished(stopped=False)
+    assert [e["type"] for e in texts(p.data_to_send())] == ["session.done"]
+
+
+def test_an_interaction_no_chunk_started_is_reported_before_done() -> None:
+    p = streaming()
+    send_media(p, 0)
+    p.receive_text(interaction_json("applied"), 1.0)
+    p.receive_text(interaction_json("during-the-last"), 1.1)
+    assert len(p.events_received()) == 2  # both went to the worker
+    send_media(p, 1, started_event_ids=["applied"], active_event_ids=["applied"])
+    send_media(p, 2)
+    p.data_to_send()
+    p.finished(stopped=False)
+    events = texts(p.data_to_send())
+    assert [(e["type"], e.get("event_id")) for e in events] == [
+        ("error", "during-the-last"),
+        ("session.done", None),
+    ]
+    assert events[0]["code"] == "interaction_too_late"
+
+
+def test_a_stopped_session_reports_no_late_interaction() -> None:
+    p = streaming()
+    send_media(p, 0)
+    p.receive_text(interaction_json("pending"), 1.0)
+    p.receive_text('{"type": "session.stop"}', 1.1)
+    p.data_to_send()
+    p.finished(stopped=True)
+    assert [e["type"] for e in texts(p.data_to_send())] == ["session.done"]

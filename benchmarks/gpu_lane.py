@@ -57,7 +57,7 @@ from benchmarks.gpu_common import sync_time as _sync_time
 from benchmarks.gpu_stack import _free, raw_phase, stack_phase
 
 
-def _job(adapter: Any, request: Any) -> dict[str, Any]:
+def _job(adapter: Any, request: Any, decode: bool = True) -> dict[str, Any]:
     """One job in process: prepare, the steps (each timed), decode; then ``end``."""
     from workers.pipelines.diffusers.compiled import graphs_made
 
@@ -73,7 +73,7 @@ def _job(adapter: Any, request: Any) -> dict[str, Any]:
             steps.append(_sync_time() - t)
         denoised = _sync_time()
         latents = state.latents.float().cpu()
-        frames = adapter.decode_frames(state)
+        frames = adapter.decode_frames(state) if decode else None
     finally:
         adapter.end()
     return {

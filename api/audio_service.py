@@ -3,7 +3,7 @@
 
 An audio job's :class:`models.job_specs.AudioSpec` carries its length (``duration_ms``,
 also a column), format, requested rate and channels; after completion the row's
-``output`` (:class:`models.job_specs.AudioOutput`) has the artifact's real
+``output`` (:class:`models.job_specs.AudioJobOutput`) has the artifact's real
 ``sample_rate``, ``channels`` and ``num_samples``.
 """
 

@@ -25,7 +25,7 @@ from api.content import stream_artifact
 from api.metrics import JOBS_CREATED
 from api.payload import storable
 from api.state import AppState
-from models.common import StageDurations
+from models.common import JobError, StageDurations
 from models.db import Artifact, Job, JobStatus, JobView
 from models.errors import (
     Gone,
@@ -37,7 +37,6 @@ from models.errors import (
     SyncTimeout,
 )
 from models.events import DoneEvent, StatusEvent
-from models.videos import VideoError
 from storage.artifacts import StorageError
 from storage.bus import BusUnavailable
 from storage.constants import job_events_key, job_prefix
@@ -212,7 +211,7 @@ class JobService(abc.ABC, Generic[WireT]):
         """The fields every job object shares (status, progress, times, error, …)."""
         error = None
         if job.status == JobStatus.FAILED:
-            error = VideoError(
+            error = JobError(
                 code=job.error_code or "internal_error",
                 message=job.error_message or "the job failed",
             )
@@ -251,7 +250,7 @@ class JobService(abc.ABC, Generic[WireT]):
         The worker notices at its next step boundary and cleans up."""
         if not self.state.jobs.cancel(job_id, message):
             return False
-        error = VideoError(code="cancelled", message=message)
+        error = JobError(code="cancelled", message=message)
         try:
             self.state.bus.publish(job_events_key(job_id), DoneEvent(status="failed", error=error))
         except Exception:  # the row is the truth; watchers also poll it

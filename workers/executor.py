@@ -36,7 +36,7 @@ from models.common import JobError, JobStatus
 from models.db import Artifact, Job, job_spec
 from models.errors import ErrorCode, JobLost, JobTimedOut, StorageError, UploadAborted
 from models.events import ChunkEvent, DoneEvent, PreviewEvent, ProgressEvent, StatusEvent
-from models.job_specs import AudioOutput, AudioSpec, VideoSpec
+from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec
 from storage.artifacts import ArtifactStore
 from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
@@ -321,7 +321,7 @@ class StepExecutor:
 
     def _encode_audio(
         self, run: _Run, spec: AudioSpec, media: Media, tmp: Path
-    ) -> tuple[list[tuple[str, Path, str]], AudioOutput]:
+    ) -> tuple[list[tuple[str, Path, str]], AudioJobOutput]:
         """Convert to the artifact's rate and channels, stream it as PCM16 chunks when the
         spec asks for it (before the encode, so listeners need not wait for it), encode."""
         fmt = spec.response_format
@@ -333,7 +333,7 @@ class StepExecutor:
             self._stream_pcm(run, audio)
         path = tmp / f"audio.{EXTENSIONS[fmt]}"
         encode_audio(audio, fmt, path)
-        output = AudioOutput(
+        output = AudioJobOutput(
             sample_rate=audio.sample_rate, channels=audio.channels, num_samples=audio.num_samples
         )
         return [("audio", path, MEDIA_TYPES[fmt])], output

@@ -16,7 +16,7 @@ from api.app import create_app
 from cli.embedded import EmbeddedS3
 from migrations.runner import downgrade, upgrade
 from models.db import Base, audio_output, job_spec
-from models.job_specs import AudioOutput, AudioSpec, VideoSpec
+from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.keys import ApiKeyStore
@@ -179,7 +179,7 @@ def test_rows_of_0001_are_read_by_the_new_code_and_downgrade_back(
     assert isinstance(session_spec, VideoSpec) and session_spec.session_id == "sess_1"
     # audio rows are no longer video-shaped
     assert (audio.duration_ms, audio.fps, audio.num_frames, audio.width) == (1500, None, None, None)
-    assert audio_output(audio) == AudioOutput(sample_rate=44100, channels=2, num_samples=66150)
+    assert audio_output(audio) == AudioJobOutput(sample_rate=44100, channels=2, num_samples=66150)
     assert (video.duration_ms, video.fps, video.num_frames) == (None, 16.0, 8)
     engine.dispose()
 

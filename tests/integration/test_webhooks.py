@@ -18,7 +18,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from cli.embedded import EmbeddedS3, free_port
 from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
-from storage.outbox import Outbox, event_id
+from storage.outbox import WebhookOutbox, event_id
 from storage.settings import DatabaseSettings
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import REPO, Stack
@@ -87,7 +87,7 @@ def deliveries(stack: Stack, job_id: str) -> list[dict[str, Any]]:
     """The job's delivery rows with their attempts, read from the stack's database."""
     engine = make_engine(DatabaseSettings(url=stack.database_url))
     try:
-        return Outbox(make_sessionmaker(engine)).deliveries(job_id)
+        return WebhookOutbox(make_sessionmaker(engine)).deliveries(job_id)
     finally:
         engine.dispose()
 

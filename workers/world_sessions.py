@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 _WORLD_FIELDS = {"prompt", "width", "height", "num_frames", "fps", "seed", "negative_prompt"}
 
 
-class SessionRunner(SlotRunner[WorldSessionConfig]):
+class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
     def __init__(
         self,
         settings: Settings,

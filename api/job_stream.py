@@ -24,7 +24,7 @@ from api.state import AppState
 from models.common import JobError
 from models.db import JobStatus
 from models.errors import InvalidRequest, OmniqueueError
-from models.events import DoneEvent, StatusEvent
+from models.events import DoneEvent, StatusEvent, StreamErrorEvent
 from storage.bus import BusEntry, BusUnavailable
 from storage.constants import job_events_key
 
@@ -36,14 +36,13 @@ _U64_MAX = 2**64 - 1
 _SYNTHETIC = ("0-1", "0-2")
 BUS_ERROR = BusEntry(
     "",
-    {
-        "type": "error",
-        "error": {
-            "code": "broker_error",
-            "message": "live events are unavailable (the event bus did not answer); "
+    StreamErrorEvent(
+        error=JobError(
+            code="broker_error",
+            message="live events are unavailable (the event bus did not answer); "
             "the job goes on: read its status, or reconnect with the last event id",
-        },
-    },
+        )
+    ).model_dump(mode="json"),
 )
 
 

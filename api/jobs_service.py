@@ -26,7 +26,7 @@ from api.metrics import JOBS_CREATED
 from api.payload import storable
 from api.state import AppState
 from models.common import JobError, StageDurations
-from models.db import Artifact, Job, JobStatus, JobView
+from models.db import Artifact, Job, JobStatus, JobView, job_spec
 from models.errors import (
     Gone,
     InvalidRequest,
@@ -101,9 +101,9 @@ class JobService(abc.ABC, Generic[WireT]):
         jobs = self.state.jobs
         window = self.settings.idempotency_ttl_s
         prefix = job_prefix(job.kind, job.id)
-        hook = job.spec.get("webhook")
-        if hook:  # the URL guard (DNS): here, in the thread pool, before anything is stored
-            check_destination(hook["url"], self.settings.webhooks, "webhook_url")
+        hook = job_spec(job).webhook
+        if hook is not None:  # the URL guard (DNS): here, in the thread pool, before storing
+            check_destination(hook.url, self.settings.webhooks, "webhook_url")
         if idempotency_key:
             existing = jobs.find_idempotent(job.owner, idempotency_key, window)
             if existing is not None:
@@ -275,8 +275,8 @@ class JobService(abc.ABC, Generic[WireT]):
             log.warning("could not delete the event stream of %s", job.id)
 
     def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[JobView, Artifact]:
-        """The job and its ``variant`` artifact, read in one statement (404/409/410 as
-        for content: :meth:`servable`)."""
+        """The job and its ``variant`` artifact, read in one statement (404/410 as for
+        content: :meth:`servable`)."""
         job, artifact = self.job_and_artifact(job_id, owner, variant)
         return job, self.servable(job, artifact, variant)
 
@@ -292,8 +292,8 @@ class JobService(abc.ABC, Generic[WireT]):
         return found
 
     def servable(self, job: JobView, artifact: Artifact | None, variant: str) -> Artifact:
-        """``artifact`` if the job's content can be served: 409 before the job completed,
-        410 once it expired, 404 without the ``variant``."""
+        """``artifact`` if the job's content can be served: 404 ``not_ready`` before the
+        job completed, 410 once it expired, 404 without the ``variant``."""
         job_id = job.id
         if job.status != JobStatus.COMPLETED:
             raise NotReady(

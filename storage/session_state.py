@@ -17,7 +17,7 @@ and the caller sends events to the client only after they were saved: whatever a
 saw, another replica can replay. Every key expires ``ttl_s`` after the last save or
 :meth:`SessionStateStore.touch`.
 
-Calls are not bounded here; the realtime shell bounds each one (``api/broker.py``).
+Calls are not bounded here; the realtime shell bounds each one (``realtime/broker.py``).
 """
 
 from __future__ import annotations

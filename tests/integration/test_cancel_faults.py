@@ -30,11 +30,12 @@ from tests.integration.stack import Stack
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 5}
-REDIS_DB = 10
 
 
 @pytest.fixture(scope="module")
-def fstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def fstack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("faults"))
     env = {
         "OMNIQ_WORKER__HEARTBEAT_S": "0.5",
@@ -44,7 +45,7 @@ def fstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
         # every artifact goes up as a multipart upload, so upload cancels abort one
         "OMNIQ_S3__MULTIPART_THRESHOLD_BYTES": "1",
     }
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.set_failpoints({})
         st.start(workers=1)
         yield st

@@ -23,7 +23,6 @@ from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings, Settings
 from tests.integration.conftest import (
     REDIS_BASE_URL,
-    REDIS_DB,
     _drop_pg_database,
     _new_pg_database,
     service_settings,
@@ -139,12 +138,12 @@ def _jobs_table(url: str) -> tuple[Engine, Table]:
     return engine, Table("jobs", MetaData(), autoload_with=engine)
 
 
-def _settings(url: str, s3: EmbeddedS3) -> Settings:
-    return service_settings(url, s3, redis_db=REDIS_DB)
+def _settings(url: str, s3: EmbeddedS3, redis_db: int) -> Settings:
+    return service_settings(url, s3, redis_db=redis_db)
 
 
 def test_rows_of_0001_are_read_by_the_new_code_and_downgrade_back(
-    database_url: str, s3_server: EmbeddedS3
+    database_url: str, s3_server: EmbeddedS3, redis_db: int
 ) -> None:
     upgrade(database_url, "0001")
     engine, old = _jobs_table(database_url)
@@ -185,14 +184,14 @@ def test_rows_of_0001_are_read_by_the_new_code_and_downgrade_back(
 
     # the client's view: the same wire objects as before the migration
     try:
-        with TestClient(create_app(_settings(database_url, s3_server))) as client:
+        with TestClient(create_app(_settings(database_url, s3_server, redis_db))) as client:
             got_video = client.get("/v1/videos/video_old1").json()
             got_audio = client.get("/v1/audio/generations/audio_old1").json()
             got_speech = client.get("/v1/audio/generations/audio_old2").json()
             got_session = client.get("/v1/videos/video_sess").json()
             listed = client.get("/v1/audio/generations", params={"order": "asc"}).json()
     finally:
-        redis.Redis.from_url(f"{REDIS_BASE_URL}/{REDIS_DB}").flushdb()
+        redis.Redis.from_url(f"{REDIS_BASE_URL}/{redis_db}").flushdb()
     assert {k: got_video[k] for k in ("size", "seconds", "fps", "num_frames", "seed")} == {
         "size": "64x48", "seconds": "0.5", "fps": 16.0, "num_frames": 8, "seed": 42,
     }

@@ -16,6 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from api.audio_service import AudioService, audio_spec
 from api.job_stream import BUS_ERROR, follow
+from api.sync_wait import cancel_quietly, file_when_done
 from models.audio import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
 from models.common import JobError
 from models.db import JobView
@@ -27,7 +28,7 @@ from storage.bus import BusEntry
 async def finished_file(
     request: Request, audio: AudioService, job: JobView, owner: str
 ) -> Response:
-    return await audio.file_when_done(request, job.id, owner, "audio", audio.content_headers)
+    return await file_when_done(audio, request, job.id, owner, "audio", audio.content_headers)
 
 
 async def pcm_stream(
@@ -55,10 +56,10 @@ async def pcm_stream(
             # Completed without chunks (the events expired): serve the stored file.
             return await finished_file(request, audio, job, owner)
         if await request.is_disconnected():
-            await audio.cancel_quietly(job.id, "client disconnected")
+            await cancel_quietly(audio, job.id, "client disconnected")
             return Response(status_code=499)
         if time.monotonic() >= deadline:
-            await audio.cancel_quietly(job.id, "sync timeout")
+            await cancel_quietly(audio, job.id, "sync timeout")
             raise SyncTimeout(f"audio {job.id} did not start within the sync timeout")
     assert first is not None
 
@@ -80,7 +81,7 @@ async def pcm_stream(
                 finished = True  # the job was deleted meanwhile
         finally:
             if not finished:
-                await audio.cancel_quietly(job.id, "client disconnected")
+                await cancel_quietly(audio, job.id, "client disconnected")
 
     spec = audio_spec(job)
     headers = {

@@ -12,7 +12,14 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from api.audio_validation import parse_generation, resolve_audio, resolve_generate, resolve_speech
+from api.audio_validation import (
+    parse_generate,
+    parse_generation,
+    parse_speech,
+    resolve_audio,
+    resolve_generate,
+    resolve_speech,
+)
 from api.validation import parse_create, resolve
 from models.catalog import BUILTIN_SPECS
 from models.db import Job, job_spec
@@ -101,15 +108,19 @@ def test_a_video_request_reaches_the_adapter_as_asked(settings: Settings) -> Non
         ),
         (
             lambda s: resolve_speech(
-                {"input": "two words", "voice": "alloy", "response_format": "pcm"}, BUILTIN_SPECS, s
-            )[0],
+                parse_speech({"input": "two words", "voice": "alloy", "response_format": "pcm"}),
+                BUILTIN_SPECS,
+                s,
+            ),
             1100,
             "pcm",
             True,
         ),
         (
             lambda s: resolve_generate(
-                {"input": "a drum", "audio_length": 0.25, "response_format": "flac"},
+                parse_generate(
+                    {"input": "a drum", "audio_length": 0.25, "response_format": "flac"}
+                ),
                 BUILTIN_SPECS,
                 s,
             ),

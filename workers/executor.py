@@ -65,6 +65,7 @@ from workers.pipelines.base import (
     step_stops,
 )
 from workers.pipelines.registry import PipelineRegistry
+from workers.stop_signal import StopSignal
 from workers.stop_watch import StopWatch
 
 log = logging.getLogger(__name__)
@@ -95,8 +96,9 @@ class _Run:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one write at a time
     attempt: int = 1
     timeout_s: float = 0.0
-    # Set (by the stop watch or the heartbeat) once the job is no longer ours to run.
-    stop: threading.Event = field(default_factory=threading.Event)
+    # Set once the job is no longer ours to run: its sources and gates are listed in
+    # workers/stop_signal.py.
+    stop: StopSignal = field(default_factory=StopSignal)
     blocks: int = 0  # block gates passed in the current step
 
     def timed_out(self) -> JobTimedOut:
@@ -148,8 +150,8 @@ class StepExecutor:
         run.attempt = job.attempt
         run.durations["queue"] = round(max((job.started_at or time.time()) - job.created_at, 0), 4)
         started = self._publish(job, StatusEvent(status="in_progress"))
-        watch = StopWatch(self.bus, job_id, started).start()
-        run.stop = watch.flag
+        run.stop = StopSignal(lambda: self.jobs.still_owned(job_id, self.worker_id))
+        watch = StopWatch(self.bus, job_id, started, run.stop.set).start()
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
         stop_heartbeat = self._start_heartbeat(run)
         completed = False
@@ -430,11 +432,10 @@ class StepExecutor:
         return reason
 
     def _check(self, run: _Run) -> None:
-        if not self._owned(run):
-            raise JobLost
+        run.stop.check()  # a row read; raises JobLost once the job is not ours
 
     def _owned(self, run: _Run) -> bool:
-        return self.jobs.still_owned(run.job.id, self.worker_id)
+        return not run.stop.poll()
 
     def _fail(self, run: _Run, code: ErrorCode, message: str) -> None:
         run.end_stage()

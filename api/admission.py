@@ -23,7 +23,7 @@ from api.jobs_service import JobService
 from api.state import AppState
 from storage.constants import LOCAL_OWNER
 
-S = TypeVar("S", bound=JobService[Any])
+S = TypeVar("S", bound=JobService[Any, Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ def admit(cls: type[S]) -> Callable[[Request], Awaitable[Admitted[S]]]:
     return admitted
 
 
-def admission(cls: type[JobService[Any]]) -> Any:
+def admission(cls: type[JobService[Any, Any]]) -> Any:
     """``Depends(…)`` of :func:`admit` (``call: Annotated[Admitted[VideoService],
     admission(VideoService)]``)."""
     return Depends(admit(cls))

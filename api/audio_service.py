@@ -3,29 +3,29 @@
 
 An audio job's :class:`models.job_specs.AudioSpec` carries its length (``duration_ms``,
 also a column), format, requested rate and channels; after completion the row's
-``output`` (:class:`models.job_specs.AudioOutput`) has the artifact's real
+``output`` (:class:`models.job_specs.AudioJobOutput`) has the artifact's real
 ``sample_rate``, ``channels`` and ``num_samples``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from api.audio_validation import (
-    parse_generation,
-    resolve_audio,
-    resolve_generate,
-    resolve_speech,
-)
+from api.audio_validation import resolve_audio, resolve_generate, resolve_speech
 from api.jobs_service import JobService
-from models.audio import EXTENSIONS, MEDIA_TYPES, AudioObject, AudioPage, SpeechCreate
+from models.audio import (
+    EXTENSIONS,
+    MEDIA_TYPES,
+    AudioCreate,
+    AudioGenerate,
+    AudioObject,
+    AudioPage,
+    SpeechCreate,
+)
 from models.db import Job, JobView, audio_output, job_spec
-from models.errors import InvalidRequest
 from models.job_specs import AudioSpec, audio_seconds, audio_shape
 from storage.constants import new_job_id
 
 
-class AudioService(JobService[AudioObject]):
+class AudioService(JobService[AudioObject, AudioCreate]):
     kind = "audio"
     noun = "audio"
     id_param = "audio_id"
@@ -33,28 +33,26 @@ class AudioService(JobService[AudioObject]):
     # ---- create -----------------------------------------------------------------
 
     async def create(
-        self, raw: dict[str, Any], upload: bytes | None, owner: str, idempotency_key: str | None
+        self, request: AudioCreate, owner: str, idempotency_key: str | None
     ) -> AudioObject:
         """``POST /v1/audio/generations``."""
-        if upload is not None or "input_reference" in raw:
-            raise InvalidRequest("audio models take no input_reference", param="input_reference")
-        resolved = resolve_audio(parse_generation(raw), self.state.specs, self.settings)
+        resolved = resolve_audio(request, self.state.specs, self.settings)
         job, position = await self.submit(resolved, owner, idempotency_key)
         return self.to_wire(job, position)
 
     async def create_speech(
-        self, raw: dict[str, Any], owner: str, idempotency_key: str | None
-    ) -> tuple[Job, SpeechCreate]:
+        self, request: SpeechCreate, owner: str, idempotency_key: str | None
+    ) -> Job:
         """``POST /v1/audio/speech``."""
-        resolved, body = resolve_speech(raw, self.state.specs, self.settings)
+        resolved = resolve_speech(request, self.state.specs, self.settings)
         job, _ = await self.submit(resolved, owner, idempotency_key)
-        return job, body
+        return job
 
     async def create_generate(
-        self, raw: dict[str, Any], owner: str, idempotency_key: str | None
+        self, request: AudioGenerate, owner: str, idempotency_key: str | None
     ) -> Job:
         """``POST /v1/audio/generate``."""
-        resolved = resolve_generate(raw, self.state.specs, self.settings)
+        resolved = resolve_generate(request, self.state.specs, self.settings)
         job, _ = await self.submit(resolved, owner, idempotency_key)
         return job
 

@@ -7,7 +7,6 @@ the sync timeout, cancels the job.
 from __future__ import annotations
 
 import base64
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,16 +16,19 @@ from fastapi.responses import Response, StreamingResponse
 
 from api.audio_service import AudioService, audio_spec
 from api.job_stream import BUS_ERROR, follow
+from api.sync_wait import cancel_quietly, file_when_done
 from models.audio import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
+from models.common import JobError
 from models.db import JobView
 from models.errors import JobFailed, ServiceUnavailable, SyncTimeout
+from models.events import DoneEvent, StreamErrorEvent
 from storage.bus import BusEntry
 
 
 async def finished_file(
     request: Request, audio: AudioService, job: JobView, owner: str
 ) -> Response:
-    return await audio.file_when_done(request, job.id, owner, "audio", audio.content_headers)
+    return await file_when_done(audio, request, job.id, owner, "audio", audio.content_headers)
 
 
 async def pcm_stream(
@@ -44,19 +46,20 @@ async def pcm_stream(
         if entry is BUS_ERROR:  # nothing sent yet: a plain 503
             raise ServiceUnavailable("the event bus is unavailable", code="broker_error")
         if entry is not None and entry.type == "done":
-            if entry.event.get("status") == "failed":
-                error = entry.event.get("error") or {}
+            ended = DoneEvent.model_validate(entry.event)
+            if ended.status == "failed":
+                error = ended.error or JobError(code="internal_error", message="")
                 raise JobFailed(
-                    f"audio {job.id} failed: {error.get('message') or 'the job failed'}",
-                    code=error.get("code") or "internal_error",
+                    f"audio {job.id} failed: {error.message or 'the job failed'}",
+                    code=error.code or "internal_error",
                 )
             # Completed without chunks (the events expired): serve the stored file.
             return await finished_file(request, audio, job, owner)
         if await request.is_disconnected():
-            await audio.cancel_quietly(job.id, "client disconnected")
+            await cancel_quietly(audio, job.id, "client disconnected")
             return Response(status_code=499)
         if time.monotonic() >= deadline:
-            await audio.cancel_quietly(job.id, "sync timeout")
+            await cancel_quietly(audio, job.id, "sync timeout")
             raise SyncTimeout(f"audio {job.id} did not start within the sync timeout")
     assert first is not None
 
@@ -78,7 +81,7 @@ async def pcm_stream(
                 finished = True  # the job was deleted meanwhile
         finally:
             if not finished:
-                await audio.cancel_quietly(job.id, "client disconnected")
+                await cancel_quietly(audio, job.id, "client disconnected")
 
     spec = audio_spec(job)
     headers = {
@@ -99,11 +102,8 @@ def _sse_delta(data: bytes) -> bytes:
 def _sse_done(done: dict[str, Any]) -> bytes:
     """``speech.audio.done`` (usage is not counted in tokens here), or an ``error`` event
     when the job failed after audio had been sent."""
-    if done.get("status") == "failed":
-        error = done.get("error") or {}
-        body = {
-            "type": "error",
-            "error": {"message": error.get("message"), "code": error.get("code")},
-        }
-        return f"data: {json.dumps(body)}\n\n".encode()
+    ended = DoneEvent.model_validate(done)
+    if ended.status == "failed":
+        error = ended.error or JobError(code="internal_error", message="the job failed")
+        return f"data: {StreamErrorEvent(error=error).model_dump_json()}\n\n".encode()
     return f"data: {SpeechAudioDone(usage=SpeechUsage()).model_dump_json()}\n\n".encode()

@@ -181,14 +181,18 @@ def speech_seconds(text: str, speed: float) -> float:
     return (_SPEECH_LEAD_S + _SECONDS_PER_WORD * words) / speed
 
 
-def resolve_speech(
-    raw: dict[str, Any], specs: dict[str, ModelSpec], settings: Settings
-) -> tuple[AudioSpec, SpeechCreate]:
-    """``POST /v1/audio/speech`` → a mono 24 kHz (unless ``sample_rate``) audio job whose
-    length follows the text (:func:`speech_seconds`, capped at the model's maximum)."""
+def parse_speech(raw: dict[str, Any]) -> SpeechCreate:
+    """JSON or multipart fields of ``POST /v1/audio/speech`` → :class:`SpeechCreate`."""
     if "voice" in raw and "speaker" in raw:
         raise InvalidRequest("give voice or speaker (its alias), not both", param="speaker")
-    body = parse_model(SpeechCreate, raw)
+    return parse_model(SpeechCreate, raw)
+
+
+def resolve_speech(
+    body: SpeechCreate, specs: dict[str, ModelSpec], settings: Settings
+) -> AudioSpec:
+    """``POST /v1/audio/speech`` → a mono 24 kHz (unless ``sample_rate``) audio job whose
+    length follows the text (:func:`speech_seconds`, capped at the model's maximum)."""
     speed = 1.0 if body.speed is None else body.speed
     if not math.isfinite(speed) or not 0.25 <= speed <= 4.0:
         raise InvalidRequest("speed must be between 0.25 and 4.0", param="speed")
@@ -219,7 +223,7 @@ def resolve_speech(
         channels=1,
         extra_params=body.extra_params or {},
     )
-    resolved = resolve_audio(
+    return resolve_audio(
         req,
         specs,
         settings,
@@ -228,7 +232,6 @@ def resolve_speech(
         prompt_param="input",
         seconds_param="seconds" if body.duration_seconds is None else "duration_seconds",
     )
-    return resolved, body
 
 
 def _speech_extensions(body: SpeechCreate, spec: ModelSpec) -> dict[str, Any]:
@@ -264,12 +267,16 @@ def _speech_extensions(body: SpeechCreate, spec: ModelSpec) -> dict[str, Any]:
 # ---- vLLM-Omni generate -----------------------------------------------------------------
 
 
+def parse_generate(raw: dict[str, Any]) -> AudioGenerate:
+    """JSON or multipart fields of ``POST /v1/audio/generate`` → :class:`AudioGenerate`."""
+    return parse_model(AudioGenerate, raw)
+
+
 def resolve_generate(
-    raw: dict[str, Any], specs: dict[str, ModelSpec], settings: Settings
+    body: AudioGenerate, specs: dict[str, ModelSpec], settings: Settings
 ) -> AudioSpec:
     """``POST /v1/audio/generate`` (vLLM-Omni): ``audio_length`` seconds starting at
     ``audio_start`` (models declaring ``audio_start_in_s`` get the window as extras)."""
-    body = parse_model(AudioGenerate, raw)
     if body.stream_format not in (None, "audio"):
         raise InvalidRequest("stream_format must be 'audio'", param="stream_format")
     speed = 1.0 if body.speed is None else body.speed

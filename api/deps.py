@@ -8,9 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request, WebSocket
 
-from api.audio_service import AudioService
 from api.state import AppState
-from api.videos_service import VideoService
 from models.db import ApiKey
 from models.errors import AuthenticationError, RateLimited
 from storage.constants import LOCAL_OWNER
@@ -29,20 +27,6 @@ async def get_state(request: Request) -> AppState:
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
-
-
-async def get_videos(request: Request) -> VideoService:
-    return VideoService(request.state.app)
-
-
-VideosDep = Annotated[VideoService, Depends(get_videos)]
-
-
-async def get_audio(request: Request) -> AudioService:
-    return AudioService(request.state.app)
-
-
-AudioDep = Annotated[AudioService, Depends(get_audio)]
 
 
 async def current_owner(request: Request) -> str:

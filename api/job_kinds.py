@@ -24,8 +24,11 @@ class JobKind:
     tag: str
     noun: str  # names the routes: ``create_{noun}``, ``{noun}_content``
     plural: str  # ``list_{plural}``
-    service: type[JobService[Any]]
+    service: type[JobService[Any, Any]]
     create: type[BaseModel]  # the create body, as /openapi.json declares it
+    # The body's fields and uploaded file → the request the service's ``create`` takes
+    # (``api/create_requests.py``).
+    parse: Callable[[dict[str, Any], bytes | None], Any]
     object: type[BaseModel]
     page: type[BaseModel]
     deleted: type[BaseModel]
@@ -47,7 +50,7 @@ class Caller:
     """What a job route gets from its one dependency: the kind's service and the id of
     the API key making the request (``local`` while auth is off)."""
 
-    service: JobService[Any]
+    service: JobService[Any, Any]
     owner: str
 
 

@@ -21,10 +21,10 @@ from api.deps import websocket_owner
 from api.jobs_service import JobService
 from api.metrics import WATCHERS
 from api.state import AppState
+from models.common import JobError
 from models.db import JobStatus
 from models.errors import InvalidRequest, OmniqueueError
-from models.events import DoneEvent, StatusEvent
-from models.videos import VideoError
+from models.events import DoneEvent, StatusEvent, StreamErrorEvent
 from storage.bus import BusEntry, BusUnavailable
 from storage.constants import job_events_key
 
@@ -36,14 +36,13 @@ _U64_MAX = 2**64 - 1
 _SYNTHETIC = ("0-1", "0-2")
 BUS_ERROR = BusEntry(
     "",
-    {
-        "type": "error",
-        "error": {
-            "code": "broker_error",
-            "message": "live events are unavailable (the event bus did not answer); "
+    StreamErrorEvent(
+        error=JobError(
+            code="broker_error",
+            message="live events are unavailable (the event bus did not answer); "
             "the job goes on: read its status, or reconnect with the last event id",
-        },
-    },
+        )
+    ).model_dump(mode="json"),
 )
 
 
@@ -57,7 +56,7 @@ def _synthetic(service: JobService, job_id: str, owner: str) -> list[BusEntry] |
         return None
     error = None
     if job.status == JobStatus.FAILED:
-        error = VideoError(code=job.error_code or "internal_error", message=job.error_message or "")
+        error = JobError(code=job.error_code or "internal_error", message=job.error_message or "")
     status = job.status.value if isinstance(job.status, JobStatus) else str(job.status)
     events = [
         StatusEvent(status=status),

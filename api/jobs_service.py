@@ -1,10 +1,12 @@
 """What every kind of job shares as the API sees it: store + enqueue, read, page, cancel,
-delete, content lookup, and waiting for the end (the ``sync`` endpoints).
+delete, and content lookup.
 
 :class:`api.videos_service.VideoService` and :class:`api.audio_service.AudioService` add
-their request validation and wire objects on top; ``api/routes/jobs.py`` serves either
-through the same routes. Methods are blocking (database, S3) and run in the thread pool,
-except the ``async`` ones.
+their request resolution and wire objects on top; ``api/routes/jobs.py`` serves either
+through the same routes. A service takes its kind's parsed create request (the route
+parses the body: ``api/create_requests.py``) and knows nothing of HTTP: waiting for a
+``sync`` request's job is ``api/sync_wait.py``. Methods are blocking (database, S3) and
+run in the thread pool, except the ``async`` ones.
 """
 
 from __future__ import annotations
@@ -12,33 +14,26 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-import anyio
-from fastapi import Request, Response
 from pydantic import BaseModel
 from redis.exceptions import RedisError
-from starlette.concurrency import run_in_threadpool
 
-from api.content import stream_artifact
 from api.metrics import JOBS_CREATED
 from api.payload import storable
 from api.state import AppState
-from models.common import StageDurations
-from models.db import Artifact, Job, JobStatus, JobView
+from models.common import JobError, StageDurations
+from models.db import Artifact, Job, JobStatus, JobView, job_spec
 from models.errors import (
     ErrorCode,
     Gone,
     InvalidRequest,
-    JobFailed,
     NotFound,
     NotReady,
     ServiceUnavailable,
-    SyncTimeout,
 )
 from models.events import DoneEvent, StatusEvent
-from models.videos import VideoError
 from storage.artifacts import StorageError
 from storage.bus import BusUnavailable
 from storage.constants import job_events_key, job_prefix
@@ -46,18 +41,14 @@ from storage.webhooks import check_destination
 
 log = logging.getLogger(__name__)
 
-# How long a ``sync`` wait listens to a quiet event stream before it reads the job's row.
-ROW_CHECK_MS = 15_000
-
-
-class ClientGone(Exception):
-    """The client of a ``sync`` request disconnected; its job was cancelled."""
-
-
 WireT = TypeVar("WireT")
+RequestT = TypeVar("RequestT")
 
 
-class JobService(abc.ABC, Generic[WireT]):
+class JobService(abc.ABC, Generic[WireT, RequestT]):
+    """A job kind's service: ``WireT`` its wire object, ``RequestT`` its parsed create
+    request."""
+
     kind = "video"
     noun = "video"  # in error messages
     id_param = "video_id"
@@ -73,9 +64,10 @@ class JobService(abc.ABC, Generic[WireT]):
 
     @abc.abstractmethod
     async def create(
-        self, raw: dict[str, Any], upload: bytes | None, owner: str, idempotency_key: str | None
+        self, request: RequestT, owner: str, idempotency_key: str | None
     ) -> WireT:
-        """Validate the raw create body, store and enqueue the job; its wire object."""
+        """Resolve the parsed create request against the served models and the limits,
+        store and enqueue the job; its wire object."""
 
     def store(
         self,
@@ -103,9 +95,9 @@ class JobService(abc.ABC, Generic[WireT]):
         jobs = self.state.jobs
         window = self.settings.idempotency_ttl_s
         prefix = job_prefix(job.kind, job.id)
-        hook = job.spec.get("webhook")
-        if hook:  # the URL guard (DNS): here, in the thread pool, before anything is stored
-            check_destination(hook["url"], self.settings.webhooks, "webhook_url")
+        hook = job_spec(job).webhook
+        if hook is not None:  # the URL guard (DNS): here, in the thread pool, before storing
+            check_destination(hook.url, self.settings.webhooks, "webhook_url")
         if idempotency_key:
             existing = jobs.find_idempotent(job.owner, idempotency_key, window)
             if existing is not None:
@@ -213,7 +205,7 @@ class JobService(abc.ABC, Generic[WireT]):
         """The fields every job object shares (status, progress, times, error, …)."""
         error = None
         if job.status == JobStatus.FAILED:
-            error = VideoError(
+            error = JobError(
                 code=job.error_code or "internal_error",
                 message=job.error_message or "the job failed",
             )
@@ -252,7 +244,7 @@ class JobService(abc.ABC, Generic[WireT]):
         The worker notices at its next step boundary and cleans up."""
         if not self.state.jobs.cancel(job_id, message):
             return False
-        error = VideoError(code="cancelled", message=message)
+        error = JobError(code="cancelled", message=message)
         try:
             self.state.bus.publish(job_events_key(job_id), DoneEvent(status="failed", error=error))
         except Exception:  # the row is the truth; watchers also poll it
@@ -277,8 +269,8 @@ class JobService(abc.ABC, Generic[WireT]):
             log.warning("could not delete the event stream of %s", job.id)
 
     def content_artifact(self, job_id: str, owner: str, variant: str) -> tuple[JobView, Artifact]:
-        """The job and its ``variant`` artifact, read in one statement (404/409/410 as
-        for content: :meth:`servable`)."""
+        """The job and its ``variant`` artifact, read in one statement (404/410 as for
+        content: :meth:`servable`)."""
         job, artifact = self.job_and_artifact(job_id, owner, variant)
         return job, self.servable(job, artifact, variant)
 
@@ -294,8 +286,8 @@ class JobService(abc.ABC, Generic[WireT]):
         return found
 
     def servable(self, job: JobView, artifact: Artifact | None, variant: str) -> Artifact:
-        """``artifact`` if the job's content can be served: 409 before the job completed,
-        410 once it expired, 404 without the ``variant``."""
+        """``artifact`` if the job's content can be served: 404 ``not_ready`` before the
+        job completed, 410 once it expired, 404 without the ``variant``."""
         job_id = job.id
         if job.status == JobStatus.FAILED:  # ended without content, for good
             cancelled = job.error_code == ErrorCode.CANCELLED
@@ -315,119 +307,6 @@ class JobService(abc.ABC, Generic[WireT]):
         if artifact is None:
             raise NotFound(f"{self.noun} {job_id} has no {variant!r} variant", param="variant")
         return artifact
-
-    # ---- sync -------------------------------------------------------------------
-
-    async def wait_done(
-        self, request: Request, job_id: str, owner: str, variant: str
-    ) -> tuple[JobView, Artifact | None]:
-        """Wait for the job to end by following its event stream; cancel it when the
-        client disconnects (:class:`ClientGone`) or the sync timeout passes (504). A
-        failed job raises. The ended job's row and its ``variant`` artifact.
-
-        The stream is read from its start, so a ``done`` published before this call is
-        seen at once; the row is read when the job has ended, and when the stream was
-        quiet for :data:`ROW_CHECK_MS` (a ``done`` lost to a Redis blip, or expired)."""
-        gone = False
-        error: Exception | None = None
-        with anyio.move_on_after(self.settings.sync_timeout_s) as timer:
-            async with anyio.create_task_group() as tg:
-
-                async def watch_client() -> None:
-                    nonlocal gone
-                    await _disconnected(request)
-                    gone = True
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(watch_client)
-                try:
-                    job, artifact = await self._until_ended(job_id, owner, variant)
-                except Exception as exc:  # raised below, not wrapped in an ExceptionGroup
-                    error = exc
-                tg.cancel_scope.cancel()
-        if error is not None:
-            raise error
-        if gone:
-            await self.cancel_quietly(job_id, "client disconnected")
-            raise ClientGone(job_id)
-        if timer.cancelled_caught:
-            await self.cancel_quietly(job_id, "sync timeout")
-            raise SyncTimeout(
-                f"{self.noun} {job_id} did not finish within "
-                f"{self.settings.sync_timeout_s:g} s and was cancelled",
-                param="timeout",
-            )
-        if job.status == JobStatus.FAILED:
-            raise JobFailed(
-                f"{self.noun} {job_id} failed: {job.error_message or 'the job failed'}",
-                code=job.error_code or "internal_error",
-            )
-        return job, artifact
-
-    async def file_when_done(
-        self,
-        request: Request,
-        job_id: str,
-        owner: str,
-        variant: str,
-        extra_headers: Callable[[JobView], Mapping[str, str]] | None = None,
-    ) -> Response:
-        """What a ``sync`` endpoint answers: the job's ``variant`` artifact once it ends,
-        with ``X-Request-Id`` and ``X-Inference-Time-S`` (and ``extra_headers(job)``); 499
-        when the client left. A failed or timed-out job raises (:meth:`wait_done`)."""
-        try:
-            job, found = await self.wait_done(request, job_id, owner, variant)
-        except ClientGone:
-            return Response(status_code=499)
-        artifact = self.servable(job, found, variant)
-        headers = {
-            "X-Request-Id": job_id,
-            "X-Inference-Time-S": f"{job.inference_time_s or 0.0:.3f}",
-            **(extra_headers(job) if extra_headers is not None else {}),
-        }
-        return await stream_artifact(self.state.artifacts, artifact, None, headers, self.id_param)
-
-    async def _until_ended(
-        self, job_id: str, owner: str, variant: str
-    ) -> tuple[JobView, Artifact | None]:
-        """The job's row (and its ``variant`` artifact, in the same statement and
-        thread-pool call) once its stream says ``done`` or the row says it ended. The
-        first read does not wait: an empty stream (expired, or the job ended long ago)
-        sends us to the row at once."""
-        read = self.job_and_artifact
-        stream = job_events_key(job_id)
-        after = "0-0"
-        block_ms: int | None = None
-        while True:
-            try:
-                entries = await self.state.abus.read(stream, after, block_ms=block_ms)
-            except RedisError:
-                log.warning("cannot follow %s on the bus; reading its row", job_id)
-                entries = []
-                await anyio.sleep(1.0)
-            if any(entry.type == "done" for entry in entries):
-                return await self.state.blocking(read, job_id, owner, variant)
-            if entries:
-                after = entries[-1].id
-            else:
-                found = await self.state.blocking(read, job_id, owner, variant)
-                if found[0].status in (JobStatus.COMPLETED, JobStatus.FAILED):
-                    return found
-            block_ms = ROW_CHECK_MS
-
-    async def cancel_quietly(self, job_id: str, message: str) -> None:
-        """Cancel from a cleanup path, even while the surrounding task is being cancelled."""
-        with anyio.CancelScope(shield=True):
-            try:
-                await run_in_threadpool(self.cancel_job, job_id, message)
-            except Exception:
-                log.warning("could not cancel %s", job_id, exc_info=True)
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client of ``request`` (whose body has been read) disconnects."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def epoch(value: float | None) -> int | None:

@@ -1,17 +1,17 @@
 """Video jobs as the API sees them: create, read, cancel, delete, fetch content.
 
-Routes call these methods and map the results; every call is blocking (database, S3) and
-runs in the thread pool, never on the event loop.
+Routes parse the create body (:func:`api.create_requests.parse_video`), call these
+methods and map the results; the blocking ones (database, S3) run in the thread pool,
+never on the event loop.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from api.create_requests import VideoRequest
 from api.inputs import check_url, decode_data_url, reference_frame_png, reference_from_url
 from api.jobs_service import JobService
 from api.loras import resolve_lora
-from api.validation import parse_create, resolve
+from api.validation import resolve
 from models.db import Job, JobView
 from models.errors import InvalidRequest
 from models.job_specs import VideoSpec, video_seconds
@@ -21,7 +21,7 @@ from storage.constants import job_prefix, new_job_id
 REFERENCE_KEY = "input/reference.png"
 
 
-class VideoService(JobService[VideoObject]):
+class VideoService(JobService[VideoObject, VideoRequest]):
     kind = "video"
     noun = "video"
     id_param = "video_id"
@@ -29,22 +29,14 @@ class VideoService(JobService[VideoObject]):
     # ---- create -----------------------------------------------------------------
 
     async def create(
-        self,
-        raw: dict[str, Any],
-        reference: bytes | None,
-        owner: str,
-        idempotency_key: str | None,
+        self, request: VideoRequest, owner: str, idempotency_key: str | None
     ) -> VideoObject:
-        """Validate, store the reference frame, insert the job, enqueue. Nothing is stored
+        """Resolve, store the reference frame, insert the job, enqueue. Nothing is stored
         unless every check passed."""
+        req, reference = request.body, request.reference_file
         remote: tuple[str, str] | None = None  # (http(s) URL, param): fetched once valid
-        if "input_reference" in raw:
-            value = raw.pop("input_reference")
-            if isinstance(value, dict):
-                value = value.get("image_url")
-            if reference is None and value:
-                reference, remote = self._reference(str(value), "input_reference")
-        req = parse_create(raw)
+        if request.reference_url is not None:
+            reference, remote = self._reference(request.reference_url, "input_reference")
         if req.input_reference_url:
             reference, remote = self._reference(req.input_reference_url, "input_reference_url")
         resolved = resolve(req, self.state.specs, self.settings)

@@ -105,9 +105,9 @@ def _remove(args: argparse.Namespace, sessions: Any, _settings: Settings) -> int
 
 def _deliveries(args: argparse.Namespace, sessions: Any, _settings: Settings) -> int:
     """One JSON line per delivery of the job's event, its attempts included."""
-    from storage.outbox import Outbox
+    from storage.outbox import WebhookOutbox
 
-    for delivery in Outbox(sessions).deliveries(args.job_id):
+    for delivery in WebhookOutbox(sessions).deliveries(args.job_id):
         delivery.pop("payload")
         print(json.dumps(delivery))
     return 0

@@ -28,7 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 # Re-exported: both were defined here; they live with the wire models and the error tree.
 from models.common import JobStatus as JobStatus
 from models.errors import ErrorCode as ErrorCode
-from models.job_specs import AudioOutput, AudioSpec, VideoSpec, parse_spec
+from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec, parse_spec
 
 
 class Base(DeclarativeBase):
@@ -95,7 +95,7 @@ class Job(Base):
     has_audio: Mapped[bool] = mapped_column(Boolean, default=False)
     # Audio jobs: the clip's length (NULL for video).
     duration_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # What the worker made, once completed (audio: an :class:`AudioOutput`).
+    # What the worker made, once completed (audio: an :class:`AudioJobOutput`).
     output: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     progress: Mapped[int] = mapped_column(Integer, default=0)
@@ -188,9 +188,9 @@ def job_spec(job: JobView) -> VideoSpec | AudioSpec:
     return parse_spec(job.spec)
 
 
-def audio_output(job: JobView) -> AudioOutput | None:
+def audio_output(job: JobView) -> AudioJobOutput | None:
     """What an audio job made, once it has completed."""
-    return None if job.output is None else AudioOutput.model_validate(job.output)
+    return None if job.output is None else AudioJobOutput.model_validate(job.output)
 
 
 class Artifact(Base):

@@ -52,7 +52,7 @@
     └── JobTimedOut                   the job passed its deadline → job code timeout
 
 Not in the tree, on purpose: control flow that never leaves its module (``ClientGone``
-in ``api/jobs_service.py``, ``_Stop`` in ``workers/voice_sessions.py``), the test-only
+in ``api/sync_wait.py``, ``_Stop`` in ``workers/voice_sessions.py``), the test-only
 ``InjectedFault`` (``workers/failpoints.py``, an unclassified error by design), a
 malformed model registry at startup (``CatalogError``) and the CLI's exit paths.
 

@@ -1,5 +1,6 @@
 """Job events: what watchers of a job receive over SSE (``/events``) and WebSocket
-(``/stream``). Every event carries the bus stream id as its ``id`` on the wire."""
+(``/stream``). Every event from the bus carries its stream id as its ``id`` on the wire;
+:class:`StreamErrorEvent` is made by the API and has none."""
 
 from __future__ import annotations
 
@@ -51,7 +52,16 @@ class DoneEvent(BaseModel):
     error: JobError | None = None
 
 
+class StreamErrorEvent(BaseModel):
+    """The stream ends without ``done``: the event bus did not answer (``broker_error``,
+    ``api/job_stream.py``), or, in a speech SSE stream, the job failed after audio had
+    been sent (``api/audio_sync.py``)."""
+
+    type: Literal["error"] = "error"
+    error: JobError
+
+
 JobEvent = Annotated[
-    StatusEvent | ProgressEvent | PreviewEvent | ChunkEvent | DoneEvent,
+    StatusEvent | ProgressEvent | PreviewEvent | ChunkEvent | DoneEvent | StreamErrorEvent,
     Field(discriminator="type"),
 ]

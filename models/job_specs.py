@@ -7,7 +7,7 @@ worker parses it back (:func:`parse_spec`) and runs the job from it. Nothing els
 travels between the tiers: the Celery message carries the job id only.
 
 A spec says what was asked for and never changes after the insert; what the worker made
-(an audio file's real rate and channels) is the row's ``output`` (:class:`AudioOutput`).
+(an audio file's real rate and channels) is the row's ``output`` (:class:`AudioJobOutput`).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def parse_spec(stored: dict[str, Any]) -> VideoSpec | AudioSpec:
     return _SPEC.validate_python(stored)
 
 
-class AudioOutput(BaseModel):
+class AudioJobOutput(BaseModel):
     """What an audio job made: the artifact's real rate, channels and length."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -136,7 +136,7 @@ class AudioShape(NamedTuple):
 
 
 def audio_shape(spec: dict[str, Any], output: dict[str, Any] | None) -> AudioShape:
-    """:class:`AudioShape` of a stored :class:`AudioSpec` and :class:`AudioOutput`, read at
+    """:class:`AudioShape` of a stored :class:`AudioSpec` and :class:`AudioJobOutput`, read at
     dict speed for status reads and list pages (validating both costs ~9 us a row; they
     were validated when written: :meth:`models.db.Job.new`, the executor)."""
     if output:

@@ -43,22 +43,22 @@ class TurnDetection(_Wire):
     idle_timeout_ms: int | None = Field(None, ge=5_000, le=30_000)
 
 
-class AudioInput(_Wire):
+class SessionAudioInput(_Wire):
     format: AudioFormat = Field(default_factory=AudioFormat)
     turn_detection: TurnDetection | None = Field(default_factory=TurnDetection)
     transcription: dict[str, Any] | None = None
     noise_reduction: dict[str, Any] | None = None
 
 
-class AudioOutput(_Wire):
+class SessionAudioOutput(_Wire):
     format: AudioFormat = Field(default_factory=AudioFormat)
     voice: str = "alloy"
     speed: float = Field(1.0, ge=0.25, le=1.5)
 
 
 class SessionAudio(_Wire):
-    input: AudioInput = Field(default_factory=AudioInput)
-    output: AudioOutput = Field(default_factory=AudioOutput)
+    input: SessionAudioInput = Field(default_factory=SessionAudioInput)
+    output: SessionAudioOutput = Field(default_factory=SessionAudioOutput)
 
 
 class Capabilities(_Wire):

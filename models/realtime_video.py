@@ -8,8 +8,9 @@ Control messages are JSON text frames with a ``type``; every
 the first one carrying the ``ftyp``+``moov`` init segment).
 
 Also here, pure: the ``error.code`` values (``VideoErrorCode``), the resolution of a
-``session.start`` into the rollout it asks for (``resolve_start``), and the chunk
-arithmetic of the reference world model:
+``session.start`` into the rollout it asks for (``resolve_start``), and the one copy of
+the world model's camera-block check (``camera_block_problem``) and chunk arithmetic,
+which the reference world pipeline imports:
 3 latent frames per generation chunk, temporal compression 4, the first latent frame
 decoded to a single pixel frame — so chunk 0 holds 9 pixel frames and every later
 chunk 12, and ``frames_for_chunks(16) == 189``.
@@ -36,7 +37,7 @@ from models.errors import StartRejected
 
 LATENT_FRAMES_PER_CHUNK = 3
 TEMPORAL_COMPRESSION = 4
-CAMERA_KEYS = frozenset({"w", "a", "s", "d"})
+CAMERA_KEYS = ("w", "a", "s", "d")
 
 VideoFormat = Literal["m4s"]
 # "init": the fMP4 init segment (ftyp+moov) alone, first on a resumed socket
@@ -373,11 +374,30 @@ def describe_error(exc: ValidationError) -> str:
     return f"{where}: {first['msg']}"
 
 
-def is_camera_block(actions: CameraActions) -> bool:
+def camera_block_problem(block: Any, name: str) -> str | None:
+    """What is wrong with one chunk's camera actions ``block``, named ``name`` in the
+    message; None when nothing is. A block is a list of exactly three lists (one per
+    latent frame) of keys from ``w a s d``; ``[[], [], []]`` holds the camera. The one
+    check of the API (``session.start``, ``session.interaction``) and of the reference
+    world pipeline (``workers/pipelines/reference_world.py``)."""
+    if not isinstance(block, list | tuple) or len(block) != LATENT_FRAMES_PER_CHUNK:
+        got = f"{len(block)} items" if isinstance(block, list | tuple) else repr(block)
+        return (
+            f"{name} must be a list of {LATENT_FRAMES_PER_CHUNK} per-latent-frame "
+            f"action lists, got {got}"
+        )
+    for j, actions in enumerate(block):
+        if not isinstance(actions, list | tuple):
+            return f"{name}[{j}] must be a list of actions, got {actions!r}"
+        for action in actions:
+            if action not in CAMERA_KEYS:
+                return f"{name}[{j}] has unknown action {action!r}; use 'w', 'a', 's', 'd'"
+    return None
+
+
+def is_camera_block(actions: Any) -> bool:
     """One chunk's camera actions: three key lists drawn from w/a/s/d."""
-    return len(actions) == LATENT_FRAMES_PER_CHUNK and all(
-        set(frame) <= CAMERA_KEYS for frame in actions
-    )
+    return camera_block_problem(actions, "camera") is None
 
 
 @dataclass(frozen=True)

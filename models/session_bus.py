@@ -132,7 +132,7 @@ class ChunkOutput(BaseModel):
     completed_event_ids: list[str] = Field(default_factory=list)
 
 
-class AudioOutput(BaseModel):
+class ResponseAudioOutput(BaseModel):
     """One step of a voice response: PCM16 in the entry's data, its transcript text."""
 
     type: Literal["audio"] = "audio"
@@ -234,7 +234,7 @@ SessionOutput = Annotated[
     | KeepaliveOutput
     | StartedOutput
     | ChunkOutput
-    | AudioOutput
+    | ResponseAudioOutput
     | ResponseFinishedOutput
     | FailedOutput
     | FinishedOutput,

@@ -8,17 +8,12 @@ from models.catalog import QualityTier
 from models.common import (
     Deleted,
     Int,
-    JobError,
     JobObject,
     JobRequestOptions,
-    JobStatus,
     ListPage,
     Number,
 )
 
-# The names of the first job kind; every job kind uses the same two (models/common.py).
-VideoStatus = JobStatus
-VideoError = JobError
 STAGES = ("queue", "prepare", "denoise", "decode", "encode", "upload")
 
 

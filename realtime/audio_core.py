@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import models.realtime as wire
 from realtime.conversation import Conversation, Entry
 from realtime.input_audio import InputAudio, VadFactory
-from realtime.outbox import Outbox
+from realtime.outbox import ServerEventQueue
 from realtime.responses import ResponseRun
 
 CLOSE_NORMAL = 1000
@@ -105,7 +105,7 @@ class ProtocolCore:
         self.options = options
         self.state = State.OPEN
         self.close_code: int | None = None
-        self._outbox = Outbox(duplex=options.duplex, replay_events=options.replay_events)
+        self._outbox = ServerEventQueue(duplex=options.duplex, replay_events=options.replay_events)
         self._cmds: list[Command] = []
         # No client frame yet on this socket: a session.resume may name another session.
         self._opening = options.duplex

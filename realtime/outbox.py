@@ -45,7 +45,13 @@ def _strip(value: Any) -> Any:
     return value
 
 
-class Outbox:
+class ServerEventQueue:
+    """A session's server events on their way to the socket: each gets its ``event_id``
+    and (duplex) its ``server_event_seq``, is encoded once, and waits in :meth:`take`;
+    numbered frames also go to the replay log (:meth:`since`) and the journal that the
+    Redis-held log is fed from (:meth:`take_journal`). Not the webhook outbox
+    (:class:`storage.outbox.WebhookOutbox`)."""
+
     def __init__(self, *, duplex: bool, replay_events: int) -> None:
         self.duplex = duplex
         self.seq = 0  # the last server_event_seq given out

@@ -11,7 +11,7 @@ autocommit is its own transaction, one round trip on PostgreSQL where a ``Sessio
 three (BEGIN, the statement, COMMIT or ROLLBACK), at a fraction of the CPU.
 
 Every transition to an end (complete, fail, cancel) that took effect is followed by the
-insert of the job's webhook deliveries (:meth:`storage.outbox.Outbox.enqueue`,
+insert of the job's webhook deliveries (:meth:`storage.outbox.WebhookOutbox.enqueue`,
 idempotent; the webhook sender's sweep repairs a process that died in between).
 """
 
@@ -32,7 +32,7 @@ from models.db import Artifact, ErrorCode, Job, JobRecord, JobStatus, JobView
 from storage import fair_share
 from storage import job_statements as sql
 from storage.db_raw import RawStatement
-from storage.outbox import Outbox
+from storage.outbox import WebhookOutbox
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class JobStore:
         if not self._sqlite:
             engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._engine = engine
-        self.outbox = Outbox(sessions)
+        self.outbox = WebhookOutbox(sessions)
 
     def _ended(self, job_id: str, ended: bool) -> bool:
         """After a transition: when it ended the job, queue its webhook deliveries (a

@@ -2,19 +2,19 @@
 claimed and marked by the senders (``workers/webhooks.py``), every attempt kept in
 ``webhook_attempts``.
 
-* **Enqueue** (:meth:`Outbox.enqueue`) runs right after a job's terminal UPDATE
+* **Enqueue** (:meth:`WebhookOutbox.enqueue`) runs right after a job's terminal UPDATE
   (:class:`storage.jobs.JobStore`: a worker's complete or fail, the API's cancel, the
   reconciler's ``worker_lost``), never in place of it: it reads the ended row and its
   owner's endpoints and inserts the rows of the destinations that want the event. Its
   ``event_id`` is derived from the job id and ``(event_id, url)`` is unique, so enqueueing
   twice (a retry, the sweep, two racing processes) inserts nothing the second time.
-* **Sweep** (:meth:`Outbox.sweep`): a process can die between the job's UPDATE and the
+* **Sweep** (:meth:`WebhookOutbox.sweep`): a process can die between the job's UPDATE and the
   insert; the sender re-enqueues jobs that ended within a window and have no delivery.
-* **Claim** (:meth:`Outbox.claim`) is a conditional UPDATE of due rows (PostgreSQL locks
+* **Claim** (:meth:`WebhookOutbox.claim`) is a conditional UPDATE of due rows (PostgreSQL locks
   them first ``FOR UPDATE SKIP LOCKED``, SQLite serializes writers) that moves their
   ``next_attempt_at`` past a lease and stamps a claim token, so two senders never send the
   same attempt and a sender that dies mid-attempt loses its claim when the lease ends.
-* **Record** (:meth:`Outbox.record`) stores the attempt and the delivery's next state in
+* **Record** (:meth:`WebhookOutbox.record`) stores the attempt and the delivery's next state in
   one transaction, only while the claim is still the sender's.
 
 State lives in the database alone: a restarted sender picks up where the last one was.
@@ -97,7 +97,7 @@ class Attempt:
 _CLAIMED_COLUMNS = tuple(Claimed.__dataclass_fields__)
 
 
-class Outbox:
+class WebhookOutbox:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         engine: Engine = sessions.kw["bind"]
         self._engine = engine

@@ -27,7 +27,7 @@ def run_task(context: WorkerContext, payload: Any) -> str:
     assert isinstance(task, SessionTask)
     if isinstance(task.config, VoiceSessionConfig):  # WS /v1/realtime
         return context.voice_sessions.run(task.session_id, task.config)
-    return context.sessions.run(task.session_id, task.config)  # WS /v1/realtime/video
+    return context.world_sessions.run(task.session_id, task.config)  # WS /v1/realtime/video
 
 
 def create_worker_app(settings: Settings, context: WorkerContext) -> Celery:

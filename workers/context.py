@@ -22,8 +22,8 @@ from workers.executor import StepExecutor
 from workers.persist import SessionPersister
 from workers.pipelines.registry import PipelineRegistry
 from workers.reconciler import Reconciler, start_reconciler_thread
-from workers.sessions import SessionRunner
 from workers.voice_sessions import VoiceSessionRunner
+from workers.world_sessions import WorldSessionRunner
 
 
 def worker_models(settings: Settings, *, realtime: bool = False) -> dict[str, ServedModel]:
@@ -58,7 +58,7 @@ class WorkerContext:
     executor: StepExecutor
     worker_id: str
     reconciler: Reconciler
-    sessions: SessionRunner
+    world_sessions: WorldSessionRunner
     voice_sessions: VoiceSessionRunner
     _stop_reconciler: threading.Event | None = None
 
@@ -81,7 +81,7 @@ class WorkerContext:
         executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id, bus)
         reconciler = Reconciler(settings, jobs, artifacts, JobQueue(make_celery(settings)), client)
         persist = SessionPersister(settings, jobs, artifacts)
-        sessions = SessionRunner(settings, pipelines, bus, worker_id, persist)
+        world_sessions = WorldSessionRunner(settings, pipelines, bus, worker_id, persist)
         voice_sessions = VoiceSessionRunner(settings, pipelines, bus, worker_id)
         return cls(
             settings,
@@ -92,7 +92,7 @@ class WorkerContext:
             executor,
             worker_id,
             reconciler,
-            sessions,
+            world_sessions,
             voice_sessions,
         )
 

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from models.common import JobError, JobStatus
+from models.common import JobError
 from models.db import Artifact, Job, job_spec
 from models.errors import ErrorCode, JobLost, JobTimedOut, StorageError, UploadAborted
 from models.events import ChunkEvent, DoneEvent, PreviewEvent, ProgressEvent, StatusEvent
-from models.job_specs import AudioOutput, AudioSpec, VideoSpec
+from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec
 from storage.artifacts import ArtifactStore
 from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
@@ -55,6 +55,7 @@ from workers.audio_media import (
 )
 from workers.failpoints import Failpoints
 from workers.failures import classify, log_level
+from workers.job_claim import JobClaim
 from workers.media import decode_streamed, encode_video, finish_video, preview_jpeg
 from workers.pipelines.base import (
     GenerationRequest,
@@ -65,6 +66,7 @@ from workers.pipelines.base import (
     step_stops,
 )
 from workers.pipelines.registry import PipelineRegistry
+from workers.stop_signal import StopSignal
 from workers.stop_watch import StopWatch
 
 log = logging.getLogger(__name__)
@@ -95,8 +97,9 @@ class _Run:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one write at a time
     attempt: int = 1
     timeout_s: float = 0.0
-    # Set (by the stop watch or the heartbeat) once the job is no longer ours to run.
-    stop: threading.Event = field(default_factory=threading.Event)
+    # Set once the job is no longer ours to run: its sources and gates are listed in
+    # workers/stop_signal.py.
+    stop: StopSignal = field(default_factory=StopSignal)
     blocks: int = 0  # block gates passed in the current step
 
     def timed_out(self) -> JobTimedOut:
@@ -117,16 +120,20 @@ class StepExecutor:
     worker_id: str
     bus: EventBus | None = None
     failpoints: Failpoints = field(init=False)
+    claim: JobClaim = field(init=False)  # which job a message runs (workers/job_claim.py)
 
     def __post_init__(self) -> None:
         self.failpoints = Failpoints(self.settings.worker.failpoints_file)
+        self.claim = JobClaim(
+            self.settings, self.jobs, self.worker_id, self._publish, self._delete_objects
+        )
 
     # ---- entry ------------------------------------------------------------------
 
     def run(self, job_id: str, model: str | None = None) -> str:
-        """Run one job to a terminal state for the message of ``job_id`` (see
-        :meth:`_acquire`); returns the outcome for logs and tests."""
-        job = self._acquire(job_id, model)
+        """Run one job to a terminal state for the message of ``job_id`` (which job:
+        :meth:`workers.job_claim.JobClaim.acquire`); returns the outcome for logs and tests."""
+        job = self.claim.acquire(job_id, model)
         if job is None:
             return "skipped"
         job_id = job.id  # from here on: the job this message runs
@@ -144,8 +151,8 @@ class StepExecutor:
         run.attempt = job.attempt
         run.durations["queue"] = round(max((job.started_at or time.time()) - job.created_at, 0), 4)
         started = self._publish(job, StatusEvent(status="in_progress"))
-        watch = StopWatch(self.bus, job_id, started).start()
-        run.stop = watch.flag
+        run.stop = StopSignal(lambda: self.jobs.still_owned(job_id, self.worker_id))
+        watch = StopWatch(self.bus, job_id, started, run.stop.set).start()
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
         stop_heartbeat = self._start_heartbeat(run)
         completed = False
@@ -177,52 +184,6 @@ class StepExecutor:
             allocated = torch.cuda.memory_allocated() / 2**20
             log.info("job %s: cuda memory allocated %.1f MiB", job_id, allocated)
         return outcome
-
-    def _acquire(self, job_id: str, model: str | None) -> Job | None:
-        """The job this message runs, once ours, or None. Its own job is taken over when
-        its worker stopped heartbeating; otherwise, under fair share
-        (:mod:`storage.fair_share`), it claims the fair next queued job of ``model``
-        (maybe another key's), without, its own job. Every message takes over, claims or
-        finds nothing queued: never fewer messages than queued jobs."""
-        if not self.settings.quotas.fair_share:
-            claimed = self.jobs.claim_job(job_id, self.worker_id)
-            if claimed is not None:
-                return claimed
-            return self._take_over(self.jobs.get(job_id))
-        job = self.jobs.get(job_id)
-        taken = self._take_over(job)
-        if taken is not None:
-            return taken
-        model = model or (job.model if job is not None else None)
-        if model is None:
-            return None  # a message from before fair share whose job was deleted
-        return self.jobs.claim_next(model, self.worker_id)
-
-    def _take_over(self, job: Job | None) -> Job | None:
-        """Take over ``job`` if its worker stopped heartbeating (``worker_lost`` once its
-        attempts are used up); None if it ended or a live worker owns it."""
-        if job is None or job.status != JobStatus.IN_PROGRESS:
-            if job is not None:
-                metrics.message_dropped(job)  # counts a job cancelled before any claim
-            return None
-        job_id = job.id
-        w = self.settings.worker
-        stale_before = time.time() - w.heartbeat_timeout_s
-        if job.heartbeat_at is not None and job.heartbeat_at >= stale_before:
-            return None
-        if job.attempt >= w.max_attempts:
-            message = f"the worker running this job was lost {job.attempt} times"
-            if self.jobs.fail(job_id, ErrorCode.WORKER_LOST, message):
-                metrics.job_finished(job, JobStatus.FAILED.value, ErrorCode.WORKER_LOST.value)
-                error = JobError(code=ErrorCode.WORKER_LOST.value, message=message)
-                self._publish(job, DoneEvent(status="failed", error=error))
-            self._delete_objects(job)
-            return None
-        if not self.jobs.take_over(
-            job_id, self.worker_id, stale_before=stale_before, max_attempts=w.max_attempts
-        ):
-            return None
-        return self.jobs.get(job_id)
 
     # ---- the pipeline -----------------------------------------------------------
 
@@ -327,7 +288,7 @@ class StepExecutor:
 
     def _encode_audio(
         self, run: _Run, spec: AudioSpec, media: Media, tmp: Path
-    ) -> tuple[list[tuple[str, Path, str]], AudioOutput]:
+    ) -> tuple[list[tuple[str, Path, str]], AudioJobOutput]:
         """Convert to the artifact's rate and channels, stream it as PCM16 chunks when the
         spec asks for it (before the encode, so listeners need not wait for it), encode."""
         fmt = spec.response_format
@@ -339,7 +300,7 @@ class StepExecutor:
             self._stream_pcm(run, audio)
         path = tmp / f"audio.{EXTENSIONS[fmt]}"
         encode_audio(audio, fmt, path)
-        output = AudioOutput(
+        output = AudioJobOutput(
             sample_rate=audio.sample_rate, channels=audio.channels, num_samples=audio.num_samples
         )
         return [("audio", path, MEDIA_TYPES[fmt])], output
@@ -477,11 +438,10 @@ class StepExecutor:
         return reason
 
     def _check(self, run: _Run) -> None:
-        if not self._owned(run):
-            raise JobLost
+        run.stop.check()  # a row read; raises JobLost once the job is not ours
 
     def _owned(self, run: _Run) -> bool:
-        return self.jobs.still_owned(run.job.id, self.worker_id)
+        return not run.stop.poll()
 
     def _fail(self, run: _Run, code: ErrorCode, message: str) -> None:
         run.end_stage()

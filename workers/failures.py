@@ -1,6 +1,6 @@
 """What a client learns when a job or a worker session fails: :func:`classify`.
 
-The executor and both session runners (``workers/sessions.py``,
+The executor and both session runners (``workers/world_sessions.py``,
 ``workers/voice_sessions.py``) map every exception through this one function to a stable
 code (``models.errors.ErrorCode``) and a message safe to show. Only an exception whose
 text is ours by construction keeps its text: :class:`~models.errors.InvalidJobInput` (a

@@ -1,17 +1,20 @@
-"""Tells a running job, within milliseconds, that it is to stop.
+"""Tells a running job, within milliseconds, that it is to stop: the bus source of its
+:class:`workers.stop_signal.StopSignal` (the other sources and every gate are listed
+there).
 
-The executor checks the job row between steps; inside a step the denoiser's block gates
-(``workers/pipelines/blocks.py``) must not read the database 30-60 times a step, so they
-read a flag. This thread sets it: it blocks on the job's event stream, which every cancel
-and delete writes a ``done`` entry to (``api/jobs_service.py``) right after its UPDATE,
-and wakes on that entry. The heartbeat sets the same flag when it finds the job no longer
-ours, so a lost bus message costs at most one heartbeat interval.
+Inside a step the denoiser's block gates (``workers/pipelines/blocks.py``) must not read
+the database 30-60 times a step, so they read the signal. This thread sets it: it blocks
+on the job's event stream, which every cancel and delete writes a ``done`` entry to
+(``api/jobs_service.py``) right after its UPDATE, and wakes on that entry. The heartbeat
+sets the same signal when it finds the job no longer ours, so a lost bus message costs
+at most one heartbeat interval.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from storage.bus import EventBus
 from storage.constants import job_events_key
@@ -22,8 +25,10 @@ BLOCK_MS = 1000  # one XREAD's wait; also how long the thread outlives its job a
 
 
 class StopWatch:
-    def __init__(self, bus: EventBus | None, job_id: str, after: str | None) -> None:
-        self.flag = threading.Event()  # set: the job is no longer ours to run
+    def __init__(
+        self, bus: EventBus | None, job_id: str, after: str | None, stop: Callable[[], None]
+    ) -> None:
+        self._stop = stop  # called when the job is no longer ours to run
         self._done = threading.Event()  # set: the job ended, stop watching
         self._bus = bus
         self._key = job_events_key(job_id)
@@ -51,5 +56,5 @@ class StopWatch:
             for entry in entries:
                 after = entry.id
                 if entry.type == "done" and entry.event.get("status") != "completed":
-                    self.flag.set()
+                    self._stop()
                     return

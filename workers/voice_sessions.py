@@ -37,10 +37,10 @@ from typing import Any
 
 from models.errors import InvalidJobInput
 from models.session_bus import (
-    AudioOutput,
     CancelCommand,
     FinishedOutput,
     RespondCommand,
+    ResponseAudioOutput,
     ResponseFinishedOutput,
     SessionCommand,
     StopCommand,
@@ -65,7 +65,7 @@ class _Response:
     published: int = 0  # samples sent to the API
     transcript: list[str] = field(default_factory=list)
     # The first audio waits here until ``audio_prebuffer_ms`` is made, then goes in one burst.
-    held: list[tuple[AudioOutput, bytes | None]] = field(default_factory=list)
+    held: list[tuple[ResponseAudioOutput, bytes | None]] = field(default_factory=list)
     released: bool = False
 
 
@@ -249,7 +249,7 @@ class _VoiceSession:
                     response.samples += len(chunk.pcm16) // 2
                     if chunk.text:
                         response.transcript.append(chunk.text)
-                    audio = AudioOutput(
+                    audio = ResponseAudioOutput(
                         response_id=response.id, produced_at=time.time(), text=chunk.text
                     )
                     response.held.append((audio, chunk.pcm16))

@@ -4,7 +4,7 @@ least once, signed as Standard Webhooks says.
 It runs as its own process (``omniqueue webhooks serve``; ``omniqueue up`` starts and
 supervises one): a receiver that answers slowly or not at all then holds sender threads,
 never a GPU worker's step loop or an API request, and the API tier's dependencies suffice
-(httpx, no torch). Any number may run: claims are atomic (:meth:`Outbox.claim`).
+(httpx, no torch). Any number may run: claims are atomic (:meth:`WebhookOutbox.claim`).
 
 Every attempt:
 
@@ -18,7 +18,7 @@ Every attempt:
    does not resolve (or not to an allowed address) are retried with exponential backoff
    and jitter (:func:`backoff_s`) until the event is ``max_age_s`` old; any other status
    (3xx, 4xx) fails it at once: the receiver said no and will say it again;
-4. stores the attempt and the delivery's next state (:meth:`Outbox.record`).
+4. stores the attempt and the delivery's next state (:meth:`WebhookOutbox.record`).
 
 :func:`record_outcome` is the one place an attempt's outcome is counted (the metrics
 counter ``omniqueue_webhook_deliveries_total{outcome}``, on this process's metrics port).
@@ -41,7 +41,7 @@ from standardwebhooks import Webhook
 from models.errors import URLFetchError
 from storage.db import make_engine, make_sessionmaker
 from storage.metrics import WEBHOOK_DELIVERIES, serve_port
-from storage.outbox import Attempt, Claimed, Outbox, Outcome
+from storage.outbox import Attempt, Claimed, Outcome, WebhookOutbox
 from storage.settings import Settings, WebhookSettings
 from storage.url_guard import Resolver, pinned_request, system_resolver
 from storage.webhooks import WebhookStore, pin_destination
@@ -101,7 +101,7 @@ class WebhookSender:
     def __init__(
         self,
         settings: WebhookSettings,
-        outbox: Outbox,
+        outbox: WebhookOutbox,
         store: WebhookStore,
         client: httpx.Client,
         *,
@@ -237,7 +237,7 @@ def serve(settings: Settings, stop: threading.Event | None = None) -> int:
     sessions = make_sessionmaker(engine)
     s = settings.webhooks
     client = httpx.Client(trust_env=False, follow_redirects=False, timeout=s.timeout_s)
-    sender = WebhookSender(s, Outbox(sessions), WebhookStore(sessions), client)
+    sender = WebhookSender(s, WebhookOutbox(sessions), WebhookStore(sessions), client)
     log.info(
         "webhook sender ready (%d threads, private destinations %s)",
         s.batch_size,

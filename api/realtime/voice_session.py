@@ -35,11 +35,11 @@ from api.realtime.relay import Relay, SessionHost
 from api.realtime.vad_batch import VadScorer, scorer
 from api.realtime.voice_state import TakenOverSession, VoiceStateSync, take_over
 from models.session_bus import (
-    AudioOutput,
     CancelCommand,
     FailedOutput,
     FinishedOutput,
     RespondCommand,
+    ResponseAudioOutput,
     ResponseFinishedOutput,
     SessionOutput,
     StopCommand,
@@ -233,7 +233,7 @@ class VoiceSession:
         await self.finish()
 
     def _apply(self, output: SessionOutput, data: bytes | None, now: float) -> None:
-        if isinstance(output, AudioOutput):
+        if isinstance(output, ResponseAudioOutput):
             self.protocol.worker_audio(
                 output.response_id, data or b"", output.text, output.produced_at
             )
@@ -312,8 +312,9 @@ def coalesce(
             out.append((run[0].event, run[0].data))
         elif run:
             first = run[0].event
-            assert isinstance(first, AudioOutput)
-            text = "".join(e.event.text or "" for e in run if isinstance(e.event, AudioOutput))
+            assert isinstance(first, ResponseAudioOutput)
+            steps = [e.event for e in run if isinstance(e.event, ResponseAudioOutput)]
+            text = "".join(step.text or "" for step in steps)
             joined = (
                 first
                 if (text or None) == first.text
@@ -324,9 +325,9 @@ def coalesce(
 
     for entry in entries:
         output = entry.event
-        if isinstance(output, AudioOutput):
+        if isinstance(output, ResponseAudioOutput):
             head = run[0].event if run else None
-            if isinstance(head, AudioOutput) and head.response_id != output.response_id:
+            if isinstance(head, ResponseAudioOutput) and head.response_id != output.response_id:
                 close_run()
             run.append(entry)
             continue

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from api.audio_service import AudioService
+from api.create_requests import parse_audio
 from api.job_kinds import JobKind
 from api.openapi import AUDIO_MEDIA_TYPES
 from api.routes.jobs import job_router
@@ -21,6 +22,7 @@ AUDIO = JobKind(
     plural="audio",
     service=AudioService,
     create=AudioCreate,
+    parse=parse_audio,
     object=AudioObject,
     page=AudioPage,
     deleted=AudioDeleted,

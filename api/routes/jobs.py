@@ -33,7 +33,7 @@ def job_router(kind: JobKind) -> APIRouter:
     caller, id_path, noun, item = caller_dep(kind), job_id_param(kind), kind.noun, kind.item
     caller_of_kind = caller_of(kind)
 
-    def _object(svc: JobService[Any], obj: BaseModel) -> Response:
+    def _object(svc: JobService[Any, Any], obj: BaseModel) -> Response:
         return json_response(obj, {"openai-poll-after-ms": str(svc.settings.poll_after_ms)})
 
     @router.post(
@@ -45,12 +45,12 @@ def job_router(kind: JobKind) -> APIRouter:
     )
     async def create(
         request: Request,
-        call: Annotated[Admitted[JobService[Any]], admission(kind.service)],
+        call: Annotated[Admitted[JobService[Any, Any]], admission(kind.service)],
         idempotency_key: IdempotencyKey = None,
     ) -> Response:
         svc = call.service
         raw, upload = await read_create_body(request, svc.settings.limits)
-        created = await svc.create(raw, upload, call.owner, idempotency_key)
+        created = await svc.create(kind.parse(raw, upload), call.owner, idempotency_key)
         return call.answer(_object(svc, created))
 
     @router.get(

@@ -56,14 +56,13 @@ async def _serve_accepted(websocket: WebSocket, state: AppState, owner: str, dup
     requested = websocket.query_params.get("model")
     model = _pick_model(state, requested)
     if model is None:
-        error = {
-            "type": "invalid_request_error",
-            "code": "model_not_found",
-            "message": f"model {requested!r} does not serve realtime audio sessions",
-            "param": "model",
-        }
-        event_id = "event_" + secrets.token_hex(10)
-        await websocket.send_json({"type": "error", "event_id": event_id, "error": error})
+        detail = RealtimeError(
+            code="model_not_found",
+            message=f"model {requested!r} does not serve realtime audio sessions",
+            param="model",
+        )
+        event = ErrorEvent(event_id="event_" + secrets.token_hex(10), error=detail)
+        await websocket.send_text(event.model_dump_json(exclude_none=True))
         await websocket.close(code=1008)
         return
     session = VoiceSession(state, owner, model, duplex)

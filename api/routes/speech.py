@@ -12,7 +12,7 @@ the job.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -20,11 +20,11 @@ from fastapi.responses import Response
 from api.admission import Admitted, admission
 from api.audio_service import AudioService, audio_spec
 from api.audio_sync import finished_file, pcm_stream
+from api.create_requests import parse_generate_body, parse_speech_body
 from api.deps import IdempotencyKey
 from api.forms import read_create_body
 from api.openapi import AUDIO_MEDIA_TYPES, binary, create_body, errors
 from models.audio import AudioGenerate, SpeechCreate
-from models.errors import InvalidRequest
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
 
@@ -32,13 +32,6 @@ _ERRORS = errors(400, 401, 409, 413, 422, 429, 503, 504)
 # The service, the caller and the create's rate-limit headers (api/admission.py).
 AudioCall = Annotated[Admitted[AudioService], admission(AudioService)]
 _HEADERS = {"X-Request-Id": "The id of the audio job.", "X-Sample-Rate": "Hz", "X-Channels": "1|2"}
-
-
-async def _body(request: Request, audio: AudioService) -> dict[str, Any]:
-    raw, upload = await read_create_body(request, audio.settings.limits)
-    if upload is not None:
-        raise InvalidRequest("this endpoint takes no file", param="input_reference")
-    return raw
 
 
 @router.post(
@@ -52,7 +45,8 @@ async def generate(
 ) -> Response:
     """vLLM-Omni's diffusion audio request; the encoded file once the job completes."""
     audio, owner = call.service, call.owner
-    job = await audio.create_generate(await _body(request, audio), owner, idempotency_key)
+    body = parse_generate_body(*await read_create_body(request, audio.settings.limits))
+    job = await audio.create_generate(body, owner, idempotency_key)
     return call.answer(await finished_file(request, audio, job, owner))
 
 
@@ -76,7 +70,8 @@ async def speech(
 ) -> Response:
     """OpenAI text-to-speech: the audio file, or a PCM16 / SSE stream for ``pcm``."""
     audio, owner = call.service, call.owner
-    job, body = await audio.create_speech(await _body(request, audio), owner, idempotency_key)
+    body = parse_speech_body(*await read_create_body(request, audio.settings.limits))
+    job = await audio.create_speech(body, owner, idempotency_key)
     if audio_spec(job).stream_pcm:
         sse = body.stream_format == "sse"
         return call.answer(await pcm_stream(request, audio, job, owner, sse=sse))

@@ -9,11 +9,13 @@ from fastapi import Query, Request
 from fastapi.responses import Response
 
 from api.admission import Admitted, admission
+from api.create_requests import parse_video
 from api.deps import IdempotencyKey
 from api.forms import read_create_body
 from api.job_kinds import JobKind
 from api.openapi import VIDEO_MEDIA_TYPES, binary, create_body, errors
 from api.routes.jobs import job_router
+from api.sync_wait import file_when_done
 from api.videos_service import VideoService
 from models.errors import InvalidRequest
 from models.videos import VideoCreate, VideoDeleted, VideoObject, VideoPage
@@ -38,6 +40,7 @@ VIDEOS = JobKind(
     plural="videos",
     service=VideoService,
     create=VideoCreate,
+    parse=parse_video,
     object=VideoObject,
     page=VideoPage,
     deleted=VideoDeleted,
@@ -71,5 +74,5 @@ async def create_video_sync(
     A client that disconnects cancels its job."""
     videos, owner = call.service, call.owner
     raw, reference = await read_create_body(request, videos.settings.limits)
-    video = await videos.create(raw, reference, owner, idempotency_key)
-    return call.answer(await videos.file_when_done(request, video.id, owner, "video"))
+    video = await videos.create(parse_video(raw, reference), owner, idempotency_key)
+    return call.answer(await file_when_done(videos, request, video.id, owner, "video"))

@@ -1,14 +1,19 @@
 """Real services for integration tests.
 
 PostgreSQL and Redis are the machine's own (127.0.0.1:5432, trust auth; 127.0.0.1:6379):
-each test session gets a fresh database and a Redis database index it flushes. The S3
+each test session gets a fresh database, and every module that needs Redis gets a
+database index of its own from one pool (:class:`RedisDbPool`, fixtures ``redis_db`` and
+``redis_pool``), leased on that Redis so two runs on it never share an index. The S3
 server is SeaweedFS started here on free ports. The API and the Celery workers run as
 real subprocesses (``omniqueue api`` / ``omniqueue worker``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,7 +35,101 @@ PG_ADMIN_URL = os.environ.get(
     "OMNIQ_TEST_PG_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 REDIS_BASE_URL = os.environ.get("OMNIQ_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-REDIS_DB = int(os.environ.get("OMNIQ_TEST_REDIS_DB", "9"))
+
+# ``KEYS[1]`` still holds this run's token: renew it for ``ARGV[2]`` ms / delete it.
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0"""
+
+
+class RedisDbPool:
+    """The Redis database indexes this test run uses, each leased on the test Redis.
+
+    A lease is the key ``omniq-test:redis-db:<index>`` in database 0 (never handed out),
+    set only when absent, to this run's token: another run on the same Redis (another
+    clone, another engineer) skips that index, so no worker of theirs can take our jobs
+    and no flush of theirs can empty our queue. A thread renews the leases while the run
+    lives; the leases of a run that was killed expire after :attr:`TTL_MS`. An index is
+    flushed when leased (a dead run may have left keys) and when released.
+    """
+
+    TTL_MS = 60_000
+    WAIT_S = 300.0  # for an index while other runs hold all of them
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self._admin = redis.Redis.from_url(f"{base_url}/0")
+        self._token = uuid.uuid4().hex
+        self._held: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._renew = self._admin.register_script(_RENEW)
+        self._release = self._admin.register_script(_RELEASE)
+        self._count = self._databases()
+        self._renewer = threading.Thread(target=self._keep, name="redis-db-leases", daemon=True)
+        self._renewer.start()
+
+    def url(self, db: int) -> str:
+        return f"{self.base_url}/{db}"
+
+    def lease(self) -> int:
+        """A free database index, now this run's and empty."""
+        deadline = time.monotonic() + self.WAIT_S
+        while True:
+            for db in range(1, self._count):
+                if self._admin.set(self._key(db), self._token, nx=True, px=self.TTL_MS):
+                    with self._lock:
+                        self._held.add(db)
+                    redis.Redis.from_url(self.url(db)).flushdb()
+                    return db
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"all {self._count - 1} databases of {self.base_url} are leased by "
+                    "other test runs"
+                )
+            time.sleep(0.5)
+
+    def release(self, db: int) -> None:
+        with self._lock:
+            self._held.discard(db)
+        redis.Redis.from_url(self.url(db)).flushdb()
+        self._release(keys=[self._key(db)], args=[self._token])
+
+    @contextmanager
+    def leased(self) -> Iterator[int]:
+        """:meth:`lease` for the ``with`` block."""
+        db = self.lease()
+        try:
+            yield db
+        finally:
+            self.release(db)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._renewer.join()
+        for db in list(self._held):
+            self.release(db)
+        self._admin.close()
+
+    def _key(self, db: int) -> str:
+        return f"omniq-test:redis-db:{db}"
+
+    def _databases(self) -> int:
+        try:
+            return int(self._admin.config_get("databases")["databases"])
+        except (redis.RedisError, KeyError, ValueError):  # CONFIG refused: the default
+            return 16
+
+    def _keep(self) -> None:
+        while not self._stop.wait(self.TTL_MS / 3000):
+            with self._lock:
+                held = list(self._held)
+            for db in held:
+                with contextlib.suppress(redis.RedisError):  # try again next round
+                    self._renew(keys=[self._key(db)], args=[self._token, self.TTL_MS])
 
 
 @contextmanager
@@ -89,10 +188,28 @@ def flushed_redis(url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    url = f"{REDIS_BASE_URL}/{REDIS_DB}"
-    with flushed_redis(url):
-        yield url
+def redis_pool() -> Iterator[RedisDbPool]:
+    """The one source of Redis database indexes of this run (:class:`RedisDbPool`)."""
+    pool = RedisDbPool(REDIS_BASE_URL)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="module")
+def redis_db(redis_pool: RedisDbPool) -> Iterator[int]:
+    """A Redis database index of this module's own, empty (a module that needs a second
+    one takes it with ``redis_pool.leased()``)."""
+    with redis_pool.leased() as db:
+        yield db
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_pool: RedisDbPool) -> Iterator[str]:
+    """The URL of the session-wide :func:`stack`'s Redis database."""
+    with redis_pool.leased() as db:
+        yield redis_pool.url(db)
 
 
 def service_settings(

@@ -20,17 +20,18 @@ from tests.integration.stack import REPO, Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 4
 # What only workers need (the `worker` and `diffusers` extras); silero_vad's wheel is torch.
 GPU_STACK = {"torch", "torchaudio", "diffusers", "transformers", "accelerate", "silero_vad"}
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def workers(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     """A job worker and a realtime worker on services of their own; no API process."""
     work = Path(tmp_path_factory.mktemp("api-tier"))
     env = {"OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "30", "OMNIQ_REALTIME__LOST_AFTER_S": "30"}
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.start_worker("w0")
         st._spawn("rt0", "worker", "--realtime", "--name", "rt0")
         st.wait_workers(2)

@@ -24,7 +24,6 @@ from workers.audio_media import decode_audio
 
 pytestmark = pytest.mark.integration
 
-REDIS_DB = 14
 SMALL: dict[str, Any] = {"seconds": 1.0, "num_inference_steps": 3}
 AAC_SLACK = 2048  # ADTS cannot signal the encoder's priming samples
 
@@ -37,10 +36,12 @@ class AudioStack(Stack):
 
 
 @pytest.fixture(scope="module")
-def astack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[AudioStack]:
+def astack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[AudioStack]:
     work = Path(tmp_path_factory.mktemp("audio"))
     with isolated_stack(
-        work, s3_server, redis_db=REDIS_DB, extra_env={}, cls=AudioStack, auth="required"
+        work, s3_server, redis_db=redis_db, extra_env={}, cls=AudioStack, auth="required"
     ) as st:
         st.set_failpoints({})
         st.start(workers=1)

@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -26,7 +25,6 @@ from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.integration
 
-SQLITE_REDIS_DB = 6
 HUGE = "9" * 5000  # Python refuses to parse integers of more than 4300 digits
 DEEP = 100_000
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -41,21 +39,19 @@ def client(stack: Stack) -> Iterator[httpx.Client]:
 
 @pytest.fixture(scope="module")
 def sqlite_stack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
 ) -> Iterator[Stack]:
     """The API alone on SQLite (no worker: nothing here should ever be queued)."""
     work = Path(tmp_path_factory.mktemp("bad_input_sqlite"))
     url = f"sqlite:///{work / 'omniqueue.db'}"
     upgrade(url)
-    redis_url = f"{REDIS_BASE_URL}/{SQLITE_REDIS_DB}"
-    redis.Redis.from_url(redis_url).flushdb()
+    redis_url = f"{REDIS_BASE_URL}/{redis_db}"
     st = Stack(work=work, database_url=url, redis_url=redis_url, s3=s3_server, auth="off")
     st.start(workers=0)
     try:
         yield st
     finally:
         st.stop()
-        redis.Redis.from_url(redis_url).flushdb()
 
 
 _TERMINAL = ("completed", "failed", "cancelled")

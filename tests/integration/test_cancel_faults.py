@@ -30,11 +30,12 @@ from tests.integration.stack import Stack
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 5}
-REDIS_DB = 10
 
 
 @pytest.fixture(scope="module")
-def fstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def fstack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("faults"))
     env = {
         "OMNIQ_WORKER__HEARTBEAT_S": "0.5",
@@ -44,7 +45,7 @@ def fstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
         # every artifact goes up as a multipart upload, so upload cancels abort one
         "OMNIQ_S3__MULTIPART_THRESHOLD_BYTES": "1",
     }
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.set_failpoints({})
         st.start(workers=1)
         yield st
@@ -236,13 +237,26 @@ def test_cancel_and_delete_race_each_other_and_completion(
     assert_next_job_completes(fstack, client, None)
 
 
+# Held before the first step and before the final UPDATE: the job cannot complete sooner
+# than 0.6 s after its claim on any machine, and cancels land on both sides of the UPDATE.
+RACE_FAILPOINTS = {"step:0": "sleep:0.3", "complete": "sleep:0.3"}
+
+
 def test_cancel_racing_completion_has_one_outcome(fstack: Stack, client: httpx.Client) -> None:
+    """Cancels sent ever later race the job's completion. Whichever wins, the job has one
+    terminal state and the cancel's answer is that state. The job is held by
+    :data:`RACE_FAILPOINTS` so the first cancel always wins, whatever the machine's speed
+    (unheld, this small job ran in about as long as the first delay on an idle machine,
+    and every cancel could lose)."""
+    fstack.set_failpoints(RACE_FAILPOINTS)
     outcomes = []
     for delay in (0.05, 0.2, 0.4, 0.8, 1.5):
         video = _create(client)
         time.sleep(delay)
-        client.post(f"/v1/videos/{video['id']}/cancel")
+        answer = client.post(f"/v1/videos/{video['id']}/cancel")
+        assert answer.status_code == 200, answer.text
         final = _wait(client, video["id"], lambda b: b["status"] in ("completed", "failed"))
+        assert answer.json()["status"] == final["status"]  # the cancel said how it ended
         time.sleep(0.3)
         again = client.get(f"/v1/videos/{video['id']}").json()
         assert again["status"] == final["status"]  # exactly one terminal state

@@ -33,7 +33,6 @@ from workers.pipelines.base import Media
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 12
 PROMPT = "a red ball"
 AUDIO_MODEL = "tiny/stable-audio"
 
@@ -55,7 +54,9 @@ MODELS: dict[str, tuple[Callable[[], Any], str, int, float, str]] = {
 
 
 @pytest.fixture(scope="module")
-def dstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def dstack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("diffusers"))
     entries = []
     for name, (build, family, _, _, spec) in MODELS.items():
@@ -76,7 +77,7 @@ def dstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
     registry = work / "models.toml"
     registry.write_text("\n".join(entries))
     env = {"OMNIQ_MODEL_REGISTRY": str(registry)}
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.start(workers=1)
         yield st
 

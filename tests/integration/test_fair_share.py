@@ -23,7 +23,6 @@ from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.integration
 
-REDIS_DB = 3
 TINY = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 1}
 FLOOD = 30
 
@@ -91,10 +90,12 @@ def test_queue_positions_count_round_robin_turns(store: JobStore) -> None:
 
 
 @pytest.fixture(scope="module")
-def fair_stack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def fair_stack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     """API + one job worker, keys required (two tenants)."""
     with started_stack(
-        tmp_path_factory, s3_server, "fair", redis_db=REDIS_DB, auth="required"
+        tmp_path_factory, s3_server, "fair", redis_db=redis_db, auth="required"
     ) as st:
         yield st
 

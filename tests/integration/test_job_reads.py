@@ -36,8 +36,6 @@ from tests.integration.conftest import (
 
 pytestmark = pytest.mark.integration
 
-REDIS_DB = 7  # jobs created here are never run: no worker listens on this index
-
 
 def _job(job_id: str, model: str, created_at: float, status: str = "queued") -> Job:
     spec = video_spec(model=model, num_inference_steps=1)
@@ -392,13 +390,14 @@ def test_pool_keeps_its_connections_under_concurrent_reads(engine: Engine) -> No
 
 
 def test_status_read_makes_one_thread_pool_hop(
-    pg_url: str, s3_server: EmbeddedS3, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, s3_server: EmbeddedS3, redis_db: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A create, GET /v1/videos/{id} and a list page hop to the thread pool once each
     (the database work); the state and service dependencies used to add one hop each,
     and a create's queue position another."""
     upgrade(pg_url)
-    settings = service_settings(pg_url, s3_server, redis_db=REDIS_DB)
+    # jobs created here are never run: no worker listens on this module's index
+    settings = service_settings(pg_url, s3_server, redis_db=redis_db)
     hops: list[str] = []
     real = anyio.to_thread.run_sync
     real_blocking = AppState.blocking

@@ -25,7 +25,6 @@ from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 1
 MODEL = {"model": "reference/video", "kind": "video"}
 STEPS = 4
 SMALL = {"prompt": "a ball", "size": "64x48", "seconds": "0.5", "fps": 16}
@@ -99,11 +98,11 @@ class MeteredStack(Stack):
 
 @pytest.fixture(scope="module")
 def mstack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
 ) -> Iterator[MeteredStack]:
     work = Path(tmp_path_factory.mktemp("metrics"))
     env = {"OMNIQ_METRICS__WORKER_HOST": "127.0.0.1", "OMNIQ_REALTIME__SLOTS": "2"}
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=MeteredStack) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env, cls=MeteredStack) as st:
         st.set_failpoints({})
         st.start_metered()
         yield st

@@ -25,7 +25,6 @@ from tests.integration.test_up import Up, _api_pids
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 1
 APIS = ("api", "api1")
 
 
@@ -59,12 +58,14 @@ class TwoApis(Stack):
 
 
 @pytest.fixture(scope="module")
-def apis(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[TwoApis]:
+def apis(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[TwoApis]:
     work = Path(tmp_path_factory.mktemp("metrics-mp"))
     metrics_dir = work / "metrics"
     metrics_dir.mkdir()
     env = {"OMNIQ_HTTP__REUSE_PORT": "true", "OMNIQ_METRICS__MULTIPROC_DIR": str(metrics_dir)}
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=TwoApis) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env, cls=TwoApis) as st:
         st.metrics_dir = metrics_dir
         st.start_apis()
         yield st

@@ -16,14 +16,13 @@ from api.app import create_app
 from cli.embedded import EmbeddedS3
 from migrations.runner import downgrade, upgrade
 from models.db import Base, audio_output, job_spec
-from models.job_specs import AudioOutput, AudioSpec, VideoSpec
+from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings, Settings
 from tests.integration.conftest import (
     REDIS_BASE_URL,
-    REDIS_DB,
     _drop_pg_database,
     _new_pg_database,
     service_settings,
@@ -139,12 +138,12 @@ def _jobs_table(url: str) -> tuple[Engine, Table]:
     return engine, Table("jobs", MetaData(), autoload_with=engine)
 
 
-def _settings(url: str, s3: EmbeddedS3) -> Settings:
-    return service_settings(url, s3, redis_db=REDIS_DB)
+def _settings(url: str, s3: EmbeddedS3, redis_db: int) -> Settings:
+    return service_settings(url, s3, redis_db=redis_db)
 
 
 def test_rows_of_0001_are_read_by_the_new_code_and_downgrade_back(
-    database_url: str, s3_server: EmbeddedS3
+    database_url: str, s3_server: EmbeddedS3, redis_db: int
 ) -> None:
     upgrade(database_url, "0001")
     engine, old = _jobs_table(database_url)
@@ -179,20 +178,20 @@ def test_rows_of_0001_are_read_by_the_new_code_and_downgrade_back(
     assert isinstance(session_spec, VideoSpec) and session_spec.session_id == "sess_1"
     # audio rows are no longer video-shaped
     assert (audio.duration_ms, audio.fps, audio.num_frames, audio.width) == (1500, None, None, None)
-    assert audio_output(audio) == AudioOutput(sample_rate=44100, channels=2, num_samples=66150)
+    assert audio_output(audio) == AudioJobOutput(sample_rate=44100, channels=2, num_samples=66150)
     assert (video.duration_ms, video.fps, video.num_frames) == (None, 16.0, 8)
     engine.dispose()
 
     # the client's view: the same wire objects as before the migration
     try:
-        with TestClient(create_app(_settings(database_url, s3_server))) as client:
+        with TestClient(create_app(_settings(database_url, s3_server, redis_db))) as client:
             got_video = client.get("/v1/videos/video_old1").json()
             got_audio = client.get("/v1/audio/generations/audio_old1").json()
             got_speech = client.get("/v1/audio/generations/audio_old2").json()
             got_session = client.get("/v1/videos/video_sess").json()
             listed = client.get("/v1/audio/generations", params={"order": "asc"}).json()
     finally:
-        redis.Redis.from_url(f"{REDIS_BASE_URL}/{REDIS_DB}").flushdb()
+        redis.Redis.from_url(f"{REDIS_BASE_URL}/{redis_db}").flushdb()
     assert {k: got_video[k] for k in ("size", "seconds", "fps", "num_frames", "seed")} == {
         "size": "64x48", "seconds": "0.5", "fps": 16.0, "num_frames": 8, "seed": 42,
     }

@@ -31,16 +31,17 @@ from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 5
 # Per operation; 17 operations on 2 shared cores stay well under a minute.
 MAX_EXAMPLES = 12
 _WAITING_ROUTES = r"^/v1/videos/sync$|^/v1/audio/(speech|generate)$"
 
 
 @pytest.fixture(scope="module")
-def fuzz_stack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def fuzz_stack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("fuzz"))
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env={}, auth="required") as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env={}, auth="required") as st:
         st.start(workers=0)
         yield st
 

@@ -44,7 +44,6 @@ from tests.integration.stack import REPO, Stack
 
 pytestmark = pytest.mark.integration
 
-REDIS_DB = 3
 SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 1}
 # what OpenAI's x-ratelimit-reset-* look like: 250ms, 1s, 1.5s, 6m0s
 GO_DURATION = re.compile(r"^(\d+ms|\d+(\.\d+)?s|(\d+h)?\d+m\d+s)$")
@@ -93,13 +92,13 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def deployment(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
 ) -> Iterator[Deployment]:
     with started_stack(
         tmp_path_factory,
         s3_server,
         "quotas",
-        redis_db=REDIS_DB,
+        redis_db=redis_db,
         workers=0,
         extra_env=DEFAULTS,
         auth="required",

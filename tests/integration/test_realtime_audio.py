@@ -24,7 +24,6 @@ from tests.unit.realtime_client import RESPONSE_END  # the order the protocol te
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 8
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "speech"
 TRUTH = {f["file"]: f for f in json.loads((FIXTURES / "fixtures.json").read_text())["fixtures"]}
 CHUNK = 2400 * 2  # 100 ms of PCM16 at 24 kHz
@@ -38,7 +37,9 @@ def pcm(name: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def rstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def rstack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     env = {
         "OMNIQ_REALTIME__SLOTS": "2",
         # long enough that the session admitted on a freed slot makes it on a loaded CI box
@@ -49,7 +50,7 @@ def rstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
         "OMNIQ_REALTIME__RESUME_GRACE_S": "10",
     }
     work = Path(tmp_path_factory.mktemp("realtime-audio"))
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.start(workers=0, realtime_workers=1)
         yield st
 

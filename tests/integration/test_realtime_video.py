@@ -24,7 +24,6 @@ from tests.integration.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 13
 START = {
     "type": "session.start",
     "model": "reference/world",
@@ -40,7 +39,9 @@ LONG = {**START, "width": 256, "height": 256, "num_frames": 957}
 
 
 @pytest.fixture(scope="module")
-def rstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def rstack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("realtime"))
     env = {
         "OMNIQ_REALTIME__SLOTS": "2",
@@ -49,7 +50,7 @@ def rstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
         "OMNIQ_REALTIME__LOST_AFTER_S": "4",
         "OMNIQ_REALTIME__KEEPALIVE_S": "0.5",
     }
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.start(workers=0, realtime_workers=1)
         yield st
 

@@ -26,14 +26,14 @@ from workers.reconciler import LOCK_KEY, Reconciler, sweep_temp_dirs
 
 pytestmark = pytest.mark.integration
 
-REDIS_DB = 11
-
 
 @pytest.fixture
-def parts(pg_url: str, s3_server: EmbeddedS3) -> Iterator[tuple[Reconciler, JobStore, Settings]]:
+def parts(
+    pg_url: str, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[tuple[Reconciler, JobStore, Settings]]:
     upgrade(pg_url)
     worker = {"heartbeat_timeout_s": 5, "max_attempts": 2, "stale_upload_s": 0}
-    settings = service_settings(pg_url, s3_server, redis_db=REDIS_DB, worker=worker)
+    settings = service_settings(pg_url, s3_server, redis_db=redis_db, worker=worker)
     engine = make_engine(settings.database)
     jobs = JobStore(make_sessionmaker(engine))
     artifacts = ArtifactStore(make_s3_client(settings.s3), settings.s3)

@@ -26,7 +26,6 @@ from pydantic import BaseModel
 from api.realtime.relay import Relay
 from models.session_bus import (
     AcceptedOutput,
-    AudioOutput,
     CancelCommand,
     ChunkOutput,
     FailedOutput,
@@ -37,6 +36,7 @@ from models.session_bus import (
     KeepaliveOutput,
     ReferenceImageCommand,
     RespondCommand,
+    ResponseAudioOutput,
     ResponseFinishedOutput,
     SessionCommand,
     SessionConfig,
@@ -84,7 +84,7 @@ OUTPUTS: list[tuple[BaseModel, bytes | None]] = [
         b"\x00\x00\x00\x18ftyp" + PCM,
     ),
     (ChunkOutput(kind="trailer", produced_at=1764460001.5), b"\x00\x00\x00\x08mfra"),
-    (AudioOutput(response_id="resp_1", produced_at=1764460000.5, text="I "), PCM),
+    (ResponseAudioOutput(response_id="resp_1", produced_at=1764460000.5, text="I "), PCM),
     (ResponseFinishedOutput(response_id="resp_1", status="cancelled", audio_ms=40), None),
     (FailedOutput(code="internal_error", message="internal error"), None),
     (FinishedOutput(stopped=True, artifact_id="video_abc"), None),
@@ -232,7 +232,7 @@ def test_a_burst_reaches_a_relay_that_already_waits_in_one_read(
     answer's prebuffer once reached the client split that way)."""
     session_id, client = session
     slot = SessionSlot(EventBus(client, ttl_s=60), session_id, RealtimeSettings())
-    burst = [(AudioOutput(response_id="resp_1", produced_at=1.0), PCM)] * 5
+    burst = [(ResponseAudioOutput(response_id="resp_1", produced_at=1.0), PCM)] * 5
     target = _Collector(len(burst))
     _deliver(session_id, redis_url, target, send=lambda: slot.send_many(burst))
     assert target.reads == [5]
@@ -253,7 +253,7 @@ class _Context:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.executor = _Runner("job", self.calls)
-        self.sessions = _Runner("world", self.calls)
+        self.world_sessions = _Runner("world", self.calls)
         self.voice_sessions = _Runner("voice", self.calls)
 
 

@@ -49,8 +49,8 @@ from workers.pipelines.base import (
     WorldPipeline,
 )
 from workers.pipelines.registry import PipelineRegistry
-from workers.sessions import SessionRunner
 from workers.voice_sessions import VoiceSessionRunner
+from workers.world_sessions import WorldSessionRunner
 
 pytestmark = pytest.mark.integration
 
@@ -228,7 +228,7 @@ class Api:
 
 def test_a_third_party_world_model_runs_through_the_session_runner(redis_url: str) -> None:
     api = Api(redis_url)
-    runner = SessionRunner(api.settings, api.registry, api.bus, "test-worker")
+    runner = WorldSessionRunner(api.settings, api.registry, api.bus, "test-worker")
     # 12 frames: three of the paint model's 4-frame chunks.
     config = world_session_config(
         model=WORLD.name, prompt="red", num_frames=12, extra_params={"level": 90}

@@ -23,7 +23,7 @@ from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
-from tests.integration.conftest import REDIS_BASE_URL, isolated_stack
+from tests.integration.conftest import REDIS_BASE_URL, RedisDbPool, isolated_stack
 from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -70,18 +70,21 @@ def images() -> Iterator[_ImageServer]:
 
 @pytest.fixture(scope="module", params=["postgresql", "sqlite"])
 def public_stack(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    s3_server: EmbeddedS3,
+    redis_db: int,
 ) -> Iterator[Stack]:
     """The default settings, on PostgreSQL (isolated_stack) and on SQLite."""
     work = Path(tmp_path_factory.mktemp(f"url-public-{request.param}"))
     if request.param == "postgresql":
-        with isolated_stack(work, s3_server, redis_db=14, extra_env={}) as st:
+        with isolated_stack(work, s3_server, redis_db=redis_db, extra_env={}) as st:
             st.start(workers=0)
             yield st
         return
     url = f"sqlite:///{work / 'omniqueue.db'}"
     upgrade(url)
-    redis_url = f"{REDIS_BASE_URL}/14"
+    redis_url = f"{REDIS_BASE_URL}/{redis_db}"
     redis.Redis.from_url(redis_url).flushdb()
     st = Stack(work=work, database_url=url, redis_url=redis_url, s3=s3_server, auth="off")
     try:
@@ -94,11 +97,15 @@ def public_stack(
 
 @pytest.fixture(scope="module")
 def any_stack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_pool: RedisDbPool
 ) -> Iterator[Stack]:
+    """Fetching from any URL; alive beside :func:`public_stack`, so on a second index."""
     work = Path(tmp_path_factory.mktemp("url-any"))
     env = {"OMNIQ_INPUTS__URL_FETCH": "any"}
-    with isolated_stack(work, s3_server, redis_db=15, extra_env=env) as st:
+    with (
+        redis_pool.leased() as redis_db,
+        isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st,
+    ):
         st.start(workers=0)
         yield st
 

@@ -26,7 +26,6 @@ from tests.integration.stack import Stack
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 4}
-REDIS_DB = 15
 # A statement that reads the jobs table, as SQLAlchemy's echo writes it.
 _JOBS_READ = re.compile(r"SELECT\b[^;]*?\bFROM jobs\b", re.S)
 
@@ -42,12 +41,14 @@ class SyncStack(Stack):
 
 
 @pytest.fixture(scope="module")
-def sstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[SyncStack]:
+def sstack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[SyncStack]:
     work = Path(tmp_path_factory.mktemp("sync"))
     env = {
         "OMNIQ_DATABASE__ECHO": "true",
     }
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env, cls=SyncStack) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env, cls=SyncStack) as st:
         st.set_failpoints({})
         st.start(workers=1)
         yield st

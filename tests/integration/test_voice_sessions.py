@@ -1,4 +1,5 @@
-"""VoiceSessionRunner against a real Redis (db 15): the worker side of ``WS /v1/realtime``.
+"""VoiceSessionRunner against a real Redis (the module's own database, ``redis_db``): the
+worker side of ``WS /v1/realtime``.
 
 The runner runs in a thread, exactly as on a realtime worker slot; the test plays the API
 by writing commands to ``oq:session:{id}:in`` and reading ``…:out``, with the models of
@@ -8,7 +9,6 @@ order and state; the deadlines below only stop a broken runner from hanging the 
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import time
@@ -37,14 +37,13 @@ from models.session_bus import (
 from storage.bus import BusMessage, EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import RealtimeSettings, Settings
-from tests.integration.conftest import flushed_redis
+from tests.integration.conftest import REDIS_BASE_URL, flushed_redis
 from workers.pipelines.reference_voice import ReferenceVoicePipeline
 from workers.pipelines.registry import PipelineRegistry
 from workers.voice_sessions import VoiceSessionRunner
 
 pytestmark = pytest.mark.integration
 
-REDIS_URL = os.environ.get("OMNIQ_TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/15"
 HANG_GUARD_S = 30.0
 RATE = 24000
 Out = BusMessage[SessionOutput]
@@ -87,8 +86,8 @@ class SlowVoice(ReferenceVoicePipeline):
 
 
 @pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    with flushed_redis(REDIS_URL) as r:
+def client(redis_db: int) -> Iterator[redis.Redis]:
+    with flushed_redis(f"{REDIS_BASE_URL}/{redis_db}") as r:
         yield r
 
 

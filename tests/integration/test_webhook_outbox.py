@@ -17,7 +17,7 @@ from models.db import Job, WebhookDelivery
 from models.webhooks import JobWebhook
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
-from storage.outbox import Attempt, Outbox, event_id
+from storage.outbox import Attempt, WebhookOutbox, event_id
 from storage.settings import DatabaseSettings
 from storage.webhooks import WebhookStore
 from tests.helpers import video_spec
@@ -86,7 +86,7 @@ def test_claims_do_not_overlap_and_lapse_with_their_lease(
     jobs = JobStore(sessions)
     for i in range(5):
         _complete(jobs, _job(jobs, f"video_{i}", url=HOOK))
-    outbox = Outbox(sessions)
+    outbox = WebhookOutbox(sessions)
     now = time.time() + 1  # every row is due (queued at time.time())
     first = outbox.claim("one", limit=3, lease_s=30, now=now)
     second = outbox.claim("two", limit=10, lease_s=30, now=now)

@@ -18,7 +18,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 from cli.embedded import EmbeddedS3, free_port
 from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
-from storage.outbox import Outbox, event_id
+from storage.outbox import WebhookOutbox, event_id
 from storage.settings import DatabaseSettings
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import REPO, Stack
@@ -29,7 +29,6 @@ pytestmark = pytest.mark.integration
 
 # Its own Redis index: a worker of the session-wide stack (conftest, index 9) would take
 # this stack's messages and drop them (their jobs are not in its database).
-REDIS_DB = 2
 
 VIDEO = {"prompt": "a lighthouse at dusk", "size": "64x48", "seconds": "0.5", "fps": 16,
          "num_inference_steps": 3}  # fmt: skip
@@ -58,9 +57,11 @@ class Keys:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("webhooks"))
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=ENV, auth="required") as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=ENV, auth="required") as st:
         st.start(workers=1)
         st._spawn("webhooks", "webhooks", "serve")
         yield st
@@ -87,7 +88,7 @@ def deliveries(stack: Stack, job_id: str) -> list[dict[str, Any]]:
     """The job's delivery rows with their attempts, read from the stack's database."""
     engine = make_engine(DatabaseSettings(url=stack.database_url))
     try:
-        return Outbox(make_sessionmaker(engine)).deliveries(job_id)
+        return WebhookOutbox(make_sessionmaker(engine)).deliveries(job_id)
     finally:
         engine.dispose()
 

@@ -29,7 +29,6 @@ from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 6
 SINGLE, CFG, ULYSSES = "tiny/wan", "tiny/wan-cfg2", "tiny/wan-ulysses2"
 # The model of docs/deployment.md's worker-group recipe (tiny weights under its name).
 RECIPE_MODEL = "Wan-AI/Wan2.1-T2V-14B"
@@ -37,7 +36,9 @@ DEPLOYMENT_MD = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
 
 
 @pytest.fixture(scope="module")
-def gstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def gstack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("group"))
     path = work / "tiny_wan"
     tiny_wan_pipeline().save_pretrained(path)
@@ -65,7 +66,7 @@ def gstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
         "OMNIQ_WORKER__RECONCILE_INTERVAL_S": "0.5",
         "OMNIQ_WORKER__COLLECTIVE_TIMEOUT_S": "60",
     }
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.set_failpoints({})
         st.start(workers=1)  # w0: one device, serves tiny/wan only
         st._spawn("g0", "worker", "--name", "g0", "--devices", "cpu,cpu")

@@ -12,11 +12,18 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from api.audio_validation import parse_generation, resolve_audio, resolve_generate, resolve_speech
+from api.audio_validation import (
+    parse_generate,
+    parse_generation,
+    parse_speech,
+    resolve_audio,
+    resolve_generate,
+    resolve_speech,
+)
 from api.validation import parse_create, resolve
 from models.catalog import BUILTIN_SPECS
 from models.db import Job, job_spec
-from models.job_specs import AudioOutput, AudioSpec, audio_shape, parse_spec
+from models.job_specs import AudioJobOutput, AudioSpec, audio_shape, parse_spec
 from storage.settings import Settings
 from tests.helpers import video_spec
 from workers.pipelines.base import GenerationRequest
@@ -101,15 +108,19 @@ def test_a_video_request_reaches_the_adapter_as_asked(settings: Settings) -> Non
         ),
         (
             lambda s: resolve_speech(
-                {"input": "two words", "voice": "alloy", "response_format": "pcm"}, BUILTIN_SPECS, s
-            )[0],
+                parse_speech({"input": "two words", "voice": "alloy", "response_format": "pcm"}),
+                BUILTIN_SPECS,
+                s,
+            ),
             1100,
             "pcm",
             True,
         ),
         (
             lambda s: resolve_generate(
-                {"input": "a drum", "audio_length": 0.25, "response_format": "flac"},
+                parse_generate(
+                    {"input": "a drum", "audio_length": 0.25, "response_format": "flac"}
+                ),
                 BUILTIN_SPECS,
                 s,
             ),
@@ -134,7 +145,7 @@ def test_an_audio_request_is_a_duration_not_frames(
     assert parsed.seconds == f"{duration_ms / 1000:g}"
     # what status reads take from the stored spec (and, once made, the output)
     assert audio_shape(job.spec, None) == (fmt, spec.sample_rate, spec.channels)
-    made = AudioOutput(sample_rate=8000, channels=2, num_samples=4).model_dump()
+    made = AudioJobOutput(sample_rate=8000, channels=2, num_samples=4).model_dump()
     assert audio_shape(job.spec, made) == (fmt, 8000, 2)
     request = GenerationRequest.from_spec(parsed)
     assert request.duration_s == duration_ms / 1000

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from api.realtime.voice_session import coalesce
-from models.session_bus import AudioOutput, KeepaliveOutput, ResponseFinishedOutput, SessionOutput
+from models.session_bus import (
+    KeepaliveOutput,
+    ResponseAudioOutput,
+    ResponseFinishedOutput,
+    SessionOutput,
+)
 from storage.bus import BusMessage
 
 
 def audio(
     i: int, rid: str = "r1", text: str | None = None, data: bytes = b""
 ) -> BusMessage[SessionOutput]:
-    output = AudioOutput(response_id=rid, produced_at=float(i), text=text)
+    output = ResponseAudioOutput(response_id=rid, produced_at=float(i), text=text)
     return BusMessage(f"{i}-0", output, data or None)
 
 
@@ -33,7 +38,7 @@ def test_consecutive_audio_of_one_response_is_joined_in_order() -> None:
         ("audio", "r3"),
     ]
     first, pcm = got[0]
-    assert isinstance(first, AudioOutput)
+    assert isinstance(first, ResponseAudioOutput)
     assert pcm == b"aabbcc" and first.text == "I heard " and first.produced_at == 1.0
     assert got[1][0] is finished
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models.session_bus import AcceptedOutput, AudioOutput, KeepaliveOutput
+from models.session_bus import AcceptedOutput, KeepaliveOutput, ResponseAudioOutput
 from realtime.worker_watch import WorkerWatch
 
 ACCEPTED = AcceptedOutput(worker_id="w")
@@ -19,7 +19,7 @@ def test_no_worker_within_the_admission_timeout_is_resource_exhausted() -> None:
 
 def test_an_admitted_session_is_lost_only_after_silence() -> None:
     w = WorkerWatch(admission_timeout_s=10, lost_after_s=3, now=0.0)
-    w.heard([ACCEPTED, AudioOutput(response_id="r1")], 1.0)
+    w.heard([ACCEPTED, ResponseAudioOutput(response_id="r1")], 1.0)
     assert w.admitted and w.verdict(3.9) is None  # 2.9 s of silence
     w.heard([], 3.5)  # an empty read is not news
     assert w.verdict(4.1) == ("worker_lost", "the worker running the session is gone")

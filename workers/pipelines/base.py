@@ -13,7 +13,7 @@ A served model's kind follows from its spec (``ModelSpec.kind``), and the regist
       media = pipe.decode(state)
 
 * ``world`` (:class:`WorldPipeline`): a steerable video stream for ``WS
-  /v1/realtime/video``, run chunk by chunk by ``workers/sessions.py``.
+  /v1/realtime/video``, run chunk by chunk by ``workers/world_sessions.py``.
 * ``voice`` (:class:`VoicePipeline`): spoken answers to user turns for ``WS
   /v1/realtime``, run step by step by ``workers/voice_sessions.py``.
 

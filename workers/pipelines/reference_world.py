@@ -6,7 +6,8 @@ reuses reference/video's scene (prompt words and seed pick sky, terrain, palette
 and renderer, and adds what a world model session needs:
 
 * **Chunks.** A session of ``num_frames`` frames is cut the way the LingBot-World server
-  cuts it: 3 latent frames per chunk, temporal compression 4, so
+  cuts it (the arithmetic lives in ``models/realtime_video.py``, which the API resolves
+  ``session.start`` with): 3 latent frames per chunk, temporal compression 4, so
   ``chunks = ((num_frames - 1) // 4 + 1) // 3``; chunk 0 holds 9 frames, every later
   chunk 12, ``(chunks * 3 - 1) * 4 + 1`` frames in all (``num_frames`` is rounded down to
   that). Each chunk is produced by ``steps_per_chunk`` flow-matching Euler steps
@@ -39,6 +40,14 @@ import torch
 
 from models.catalog import REFERENCE_WORLD
 from models.errors import InvalidJobInput
+from models.realtime_video import (
+    CAMERA_KEYS,
+    LATENT_FRAMES_PER_CHUNK,
+    TEMPORAL_COMPRESSION,
+    camera_block_problem,
+    chunks_for_frames,
+    frames_for_chunks,
+)
 from workers.pipelines import procedural as proc
 from workers.pipelines.base import (
     ActionBlock,
@@ -49,9 +58,6 @@ from workers.pipelines.base import (
 )
 from workers.pipelines.procedural import Scene
 
-ACTIONS = ("w", "a", "s", "d")
-LATENT_FRAMES_PER_CHUNK = 3
-TEMPORAL_COMPRESSION = 4
 PAN_SPEED = 0.6  # frame heights per second while "a" or "d" is held
 ZOOM_RATE = 0.5  # natural-log zoom per second while "w" or "s" is held
 ZOOM_RANGE = (0.7, 3.0)  # the dolly stops at these magnifications
@@ -63,19 +69,13 @@ _Block = tuple[frozenset[str], frozenset[str], frozenset[str]]
 
 
 def num_chunks_for(num_frames: int) -> int:
-    """Chunks in a session of ``num_frames`` frames (the LingBot-World arithmetic)."""
-    latent = (num_frames - 1) // TEMPORAL_COMPRESSION + 1
-    return max(0, latent // LATENT_FRAMES_PER_CHUNK)
-
-
-def frames_for_chunks(chunks: int) -> int:
-    """Frames in ``chunks`` chunks: 9 for the first, 12 for each later one."""
-    return (chunks * LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1 if chunks else 0
+    """Chunks in a session of ``num_frames`` frames (0 when too few for one)."""
+    return chunks_for_frames(num_frames) if num_frames >= 1 else 0
 
 
 def chunk_frame_range(chunk: int) -> tuple[int, int]:
     """Global frame indices ``[start, stop)`` of chunk ``chunk``."""
-    return frames_for_chunks(chunk), frames_for_chunks(chunk + 1)
+    return (frames_for_chunks(chunk) if chunk else 0), frames_for_chunks(chunk + 1)
 
 
 class DuplicateEventError(InvalidJobInput):
@@ -449,39 +449,19 @@ def validate_action_script(script: Any, chunks: int | None = None) -> None:
             f"{name} has {len(script)} entries but the session has {chunks} chunks"
         )
     for i, entry in enumerate(script):
-        if not isinstance(entry, list | tuple) or len(entry) != LATENT_FRAMES_PER_CHUNK:
-            got = f"{len(entry)} items" if isinstance(entry, list | tuple) else repr(entry)
-            raise InvalidJobInput(
-                f"{name}[{i}] must be a list of {LATENT_FRAMES_PER_CHUNK} per-latent-frame "
-                f"action lists, got {got}"
-            )
-        for j, actions in enumerate(entry):
-            if not isinstance(actions, list | tuple):
-                raise InvalidJobInput(
-                    f"{name}[{i}][{j}] must be a list of actions, got {actions!r}"
-                )
-            for action in actions:
-                if action not in ACTIONS:
-                    raise InvalidJobInput(
-                        f"{name}[{i}][{j}] has unknown action {action!r}; use 'w', 'a', 's', 'd'"
-                    )
+        problem = camera_block_problem(entry, f"{name}[{i}]")
+        if problem is not None:
+            raise InvalidJobInput(problem)
 
 
 def _camera_block(camera: Any) -> _Block:
     """An interaction's ``camera`` (a key string or a three-list block) as a block."""
     if isinstance(camera, str):
-        if set(camera) - set(ACTIONS):
+        if set(camera) - set(CAMERA_KEYS):
             raise InvalidJobInput(f"camera must use only 'w', 'a', 's', 'd', got {camera!r}")
         keys = frozenset(camera)
         return keys, keys, keys
-    if (
-        not isinstance(camera, list | tuple)
-        or len(camera) != LATENT_FRAMES_PER_CHUNK
-        or not all(
-            isinstance(keys, list | tuple) and all(key in ACTIONS for key in keys)
-            for keys in camera
-        )
-    ):
+    if camera_block_problem(camera, "camera") is not None:
         raise InvalidJobInput(
             "camera must be a string of 'w', 'a', 's', 'd' or three per-latent-frame lists "
             f"of them, got {camera!r}"

@@ -82,7 +82,7 @@ def lead_chunks(default: int, extra: dict[str, Any]) -> int:
 _WORLD_FIELDS = {"prompt", "width", "height", "num_frames", "fps", "seed", "negative_prompt"}
 
 
-class SessionRunner(SlotRunner[WorldSessionConfig]):
+class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
     def __init__(
         self,
         settings: Settings,

@@ -1,0 +1,65 @@
+"""Create bodies → the typed requests the job services take.
+
+A route reads the body (``api/forms.py``: JSON or multipart, the same field names), parses
+it here into its kind's request model, and hands that to the service
+(``api/jobs_service.py``); the service resolves it against the served models and stores
+the job. Parsing is pure: errors are :class:`models.errors.InvalidRequest` naming the
+field, raised before anything is stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from api.audio_validation import parse_generate, parse_generation, parse_speech
+from api.validation import parse_create
+from models.audio import AudioCreate, AudioGenerate, SpeechCreate
+from models.errors import InvalidRequest
+from models.videos import VideoCreate
+
+
+@dataclass(frozen=True, slots=True)
+class VideoRequest:
+    """``POST /v1/videos`` (and ``/sync``) parsed: the fields, and the first frame as the
+    client sent it, if it did: an uploaded file, or an ``input_reference`` URL (http(s) or
+    ``data:``; ``body.input_reference_url`` is the other spelling)."""
+
+    body: VideoCreate
+    reference_file: bytes | None = None
+    reference_url: str | None = None
+
+
+def parse_video(raw: dict[str, Any], upload: bytes | None) -> VideoRequest:
+    """A video create body; an ``input_reference`` given as text (a URL, or OpenAI's
+    ``{"image_url": …}``) counts when no file was uploaded."""
+    fields = dict(raw)
+    value = fields.pop("input_reference", None)
+    if isinstance(value, dict):
+        value = value.get("image_url")
+    url = str(value) if upload is None and value else None
+    return VideoRequest(parse_create(fields), upload, url)
+
+
+def parse_audio(raw: dict[str, Any], upload: bytes | None) -> AudioCreate:
+    """A ``POST /v1/audio/generations`` body; audio models take no input reference."""
+    if upload is not None or "input_reference" in raw:
+        raise InvalidRequest("audio models take no input_reference", param="input_reference")
+    return parse_generation(raw)
+
+
+def _no_file(upload: bytes | None) -> None:
+    if upload is not None:
+        raise InvalidRequest("this endpoint takes no file", param="input_reference")
+
+
+def parse_speech_body(raw: dict[str, Any], upload: bytes | None) -> SpeechCreate:
+    """A ``POST /v1/audio/speech`` body (OpenAI text-to-speech)."""
+    _no_file(upload)
+    return parse_speech(raw)
+
+
+def parse_generate_body(raw: dict[str, Any], upload: bytes | None) -> AudioGenerate:
+    """A ``POST /v1/audio/generate`` body (vLLM-Omni)."""
+    _no_file(upload)
+    return parse_generate(raw)

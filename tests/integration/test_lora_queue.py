@@ -28,7 +28,6 @@ from workers.pipelines.base import Media
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 0
 MODEL = "tiny/wan-lora"
 RANK = 4
 JOB = {"model": MODEL, "prompt": "a red ball", "size": "32x32", "num_frames": 9,
@@ -36,7 +35,9 @@ JOB = {"model": MODEL, "prompt": "a red ball", "size": "32x32", "num_frames": 9,
 
 
 @pytest.fixture(scope="module")
-def lstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def lstack(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("lora"))
     root = work / "loras"
     root.mkdir()
@@ -67,7 +68,7 @@ def lstack(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> I
         "OMNIQ_LORA__ROOTS": f"{root},s3://{s3_server.bucket}/loras",
         "OMNIQ_LORA__MAX_RANK": str(RANK),
     }
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.lora_root = root  # type: ignore[attr-defined]
         st.start(workers=1)
         yield st

@@ -37,7 +37,6 @@ from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REDIS_DB = 9
 # torch and what it requires, as the test environment has them (shared through a .pth).
 TORCH_PACKAGES = (
     "torch", "torchgen", "functorch", "sympy", "mpmath", "networkx", "jinja2", "markupsafe",
@@ -91,7 +90,9 @@ def _share_torch(python: Path, folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tier(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Iterator[Stack]:
+def tier(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
+) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp("worker-tier"))
     python = _worker_venv(work)
     weights = work / "tiny_wan"
@@ -104,7 +105,7 @@ def tier(tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3) -> Ite
         f"max_sequence_length = {TINY_SEQ_LEN}\n"
     )
     env = {"OMNIQ_MODEL_REGISTRY": str(registry), "OMNIQ_WORKER__COLLECTIVE_TIMEOUT_S": "60"}
-    with isolated_stack(work, s3_server, redis_db=REDIS_DB, extra_env=env) as st:
+    with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.interpreters = {"w0": python, "g0": python}
         st.start(workers=1)  # the API from this environment, w0 from the worker venv
         st._spawn("g0", "worker", "--name", "g0", "--devices", "cpu,cpu")

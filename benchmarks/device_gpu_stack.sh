@@ -4,15 +4,9 @@
 # carry=[".wheelhouse"]). JSON to $OUT/gpu_stack.json, stderr to $OUT/gpu_stack.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
-# shellcheck source=benchmarks/device_venv.sh
-source benchmarks/device_venv.sh
-t0=$(date +%s)
-PYTHONUNBUFFERED=1 OUT="$OUT" "$VENV/bin/python" benchmarks/gpu_stack.py "$@" >/dev/null \
-    2> >(tee "$OUT/gpu_stack.log" >&2)
-echo "benchmark_s: $(($(date +%s) - t0))"
+# shellcheck source=benchmarks/device_bench.sh
+source benchmarks/device_bench.sh
+run_bench gpu_stack "$@"
 "$VENV/bin/python" - "$OUT/gpu_stack.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -39,7 +39,6 @@ import math
 import random
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,9 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import parser, pct, summary
 from benchmarks.embedded_stack import say
-from benchmarks.gpu_common import MODEL, emit, generation_request, header, save_wan, shape_args
+from benchmarks.gpu_common import MODEL, emit, generation_request, shape_args
 from benchmarks.gpu_common import sync_time as _sync_time
-from benchmarks.gpu_stack import _free, raw_phase, stack_phase
+from benchmarks.gpu_stack import _free, load_and_time_raw, stack_figures, stack_phase
 
 
 def _job(adapter: Any, request: Any, decode: bool = True) -> dict[str, Any]:
@@ -251,18 +250,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script")
     p.add_argument("--backend", default="inductor", help="torch.compile backend (eager: smoke)")
     args = p.parse_args()
-    from diffusers import WanPipeline
-
-    out = header(args)
-    t0 = time.perf_counter()
-    model_dir, _ = save_wan(Path(tempfile.mkdtemp(prefix="oq-gpu-lane-")), args)
-    _free()
-    pipe = WanPipeline.from_pretrained(model_dir, dtype=torch.bfloat16).to(args.device)
-    out["build_save_load_s"] = round(time.perf_counter() - t0, 1)
-
-    say("raw pipe(...)")
-    raw = raw_phase(pipe, args)
-    out["raw_wall_s"] = [round(x, 3) for x in raw]
+    out, model_dir, _, pipe, raw = load_and_time_raw(args, "oq-gpu-lane-")
     raw_median = statistics.median(raw)
     if not args.skip_lane:
         out.update(lane_phase(pipe, args, raw_median))
@@ -275,16 +263,7 @@ def main() -> int:
         step_s = out.get("compiled", {}).get("step_ms", 300) / 1000
         stack = stack_phase(_registry(model_dir, args), args, step_s)
         out["stack"] = stack
-        walls = stack.get("client_wall_s") or []
-        if walls:
-            out["full_stack_wall_over_raw_compiled"] = round(
-                statistics.median(walls) / raw_median, 4
-            )
-        stopped = [
-            c["cancel_to_worker_stopped_ms"]
-            for c in stack.get("cancels", [])
-            if c["cancel_to_worker_stopped_ms"] is not None
-        ]
+        out["full_stack_wall_over_raw_compiled"], stopped = stack_figures(stack, raw)
         out["stack_cancel_ms"] = summary(stopped)
     emit(out, "gpu_lane")
     return 0

@@ -292,6 +292,39 @@ def stack_phase(registry: Path, args: argparse.Namespace, step_s: float) -> dict
     return out
 
 
+def load_and_time_raw(
+    args: argparse.Namespace, prefix: str
+) -> tuple[dict[str, Any], Path, Path, Any, list[float]]:
+    """The run's header; the random-weight pipeline built, saved (with a registry entry)
+    and loaded back as a worker loads it; its raw ``pipe(...)`` timed. Returns (the run's
+    JSON so far, the model directory, the registry file, the pipe, the raw wall times)."""
+    from diffusers import WanPipeline
+
+    out = header(args)
+    t0 = time.perf_counter()
+    model_dir, registry = save_wan(Path(tempfile.mkdtemp(prefix=prefix)), args)
+    _free()
+    pipe = WanPipeline.from_pretrained(model_dir, dtype=torch.bfloat16).to(args.device)
+    out["build_save_load_s"] = round(time.perf_counter() - t0, 1)
+    say("raw pipe(...)")
+    raw = raw_phase(pipe, args)
+    out["raw_wall_s"] = [round(x, 3) for x in raw]
+    return out, model_dir, registry, pipe, raw
+
+
+def stack_figures(stack: dict[str, Any], raw: list[float]) -> tuple[float | None, list[float]]:
+    """The stack phase's median client wall ÷ the raw median (None without jobs), and its
+    cancels' cancel → worker stopped times (ms)."""
+    walls = stack.get("client_wall_s") or []
+    ratio = round(statistics.median(walls) / statistics.median(raw), 4) if walls else None
+    stopped = [
+        c["cancel_to_worker_stopped_ms"]
+        for c in stack.get("cancels", [])
+        if c["cancel_to_worker_stopped_ms"] is not None
+    ]
+    return ratio, stopped
+
+
 def main() -> int:
     p = parser(__doc__)
     shape_args(p)
@@ -303,18 +336,7 @@ def main() -> int:
     p.add_argument("--skip-stack", action="store_true", help="phases 1 and 2 only")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script")
     args = p.parse_args()
-    from diffusers import WanPipeline
-
-    out = header(args)
-    t0 = time.perf_counter()
-    model_dir, registry = save_wan(Path(tempfile.mkdtemp(prefix="oq-gpu-stack-")), args)
-    _free()
-    pipe = WanPipeline.from_pretrained(model_dir, dtype=torch.bfloat16).to(args.device)
-    out["build_save_load_s"] = round(time.perf_counter() - t0, 1)
-
-    say("raw pipe(...)")
-    raw = raw_phase(pipe, args)
-    out["raw_wall_s"] = [round(x, 3) for x in raw]
+    out, _, registry, pipe, raw = load_and_time_raw(args, "oq-gpu-stack-")
     say("block gates")
     gates = gate_phase(pipe, args)
     out["gates"] = gates
@@ -327,16 +349,7 @@ def main() -> int:
         say("the stack")
         stack = stack_phase(registry, args, gates["step_ms"]["idle"] / 1000)
         out["stack"] = stack
-        walls = stack.get("client_wall_s") or []
-        if walls:
-            out["full_stack_wall_over_raw"] = round(
-                statistics.median(walls) / statistics.median(raw), 4
-            )
-        stopped = [
-            c["cancel_to_worker_stopped_ms"]
-            for c in stack.get("cancels", [])
-            if c["cancel_to_worker_stopped_ms"] is not None
-        ]
+        out["full_stack_wall_over_raw"], stopped = stack_figures(stack, raw)
         out["cancel_p95_ms"] = round(pct(stopped, 0.95), 1) if stopped else None
         out["cancel_ms"] = summary(stopped)
     for key in ("scaleout_2_workers", "multi_gpu_step_speedup_2", "multi_gpu_strategy"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from models.job_specs import VideoSpec
@@ -38,3 +39,17 @@ def world_session_config(**overrides: Any) -> WorldSessionConfig:
         "seed": 1,
     }
     return WorldSessionConfig(**fields | overrides)
+
+
+def imported_packages(path: Path) -> list[tuple[int, str]]:
+    """``(line, top-level package)`` of every absolute import in the module at ``path``,
+    wherever it stands (a function body too)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found

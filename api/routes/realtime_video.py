@@ -47,9 +47,11 @@ async def _serve(websocket: WebSocket, state: AppState, owner: str) -> None:
         with REALTIME_SESSIONS.labels("video").track_inprogress():
             await session.run()
     except WebSocketDisconnect as exc:
-        # 1006: the socket went away without a close frame (a lost network, a killed
-        # replica); any close frame, whatever its code, is the client ending the session
-        disconnected, dropped = True, exc.code == 1006
+        # A socket that went away without a close frame (a lost network, a killed
+        # replica) is kept for a resume: uvicorn reports it as 1006 or, for a connection
+        # aborted mid-send, 1005 ("no status", also what a close frame without a code
+        # gives: such a close is kept too). Any close frame with a code ends the session.
+        disconnected, dropped = True, exc.code in (1005, 1006)
     except BROKER_ERRORS:  # placing the session or sending a command
         await session.broker_lost()
     finally:

@@ -143,6 +143,12 @@ def running_s3(path: Path, bucket: str, stop_timeout: float = 3.0) -> Iterator[E
         server.stop(timeout=stop_timeout)
 
 
+@pytest.fixture(scope="module")
+def module_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """A directory of the test module's own (its stack's data, logs, registry files)."""
+    return Path(tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]))
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
     with running_s3(tmp_path_factory.mktemp("s3"), "omniqueue-test") as server:

@@ -36,10 +36,8 @@ class AudioStack(Stack):
 
 
 @pytest.fixture(scope="module")
-def astack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[AudioStack]:
-    work = Path(tmp_path_factory.mktemp("audio"))
+def astack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[AudioStack]:
+    work = module_dir
     with isolated_stack(
         work, s3_server, redis_db=redis_db, extra_env={}, cls=AudioStack, auth="required"
     ) as st:

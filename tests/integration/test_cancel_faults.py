@@ -33,10 +33,8 @@ SMALL = {"size": "64x48", "seconds": "0.5", "fps": 16, "num_inference_steps": 5}
 
 
 @pytest.fixture(scope="module")
-def fstack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("faults"))
+def fstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    work = module_dir
     env = {
         "OMNIQ_WORKER__HEARTBEAT_S": "0.5",
         "OMNIQ_WORKER__HEARTBEAT_TIMEOUT_S": "3",

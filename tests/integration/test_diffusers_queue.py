@@ -54,10 +54,8 @@ MODELS: dict[str, tuple[Callable[[], Any], str, int, float, str]] = {
 
 
 @pytest.fixture(scope="module")
-def dstack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("diffusers"))
+def dstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    work = module_dir
     entries = []
     for name, (build, family, _, _, spec) in MODELS.items():
         path = work / name.replace("/", "_")

@@ -21,7 +21,7 @@ import torch
 from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_entry, tiny_wan_pipeline
 from tests.unit.lora_fixtures import CROSS_ATTN, FFN, SELF_ATTN, lora_weights, write_lora
 from workers.media import encode_mp4
 from workers.pipelines.base import Media
@@ -35,10 +35,8 @@ JOB = {"model": MODEL, "prompt": "a red ball", "size": "32x32", "num_frames": 9,
 
 
 @pytest.fixture(scope="module")
-def lstack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("lora"))
+def lstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    work = module_dir
     root = work / "loras"
     root.mkdir()
     # Strong adapters, so a LoRA job differs from a plain one far beyond x264's noise.
@@ -55,13 +53,10 @@ def lstack(
         Bucket=s3_server.bucket, Key="loras/style.safetensors",
         Body=(root / "style" / "pytorch_lora_weights.safetensors").read_bytes(),
     )
-    path = work / "tiny_wan"
-    tiny_wan_pipeline().save_pretrained(path)
     registry = work / "models.toml"
     registry.write_text(
-        f'[[model]]\nname = "{MODEL}"\nadapter = "diffusers.wan"\npath = "{path}"\n'
-        f'dtype = "float32"\n[model.adapter_options]\nmax_sequence_length = {TINY_SEQ_LEN}\n'
-        '[model.spec]\nparameters = ["guidance_scale", "negative_prompt", "lora"]\n'
+        tiny_wan_entry(MODEL, work / "tiny_wan")
+        + '[model.spec]\nparameters = ["guidance_scale", "negative_prompt", "lora"]\n'
     )
     env = {
         "OMNIQ_MODEL_REGISTRY": str(registry),

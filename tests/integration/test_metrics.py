@@ -97,10 +97,8 @@ class MeteredStack(Stack):
 
 
 @pytest.fixture(scope="module")
-def mstack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[MeteredStack]:
-    work = Path(tmp_path_factory.mktemp("metrics"))
+def mstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[MeteredStack]:
+    work = module_dir
     env = {"OMNIQ_METRICS__WORKER_HOST": "127.0.0.1", "OMNIQ_REALTIME__SLOTS": "2"}
     with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env, cls=MeteredStack) as st:
         st.set_failpoints({})

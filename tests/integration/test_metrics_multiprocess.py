@@ -58,10 +58,8 @@ class TwoApis(Stack):
 
 
 @pytest.fixture(scope="module")
-def apis(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[TwoApis]:
-    work = Path(tmp_path_factory.mktemp("metrics-mp"))
+def apis(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[TwoApis]:
+    work = module_dir
     metrics_dir = work / "metrics"
     metrics_dir.mkdir()
     env = {"OMNIQ_HTTP__REUSE_PORT": "true", "OMNIQ_METRICS__MULTIPROC_DIR": str(metrics_dir)}

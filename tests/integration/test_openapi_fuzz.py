@@ -37,10 +37,8 @@ _WAITING_ROUTES = r"^/v1/videos/sync$|^/v1/audio/(speech|generate)$"
 
 
 @pytest.fixture(scope="module")
-def fuzz_stack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("fuzz"))
+def fuzz_stack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    work = module_dir
     with isolated_stack(work, s3_server, redis_db=redis_db, extra_env={}, auth="required") as st:
         st.start(workers=0)
         yield st

@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from cli.embedded import EmbeddedS3
-from storage.constants import session_in_key
+from storage.constants import session_in_key, session_state_key
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 
@@ -39,10 +39,8 @@ LONG = {**START, "width": 256, "height": 256, "num_frames": 957}
 
 
 @pytest.fixture(scope="module")
-def rstack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("realtime"))
+def rstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    work = module_dir
     env = {
         "OMNIQ_REALTIME__SLOTS": "2",
         "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "3",
@@ -202,9 +200,14 @@ def test_stop_ends_with_stopped_and_frees_the_slot(rstack: Stack) -> None:
 
 @pytest.mark.parametrize("code", [1000, 4000])
 def test_a_cleanly_closed_session_cannot_be_resumed(rstack: Stack, code: int) -> None:
-    """A close frame (any code) ends the session at once (no grace period, unlike a
-    dropped socket): ``session.resume`` right after is answered ``session_not_found``,
-    close 1008, and no chunk or ``session.done`` of the old session."""
+    """A close frame with a status code ends the session at once (no grace period,
+    unlike a dropped socket): ``session.resume`` right after is answered ``session_not_found``,
+    close 1008, and no chunk or ``session.done`` of the old session.
+
+    The close handshake completes in the server's WebSocket layer before the app has
+    handled it, so the resume waits until the session's record is gone (what the server's
+    handling of the close does); a resume racing the close may still find the session
+    (docs/protocols/realtime-video.md)."""
     with _ws(rstack) as ws:
         ws.send(json.dumps(LONG))
         start = _json(ws)
@@ -213,6 +216,12 @@ def test_a_cleanly_closed_session_cannot_be_resumed(rstack: Stack, code: int) ->
             assert _until(ws, "video.chunk_metadata")["kind"] == "media"
             assert isinstance(ws.recv(timeout=30), bytes)
         ws.close(code)  # a close frame, then the server's
+    holder = session_state_key(start["session_id"], "holder")
+    with redis.Redis.from_url(rstack.redis_url) as client:
+        deadline = time.monotonic() + 10
+        while client.exists(holder):
+            assert time.monotonic() < deadline, "the closed session's record stayed"
+            time.sleep(0.02)
     resume = {
         "type": "session.resume",
         "session_id": start["session_id"],

@@ -41,10 +41,8 @@ class SyncStack(Stack):
 
 
 @pytest.fixture(scope="module")
-def sstack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[SyncStack]:
-    work = Path(tmp_path_factory.mktemp("sync"))
+def sstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[SyncStack]:
+    work = module_dir
     env = {
         "OMNIQ_DATABASE__ECHO": "true",
     }

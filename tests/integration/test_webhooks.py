@@ -57,10 +57,8 @@ class Keys:
 
 
 @pytest.fixture(scope="module")
-def stack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("webhooks"))
+def stack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    work = module_dir
     with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=ENV, auth="required") as st:
         st.start(workers=1)
         st._spawn("webhooks", "webhooks", "serve")

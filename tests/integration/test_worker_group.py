@@ -25,7 +25,7 @@ import yaml
 from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
+from tests.unit.diffusers_fixtures import tiny_wan_entry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,21 +36,13 @@ DEPLOYMENT_MD = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
 
 
 @pytest.fixture(scope="module")
-def gstack(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("group"))
+def gstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    work = module_dir
     path = work / "tiny_wan"
-    tiny_wan_pipeline().save_pretrained(path)
-    entry = (
-        '[[model]]\nname = "{name}"\nadapter = "diffusers.wan"\npath = "{path}"\n'
-        'dtype = "float32"\n{group}[model.adapter_options]\n'
-        f"max_sequence_length = {TINY_SEQ_LEN}\n"
-    )
     registry = work / "models.toml"
     registry.write_text(
         "\n".join(
-            entry.format(name=name, path=path, group=group)
+            tiny_wan_entry(name, path, group)
             for name, group in (
                 (SINGLE, ""),
                 (CFG, 'devices = 2\nparallel = "cfg"\n'),

@@ -33,7 +33,7 @@ import pytest
 from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import REPO, Stack
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
+from tests.unit.diffusers_fixtures import tiny_wan_entry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -90,19 +90,13 @@ def _share_torch(python: Path, folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def tier(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
-) -> Iterator[Stack]:
-    work = Path(tmp_path_factory.mktemp("worker-tier"))
+def tier(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    work = module_dir
     python = _worker_venv(work)
-    weights = work / "tiny_wan"
-    tiny_wan_pipeline().save_pretrained(weights)
     registry = work / "models.toml"
     registry.write_text(
         f'[[model]]\nname = "{SINGLE}"\nadapter = "reference.video"\n\n'
-        f'[[model]]\nname = "{GROUP}"\nadapter = "diffusers.wan"\npath = "{weights}"\n'
-        'dtype = "float32"\ndevices = 2\nparallel = "cfg"\n[model.adapter_options]\n'
-        f"max_sequence_length = {TINY_SEQ_LEN}\n"
+        + tiny_wan_entry(GROUP, work / "tiny_wan", 'devices = 2\nparallel = "cfg"\n')
     )
     env = {"OMNIQ_MODEL_REGISTRY": str(registry), "OMNIQ_WORKER__COLLECTIVE_TIMEOUT_S": "60"}
     with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:

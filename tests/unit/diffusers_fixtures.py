@@ -12,6 +12,7 @@ Use ``max_sequence_length=TINY_SEQ_LEN`` with the adapters and in ``pipe(...)`` 
 from __future__ import annotations
 
 import string
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -106,6 +107,19 @@ def tiny_wan_pipeline(*, two_stage: bool = False, boundary_ratio: float = 0.875)
         transformer=_tiny_wan_transformer(0),
         transformer_2=_tiny_wan_transformer(1) if two_stage else None,
         boundary_ratio=boundary_ratio if two_stage else None,
+    )
+
+
+def tiny_wan_entry(name: str, path: Path, top: str = "") -> str:
+    """A model-registry entry (TOML) serving the tiny Wan saved at ``path`` (saved there
+    first unless it already is), float32, at ``TINY_SEQ_LEN``; ``top``: more top-level
+    keys of the entry (``devices = 2`` …)."""
+    if not (path / "model_index.json").exists():
+        tiny_wan_pipeline().save_pretrained(path)
+    return (
+        f'[[model]]\nname = "{name}"\nadapter = "diffusers.wan"\npath = "{path}"\n'
+        f'dtype = "float32"\n{top}[model.adapter_options]\n'
+        f"max_sequence_length = {TINY_SEQ_LEN}\n"
     )
 
 

@@ -24,6 +24,12 @@ STEPS = 6
 def _frames(adapter: DiffusersAdapter, quality: str, **overrides: Any) -> np.ndarray:
     case = CASES[adapter.family.removeprefix("diffusers.")]
     req = _request(case, num_inference_steps=STEPS, quality=quality, **overrides)
+    return job_frames(adapter, req)
+
+
+def job_frames(adapter: DiffusersAdapter, req: Any) -> np.ndarray:
+    """One job as the executor runs it (prepare, the steps, decode; ``end`` whatever
+    happens): its float frames."""
     state = adapter.prepare(req)
     try:
         while not state.done:

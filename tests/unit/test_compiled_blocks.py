@@ -15,6 +15,7 @@ import torch
 
 from models.catalog import WarmupShape
 from models.errors import JobLost
+from tests.unit.test_cache_tiers import job_frames
 from tests.unit.test_diffusers_video import CASES, _reference, _request
 from workers import metrics
 from workers.pipelines.base import step_stops
@@ -43,13 +44,7 @@ def _compiled(backend: str = "eager", **kwargs: Any) -> WanAdapter:
 
 
 def _run(adapter: WanAdapter, **overrides: Any) -> np.ndarray:
-    state = adapter.prepare(_request(CASE, num_inference_steps=STEPS, **overrides))
-    try:
-        while not state.done:
-            adapter.step(state)
-        return adapter.decode_frames(state)
-    finally:
-        adapter.end()
+    return job_frames(adapter, _request(CASE, num_inference_steps=STEPS, **overrides))
 
 
 def test_compiled_blocks_give_the_eager_frames_and_compile_once_per_shape() -> None:

@@ -4,25 +4,16 @@ client, not even in a function body. Their asyncio shells live in ``api/realtime
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import imported_packages
+
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"asyncio", "fastapi", "starlette", "redis", "anyio"}
 
-
-def _imported(path: Path) -> list[tuple[int, str]]:
-    """``(line, top-level package)`` of every import in ``path``, wherever it stands."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
-    return found
 
 
 def test_no_realtime_module_imports_io() -> None:
@@ -31,7 +22,7 @@ def test_no_realtime_module_imports_io() -> None:
     offending = [
         f"{path.relative_to(REPO)}:{line} imports {name}"
         for path in modules
-        for line, name in _imported(path)
+        for line, name in imported_packages(path)
         if name in FORBIDDEN
     ]
     assert offending == []

@@ -5,20 +5,12 @@
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+from tests.helpers import imported_packages
 
 REPO = Path(__file__).resolve().parents[2]
 
-
-def _imports(path: Path) -> list[tuple[int, str]]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
-    return found
 
 
 def test_no_worker_module_imports_cli_or_api() -> None:
@@ -27,7 +19,7 @@ def test_no_worker_module_imports_cli_or_api() -> None:
     offending = [
         f"{path.relative_to(REPO)}:{line} imports {name}"
         for path in modules
-        for line, name in _imports(path)
+        for line, name in imported_packages(path)
         if name in ("cli", "api")
     ]
     assert offending == []

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sourced by the benchmarks/device_gpu_*.sh scripts: `run_bench NAME [args]` runs
+# benchmarks/NAME.py on the lent GPU machine in the wheelhouse's venv (device_venv.sh),
+# its JSON to $OUT/NAME.json and its stderr to $OUT/NAME.log (and the terminal).
+run_bench() {
+    local name=$1
+    shift
+    OUT=${OUT:-$PWD/device-out}
+    mkdir -p "$OUT"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
+    # shellcheck source=benchmarks/device_venv.sh
+    source benchmarks/device_venv.sh
+    local t0
+    t0=$(date +%s)
+    PYTHONUNBUFFERED=1 OUT="$OUT" "$VENV/bin/python" "benchmarks/$name.py" "$@" >/dev/null \
+        2> >(tee "$OUT/$name.log" >&2)
+    echo "benchmark_s: $(($(date +%s) - t0))"
+}
+
+# `summary NAME KEY...`: the top-level KEYs of $OUT/NAME.json, as one dict.
+summary() {
+    local name=$1
+    shift
+    "$VENV/bin/python" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print({k: d.get(k) for k in sys.argv[2:]})' "$OUT/$name.json" "$@"
+}

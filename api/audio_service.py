@@ -27,8 +27,6 @@ from storage.constants import new_job_id
 
 class AudioService(JobService[AudioObject, AudioCreate]):
     kind = "audio"
-    noun = "audio"
-    id_param = "audio_id"
 
     # ---- create -----------------------------------------------------------------
 
@@ -40,19 +38,15 @@ class AudioService(JobService[AudioObject, AudioCreate]):
         job, position = await self.submit(resolved, owner, idempotency_key)
         return self.to_wire(job, position)
 
-    async def create_speech(
-        self, request: SpeechCreate, owner: str, idempotency_key: str | None
+    async def create_waited(
+        self, request: SpeechCreate | AudioGenerate, owner: str, idempotency_key: str | None
     ) -> Job:
-        """``POST /v1/audio/speech``."""
-        resolved = resolve_speech(request, self.state.specs, self.settings)
-        job, _ = await self.submit(resolved, owner, idempotency_key)
-        return job
-
-    async def create_generate(
-        self, request: AudioGenerate, owner: str, idempotency_key: str | None
-    ) -> Job:
-        """``POST /v1/audio/generate``."""
-        resolved = resolve_generate(request, self.state.specs, self.settings)
+        """``POST /v1/audio/speech`` (a :class:`SpeechCreate`) and ``/v1/audio/generate``
+        (an :class:`AudioGenerate`): the stored job, which the route waits on."""
+        if isinstance(request, SpeechCreate):
+            resolved = resolve_speech(request, self.state.specs, self.settings)
+        else:
+            resolved = resolve_generate(request, self.state.specs, self.settings)
         job, _ = await self.submit(resolved, owner, idempotency_key)
         return job
 

@@ -49,9 +49,15 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
     """A job kind's service: ``WireT`` its wire object, ``RequestT`` its parsed create
     request."""
 
+    # The kind's name: its jobs' ``kind`` and its noun in error messages; its path
+    # parameter is ``{kind}_id`` (set for each subclass).
     kind = "video"
-    noun = "video"  # in error messages
+    noun = "video"
     id_param = "video_id"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.noun, cls.id_param = cls.kind, f"{cls.kind}_id"
 
     def __init__(self, state: AppState, *, max_active_jobs: int = 0) -> None:
         """``max_active_jobs``: the creating key's limit of queued + running jobs

@@ -23,8 +23,6 @@ REFERENCE_KEY = "input/reference.png"
 
 class VideoService(JobService[VideoObject, VideoRequest]):
     kind = "video"
-    noun = "video"
-    id_param = "video_id"
 
     # ---- create -----------------------------------------------------------------
 

@@ -60,61 +60,52 @@ SKIP = {"psycopg"}  # left out of the wheelhouse and of device_venv.sh's install
 # image's `python3 -m pip list --format=freeze`, read on an nvidia-h200 on 2026-12-01 (the
 # same 197 names). KINDS.md's own 'pip list' row (2026-11) agrees where it gives versions.
 IMAGE_READ = "2026-12-01"
-IMAGE = {
-    "absl-py": "2.5.0", "accelerate": "1.15.0", "aiofiles": "25.1.0", "aiohappyeyeballs": "2.7.1",
-    "aiohttp": "3.14.3", "aiosignal": "1.4.0", "annotated-doc": "0.0.5", "anyio": "4.15.1",
-    "attrs": "26.1.0", "botorch": "0.18.1", "build": "1.6.1", "certifi": "2026.7.22",
-    "charset-normalizer": "3.5.1", "chex": "0.1.92", "click": "8.5.0", "cloudpickle": "3.1.2",
-    "cmake": "4.4.3", "colorama": "0.4.6", "contourpy": "1.4.0", "coverage": "7.16.2",
-    "cuda-bindings": "13.3.1", "cuda-core": "1.2.0", "cuda-pathfinder": "1.8.1",
-    "cuda-toolkit": "13.0.2", "cupy-cuda13x": "14.2.0", "cycler": "0.12.1", "cython": "3.3.0",
-    "diffrax": "0.7.2", "e3nn": "0.6.0", "einops": "0.8.2", "equinox": "0.13.8", "etils": "1.14.0",
-    "execnet": "2.1.2", "filelock": "3.32.5", "flatbuffers": "25.12.19", "flax": "0.12.10",
-    "fonttools": "4.66.1", "formulaic": "1.2.2", "frozenlist": "1.8.0", "fsspec": "2026.7.0",
-    "gpytorch": "1.15.2", "grpcio": "1.84.0", "h11": "0.16.0", "h5py": "3.16.0", "hf-xet": "1.6.0",
-    "httpcore": "1.0.9", "httpx": "0.28.1", "huggingface-hub": "1.33.0", "humanize": "4.16.0",
-    "hypothesis": "6.168.3", "idna": "3.19", "imageio": "2.38.0", "iniconfig": "2.3.0",
-    "interface-meta": "2.0.1", "jax": "0.11.2", "jax-cuda13-pjrt": "0.11.2",
-    "jax-cuda13-plugin": "0.11.2", "jaxlib": "0.11.2", "jaxtyping": "0.3.11", "jinja2": "3.1.6",
-    "joblib": "1.6.0", "kiwisolver": "1.5.1", "lazy-loader": "0.6", "lightning": "2.6.6",
-    "lightning-utilities": "0.15.3", "linear-operator": "0.6.1", "lineax": "0.1.1",
-    "llvmlite": "0.50.0", "lxml": "6.1.3", "markdown": "3.11", "markdown-it-py": "4.2.0",
-    "markupsafe": "3.0.3", "matplotlib": "3.11.2", "mdurl": "0.1.2", "meson": "1.12.1",
-    "ml-dtypes": "0.6.0", "mpi4py": "4.1.2", "mpmath": "1.3.0", "msgpack": "1.2.3",
-    "multidict": "6.9.1", "multipledispatch": "1.0.0", "mypy-extensions": "1.1.0",
-    "nanobind": "3.1.0", "narwhals": "2.26.0", "networkx": "3.6.1", "ninja": "1.13.2",
-    "numba": "0.68.0", "numba-cuda": "0.30.4", "numpy": "2.5.2", "numpyro": "0.21.0",
-    "nvidia-cublas": "13.1.0.3", "nvidia-cuda-cupti": "13.0.85", "nvidia-cuda-nvrtc": "13.0.88",
-    "nvidia-cuda-runtime": "13.0.96", "nvidia-cudnn-cu13": "9.19.0.56",
-    "nvidia-cufft": "12.0.0.61", "nvidia-cufile": "1.15.1.6", "nvidia-curand": "10.4.0.35",
-    "nvidia-cusolver": "12.0.4.66", "nvidia-cusparse": "12.6.3.3",
-    "nvidia-cusparselt-cu13": "0.8.0", "nvidia-ml-py": "13.610.43", "nvidia-nccl-cu13": "2.28.9",
-    "nvidia-nvjitlink": "13.0.88", "nvidia-nvshmem-cu13": "3.4.5", "nvidia-nvtx": "13.0.85",
-    "onnx": "1.23.1", "onnx-ir": "1.0.0", "onnxruntime": "1.30.0", "onnxscript": "0.7.2",
-    "opencv-python-headless": "5.0.0.93", "opt-einsum": "3.4.0", "opt-einsum-fx": "0.1.4",
-    "optax": "0.2.8", "optimistix": "0.1.0", "orbax-checkpoint": "0.12.4", "packaging": "26.3",
-    "pandas": "3.0.6", "pathspec": "1.1.1", "patsy": "1.0.3", "peft": "0.21.0", "pillow": "12.3.0",
-    "pip": "24.0", "pluggy": "1.6.0", "portalocker": "4.4.0", "prometheus-client": "0.26.0",
-    "propcache": "0.5.4", "protobuf": "7.36.2", "psutil": "7.2.2", "py-cpuinfo": "9.0.0",
-    "pyarrow": "25.0.1", "pybind11": "3.1.0", "pygments": "2.21.0", "pyparsing": "3.3.3",
-    "pyproject-hooks": "1.3.3", "pyre-extensions": "0.0.32", "pytest": "9.1.1",
-    "pytest-benchmark": "5.2.3", "pytest-cov": "7.1.0", "pytest-mock": "3.16.0",
-    "pytest-timeout": "2.5.0", "pytest-xdist": "3.8.0", "python-dateutil": "2.9.0.post0",
-    "pytorch-lightning": "2.6.6", "pyyaml": "6.0.3", "regex": "2026.9.3", "requests": "2.34.2",
-    "rich": "15.0.0", "sacrebleu": "2.6.0", "safetensors": "0.8.0", "scikit-build-core": "1.1.0",
-    "scikit-image": "0.26.0", "scikit-learn": "1.9.1", "scipy": "1.18.1", "seaborn": "0.13.2",
-    "sentence-transformers": "6.0.1", "sentencepiece": "0.2.2", "setuptools": "81.0.0",
-    "shellingham": "1.5.4", "simplejson": "4.1.2", "six": "1.17.0", "sortedcontainers": "2.4.0",
-    "statsmodels": "0.15.0", "sympy": "1.14.0", "tabulate": "0.10.0", "tensorboard": "2.21.0",
-    "tensorboard-data-server": "0.7.2", "tensorstore": "0.1.85", "threadpoolctl": "3.7.0",
-    "tifffile": "2026.9.20", "tiktoken": "0.14.0", "timm": "1.0.29", "tokenizers": "0.23.2",
-    "toolz": "1.1.0", "torch": "2.11.0", "torch-geometric": "2.8.0.post1", "torchaudio": "2.11.0",
-    "torchdiffeq": "0.2.5", "torchmetrics": "1.9.0", "torchvision": "0.26.0", "tqdm": "4.70.1",
-    "transformers": "5.17.0", "treescope": "0.1.10", "triton": "3.6.0", "typer": "0.27.2",
-    "typing-extensions": "4.16.0", "typing-inspect": "0.9.0", "urllib3": "2.7.0",
-    "uvloop": "0.23.0", "wadler-lindig": "0.1.7", "werkzeug": "3.1.9", "wheel": "0.48.0",
-    "wrapt": "2.5.0", "xarray": "2026.9.0", "xxhash": "4.0.1", "yarl": "1.25.1", "zipp": "4.1.0",
-}
+_IMAGE_PINS = """
+    absl-py==2.5.0 accelerate==1.15.0 aiofiles==25.1.0 aiohappyeyeballs==2.7.1 aiohttp==3.14.3
+    aiosignal==1.4.0 annotated-doc==0.0.5 anyio==4.15.1 attrs==26.1.0 botorch==0.18.1
+    build==1.6.1 certifi==2026.7.22 charset-normalizer==3.5.1 chex==0.1.92 click==8.5.0
+    cloudpickle==3.1.2 cmake==4.4.3 colorama==0.4.6 contourpy==1.4.0 coverage==7.16.2
+    cuda-bindings==13.3.1 cuda-core==1.2.0 cuda-pathfinder==1.8.1 cuda-toolkit==13.0.2
+    cupy-cuda13x==14.2.0 cycler==0.12.1 cython==3.3.0 diffrax==0.7.2 e3nn==0.6.0 einops==0.8.2
+    equinox==0.13.8 etils==1.14.0 execnet==2.1.2 filelock==3.32.5 flatbuffers==25.12.19
+    flax==0.12.10 fonttools==4.66.1 formulaic==1.2.2 frozenlist==1.8.0 fsspec==2026.7.0
+    gpytorch==1.15.2 grpcio==1.84.0 h11==0.16.0 h5py==3.16.0 hf-xet==1.6.0 httpcore==1.0.9
+    httpx==0.28.1 huggingface-hub==1.33.0 humanize==4.16.0 hypothesis==6.168.3 idna==3.19
+    imageio==2.38.0 iniconfig==2.3.0 interface-meta==2.0.1 jax==0.11.2 jax-cuda13-pjrt==0.11.2
+    jax-cuda13-plugin==0.11.2 jaxlib==0.11.2 jaxtyping==0.3.11 jinja2==3.1.6 joblib==1.6.0
+    kiwisolver==1.5.1 lazy-loader==0.6 lightning==2.6.6 lightning-utilities==0.15.3
+    linear-operator==0.6.1 lineax==0.1.1 llvmlite==0.50.0 lxml==6.1.3 markdown==3.11
+    markdown-it-py==4.2.0 markupsafe==3.0.3 matplotlib==3.11.2 mdurl==0.1.2 meson==1.12.1
+    ml-dtypes==0.6.0 mpi4py==4.1.2 mpmath==1.3.0 msgpack==1.2.3 multidict==6.9.1
+    multipledispatch==1.0.0 mypy-extensions==1.1.0 nanobind==3.1.0 narwhals==2.26.0
+    networkx==3.6.1 ninja==1.13.2 numba==0.68.0 numba-cuda==0.30.4 numpy==2.5.2 numpyro==0.21.0
+    nvidia-cublas==13.1.0.3 nvidia-cuda-cupti==13.0.85 nvidia-cuda-nvrtc==13.0.88
+    nvidia-cuda-runtime==13.0.96 nvidia-cudnn-cu13==9.19.0.56 nvidia-cufft==12.0.0.61
+    nvidia-cufile==1.15.1.6 nvidia-curand==10.4.0.35 nvidia-cusolver==12.0.4.66
+    nvidia-cusparse==12.6.3.3 nvidia-cusparselt-cu13==0.8.0 nvidia-ml-py==13.610.43
+    nvidia-nccl-cu13==2.28.9 nvidia-nvjitlink==13.0.88 nvidia-nvshmem-cu13==3.4.5
+    nvidia-nvtx==13.0.85 onnx==1.23.1 onnx-ir==1.0.0 onnxruntime==1.30.0 onnxscript==0.7.2
+    opencv-python-headless==5.0.0.93 opt-einsum==3.4.0 opt-einsum-fx==0.1.4 optax==0.2.8
+    optimistix==0.1.0 orbax-checkpoint==0.12.4 packaging==26.3 pandas==3.0.6 pathspec==1.1.1
+    patsy==1.0.3 peft==0.21.0 pillow==12.3.0 pip==24.0 pluggy==1.6.0 portalocker==4.4.0
+    prometheus-client==0.26.0 propcache==0.5.4 protobuf==7.36.2 psutil==7.2.2 py-cpuinfo==9.0.0
+    pyarrow==25.0.1 pybind11==3.1.0 pygments==2.21.0 pyparsing==3.3.3 pyproject-hooks==1.3.3
+    pyre-extensions==0.0.32 pytest==9.1.1 pytest-benchmark==5.2.3 pytest-cov==7.1.0
+    pytest-mock==3.16.0 pytest-timeout==2.5.0 pytest-xdist==3.8.0 python-dateutil==2.9.0.post0
+    pytorch-lightning==2.6.6 pyyaml==6.0.3 regex==2026.9.3 requests==2.34.2 rich==15.0.0
+    sacrebleu==2.6.0 safetensors==0.8.0 scikit-build-core==1.1.0 scikit-image==0.26.0
+    scikit-learn==1.9.1 scipy==1.18.1 seaborn==0.13.2 sentence-transformers==6.0.1
+    sentencepiece==0.2.2 setuptools==81.0.0 shellingham==1.5.4 simplejson==4.1.2 six==1.17.0
+    sortedcontainers==2.4.0 statsmodels==0.15.0 sympy==1.14.0 tabulate==0.10.0
+    tensorboard==2.21.0 tensorboard-data-server==0.7.2 tensorstore==0.1.85 threadpoolctl==3.7.0
+    tifffile==2026.9.20 tiktoken==0.14.0 timm==1.0.29 tokenizers==0.23.2 toolz==1.1.0
+    torch==2.11.0 torch-geometric==2.8.0.post1 torchaudio==2.11.0 torchdiffeq==0.2.5
+    torchmetrics==1.9.0 torchvision==0.26.0 tqdm==4.70.1 transformers==5.17.0 treescope==0.1.10
+    triton==3.6.0 typer==0.27.2 typing-extensions==4.16.0 typing-inspect==0.9.0 urllib3==2.7.0
+    uvloop==0.23.0 wadler-lindig==0.1.7 werkzeug==3.1.9 wheel==0.48.0 wrapt==2.5.0
+    xarray==2026.9.0 xxhash==4.0.1 yarl==1.25.1 zipp==4.1.0
+"""
+IMAGE = dict(pin.split("==") for pin in _IMAGE_PINS.split())
 # The device's interpreter, for evaluating environment markers of requirements.
 MARKER_ENV = {
     "implementation_name": "cpython",

@@ -20,6 +20,25 @@ from models.audio import AudioFormat
 from models.webhooks import JobWebhook
 
 
+class LoraSpec(BaseModel):
+    """A LoRA adapter a job runs with, as the API resolved it (``api/loras.py``).
+
+    ``path`` is where the worker reads it: an absolute local path with symlinks and
+    ``..`` resolved, inside one of the server's allow-listed directory roots, or
+    ``s3://bucket/key`` under an allow-listed S3 root. ``version`` names that file's
+    content for the worker's adapter cache (the S3 ETag; None for a local file, whose
+    size and mtime the worker reads itself). ``scale`` multiplies the adapter's own
+    ``alpha / r``; ``int_id`` is vLLM-Omni's adapter id, recorded, not used."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    path: str
+    scale: float = 1.0
+    int_id: int | None = None
+    version: str | None = None
+
+
 class _Spec(BaseModel):
     """What every kind of job needs to run."""
 
@@ -39,25 +58,6 @@ class _Spec(BaseModel):
     # Where the job's terminal event goes besides its key's endpoints (the worker never
     # reads it; storage/outbox.py does, when the job ends).
     webhook: JobWebhook | None = None
-
-
-class LoraSpec(BaseModel):
-    """A LoRA adapter a job runs with, as the API resolved it (``api/loras.py``).
-
-    ``path`` is where the worker reads it: an absolute local path with symlinks and
-    ``..`` resolved, inside one of the server's allow-listed directory roots, or
-    ``s3://bucket/key`` under an allow-listed S3 root. ``version`` names that file's
-    content for the worker's adapter cache (the S3 ETag; None for a local file, whose
-    size and mtime the worker reads itself). ``scale`` multiplies the adapter's own
-    ``alpha / r``; ``int_id`` is vLLM-Omni's adapter id, recorded, not used."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    path: str
-    scale: float = 1.0
-    int_id: int | None = None
-    version: str | None = None
 
 
 class VideoSpec(_Spec):

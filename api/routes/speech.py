@@ -12,7 +12,8 @@ the job.
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -25,6 +26,7 @@ from api.deps import IdempotencyKey
 from api.forms import read_create_body
 from api.openapi import AUDIO_MEDIA_TYPES, binary, create_body, errors
 from models.audio import AudioGenerate, SpeechCreate
+from models.db import Job
 
 router = APIRouter(prefix="/v1/audio", tags=["audio"])
 
@@ -44,10 +46,8 @@ async def generate(
     request: Request, call: AudioCall, idempotency_key: IdempotencyKey = None
 ) -> Response:
     """vLLM-Omni's diffusion audio request; the encoded file once the job completes."""
-    audio, owner = call.service, call.owner
-    body = parse_generate_body(*await read_create_body(request, audio.settings.limits))
-    job = await audio.create_generate(body, owner, idempotency_key)
-    return call.answer(await finished_file(request, audio, job, owner))
+    _, job = await _create(request, call, parse_generate_body, idempotency_key)
+    return call.answer(await finished_file(request, call.service, job, call.owner))
 
 
 @router.post(
@@ -69,10 +69,20 @@ async def speech(
     request: Request, call: AudioCall, idempotency_key: IdempotencyKey = None
 ) -> Response:
     """OpenAI text-to-speech: the audio file, or a PCM16 / SSE stream for ``pcm``."""
+    body, job = await _create(request, call, parse_speech_body, idempotency_key)
     audio, owner = call.service, call.owner
-    body = parse_speech_body(*await read_create_body(request, audio.settings.limits))
-    job = await audio.create_speech(body, owner, idempotency_key)
     if audio_spec(job).stream_pcm:
         sse = body.stream_format == "sse"
         return call.answer(await pcm_stream(request, audio, job, owner, sse=sse))
     return call.answer(await finished_file(request, audio, job, owner))
+
+
+_B = TypeVar("_B", SpeechCreate, AudioGenerate)
+
+
+async def _create(
+    request: Request, call: AudioCall, parse: Callable[..., _B], idempotency_key: str | None
+) -> tuple[_B, Job]:
+    """Read and parse the body (``parse``), store and enqueue the job; both."""
+    body = parse(*await read_create_body(request, call.service.settings.limits))
+    return body, await call.service.create_waited(body, call.owner, idempotency_key)

@@ -24,18 +24,12 @@ from cli.embedded import EmbeddedS3, free_port
 from migrations.runner import upgrade
 from tests.integration.conftest import _drop_pg_database, _new_pg_database
 from tests.integration.stack import Stack
+from tests.integration.test_realtime_video import LONG
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-VIDEO = {
-    "type": "session.start",
-    "model": "reference/world",
-    "prompt": "a red ball at sunset",
-    "width": 256,
-    "height": 256,
-    "num_frames": 957,  # long enough to still run when Redis goes
-    "fps": 16,
-}
+# long enough (80 chunks at 256x256) to still run when Redis goes
+VIDEO = {k: v for k, v in LONG.items() if k != "seed"}
 
 
 class PrivateRedis:

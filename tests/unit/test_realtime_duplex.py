@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import json
 
-from realtime.audio_protocol import (
-    RealtimeOptions,
-    RealtimeProtocol,
-    ResumeRequested,
-    State,
-    Stop,
-)
+from realtime import audio_protocol as rt
 from tests.unit.realtime_client import Client, ScriptedVAD, run_response, silence, speech
 
 
@@ -38,7 +32,7 @@ def test_duplex_resume_replays_missed_events_exactly_once_in_order() -> None:
     rid = run_response(c, deltas=2)
     seen = c.events[-1]["server_event_seq"]
     c.p.connection_lost(c.now)
-    assert c.p.state is State.DETACHED and not c.p.close_expected()
+    assert c.p.state is rt.State.DETACHED and not c.p.close_expected()
     for _ in range(3):
         c.p.worker_audio(rid, speech(40), None, 1.0)
     c.p.worker_finished(rid, "completed", c.now)
@@ -56,8 +50,8 @@ def test_duplex_resume_replays_missed_events_exactly_once_in_order() -> None:
 
 
 def test_duplex_resume_from_an_evicted_seq_requires_resync() -> None:
-    c = RealtimeProtocol(
-        "s", RealtimeOptions(model="m", duplex=True, replay_events=4), ScriptedVAD, 0.0
+    c = rt.RealtimeProtocol(
+        "s", rt.RealtimeOptions(model="m", duplex=True, replay_events=4), ScriptedVAD, 0.0
     )
     for _ in range(10):
         c.receive_text(json.dumps({"type": "session.heartbeat"}), 0.0)
@@ -87,7 +81,7 @@ def test_duplex_close() -> None:
     out = c.send({"type": "session.close", "reason": "bye"})
     assert c.types(out) == ["session.closed"]
     assert out[0]["reason"] == "bye"
-    assert c.cmds[-1] == Stop("bye") and c.p.close_code == 1000
+    assert c.cmds[-1] == rt.Stop("bye") and c.p.close_code == 1000
 
 
 RESUME = {
@@ -103,12 +97,12 @@ def test_a_first_resume_event_is_handed_to_the_shell() -> None:
     looked it up; with none to resume, the shell's ``resume_refused`` asks for a resync."""
     c = Client(duplex=True)
     assert c.send(RESUME) == [] and c.cmds == []
-    assert c.p.resume_requested() == ResumeRequested("sess_x", "t", 3)
+    assert c.p.resume_requested() == rt.ResumeRequested("sess_x", "t", 3)
     assert c.p.resume_requested() is None  # handed over once
     c.p.resume_refused("sess_x")
     out = c.pump()
     assert c.types(out) == ["session.resync_required"] and out[0]["session_id"] == "sess_x"
-    assert c.p.state is State.OPEN  # the fresh session goes on
+    assert c.p.state is rt.State.OPEN  # the fresh session goes on
 
 
 def test_a_later_resume_event_asks_for_resync_at_once() -> None:

@@ -69,9 +69,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
     # ---- create -----------------------------------------------------------------
 
     @abc.abstractmethod
-    async def create(
-        self, request: RequestT, owner: str, idempotency_key: str | None
-    ) -> WireT:
+    async def create(self, request: RequestT, owner: str, idempotency_key: str | None) -> WireT:
         """Resolve the parsed create request against the served models and the limits,
         store and enqueue the job; its wire object."""
 

@@ -54,24 +54,40 @@ def main() -> None:
     p.add_argument("--poll", type=float, default=0.1)
     args = p.parse_args()
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    body = {"prompt": "benchmark: a red ball over a blue sea", "size": args.size,
-            "seconds": args.seconds, "num_inference_steps": args.steps}
+    body = {
+        "prompt": "benchmark: a red ball over a blue sea",
+        "size": args.size,
+        "seconds": args.seconds,
+        "num_inference_steps": args.steps,
+    }
     t0 = time.perf_counter()
-    with httpx.Client(base_url=args.url, headers=headers, timeout=60) as client, \
-            ThreadPoolExecutor(args.concurrency) as pool:
+    with (
+        httpx.Client(base_url=args.url, headers=headers, timeout=60) as client,
+        ThreadPoolExecutor(args.concurrency) as pool,
+    ):
         results = list(pool.map(lambda _: run_one(client, body, args.poll), range(args.jobs)))
     wall = time.perf_counter() - t0
     ok = [r for r in results if r["status"] == "completed"]
     stages = {k: summary([r["stages"][k] for r in ok], 4) for k in ok[0]["stages"]} if ok else {}
-    print(json.dumps({
-        "jobs": args.jobs, "completed": len(ok), "concurrency": args.concurrency,
-        "request": body, "wall_s": round(wall, 3),
-        "jobs_per_minute": round(len(ok) / wall * 60, 2),
-        "create_latency_s": summary([r["create_s"] for r in results], digits=4),
-        "end_to_end_s": summary([r["end_to_end_s"] for r in ok], digits=4) if ok else None,
-        "inference_time_s": summary([r["inference_time_s"] for r in ok], digits=4) if ok else None,
-        "stage_durations_s": stages,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "jobs": args.jobs,
+                "completed": len(ok),
+                "concurrency": args.concurrency,
+                "request": body,
+                "wall_s": round(wall, 3),
+                "jobs_per_minute": round(len(ok) / wall * 60, 2),
+                "create_latency_s": summary([r["create_s"] for r in results], digits=4),
+                "end_to_end_s": summary([r["end_to_end_s"] for r in ok], digits=4) if ok else None,
+                "inference_time_s": summary([r["inference_time_s"] for r in ok], digits=4)
+                if ok
+                else None,
+                "stage_durations_s": stages,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

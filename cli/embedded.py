@@ -39,22 +39,33 @@ from workers.processes import HOST, child_popen_kwargs, free_port, kill_process_
 
 # Every port ``weed server -s3`` listens on; the Iceberg and Lance catalogs are turned off.
 _WEED_PORTS = (
-    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-    "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc",
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
 )
 # weed also listens on Unix sockets named after some ports, always under /tmp.
 _WEED_SOCKETS = {
-    "master.port.grpc": "master-grpc", "volume.port.grpc": "volume-grpc",
-    "filer.port": "filer", "filer.port.grpc": "filer-grpc",
-    "s3.port": "s3", "s3.port.grpc": "s3-grpc",
+    "master.port.grpc": "master-grpc",
+    "volume.port.grpc": "volume-grpc",
+    "filer.port": "filer",
+    "filer.port.grpc": "filer-grpc",
+    "s3.port": "s3",
+    "s3.port.grpc": "s3-grpc",
 }
 _WEED_SOCKET_DIR = Path("/tmp")
 _PROBE_KEY = ".omniqueue-ready-probe"
 # security.toml's [jwt.signing], [jwt.signing.read], [jwt.filer_signing] and
 # [jwt.filer_signing.read] keys: writes and reads on the volume servers and the filer.
 _WEED_JWT_KEYS = (
-    "WEED_JWT_SIGNING_KEY", "WEED_JWT_SIGNING_READ_KEY",
-    "WEED_JWT_FILER_SIGNING_KEY", "WEED_JWT_FILER_SIGNING_READ_KEY",
+    "WEED_JWT_SIGNING_KEY",
+    "WEED_JWT_SIGNING_READ_KEY",
+    "WEED_JWT_FILER_SIGNING_KEY",
+    "WEED_JWT_FILER_SIGNING_READ_KEY",
 )
 
 # Persistence: the append-only file plus RDB snapshots, so queued jobs survive a restart.
@@ -130,7 +141,10 @@ class EmbeddedValkey:
 
     def _launch(self, timeout: float) -> ValkeyServer:
         server = ValkeyServer(
-            port=self.port, host=self.host, data_dir=self.data_dir, persist=True,
+            port=self.port,
+            host=self.host,
+            data_dir=self.data_dir,
+            persist=True,
             config=_VALKEY_CONFIG,
         )
         started: list[subprocess.Popen[bytes]] = []
@@ -339,12 +353,17 @@ class EmbeddedS3:
         """The ``weed server`` command line (after ports are picked)."""
         weed = self._weed or _find_weed()
         return [
-            str(weed), "-logtostderr", "server", "-s3",  # glog files would land in /tmp
+            str(weed),
+            "-logtostderr",
+            "server",
+            "-s3",  # glog files would land in /tmp
             f"-dir={self.data_dir}",
             f"-master.dir={self.data_dir / 'master'}",
-            f"-ip={HOST}", f"-ip.bind={HOST}",
+            f"-ip={HOST}",
+            f"-ip.bind={HOST}",
             *(f"-{name}={port}" for name, port in self.ports.items()),
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
             f"-s3.config={self._write_identities()}",
             f"-master.volumeSizeLimitMB={self._volume_size_limit_mb}",
             f"-volume.max={self._max_volumes}",
@@ -372,8 +391,12 @@ class EmbeddedS3:
             log.flush()
             self._log_offset = log.tell()
             self._proc = subprocess.Popen(
-                cmd, cwd=self.data_dir, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, env=self.environment(),
+                cmd,
+                cwd=self.data_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
                 **child_popen_kwargs(signal.SIGKILL),
             )
         self._finalizer = weakref.finalize(self, kill_process_group, self._proc.pid)
@@ -388,8 +411,7 @@ class EmbeddedS3:
                 if "address already in use" in tail:
                     raise _PortConflict()
                 raise EmbeddedServiceError(
-                    f"weed exited with code {self._proc.returncode}; log {self.log_path}:\n"
-                    + tail
+                    f"weed exited with code {self._proc.returncode}; log {self.log_path}:\n" + tail
                 )
             try:
                 self._probe(client)

@@ -73,8 +73,13 @@ def _call(client: httpx.Client, method: str, path: str, **kwargs: Any) -> dict[s
 
 
 def _create_body(
-    prompt: str, *, seconds: str | float | None, size: str | None, steps: int | None,
-    seed: int | None, model: str | None,
+    prompt: str,
+    *,
+    seconds: str | float | None,
+    size: str | None,
+    steps: int | None,
+    seed: int | None,
+    model: str | None,
 ) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "prompt": prompt,
@@ -113,8 +118,14 @@ def _watch(
     path = f"/v1/videos/{video['id']}"
     failures = tick = 0
     stage, stage_since = None, time.monotonic()
-    bar = tqdm(total=100, unit="%", desc=video["id"], file=sys.stderr, dynamic_ncols=True,
-               bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]{postfix}")
+    bar = tqdm(
+        total=100,
+        unit="%",
+        desc=video["id"],
+        file=sys.stderr,
+        dynamic_ncols=True,
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}]{postfix}",
+    )
     with bar:
         while True:
             progress = int(video.get("progress") or 0)
@@ -140,8 +151,7 @@ def _download(client: httpx.Client, video_id: str, output: Path) -> int:
     """Stream the artifact to ``output`` (through a ``.part`` file); its size in bytes."""
     partial = output.with_name(output.name + ".part")
     try:
-        with client.stream("GET", f"/v1/videos/{video_id}/content",
-                           follow_redirects=True) as resp:
+        with client.stream("GET", f"/v1/videos/{video_id}/content", follow_redirects=True) as resp:
             if resp.is_error:
                 resp.read()
                 raise _CliError(_error_message(resp))
@@ -220,8 +230,10 @@ def run_generate(
             video = _watch(client, video, poll_interval, sleep)
             if video["status"] == "failed":
                 error = video.get("error") or {}
-                _say(f"{video_id} failed: {error.get('code', 'unknown')}: "
-                     f"{error.get('message', 'no message')}")
+                _say(
+                    f"{video_id} failed: {error.get('code', 'unknown')}: "
+                    f"{error.get('message', 'no message')}"
+                )
                 return 1
             path = Path(output) if output is not None else Path(f"{video_id}.mp4")
             size_bytes = _download(client, video_id, path)

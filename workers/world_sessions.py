@@ -78,6 +78,8 @@ def lead_chunks(default: int, extra: dict[str, Any]) -> int:
     """The session's pacing bound: ``extra_params.max_chunks_ahead``, else ``default``."""
     asked = extra.get("max_chunks_ahead")
     return default if asked is None else int(asked)
+
+
 # What a session's config hands the world pipeline as it is.
 _WORLD_FIELDS = {"prompt", "width", "height", "num_frames", "fps", "seed", "negative_prompt"}
 

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.integration
 def _omniqueue(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cli.main", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -81,8 +85,15 @@ def test_placeholder_secret_is_refused_in_production(env: dict[str, str]) -> Non
 def test_keys_quotas_are_set_listed_and_reset(env: dict[str, str]) -> None:
     assert _omniqueue("migrate", env=env).returncode == 0
     created = _omniqueue(
-        "keys", "create", "--name", "tenant", "--creates-per-minute", "30",
-        "--max-active-jobs", "0", env=env,
+        "keys",
+        "create",
+        "--name",
+        "tenant",
+        "--creates-per-minute",
+        "30",
+        "--max-active-jobs",
+        "0",
+        env=env,
     )
     assert created.returncode == 0, created.stderr
     key_id = created.stderr.split()[1]
@@ -90,12 +101,19 @@ def test_keys_quotas_are_set_listed_and_reset(env: dict[str, str]) -> None:
     assert "creates_per_minute=30 max_active_jobs=0 max_sessions=default" in listed
 
     updated = _omniqueue(
-        "keys", "update", key_id, "--creates-per-minute", "default", "--max-sessions", "2",
+        "keys",
+        "update",
+        key_id,
+        "--creates-per-minute",
+        "default",
+        "--max-sessions",
+        "2",
         env=env,
     )
     assert updated.returncode == 0, updated.stderr
     assert updated.stdout.split("\t") == [
-        key_id, "creates_per_minute=default max_active_jobs=0 max_sessions=2\n"
+        key_id,
+        "creates_per_minute=default max_active_jobs=0 max_sessions=2\n",
     ]
     bad = _omniqueue("keys", "update", key_id, "--max-sessions", "-1", env=env)
     assert bad.returncode == 2 and "0 (unlimited) or more" in bad.stderr

@@ -49,8 +49,10 @@ def _chunk_ids(s3: EmbeddedS3, path: str) -> list[str]:
 
 def test_objects_are_served_to_signed_requests_only(s3_server: EmbeddedS3) -> None:
     settings = S3Settings(
-        endpoint_url=s3_server.endpoint_url, bucket=s3_server.bucket,
-        access_key_id=s3_server.access_key, secret_access_key=s3_server.secret_key,
+        endpoint_url=s3_server.endpoint_url,
+        bucket=s3_server.bucket,
+        access_key_id=s3_server.access_key,
+        secret_access_key=s3_server.secret_key,
     )
     store = ArtifactStore(s3_server.client(), settings)
     key = f"videos/vid_auth{time.monotonic_ns()}/thumbnail.jpg"
@@ -71,8 +73,7 @@ def test_objects_are_served_to_signed_requests_only(s3_server: EmbeddedS3) -> No
     master = f"http://127.0.0.1:{s3_server.ports['master.port']}"
     anonymous.update({f"master {fid}": f"{master}/{fid}" for fid in fids})  # → volume
     answers = {
-        name: httpx.get(url, timeout=10, follow_redirects=True)
-        for name, url in anonymous.items()
+        name: httpx.get(url, timeout=10, follow_redirects=True) for name, url in anonymous.items()
     }
     for name, resp in answers.items():
         assert resp.status_code in (401, 403), (name, resp.status_code, resp.content[:200])

@@ -30,8 +30,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MODEL = "tiny/wan-lora"
 RANK = 4
-JOB = {"model": MODEL, "prompt": "a red ball", "size": "32x32", "num_frames": 9,
-       "fps": 16.0, "num_inference_steps": 3, "seed": 7}
+JOB = {
+    "model": MODEL,
+    "prompt": "a red ball",
+    "size": "32x32",
+    "num_frames": 9,
+    "fps": 16.0,
+    "num_inference_steps": 3,
+    "seed": 7,
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +57,8 @@ def lstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[S
     (work / "outside.safetensors").write_bytes(weights)
     os.symlink(work / "outside.safetensors", root / "link.safetensors")
     s3_server.client().put_object(
-        Bucket=s3_server.bucket, Key="loras/style.safetensors",
+        Bucket=s3_server.bucket,
+        Key="loras/style.safetensors",
         Body=(root / "style" / "pytorch_lora_weights.safetensors").read_bytes(),
     )
     registry = work / "models.toml"
@@ -81,8 +89,13 @@ def _reference(tmp_path: Path, lora: Path | None) -> np.ndarray:
     if lora is not None:
         pipe.load_lora_weights(str(lora), adapter_name="only")
     out = pipe(
-        JOB["prompt"], height=32, width=32, num_frames=9, num_inference_steps=3,
-        generator=torch.Generator().manual_seed(7), output_type="np",
+        JOB["prompt"],
+        height=32,
+        width=32,
+        num_frames=9,
+        num_inference_steps=3,
+        generator=torch.Generator().manual_seed(7),
+        output_type="np",
         max_sequence_length=TINY_SEQ_LEN,
     )
     frames = (np.asarray(out.frames[0]) * 255).round().clip(0, 255).astype(np.uint8)

@@ -36,7 +36,10 @@ def _fresh_dynamo() -> Any:
 
 def _compiled(backend: str = "eager", **kwargs: Any) -> WanAdapter:
     adapter = WanAdapter(
-        pipe=CASE.build(), max_sequence_length=16, compile="blocks", compile_backend=backend,
+        pipe=CASE.build(),
+        max_sequence_length=16,
+        compile="blocks",
+        compile_backend=backend,
         **kwargs,
     )
     adapter.load("cpu")

@@ -50,13 +50,21 @@ class Case:
 
 CASES: dict[str, Case] = {
     "wan": Case(tiny_wan_pipeline, WanAdapter, 16.0),
-    "wan2.2": Case(lambda: tiny_wan_pipeline(two_stage=True), WanAdapter, 16.0,
-                   options={"guidance_scale_2": 2.5}),
-    "ltx": Case(tiny_ltx_pipeline, LTXAdapter, 25.0,
-                extra={"decode_timestep": 0.05, "decode_noise_scale": 0.025,
-                       "guidance_rescale": 0.3}),
-    "cogvideox": Case(tiny_cogvideox_pipeline, CogVideoXAdapter, 8.0,
-                      extra={"use_dynamic_cfg": True}),
+    "wan2.2": Case(
+        lambda: tiny_wan_pipeline(two_stage=True),
+        WanAdapter,
+        16.0,
+        options={"guidance_scale_2": 2.5},
+    ),
+    "ltx": Case(
+        tiny_ltx_pipeline,
+        LTXAdapter,
+        25.0,
+        extra={"decode_timestep": 0.05, "decode_noise_scale": 0.025, "guidance_rescale": 0.3},
+    ),
+    "cogvideox": Case(
+        tiny_cogvideox_pipeline, CogVideoXAdapter, 8.0, extra={"use_dynamic_cfg": True}
+    ),
     "cogvideox-ddim": Case(lambda: tiny_cogvideox_pipeline(dpm=False), CogVideoXAdapter, 8.0),
     "cogvideox1.5": Case(lambda: tiny_cogvideox_pipeline(patch_size_t=2), CogVideoXAdapter, 8.0),
 }
@@ -65,9 +73,17 @@ FAMILIES = ["wan", "ltx", "cogvideox"]
 
 def _request(case: Case, **overrides: Any) -> GenerationRequest:
     fields: dict[str, Any] = {
-        "prompt": PROMPT, "negative_prompt": "blurry", "width": 32, "height": 32,
-        "num_frames": 9, "fps": case.fps, "num_inference_steps": 3, "seed": 7,
-        "guidance_scale": 4.0, "options": dict(case.options), "extra": dict(case.extra),
+        "prompt": PROMPT,
+        "negative_prompt": "blurry",
+        "width": 32,
+        "height": 32,
+        "num_frames": 9,
+        "fps": case.fps,
+        "num_inference_steps": 3,
+        "seed": 7,
+        "guidance_scale": 4.0,
+        "options": dict(case.options),
+        "extra": dict(case.extra),
     }
     fields.update(overrides)
     return GenerationRequest(**fields)
@@ -82,11 +98,16 @@ def _adapter(case: Case, pipe: Any) -> DiffusersAdapter:
 def _reference(pipe: Any, req: GenerationRequest) -> np.ndarray:
     """``pipe(...)`` with the request's settings, the way a user would call it."""
     kwargs: dict[str, Any] = {
-        "prompt": req.prompt, "negative_prompt": req.negative_prompt, "height": req.height,
-        "width": req.width, "num_frames": req.num_frames,
-        "num_inference_steps": req.num_inference_steps, "output_type": "np",
+        "prompt": req.prompt,
+        "negative_prompt": req.negative_prompt,
+        "height": req.height,
+        "width": req.width,
+        "num_frames": req.num_frames,
+        "num_inference_steps": req.num_inference_steps,
+        "output_type": "np",
         "generator": torch.Generator().manual_seed(req.seed),
-        "max_sequence_length": TINY_SEQ_LEN, **req.extra,
+        "max_sequence_length": TINY_SEQ_LEN,
+        **req.extra,
     }
     if req.guidance_scale is not None:
         kwargs["guidance_scale"] = req.guidance_scale
@@ -182,8 +203,14 @@ def test_interleaved_jobs_equal_separate_runs(name: str) -> None:
     pipe = case.build()
     adapter = _adapter(case, pipe)
     req_a = _request(case, seed=1)
-    req_b = _request(case, seed=2, prompt="blue kite", negative_prompt=None,
-                     guidance_scale=6.0, num_inference_steps=4)
+    req_b = _request(
+        case,
+        seed=2,
+        prompt="blue kite",
+        negative_prompt=None,
+        guidance_scale=6.0,
+        num_inference_steps=4,
+    )
     alone_a, alone_b = _run(adapter, req_a)[0], _run(adapter, req_b)[0]
     assert not np.array_equal(alone_a, alone_b)
 
@@ -282,8 +309,9 @@ def test_vae_options_apply_to_one_decode_only(name: str) -> None:
     pipe = case.build()
     adapter = _adapter(case, pipe)
     plain = _run(adapter, _request(case))[0]
-    tiled = _run(adapter, _request(case, options={"vae_use_tiling": True,
-                                                  "vae_use_slicing": True}))[0]
+    tiled = _run(
+        adapter, _request(case, options={"vae_use_tiling": True, "vae_use_slicing": True})
+    )[0]
     assert pipe.vae.use_tiling is False and pipe.vae.use_slicing is False
     np.testing.assert_allclose(tiled, plain, atol=1e-5)  # tiny frames fit in one tile
 

@@ -22,9 +22,17 @@ CONTENT = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 64
 
 def _video(status: str, **extra: Any) -> dict[str, Any]:
     return {
-        "id": VIDEO_ID, "object": "video", "model": "reference/video", "status": status,
-        "progress": 0, "queue_position": None, "step": 0, "num_inference_steps": 4,
-        "stage": "queue", "error": None, **extra,
+        "id": VIDEO_ID,
+        "object": "video",
+        "model": "reference/video",
+        "status": status,
+        "progress": 0,
+        "queue_position": None,
+        "step": 0,
+        "num_inference_steps": 4,
+        "stage": "queue",
+        "error": None,
+        **extra,
     }
 
 
@@ -125,8 +133,15 @@ def test_completed_video_is_downloaded(
     api = serve(FakeApi(COMPLETING))
     out = tmp_path / "fox.mp4"
     code = run_generate(
-        "a fox", url=api.url, api_key="sk-test", seconds=2, size="64x64", steps=4, seed=7,
-        output=out, sleep=_no_sleep,
+        "a fox",
+        url=api.url,
+        api_key="sk-test",
+        seconds=2,
+        size="64x64",
+        steps=4,
+        seed=7,
+        output=out,
+        sleep=_no_sleep,
     )
     assert code == 0
     assert out.read_bytes() == CONTENT
@@ -190,8 +205,14 @@ def test_ctrl_c_while_polling_cancels_the_job(
 def test_http_error_prints_the_server_message(
     serve: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    body = {"error": {"message": "size: must be WIDTHxHEIGHT", "type": "invalid_request_error",
-                      "param": "size", "code": "invalid_value"}}
+    body = {
+        "error": {
+            "message": "size: must be WIDTHxHEIGHT",
+            "type": "invalid_request_error",
+            "param": "size",
+            "code": "invalid_value",
+        }
+    }
     api = serve(FakeApi(COMPLETING, create_error=(400, body)))
     assert run_generate("a fox", url=api.url, size="huge", sleep=_no_sleep) == 1
     err = capsys.readouterr().err

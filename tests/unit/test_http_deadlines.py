@@ -123,4 +123,3 @@ def test_websockets_outlive_the_limits(port: int) -> None:
 
     with connect(f"ws://127.0.0.1:{port}/ws") as ws:
         assert ws.recv(timeout=5) == "still here"
-

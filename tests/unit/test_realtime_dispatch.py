@@ -16,8 +16,6 @@ def test_no_handler_is_outside_the_table() -> None:
     """A handler method no event reaches would be dead code (the old ``_on_<type>``
     naming made one easy to leave behind)."""
     defined = {
-        getattr(RealtimeProtocol, name)
-        for name in dir(RealtimeProtocol)
-        if name.startswith("_on_")
+        getattr(RealtimeProtocol, name) for name in dir(RealtimeProtocol) if name.startswith("_on_")
     }
     assert defined == set(HANDLERS.values())

@@ -15,7 +15,6 @@ REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"asyncio", "fastapi", "starlette", "redis", "anyio"}
 
 
-
 def test_no_realtime_module_imports_io() -> None:
     modules = sorted((REPO / "realtime").rglob("*.py"))
     assert len(modules) > 10  # the protocols are there, not moved away with their shells

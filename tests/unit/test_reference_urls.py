@@ -78,11 +78,21 @@ def test_every_failed_fetch_reads_the_same(base_url: str) -> None:
     """Refused host, closed port, HTTP status, not an image, too large, a redirect to a
     refused host: one message, one code, naming the param. No oracle."""
     cases = {
-        "public": [f"{base_url}/ok.png", "http://localhost/x.png", "http://[::1]/x.png",
-                   "http://10.0.0.1/x.png", "http://169.254.169.254/latest/meta-data/",
-                   "http://[::ffff:127.0.0.1]/x.png"],
-        "any": [f"http://127.0.0.1:{_closed_port()}/x.png", f"{base_url}/teapot",
-                f"{base_url}/text", f"{base_url}/huge.png", f"{base_url}/nothing"],
+        "public": [
+            f"{base_url}/ok.png",
+            "http://localhost/x.png",
+            "http://[::1]/x.png",
+            "http://10.0.0.1/x.png",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://[::ffff:127.0.0.1]/x.png",
+        ],
+        "any": [
+            f"http://127.0.0.1:{_closed_port()}/x.png",
+            f"{base_url}/teapot",
+            f"{base_url}/text",
+            f"{base_url}/huge.png",
+            f"{base_url}/nothing",
+        ],
     }
     answers = set()
     for mode, urls in cases.items():
@@ -91,10 +101,14 @@ def test_every_failed_fetch_reads_the_same(base_url: str) -> None:
                 reference_from_url(url, 16, 16, _settings(mode), "input_reference")
             err = info.value
             answers.add((err.message, err.code, err.param, err.status_code))
-    assert answers == {(
-        "input_reference could not be fetched as a usable image or video",
-        "url_fetch_failed", "input_reference", 400,
-    )}
+    assert answers == {
+        (
+            "input_reference could not be fetched as a usable image or video",
+            "url_fetch_failed",
+            "input_reference",
+            400,
+        )
+    }
 
 
 def test_off_refuses_remote_urls_and_data_urls_always_work() -> None:

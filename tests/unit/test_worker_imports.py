@@ -12,7 +12,6 @@ from tests.helpers import imported_packages
 REPO = Path(__file__).resolve().parents[2]
 
 
-
 def test_no_worker_module_imports_cli_or_api() -> None:
     modules = sorted((REPO / "workers").rglob("*.py"))
     assert REPO / "workers" / "group.py" in modules

@@ -127,6 +127,9 @@ def save_wan(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
     registry.write_text(
         f'[[model]]\nname = "{MODEL}"\nadapter = "diffusers.wan"\n'
         f'path = "{model_dir}"\ndtype = "bfloat16"\n'
+        # Eager, as these scripts measured it before compiled blocks became the default on
+        # CUDA; gpu_lane.py writes its own compiled entry.
+        'compile = "off"\n'
     )
     return model_dir, registry
 

@@ -66,7 +66,7 @@ def _adapter(model_dir: Path, device: str) -> Any:
 
     pipe = WanPipeline.from_pretrained(model_dir, dtype=torch.bfloat16)
     spec = FAMILY_SPECS["diffusers.wan"]
-    adapter = WanAdapter(pipe=pipe, dtype="bfloat16", spec=spec)
+    adapter = WanAdapter(pipe=pipe, dtype="bfloat16", spec=spec, compile="off")
     adapter.load(device)
     return adapter
 

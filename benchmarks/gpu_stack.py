@@ -78,7 +78,7 @@ def gate_phase(pipe: Any, args: argparse.Namespace) -> dict[str, Any]:
     from workers.pipelines.diffusers.wan import WanAdapter
 
     spec = FAMILY_SPECS["diffusers.wan"].model_copy(update={"name": MODEL})
-    adapter = WanAdapter(pipe=pipe, dtype="bfloat16", spec=spec)
+    adapter = WanAdapter(pipe=pipe, dtype="bfloat16", spec=spec, compile="off")
     adapter.load(args.device)
     request = generation_request(args)
     state: Any = adapter.prepare(request)

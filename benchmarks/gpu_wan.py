@@ -163,7 +163,7 @@ def main() -> None:
     spec = FAMILY_SPECS["diffusers.wan"].model_copy(update={"name": "wan-1.3b-random"})
     model = ServedModel(name=spec.name, adapter="diffusers.wan", dtype="bfloat16", spec=spec)
     registry = PipelineRegistry({spec.name: model}, device)
-    adapter = WanAdapter(pipe=pipe, dtype="bfloat16", spec=spec)
+    adapter = WanAdapter(pipe=pipe, dtype="bfloat16", spec=spec, compile="off")
     adapter.load(device)
     registry._loaded[spec.name] = adapter
     executor = StepExecutor(

@@ -36,13 +36,7 @@ from typing import Any
 
 import torch
 
-# Per family: the tiers offered besides lossless (the API's list is models.catalog's
-# ``quality_tiers``; a family missing here offers none).
-FAMILY_TIERS: dict[str, tuple[str, ...]] = {
-    "diffusers.wan": ("high", "fast"),
-    "diffusers.ltx": ("high", "fast"),
-    "diffusers.cogvideox": ("high", "fast"),
-}
+from models.catalog import FAMILY_SPECS
 
 
 @dataclass(frozen=True)
@@ -69,12 +63,19 @@ def tier_schedule(tier: str, num_steps: int) -> list[bool]:
     return [s < warmup or (s - warmup - 1) % sched.interval == 0 for s in range(num_steps)]
 
 
+def family_tiers(family: str) -> list[str]:
+    """The tiers a family offers besides lossless: its ``FAMILY_SPECS`` entry's
+    ``quality_tiers`` (a registry entry may offer fewer, never more)."""
+    spec = FAMILY_SPECS.get(family)
+    return [] if spec is None else list(spec.quality_tiers)
+
+
 def cache_config(family: str, tier: str, num_steps: int) -> Any | None:
     """The diffusers cache config of ``tier`` for a job of ``num_steps`` steps on a model
     of ``family``; None for lossless. ``ValueError`` for a tier the family lacks."""
     if tier == "lossless":
         return None
-    if tier not in FAMILY_TIERS.get(family, ()):
+    if tier not in family_tiers(family):
         raise ValueError(f"{family} has no quality tier {tier!r}")
     from diffusers import TaylorSeerCacheConfig
 

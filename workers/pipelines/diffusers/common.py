@@ -368,7 +368,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         _install_checkpoints(self.pipe)
         self.gate.device = self.device
         self.gate.install(self.pipe)
-        offered = set(cache_tiers.FAMILY_TIERS.get(self.family, ()))
+        offered = set(cache_tiers.family_tiers(self.family))
         unknown = sorted(set(self.spec.quality_tiers) - offered - {"lossless"})
         if unknown:
             raise ValueError(

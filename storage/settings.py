@@ -183,6 +183,10 @@ class WorkerSettings(BaseModel):
     # Publish a preview JPEG every N denoise steps (0: off; previews cost a decode).
     preview_every: int = 0
     preview_max_side: int = 256
+    # Log each video job's raw frames' SHA-256 (``job <id>: frames sha256 …``): the same
+    # request gives the same frames on any worker, which x264's output cannot show. Off by
+    # default: hashing is ~25 ms of a 832x480x81 clip's decode stage.
+    log_frame_digests: bool = False
     # Tests only: a JSON file of fault-injection points (see workers/failpoints.py).
     failpoints_file: str | None = None
 

@@ -226,9 +226,8 @@ class StepExecutor:
         self._enter(run, "decode")
         self._failpoint(run, "decode")
         streamed: np.ndarray | None = None  # the middle frame, once the MP4 is written
-        # The raw frames' SHA-256, logged: the same request gives the same frames on any
-        # worker (x264's own output may differ from run to run; docs/adapters.md).
-        frames_digest = hashlib.sha256()
+        # The raw frames' SHA-256, when logged (``worker.log_frame_digests``).
+        frames_digest = hashlib.sha256() if self.settings.worker.log_frame_digests else None
         with checkpoints(self._stop_point(run)):
             if isinstance(run.spec, VideoSpec):
                 streamed = decode_streamed(pipe, state, run.spec.fps, tmp, frames_digest)
@@ -249,7 +248,7 @@ class StepExecutor:
             assert media is not None
             files = encode_video(media, tmp, frames_digest)
         del media
-        if isinstance(run.spec, VideoSpec):
+        if frames_digest is not None and isinstance(run.spec, VideoSpec):
             log.info("job %s: frames sha256 %s", job.id, frames_digest.hexdigest())
 
         self._enter(run, "upload")

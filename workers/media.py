@@ -288,7 +288,7 @@ def encode_video(media: Media, tmp: Path, digest: Any = None) -> VideoFiles:
     """A video job's files in ``tmp``: the MP4 and its thumbnail (the middle frame).
     ``digest`` (a ``hashlib`` object), when given, is fed the raw uint8 frames."""
     if digest is not None:
-        digest.update(np.ascontiguousarray(media.frames).tobytes())
+        digest.update(np.ascontiguousarray(media.frames).data)
     encode_mp4(media, tmp / "video.mp4")
     return finish_video(np.asarray(media.frames[len(media.frames) // 2]), tmp)
 
@@ -317,7 +317,7 @@ def decode_streamed(
             mp4.write(chunk)
             kept.append(chunk)
             if digest is not None:
-                digest.update(np.ascontiguousarray(chunk).tobytes())
+                digest.update(np.ascontiguousarray(chunk).data)
     middle = mp4.frames // 2
     for chunk in kept:
         if middle < len(chunk):

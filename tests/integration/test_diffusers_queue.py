@@ -74,7 +74,7 @@ def dstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[S
     )
     registry = work / "models.toml"
     registry.write_text("\n".join(entries))
-    env = {"OMNIQ_MODEL_REGISTRY": str(registry)}
+    env = {"OMNIQ_MODEL_REGISTRY": str(registry), "OMNIQ_WORKER__LOG_FRAME_DIGESTS": "true"}
     with isolated_stack(work, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.start(workers=1)
         yield st

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cli.embedded import free_port
+from workers.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,7 +40,7 @@ from benchmarks.common import parser
 from benchmarks.embedded_stack import say
 from benchmarks.gpu_common import emit, generation_request, header, save_wan, shape_args
 from benchmarks.gpu_common import sync_time as _sync
-from cli.embedded import free_port
+from workers.processes import free_port
 
 
 def _run_job(adapter: Any, args: argparse.Namespace, decode: bool) -> tuple[list[float], Any]:

@@ -28,7 +28,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import parser, pct
-from cli.embedded import free_port
+from workers.processes import free_port
 
 
 async def _watch(client: httpx.AsyncClient, vid: str, lat: list[float]) -> int:

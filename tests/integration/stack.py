@@ -18,11 +18,12 @@ from typing import Any
 import httpx
 from sqlalchemy import create_engine, func, select
 
-from cli.embedded import EmbeddedS3, free_port
+from cli.embedded import EmbeddedS3
 from models.db import Job
 from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings
+from workers.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

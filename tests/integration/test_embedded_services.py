@@ -19,8 +19,9 @@ import redis
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from cli.embedded import EmbeddedS3, EmbeddedValkey, free_port
+from cli.embedded import EmbeddedS3, EmbeddedValkey
 from tests.integration.conftest import running_s3
+from workers.processes import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -19,9 +19,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
-from cli.embedded import EmbeddedS3, free_port
+from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
+from workers.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

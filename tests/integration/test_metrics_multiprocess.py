@@ -17,11 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cli.embedded import EmbeddedS3, free_port
+from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_metrics import SMALL, Samples, scrape, value
 from tests.integration.test_up import Up, _api_pids
+from workers.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

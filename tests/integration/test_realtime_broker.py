@@ -20,11 +20,12 @@ import redis
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from cli.embedded import EmbeddedS3, free_port
+from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from tests.integration.conftest import _drop_pg_database, _new_pg_database
 from tests.integration.stack import Stack
 from tests.integration.test_realtime_video import LONG
+from workers.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -26,9 +26,9 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from cli.embedded import free_port
 from models.realtime_video import frames_in_chunk
 from tests.integration.test_up import Up, _alive, _api_pids, _listening_ports, _port_free
+from workers.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

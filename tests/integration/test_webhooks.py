@@ -15,7 +15,7 @@ import httpx
 import pytest
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from cli.embedded import EmbeddedS3, free_port
+from cli.embedded import EmbeddedS3
 from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
 from storage.outbox import WebhookOutbox, event_id
@@ -24,6 +24,7 @@ from tests.integration.conftest import isolated_stack
 from tests.integration.stack import REPO, Stack
 from tests.integration.test_bad_input import _refused
 from tests.integration.webhook_receiver import FLAKY_FAILURES, Receiver, running_receiver
+from workers.processes import free_port
 
 pytestmark = pytest.mark.integration
 

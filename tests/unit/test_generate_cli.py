@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from cli.embedded import free_port
 from cli.generate import run_generate
+from workers.processes import free_port
 
 VIDEO_ID = "video_0123456789abcdef01234567"
 CONTENT = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 64

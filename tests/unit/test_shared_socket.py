@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from cli.embedded import free_port
 from cli.main import _shared_socket
+from workers.processes import free_port
 
 
 def _server_side_nodelay(listener: socket.socket) -> int:

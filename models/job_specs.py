@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from models.audio import AudioFormat
+from models.catalog import QualityTier
 from models.webhooks import JobWebhook
 
 
@@ -71,7 +72,7 @@ class VideoSpec(_Spec):
     num_frames: int
     has_audio: bool = False
     # The cache tier (``quality``): "lossless" runs every step in full.
-    quality: Literal["lossless", "high", "fast"] = "lossless"
+    quality: QualityTier = "lossless"
     # The S3 key of the first frame for image-to-video (a PNG under the job's prefix).
     reference_key: str | None = None
     # Set when the job records a realtime video session that finished elsewhere.

@@ -35,7 +35,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from models.catalog import ModelSpec
+from models.catalog import ModelSpec, QualityTier
 from models.job_specs import AudioSpec, LoraSpec, VideoSpec
 
 # Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
@@ -116,7 +116,7 @@ class GenerationRequest:
     # An audio clip's length in seconds; None for video.
     duration_s: float | None = None
     # The cache tier (``quality``): "lossless" runs every denoise step in full.
-    quality: str = "lossless"
+    quality: QualityTier = "lossless"
     # The LoRA adapter to run with (video jobs of models that list ``lora``).
     lora: LoraSpec | None = None
 

@@ -82,7 +82,10 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         """:meth:`insert`, then the stored job's queue position, read in the same
         thread-pool call (one hop per create instead of two)."""
         stored, created = self.insert(job, idempotency_key, before_insert)
-        return stored, created, self.state.jobs.queue_positions([stored]).get(stored.id)
+        position = self.state.jobs.queue_positions([stored]).get(stored.id)
+        if position is not None:  # here, in the thread pool: the wire object reads it
+            self.state.admission.estimates.figures(stored.model)
+        return stored, created, position
 
     def insert(
         self,
@@ -95,7 +98,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         under the job's prefix; whatever fails, nothing is left behind. A ``webhook_url``
         the URL guard refuses is a 400 before any of it. The key's ``max_active_jobs`` is
         checked after the idempotency lookup (a retried create gets its job) and before
-        anything is stored."""
+        anything is stored, then the model's queue bound (``api/queue_admission.py``)."""
         jobs = self.state.jobs
         window = self.settings.idempotency_ttl_s
         prefix = job_prefix(job.kind, job.id)
@@ -108,6 +111,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
                 return _same_kind(existing, job), False
         if self.max_active_jobs:
             self.state.quotas.check_active(jobs, job.owner, self.max_active_jobs)
+        self.state.admission.admit(job)  # the model's default ttl; 429 queue_full
         if before_insert is not None:
             try:
                 before_insert()
@@ -135,7 +139,8 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
     async def announce(self, job: Job, created: bool, position: int | None) -> None:
         """A new job's first ``status`` event."""
         if created:
-            event = StatusEvent(status="queued", queue_position=position)
+            eta = self.state.admission.estimates.estimated_start_at(job.model, position)
+            event = StatusEvent(status="queued", queue_position=position, estimated_start_at=eta)
             timeout = self.settings.redis.command_timeout_s
             try:  # the job is stored and enqueued; watchers fall back to its row
                 await self.state.abus.publish(job_events_key(job.id), event, timeout_s=timeout)
@@ -204,9 +209,12 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
     def filename(self, job: JobView, variant: str) -> str:
         """The download name of a presigned URL of the ``variant`` artifact."""
 
-    @staticmethod
-    def wire_fields(job: JobView, queue_position: int | None) -> dict[str, Any]:
-        """The fields every job object shares (status, progress, times, error, …)."""
+    def wire_fields(self, job: JobView, queue_position: int | None) -> dict[str, Any]:
+        """The fields every job object shares (status, progress, times, error, …);
+        a queued job's ``estimated_start_at`` (``api/queue_admission.py``)."""
+        queued = job.status == JobStatus.QUEUED
+        estimates = self.state.admission.estimates
+        eta = estimates.estimated_start_at(job.model, queue_position) if queued else None
         error = None
         if job.status == JobStatus.FAILED:
             error = JobError(
@@ -228,7 +236,9 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
             "step": job.step,
             "stage": job.stage,
             "error": error,
-            "queue_position": queue_position if job.status == JobStatus.QUEUED else None,
+            "queue_position": queue_position if queued else None,
+            "estimated_start_at": eta,
+            "ttl": job.ttl_s,
             "inference_time_s": job.inference_time_s,
             "stage_durations": StageDurations(**(job.stage_durations or {})),
             "peak_memory_mb": job.peak_memory_mb,

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, text
 
 from api.blocking import BlockingPool
 from api.metrics import ApiMetrics, QueueCollector
+from api.queue_admission import QueueAdmission, queue_admission
 from api.quotas import Quotas
 from models.catalog import ModelSpec
 from storage.artifacts import ArtifactStore, make_s3_client
@@ -90,6 +91,8 @@ class AppState:
     webhooks: WebhookStore
     # Per-key quotas (creates per minute, active jobs, sessions): api/quotas.py.
     quotas: Quotas
+    # Per-model queue bound, default ttl and estimated starts: api/queue_admission.py.
+    admission: QueueAdmission
     # Live /v1/realtime sessions of this process by id: a cache in front of session_states
     # (a duplex resume on the replica that serves the session needs no Redis read).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
@@ -110,7 +113,9 @@ class AppState:
         s3_pool = ThreadPoolExecutor(settings.s3.api_threads, thread_name_prefix="s3")
         aredis = _async_redis(settings.redis.url)
         jobs = JobStore(sessions, fair_share=settings.quotas.fair_share)
-        specs = served_specs(settings)
+        served = settings.served_models()
+        specs = {name: model.spec for name, model in served.items()}
+        bus = EventBus(_sync_redis(settings), ttl_s=settings.events_ttl_s)
         job_models = [name for name, spec in specs.items() if not spec.streaming]
         queue = QueueCollector(jobs.queue_stats, job_models, settings.metrics.queue_cache_s)
         return cls(
@@ -126,7 +131,7 @@ class AppState:
             ),
             queue=JobQueue(make_celery(settings, publisher=True)),
             specs=specs,
-            bus=EventBus(_sync_redis(settings), ttl_s=settings.events_ttl_s),
+            bus=bus,
             abus=AsyncEventBus(aredis, ttl_s=settings.events_ttl_s),
             s3_pool=s3_pool,
             blocking_pool=BlockingPool(settings.http.threads),
@@ -138,6 +143,7 @@ class AppState:
             metrics=ApiMetrics(queue),
             webhooks=WebhookStore(sessions),
             quotas=Quotas(settings, aredis),
+            admission=queue_admission(jobs, bus.redis, served, settings.queue),
         )
 
     async def aclose(self) -> None:
@@ -192,8 +198,3 @@ class AppState:
 
     def _ping_redis(self) -> None:
         self.bus.redis.ping()
-
-
-def served_specs(settings: Settings) -> dict[str, ModelSpec]:
-    """The specs of the models this deployment serves, in the configured order."""
-    return {name: model.spec for name, model in settings.served_models().items()}

@@ -178,6 +178,7 @@ def job_fields(
         "seed": resolve_seed(req.seed),
         "num_inference_steps": steps,
         "timeout_s": resolve_timeout(req.timeout, limits),
+        "ttl_s": resolve_ttl(req.ttl, limits),
         "negative_prompt": req.negative_prompt,
         "options": options,
         "extra": check_extra(req.extra_params, spec),
@@ -227,6 +228,20 @@ def resolve_timeout(requested: float | None, limits: LimitSettings) -> float:
             f"timeout must be between 0 and {limits.max_job_timeout_s} seconds", param="timeout"
         )
     return timeout
+
+
+def resolve_ttl(requested: float | None, limits: LimitSettings) -> int | None:
+    """``ttl``: whole seconds from creation, 1 to ``OMNIQ_LIMITS__MAX_TTL_S``; None when
+    the create gives none (the model's default applies: ``api/queue_admission.py``)."""
+    if requested is None:
+        return None
+    whole = math.isfinite(requested) and requested == int(requested)
+    if not whole or not 1 <= requested <= limits.max_ttl_s:
+        raise InvalidRequest(
+            f"ttl must be a whole number of seconds between 1 and {limits.max_ttl_s}",
+            param="ttl",
+        )
+    return int(requested)
 
 
 def default_model(specs: dict[str, ModelSpec], modality: str) -> str:

@@ -330,6 +330,10 @@ class ServedModel(BaseModel):
     compile_mode: str | None = None
     # Shapes compiled at worker start; a job of another shape compiles in its prepare.
     warmup: list[WarmupShape] = Field(default_factory=list)
+    # This model's own queue bound and default ``ttl`` (seconds); None: the server's
+    # (``OMNIQ_QUEUE__MAX_DEPTH``, ``OMNIQ_QUEUE__DEFAULT_TTL_S``); 0: none.
+    max_queue_depth: int | None = Field(default=None, ge=0)
+    ttl_s: int | None = Field(default=None, ge=0)
     spec: ModelSpec
 
     @model_validator(mode="after")

@@ -32,6 +32,8 @@ class JobRequestOptions(WebhookFields):
 
     extra_params: dict[str, Any] = Field(default_factory=dict)
     timeout: Number | None = None
+    # Seconds from creation the job may wait in the queue (RunPod's ``ttl``).
+    ttl: Number | None = None
 
 
 class JobStatus(enum.StrEnum):
@@ -80,6 +82,11 @@ class JobObject(BaseModel):
     error: JobError | None = None
     # omniqueue / vLLM-Omni extensions
     queue_position: int | None = None
+    # While queued: when the job should start (unix seconds), from the model's measured
+    # run time and its running jobs; None without anything to go on.
+    estimated_start_at: int | None = None
+    # Seconds from creation the job may wait to start (None: no limit).
+    ttl: int | None = None
     started_at: int | None = None
     seed: int
     num_inference_steps: int

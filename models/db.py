@@ -111,6 +111,9 @@ class Job(Base):
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Absolute deadline (Unix seconds) after which the worker fails the job with ``timeout``.
     deadline_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The job's ``ttl`` (seconds from ``created_at``): still queued after it, the job ends
+    # ``ttl_expired`` without running (a running job is not touched). NULL: none.
+    ttl_s: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
@@ -167,6 +170,7 @@ class Job(Base):
             seed=spec.seed,
             num_inference_steps=spec.num_inference_steps,
             idempotency_key=idempotency_key,
+            ttl_s=spec.ttl_s,
             **shape,
             **values,
         )

@@ -23,8 +23,10 @@
     │   ├── PayloadTooLarge           a byte/pixel cap    → 413
     │   ├── AuthenticationError       missing/bad key     → 401
     │   ├── RateLimited               a key's quota is used up → 429, code
-    │   │                             rate_limit_exceeded, param names the quota; with
-    │   │                             Retry-After (HTTP) / close 1013 (realtime)
+    │   │   │                         rate_limit_exceeded, param names the quota; with
+    │   │   │                         Retry-After (HTTP) / close 1013 (realtime)
+    │   │   └── QueueFull             a model's queue is at its bound → 429, code
+    │   │                             queue_full, param model, with Retry-After
     │   ├── NotFound                  no such job (or not yours) → 404
     │   │   └── NotReady              content requested before completion → 404
     │   ├── Gone                      artifact expired    → 410
@@ -85,6 +87,7 @@ class ErrorCode(enum.StrEnum):
     BROKER_ERROR = "broker_error"
     INTERNAL_ERROR = "internal_error"
     EXPIRED = "expired"
+    TTL_EXPIRED = "ttl_expired"  # still queued when its ttl passed; it never ran
 
 
 class OmniqueueError(Exception):
@@ -193,6 +196,13 @@ class RateLimited(OmniqueueError):
     def __init__(self, message: str, *, param: str, headers: dict[str, str]) -> None:
         super().__init__(message, param=param)
         self.headers = headers
+
+
+class QueueFull(RateLimited):
+    """A model's queue is at its bound (``OMNIQ_QUEUE__MAX_DEPTH``): 429 ``queue_full``,
+    ``param`` ``model``, ``Retry-After`` from the measured drain rate."""
+
+    default_code = "queue_full"
 
 
 class NotFound(OmniqueueError):

@@ -15,6 +15,7 @@ class StatusEvent(BaseModel):
     type: Literal["status"] = "status"
     status: JobStatus
     queue_position: int | None = None
+    estimated_start_at: int | None = None
 
 
 class ProgressEvent(BaseModel):

@@ -51,6 +51,8 @@ class _Spec(BaseModel):
     num_inference_steps: int
     # Seconds the job may run; None: the server's default.
     timeout_s: float | None = None
+    # Seconds from creation the job may wait to start; None: no limit.
+    ttl_s: int | None = None
     negative_prompt: str | None = None
     # Declared optional parameters the model takes (guidance_scale, flow_shift, speed, …).
     options: dict[str, Any] = Field(default_factory=dict)

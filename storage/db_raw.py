@@ -80,10 +80,11 @@ class RawStatement:
                 processors = self._processors = self._result_processors(cursor.description)
         return row if not processors else _processed(row, processors)
 
-    def all(self, params: Mapping[str, Any]) -> list[Sequence[Any]]:
-        """Every row of a SELECT for ``params``."""
+    def all(self, params: Mapping[str, Any], *, write: bool = False) -> list[Sequence[Any]]:
+        """Every row of a SELECT for ``params`` (``write``: of an UPDATE's ``RETURNING``,
+        committed on SQLite)."""
         args = self._args(params)
-        with self._cursor(args, commit=False) as cursor:
+        with self._cursor(args, commit=write) as cursor:
             cursor.execute(self._sql, args)
             rows = cursor.fetchall()
             if not rows:

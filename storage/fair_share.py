@@ -33,7 +33,7 @@ from typing import Any
 
 from sqlalchemy import BindParameter, ColumnElement, Update, and_, bindparam, func, select, update
 
-from storage.job_statements import COLUMNS, JOBS, claim_values
+from storage.job_statements import COLUMNS, JOBS, claim_values, within_ttl
 
 _QUEUED = "queued"
 _RUNNING = "in_progress"
@@ -78,7 +78,7 @@ def claim_next(postgres: bool) -> Update:
     pick = (
         select(q.c.id)
         .join(keys, keys.c.owner == q.c.owner)
-        .where(_queued_of(q, model))
+        .where(_queued_of(q, model), within_ttl(q))
         .order_by(keys.c.running, keys.c.last_start.asc().nulls_first(), q.c.created_at, q.c.id)
         .limit(1)
     )
@@ -88,6 +88,7 @@ def claim_next(postgres: bool) -> Update:
     return (
         update(JOBS)
         .where(c.id == pick.scalar_subquery(), c.status == _QUEUED, c.cancel_requested.is_(False))
+        .where(within_ttl())
         .values(claim_values())
         .returning(*[JOBS.c[name] for name in COLUMNS])
     )

@@ -113,6 +113,28 @@ QUEUE_STATS = (
 )
 
 
+# What a model's ``estimated_start_at`` is computed from (``api/queue_admission.py``):
+# its queued jobs (a count on the ``status, model, created_at`` index), the start times
+# of its running jobs, and the run times of its ``:limit`` most recently created
+# completed jobs.
+COUNT_QUEUED = select(func.count()).where(
+    JOBS.c.status == _QUEUED, JOBS.c.model == bindparam("model")
+)
+RUNNING_STARTS = select(JOBS.c.started_at).where(
+    JOBS.c.status == _RUNNING, JOBS.c.model == bindparam("model")
+)
+RECENT_RUN_TIMES = (
+    select(JOBS.c.completed_at - JOBS.c.started_at)
+    .where(
+        JOBS.c.status == JobStatus.COMPLETED.value,
+        JOBS.c.model == bindparam("model"),
+        JOBS.c.started_at.is_not(None),
+    )
+    .order_by(JOBS.c.created_at.desc())
+    .limit(bindparam("limit"))
+)
+
+
 # A key's jobs that are queued or running (its ``max_active_jobs`` quota): a count on the
 # ``(owner, status)`` index.
 COUNT_ACTIVE = (
@@ -158,12 +180,41 @@ def claim_values() -> dict[str, Any]:
     }
 
 
+def within_ttl(table: Any = JOBS) -> ColumnElement[bool]:
+    """The job has no ``ttl`` or its ttl has not passed by ``:now``: a job still queued
+    past its ttl is never claimed (the sweep ends it, :data:`EXPIRE_TTL`)."""
+    c = table.c
+    return or_(c.ttl_s.is_(None), c.created_at + c.ttl_s > param("now", "heartbeat_at"))
+
+
 def _claim() -> Update:
     c = JOBS.c
     return (
         update(JOBS)
         .where(c.id == bindparam("job_id"), c.status == _QUEUED, c.cancel_requested.is_(False))
+        .where(within_ttl())
         .values(claim_values())
+    )
+
+
+def expire_ttl(by_model: bool) -> Update:
+    """queued → failed ``:error_code`` for every queued job whose ``ttl`` passed by
+    ``:now`` (of ``:model`` when ``by_model``), returning ``(id, kind, model)`` of each."""
+    c = JOBS.c
+    where = [c.status == _QUEUED, c.ttl_s.is_not(None)]
+    where.append(c.created_at + c.ttl_s <= param("now", "completed_at"))
+    if by_model:
+        where.append(c.model == bindparam("model"))
+    return (
+        update(JOBS)
+        .where(*where)
+        .values(
+            status=JobStatus.FAILED.value,
+            error_code=param("error_code"),
+            error_message=param("error_message"),
+            completed_at=param("now", "completed_at"),
+        )
+        .returning(c.id, c.kind, c.model)
     )
 
 

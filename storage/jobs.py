@@ -221,6 +221,42 @@ class JobStore:
         statement = self._statement(("queue_stats",), lambda: sql.QUEUE_STATS)
         return {model: (int(n), float(oldest)) for model, n, oldest in statement.all({})}
 
+    def count_queued(self, model: str) -> int:
+        """Queued jobs of ``model`` (its queue bound, ``OMNIQ_QUEUE__MAX_DEPTH``)."""
+        row = self._statement(("queued",), lambda: sql.COUNT_QUEUED).one({"model": model})
+        return int(row[0]) if row is not None else 0
+
+    def queue_figures(self, model: str, sample: int) -> tuple[int, list[float], list[float]]:
+        """``(queued jobs, start times of the running ones, run times of the last
+        `sample` completed ones)`` of ``model``: what its ``estimated_start_at`` is
+        computed from (``api/queue_admission.py``)."""
+        params = {"model": model}
+        starts = self._statement(("running_starts",), lambda: sql.RUNNING_STARTS).all(params)
+        recent = self._statement(("run_times",), lambda: sql.RECENT_RUN_TIMES)
+        runs = recent.all({**params, "limit": sample})
+        return (
+            self.count_queued(model),
+            [float(r[0]) for r in starts if r[0] is not None],
+            [float(r[0]) for r in runs if r[0] is not None],
+        )
+
+    def expire_ttl(self, now: float, model: str | None = None) -> list[tuple[str, str, str]]:
+        """Fail ``ttl_expired`` every queued job whose ``ttl`` passed by ``now`` (of
+        ``model``, or of any); ``(id, kind, model)`` of each. One conditional UPDATE: a
+        job a worker claimed meanwhile is not touched."""
+        by_model = model is not None
+        statement = self._statement(("expire_ttl", by_model), lambda: sql.expire_ttl(by_model))
+        params = {
+            "now": now,
+            "model": model,
+            "error_code": ErrorCode.TTL_EXPIRED.value,
+            "error_message": "the job was still queued when its ttl passed",
+        }
+        rows = [(str(i), str(k), str(m)) for i, k, m in statement.all(params, write=True)]
+        for job_id, _, _ in rows:
+            self._ended(job_id, True)
+        return rows
+
     def cancel(self, job_id: str, message: str = "cancelled by the client") -> bool:
         """Fail a queued or running job with ``cancelled``; False if it had already ended."""
         statement = self._statement(("cancel",), lambda: sql.CANCEL)

@@ -99,6 +99,8 @@ class LimitSettings(BaseModel):
     # Largest request timeout a client may ask for, and the default (seconds).
     max_job_timeout_s: int = 3600
     default_job_timeout_s: int = 1800
+    # The largest ``ttl`` (queue wait) a create may ask for (seconds).
+    max_ttl_s: int = Field(default=7 * 24 * 3600, ge=1)
 
 
 class QuotaSettings(BaseModel):
@@ -118,6 +120,26 @@ class QuotaSettings(BaseModel):
     # fewest running, then the one started longest ago, FIFO within a key) instead of
     # the message's own job; off: strictly the message's job (FIFO by message).
     fair_share: bool = True
+
+
+class QueueSettings(BaseModel):
+    """Admission above saturation, per model queue (``api/queue_admission.py``,
+    docs/limits.md "Above saturation"). A model's registry entry may override the first
+    two (``max_queue_depth``, ``ttl_s``)."""
+
+    # Queued jobs of one model beyond which a create is refused: 429 ``queue_full`` with
+    # ``Retry-After`` from the measured drain rate; 0: unbounded.
+    max_depth: int = Field(default=0, ge=0)
+    # A job's ``ttl`` when its create gives none: seconds from creation (queue time
+    # included) after which a job that has not started ends ``ttl_expired``; 0: none.
+    default_ttl_s: int = Field(default=0, ge=0)
+    # How many of a model's most recent completed jobs its measured run time averages
+    # (``estimated_start_at``, ``Retry-After``).
+    eta_sample: int = Field(default=50, ge=1)
+    # An API process re-reads a model's queue figures at most this often (seconds).
+    eta_refresh_s: float = Field(default=2.0, gt=0)
+    # ``Retry-After`` of a ``queue_full`` while nothing has been measured yet (seconds).
+    retry_after_s: int = Field(default=10, ge=1)
 
 
 class InputSettings(BaseModel):
@@ -352,6 +374,7 @@ class Settings(BaseSettings):
     auth: Literal["off", "required"] = "required"
     limits: LimitSettings = Field(default_factory=LimitSettings)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    queue: QueueSettings = Field(default_factory=QueueSettings)
     inputs: InputSettings = Field(default_factory=InputSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     realtime: RealtimeSettings = Field(default_factory=RealtimeSettings)

@@ -18,6 +18,7 @@ from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.queue import JobQueue, make_celery
 from storage.settings import Settings
+from storage.worker_presence import PresenceLease, WorkerPresence
 from workers.executor import StepExecutor
 from workers.persist import SessionPersister
 from workers.pipelines.registry import PipelineRegistry
@@ -60,7 +61,9 @@ class WorkerContext:
     reconciler: Reconciler
     world_sessions: WorldSessionRunner
     voice_sessions: VoiceSessionRunner
+    realtime: bool = False
     _stop_reconciler: threading.Event | None = None
+    _presence: PresenceLease | None = None
 
     @classmethod
     def build(
@@ -94,17 +97,30 @@ class WorkerContext:
             reconciler,
             world_sessions,
             voice_sessions,
+            realtime,
         )
 
     def start_background(self) -> None:
-        """Start the reconciler loop (every worker runs one; a lock serializes passes)."""
-        interval = self.settings.worker.reconcile_interval_s
-        if interval > 0:
-            self._stop_reconciler = start_reconciler_thread(self.reconciler, interval)
+        """Start the reconciler loop (every worker runs one; a lock serializes passes)
+        and, on a job worker, its presence lease (``storage/worker_presence.py``)."""
+        w = self.settings.worker
+        if w.reconcile_interval_s > 0:
+            self._stop_reconciler = start_reconciler_thread(self.reconciler, w.reconcile_interval_s)
+        models = list(worker_models(self.settings))
+        if not self.realtime and models:
+            self._presence = PresenceLease(
+                WorkerPresence(self.reconciler.redis),
+                models,
+                self.worker_id,
+                every_s=w.heartbeat_s,
+                lease_s=w.heartbeat_timeout_s,
+            )
 
     def close(self) -> None:
         if self._stop_reconciler is not None:
             self._stop_reconciler.set()
+        if self._presence is not None:
+            self._presence.stop()
         self.reconciler.queue.close()
         self.reconciler.redis.close()
         self.engine.dispose()

@@ -12,6 +12,10 @@ A Celery message carries one job id, A. The job it runs, B, is chosen by one rul
 
 A running job is taken over only by its own message. Every message takes over, claims,
 or finds nothing queued, so there are never fewer messages than queued jobs.
+
+Before it claims, a message ends its model's queued jobs whose ``ttl`` passed
+(:func:`expire_queued`, which the reconciler also runs on every pass): the claim itself
+never takes one (``storage.job_statements.within_ttl``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,26 @@ from models.events import DoneEvent
 from storage.jobs import JobStore
 from storage.settings import Settings
 from workers import metrics
+
+
+def expire_queued(
+    jobs: JobStore,
+    publish: Callable[[Job, Any], object],
+    delete_objects: Callable[[Job], None],
+    model: str | None = None,
+) -> list[str]:
+    """End every queued job (of ``model``, or of any) whose ``ttl`` has passed: failed
+    ``ttl_expired`` (its webhooks queued by the store), its watchers told, its objects
+    (an uploaded reference) deleted. Its message, when a worker gets it, is dropped and
+    counts the job in the metrics, as for a job cancelled while queued."""
+    ended = jobs.expire_ttl(time.time(), model)
+    message = "the job was still queued when its ttl passed"
+    error = JobError(code=ErrorCode.TTL_EXPIRED.value, message=message)
+    for job_id, kind, of_model in ended:
+        job = Job(id=job_id, kind=kind, model=of_model)
+        publish(job, DoneEvent(status="failed", error=error))
+        delete_objects(job)
+    return [job_id for job_id, _, _ in ended]
 
 
 def may_run(message_job_id: str, message_model: str | None, job: Job, *, fair_share: bool) -> bool:
@@ -51,6 +75,8 @@ class JobClaim:
         """The job the message of ``job_id`` (for ``model``) runs, now ours; None when
         there is none (A ended or a live worker owns it, and nothing else may run)."""
         fair_share = self.settings.quotas.fair_share
+        if model is not None:
+            expire_queued(self.jobs, self.publish, self.delete_objects, model)
         if not fair_share:
             job = self.jobs.claim_job(job_id, self.worker_id)  # the common case: one query
             if job is None:

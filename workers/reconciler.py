@@ -8,7 +8,8 @@ every change is a conditional UPDATE or an idempotent delete:
    worker that gets it takes it over, attempt + 1), or failed with ``worker_lost`` once
    it used up its attempts; its partial objects are deleted.
 2. **Expiry.** A completed job past ``expires_at`` loses its objects and artifact rows;
-   its content then answers 410.
+   its content then answers 410. A queued job past its ``ttl`` ends ``ttl_expired``
+   (:func:`workers.job_claim.expire_queued`).
 3. **Stale multipart uploads** older than ``stale_upload_s`` are aborted.
 4. **Redis keys** of the reconciler itself carry TTLs; nothing else to trim yet.
 
@@ -32,6 +33,7 @@ from typing import Any
 from redis.exceptions import LockError
 
 from models.common import JobError, JobStatus
+from models.db import Job
 from models.errors import ErrorCode
 from models.events import DoneEvent
 from storage.artifacts import ArtifactStore, StorageError
@@ -40,6 +42,7 @@ from storage.constants import ID_PREFIX, KEY_PREFIX, job_events_key, job_prefix
 from storage.jobs import JobStore
 from storage.queue import JobQueue
 from storage.settings import Settings
+from workers.job_claim import expire_queued
 from workers.metrics import job_finished
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,7 @@ class ReconcileReport:
     requeued: list[str] = field(default_factory=list)
     worker_lost: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
+    ttl_expired: list[str] = field(default_factory=list)
     aborted_uploads: int = 0
 
 
@@ -83,6 +87,7 @@ class Reconciler:
         try:
             report = ReconcileReport()
             self._lost_workers(report)
+            report.ttl_expired = expire_queued(self.jobs, self._publish, self._delete_job)
             self._expire(report)
             self._stale_uploads(report)
             return report
@@ -126,6 +131,15 @@ class Reconciler:
                 report.aborted_uploads += self.artifacts.abort_uploads(prefix, older_than=cutoff)
             except StorageError:
                 log.warning("could not list multipart uploads under %s", prefix)
+
+    def _publish(self, job: Job, event: Any) -> None:
+        try:
+            self.bus.publish(job_events_key(job.id), event)
+        except Exception:  # the row is the truth; watchers also poll it
+            log.warning("could not publish the end of %s", job.id, exc_info=True)
+
+    def _delete_job(self, job: Job) -> None:
+        self._delete(job.kind, job.id)
 
     def _delete(self, kind: str, job_id: str) -> bool:
         try:
@@ -196,7 +210,9 @@ def start_reconciler_thread(reconciler: Reconciler, interval_s: float) -> thread
                 log.warning("temp directory sweep failed", exc_info=True)
             try:
                 report = reconciler.run_once()
-                if report and (report.requeued or report.worker_lost or report.expired):
+                if report and (
+                    report.requeued or report.worker_lost or report.expired or report.ttl_expired
+                ):
                     log.info("reconciler: %s", report)
             except Exception:
                 log.warning("reconciler pass failed", exc_info=True)

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -116,20 +117,26 @@ class QueueEstimates:
         try:
             found = self._figures.get(model)
             if found is None or now - found.read_at >= self._settings.eta_refresh_s:
-                found = self._read(model, now) or found
+                found = self._read(model, now)
             return found
         finally:
             self._lock.release()
 
-    def _read(self, model: str, now: float) -> QueueFigures | None:
+    def _read(self, model: str, now: float) -> QueueFigures:
+        """Fresh figures; after a failed read the previous ones (or none: no estimate),
+        kept until the next refresh, so a database or Redis outage costs one failed read
+        per interval, never one per answer."""
         try:
             _, starts, runs = self._jobs.queue_figures(model, self._settings.eta_sample)
             workers = self._presence.count(model)
         except Exception:  # an estimate is never worth failing a read over
             log.warning("could not read the queue figures of %s", model, exc_info=True)
-            return None
-        run_s = sum(runs) / len(runs) if runs else None
-        figures = QueueFigures(now, workers, tuple(starts), run_s)
+            before = self._figures.get(model)
+            figures = QueueFigures(now, 0, (), None) if before is None else before
+            figures = dataclasses.replace(figures, read_at=now)
+        else:
+            run_s = sum(runs) / len(runs) if runs else None
+            figures = QueueFigures(now, workers, tuple(starts), run_s)
         self._figures[model] = figures
         return figures
 

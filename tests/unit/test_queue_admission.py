@@ -100,9 +100,14 @@ def test_figures_are_cached_for_the_refresh_interval_and_a_failed_read_is_no_est
     jobs.fail = True
     # a failed re-read keeps the previous figures
     assert estimates.estimated_start_at("m", 0) is not None and jobs.reads == 2
-    fresh, _ = _estimates(FakeJobs())
-    fresh._jobs.fail = True  # type: ignore[attr-defined]
+    reads = jobs.reads
+    estimates.estimated_start_at("m", 0)
+    assert jobs.reads == reads  # a failed read is not retried before the next refresh
+    down = FakeJobs()
+    down.fail = True
+    fresh, _ = _estimates(down)
     assert fresh.estimated_start_at("m", 0) is None
+    assert fresh.estimated_start_at("m", 1) is None and down.reads == 1
     assert estimates.estimated_start_at("m", None) is None
 
 

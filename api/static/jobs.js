@@ -151,7 +151,13 @@ function addCard(kind, job, onTop) {
 
 function statusText(job, eta) {
   if (job.status === "queued") {
-    return job.queue_position == null ? "queued" : `queued (position ${job.queue_position})`;
+    const parts = [];
+    if (job.queue_position != null) parts.push(`position ${job.queue_position}`);
+    if (job.estimated_start_at != null) {
+      const wait = Math.max(0, Math.round(job.estimated_start_at - Date.now() / 1000));
+      parts.push(`starts in ~${wait} s`);
+    }
+    return parts.length ? `queued (${parts.join(", ")})` : "queued";
   }
   if (job.status === "in_progress") {
     const parts = ["in progress", job.stage];
@@ -192,6 +198,7 @@ async function follow(card) {
       if (event.type === "status") {
         if (data.status !== "queued" || job.status === "queued") job.status = data.status;
         job.queue_position = data.queue_position;
+        job.estimated_start_at = data.estimated_start_at ?? null;
       } else if (event.type === "progress") {
         // Progress means it runs, even where the worker's `in_progress` status event was
         // written before the API's `queued` one (a claim right after the publish).

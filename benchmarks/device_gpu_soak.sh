@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU soak of issue 23 on the lent H200: benchmarks/load.py with the Wan worker
+# (random-weight Wan2.1-1.3B, benchmarks/workloads/wan_h200.toml) at 90 % of its measured
+# saturation for --duration seconds (600). It runs longer than one device command may, so
+# it runs in the background (setsid) and a later call collects it:
+#
+#   run(command="bash benchmarks/device_gpu_soak.sh start [load.py args]", carry=[".wheelhouse"])
+#   run(command="bash benchmarks/device_gpu_soak.sh status")    # progress, while it runs
+#   run(command="bash benchmarks/device_gpu_soak.sh collect")   # $OUT/gpu_soak.json (+ log)
+#
+# The run lives in $SOAK_DIR (/tmp/oq-gpu-soak) on the warm machine; a machine given back
+# in between loses it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SOAK_DIR=${SOAK_DIR:-/tmp/oq-gpu-soak}
+OUT=${OUT:-$PWD/device-out}
+mode=${1:-start}
+shift || true
+
+case "$mode" in
+start)
+    rm -rf "$SOAK_DIR"
+    mkdir -p "$SOAK_DIR" "$OUT"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
+    # shellcheck source=benchmarks/device_venv.sh
+    source benchmarks/device_venv.sh
+    PYTHONUNBUFFERED=1 "$VENV/bin/python" - "$SOAK_DIR" <<'PY'
+import argparse, sys
+from pathlib import Path
+sys.path.insert(0, ".")
+from benchmarks.gpu_common import save_wan
+_, registry = save_wan(Path(sys.argv[1]), argparse.Namespace(layers=30))
+print("registry", registry)
+PY
+    setsid nohup env PYTHONUNBUFFERED=1 "$VENV/bin/python" benchmarks/load.py \
+        --workload benchmarks/workloads/wan_h200.toml --levels 0.9 --duration 600 \
+        --env OMNIQ_MODEL_REGISTRY="$SOAK_DIR/models.toml" \
+        --env OMNIQ_MODELS=wan-1.3b-random --env OMNIQ_WORKER__DEVICE=cuda \
+        --env OMNIQ_WORKER__PREVIEW_EVERY=0 \
+        --out "$SOAK_DIR/gpu_soak.json" "$@" \
+        >"$SOAK_DIR/stdout" 2>"$SOAK_DIR/gpu_soak.log" </dev/null &
+    echo "started pid $!; collect in ~13 min"
+    sleep 60
+    tail -5 "$SOAK_DIR/gpu_soak.log"
+    ;;
+status)
+    tail -5 "$SOAK_DIR/gpu_soak.log"
+    nvidia-smi --query-gpu=memory.used --format=csv || true
+    ;;
+collect)
+    mkdir -p "$OUT"
+    cp "$SOAK_DIR"/gpu_soak.* "$OUT"/ 2>/dev/null || true
+    tail -3 "$SOAK_DIR/gpu_soak.log"
+    test -s "$SOAK_DIR/gpu_soak.json" || { echo "no result yet"; exit 3; }
+    ;;
+*)
+    echo "usage: $0 start|status|collect [load.py args]" >&2
+    exit 2
+    ;;
+esac

@@ -33,10 +33,13 @@ does not retry), not a stack error.
 2 × workers + 2) closed-loop clients create-and-poll the workload's shapes (and its audio
 share) for ``--saturation-duration`` s; saturation = jobs completed after
 ``--saturation-warmup`` s per second. Then each ``--levels`` factor runs for
-``--duration`` s at factor × saturation; after a level's arrivals stop, its clients
-follow their jobs for up to ``--settle-timeout`` s (a job still not terminal then is
-lost), then ``--settle`` s pass (the reconciler and temp sweep run every 10 s) before the
-leftover checks, so the next level starts on an empty queue.
+``--duration`` s at factor × saturation. After a level's arrivals stop, its clients
+follow their jobs until every one is terminal, or until no job has ended for
+``--settle-timeout`` s (default 120) or ``--settle-max`` s (1800) have passed: the jobs
+still not terminal then are lost. Then ``--settle`` s pass (the reconciler and temp
+sweep run every 10 s) before the leftover checks, so the next level starts on an empty
+queue. Pollers wait what ``openai-poll-after-ms`` says (1 s by default) between reads,
+as the OpenAI SDK does.
 
 **Watchers.** A prober thread GETs ``/v1/videos/{a recent id}`` and another ``/health``,
 ``--probe-rate`` times a second each; a sampler thread takes, every
@@ -62,7 +65,7 @@ object each, below), ``generator_cpu_s``, ``interrupted``, ``up_exit_code``,
   (``completed``, ``failed:<code>``, ``lost``, ``not_created``), ``by_behaviour``,
   ``ttl_sent``, ``ttl_expired``, ``lost_jobs`` (+ ``lost_examples``),
   ``idempotency_mismatches``, ``terminal_mismatches`` (client saw one terminal state, the
-  database holds another);
+  database holds another), ``generator_errors`` (exceptions in the clients themselves);
 - ``queue_time_s`` (``stage_durations.queue``), ``e2e_s`` (create sent → terminal seen,
   completed jobs), ``create_ms`` (async creates, refused included), ``create_p99_ms``,
   ``create_latency_max_ms``, ``status_read_ms`` and ``health_ms`` (prober, 200s only,
@@ -150,7 +153,13 @@ def _args() -> argparse.Namespace:
     p.add_argument("--step-period", type=float, default=10.0)
     p.add_argument("--burst-size", type=int, default=10)
     p.add_argument("--seed", type=int, default=20261202)
-    p.add_argument("--settle-timeout", type=float, default=180.0)
+    p.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=120.0,
+        help="s without a job ending: the rest are lost",
+    )
+    p.add_argument("--settle-max", type=float, default=1800.0, help="s after arrivals, at most")
     p.add_argument("--settle", type=float, default=12.0)
     p.add_argument("--probe-rate", type=float, default=20.0, help="per second, each probe")
     p.add_argument("--sample-interval", type=float, default=2.0)
@@ -377,7 +386,6 @@ class Run:
         start = time.monotonic()
         stop_at = start + a.saturation_duration
         counted_from = start + a.saturation_warmup
-        self.clients.deadline = stop_at + a.settle_timeout
         done: list[JobRecord] = []
         self.level = "saturation"
         say(f"saturation: {n} closed-loop clients for {a.saturation_duration:.0f} s")
@@ -394,7 +402,9 @@ class Run:
                 if rec.job_id is None:
                     await asyncio.sleep(0.5)  # refused: do not spin
 
-        await asyncio.gather(*(client_loop() for _ in range(n)))
+        loops = [asyncio.create_task(client_loop()) for _ in range(n)]
+        await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
+        await self._follow(loops, stop_at)
         window = a.saturation_duration - a.saturation_warmup
         counted = [
             r
@@ -424,7 +434,6 @@ class Run:
         proc = psutil.Process()
         cpu0 = sum(proc.cpu_times()[:2])
         start = time.monotonic()
-        self.clients.deadline = float("inf")
         tasks: list[asyncio.Task[JobRecord]] = []
 
         async def progress() -> None:
@@ -448,9 +457,9 @@ class Run:
                 tasks.append(asyncio.create_task(self._tracked(arrival)))
             await asyncio.sleep(max(0.0, start + a.duration - time.monotonic()))
             end = time.monotonic()
-            self.clients.deadline = end + a.settle_timeout
             say(f"[{name}] arrivals over; following {self.clients.in_flight} clients to the end")
-            records = list(await asyncio.gather(*tasks))
+            await self._follow(tasks, end)
+            records = [t.result() for t in tasks]
         finally:
             reporter.cancel()
         cpu = sum(proc.cpu_times()[:2]) - cpu0
@@ -464,6 +473,24 @@ class Run:
         )
         report["generator"]["cpu_percent"] = round(100 * cpu / max(settled - start, 1e-9), 1)
         self.levels.append(report)
+
+    async def _follow(self, tasks: list[asyncio.Task[Any]], since: float) -> None:
+        """Wait for ``tasks`` (clients following their jobs) until all are done, or
+        until no job ended for ``--settle-timeout`` s or ``--settle-max`` s passed since
+        ``since``: the clients then give up and their jobs count as lost."""
+        assert self.clients is not None
+        a = self.args
+        while any(not t.done() for t in tasks):
+            await asyncio.wait([t for t in tasks if not t.done()], timeout=1.0)
+            now = time.monotonic()
+            stalled = now - max(self.clients.last_end, since) > a.settle_timeout
+            if stalled or now - since > a.settle_max:
+                why = "no job ended lately" if stalled else "--settle-max passed"
+                say(f"giving up on {self.clients.in_flight} clients ({why})")
+                self.clients.give_up.set()
+                await asyncio.wait(tasks)
+                self.clients.give_up.clear()
+                return
 
     async def _tracked(self, arrival: Arrival) -> JobRecord:
         assert self.clients is not None
@@ -559,6 +586,7 @@ class Run:
             "lost_jobs": len(lost),
             "lost_examples": [f"{r.job_id} ({r.behaviour})" for r in lost[:10]],
             "idempotency_mismatches": sum(1 for r in records if r.idempotency_mismatch),
+            "generator_errors": dict(Counter(r.client_error for r in records if r.client_error)),
             "terminal_mismatches": mismatches,
             "queue_time_s": percentiles([r.queue_s for r in records if r.queue_s is not None], 3),
             "e2e_s": percentiles([r.e2e_s for r in completed if r.e2e_s is not None], 3),

@@ -5,8 +5,10 @@ one ``httpx.AsyncClient``, each playing one behaviour of the workload and leavin
 Behaviours (``load_workload.BEHAVIOURS``): ``poll``, ``sse``, ``sync``, ``cancel``,
 ``sync_disconnect``, ``audio``, ``idempotent_retry``. A create answered 429 is a
 refusal: the client records it (``queue_full`` and the ``Retry-After`` header) and does
-not retry. Every client that got a job id follows it to a terminal state (``completed``
-or ``failed``) until the level's settle deadline; one still not terminal then is lost.
+not retry. Pollers wait what the server's ``openai-poll-after-ms`` header says between
+two GETs (as the OpenAI SDK does), the workload's ``poll_interval_s`` without it. Every
+client that got a job id follows it to a terminal state (``completed`` or ``failed``)
+until :attr:`Clients.give_up` is set; its job is then lost.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class JobRecord:
     queue_s: float | None = None
     idempotency_mismatch: bool = False
     action_status: int | None = None  # the cancel's HTTP status
+    client_error: str | None = None  # an exception in the client itself
 
     @property
     def e2e_s(self) -> float | None:
@@ -71,7 +74,7 @@ def _error_code(resp: httpx.Response) -> str:
 
 
 class Clients:
-    """Runs arrivals against ``client`` until ``deadline`` (monotonic) for following jobs."""
+    """Runs arrivals against ``client``; :attr:`give_up` stops every client."""
 
     def __init__(
         self,
@@ -87,7 +90,8 @@ class Clients:
         self.rng = rng
         self.ttl_supported = ttl_supported
         self.sync_timeout_s = sync_timeout_s
-        self.deadline = float("inf")
+        self.give_up = asyncio.Event()  # set: every client stops where it is
+        self.last_end = time.monotonic()  # when a client last saw a terminal state
         self.in_flight = 0
         self.poll_read_ms: list[float] = []  # every GET a poller made
         self.counter = 0
@@ -141,6 +145,7 @@ class Clients:
         return obj
 
     def _finish(self, rec: JobRecord, obj: dict[str, Any]) -> None:
+        self.last_end = time.monotonic()
         rec.outcome = obj.get("status")
         rec.error_code = (obj.get("error") or {}).get("code")
         rec.created_at = obj.get("created_at")
@@ -151,41 +156,42 @@ class Clients:
         elif rec.started_at is not None and rec.created_at is not None:
             rec.queue_s = float(rec.started_at - rec.created_at)
 
-    async def _read(self, path: str) -> dict[str, Any] | None:
-        """One status read; None on a transport error or a non-200."""
+    async def _read(self, path: str) -> tuple[dict[str, Any] | None, float]:
+        """One status read: the object (None on a transport error or a non-200) and the
+        pause before the next (``openai-poll-after-ms``, else the workload's)."""
+        pause = self.workload.poll_interval_s
         t0 = time.perf_counter()
         try:
             resp = await self.client.get(path)
         except httpx.HTTPError:
-            return None
+            return None, pause
         self.poll_read_ms.append((time.perf_counter() - t0) * 1000)
-        return resp.json() if resp.status_code == 200 else None
+        with contextlib.suppress(KeyError, ValueError):
+            pause = int(resp.headers["openai-poll-after-ms"]) / 1000
+        return (resp.json() if resp.status_code == 200 else None), pause
 
     async def _poll(self, rec: JobRecord, path: str) -> None:
-        """GET ``path`` until the job is terminal or the deadline passes."""
-        while time.monotonic() < self.deadline:
-            obj = await self._read(path)
+        """GET ``path`` until the job is terminal (or the client is cancelled)."""
+        while True:
+            obj, pause = await self._read(path)
             if obj is not None and obj.get("status") in TERMINAL:
                 rec.end_mono = time.monotonic()
                 self._finish(rec, obj)
                 return
-            await asyncio.sleep(self.workload.poll_interval_s)
+            await asyncio.sleep(pause)
 
     async def _watch(self, rec: JobRecord, video_id: str) -> None:
         """Follow ``…/events`` to ``done``, then read the object; polls if the stream
         fails or ends early."""
         path = f"/v1/videos/{video_id}"
-        remaining = self.deadline - time.monotonic()
-        if remaining > 0:
-            with contextlib.suppress(httpx.HTTPError, TimeoutError):
-                async with asyncio.timeout(remaining):
-                    async with self.client.stream("GET", f"{path}/events", timeout=None) as r:
-                        if r.status_code == 200:
-                            async for line in r.aiter_lines():
-                                if line.startswith("event: done"):
-                                    rec.end_mono = time.monotonic()
-                                    break
-        obj = await self._read(path)
+        with contextlib.suppress(httpx.HTTPError):
+            async with self.client.stream("GET", f"{path}/events", timeout=None) as r:
+                if r.status_code == 200:
+                    async for line in r.aiter_lines():
+                        if line.startswith("event: done"):
+                            rec.end_mono = time.monotonic()
+                            break
+        obj, _ = await self._read(path)
         if obj is not None and obj.get("status") in TERMINAL:
             rec.end_mono = rec.end_mono or time.monotonic()
             self._finish(rec, obj)
@@ -215,10 +221,20 @@ class Clients:
             sent_mono=time.monotonic(),
         )
         self.in_flight += 1
+        behaviour = asyncio.ensure_future(getattr(self, f"_run_{arrival.behaviour}")(rec, arrival))
+        stop = asyncio.ensure_future(self.give_up.wait())
         try:
-            await getattr(self, f"_run_{arrival.behaviour}")(rec, arrival)
+            await asyncio.wait({behaviour, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            for task in (behaviour, stop):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             self.in_flight -= 1
+        if behaviour.done() and not behaviour.cancelled() and behaviour.exception():
+            exc = behaviour.exception()
+            rec.client_error = f"{type(exc).__name__}: {exc}"[:200]  # the generator's bug
         return rec
 
     async def _run_poll(self, rec: JobRecord, arrival: Arrival) -> None:
@@ -303,7 +319,7 @@ class Clients:
             await resp.aclose()
         if rec.job_id is None:
             return
-        obj = await self._read(f"/v1/videos/{rec.job_id}")
+        obj, _ = await self._read(f"/v1/videos/{rec.job_id}")
         if obj is not None and obj.get("status") in TERMINAL:
             self._finish(rec, obj)
         else:

@@ -5,7 +5,8 @@ The workload file is TOML (``benchmarks/workloads/cpu_mixed.toml``)::
 
     name = "cpu_mixed"          # optional; the file's stem otherwise
     prompt = "a small kite"     # optional; every create's prompt (a counter is appended)
-    poll_interval_s = 0.25      # pollers' and watchers' pause between two GETs
+    poll_interval_s = 0.25      # pause between two GETs when the server sends no
+                                # openai-poll-after-ms header (it does: 1 s by default)
 
     [[shape]]                   # video request shapes, one table each; at least one
     weight = 3                  # share among the shapes (> 0)

@@ -12,9 +12,10 @@ object on stdout, progress on stderr, optionally a PNG).
 **Stack.** By default an embedded ``omniqueue up`` (``--workers`` CPU reference workers,
 no realtime worker, ``--api-processes``, SQLite unless ``--database-url``; every
 ``--env KEY=VAL`` reaches up and its children, e.g. ``--env OMNIQ_QUEUE__MAX_DEPTH=50``),
-stopped with SIGINT at the end, also after Ctrl-C. ``up`` always runs its own embedded
-Valkey (``cli.up.child_env`` sets ``OMNIQ_REDIS__URL`` to it), so there is no
-``--redis-url`` for the embedded stack. With ``--base-url`` the stack is one already
+stopped with SIGINT at the end, also after Ctrl-C, SIGINT or SIGTERM (the JSON of
+the levels done so far is still printed, with ``interrupted: true``). ``up`` always
+runs its own embedded Valkey (``cli.up.child_env`` sets ``OMNIQ_REDIS__URL`` to it),
+so there is no ``--redis-url`` for the embedded stack. With ``--base-url`` the stack is one already
 running: its processes are the children of ``--up-pid`` or the ``--pids``; the
 end-of-level checks use ``--database-url``, ``--redis-url``, ``--worker-tmp-dir`` and
 S3 from the ``OMNIQ_S3__*`` environment when given (each check is null otherwise), and
@@ -27,12 +28,19 @@ for ``--step-period`` s, cycling), ``burst`` (``--burst-size`` arrivals at once 
 workload file (``--workload``, default ``benchmarks/workloads/cpu_mixed.toml``; format
 in ``benchmarks/load_workload.py``): poll, sse, sync, cancel, sync_disconnect, audio,
 idempotent_retry, and a ``ttl`` on a share of creates. A 429 is a refusal (the client
-does not retry), not a stack error.
+does not retry), not a stack error. Every create carries the behaviour's body; a /sync
+call carries an ``Idempotency-Key``, so a hung-up one's job is found again by replaying
+the key on ``POST /v1/videos``; if the hang-up came before the server stored the job,
+that replay creates it and it runs (a ``completed`` under ``sync_disconnect``). All
+clients share one ``httpx.AsyncClient`` (``--max-connections``, 800) on one event loop.
 
 **Saturation.** Unless ``--saturation-rps`` is given: ``--saturation-clients`` (default
-2 × workers + 2) closed-loop clients create-and-poll the workload's shapes (and its audio
+8 × workers + 2) closed-loop clients create-and-poll the workload's shapes (and its audio
 share) for ``--saturation-duration`` s; saturation = jobs completed after
-``--saturation-warmup`` s per second. Then each ``--levels`` factor runs for
+``--saturation-warmup`` s per second. Its ``queue_depth_min`` > 0 says the workers
+never waited for work. The open-loop mix (SSE, /sync, cancels, the prober) costs the
+stack more than this create-and-poll loop, so on one machine the mix saturates below
+it: read ``achieved_rps`` against ``offered_rps``. Then each ``--levels`` factor runs for
 ``--duration`` s at factor × saturation. After a level's arrivals stop, its clients
 follow their jobs until every one is terminal, or until no job has ended for
 ``--settle-timeout`` s (default 120) or ``--settle-max`` s (1800) have passed: the jobs
@@ -51,7 +59,8 @@ and reads the worker log (the embedded stack's stderr, or ``--worker-log``) for
 **Report** (stdout; ``--out`` also writes it): ``command``, ``date``, ``git``,
 ``machine``, ``stack``, ``workload``, ``server_features`` (``ttl`` accepted,
 ``estimated_start_at`` present), ``percentile_rule``, ``saturation`` (``rps``,
-``measured``, ``clients``, ``completed``, ``window_s``, ``e2e_s``), ``levels`` (one
+``measured``, ``clients``, ``completed``, ``window_s``, ``e2e_s``, ``queue_depth_min``,
+``queue_depth_mean``), ``levels`` (one
 object each, below), ``generator_cpu_s``, ``interrupted``, ``up_exit_code``,
 ``total_wall_s``. Per level:
 
@@ -88,6 +97,9 @@ object each, below), ``generator_cpu_s``, ``interrupted``, ``up_exit_code``,
 p50 ≥ 20, p95 ≥ 200, p99 ≥ 1000 samples; otherwise null next to its n
 (``benchmarks/load_stats.py``). At 20 probes/s a 60 s level has ~1200 status reads.
 
+``--keep-log PATH`` keeps the embedded stack's stderr (its children's logs) after the
+run; the data directory is removed.
+
 **PNG** (``--png``, matplotlib): end-to-end and probe latency, queue depth and
 in-flight, RSS per process, over the run's time with the levels marked.
 """
@@ -101,6 +113,7 @@ import contextlib
 import os
 import random
 import resource
+import signal
 import statistics
 import sys
 import time
@@ -137,6 +150,9 @@ from benchmarks.load_workload import (
 
 DEFAULT_WORKLOAD = ROOT / "benchmarks" / "workloads" / "cpu_mixed.toml"
 PROGRESS_EVERY_S = 10.0
+# Closed-loop clients per worker when measuring saturation: each waits up to a poll
+# interval (1 s) after its job ends, so a few per worker would leave the worker idle.
+SATURATION_CLIENTS_PER_WORKER = 8
 
 
 def _args() -> argparse.Namespace:
@@ -377,7 +393,7 @@ class Run:
         """Closed loop: the workload's shapes (and audio share), create + poll."""
         assert self.clients is not None
         a = self.args
-        n = a.saturation_clients or 2 * a.workers + 2
+        n = a.saturation_clients or SATURATION_CLIENTS_PER_WORKER * (a.workers or 1) + 2
         weights = {
             "poll": sum(w for k, w in self.workload.behaviours.items() if k != "audio"),
             "audio": self.workload.behaviours["audio"],
@@ -403,8 +419,11 @@ class Run:
                     await asyncio.sleep(0.5)  # refused: do not spin
 
         loops = [asyncio.create_task(client_loop()) for _ in range(n)]
-        await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
-        await self._follow(loops, stop_at)
+        try:
+            await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
+            await self._follow(loops, stop_at)
+        finally:
+            await _cancel(loops)
         window = a.saturation_duration - a.saturation_warmup
         counted = [
             r
@@ -413,6 +432,11 @@ class Run:
         ]
         rps = len(counted) / window if window > 0 else 0.0
         self.windows.append(("saturation", start - self.t0, stop_at - self.t0))
+        depths = [
+            s.queue_depth
+            for s in self.sampler.samples
+            if s.queue_depth is not None and counted_from - self.t0 <= s.t <= stop_at - self.t0
+        ]
         say(f"saturation: {rps:.3f} jobs/s ({len(counted)} completed in {window:.0f} s)")
         return {
             "measured": True,
@@ -422,6 +446,9 @@ class Run:
             "window_s": window,
             "e2e_s": percentiles([r.e2e_s for r in counted if r.e2e_s is not None], 3),
             "refused": sum(1 for r in done if r.job_id is None),
+            # > 0 throughout means the workers never waited for a job: a true saturation
+            "queue_depth_min": min(depths) if depths else None,
+            "queue_depth_mean": round(statistics.fmean(depths), 1) if depths else None,
         }
 
     async def level_run(self, factor: float, rate: float) -> None:
@@ -462,6 +489,7 @@ class Run:
             records = [t.result() for t in tasks]
         finally:
             reporter.cancel()
+            await _cancel(tasks)  # interrupted: no client may outlive the HTTP client
         cpu = sum(proc.cpu_times()[:2]) - cpu0
         settled = time.monotonic()
         say(f"[{name}] all clients done after {settled - end:.0f} s; settling {a.settle:.0f} s")
@@ -680,6 +708,13 @@ class Run:
         lag.cancel()
 
 
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel the tasks still running and wait for them."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _eta_error(records: list[JobRecord]) -> dict[str, Any] | None:
     """|started_at − estimated_start_at| of jobs created ``queued`` with an estimate."""
     if not any(r.eta_field for r in records):
@@ -703,8 +738,16 @@ def _eta_error(records: list[JobRecord]) -> dict[str, Any] | None:
     }
 
 
+def _stoppable() -> None:
+    """Ctrl-C, SIGINT and SIGTERM all end the run through KeyboardInterrupt (the stack is
+    then stopped), also when started in the background, where SIGINT comes ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+
+
 def main() -> int:
     args = _args()
+    _stoppable()
     workload = load_workload(args.workload)
     _raise_fd_limit()
     started = time.time()

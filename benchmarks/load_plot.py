@@ -34,10 +34,10 @@ def plot(path: Path, series: dict[str, Any], title: str) -> None:
     lat.legend(handles[0] + extra[0], handles[1] + extra[1], loc="upper left", fontsize=8)
 
     if series["queue"]:
-        t = [s[0] for s in series["queue"]]
+        times = [s[0] for s in series["queue"]]
         depth = [s[1] if s[1] is not None else float("nan") for s in series["queue"]]
-        queue.plot(t, depth, label="queued jobs (omniqueue_queue_depth)")
-        queue.plot(t, [s[2] for s in series["queue"]], label="client requests in flight")
+        queue.plot(times, depth, label="queued jobs (omniqueue_queue_depth)")
+        queue.plot(times, [s[2] for s in series["queue"]], label="client requests in flight")
     queue.set_ylabel("jobs")
     queue.legend(loc="upper left", fontsize=8)
 

@@ -284,23 +284,20 @@ def s3_leftovers(s3: Any, bucket: str, engine: Any) -> dict[str, Any]:
     status: dict[str, str] = {}
     artifacts: set[str] = set()
     ids = sorted(by_job)
+    in_ids: Any = bindparam("ids", expanding=True)
+    jobs_query = text("SELECT id, status FROM jobs WHERE id IN :ids").bindparams(in_ids)
+    keys_query = text("SELECT key FROM artifacts WHERE job_id IN :ids").bindparams(in_ids)
     with engine.connect() as conn:
         for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            jobs = text("SELECT id, status FROM jobs WHERE id IN :ids").bindparams(
-                bindparam("ids", expanding=True)
-            )
-            status.update({i: s for i, s in conn.execute(jobs, {"ids": chunk}).all()})
-            keys = text("SELECT key FROM artifacts WHERE job_id IN :ids").bindparams(
-                bindparam("ids", expanding=True)
-            )
-            artifacts.update(k for (k,) in conn.execute(keys, {"ids": chunk}).all())
+            chunk = {"ids": ids[start : start + 500]}
+            status.update(dict(conn.execute(jobs_query, chunk).all()))
+            artifacts.update(k for (k,) in conn.execute(keys_query, chunk).all())
     orphans: list[str] = []
-    for job_id, keys in by_job.items():
+    for job_id, job_keys in by_job.items():
         state = status.get(job_id, "gone")
         if state in ("queued", "in_progress"):
             continue
-        for key in keys:
+        for key in job_keys:
             kept = state == "completed" and (key in artifacts or "/input/" in key)
             if not kept:
                 orphans.append(f"{key} ({state})")

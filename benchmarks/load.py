@@ -13,9 +13,9 @@ object on stdout, progress on stderr, optionally a PNG).
 no realtime worker, ``--api-processes``, SQLite unless ``--database-url``; every
 ``--env KEY=VAL`` reaches up and its children, e.g. ``--env OMNIQ_QUEUE__MAX_DEPTH=50``),
 stopped with SIGINT at the end, also after Ctrl-C, SIGINT or SIGTERM (the JSON of
-the levels done so far is still printed, with ``interrupted: true``). ``up`` always
-runs its own embedded Valkey (``cli.up.child_env`` sets ``OMNIQ_REDIS__URL`` to it),
-so there is no ``--redis-url`` for the embedded stack. With ``--base-url`` the stack is one already
+the levels done so far is still printed, with ``interrupted: true``). ``--redis-url``
+makes ``up`` use that Redis instead of its embedded Valkey (flush the database first:
+the run's checks count its keys). With ``--base-url`` the stack is one already
 running: its processes are the children of ``--up-pid`` or the ``--pids``; the
 end-of-level checks use ``--database-url``, ``--redis-url``, ``--worker-tmp-dir`` and
 S3 from the ``OMNIQ_S3__*`` environment when given (each check is null otherwise), and
@@ -183,7 +183,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--pids", default="", help="comma-separated pids to watch")
     p.add_argument("--worker-log", type=Path, default=None)
     p.add_argument("--worker-tmp-dir", type=Path, default=None)
-    p.add_argument("--redis-url", default=None, help="--base-url only: for the key check")
+    p.add_argument("--redis-url", default=None, help="an existing Redis for up (or the key check)")
     p.add_argument("--api-key", default=os.environ.get("OMNIQ_API_KEY"))
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--png", type=Path, default=None)

@@ -44,6 +44,7 @@ class Target:
             "workers": None if a.base_url else a.workers,
             "api_processes": None if a.base_url else a.api_processes,
             "database": (a.database_url or "sqlite").split("://")[0].split("+")[0],
+            "redis": "external" if a.redis_url else "embedded valkey",
             "env": a.env,
         }
 
@@ -55,6 +56,8 @@ class Target:
             up_args = ["--realtime-workers", "0", "--api-processes", str(a.api_processes)]
             if a.database_url:
                 up_args += ["--database-url", a.database_url]
+            if a.redis_url:
+                up_args += ["--redis-url", a.redis_url]
             env = dict(item.split("=", 1) for item in a.env)
             self.stack = Stack(a.workers, env=env, args=tuple(up_args))
             self.stack.start()
@@ -62,7 +65,7 @@ class Target:
             self.processes = StackProcesses(up_pid=self.stack.pid)
             self.tmp_dir = self.stack.tmp_dir
             self.worker_log = self.stack.log_path
-            self.redis_url = f"redis://127.0.0.1:{self.stack.valkey_port()}/0"
+            self.redis_url = a.redis_url or f"redis://127.0.0.1:{self.stack.valkey_port()}/0"
             self.s3 = self.stack.s3_client()
             db = a.database_url or f"sqlite:///{self.stack.data_dir / 'omniqueue.db'}"
         else:

@@ -3,6 +3,7 @@ client.
 
     omniqueue up [--host] [--port] [--data-dir] [--workers N]   embedded stack, one command
                  [--api-processes N] [--api-replicas N] [--database-url URL]
+                 [--redis-url URL]
                  [--worker-devices cuda:0,cuda:1] [--group cuda:2,cuda:3 ...]
     omniqueue api [--host] [--port]                             the HTTP API
     omniqueue worker [--name] [--models] [--device]             one GPU worker process
@@ -150,6 +151,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         database_url=args.database_url,
         api_processes=args.api_processes,
         api_replicas=args.api_replicas,
+        redis_url=args.redis_url,
     )
 
 
@@ -237,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--database-url",
         default=None,
         help="an existing database (e.g. PostgreSQL) instead of SQLite in the data dir",
+    )
+    up.add_argument(
+        "--redis-url",
+        default=None,
+        help="an existing Redis (redis://host:port/db) instead of the embedded Valkey",
     )
     up.set_defaults(func=_cmd_up)
 

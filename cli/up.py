@@ -171,7 +171,7 @@ def child_env(
     host: str,
     port: int,
     data_dir: Path,
-    valkey: EmbeddedValkey,
+    redis_url: str,
     s3: EmbeddedS3,
     database_url: str | None = None,
 ) -> dict[str, str]:
@@ -182,7 +182,7 @@ def child_env(
             "OMNIQ_MODE": "embedded",
             "OMNIQ_DATA_DIR": str(data_dir),
             "OMNIQ_DATABASE__URL": database_url or f"sqlite:///{data_dir / 'omniqueue.db'}",
-            "OMNIQ_REDIS__URL": valkey.url,
+            "OMNIQ_REDIS__URL": redis_url,
             "OMNIQ_S3__ENDPOINT_URL": s3.endpoint_url,
             "OMNIQ_S3__BUCKET": s3.bucket,
             "OMNIQ_S3__ACCESS_KEY_ID": s3.access_key,
@@ -285,6 +285,7 @@ def run_up(
     api_replicas: int = 1,
     worker_devices: list[str] | None = None,
     groups: list[list[str]] | None = None,
+    redis_url: str | None = None,
 ) -> int:
     """Run the embedded stack until SIGINT/SIGTERM (exit 0), or until a child keeps
     dying however often it is restarted (exit 1)."""
@@ -301,16 +302,20 @@ def run_up(
             return 1
     # The API drains open requests for shutdown_grace_s; it must not be killed meanwhile.
     stop_timeout = max(CHILD_STOP_TIMEOUT_S, get_settings().shutdown_grace_s + STOP_MARGIN_S)
-    valkey = EmbeddedValkey(data_dir / "valkey")
+    # ``redis_url``: an existing Redis (its database is the broker's and the events')
+    # instead of the embedded Valkey.
+    valkey = None if redis_url else EmbeddedValkey(data_dir / "valkey")
     s3 = EmbeddedS3(data_dir / "s3", bucket="omniqueue")
     children: ProcessGroup | None = None
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        _say(f"starting valkey… (data in {valkey.data_dir})")
-        valkey.start()
+        if valkey is not None:
+            _say(f"starting valkey… (data in {valkey.data_dir})")
+            valkey.start()
         _say(f"starting S3 (SeaweedFS)… (data in {s3.data_dir})")
         s3.start()
-        env = child_env(host, port, data_dir, valkey, s3, database_url)
+        redis = redis_url or valkey.url  # type: ignore[union-attr]
+        env = child_env(host, port, data_dir, redis, s3, database_url)
         _say("migrating the database…")
         migrate = subprocess.run(
             _cli("migrate"),
@@ -373,7 +378,8 @@ def run_up(
         replicas = f"  (API replicas: {' '.join(urls)})" if len(urls) > 1 else ""
         print(f"omniqueue is up: {url}  (data: {data_dir}){replicas}", flush=True)
         supervisor = Supervisor(_say)
-        supervisor.add("valkey", valkey.exit_code, valkey.restart)
+        if valkey is not None:
+            supervisor.add("valkey", valkey.exit_code, valkey.restart)
         supervisor.add("S3 (SeaweedFS)", s3.exit_code, s3.restart)
         for name in children.names:
             supervisor.add(name, partial(children.exit_code, name), partial(children.respawn, name))
@@ -421,13 +427,14 @@ def _worker_commands(
 
 
 def _shutdown(
-    children: ProcessGroup | None, s3: EmbeddedS3, valkey: EmbeddedValkey, timeout: float
+    children: ProcessGroup | None, s3: EmbeddedS3, valkey: EmbeddedValkey | None, timeout: float
 ) -> None:
     if children is not None:
         _say("stopping the API and workers…")
         children.stop(timeout)
     _say("stopping S3…")
     s3.stop()
-    _say("stopping valkey…")
-    valkey.stop()
+    if valkey is not None:
+        _say("stopping valkey…")
+        valkey.stop()
     _say("stopped")

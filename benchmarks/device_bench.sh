@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sourced by the benchmarks/device_gpu_*.sh scripts: `run_bench NAME [args]` runs
 # benchmarks/NAME.py on the lent GPU machine in the wheelhouse's venv (device_venv.sh),
-# its JSON to $OUT/NAME.json and its stderr to $OUT/NAME.log (and the terminal).
+# its JSON to $OUT/NAME.json and its stderr to $OUT/NAME.log (and the terminal). With
+# BENCH_TIMEOUT_S set, the script is killed (SIGTERM, SIGKILL 10 s later) after that long.
 run_bench() {
     local name=$1
     shift
@@ -12,7 +13,12 @@ run_bench() {
     source benchmarks/device_venv.sh
     local t0
     t0=$(date +%s)
-    PYTHONUNBUFFERED=1 OUT="$OUT" "$VENV/bin/python" "benchmarks/$name.py" "$@" >/dev/null \
+    local limit=()
+    if [ -n "${BENCH_TIMEOUT_S:-}" ]; then
+        limit=(timeout --kill-after=10 "$BENCH_TIMEOUT_S")
+    fi
+    PYTHONUNBUFFERED=1 OUT="$OUT" "${limit[@]}" "$VENV/bin/python" "benchmarks/$name.py" "$@" \
+        >/dev/null \
         2> >(tee "$OUT/$name.log" >&2)
     echo "benchmark_s: $(($(date +%s) - t0))"
 }

@@ -211,11 +211,34 @@ class WorkerSettings(BaseModel):
     log_frame_digests: bool = False
     # Tests only: a JSON file of fault-injection points (see workers/failpoints.py).
     failpoints_file: str | None = None
+    # Cap this worker's CUDA memory at this fraction of each of its devices'
+    # (``torch.cuda.set_per_process_memory_fraction``, once at start, before the models
+    # load; each rank of a group on its own device). A job that needs more fails ``oom``
+    # and the worker goes on with the next. None: no cap; ignored on CPU.
+    memory_fraction: float | None = None
 
     @field_validator("models", "devices", mode="before")
     @classmethod
     def _split_models(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("memory_fraction", mode="before")
+    @classmethod
+    def _check_memory_fraction(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None  # an empty variable: no cap
+        try:
+            fraction = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"OMNIQ_WORKER__MEMORY_FRACTION must be a number in (0, 1], not {value!r}"
+            ) from None
+        if not 0 < fraction <= 1:  # NaN fails this too
+            raise ValueError(
+                f"OMNIQ_WORKER__MEMORY_FRACTION must be in (0, 1] (a fraction of the "
+                f"device's memory), not {value!r}"
+            )
+        return fraction
 
     @property
     def group_size(self) -> int:

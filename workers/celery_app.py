@@ -13,6 +13,7 @@ from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtim
 from storage.queue import make_celery
 from storage.settings import Settings
 from workers.context import WorkerContext, worker_models
+from workers.memory import apply_memory_fraction
 from workers.metrics import serve_metrics
 
 
@@ -65,6 +66,7 @@ def serve(
         what = f" for {size} devices" if size > 1 else ""
         print(f"omniqueue worker: no {kind} model is served{what}", file=sys.stderr)
         return 2
+    apply_memory_fraction(settings.worker.memory_fraction, model_devices(settings, realtime))
     context.pipelines.load_all()
     if prepare is not None:
         prepare(context)
@@ -98,6 +100,13 @@ def serve(
     finally:
         context.close()
     return 0
+
+
+def model_devices(settings: Settings, realtime: bool = False) -> list[str]:
+    """The devices this worker loads its models on: its own, and any a registry entry
+    names (``device``)."""
+    models = worker_models(settings, realtime=realtime).values()
+    return [settings.worker.device, *(m.device for m in models if m.device)]
 
 
 def worker_queues(settings: Settings, *, realtime: bool = False) -> list[str]:

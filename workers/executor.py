@@ -57,6 +57,7 @@ from workers.failpoints import Failpoints
 from workers.failures import classify, log_level
 from workers.job_claim import JobClaim
 from workers.media import decode_streamed, encode_video, finish_video, preview_jpeg
+from workers.memory import forget_frames
 from workers.pipelines.base import (
     GenerationRequest,
     Media,
@@ -101,6 +102,7 @@ class _Run:
     # workers/stop_signal.py.
     stop: StopSignal = field(default_factory=StopSignal)
     blocks: int = 0  # block gates passed in the current step
+    in_step: bool = False  # inside ``pipe.step`` (what an out-of-memory line names)
 
     def timed_out(self) -> JobTimedOut:
         return JobTimedOut(f"the job passed its {self.timeout_s:g} s deadline")
@@ -155,25 +157,23 @@ class StepExecutor:
         watch = StopWatch(self.bus, job_id, started, run.stop.set).start()
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
         stop_heartbeat = self._start_heartbeat(run)
+        pipe: Pipeline | None = None
         completed = False
         outcome = "failed"
         try:
-            completed = self._execute(run, tmp)
+            pipe = self.pipelines.job(job.model)
+            completed = self._execute_on(pipe, run, tmp)
             outcome = "completed" if completed else "cancelled"
-        except (JobLost, UploadAborted):
+        except (JobLost, UploadAborted) as exc:
             outcome = "cancelled"  # whoever took the job from us recorded why
+            forget_frames(exc)  # a stop inside a step: its tensors go with the state
         except Exception as exc:
-            code, message = classify(exc)
-            log.log(
-                log_level(code), "job %s failed in %s: %s", job_id, run.stage, code, exc_info=exc
-            )
-            if code == ErrorCode.INTERNAL_ERROR:
-                message = f"{message} in stage {run.stage}"
-            self._fail(run, code, message)
-            outcome = code.value
+            outcome = self._failed(run, exc).value
         finally:
             stop_heartbeat.set()
             watch.close()
+            if pipe is not None:
+                self._end(pipe, run)
             shutil.rmtree(tmp, ignore_errors=True)
             if not completed:
                 self._delete_objects(job)
@@ -185,14 +185,39 @@ class StepExecutor:
             log.info("job %s: cuda memory allocated %.1f MiB", job_id, allocated)
         return outcome
 
-    # ---- the pipeline -----------------------------------------------------------
+    def _failed(self, run: _Run, exc: Exception) -> ErrorCode:
+        """A run that raised: the row failed with the exception's stable code first, so
+        pollers see the terminal state before anything slow (the traceback's formatting,
+        ``pipe.end()``, which in a worker group waits for the other ranks, the memory
+        release, the objects' deletion); then the log, and the failed work's frames let go."""
+        caught = time.time()  # an out-of-memory: the closest to its allocation failure
+        code, message = classify(exc)
+        if code == ErrorCode.INTERNAL_ERROR:
+            message = f"{message} in stage {run.stage}"
+        self._fail(run, code, message)
+        if code == ErrorCode.OOM:
+            n = run.job.num_inference_steps
+            where = f"step {run.step + 1} of {n}" if run.in_step else f"stage {run.stage}"
+            log.warning(
+                "job %s: out of memory in %s at %.6f; failed at %.6f",
+                run.job.id,
+                where,
+                caught,
+                time.time(),
+            )
+        level = log_level(code)
+        log.log(level, "job %s failed in %s: %s", run.job.id, run.stage, code, exc_info=exc)
+        forget_frames(exc)  # nothing of the failed step stays referenced through exc
+        return code
 
-    def _execute(self, run: _Run, tmp: Path) -> bool:
-        pipe = self.pipelines.job(run.job.model)
+    def _end(self, pipe: Pipeline, run: _Run) -> None:
+        """``pipe.end()`` after every run, once its outcome is recorded."""
         try:
-            return self._execute_on(pipe, run, tmp)
-        finally:
             pipe.end()
+        except Exception:
+            log.exception("job %s: %s.end() failed", run.job.id, type(pipe).__name__)
+
+    # ---- the pipeline -----------------------------------------------------------
 
     def _execute_on(self, pipe: Pipeline, run: _Run, tmp: Path) -> bool:
         job = run.job
@@ -213,8 +238,10 @@ class StepExecutor:
             self._failpoint(run, f"step:{state.step_index}")
             run.blocks = 0
             step_started = time.monotonic()
+            run.in_step = True
             with step_stops(in_step):
                 pipe.step(state)
+            run.in_step = False
             step_seconds.observe(time.monotonic() - step_started)
             run.step = state.step_index
             span = DENOISE_END - STAGE_START["denoise"]
@@ -443,18 +470,21 @@ class StepExecutor:
         return not run.stop.poll()
 
     def _fail(self, run: _Run, code: ErrorCode, message: str) -> None:
+        """Fail the job if it is still ours. Under the writer thread's lock: a progress
+        event it is sending goes out before the ``done`` event, never after it."""
         run.end_stage()
-        failed = self.jobs.fail(
-            run.job.id,
-            code,
-            message,
-            worker_id=self.worker_id,
-            stage_durations=run.durations,
-            stage=run.stage,
-        )
-        if failed:
-            error = JobError(code=code.value, message=message)
-            self._publish(run.job, DoneEvent(status="failed", error=error))
+        with run.lock:
+            failed = self.jobs.fail(
+                run.job.id,
+                code,
+                message,
+                worker_id=self.worker_id,
+                stage_durations=run.durations,
+                stage=run.stage,
+            )
+            if failed:
+                error = JobError(code=code.value, message=message)
+                self._publish(run.job, DoneEvent(status="failed", error=error))
 
     def _preview(self, run: _Run, pipe: Pipeline, state: Any) -> None:
         image = pipe.preview(state)
@@ -522,7 +552,9 @@ class StepExecutor:
         collection catches short cycles (a full one costs ~250 ms with diffusers loaded).
         A job stopped inside a step may have left blocks queued on the device: wait for
         them, so "stopped" means the device is idle. After an OOM the allocator's cached
-        blocks go back to the driver as well, so the next job starts unfragmented."""
+        blocks go back to the driver as well, so the next job starts unfragmented: the
+        failed step's tensors are unreferenced by then (``_failed`` cleared the frames of
+        its traceback), so allocated memory is the weights' again."""
         gc.collect(0)
         if stopped and torch.cuda.is_available():
             torch.cuda.synchronize()

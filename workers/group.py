@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from storage.settings import Settings, get_settings
 from workers.context import WorkerContext, worker_models
+from workers.memory import apply_memory_fraction
 from workers.parallel import GroupParallel, enable
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, step_stops
 from workers.pipelines.blocks import StepAborted
@@ -283,6 +284,7 @@ def _rank_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     models = worker_models(settings)
+    apply_memory_fraction(worker.memory_fraction, [devices[rank]])  # rank 0's: in serve
     registry = PipelineRegistry(models, devices[rank])
     _follow(rank, _load_group(registry, rank, world), links[0])
 

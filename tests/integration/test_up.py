@@ -15,7 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from storage.constants import job_events_key
+from storage.worker_presence import presence_key
+from tests.integration.conftest import REDIS_BASE_URL
 from tests.integration.stack import REPO
 from workers.processes import free_port
 
@@ -362,4 +366,27 @@ def test_api_replicas_listen_on_consecutive_ports_and_serve_the_same_jobs(
         code, tree, ports = up.stop(signal.SIGTERM)
     assert code == 0
     assert {port, port + 1} <= ports
+    assert [pid for pid in tree if _alive(pid)] == []
+
+
+def test_redis_url_runs_the_stack_on_that_redis_without_valkey(
+    tmp_path: Path, redis_db: int
+) -> None:
+    url = f"{REDIS_BASE_URL}/{redis_db}"
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    up = Up(tmp_path / "data", free_port(), args=("--redis-url", url))
+    try:
+        valkeys = [pid for pid in _descendants(up.proc.pid) if _has_words(pid, ("valkey",))]
+        assert valkeys == []
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            video = c.post("/v1/videos", json=SMALL_JOB).json()["id"]
+            _wait(lambda: _status(c, video)["status"] == "completed", "never completed", up)
+        # the broker, the job's events and the worker's presence are on that Redis
+        assert client.exists(job_events_key(video))
+        assert client.zcard(presence_key("reference/video")) == 1
+    finally:
+        code, tree, _ = up.stop(signal.SIGTERM)
+        client.flushdb()
+    assert code == 0
     assert [pid for pid in tree if _alive(pid)] == []

@@ -169,3 +169,34 @@ def test_slope_leaves_out_the_warmup() -> None:
     points = [(float(t), 50.0 if t < 20 else 300.0) for t in range(0, 100, 2)]
     assert slope_per_minute(points, warmup=0.0) > 100
     assert slope_per_minute(points, warmup=0.25) == pytest.approx(0.0)
+
+
+def test_evidence_keys_come_from_the_runs_that_measured_them() -> None:
+    from benchmarks.load_evidence import evidence
+
+    def level(lost: int, slopes: dict[str, float], **extra: object) -> dict[str, object]:
+        return {"lost_jobs": lost, "rss_slope_mb_per_min": slopes, **extra}
+
+    soak_a = {"levels": [level(0, {"api": 0.2, "worker0": 0.7}, eta_error_s={"n": 9, "p95": 4})]}
+    soak_b = {"levels": [level(1, {"api": -0.1}, eta_error_s={"n": 900, "p95": 2, "median": 1})]}
+    overload = {
+        "levels": [
+            level(0, {}, status_read_ms={"p99": 80.0}),
+            level(0, {}, status_read_ms={"p99": 21.5}, level=1.2, create_latency_max_ms=300),
+        ]
+    }
+    gpu = {"levels": [level(0, {}, gpu_memory_slope_mib_per_min=0.0)]}
+    out = evidence(
+        [(Path("a.json"), soak_a), (Path("b.json"), soak_b)],
+        (Path("o.json"), overload),
+        (Path("g.json"), gpu),
+        {"oom_recovered": 1, "oom_to_terminal_ms": 16.1},
+    )
+    assert out["soak_lost_jobs"] == 1
+    assert out["soak_rss_slope_mb_per_min_max"] == 0.7
+    assert out["overload_status_p99_ms"] == 21.5 and out["overload_level"] == 1.2
+    assert out["eta_error_p95_s"] == 2 and out["eta_error_n"] == 900  # the most estimates
+    assert out["oom_recovered"] == 1 and out["gpu_soak_memory_slope_mib_per_min"] == 0.0
+    assert [r["file"] for r in out["runs"]] == ["a.json", "b.json", "o.json", "g.json"]
+    empty = evidence([], None, None, None)
+    assert empty["soak_lost_jobs"] is None and empty["oom_recovered"] is None

@@ -247,7 +247,13 @@ class JobFailed(OmniqueueError):
     """A job awaited synchronously failed; the status follows its stable error code."""
 
     type = "server_error"
-    _STATUS = {"invalid_request": 400, "invalid_lora": 400, "cancelled": 409, "timeout": 504}
+    _STATUS = {
+        "invalid_request": 400,
+        "invalid_lora": 400,
+        "cancelled": 409,
+        "ttl_expired": 503,
+        "timeout": 504,
+    }
 
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message, code=code)

@@ -6,6 +6,7 @@ PostgreSQL, Redis and SeaweedFS."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -220,13 +221,25 @@ def test_ttl_expired_ends_a_queued_job_without_running_it(qstack: Stack) -> None
         s3 = qstack.s3.client()
         prefix = f"videos/{job['id']}/"
         assert s3.list_objects_v2(Bucket=qstack.s3.bucket, Prefix=prefix).get("KeyCount") == 1
-        time.sleep(1.5)  # its ttl passes while no worker runs
+        answers: list[httpx.Response] = []
+
+        def wait_sync() -> None:
+            with qstack.client(timeout=60) as waiter:
+                answers.append(waiter.post("/v1/videos/sync", json={**TINY, "ttl": 1}))
+
+        sync = threading.Thread(target=wait_sync)
+        sync.start()
+        time.sleep(1.5)  # their ttl passes while no worker runs
         qstack.start_worker("late")
         qstack.wait_workers(1)
         try:
             ended = _wait(c, job["id"], "failed", timeout=30)
             assert ended["error"]["code"] == "ttl_expired"
             assert ended["started_at"] is None and ended["progress"] == 0
+            sync.join(60)
+            (answer,) = answers  # /sync: 503 with the job's code
+            assert answer.status_code == 503, answer.text
+            assert answer.json()["error"]["code"] == "ttl_expired"
             end = time.monotonic() + 10  # its objects go right after the row ends
             while s3.list_objects_v2(Bucket=qstack.s3.bucket, Prefix=prefix).get("KeyCount"):
                 assert time.monotonic() < end, "the expired job's reference was not deleted"

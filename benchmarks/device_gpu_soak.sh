@@ -2,14 +2,17 @@
 # The GPU soak of issue 23 on the lent H200: benchmarks/load.py with the Wan worker
 # (random-weight Wan2.1-1.3B, benchmarks/workloads/wan_h200.toml) at 90 % of its measured
 # saturation for --duration seconds (600). It runs longer than one device command may, so
-# it runs in the background (setsid) and a later call collects it:
+# it runs in the background (setsid) and later calls keep the machine and collect it. The
+# machine goes back 30 s after a call ends (status's idle_release_s), killing the run, so
+# the calls must follow each other at once:
 #
 #   run(command="bash benchmarks/device_gpu_soak.sh start [load.py args]", carry=[".wheelhouse"])
-#   run(command="bash benchmarks/device_gpu_soak.sh status")    # progress, while it runs
-#   run(command="bash benchmarks/device_gpu_soak.sh collect")   # $OUT/gpu_soak.json (+ log)
+#   run(command="sleep 555; bash benchmarks/device_gpu_soak.sh status", timeout_s=600)
+#   run(command="bash benchmarks/device_gpu_soak.sh collect")   # waits for the JSON; $OUT
 #
-# The run lives in $SOAK_DIR (/tmp/oq-gpu-soak) on the warm machine; a machine given back
-# in between loses it.
+# `start --saturation-rps 1.1` skips the saturation phase with a figure measured before
+# (2026-12-02: 1.100 jobs/s), so that the whole run fits in two more calls. The run lives
+# in $SOAK_DIR (/tmp/oq-gpu-soak) on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SOAK_DIR=${SOAK_DIR:-/tmp/oq-gpu-soak}
@@ -48,6 +51,10 @@ status)
     nvidia-smi --query-gpu=memory.used --format=csv || true
     ;;
 collect)
+    for _ in $(seq 60); do  # the run's last level settles, then up stops
+        test -s "$SOAK_DIR/gpu_soak.json" && break
+        sleep 3
+    done
     mkdir -p "$OUT"
     cp "$SOAK_DIR"/gpu_soak.* "$OUT"/ 2>/dev/null || true
     tail -3 "$SOAK_DIR/gpu_soak.log"

@@ -142,15 +142,19 @@ def _wait(c: httpx.Client, job_id: str, status: str, timeout: float = 60) -> dic
 
 
 def _drain(st: Stack, c: httpx.Client) -> None:
-    """Run every queued job to its end on a worker, then stop the worker."""
+    """Run every queued job to its end on a worker, then stop the worker (none to start
+    when nothing is queued or running)."""
+    jobs = c.get("/v1/videos", params={"limit": 100}).json()["data"]
+    active = [job["id"] for job in jobs if job["status"] in ("queued", "in_progress")]
+    if not active:
+        return
     st.start_worker("drain")
     st.wait_workers(1)
-    for job in c.get("/v1/videos", params={"limit": 100}).json()["data"]:
-        if job["status"] in ("queued", "in_progress"):
-            end = time.monotonic() + 60
-            while c.get(f"/v1/videos/{job['id']}").json()["status"] in ("queued", "in_progress"):
-                assert time.monotonic() < end
-                time.sleep(0.05)
+    for job_id in active:
+        end = time.monotonic() + 60
+        while c.get(f"/v1/videos/{job_id}").json()["status"] in ("queued", "in_progress"):
+            assert time.monotonic() < end
+            time.sleep(0.05)
     st.stop_process("drain")
 
 

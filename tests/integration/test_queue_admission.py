@@ -185,11 +185,13 @@ def test_queue_full_refuses_with_retry_after_and_stores_nothing(qstack: Stack) -
 
 def test_retry_after_and_estimated_start_come_from_the_measured_run_time(qstack: Stack) -> None:
     with qstack.client() as c:
-        _drain(qstack, c)  # earlier tests' jobs, if any, are measured run times now
-        qstack.set_failpoints({"step:0": "sleep:3"})
+        _drain(qstack, c)
         qstack.start_worker("busy")
         qstack.wait_workers(1)
         try:
+            measured = c.post("/v1/videos", json=TINY).json()  # a run time to go on
+            _wait(c, measured["id"], "completed")
+            qstack.set_failpoints({"step:0": "sleep:3"})
             blocker = c.post("/v1/videos", json=TINY).json()
             _wait(c, blocker["id"], "in_progress")
             waiting = [c.post("/v1/videos", json=TINY).json() for _ in range(2)]

@@ -18,8 +18,10 @@ from sqlalchemy import Engine, create_engine, func, select
 
 from cli.embedded import EmbeddedS3
 from models.db import Job, JobStatus
+from models.webhooks import JobWebhook
 from storage.db import make_sessionmaker
 from storage.jobs import JobStore
+from storage.outbox import DELIVERIES
 from storage.worker_presence import PresenceLease, WorkerPresence, presence_key
 from tests.helpers import video_spec
 from tests.integration.conftest import REDIS_BASE_URL, isolated_stack
@@ -47,7 +49,9 @@ def _job(store: JobStore, job_id: str, *, ttl_s: int | None, age_s: float, **kw:
 
 
 def test_a_queued_job_past_its_ttl_is_never_claimed_and_ends_ttl_expired(store: JobStore) -> None:
-    _job(store, "video_old", ttl_s=5, age_s=10)
+    hooked = video_spec(ttl_s=5, webhook=JobWebhook(url="https://hooks.example/a"))
+    old_job = Job.new(hooked, id="video_old", owner="k", created_at=time.time() - 10)
+    store.create(old_job, idempotency_window_s=60)
     _job(store, "video_fresh", ttl_s=60, age_s=10)
     _job(store, "video_none", ttl_s=None, age_s=5)
     assert not store.claim("video_old", "w1")  # past its ttl: not claimable
@@ -64,7 +68,12 @@ def test_a_queued_job_past_its_ttl_is_never_claimed_and_ends_ttl_expired(store: 
     assert store.get("video_running").status == JobStatus.IN_PROGRESS  # type: ignore[union-attr]
     assert store.get("video_none").status == JobStatus.QUEUED  # type: ignore[union-attr]
     assert store.expire_ttl(time.time() + 10) == []  # once
-    # the ended job's webhook deliveries are queued as for any end (none configured here)
+    # its webhook delivery was queued as for any end: one, of the failed event
+    with store._engine.connect() as conn:
+        rows = conn.execute(
+            select(DELIVERIES.c.job_id, DELIVERIES.c.event_type, DELIVERIES.c.url)
+        ).all()
+    assert [tuple(r) for r in rows] == [("video_old", "video.failed", "https://hooks.example/a")]
     assert store.count_queued("reference/video") == 1
 
 

@@ -7,7 +7,10 @@ reports, and the H200 out-of-memory report of ``benchmarks/gpu_oom.py``.
 
 - ``soak_lost_jobs``: lost jobs summed over every level of every soak;
 - ``soak_rss_slope_mb_per_min_max``: the largest RSS slope of any stack process in any
-  soak level (after the level's warm-up);
+  soak level (after the level's warm-up), the embedded data stores (Valkey, SeaweedFS)
+  included; ``soak_rss_slope_mb_per_min_by_process``: each process's largest, and
+  ``soak_rss_slope_mb_per_min_max_omniqueue``: the largest of omniqueue's own processes
+  (API, workers, webhook sender);
 - ``overload_status_p99_ms``: the status-read p99 of the overload run's highest level
   (and ``overload_health_p99_ms``, ``overload_create_max_ms`` beside it);
 - ``eta_error_p95_s``, ``eta_error_median_s``: of the soak level with the most estimates
@@ -28,6 +31,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import emit, parser
+
+# Processes of the embedded stack that are not omniqueue's: its data stores.
+_DATA_STORES = frozenset({"valkey", "weed"})
 
 
 def _levels(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -74,12 +80,14 @@ def evidence(
     oom: dict[str, Any] | None,
 ) -> dict[str, Any]:
     soak_levels = [lv for _, r in soaks for lv in _levels(r)]
-    slopes = [
-        s
-        for lv in soak_levels
-        for s in (lv.get("rss_slope_mb_per_min") or {}).values()
-        if isinstance(s, (int, float))
-    ]
+    by_process: dict[str, float] = {}
+    for lv in soak_levels:
+        for name, slope in (lv.get("rss_slope_mb_per_min") or {}).items():
+            if isinstance(slope, (int, float)):
+                role = name.split(":")[0].split("#")[0]
+                by_process[role] = max(slope, by_process.get(role, slope))
+    slopes = list(by_process.values())
+    ours = [v for k, v in by_process.items() if k not in _DATA_STORES]
     etas = [lv["eta_error_s"] for lv in soak_levels if lv.get("eta_error_s")]
     eta = max(etas, key=lambda e: e.get("n") or 0, default=None)
     top = _levels(overload[1])[-1] if overload and _levels(overload[1]) else {}
@@ -89,6 +97,8 @@ def evidence(
         if soak_levels
         else None,
         "soak_rss_slope_mb_per_min_max": round(max(slopes), 3) if slopes else None,
+        "soak_rss_slope_mb_per_min_max_omniqueue": round(max(ours), 3) if ours else None,
+        "soak_rss_slope_mb_per_min_by_process": by_process or None,
         "overload_status_p99_ms": (top.get("status_read_ms") or {}).get("p99"),
         "overload_health_p99_ms": (top.get("health_ms") or {}).get("p99"),
         "overload_create_max_ms": top.get("create_latency_max_ms"),

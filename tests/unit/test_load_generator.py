@@ -177,7 +177,9 @@ def test_evidence_keys_come_from_the_runs_that_measured_them() -> None:
     def level(lost: int, slopes: dict[str, float], **extra: object) -> dict[str, object]:
         return {"lost_jobs": lost, "rss_slope_mb_per_min": slopes, **extra}
 
-    soak_a = {"levels": [level(0, {"api": 0.2, "worker0": 0.7}, eta_error_s={"n": 9, "p95": 4})]}
+    soak_a = {
+        "levels": [level(0, {"api:1#0": 0.2, "embedded-0": 0.7, "weed": 1.5}, eta_error_s={"n": 9})]
+    }
     soak_b = {"levels": [level(1, {"api": -0.1}, eta_error_s={"n": 900, "p95": 2, "median": 1})]}
     overload = {
         "levels": [
@@ -193,7 +195,13 @@ def test_evidence_keys_come_from_the_runs_that_measured_them() -> None:
         {"oom_recovered": 1, "oom_to_terminal_ms": 16.1},
     )
     assert out["soak_lost_jobs"] == 1
-    assert out["soak_rss_slope_mb_per_min_max"] == 0.7
+    assert out["soak_rss_slope_mb_per_min_max"] == 1.5
+    assert out["soak_rss_slope_mb_per_min_max_omniqueue"] == 0.7
+    assert out["soak_rss_slope_mb_per_min_by_process"] == {
+        "api": 0.2,
+        "embedded-0": 0.7,
+        "weed": 1.5,
+    }
     assert out["overload_status_p99_ms"] == 21.5 and out["overload_level"] == 1.2
     assert out["eta_error_p95_s"] == 2 and out["eta_error_n"] == 900  # the most estimates
     assert out["oom_recovered"] == 1 and out["gpu_soak_memory_slope_mib_per_min"] == 0.0

@@ -40,7 +40,7 @@ PY
         --env OMNIQ_MODEL_REGISTRY="$SOAK_DIR/models.toml" \
         --env OMNIQ_MODELS=wan-1.3b-random --env OMNIQ_WORKER__DEVICE=cuda \
         --env OMNIQ_WORKER__PREVIEW_EVERY=0 \
-        --out "$SOAK_DIR/gpu_soak.json" "$@" \
+        --out "$SOAK_DIR/gpu_soak.json" --png "$SOAK_DIR/gpu_soak.png" "$@" \
         >"$SOAK_DIR/stdout" 2>"$SOAK_DIR/gpu_soak.log" </dev/null &
     echo "started pid $!; collect in ~13 min"
     sleep 60

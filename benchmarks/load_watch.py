@@ -99,8 +99,28 @@ class Sample:
     in_flight: int
 
 
+class _Watcher:
+    """A daemon thread running ``_loop`` from :meth:`start` until :meth:`stop`."""
+
+    _name = "load-watcher"
+    _stop: threading.Event
+    _thread: threading.Thread | None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
 @dataclass
-class Sampler:
+class Sampler(_Watcher):
     """Every ``interval_s``: RSS per process (API processes of one port one entry each:
     ``api:PORT#i``), the queue-depth gauge of ``/metrics``, the generator's in-flight
     count; and, as they come, the GPU worker's ``cuda memory allocated`` log lines."""
@@ -120,14 +140,7 @@ class Sampler:
     _log_offset: int = 0
     _thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="load-sampler", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+    _name = "load-sampler"
 
     def _loop(self) -> None:
         with httpx.Client(base_url=self.base_url, timeout=5, trust_env=False) as client:
@@ -179,7 +192,7 @@ class Sampler:
 
 
 @dataclass
-class Prober:
+class Prober(_Watcher):
     """``rate`` GETs a second of one path (a callable: a recent job's status, or
     ``/health``), on its own thread and connection. Records ``(t, level, ms, status)``;
     a tick that starts more than 50 ms late (the generator itself was busy) is counted."""
@@ -194,14 +207,7 @@ class Prober:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="load-prober", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+    _name = "load-prober"
 
     def _loop(self) -> None:
         gap = 1.0 / self.rate

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.catalog import ServedModel
-from models.db import Job
+from models.db import Job, job_spec
 from models.errors import QueueFull
 from storage.jobs import JobStore
 from storage.settings import QueueSettings
@@ -174,8 +174,9 @@ class QueueAdmission:
         (:class:`QueueFull`) when the model's queue is at its bound."""
         policy = self.policies.get(job.model, QueuePolicy())
         if job.ttl_s is None and policy.ttl_s:
-            job.ttl_s = policy.ttl_s
-            job.spec = {**job.spec, "ttl_s": policy.ttl_s}
+            job.ttl_s = policy.ttl_s  # the column, and the spec the worker reads
+            spec = job_spec(job).model_copy(update={"ttl_s": policy.ttl_s})
+            job.spec = spec.model_dump(mode="json")
         if not policy.max_depth:
             return
         queued = self.jobs.count_queued(job.model)

@@ -55,8 +55,7 @@ class AudioService(JobService[AudioObject, AudioCreate]):
     ) -> tuple[Job, int | None]:
         """Store and enqueue; the job and its queue position."""
         job = Job.new(spec, id=new_job_id("audio"), owner=owner, idempotency_key=idempotency_key)
-        job, created, position = await self.state.blocking(self.store, job, idempotency_key)
-        await self.announce(job, created, position)
+        job, _, position = await self.state.blocking(self.store, job, idempotency_key)
         return job, position
 
     # ---- read -------------------------------------------------------------------

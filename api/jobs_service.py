@@ -35,7 +35,6 @@ from models.errors import (
 )
 from models.events import DoneEvent, StatusEvent
 from storage.artifacts import StorageError
-from storage.bus import BusUnavailable
 from storage.constants import job_events_key, job_prefix
 from storage.webhooks import check_destination
 
@@ -79,12 +78,17 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         idempotency_key: str | None,
         before_insert: Callable[[], None] | None = None,
     ) -> tuple[Job, bool, int | None]:
-        """:meth:`insert`, then the stored job's queue position, read in the same
-        thread-pool call (one hop per create instead of two)."""
+        """:meth:`insert`, the stored job's queue position, its first ``status`` event,
+        then the broker, all in one thread-pool call (one hop per create). The ``queued``
+        event is on the job's stream before the job is on the broker, so no worker's
+        ``in_progress`` can come before it."""
         stored, created = self.insert(job, idempotency_key, before_insert)
         position = self.state.jobs.queue_positions([stored]).get(stored.id)
         if position is not None:  # here, in the thread pool: the wire object reads it
             self.state.admission.estimates.figures(stored.model)
+        if created:
+            self._announce(stored, position)
+            self._enqueue(stored)
         return stored, created, position
 
     def insert(
@@ -127,25 +131,30 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         if not created:  # lost an idempotency race: ours is not needed
             self._drop_objects(prefix)
             return _same_kind(stored, job), False
+        return stored, True
+
+    def _announce(self, job: Job, position: int | None) -> None:
+        """A new job's first ``status`` event (best effort: watchers fall back to its row)."""
+        eta = self.state.admission.estimates.estimated_start_at(job.model, position)
+        event = StatusEvent(status="queued", queue_position=position, estimated_start_at=eta)
+        try:
+            self.state.bus.publish(job_events_key(job.id), event)
+        except RedisError:
+            log.warning("could not publish the first status of %s", job.id)
+
+    def _enqueue(self, job: Job) -> None:
+        """Put the stored job on the broker; if that fails, nothing of it stays."""
         try:
             self.state.queue.enqueue(job.id, job.model)
         except Exception as exc:
-            jobs.delete(job.id)
-            self._drop_objects(prefix)
+            self.state.jobs.delete(job.id)
+            self._drop_objects(job_prefix(job.kind, job.id))
+            try:
+                self.state.bus.delete(job_events_key(job.id))
+            except RedisError:
+                log.warning("could not delete the events of %s", job.id)
             raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
         JOBS_CREATED.labels(job.model, job.kind).inc()
-        return stored, True
-
-    async def announce(self, job: Job, created: bool, position: int | None) -> None:
-        """A new job's first ``status`` event."""
-        if created:
-            eta = self.state.admission.estimates.estimated_start_at(job.model, position)
-            event = StatusEvent(status="queued", queue_position=position, estimated_start_at=eta)
-            timeout = self.settings.redis.command_timeout_s
-            try:  # the job is stored and enqueued; watchers fall back to its row
-                await self.state.abus.publish(job_events_key(job.id), event, timeout_s=timeout)
-            except BusUnavailable:
-                log.warning("could not publish the first status of %s", job.id)
 
     def _drop_objects(self, prefix: str) -> None:
         try:

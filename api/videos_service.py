@@ -69,8 +69,7 @@ class VideoService(JobService[VideoObject, VideoRequest]):
             )
         # with a reference it uploads to S3: on the S3 pool, off the one serving DB reads
         run = self.state.blocking if png is None else self.state.artifacts.run
-        job, created, position = await run(self._persist, resolved, png, owner, idempotency_key)
-        await self.announce(job, created, position)
+        job, _, position = await run(self._persist, resolved, png, owner, idempotency_key)
         return self.to_wire(job, position)
 
     def _reference(self, url: str, param: str) -> tuple[bytes | None, tuple[str, str] | None]:

@@ -18,8 +18,8 @@ run every 10 s), measures RSS again and counts what should be zero:
 - ``omniq-*`` temp directories in the worker's temp dir;
 - open multipart uploads in the bucket;
 - orphan objects: every key under ``videos/<id>/`` for a job that is failed, cancelled or
-  deleted (404), and for a completed job any key besides ``output/video.mp4`` and
-  ``output/thumbnail.jpg``;
+  deleted (404), and for a completed job any key besides ``output/{attempt}/video.mp4``
+  and ``output/{attempt}/thumbnail.jpg`` of the attempt that completed it;
 - Redis keys ``oq:*`` without a TTL (the total key count and the broker's keys — Celery's
   ``_kombu.*``, queues, ``unacked`` — are reported separately).
 
@@ -61,7 +61,7 @@ from benchmarks.embedded_stack import (
     say,
 )
 
-EXPECTED_OUTPUT = {"output/video.mp4", "output/thumbnail.jpg"}
+OUTPUT_NAMES = ("video.mp4", "thumbnail.jpg")  # under output/{attempt}/
 RSS_TARGET_MB = 20.0
 
 
@@ -168,6 +168,7 @@ def check_objects(stack: Stack, client: httpx.Client, job_ids: list[str]) -> dic
         else:
             other_keys.append(key)
     status_of: dict[str, str] = {}
+    attempt_of: dict[str, int] = {}
     for job_id in sorted(set(job_ids) | set(by_job)):
         r = client.get(f"/v1/videos/{job_id}")
         if r.status_code == 404:
@@ -175,6 +176,7 @@ def check_objects(stack: Stack, client: httpx.Client, job_ids: list[str]) -> dic
         else:
             r.raise_for_status()
             video = r.json()
+            attempt_of[job_id] = video.get("attempt") or 0
             code = (video.get("error") or {}).get("code")
             status_of[job_id] = video["status"] if video["status"] != "failed" else f"failed:{code}"
     orphans: list[str] = []
@@ -184,8 +186,9 @@ def check_objects(stack: Stack, client: httpx.Client, job_ids: list[str]) -> dic
     for job_id, status in status_of.items():
         present = by_job.get(job_id, set())
         if status == "completed":
-            extra = present - EXPECTED_OUTPUT
-            if EXPECTED_OUTPUT - present:
+            expected = {f"output/{attempt_of[job_id]}/{name}" for name in OUTPUT_NAMES}
+            extra = present - expected
+            if expected - present:
                 missing_output.append(job_id)
         elif status in ("queued", "in_progress"):
             extra = set()

@@ -10,6 +10,11 @@ Streams are bounded (``MAXLEN ~``) and expire ``ttl_s`` after their last entry, 
 nothing outlives its retention. The worker publishes with the synchronous
 :class:`EventBus`; the API reads with :class:`AsyncEventBus`.
 
+A job's worker publishes fenced by its run's ``attempt`` (:data:`FENCED_XADD`): an entry
+is refused when the stream's last entry is a ``done`` or came from a later attempt, so a
+worker cut off, presumed dead and taken over (a zombie) adds nothing once it is back, and
+nothing follows the end of a job.
+
 The asyncio client has no per-command socket timeout (see ``api/state.py``); request-path
 callers pass ``timeout_s`` instead, which arms one timer around that call only and turns
 a dead or stalled Redis into :class:`BusUnavailable`.
@@ -65,10 +70,31 @@ class BusMessage(Generic[T]):
     data: bytes | None = None
 
 
+# KEYS[1] the stream; ARGV: attempt, maxlen, ttl, then the entry's field/value pairs.
+# Refuses (nil) when the last entry is a job's end (``final``) or from a later attempt.
+FENCED_XADD = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+if last then
+  local f = last[2]
+  for i = 1, #f, 2 do
+    if f[i] == 'final' then return false end
+    if f[i] == 'attempt' and tonumber(f[i + 1]) > tonumber(ARGV[1]) then return false end
+  end
+end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return id
+"""
+
+
 def _fields(event: BaseModel, data: bytes | None) -> dict[str, Any]:
+    """An entry: the event's JSON, its binary ``data``, and ``final`` on a job's ``done``
+    (what :data:`FENCED_XADD` refuses to follow)."""
     fields: dict[str, Any] = {"event": event.model_dump_json()}
     if data is not None:
         fields["data"] = data
+    if getattr(event, "type", None) == "done":
+        fields["final"] = 1
     return fields
 
 
@@ -92,6 +118,7 @@ class EventBus:
         self.redis = redis
         self.ttl_s = ttl_s
         self.maxlen = maxlen
+        self._fenced = redis.register_script(FENCED_XADD)
 
     def publish(self, stream: str, event: BaseModel, data: bytes | None = None) -> str:
         pipe = self.redis.pipeline(transaction=False)
@@ -99,6 +126,16 @@ class EventBus:
         pipe.expire(stream, self.ttl_s)
         entry_id, _ = pipe.execute()
         return _id(entry_id)
+
+    def publish_fenced(
+        self, stream: str, event: BaseModel, data: bytes | None = None, *, attempt: int
+    ) -> str | None:
+        """:meth:`publish` for attempt ``attempt`` of a job (its worker): None when
+        refused because the job ended or a later attempt took it over."""
+        fields = {**_fields(event, data), "attempt": attempt}
+        flat = [part for pair in fields.items() for part in pair]
+        entry_id = self._fenced(keys=[stream], args=[attempt, self.maxlen, self.ttl_s, *flat])
+        return None if entry_id is None else _id(entry_id)
 
     def publish_many(self, stream: str, events: Sequence[tuple[BaseModel, bytes | None]]) -> None:
         """Publish several events in one round trip; readers see them together (one

@@ -51,12 +51,19 @@ def _active() -> ColumnElement[bool]:
     return or_(JOBS.c.status == _QUEUED, JOBS.c.status == _RUNNING)
 
 
+def _leased() -> list[ColumnElement[bool]]:
+    """The run's lease: ``worker_id = :worker_id`` and ``attempt = :attempt``. The attempt
+    is the fencing token: a take-over raises it, so a worker cut off and presumed dead
+    (a zombie) writes nothing once it is back, even were its worker id reused."""
+    return [JOBS.c.worker_id == bindparam("worker_id"), JOBS.c.attempt == bindparam("attempt")]
+
+
 def running(owned: bool) -> list[ColumnElement[bool]]:
-    """Job ``:job_id`` is running and not cancelled (and ``worker_id = :worker_id``)."""
+    """Job ``:job_id`` is running and not cancelled (and held by the run's lease)."""
     c = JOBS.c
     where = [c.id == bindparam("job_id"), c.status == _RUNNING, c.cancel_requested.is_(False)]
     if owned:
-        where.append(c.worker_id == bindparam("worker_id"))
+        where.extend(_leased())
     return where
 
 
@@ -77,7 +84,7 @@ ARTIFACT = select(ARTIFACTS).where(
     ARTIFACTS.c.job_id == bindparam("job_id"), ARTIFACTS.c.variant == bindparam("variant")
 )
 
-OWNERSHIP = select(JOBS.c.status, JOBS.c.worker_id, JOBS.c.cancel_requested).where(
+OWNERSHIP = select(JOBS.c.status, JOBS.c.worker_id, JOBS.c.attempt, JOBS.c.cancel_requested).where(
     JOBS.c.id == bindparam("job_id")
 )
 
@@ -261,10 +268,10 @@ def update_running(values: Iterable[str]) -> Update:
 
 
 def fail(owned: bool, values: Iterable[str]) -> Update:
-    """Fail job ``:job_id`` while it is active (and ``worker_id = :worker_id``)."""
+    """Fail job ``:job_id`` while it is active (and held by the run's lease)."""
     where = [JOBS.c.id == bindparam("job_id"), _active()]
     if owned:
-        where.append(JOBS.c.worker_id == bindparam("worker_id"))
+        where.extend(_leased())
     names = sorted({*values, "error_code", "error_message", "completed_at"})
     sets = {n: param(n) for n in names}
     return update(JOBS).where(*where).values(status=JobStatus.FAILED.value, **sets)

@@ -1,8 +1,9 @@
 """Job repository: every state transition is one conditional UPDATE.
 
-``WHERE status = expected`` (and, for a worker, ``worker_id = me``) makes two workers
-unable to both own a job and turns a late result after a cancel into a no-op: whoever
-loses the race changes nothing and learns it from the row count.
+``WHERE status = expected`` (and, for a worker, its :class:`Lease`: ``worker_id = me AND
+attempt = mine``) makes two workers unable to both own a job and turns a late result after
+a cancel or a take-over into a no-op: whoever loses the race changes nothing and learns it
+from the row count.
 
 The statements of the request path and of a running job (status reads, claim, progress,
 ownership checks, completion) are built once (:mod:`storage.job_statements`) and run on a
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import ClauseElement, delete, select, update
 from sqlalchemy import inspect as sa_inspect
@@ -57,6 +58,15 @@ def _record(row: Sequence[Any]) -> JobRecord:
 
 def _artifact(row: Sequence[Any]) -> Artifact:
     return Artifact(**dict(zip(sql.ARTIFACT_COLUMNS, row, strict=True)))
+
+
+class Lease(NamedTuple):
+    """What a run of a job holds: its worker and its attempt. The attempt is the fencing
+    token (a take-over raises it), for the row here, for the job's events
+    (:meth:`storage.bus.EventBus.publish`) and for its objects (``output/{attempt}/``)."""
+
+    worker_id: str
+    attempt: int
 
 
 class JobStore:
@@ -371,27 +381,30 @@ class JobStore:
         }
         return statement.rowcount(params) == 1
 
-    def still_owned(self, job_id: str, worker_id: str) -> bool:
-        """True while the job is running, not cancelled and owned by ``worker_id``."""
+    def still_owned(self, job_id: str, lease: Lease) -> bool:
+        """True while the job is running, not cancelled and held by ``lease``."""
         row = self._statement(("ownership",), lambda: sql.OWNERSHIP).one({"job_id": job_id})
         if row is None:
             return False
-        status, owner, cancel_requested = row
-        return status == JobStatus.IN_PROGRESS and owner == worker_id and not cancel_requested
+        status, owner, attempt, cancel_requested = row
+        return (
+            status == JobStatus.IN_PROGRESS
+            and Lease(owner, attempt) == lease
+            and not cancel_requested
+        )
 
-    def update_running(self, job_id: str, worker_id: str, **values: Any) -> bool:
-        """Write progress/stage/heartbeat fields while the job is ours; False once it isn't.
+    def update_running(self, job_id: str, lease: Lease, **values: Any) -> bool:
+        """Write progress/stage/heartbeat fields while ``lease`` holds the job; False once
+        it doesn't.
 
         ``progress`` never decreases: the UPDATE only applies when the stored value is not
         larger than the new one."""
         names = tuple(sorted(values))
         statement = self._statement(("running", names), lambda: sql.update_running(names))
-        params = {**_plain(values), "job_id": job_id, "worker_id": worker_id}
+        params = {**_plain(values), "job_id": job_id, **lease._asdict()}
         return statement.rowcount({**params, "heartbeat_at": time.time()}) == 1
 
-    def complete(
-        self, job_id: str, worker_id: str, artifacts: list[Artifact], **values: Any
-    ) -> bool:
+    def complete(self, job_id: str, lease: Lease, artifacts: list[Artifact], **values: Any) -> bool:
         """in_progress → completed and the artifact rows, in one transaction (on
         PostgreSQL one statement: :func:`storage.job_statements.complete`)."""
         now = time.time()
@@ -399,7 +412,7 @@ class JobStore:
             with self._sessions() as s:
                 res = s.execute(
                     update(Job)
-                    .where(*_running(job_id, worker_id))
+                    .where(*_running(job_id, lease))
                     .values(status=JobStatus.COMPLETED.value, heartbeat_at=now, **values)
                 )
                 if int(res.rowcount) != 1:  # type: ignore[attr-defined]
@@ -412,7 +425,7 @@ class JobStore:
         statement = self._statement(
             ("complete", names, len(artifacts)), lambda: sql.complete(names, len(artifacts))
         )
-        params = {**_plain(values), "job_id": job_id, "worker_id": worker_id, "heartbeat_at": now}
+        params = {**_plain(values), "job_id": job_id, **lease._asdict(), "heartbeat_at": now}
         for i, artifact in enumerate(artifacts):
             params |= {f"{k}_{i}": getattr(artifact, k) for k in sql.ARTIFACT_VALUES[1:]}
         return self._ended(job_id, statement.rowcount(params) == max(len(artifacts), 1))
@@ -423,17 +436,17 @@ class JobStore:
         code: ErrorCode,
         message: str,
         *,
-        worker_id: str | None = None,
+        lease: Lease | None = None,
         **values: Any,
     ) -> bool:
-        """Fail a job that is still active (and, given ``worker_id``, still ours)."""
+        """Fail a job that is still active (and, given ``lease``, held by it)."""
         names = tuple(sorted(values))
-        owned = worker_id is not None
+        owned = lease is not None
         statement = self._statement(("fail", owned, names), lambda: sql.fail(owned, names))
         params = {
             **_plain(values),
             "job_id": job_id,
-            "worker_id": worker_id,
+            **(lease._asdict() if lease is not None else {"worker_id": None, "attempt": None}),
             "error_code": code.value,
             "error_message": message,
             "completed_at": time.time(),
@@ -449,11 +462,12 @@ def _plain(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _running(job_id: str, worker_id: str) -> list[Any]:
-    """The job is running, not cancelled and owned by ``worker_id``."""
+def _running(job_id: str, lease: Lease) -> list[Any]:
+    """The job is running, not cancelled and held by ``lease``."""
     return [
         Job.id == job_id,
         Job.status == JobStatus.IN_PROGRESS.value,
         Job.cancel_requested.is_(False),
-        Job.worker_id == worker_id,
+        Job.worker_id == lease.worker_id,
+        Job.attempt == lease.attempt,
     ]

@@ -41,7 +41,7 @@ from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec
 from storage.artifacts import ArtifactStore
 from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
-from storage.jobs import JobStore
+from storage.jobs import JobStore, Lease
 from storage.settings import Settings
 from workers import metrics
 from workers.audio_media import (
@@ -67,6 +67,7 @@ from workers.pipelines.base import (
     step_stops,
 )
 from workers.pipelines.registry import PipelineRegistry
+from workers.run_objects import drop_other_attempts, output_prefix, stale_prefix
 from workers.stop_signal import StopSignal
 from workers.stop_watch import StopWatch
 
@@ -85,7 +86,7 @@ class _Run:
 
     job: Job
     spec: VideoSpec | AudioSpec
-    worker_id: str
+    lease: Lease  # the worker and the attempt: every write of the run is fenced by it
     deadline: float
     stage: str = "prepare"
     stage_started: float = field(default_factory=time.monotonic)
@@ -96,7 +97,6 @@ class _Run:
     # Set by the step loop when it has progress to write; the writer thread writes it.
     dirty: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one write at a time
-    attempt: int = 1
     timeout_s: float = 0.0
     # Set once the job is no longer ours to run: its sources and gates are listed in
     # workers/stop_signal.py.
@@ -145,15 +145,14 @@ class StepExecutor:
         run = _Run(
             job=job,
             spec=spec,
-            worker_id=self.worker_id,
+            lease=Lease(self.worker_id, job.attempt),
             deadline=time.time() + timeout,
             timeout_s=timeout,
         )
         run.progress = job.progress  # a taken-over job never reports less than before
-        run.attempt = job.attempt
         run.durations["queue"] = round(max((job.started_at or time.time()) - job.created_at, 0), 4)
         started = self._publish(job, StatusEvent(status="in_progress"))
-        run.stop = StopSignal(lambda: self.jobs.still_owned(job_id, self.worker_id))
+        run.stop = StopSignal(lambda: self.jobs.still_owned(job_id, run.lease))
         watch = StopWatch(self.bus, job_id, started, run.stop.set).start()
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
         stop_heartbeat = self._start_heartbeat(run)
@@ -176,7 +175,7 @@ class StepExecutor:
                 self._end(pipe, run)
             shutil.rmtree(tmp, ignore_errors=True)
             if not completed:
-                self._delete_objects(job)
+                self._drop_run_objects(run)
             self._release_memory(after_oom=outcome == "oom", stopped=not completed)
         metrics.run_ended(self.jobs, job, outcome, run.durations)  # the device is idle now
         log.info("job %s: %s", job_id, outcome)
@@ -287,7 +286,7 @@ class StepExecutor:
         now = time.time()
         done = self.jobs.complete(
             job.id,
-            self.worker_id,
+            run.lease,
             artifacts,
             **extra_values,
             progress=100,
@@ -301,6 +300,7 @@ class StepExecutor:
         )
         if done:
             self._publish(job, DoneEvent(status="completed"))
+            self._drop_other_attempts(run)
         return done
 
     def _request(self, spec: VideoSpec | AudioSpec) -> GenerationRequest:
@@ -343,7 +343,7 @@ class StepExecutor:
 
     def _upload(self, run: _Run, files: list[tuple[str, Path, str]]) -> list[Artifact]:
         job = run.job
-        prefix = job_prefix(job.kind, job.id) + "output/"
+        prefix = output_prefix(job, run.lease.attempt)
         bucket = self.artifacts.bucket
         out = []
         for variant, path, ctype in files:
@@ -396,7 +396,7 @@ class StepExecutor:
         with run.lock:
             ok = self.jobs.update_running(
                 run.job.id,
-                self.worker_id,
+                run.lease,
                 progress=run.progress,
                 step=run.step,
                 stage=run.stage,
@@ -417,7 +417,7 @@ class StepExecutor:
             return True
 
     def _failpoint(self, run: _Run, name: str) -> None:
-        self.failpoints.hit(name, lambda: self._owned(run), run.attempt)
+        self.failpoints.hit(name, lambda: self._owned(run), run.lease.attempt)
 
     def _next_part(self, run: _Run) -> bool:
         """Asked before each part of a multipart upload: go on only while the job is ours."""
@@ -478,7 +478,7 @@ class StepExecutor:
                 run.job.id,
                 code,
                 message,
-                worker_id=self.worker_id,
+                lease=run.lease,
                 stage_durations=run.durations,
                 stage=run.stage,
             )
@@ -501,11 +501,15 @@ class StepExecutor:
 
     def _publish(self, job: Job, event: Any, data: bytes | None = None) -> str | None:
         """Events are best effort: a bus failure never fails the job (the row is the
-        truth, and pollers still see it). Returns the entry's id, None when not sent."""
+        truth, and pollers still see it). Returns the entry's id, None when not sent
+        (or refused: fenced by the job's ``attempt``, :meth:`EventBus.publish_fenced`)."""
         if self.bus is None:
             return None
+        stream = job_events_key(job.id)
         try:
-            return self.bus.publish(job_events_key(job.id), event, data)
+            if job.attempt is None:  # not claimed (a queued job's end)
+                return self.bus.publish(stream, event, data)
+            return self.bus.publish_fenced(stream, event, data, attempt=job.attempt)
         except Exception:
             log.warning("could not publish %s of %s", event.type, job.id, exc_info=True)
             return None
@@ -545,6 +549,23 @@ class StepExecutor:
             self.artifacts.delete_prefix(job_prefix(job.kind, job.id))
         except StorageError:
             log.warning("could not delete objects of %s; the reconciler will", job.id)
+
+    def _drop_run_objects(self, run: _Run) -> None:
+        """A run that did not complete: what :func:`workers.run_objects.stale_prefix` says
+        it may delete (everything of a job that ended otherwise; only its own attempt's
+        output when another attempt holds or completed the job)."""
+        try:
+            prefix = stale_prefix(self.jobs, run.job, run.lease)
+            self.artifacts.delete_prefix(prefix)
+        except StorageError:
+            log.warning("could not delete objects of %s; the reconciler will", run.job.id)
+
+    def _drop_other_attempts(self, run: _Run) -> None:
+        """After completing: the output of earlier attempts (a killed or cut-off worker's)."""
+        try:
+            drop_other_attempts(self.artifacts, run.job, run.lease.attempt)
+        except StorageError:
+            log.warning("could not delete earlier attempts' output of %s", run.job.id)
 
     @staticmethod
     def _release_memory(*, after_oom: bool = False, stopped: bool = False) -> None:

@@ -87,7 +87,7 @@ def test_every_format_end_to_end(astack: AudioStack, client: httpx.Client) -> No
         seconds = _duration(resp.content, fmt, rate, channels)
         slack = AAC_SLACK / rate if fmt == "aac" else 0.0
         assert 1.0 <= seconds <= 1.0 + slack, (fmt, seconds)
-        assert astack.objects("audios", job["id"]) == [f"audios/{job['id']}/output/audio.{fmt}"]
+        assert astack.objects("audios", job["id"]) == [f"audios/{job['id']}/output/1/audio.{fmt}"]
     assert {fmt: job["media_type"] for fmt, job in created.items()} == {
         "wav": "audio/wav",
         "mp3": "audio/mpeg",

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, create_engine, select
 from cli.embedded import EmbeddedS3
 from models.db import Job, JobStatus
 from storage.db import make_sessionmaker
-from storage.jobs import JobStore
+from storage.jobs import JobStore, Lease
 from tests.helpers import video_spec
 from tests.integration.conftest import started_stack
 from tests.integration.stack import Stack
@@ -46,7 +46,7 @@ def _queue(store: JobStore, **per_key: int) -> None:
 
 def _finish(store: JobStore, job: Job | None) -> str:
     assert job is not None and job.status == JobStatus.IN_PROGRESS
-    assert store.complete(job.id, "w1", [])
+    assert store.complete(job.id, Lease("w1", job.attempt), [])
     return job.id
 
 

@@ -25,7 +25,7 @@ from storage.db import make_engine, make_sessionmaker
 from storage.db_raw import RawStatement
 from storage.job_statements import JOB_BY_ID, JOBS
 from storage.job_statements import page as sql_page
-from storage.jobs import JobStore
+from storage.jobs import JobStore, Lease
 from storage.settings import DatabaseSettings
 from tests.helpers import video_spec
 from tests.integration.conftest import (
@@ -35,6 +35,7 @@ from tests.integration.conftest import (
 )
 
 pytestmark = pytest.mark.integration
+W1 = Lease("w1", 1)  # the first claim's lease
 
 
 def _job(job_id: str, model: str, created_at: float, status: str = "queued") -> Job:
@@ -242,21 +243,24 @@ def test_worker_transitions_write_what_the_orm_reads(engine: Engine) -> None:
         "prepare",
     )
     assert row.started_at is not None and row.started_at == row.heartbeat_at
-    assert store.still_owned("video_w", "w1") and not store.still_owned("video_w", "w2")
+    assert store.still_owned("video_w", W1) and not store.still_owned("video_w", Lease("w2", 1))
     durations = {"queue": 0.25, "prepare": 0.125}
     assert store.update_running(
-        "video_w", "w1", progress=40, step=2, stage="denoise", stage_durations=durations
+        "video_w", W1, progress=40, step=2, stage="denoise", stage_durations=durations
     )
-    assert not store.update_running("video_w", "w1", progress=30)  # never decreases
-    assert not store.update_running("video_w", "w2", progress=50)  # not its owner
+    assert not store.update_running("video_w", W1, progress=30)  # never decreases
+    assert not store.update_running("video_w", Lease("w2", 1), progress=50)  # not its owner
     row = _orm_row(engine, "video_w")
     assert (row.progress, row.step, row.stage, row.stage_durations) == (40, 2, "denoise", durations)
-    assert not store.complete("video_w", "w2", [_artifact("video_w", "video", t)], progress=100)
+    assert not store.complete(
+        "video_w", Lease("w2", 1), [_artifact("video_w", "video", t)], progress=100
+    )
     assert store.artifact("video_w", "video") is None  # nothing inserted for a non-owner
     arts = [_artifact("video_w", "video", t + 1), _artifact("video_w", "thumbnail", t + 2)]
+    assert not store.complete("video_w", Lease("w1", 2), arts, progress=100)  # a later attempt's
     assert store.complete(
         "video_w",
-        "w1",
+        W1,
         arts,
         progress=100,
         stage="done",
@@ -273,7 +277,7 @@ def test_worker_transitions_write_what_the_orm_reads(engine: Engine) -> None:
         1.5,
     )
     assert row.stage_durations == {**durations, "upload": 0.5}
-    assert not store.still_owned("video_w", "w1")
+    assert not store.still_owned("video_w", W1)
     for art in arts:
         stored = store.artifact("video_w", art.variant)
         assert stored is not None and stored.id is not None
@@ -327,8 +331,8 @@ def test_cancel_fail_and_take_over_keep_their_conditions(engine: Engine) -> None
     assert (row.status, row.error_code, row.cancel_requested) == ("failed", "cancelled", True)
     # fail: only while active, and only by its owner when one is given
     assert store.claim("video_f", "w1")
-    assert not store.fail("video_f", ErrorCode.OOM, "no memory", worker_id="w2")
-    assert store.fail("video_f", ErrorCode.OOM, "no memory", worker_id="w1", stage="denoise")
+    assert not store.fail("video_f", ErrorCode.OOM, "no memory", lease=Lease("w2", 1))
+    assert store.fail("video_f", ErrorCode.OOM, "no memory", lease=W1, stage="denoise")
     assert not store.fail("video_f", ErrorCode.INTERNAL_ERROR, "again")
     row = _orm_row(engine, "video_f")
     assert (row.status, row.error_code, row.error_message, row.stage) == (

@@ -20,7 +20,7 @@ from cli.embedded import EmbeddedS3
 from models.db import Job, JobStatus
 from models.webhooks import JobWebhook
 from storage.db import make_sessionmaker
-from storage.jobs import JobStore
+from storage.jobs import JobStore, Lease
 from storage.outbox import DELIVERIES
 from storage.worker_presence import PresenceLease, WorkerPresence, presence_key
 from tests.helpers import video_spec
@@ -82,7 +82,7 @@ def test_queue_figures_read_running_starts_and_recent_run_times(store: JobStore)
         _job(store, f"video_q{i}", ttl_s=None, age_s=100 - i)
     _job(store, "video_other", ttl_s=None, age_s=1)
     assert store.claim("video_q0", "w1")
-    assert store.complete("video_q0", "w1", [], started_at=1000.0, completed_at=1004.0)
+    assert store.complete("video_q0", Lease("w1", 1), [], started_at=1000.0, completed_at=1004.0)
     assert store.claim("video_q1", "w1")
     queued, starts, runs = store.queue_figures("reference/video", 10)
     assert queued == 2 and len(starts) == 1 and runs == [pytest.approx(4.0)]

@@ -16,7 +16,7 @@ from migrations.runner import upgrade
 from models.db import Job, WebhookDelivery
 from models.webhooks import JobWebhook
 from storage.db import make_engine, make_sessionmaker
-from storage.jobs import JobStore
+from storage.jobs import JobStore, Lease
 from storage.outbox import Attempt, WebhookOutbox, event_id
 from storage.settings import DatabaseSettings
 from storage.webhooks import WebhookStore
@@ -50,7 +50,7 @@ def _job(jobs: JobStore, job_id: str, owner: str = "local", **hook: object) -> s
 
 
 def _complete(jobs: JobStore, job_id: str) -> None:
-    assert jobs.complete(job_id, "w", [], progress=100, stage="done", completed_at=1000.0)
+    assert jobs.complete(job_id, Lease("w", 1), [], progress=100, stage="done", completed_at=1000.0)
 
 
 def test_a_job_end_queues_its_deliveries_once(sessions: sessionmaker[Session]) -> None:

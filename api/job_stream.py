@@ -1,8 +1,9 @@
 """Following a job's events on the bus, for any kind of job (SSE, WebSocket, streamed
 speech): a late watcher gets the retained history first, ``after`` resumes exactly after
 the last event seen, and the stream ends with ``done``. When the stream has expired (or a
-``done`` was never published) the job row is the truth: a watcher of a finished job gets a
-``status`` and a ``done`` made from it. When Redis does not answer (down or stalled), the
+``done`` was never published: the bus was down when the worker ended the job) the job row
+is the truth: a watcher of a finished job gets a ``status`` and a ``done`` made from it,
+without ids when it had seen events already. When Redis does not answer (down or stalled), the
 watcher gets an ``error`` event (``broker_error``, no id) and the stream ends: SSE ends the
 response, the WebSocket closes with 1011.
 """
@@ -95,8 +96,9 @@ async def follow(
             synthetic = await state.blocking(_synthetic, service, job_id, owner)
             if synthetic is not None:
                 for entry in synthetic:
-                    if entry.id > after:  # synthetic ids sort before real ones
-                        yield entry
+                    # Synthetic ids sort before real ones: past them (a watcher saw events,
+                    # but the worker could not publish the end), the end has no id.
+                    yield entry if entry.id > after else BusEntry("", entry.event)
                 return
             yield None
             continue

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -114,10 +115,18 @@ def _messages(raw: Any, adapter: TypeAdapter[T]) -> list[BusMessage[T]]:
 class EventBus:
     """Synchronous publisher/reader (workers)."""
 
-    def __init__(self, redis: Any, *, ttl_s: int, maxlen: int = DEFAULT_MAXLEN) -> None:
+    def __init__(
+        self, redis: Any, *, ttl_s: int, maxlen: int = DEFAULT_MAXLEN, backoff_s: float = 0.0
+    ) -> None:
+        """``backoff_s``: after a fenced publish fails, the next ones within this long fail
+        at once (:class:`BusUnavailable`) instead of each waiting for the dead link's
+        timeout: a job's events are best effort, and its worker goes on at full speed
+        while the bus is unreachable (its watchers fall back to the job's row)."""
         self.redis = redis
         self.ttl_s = ttl_s
         self.maxlen = maxlen
+        self.backoff_s = backoff_s
+        self._failed_at = float("-inf")
         self._fenced = redis.register_script(FENCED_XADD)
 
     def publish(self, stream: str, event: BaseModel, data: bytes | None = None) -> str:
@@ -132,9 +141,15 @@ class EventBus:
     ) -> str | None:
         """:meth:`publish` for attempt ``attempt`` of a job (its worker): None when
         refused because the job ended or a later attempt took it over."""
+        if time.monotonic() - self._failed_at < self.backoff_s:
+            raise BusUnavailable("the event bus failed just before; not trying yet")
         fields = {**_fields(event, data), "attempt": attempt}
         flat = [part for pair in fields.items() for part in pair]
-        entry_id = self._fenced(keys=[stream], args=[attempt, self.maxlen, self.ttl_s, *flat])
+        try:
+            entry_id = self._fenced(keys=[stream], args=[attempt, self.maxlen, self.ttl_s, *flat])
+        except redis.exceptions.RedisError:
+            self._failed_at = time.monotonic()
+            raise
         return None if entry_id is None else _id(entry_id)
 
     def publish_many(self, stream: str, events: Sequence[tuple[BaseModel, bytes | None]]) -> None:

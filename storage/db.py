@@ -35,9 +35,26 @@ def make_engine(db: DatabaseSettings) -> Engine:
         engine = create_engine(url, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
+    if url.get_backend_name() == "postgresql":
+        kwargs["connect_args"] = _link_bounds(db)
     engine = create_engine(url, **kwargs)
     _ping_when_idle(engine, db.ping_idle_s)
     return engine
+
+
+def _link_bounds(db: DatabaseSettings) -> dict[str, Any]:
+    """libpq's bounds on a dead link: the connect timeout, unacknowledged bytes
+    (``tcp_user_timeout``, ms) and keepalives on idle connections, so that a partition
+    between a process and PostgreSQL fails its statements in bounded time."""
+    probe = max(1, round(db.link_timeout_s / 3))
+    return {
+        "connect_timeout": db.connect_timeout_s,
+        "tcp_user_timeout": round(db.link_timeout_s * 1000),
+        "keepalives": 1,
+        "keepalives_idle": probe,
+        "keepalives_interval": probe,
+        "keepalives_count": 3,
+    }
 
 
 def _ping_when_idle(engine: Engine, idle_s: float) -> None:

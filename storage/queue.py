@@ -7,6 +7,7 @@ options.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from celery import Celery
@@ -17,6 +18,21 @@ from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtim
 from storage.settings import Settings
 
 
+def dead_link_options(timeout_s: float) -> dict[int, int]:
+    """TCP options (redis-py's ``socket_keepalive_options``) that end a connection whose
+    link died within about ``2 × timeout_s``, whether it was idle (keepalive probes) or
+    waiting on bytes the other side never acknowledged (``TCP_USER_TIMEOUT``): the
+    kernel's own limit is about 15 minutes, which is how long a worker's broker
+    connection otherwise hung on in a partition."""
+    probe = max(1, round(timeout_s / 3))
+    return {
+        socket.TCP_KEEPIDLE: probe,
+        socket.TCP_KEEPINTVL: probe,
+        socket.TCP_KEEPCNT: 3,
+        socket.TCP_USER_TIMEOUT: round(timeout_s * 2000),
+    }
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings as DESIGN.md requires: at-least-once, one job at a time."""
     # Redis redelivers an unacknowledged message after the visibility timeout; keep it
@@ -25,7 +41,16 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": settings.redis.url,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": {"visibility_timeout": visibility},
+        # A worker's broker commands are bounded too: on a dead link it notices, logs the
+        # lost connection and reconnects (for as long as it takes) once the link is back.
+        "broker_transport_options": {
+            "visibility_timeout": visibility,
+            "socket_timeout": settings.redis.worker_timeout_s,
+            "socket_connect_timeout": settings.redis.connect_timeout_s,
+            "socket_keepalive": True,
+            "socket_keepalive_options": dead_link_options(settings.redis.worker_timeout_s),
+        },
+        "broker_connection_max_retries": None,
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "task_acks_on_failure_or_timeout": True,
@@ -39,6 +64,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_default_queue": "jobs.default",
         "worker_send_task_events": False,
         "worker_enable_remote_control": True,
+        # a failed ack must not leave a worker deaf (storage/broker_transport.py)
+        **(
+            {"broker_transport": broker_transport.WORKER_PATH}
+            if settings.redis.url.startswith("redis://")
+            else {}
+        ),
     }
 
 
@@ -46,8 +77,8 @@ def publisher_config(settings: Settings) -> dict[str, Any]:
     """:func:`celery_config` for the API, which only publishes: every broker command is
     bounded by ``OMNIQ_REDIS__COMMAND_TIMEOUT_S`` and a failed publish is retried once
     (on a fresh connection), so a stalled broker costs a create at most about three
-    timeouts, then 503 ``broker_error``. Workers keep Celery's defaults: their BRPOP
-    loop has its own health checks."""
+    timeouts, then 503 ``broker_error``. Workers are bounded by
+    ``OMNIQ_REDIS__WORKER_TIMEOUT_S`` instead (:func:`celery_config`)."""
     config = celery_config(settings)
     redis = settings.redis
     config["broker_transport_options"] = {

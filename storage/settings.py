@@ -27,6 +27,14 @@ class DatabaseSettings(BaseModel):
     # replaced if the server dropped it (a restart, an idle timeout); one used more
     # recently is not (a ping per checkout was a round trip per status read) (seconds).
     ping_idle_s: float = Field(default=5.0, ge=0)
+    # PostgreSQL: a connection attempt fails after this (seconds).
+    connect_timeout_s: int = Field(default=5, ge=1)
+    # PostgreSQL: a statement whose bytes the server has not acknowledged for this long
+    # fails, and the connection is dropped (libpq's ``tcp_user_timeout``); idle connections
+    # are probed by TCP keepalives as often. A link that went down mid-query then costs
+    # the caller this long, not the kernel's retransmission limit (about 15 minutes). It
+    # does not bound a slow query, only a dead link (seconds).
+    link_timeout_s: float = Field(default=10.0, gt=0)
 
 
 class RedisSettings(BaseModel):
@@ -36,6 +44,10 @@ class RedisSettings(BaseModel):
     # 503 broker_error / an error event instead of a hang (seconds).
     command_timeout_s: float = Field(default=1.5, gt=0)
     connect_timeout_s: float = Field(default=3.0, gt=0)
+    # Bound on one Redis command of a worker (its events, session streams, blocking reads
+    # of at most a second, and its broker connection): a dead link fails the command
+    # rather than hanging the job, and Celery reconnects to the broker (seconds).
+    worker_timeout_s: float = Field(default=5.0, gt=1)
 
 
 def _split_list(value: Any) -> Any:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 
 from models.session_bus import TASKS, JobTask, SessionTask, VoiceSessionConfig
 from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtime_queue
@@ -14,7 +15,9 @@ from storage.queue import make_celery
 from storage.settings import Settings
 from workers.context import WorkerContext, worker_models
 from workers.memory import apply_memory_fraction
-from workers.metrics import serve_metrics
+from workers.metrics import BROKER_RECONNECTS, serve_metrics
+
+log = logging.getLogger(__name__)
 
 
 def run_task(context: WorkerContext, payload: Any) -> str:
@@ -31,9 +34,28 @@ def run_task(context: WorkerContext, payload: Any) -> str:
     return context.world_sessions.run(task.session_id, task.config)  # WS /v1/realtime/video
 
 
+class BrokerConnection(bootsteps.StartStopStep):
+    """Counts the consumer's broker connections after the first: Celery restarts its
+    consumer blueprint (this step included) each time it reconnects after losing the
+    broker (``omniqueue_broker_reconnects_total``)."""
+
+    requires = {"celery.worker.consumer.connection:Connection"}
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.started = 0
+
+    def start(self, parent: Any) -> None:
+        self.started += 1
+        if self.started > 1:
+            BROKER_RECONNECTS.inc()
+            log.warning("broker connection restored (reconnect %d)", self.started - 1)
+
+
 def create_worker_app(settings: Settings, context: WorkerContext) -> Celery:
     """A Celery app whose tasks run on ``context`` (built once per worker process)."""
     app = make_celery(settings, name="omniqueue-worker")
+    app.steps["consumer"].add(BrokerConnection)
 
     @app.task(name=TASK_RUN_JOB, ignore_result=True)
     def run_job(payload: Any) -> str:

@@ -16,7 +16,7 @@ from storage.artifacts import ArtifactStore, make_s3_client, s3_object_bytes
 from storage.bus import EventBus
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
-from storage.queue import JobQueue, make_celery
+from storage.queue import JobQueue, dead_link_options, make_celery
 from storage.settings import Settings
 from storage.worker_presence import PresenceLease, WorkerPresence
 from workers.executor import StepExecutor
@@ -79,8 +79,17 @@ class WorkerContext:
             fetch=partial(s3_object_bytes, artifacts.client),
         )
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
-        client = redis.Redis.from_url(settings.redis.url)
-        bus = EventBus(client, ttl_s=settings.events_ttl_s)
+        client = redis.Redis.from_url(
+            settings.redis.url,
+            socket_timeout=settings.redis.worker_timeout_s,
+            socket_connect_timeout=settings.redis.connect_timeout_s,
+            socket_keepalive=True,
+            socket_keepalive_options=dead_link_options(settings.redis.worker_timeout_s),
+            health_check_interval=30,
+        )
+        bus = EventBus(
+            client, ttl_s=settings.events_ttl_s, backoff_s=settings.redis.worker_timeout_s
+        )
         executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id, bus)
         reconciler = Reconciler(settings, jobs, artifacts, JobQueue(make_celery(settings)), client)
         persist = SessionPersister(settings, jobs, artifacts)

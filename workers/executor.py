@@ -15,11 +15,9 @@ it asks for it, its PCM16 samples as ``chunk`` events right after decoding.
 from __future__ import annotations
 
 import base64
-import gc
 import hashlib
 import io
 import logging
-import resource
 import shutil
 import tempfile
 import threading
@@ -32,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from models.common import JobError
 from models.db import Artifact, Job, job_spec
@@ -57,7 +56,7 @@ from workers.failpoints import Failpoints
 from workers.failures import classify, log_level
 from workers.job_claim import JobClaim
 from workers.media import decode_streamed, encode_video, finish_video, preview_jpeg
-from workers.memory import forget_frames
+from workers.memory import forget_frames, peak_memory_mb, release_after_run
 from workers.pipelines.base import (
     GenerationRequest,
     Media,
@@ -166,6 +165,12 @@ class StepExecutor:
         except (JobLost, UploadAborted) as exc:
             outcome = "cancelled"  # whoever took the job from us recorded why
             forget_frames(exc)  # a stop inside a step: its tensors go with the state
+        except (OperationalError, InterfaceError) as exc:
+            # The database is out of reach: the row cannot be written (not even failed), so
+            # the job is left as it is, for a take-over once its heartbeat lapses.
+            outcome = "database_lost"
+            log.warning("job %s: lost the database in %s; left for a take-over", job_id, run.stage)
+            forget_frames(exc)
         except Exception as exc:
             outcome = self._failed(run, exc).value
         finally:
@@ -296,7 +301,7 @@ class StepExecutor:
             expires_at=now + self.settings.artifact_ttl_s,
             stage_durations=run.durations,
             inference_time_s=round(inference_time, 4),
-            peak_memory_mb=_peak_memory_mb(),
+            peak_memory_mb=peak_memory_mb(),
         )
         if done:
             self._publish(job, DoneEvent(status="completed"))
@@ -417,7 +422,7 @@ class StepExecutor:
             return True
 
     def _failpoint(self, run: _Run, name: str) -> None:
-        self.failpoints.hit(name, lambda: self._owned(run), run.lease.attempt)
+        self.failpoints.hit(name, lambda: self._owned(run), run.lease.attempt, run.job.id)
 
     def _next_part(self, run: _Run) -> bool:
         """Asked before each part of a multipart upload: go on only while the job is ours."""
@@ -569,27 +574,7 @@ class StepExecutor:
 
     @staticmethod
     def _release_memory(*, after_oom: bool = False, stopped: bool = False) -> None:
-        """Per-job tensors die with the state by reference counting; a young-generation
-        collection catches short cycles (a full one costs ~250 ms with diffusers loaded).
-        A job stopped inside a step may have left blocks queued on the device: wait for
-        them, so "stopped" means the device is idle. After an OOM the allocator's cached
-        blocks go back to the driver as well, so the next job starts unfragmented: the
-        failed step's tensors are unreferenced by then (``_failed`` cleared the frames of
-        its traceback), so allocated memory is the weights' again."""
-        gc.collect(0)
-        if stopped and torch.cuda.is_available():
-            torch.cuda.synchronize()
-        if after_oom:
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-
-
-def _peak_memory_mb() -> float:
-    """Peak device memory of this job on CUDA; the process's peak RSS on CPU."""
-    if torch.cuda.is_available():
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        release_after_run(after_oom=after_oom, stopped=stopped)  # tests wrap this method
 
 
 __all__ = ["JobLost", "JobTimedOut", "Pipeline", "StepExecutor"]

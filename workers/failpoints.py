@@ -11,8 +11,8 @@ Points of a job: ``prepare``, ``step:<i>`` (before step i, from 0), ``block:<i>:
 (inside step i, before the denoiser's block b, from 1: diffusers adapters), ``decode``,
 ``encode``, ``upload``, ``upload_part`` (before each part of a multipart upload),
 ``complete`` (just before the final UPDATE). ``name@attempt<N>`` fires only on the job's
-N-th attempt. Of a realtime video session: ``session_chunk:<i>`` (chunk i is made, before
-it is sent).
+N-th attempt, ``name@<job id>`` only for that job, ``name@<job id>@attempt<N>`` both. Of a
+realtime video session: ``session_chunk:<i>`` (chunk i is made, before it is sent).
 
 Actions: ``pause`` (block while the job is still ours, at most 120 s — a stage long
 enough to cancel during), ``sleep:<seconds>``, ``raise`` (RuntimeError), ``oom``
@@ -48,23 +48,26 @@ class Failpoints:
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path else None
 
-    def _action(self, name: str) -> str | None:
+    def _actions(self) -> dict[str, str]:
         if self.path is None:
-            return None
+            return {}
         try:
             actions = json.loads(self.path.read_text() or "{}")
         except (OSError, ValueError):
-            return None
-        action = actions.get(name)
-        return str(action) if action else None
+            return {}
+        return {str(k): str(v) for k, v in actions.items() if v}
 
-    def hit(self, name: str, still_owned: Callable[[], bool], attempt: int = 1) -> None:
-        key = f"{name}@attempt{attempt}"
-        action = self._action(key)
-        if action is None:
-            key, action = name, self._action(name)
-        if action is None:
+    def hit(
+        self, name: str, still_owned: Callable[[], bool], attempt: int = 1, job_id: str = ""
+    ) -> None:
+        keys = [name, f"{name}@attempt{attempt}"]
+        if job_id:
+            keys += [f"{name}@{job_id}", f"{name}@{job_id}@attempt{attempt}"]
+        actions = self._actions()
+        key = next((k for k in reversed(keys) if k in actions), None)  # the most specific
+        if key is None:
             return
+        action = actions[key]
         log.info("failpoint %s: %s", key, action)  # tests wait for this line
         if action == "pause":
             deadline = time.monotonic() + PAUSE_LIMIT_S

@@ -20,6 +20,7 @@ never takes one (``storage.job_statements.within_ttl``).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from models.events import DoneEvent
 from storage.jobs import JobStore
 from storage.settings import Settings
 from workers import metrics
+
+log = logging.getLogger(__name__)
 
 
 def expire_queued(
@@ -115,4 +118,6 @@ class JobClaim:
             job_id, self.worker_id, stale_before=stale_before, max_attempts=w.max_attempts
         ):
             return None
+        metrics.TAKEOVERS.labels(job.model).inc()
+        log.info("took over job %s (attempt %d)", job_id, job.attempt + 1)
         return self.jobs.get(job_id)

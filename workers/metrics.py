@@ -9,7 +9,9 @@
   API's cancel) to the worker having stopped (tensors released, device idle);
 - GPU memory allocated and peak (since the current or last job started) per device, read
   when scraped; absent on a CPU worker;
-- a realtime worker's session slots, busy and free, per model it serves.
+- a realtime worker's session slots, busy and free, per model it serves;
+- take-overs of jobs whose worker stopped heartbeating, and broker reconnects (a fault
+  between hosts shows in both: docs/deployment.md, "Failures between hosts").
 
 Why a port per worker and not the multiprocess directory the API uses: a worker is one
 process per device, usually a container or pod of its own on a GPU host, which
@@ -67,6 +69,16 @@ CANCEL_LATENCY = Histogram(
     ["model", "kind"],
     buckets=CANCEL_BUCKETS,
 )
+TAKEOVERS = Counter(
+    "omniqueue_job_takeovers_total",
+    "Running jobs this worker took over because their worker stopped heartbeating "
+    "(attempt + 1), by model.",
+    ["model"],
+)
+BROKER_RECONNECTS = Counter(
+    "omniqueue_broker_reconnects_total",
+    "Times this worker's broker connection was lost and made again.",
+)
 COMPILE_SECONDS = Histogram(
     "omniqueue_compile_seconds",
     "Time to compile a model's denoiser blocks for one input shape: at worker start "
@@ -121,7 +133,7 @@ def run_ended(jobs: JobStore, job: Job, outcome: str, durations: Mapping[str, fl
     if outcome == "completed":
         job_finished(job, JobStatus.COMPLETED.value, "", durations)
         return
-    if outcome != _CANCELLED:
+    if outcome not in (_CANCELLED, "database_lost"):
         job_finished(job, JobStatus.FAILED.value, outcome)
         return
     try:

@@ -78,7 +78,9 @@ class Reconciler:
 
     def run_once(self) -> ReconcileReport | None:
         """One pass, or None when another worker holds the lock."""
-        ttl = max(int(self.settings.worker.reconcile_interval_s * 3), 30)
+        # A holder that died mid-pass blocks passes this long; every step is idempotent,
+        # so a pass that outlives it and races the next one does no harm.
+        ttl = max(int(self.settings.worker.reconcile_interval_s * 3), 10)
         # redis-py's Lock: a random token per holder, released by a Lua script that deletes
         # the key only while it still holds our token (no GET-then-DELETE window).
         lock = self.redis.lock(LOCK_KEY, timeout=ttl, blocking=False)

@@ -4,11 +4,16 @@ after audio had been sent."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
+from typing import Any
 
 from api.audio_sync import _sse_done
-from api.job_stream import BUS_ERROR, sse, wire
+from api.job_stream import BUS_ERROR, follow, sse, wire
+from models.db import JobStatus
 from models.events import DoneEvent, StreamErrorEvent
+from storage.bus import BusEntry
 
 
 def _data(frame: bytes | str) -> dict[str, object]:
@@ -40,3 +45,33 @@ def test_a_failed_done_without_an_error_still_names_a_code() -> None:
 def test_a_completed_speech_stream_ends_with_speech_audio_done() -> None:
     body = _data(_sse_done(DoneEvent(status="completed").model_dump(mode="json")))
     assert body["type"] == "speech.audio.done"
+
+
+def test_past_the_last_event_seen_a_missing_end_comes_from_the_row_without_ids() -> None:
+    """The worker ended the job while its bus was cut (no ``done`` on the stream): a
+    watcher that saw events resumes after them and still gets the end, without ids (the
+    row's synthetic ids sort before any event it saw); a new watcher gets them with ids."""
+
+    class Bus:
+        async def read(self, *_: object, **__: object) -> list[object]:
+            return []  # nothing after the cursor (the stream lacks its done)
+
+    async def blocking(fn: Any, *args: Any) -> Any:
+        return fn(*args)
+
+    row = SimpleNamespace(status=JobStatus.COMPLETED, error_code=None, error_message=None)
+    service = SimpleNamespace(get_job=lambda job_id, owner: row)
+    state = SimpleNamespace(
+        abus=Bus(),
+        blocking=blocking,
+        settings=SimpleNamespace(redis=SimpleNamespace(command_timeout_s=1)),
+    )
+
+    async def watch(after: str) -> list[BusEntry | None]:
+        return [e async for e in follow(state, service, "video_x", "o", after)]  # type: ignore[arg-type]
+
+    resumed = asyncio.run(watch("1796000000000-3"))
+    assert [(e.id, e.type) for e in resumed if e] == [("", "status"), ("", "done")]
+    assert "id:" not in sse(resumed[-1]) and _data(sse(resumed[-1]))["status"] == "completed"
+    fresh = asyncio.run(watch("0-0"))
+    assert [(e.id, e.type) for e in fresh if e] == [("0-1", "status"), ("0-2", "done")]

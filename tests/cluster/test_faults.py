@@ -173,6 +173,25 @@ def test_a_zombie_worker_writes_nothing(cluster: Cluster, report: dict[str, Any]
     report["3_zombie"] = figures
 
 
+def test_an_api_host_cut_from_redis(cluster: Cluster, report: dict[str, Any]) -> None:
+    load = JobLoad(cluster).start()
+    sessions = Sessions(cluster).start()  # both sessions on api1
+    time.sleep(2)
+    cluster.net.set_link("api1", "redis", False)
+    time.sleep(15)
+    cluster.net.set_link("api1", "redis", True)
+    figures = _finish(cluster, load, sessions)
+    voice, video = figures["sessions"]["voice"], figures["sessions"]["video"]
+    assert figures["sse_resumes"] > 0  # the SSE watchers moved to api2
+    assert video["resumes_s"] and video["chunks_lost"] == 0 and video["duplicates"] == 0
+    # The duplex session is not resumed (docs/deployment.md): the cut replica had sent
+    # events it could not store, so the other one answers session.resync_required. What
+    # holds: the client is told, and got nothing twice.
+    assert voice["resumes_s"] or voice["resync_required"], figures
+    assert voice["duplicates"] == 0
+    report["4_api_cut_from_redis"] = figures
+
+
 def test_a_host_vanishes(cluster: Cluster, report: dict[str, Any]) -> None:
     load = JobLoad(cluster).start()
     sessions = Sessions(cluster).start()

@@ -176,7 +176,10 @@ def test_a_zombie_worker_writes_nothing(cluster: Cluster, report: dict[str, Any]
 def test_an_api_host_cut_from_redis(cluster: Cluster, report: dict[str, Any]) -> None:
     load = JobLoad(cluster).start()
     sessions = Sessions(cluster).start()  # both sessions on api1
-    time.sleep(2)
+    watched = load.create("api2")  # created on api2, so its SSE watcher is on api1
+    assert watched is not None
+    cluster.set_failpoints({f"step:2@{watched}@attempt1": "sleep:12"})  # it runs on
+    wait_running(cluster, watched, step=1)
     cluster.net.set_link("api1", "redis", False)
     time.sleep(15)
     cluster.net.set_link("api1", "redis", True)

@@ -66,6 +66,7 @@ from workers.pipelines.base import (
     step_stops,
 )
 from workers.pipelines.registry import PipelineRegistry
+from workers.reconciler import LIVE_TEMP_DIRS
 from workers.run_objects import drop_other_attempts, output_prefix, stale_prefix
 from workers.stop_signal import StopSignal
 from workers.stop_watch import StopWatch
@@ -154,6 +155,7 @@ class StepExecutor:
         run.stop = StopSignal(lambda: self.jobs.still_owned(job_id, run.lease))
         watch = StopWatch(self.bus, job_id, started, run.stop.set).start()
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{job_id}-", dir=self.settings.worker.tmp_dir))
+        LIVE_TEMP_DIRS.add(tmp)  # this host's sweep leaves it alone while the run lasts
         stop_heartbeat = self._start_heartbeat(run)
         pipe: Pipeline | None = None
         completed = False
@@ -179,6 +181,7 @@ class StepExecutor:
             if pipe is not None:
                 self._end(pipe, run)
             shutil.rmtree(tmp, ignore_errors=True)
+            LIVE_TEMP_DIRS.discard(tmp)
             if not completed:
                 self._drop_run_objects(run)
             self._release_memory(after_oom=outcome == "oom", stopped=not completed)

@@ -153,6 +153,10 @@ class Reconciler:
 
 
 TEMP_PREFIX = "omniq-"
+# The job temp directories this process's runs use now (the executor adds and removes
+# them): never swept, even when their job ended elsewhere (a worker cut off and taken
+# over, still running its copy of the job).
+LIVE_TEMP_DIRS: set[Path] = set()
 
 
 def temp_root(settings: Settings) -> Path:
@@ -168,6 +172,8 @@ def sweep_temp_dirs(root: Path, jobs: JobStore, unknown_after_s: float = 3600.0)
     host = socket.gethostname()
     removed = 0
     for path in root.glob(TEMP_PREFIX + "*"):
+        if path in LIVE_TEMP_DIRS:
+            continue
         job_id = path.name[len(TEMP_PREFIX) :].rsplit("-", 1)[0]
         if not job_id.startswith(tuple(ID_PREFIX.values())):
             continue

@@ -22,7 +22,7 @@ from storage.queue import JobQueue, make_celery
 from storage.settings import Settings
 from tests.helpers import video_spec
 from tests.integration.conftest import service_settings
-from workers.reconciler import LOCK_KEY, Reconciler, sweep_temp_dirs
+from workers.reconciler import LIVE_TEMP_DIRS, LOCK_KEY, Reconciler, sweep_temp_dirs
 
 pytestmark = pytest.mark.integration
 
@@ -209,6 +209,15 @@ def test_sweep_removes_temp_dirs_of_ended_jobs_and_dead_workers(
         (tmp_path / name).mkdir()
     old = time.time() - 7200
     os.utime(tmp_path / unknown_old, (old, old))
-    assert sweep_temp_dirs(tmp_path, jobs, unknown_after_s=3600) == 3
+    # a run of this process still uses the directory of a job that ended elsewhere (a
+    # zombie's, taken over): kept while the run lasts
+    ended = _job(jobs, f"video_sw4{time.time_ns()}", status="completed")
+    live = tmp_path / f"omniq-{ended.id}-abc123"
+    live.mkdir()
+    LIVE_TEMP_DIRS.add(live)
+    try:
+        assert sweep_temp_dirs(tmp_path, jobs, unknown_after_s=3600) == 3
+    finally:
+        LIVE_TEMP_DIRS.discard(live)
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == sorted([names[1], unknown_new, session])
+    assert left == sorted([names[1], unknown_new, session, live.name])

@@ -87,8 +87,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         if position is not None:  # here, in the thread pool: the wire object reads it
             self.state.admission.estimates.figures(stored.model)
         if created:
-            self._announce(stored, position)
-            self._enqueue(stored)
+            self._dispatch(stored, position)
         return stored, created, position
 
     def insert(
@@ -133,24 +132,23 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
             return _same_kind(stored, job), False
         return stored, True
 
-    def _announce(self, job: Job, position: int | None) -> None:
-        """A new job's first ``status`` event (best effort: watchers fall back to its row)."""
+    def _dispatch(self, job: Job, position: int | None) -> None:
+        """The stored job's first ``status`` event, then the job on the broker. One Redis
+        serves both (``OMNIQ_REDIS__URL``): when the event cannot be published the broker
+        is not tried (a stalled Redis costs one timeout, not four), and either failure
+        refuses the create (503 ``broker_error``) with nothing of it left."""
         eta = self.state.admission.estimates.estimated_start_at(job.model, position)
         event = StatusEvent(status="queued", queue_position=position, estimated_start_at=eta)
+        published = False
         try:
-            self.state.bus.publish(job_events_key(job.id), event)
-        except RedisError:
-            log.warning("could not publish the first status of %s", job.id)
-
-    def _enqueue(self, job: Job) -> None:
-        """Put the stored job on the broker; if that fails, nothing of it stays."""
-        try:
+            published = bool(self.state.bus.publish(job_events_key(job.id), event))
             self.state.queue.enqueue(job.id, job.model)
         except Exception as exc:
             self.state.jobs.delete(job.id)
             self._drop_objects(job_prefix(job.kind, job.id))
             try:
-                self.state.bus.delete(job_events_key(job.id))
+                if published:
+                    self.state.bus.delete(job_events_key(job.id))
             except RedisError:
                 log.warning("could not delete the events of %s", job.id)
             raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc

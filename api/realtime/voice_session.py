@@ -17,7 +17,10 @@ replica: the protocol hands the shell a ``session.resume`` that opens a socket
 (:func:`try_resume`), and each flush stores the new events, the protocol state and
 the relay's position in Redis before anything is sent (``api/realtime/voice_state.py``), so a
 replica that does not hold the session (or whose holder died mid-response) takes it over
-from there. The host's ``voice_sessions`` is this process's cache of the sessions it holds.
+from there. A replica that cannot store (Redis lost) sends nothing more: it closes the
+socket with 1012 and leaves the stored session for the replica the client resumes on
+(:meth:`VoiceSession._let_go`). The host's ``voice_sessions`` is this process's cache of
+the sessions it holds.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
 from storage.bus import BusMessage
 
 SAMPLE_RATE = 24000
+# A duplex session's socket closed by a replica that lost Redis (1012, "service restart"):
+# the session goes on, resumable on any replica.
+CLOSE_RESUME_ELSEWHERE = 1012
 
 
 def _vad_factory(threshold: float, silence_duration_ms: int) -> Any:
@@ -97,6 +103,7 @@ class VoiceSession:
         self.tasks: list[asyncio.Task[None]] = []
         self.grace: asyncio.Task[None] | None = None
         self.ended_event = asyncio.Event()
+        self.let_go = False  # duplex: this replica lost Redis and gave the session up
         self._vad_scorer: VadScorer | None = None
 
     # ---------------------------------------------------------------- socket side
@@ -104,6 +111,8 @@ class VoiceSession:
     async def flush(self) -> None:
         """Send what the protocol produced: stored first (duplex), then the commands to the
         worker, then the frames to the client."""
+        if self.let_go:
+            return
         try:
             commands = self.protocol.commands()
             if self.sync is not None and not await self._save(bool(commands)):
@@ -112,6 +121,9 @@ class VoiceSession:
             for cmd in commands:
                 await self._command(cmd)
         except BROKER_ERRORS:
+            if self.sync is not None:
+                await self._let_go()  # nothing that was not stored reaches the client
+                return
             self._broker_lost()
         ws = self.ws
         if ws is None:
@@ -130,10 +142,16 @@ class VoiceSession:
         """Feed a client frame; the session that serves the socket from now on: this one,
         or the detached one the frame's ``session.resume`` re-attached to it."""
         async with self.lock:
+            if self.let_go:
+                return self
             self.protocol.receive_text(text, time.monotonic())
             request = self.protocol.resume_requested()
             if request is not None:
-                resumed = await try_resume(self, request)
+                try:
+                    resumed = await try_resume(self, request)
+                except BROKER_ERRORS:  # the stored session cannot be read now: retry later
+                    await self._let_go()
+                    return self
                 if resumed is not None:
                     await self.finish()  # this fresh session was never placed
                     return resumed
@@ -158,7 +176,7 @@ class VoiceSession:
 
     async def clock(self) -> None:
         """The protocol's deadlines (cancel grace, idle timeout), checked when due."""
-        while not self.protocol.close_expected():
+        while not self.ended():
             deadline = self.protocol.next_deadline()
             wait = 1.0 if deadline is None else deadline - time.monotonic()
             await asyncio.sleep(min(max(wait, 0.01), 1.0))
@@ -178,6 +196,23 @@ class VoiceSession:
     def _broker_lost(self) -> None:
         """Redis is gone: the session ends with ``broker_error`` (sent at the next flush)."""
         self.protocol.worker_failed(BROKER_ERROR, BROKER_ERROR_MESSAGE)
+
+    async def _let_go(self) -> None:
+        """Duplex, Redis lost: this replica gives the session up without a word. What the
+        protocol produced since the last save could not be stored, so none of it is sent
+        (a client that saw it could not resume anywhere): the socket closes with 1012 and
+        the reason ``broker_error``, and the stored session is left as it stands for the
+        replica the client resumes on, whose relay goes on from the stored position."""
+        if self.let_go:
+            return
+        self.let_go = True
+        self.protocol.data_to_send()  # not stored: never sent
+        self.sync = None  # so that finish() leaves the stored state alone
+        ws, self.ws = self.ws, None
+        if ws is not None:
+            with contextlib.suppress(RuntimeError, OSError):
+                await ws.close(code=CLOSE_RESUME_ELSEWHERE, reason=BROKER_ERROR)
+        await self.finish()
 
     async def place(self) -> None:
         """Put the session on a worker of the model's realtime queue."""
@@ -202,7 +237,7 @@ class VoiceSession:
     # RelayTarget: what the relay calls
 
     def ended(self) -> bool:
-        return self.protocol.close_expected()
+        return self.let_go or self.protocol.close_expected()
 
     async def outputs(self, entries: list[BusMessage[SessionOutput]], now: float) -> None:
         async with self.lock:
@@ -217,6 +252,9 @@ class VoiceSession:
 
     async def broker_lost(self) -> None:
         async with self.lock:
+            if self.sync is not None:
+                await self._let_go()
+                return
             self._broker_lost()
             await self.flush()
 
@@ -258,6 +296,8 @@ class VoiceSession:
             self.ws = None
             self.protocol.connection_lost(time.monotonic())
             await self.flush()
+        if self.let_go:
+            return  # finished already; the stored session waits for a resume elsewhere
         if self.protocol.state is State.DETACHED:
             self.grace = asyncio.create_task(self._expire())
         else:
@@ -341,7 +381,8 @@ async def try_resume(fresh: VoiceSession, request: ResumeRequested) -> VoiceSess
     """Re-attach the detached duplex session ``fresh``'s first event asked for, to
     ``fresh``'s socket, for its owner holding its token: from this process's cache if it
     still holds the session, else taken over from its Redis-held state (another replica
-    served it, or this one lost it). None (nothing changed) when there is none."""
+    served it, or this one lost it). None (nothing changed) when there is none; one of
+    ``BROKER_ERRORS`` when the stored state cannot be read now."""
     host, owner, websocket = fresh.host, fresh.owner, fresh.ws
     session_id, token, last_seq = request.session_id, request.resume_token, request.last_seq
     if websocket is None:
@@ -384,13 +425,8 @@ async def _take_over(
     options = _options(host, fresh.model, True)
     now, wall = time.monotonic(), time.time()
     states = host.session_states
-    try:
-        call = take_over(
-            states, session_id, token, owner, last_seq, options, _vad_factory, now, wall
-        )
-        taken = await bounded(call)
-    except BROKER_ERRORS:
-        return None
+    call = take_over(states, session_id, token, owner, last_seq, options, _vad_factory, now, wall)
+    taken = await bounded(call)  # BROKER_ERRORS: the caller lets its fresh socket go
     if taken is None:
         return None
     stale = host.voice_sessions.get(session_id)

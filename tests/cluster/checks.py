@@ -114,12 +114,6 @@ def check_no_leftovers(cluster: Cluster, timeout: float = 60) -> None:
         time.sleep(1)
 
 
-def worker_of(cluster: Cluster, job_id: str) -> str:
-    """The host name of the worker running (or that ran) ``job_id``."""
-    (row,) = cluster.rows("SELECT worker_id FROM jobs WHERE id = :id", id=job_id)
-    return str(row.worker_id).rsplit(":", 1)[-1]
-
-
 def wait_running(cluster: Cluster, job_id: str, timeout: float = 60, step: int = 1) -> str:
     """Wait until ``job_id`` runs (at ``step`` or later); its worker's host."""
     deadline = time.monotonic() + timeout
@@ -129,6 +123,18 @@ def wait_running(cluster: Cluster, job_id: str, timeout: float = 60, step: int =
             return str(rows[0].worker_id).rsplit(":", 1)[-1]
         time.sleep(0.1)
     raise AssertionError(f"{job_id} did not start")
+
+
+def wait_taken(cluster: Cluster, job_id: str, timeout: float = 60) -> str:
+    """Wait until a worker has taken ``job_id`` (running it, or already done: a small job
+    can run between two polls); that worker's host."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = cluster.rows("SELECT worker_id FROM jobs WHERE id = :id", id=job_id)
+        if rows and rows[0].worker_id:
+            return str(rows[0].worker_id).rsplit(":", 1)[-1]
+        time.sleep(0.1)
+    raise AssertionError(f"{job_id} was not taken by any worker")
 
 
 def metric(cluster: Cluster, host: str, name: str) -> float:

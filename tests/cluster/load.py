@@ -202,15 +202,21 @@ async def _recv(ws: ClientConnection, timeout: float = 30) -> Any:
 
 @dataclass
 class VoiceSession:
-    """A duplex voice session asking one question after another."""
+    """A duplex voice session asking one question after another. A question whose
+    ``response.created`` never came (its replica lost Redis before it could store it, so
+    it was never taken: docs/protocols/realtime-audio.md) is asked again after a resume."""
 
     cluster: Cluster
     host: str = "api1"
     events: list[dict[str, Any]] = field(default_factory=list)
     resumes: list[float] = field(default_factory=list)  # seconds from break to resumed
+    close_codes: list[int | None] = field(default_factory=list)  # of each broken socket
+    broke_at: list[float] = field(default_factory=list)  # wall clock of each break
     responses: int = 0
+    asked_again: int = 0
     resync: bool = False
-    in_response: bool = False
+    asked: bool = False  # a question is out: its response.done has not come
+    started: bool = False  # … and its response.created came
     session: dict[str, Any] = field(default_factory=dict)
 
     def url(self, host: str) -> str:
@@ -227,31 +233,35 @@ class VoiceSession:
         while not stop.is_set() and not self.resync:
             try:
                 await self._ask(ws)
-            except (ConnectionClosed, WebSocketException, TimeoutError, OSError):
+            except (ConnectionClosed, WebSocketException, TimeoutError, OSError) as e:
+                self.close_codes.append(ws.close_code if isinstance(e, ConnectionClosed) else None)
+                self.broke_at.append(time.time())
                 ws = await self._resume()
         await ws.send(json.dumps({"type": "session.close", "reason": "done"}))
         while json.loads(await _recv(ws))["type"] != "session.closed":  # its slot is free
             pass
         await ws.close()
 
+    def _seen(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        if event["type"] == "response.created":
+            self.started = True
+        elif event["type"] == "response.done":
+            self.responses += 1
+            self.asked = self.started = False
+        elif event["type"] == "session.resync_required":
+            self.resync = True
+
     async def _ask(self, ws: ClientConnection) -> None:
         """Ask, and read the answer to its end; after a resume mid-answer, read on."""
-        if not self.in_response:
+        if not self.asked:
             item = {"type": "message", "role": "user",
                     "content": [{"type": "input_text", "text": QUESTION}]}  # fmt: skip
             await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
             await ws.send(json.dumps({"type": "response.create"}))
-            self.in_response = True
-        while True:
-            event = json.loads(await _recv(ws, timeout=10))
-            self.events.append(event)
-            if event["type"] == "response.done":
-                self.responses += 1
-                self.in_response = False
-                return
-            if event["type"] == "session.resync_required":
-                self.resync = True
-                return
+            self.asked = True
+        while self.asked and not self.resync:
+            self._seen(json.loads(await _recv(ws, timeout=10)))
 
     async def _resume(self) -> ClientConnection:
         broke = time.monotonic()
@@ -269,6 +279,11 @@ class VoiceSession:
                 answer = json.loads(await _recv(ws, timeout=10))
                 if answer["type"] == "session.resumed":
                     self.resumes.append(round(time.monotonic() - broke, 3))
+                    for _ in range(answer["replayed"]):
+                        self._seen(json.loads(await _recv(ws, timeout=10)))
+                    if self.asked and not self.started:  # the question never got there
+                        self.asked = False
+                        self.asked_again += 1
                     return ws
                 self.resync = answer["type"] == "session.resync_required"
                 if self.resync:
@@ -283,12 +298,25 @@ class VoiceSession:
         missing = (max(seqs) - len(set(seqs))) if seqs else 0
         deltas = [e for e in self.events if e["type"] == "response.output_audio.delta"]
         audio_ms = sum(len(base64.b64decode(e["delta"])) for e in deltas) // 48
+        # Every answer to the one question is as long: audio lost is what a completed
+        # answer lacks against the longest one.
+        per_answer: dict[str, int] = {}
+        for e in deltas:
+            ms = len(base64.b64decode(e["delta"])) // 48
+            per_answer[e["response_id"]] = per_answer.get(e["response_id"], 0) + ms
+        done = [e["response"]["id"] for e in self.events if e["type"] == "response.done"]
+        lengths = [per_answer.get(r, 0) for r in done]
         return {
             "responses": self.responses,
             "resumes_s": self.resumes,
+            "close_codes": self.close_codes,
+            "broke_at": self.broke_at,
             "events_lost": missing,
             "duplicates": len(seqs) - len(set(seqs)),
             "audio_ms_received": audio_ms,
+            "answer_ms": sorted(set(lengths)),
+            "audio_ms_lost": sum(max(lengths) - n for n in lengths) if lengths else 0,
+            "asked_again": self.asked_again,
             "resync_required": self.resync,
         }
 

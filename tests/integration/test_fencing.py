@@ -81,6 +81,9 @@ def executors(settings: Settings) -> Iterator[tuple[StepExecutor, StepExecutor]]
     engine.dispose()
 
 
+ZOMBIE_SLEEP_S = 12
+
+
 def _job(executor: StepExecutor) -> Job:
     spec = VideoSpec(
         model=MODEL, prompt="a ball", seed=3, num_inference_steps=4, width=64, height=48,
@@ -116,13 +119,14 @@ def test_a_zombie_attempt_writes_no_row_object_or_event(
     zombie, successor = executors
     job = _job(zombie)
     Path(zombie.settings.worker.failpoints_file or "").write_text(
-        json.dumps({"upload@attempt1": "sleep:4"})
+        # long enough for attempt 2 to take over and complete first on a loaded machine
+        json.dumps({"upload@attempt1": f"sleep:{ZOMBIE_SLEEP_S}"})
     )
     caplog.set_level("INFO")
     outcomes: dict[str, str] = {}
     first = threading.Thread(target=lambda: outcomes.update(a=zombie.run(job.id, MODEL)))
     first.start()
-    _wait_log(caplog, "failpoint upload@attempt1: sleep:4")
+    _wait_log(caplog, f"failpoint upload@attempt1: sleep:{ZOMBIE_SLEEP_S}")
     _age_heartbeat(zombie, job.id)
     assert successor.run(job.id, MODEL) == "completed"  # attempt 2 took it over
     done = successor.jobs.get(job.id)

@@ -83,10 +83,12 @@ def check_jobs(cluster: Cluster, job_ids: list[str]) -> dict[str, Any]:
         listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"videos/{job_id}/")
         objects = {o["Key"]: o["Size"] for o in listed.get("Contents", [])}
         if row.status == "completed":
-            prefix = f"videos/{job_id}/output/{row.attempt}/"
-            assert sorted(objects) == [prefix + "thumbnail.jpg", prefix + "video.mp4"], objects
-            assert artifacts[job_id] == objects, (job_id, artifacts[job_id], objects)
-            mp4 = s3.get_object(Bucket=bucket, Key=prefix + "video.mp4")["Body"].read()
+            # exactly the artifacts its row lists, whole: nothing missing, nothing extra
+            names = sorted(key.rsplit("/", 1)[-1] for key in objects)
+            assert names == ["thumbnail.jpg", "video.mp4"], (job_id, objects)
+            assert artifacts.get(job_id) == objects, (job_id, artifacts.get(job_id), objects)
+            (video,) = (key for key in objects if key.endswith("/video.mp4"))
+            mp4 = s3.get_object(Bucket=bucket, Key=video)["Body"].read()
             with av.open(io.BytesIO(mp4), mode="r") as container:
                 assert next(iter(container.decode(video=0)), None) is not None
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,39 @@ def world_session_config(**overrides: Any) -> WorldSessionConfig:
         "seed": 1,
     }
     return WorldSessionConfig(**fields | overrides)
+
+
+def world_session_start(num_frames: int) -> dict[str, Any]:
+    """A ``/v1/realtime/video`` ``session.start`` of the reference world model (96x96 at
+    16 fps, seed 7) running ``num_frames`` frames."""
+    return {
+        "type": "session.start",
+        "model": "reference/world",
+        "prompt": "a red ball rolling down a hill",
+        "width": 96,
+        "height": 96,
+        "num_frames": num_frames,
+        "fps": 16,
+        "seed": 7,
+    }
+
+
+def write_failpoints(path: Path, points: dict[str, str]) -> None:
+    """Replace the workers' failpoints file (``workers/failpoints.py``) at once: a worker
+    reading it never sees half a file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(points))
+    tmp.replace(path)
+
+
+def s3_settings(s3: Any) -> dict[str, str]:
+    """``Settings.s3`` for an ``EmbeddedS3`` server."""
+    return {
+        "endpoint_url": s3.endpoint_url,
+        "bucket": s3.bucket,
+        "access_key_id": s3.access_key,
+        "secret_access_key": s3.secret_key,
+    }
 
 
 def imported_packages(path: Path) -> list[tuple[int, str]]:

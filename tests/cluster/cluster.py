@@ -37,6 +37,7 @@ from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings
 from tests.cluster.network import ROOT, SERVICE_IPS, SERVICES_HOST, Network
+from tests.helpers import write_failpoints
 
 REPO = Path(__file__).resolve().parents[2]
 API_PORT = 8000
@@ -135,9 +136,7 @@ class Cluster:
         return self.work / "failpoints.json"
 
     def set_failpoints(self, points: dict[str, str]) -> None:
-        tmp = self.failpoints.with_suffix(".tmp")
-        tmp.write_text(json.dumps(points))
-        tmp.replace(self.failpoints)
+        write_failpoints(self.failpoints, points)
 
     # ---- lifecycle ---------------------------------------------------------------------
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,21 +32,13 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from models.realtime_video import frames_in_chunk
 from tests.cluster.cluster import API_HOSTS, Cluster
+from tests.helpers import world_session_start
 
 DEADLINE_S = 15.0  # the longest any API answer may take, faults included
 SMALL = {"size": "64x48", "seconds": "1", "fps": 16, "num_inference_steps": 8}
 WEBHOOK = "http://10.100.9.1:9/hook"  # never delivered here; the outbox rows are counted
 QUESTION = "tell me a long story about the sea, the wind and the boats in the harbour"
-VIDEO = {
-    "type": "session.start",
-    "model": "reference/world",
-    "prompt": "a red ball rolling down a hill",
-    "width": 96,
-    "height": 96,
-    "num_frames": 900,  # under the session time limit at 16 fps; about a minute
-    "fps": 16,
-    "seed": 7,
-}
+VIDEO = world_session_start(900)  # under the session time limit at 16 fps; about a minute
 
 
 def other(host: str) -> str:
@@ -200,6 +194,21 @@ async def _recv(ws: ClientConnection, timeout: float = 30) -> Any:
     return await asyncio.wait_for(ws.recv(), timeout)
 
 
+async def _on_either_host(
+    host: str, attempt: Callable[[str], Awaitable[ClientConnection | None]], what: str
+) -> tuple[str, ClientConnection]:
+    """A session's resume: ``attempt`` on the other API host, then back, every 0.5 s for
+    30 s, until it gives a socket; that host and socket."""
+    for _ in range(60):
+        host = other(host)
+        with contextlib.suppress(ConnectionClosed, WebSocketException, TimeoutError, OSError):
+            ws = await attempt(host)
+            if ws is not None:
+                return host, ws
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{what} could not be resumed on either host")
+
+
 @dataclass
 class VoiceSession:
     """A duplex voice session asking one question after another. A question whose
@@ -265,33 +274,30 @@ class VoiceSession:
 
     async def _resume(self) -> ClientConnection:
         broke = time.monotonic()
-        for _ in range(60):
-            self.host = other(self.host)
-            try:
-                ws = await connect(self.url(self.host), additional_headers=self.cluster.auth())
-                fresh = json.loads(await _recv(ws, timeout=10))
-                assert fresh["type"] == "session.created"
-                seq = max((e.get("server_event_seq", 0) for e in self.events), default=0)
-                resume = {"type": "session.resume", "session_id": self.session["id"],
-                          "resume_token": self.session["resume_token"],
-                          "last_received_server_event_seq": seq}  # fmt: skip
-                await ws.send(json.dumps(resume))
-                answer = json.loads(await _recv(ws, timeout=10))
-                if answer["type"] == "session.resumed":
-                    self.resumes.append(round(time.monotonic() - broke, 3))
-                    for _ in range(answer["replayed"]):
-                        self._seen(json.loads(await _recv(ws, timeout=10)))
-                    if self.asked and not self.started:  # the question never got there
-                        self.asked = False
-                        self.asked_again += 1
-                    return ws
-                self.resync = answer["type"] == "session.resync_required"
-                if self.resync:
-                    return ws
-            except (ConnectionClosed, WebSocketException, TimeoutError, OSError):
-                pass
-            await asyncio.sleep(0.5)
-        raise AssertionError("the voice session could not be resumed on either host")
+
+        async def attempt(host: str) -> ClientConnection | None:
+            ws = await connect(self.url(host), additional_headers=self.cluster.auth())
+            fresh = json.loads(await _recv(ws, timeout=10))
+            assert fresh["type"] == "session.created"
+            seq = max((e.get("server_event_seq", 0) for e in self.events), default=0)
+            resume = {"type": "session.resume", "session_id": self.session["id"],
+                      "resume_token": self.session["resume_token"],
+                      "last_received_server_event_seq": seq}  # fmt: skip
+            await ws.send(json.dumps(resume))
+            answer = json.loads(await _recv(ws, timeout=10))
+            if answer["type"] == "session.resumed":
+                self.resumes.append(round(time.monotonic() - broke, 3))
+                for _ in range(answer["replayed"]):
+                    self._seen(json.loads(await _recv(ws, timeout=10)))
+                if self.asked and not self.started:  # the question never got there
+                    self.asked = False
+                    self.asked_again += 1
+                return ws
+            self.resync = answer["type"] == "session.resync_required"
+            return ws if self.resync else None
+
+        self.host, ws = await _on_either_host(self.host, attempt, "the voice session")
+        return ws
 
     def report(self) -> dict[str, Any]:
         seqs = [e["server_event_seq"] for e in self.events if "server_event_seq" in e]
@@ -375,23 +381,22 @@ class VideoSession:
 
     async def _resume(self) -> ClientConnection:
         broke = time.monotonic()
-        for _ in range(60):
-            self.host = other(self.host)
-            try:
-                ws = await self._ws(self.host)
-                last = max(self.chunks, default=-1)
-                resume = {"type": "session.resume", "session_id": self.start["session_id"],
-                          "resume_token": self.start["resume_token"],
-                          "last_generation_chunk_index": last}  # fmt: skip
-                await ws.send(json.dumps(resume))
-                answer = json.loads(await _recv(ws, timeout=10))
-                if answer["type"] == "session.resumed":
-                    self.resumes.append(round(time.monotonic() - broke, 3))
-                    return ws
-            except (ConnectionClosed, WebSocketException, TimeoutError, OSError):
-                pass
-            await asyncio.sleep(0.5)
-        raise AssertionError("the video session could not be resumed on either host")
+
+        async def attempt(host: str) -> ClientConnection | None:
+            ws = await self._ws(host)
+            last = max(self.chunks, default=-1)
+            resume = {"type": "session.resume", "session_id": self.start["session_id"],
+                      "resume_token": self.start["resume_token"],
+                      "last_generation_chunk_index": last}  # fmt: skip
+            await ws.send(json.dumps(resume))
+            answer = json.loads(await _recv(ws, timeout=10))
+            if answer["type"] != "session.resumed":
+                return None
+            self.resumes.append(round(time.monotonic() - broke, 3))
+            return ws
+
+        self.host, ws = await _on_either_host(self.host, attempt, "the video session")
+        return ws
 
     def report(self) -> dict[str, Any]:
         top = max(self.chunks, default=-1)

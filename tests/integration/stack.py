@@ -3,7 +3,6 @@ subprocesses on given services, with helpers to talk to it."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from models.db import Job
 from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings
+from tests.helpers import write_failpoints
 from workers.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,9 +89,7 @@ class Stack:
         return self.work / "failpoints.json"
 
     def set_failpoints(self, points: dict[str, str]) -> None:
-        tmp = self.failpoints.with_suffix(".tmp")
-        tmp.write_text(json.dumps(points))
-        tmp.replace(self.failpoints)
+        write_failpoints(self.failpoints, points)
 
     @contextmanager
     def client_without_failpoints(self, timeout: float = 30) -> Iterator[httpx.Client]:

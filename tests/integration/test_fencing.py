@@ -33,6 +33,7 @@ from storage.constants import job_events_key
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore, Lease
 from storage.settings import Settings
+from tests.helpers import s3_settings
 from workers.executor import StepExecutor
 from workers.pipelines.registry import PipelineRegistry
 from workers.run_objects import drop_other_attempts, output_prefix, stale_prefix
@@ -48,12 +49,7 @@ def settings(tmp_path: Path, pg_url: str, redis_url: str, s3_server: EmbeddedS3)
     return Settings(
         database={"url": pg_url},
         redis={"url": redis_url},
-        s3={
-            "endpoint_url": s3_server.endpoint_url,
-            "bucket": s3_server.bucket,
-            "access_key_id": s3_server.access_key,
-            "secret_access_key": s3_server.secret_key,
-        },
+        s3=s3_settings(s3_server),
         worker={
             "tmp_dir": str(tmp_path),
             "failpoints_file": str(tmp_path / "failpoints.json"),

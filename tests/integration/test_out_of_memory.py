@@ -34,6 +34,7 @@ from storage.artifacts import ArtifactStore, make_s3_client
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.settings import Settings
+from tests.helpers import s3_settings
 from tests.integration.attention_pipeline import AttentionPipeline
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
@@ -105,12 +106,7 @@ def executor(tmp_path: Path, s3_server: EmbeddedS3) -> Iterator[StepExecutor]:
     upgrade(url)
     settings = Settings(
         database={"url": url},
-        s3={
-            "endpoint_url": s3_server.endpoint_url,
-            "bucket": s3_server.bucket,
-            "access_key_id": s3_server.access_key,
-            "secret_access_key": s3_server.secret_key,
-        },
+        s3=s3_settings(s3_server),
         worker={
             "tmp_dir": str(tmp_path),
             "failpoints_file": str(tmp_path / "failpoints.json"),

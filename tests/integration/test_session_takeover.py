@@ -27,6 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from models.realtime_video import frames_in_chunk
+from tests.helpers import world_session_start
 from tests.integration.test_up import Up, _alive, _api_pids, _listening_ports, _port_free
 from workers.processes import free_port
 
@@ -247,16 +248,7 @@ def test_resume_after_the_only_api_is_killed_and_restarted(tmp_path: Path) -> No
 
 
 # 20 chunks: running for a while (the test drops and resumes it twice)
-VIDEO = {
-    "type": "session.start",
-    "model": "reference/world",
-    "prompt": "a red ball rolling down a hill",
-    "width": 96,
-    "height": 96,
-    "num_frames": 237,
-    "fps": 16,
-    "seed": 7,
-}
+VIDEO = world_session_start(237)
 
 
 async def _video_ws(url: str) -> ClientConnection:

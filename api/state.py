@@ -139,6 +139,7 @@ class AppState:
                 aredis,
                 ttl_s=settings.realtime.state_ttl_s,
                 log_events=settings.realtime.replay_events,
+                stream_ttl_s=settings.events_ttl_s,
             ),
             metrics=ApiMetrics(queue),
             webhooks=WebhookStore(sessions),

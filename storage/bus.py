@@ -88,7 +88,7 @@ return id
 """
 
 
-def _fields(event: BaseModel, data: bytes | None) -> dict[str, Any]:
+def entry_fields(event: BaseModel, data: bytes | None) -> dict[str, Any]:
     """An entry: the event's JSON, its binary ``data``, and ``final`` on a job's ``done``
     (what :data:`FENCED_XADD` refuses to follow)."""
     fields: dict[str, Any] = {"event": event.model_dump_json()}
@@ -131,7 +131,7 @@ class EventBus:
 
     def publish(self, stream: str, event: BaseModel, data: bytes | None = None) -> str:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
+        pipe.xadd(stream, entry_fields(event, data), maxlen=self.maxlen, approximate=True)
         pipe.expire(stream, self.ttl_s)
         entry_id, _ = pipe.execute()
         return _id(entry_id)
@@ -143,7 +143,7 @@ class EventBus:
         refused because the job ended or a later attempt took it over."""
         if time.monotonic() - self._failed_at < self.backoff_s:
             raise BusUnavailable("the event bus failed just before; not trying yet")
-        fields = {**_fields(event, data), "attempt": attempt}
+        fields = {**entry_fields(event, data), "attempt": attempt}
         flat = [part for pair in fields.items() for part in pair]
         try:
             entry_id = self._fenced(keys=[stream], args=[attempt, self.maxlen, self.ttl_s, *flat])
@@ -160,7 +160,7 @@ class EventBus:
             return
         pipe = self.redis.pipeline(transaction=True)
         for event, data in events:
-            pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
+            pipe.xadd(stream, entry_fields(event, data), maxlen=self.maxlen, approximate=True)
         pipe.expire(stream, self.ttl_s)
         pipe.execute()
 
@@ -211,7 +211,7 @@ class AsyncEventBus:
 
     async def _publish(self, stream: str, event: BaseModel, data: bytes | None) -> str:
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(stream, _fields(event, data), maxlen=self.maxlen, approximate=True)
+            pipe.xadd(stream, entry_fields(event, data), maxlen=self.maxlen, approximate=True)
             pipe.expire(stream, self.ttl_s)
             entry_id, _ = await pipe.execute()
         return _id(entry_id)

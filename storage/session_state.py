@@ -11,10 +11,12 @@ Per session (keys in :func:`storage.constants.session_state_key`):
 
 Every write is one Lua script that first checks ``holder`` (fencing): a replica whose
 session was taken over writes nothing more, learns it from the answer (``False``) and
-lets the session go. A save writes the new log entries, the audio changes and the
-snapshot together, so the log never holds an event the snapshot does not account for,
-and the caller sends events to the client only after they were saved: whatever a client
-saw, another replica can replay. Every key expires ``ttl_s`` after the last save or
+lets the session go. A save writes the new log entries, the audio changes, the snapshot
+and the worker's new commands (onto the session's ``in`` stream) together, so the log
+never holds an event the snapshot does not account for, the snapshot never counts a
+command the worker will not get, and a replica that lost the session cannot command the
+worker; the caller sends events to the client only after they were saved: whatever a
+client saw, another replica can replay. Every key expires ``ttl_s`` after the last save or
 :meth:`SessionStateStore.touch`.
 
 Calls are not bounded here; the realtime shell bounds each one (``api/realtime/broker.py``).
@@ -26,13 +28,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from storage.constants import session_state_key
+from pydantic import BaseModel
+
+from storage.bus import DEFAULT_MAXLEN, entry_fields
+from storage.constants import session_in_key, session_state_key
 
 # (item id, content index) of one audio part
 Part = tuple[str, int]
 
-# KEYS: holder, state, log, audio parts…   ARGV: holder, ttl, maxlen, state JSON ('' = keep),
-# frame count, (seq, frame)…, write count, (op, KEYS index, data)…, 'drop' flag
+# KEYS: holder, state, log, audio parts…, [the session's in stream, last]
+# ARGV: holder, ttl, maxlen, state JSON ('' = keep), frame count, (seq, frame)…,
+# write count, (op, KEYS index, data)…, 'drop' flag, command count,
+# (field count, fields…)…, in stream maxlen, in stream ttl
 _SAVE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local ttl = tonumber(ARGV[2])
@@ -51,12 +58,27 @@ for _ = 1, m do
   else redis.call('DEL', key) end
   i = i + 3
 end
-if ARGV[i] == 'drop' then
-  redis.call('DEL', unpack(KEYS))
+local drop = ARGV[i] == 'drop'
+local c = tonumber(ARGV[i + 1])
+i = i + 2
+local last = #KEYS
+if c > 0 then
+  last = #KEYS - 1
+  local inbox = KEYS[#KEYS]
+  local maxlen, inbox_ttl = ARGV[#ARGV - 1], ARGV[#ARGV]
+  for _ = 1, c do
+    local k = tonumber(ARGV[i])
+    redis.call('XADD', inbox, 'MAXLEN', '~', maxlen, '*', unpack(ARGV, i + 1, i + k))
+    i = i + 1 + k
+  end
+  redis.call('EXPIRE', inbox, inbox_ttl)
+end
+if drop then
+  redis.call('DEL', unpack(KEYS, 1, last))
   return 1
 end
 if ARGV[4] ~= '' then redis.call('SET', KEYS[2], ARGV[4]) end
-for j = 1, #KEYS do redis.call('EXPIRE', KEYS[j], ttl) end
+for j = 1, last do redis.call('EXPIRE', KEYS[j], ttl) end
 return 1
 """
 
@@ -72,10 +94,22 @@ class TakenOver:
 class SessionStateStore:
     """asyncio store (the API) of the Redis-held state of duplex realtime sessions."""
 
-    def __init__(self, redis: Any, *, ttl_s: int, log_events: int) -> None:
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        ttl_s: int,
+        log_events: int,
+        stream_ttl_s: int = 3600,
+        stream_maxlen: int = DEFAULT_MAXLEN,
+    ) -> None:
+        """``stream_ttl_s`` / ``stream_maxlen``: those of the session's ``in`` stream, as
+        the event bus keeps its streams (``storage/bus.py``)."""
         self.redis = redis
         self.ttl_s = ttl_s
         self.log_events = log_events
+        self.stream_ttl_s = stream_ttl_s
+        self.stream_maxlen = stream_maxlen
         self._save = redis.register_script(_SAVE)
 
     @staticmethod
@@ -97,21 +131,31 @@ class SessionStateStore:
         writes: Sequence[tuple[str, Part, bytes]] = (),
         parts: Sequence[Part] = (),
         drop: bool = False,
+        commands: Sequence[tuple[BaseModel, bytes | None]] = (),
     ) -> bool:
         """Append ``frames`` to the log, apply the audio ``writes`` (``append`` / ``set``
-        / ``delete`` of a part), store ``state``, refresh every key's TTL (``parts``: the
-        audio parts the session holds now), or with ``drop`` delete it all. False when
-        ``holder`` no longer serves the session: nothing was written."""
+        / ``delete`` of a part), store ``state``, put ``commands`` (session bus commands
+        and their bytes) on the session's ``in`` stream for its worker, refresh every
+        key's TTL (``parts``: the audio parts the session holds now), or with ``drop``
+        delete it all. False when ``holder`` no longer serves the session: nothing was
+        written, no command sent."""
         order = list(dict.fromkeys([*parts, *(w[1] for w in writes)]))
         index = {part: i + 4 for i, part in enumerate(order)}  # Lua KEYS are 1-based
+        keys = self._keys(session_id, order)
         args: list[Any] = [holder, self.ttl_s, self.log_events, state, len(frames)]
         for seq, frame in frames:
             args += [seq, frame]
         args.append(len(writes))
         for op, part, data in writes:
             args += [op, index[part], data]
-        args.append("drop" if drop else "")
-        done = await self._save(keys=self._keys(session_id, order), args=args)
+        args += ["drop" if drop else "", len(commands)]
+        for command, payload in commands:
+            fields = [x for pair in entry_fields(command, payload).items() for x in pair]
+            args += [len(fields), *fields]
+        if commands:
+            keys.append(session_in_key(session_id))
+            args += [self.stream_maxlen, self.stream_ttl_s]
+        done = await self._save(keys=keys, args=args)
         return bool(done)
 
     async def touch(self, session_id: str, holder: str, parts: Sequence[Part] = ()) -> bool:

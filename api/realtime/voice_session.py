@@ -15,7 +15,8 @@ Duplex sessions outlive their socket for ``realtime.resume_grace_s``: the sessio
 running and logging events; ``session.resume`` on a new socket re-attaches it, on any API
 replica: the protocol hands the shell a ``session.resume`` that opens a socket
 (:func:`try_resume`), and each flush stores the new events, the protocol state and
-the relay's position in Redis before anything is sent (``api/realtime/voice_state.py``), so a
+the relay's position in Redis, with the worker's new commands in the same write, before
+anything is sent to the client (``api/realtime/voice_state.py``), so a
 replica that does not hold the session (or whose holder died mid-response) takes it over
 from there. A replica that cannot store (Redis lost) sends nothing more: it closes the
 socket with 1012 and leaves the stored session for the replica the client resumes on
@@ -32,6 +33,7 @@ import time
 from typing import Any
 
 from fastapi import WebSocket, WebSocketDisconnect
+from pydantic import BaseModel
 
 from api.realtime.broker import BROKER_ERRORS, bounded
 from api.realtime.relay import Relay, SessionHost
@@ -109,17 +111,17 @@ class VoiceSession:
     # ---------------------------------------------------------------- socket side
 
     async def flush(self) -> None:
-        """Send what the protocol produced: stored first (duplex), then the commands to the
-        worker, then the frames to the client."""
+        """Send what the protocol produced: the commands to the worker (duplex: in the
+        write that stores the session), then the frames to the client."""
         if self.let_go:
             return
         try:
-            commands = self.protocol.commands()
-            if self.sync is not None and not await self._save(bool(commands)):
+            commands = [w for cmd in self.protocol.commands() if (w := self._wire(cmd))]
+            if self.sync is None:
+                for command, data in commands:
+                    await self.relay.command(command, data)
+            elif not await self._save(commands):  # stored and sent to the worker at once
                 self.protocol.release()  # another replica resumed it: not ours to command
-                commands = []
-            for cmd in commands:
-                await self._command(cmd)
         except BROKER_ERRORS:
             if self.sync is not None:
                 await self._let_go()  # nothing that was not stored reaches the client
@@ -184,11 +186,10 @@ class VoiceSession:
                 self.protocol.check_timeouts(time.monotonic())
                 await self.flush()
 
-    async def _save(self, force: bool) -> bool:
+    async def _save(self, commands: list[tuple[BaseModel, bytes | None]]) -> bool:
         assert self.sync is not None
-        saved = self.sync.save(
-            self.protocol, self.relay.position, force=force, now=time.monotonic(), wall=time.time()
-        )
+        position, now, wall = self.relay.position, time.monotonic(), time.time()
+        saved = self.sync.save(self.protocol, position, commands=commands, now=now, wall=wall)
         return await bounded(saved)
 
     # ---------------------------------------------------------------- worker side
@@ -222,17 +223,17 @@ class VoiceSession:
         except BROKER_ERRORS:
             self._broker_lost()
 
-    async def _command(self, cmd: Respond | Cancel | Stop) -> None:
+    def _wire(self, cmd: Respond | Cancel | Stop) -> tuple[BaseModel, bytes | None] | None:
+        """A protocol command as the session bus command (and its bytes) for the worker;
+        None for a stop of a session never placed."""
         if isinstance(cmd, Respond):
             turn = VoiceTurnSpec(
                 text=cmd.text, voice=cmd.voice, speed=cmd.speed, instructions=cmd.instructions
             )
-            respond = RespondCommand(response_id=cmd.response_id, turn=turn)
-            await self.relay.command(respond, cmd.pcm16 or None)
-        elif isinstance(cmd, Cancel):
-            await self.relay.command(CancelCommand(response_id=cmd.response_id, reason=cmd.reason))
-        elif self.relay.placed:
-            await self.relay.command(StopCommand(reason=cmd.reason))
+            return RespondCommand(response_id=cmd.response_id, turn=turn), cmd.pcm16 or None
+        if isinstance(cmd, Cancel):
+            return CancelCommand(response_id=cmd.response_id, reason=cmd.reason), None
+        return (StopCommand(reason=cmd.reason), None) if self.relay.placed else None
 
     # RelayTarget: what the relay calls
 

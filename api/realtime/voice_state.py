@@ -2,9 +2,9 @@
 (:mod:`storage.session_state`), so that any replica can resume it.
 
 The replica serving a session calls :meth:`VoiceStateSync.save` before it sends anything
-to the client or the worker: the new numbered events, the conversation's audio changes
-and the protocol snapshot (:mod:`realtime.session_snapshot`) go to Redis in one fenced
-write. A replica that receives ``session.resume`` for a session it does not hold calls
+to the client: the new numbered events, the conversation's audio changes, the protocol
+snapshot (:mod:`realtime.session_snapshot`) and the worker's new commands go to Redis in
+one fenced write. A replica that receives ``session.resume`` for a session it does not hold calls
 :func:`take_over`: from then on the previous replica's writes are refused (it learns it
 from ``save``/``touch`` answering False and lets the session go), and the restored
 protocol replays the logged events after the client's last seq and goes on numbering.
@@ -13,9 +13,10 @@ protocol replays the logged events after the client's last seq and goes on numbe
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from models.realtime_state import VoiceSessionSnapshot
 from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol
@@ -46,17 +47,18 @@ class VoiceStateSync:
         protocol: RealtimeProtocol,
         relay: RelayPosition,
         *,
-        force: bool,
+        commands: Sequence[tuple[BaseModel, bytes | None]],
         now: float,
         wall: float,
     ) -> bool:
-        """Store what changed since the last save: always when events were emitted or the
-        conversation's audio changed, otherwise only if ``force`` (commands for the
-        worker follow). False when another replica holds the session now."""
+        """Store what changed since the last save, and send the worker ``commands`` in
+        the same write: always when events were emitted, the conversation's audio
+        changed or there are commands. False when another replica holds the session now
+        (nothing stored, no command sent)."""
         frames = protocol.journal()
         parts = audio_parts(protocol)
         writes = self.diff.writes(parts)
-        if not (frames or writes or force):
+        if not (frames or writes or commands):
             return True
         if not self.created:
             await self.store.create(self.session_id, self.holder)
@@ -69,6 +71,7 @@ class VoiceStateSync:
             state=state,
             writes=[(w.op, w.part, w.data) for w in writes],
             parts=list(parts),
+            commands=commands,
         )
         if ok:
             self.diff.written(writes, parts)

@@ -13,9 +13,10 @@ import pytest
 import redis.asyncio
 
 from api.realtime.voice_state import VoiceStateSync, take_over
+from models.session_bus import COMMANDS, CancelCommand, RespondCommand, VoiceTurnSpec
 from realtime.audio_protocol import RealtimeOptions
 from realtime.session_snapshot import RelayPosition
-from storage.constants import session_state_key
+from storage.constants import session_in_key, session_state_key
 from storage.session_state import SessionStateStore
 from tests.unit.realtime_client import Client, ScriptedVAD, run_response, speech
 
@@ -31,6 +32,39 @@ def _run(redis_url: str, body: Callable[[Any], Awaitable[None]]) -> None:
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_commands_go_to_the_worker_with_the_save_or_not_at_all(redis_url: str) -> None:
+    """The worker's commands are written in the save's script: a replica whose save is
+    refused (taken over) sends none, and a stored state never counts a command the worker
+    did not get."""
+
+    async def body(r: Any) -> None:
+        store = SessionStateStore(r, ttl_s=60, log_events=10, stream_ttl_s=300)
+        sid = "sess_commands"
+        inbox = session_in_key(sid)
+        await store.create(sid, "A")
+        respond = RespondCommand(response_id="resp_1", turn=VoiceTurnSpec(text="hi"))
+        cancel = CancelCommand(response_id="resp_1", reason="client_cancelled")
+        assert await store.save(
+            sid, "A", frames=[(1, "f1")], state='{"v":1}', commands=[(respond, b"pcm")]
+        )
+        entries = await r.xrange(inbox)
+        assert len(entries) == 1 and 0 < await r.ttl(inbox) <= 300
+        fields = entries[0][1]
+        assert COMMANDS.validate_json(fields[b"event"]) == respond and fields[b"data"] == b"pcm"
+        assert await r.ttl(session_state_key(sid, "state")) > 0  # not the stream's TTL
+        await store.take_over(sid, "B", after_seq=1)
+        assert not await store.save(sid, "A", state='{"v":2}', commands=[(cancel, None)])
+        assert len(await r.xrange(inbox)) == 1  # the refused save sent nothing
+        assert await store.save(sid, "B", commands=[(cancel, None)])
+        last = (await r.xrange(inbox))[-1][1]
+        assert COMMANDS.validate_json(last[b"event"]) == cancel and b"data" not in last
+        assert await store.drop(sid, "B")
+        assert await r.exists(inbox) and not await r.exists(session_state_key(sid, "state"))
+        await r.delete(inbox)
+
+    _run(redis_url, body)
 
 
 def test_writes_are_fenced_by_the_holder_and_the_log_is_bounded(redis_url: str) -> None:
@@ -92,11 +126,11 @@ def test_a_protocol_saved_on_one_replica_is_taken_over_on_another(redis_url: str
         c = Client(duplex=True, turn_detection=None)
         a = VoiceStateSync(store, c.p.id, "owner-1")
         relay = RelayPosition(placed=True, worker_admitted=True, out_cursor="17-0")
-        assert await a.save(c.p, relay, force=False, now=c.now, wall=1e9)
+        assert await a.save(c.p, relay, commands=[], now=c.now, wall=1e9)
         rid = run_response(c, deltas=3)
-        assert await a.save(c.p, relay, force=False, now=c.now, wall=1e9)
+        assert await a.save(c.p, relay, commands=[], now=c.now, wall=1e9)
         # nothing new: no write at all
-        assert await a.save(c.p, relay, force=False, now=c.now, wall=1e9)
+        assert await a.save(c.p, relay, commands=[], now=c.now, wall=1e9)
         token = c.p.resume_token or ""
         seen = c.events[-4]["server_event_seq"]
 
@@ -121,9 +155,9 @@ def test_a_protocol_saved_on_one_replica_is_taken_over_on_another(redis_url: str
         assert b.conversation.get(c.p.conversation.ids()[-1]).audio == {0: bytearray(speech(120))}  # type: ignore[union-attr]
         # the old replica learns it lost the session at its next write
         c.p.worker_audio(rid, speech(40), None, 1.0)
-        assert not await a.save(c.p, relay, force=False, now=c.now, wall=1e9)
+        assert not await a.save(c.p, relay, commands=[], now=c.now, wall=1e9)
         b.worker_audio(rid, speech(40), None, 1.0)
-        assert await taken.sync.save(b, relay, force=False, now=6.0, wall=1e9 + 2)
+        assert await taken.sync.save(b, relay, commands=[], now=6.0, wall=1e9 + 2)
         stored = await store.audio(c.p.id, [(c.p.conversation.ids()[-1], 0)])
         assert list(stored.values()) == [speech(160)]
         await taken.sync.drop(b)

@@ -88,6 +88,8 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
             self.state.admission.estimates.figures(stored.model)
         if created:
             self._dispatch(stored, position)
+        elif stored.status == JobStatus.QUEUED:
+            self._redispatch(stored)
         return stored, created, position
 
     def insert(
@@ -153,6 +155,18 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
                 log.warning("could not delete the events of %s", job.id)
             raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
         JOBS_CREATED.labels(job.model, job.kind).inc()
+
+    def _redispatch(self, job: Job) -> None:
+        """A retried create of a job still queued puts it on the broker again: the first
+        create may have stored it and died before enqueueing it (its API host vanished),
+        and a queued job with no message would wait for another job's message, or for
+        its ``ttl``. A message too many is harmless: a claim is conditional, so the extra
+        one finds nothing to run and is dropped. A failure is 503 ``broker_error``; the
+        job stays, for the next retry."""
+        try:
+            self.state.queue.enqueue(job.id, job.model)
+        except Exception as exc:
+            raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
 
     def _drop_objects(self, prefix: str) -> None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import time
+import uuid
 from typing import Any
 
 import av
@@ -14,7 +15,11 @@ import pytest
 from PIL import Image
 from sqlalchemy import create_engine, func, select
 
-from models.db import Artifact
+from models.db import Artifact, Job
+from storage.db import make_engine, make_sessionmaker
+from storage.jobs import JobStore
+from storage.settings import DatabaseSettings
+from tests.helpers import video_spec
 from tests.integration.stack import Stack, assert_not_found
 
 pytestmark = pytest.mark.integration
@@ -209,6 +214,30 @@ def test_idempotency_key_is_scoped_per_key(stack: Stack, client: httpx.Client) -
     with stack.client(stack.create_key("bob")) as bob:
         other = bob.post("/v1/videos", json=body, headers=headers).json()
     assert other["id"] != first["id"]
+    stack.wait_for(client, first["id"])
+
+
+def test_a_retried_create_puts_a_job_that_never_reached_the_broker_on_it(
+    stack: Stack, client: httpx.Client
+) -> None:
+    """An API host that dies between storing a job and enqueueing it leaves a queued job
+    with no message; the client's retry with the same Idempotency-Key enqueues it."""
+    body = {"prompt": "stranded", **SMALL}
+    first = _create(client)  # a job of this key, for its owner
+    engine = make_engine(DatabaseSettings(url=stack.database_url))
+    try:
+        jobs = JobStore(make_sessionmaker(engine))
+        owner = jobs.get(first["id"]).owner  # type: ignore[union-attr]
+        spec = video_spec(
+            prompt="stranded", width=64, height=48, num_frames=8, num_inference_steps=3
+        )
+        stranded = Job.new(spec, id=f"video_{uuid.uuid4().hex}", owner=owner, idempotency_key="k-1")
+        jobs.create(stranded, idempotency_window_s=3600)  # stored; never enqueued
+        again = client.post("/v1/videos", json=body, headers={"Idempotency-Key": "k-1"})
+        assert again.status_code == 200 and again.json()["id"] == stranded.id
+        assert stack.wait_for(client, stranded.id)["status"] == "completed"
+    finally:
+        engine.dispose()
     stack.wait_for(client, first["id"])
 
 

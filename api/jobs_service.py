@@ -160,9 +160,10 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         """A retried create of a job still queued puts it on the broker again: the first
         create may have stored it and died before enqueueing it (its API host vanished),
         and a queued job with no message would wait for another job's message, or for
-        its ``ttl``. A message too many is harmless: a claim is conditional, so the extra
-        one finds nothing to run and is dropped. A failure is 503 ``broker_error``; the
-        job stays, for the next retry."""
+        its ``ttl``. A message too many is harmless: claims are conditional, so the extra
+        one finds nothing to run and is dropped (under fair share it runs the model's
+        next queued job, if any). A failure is 503 ``broker_error``; the job stays, for
+        the next retry."""
         try:
             self.state.queue.enqueue(job.id, job.model)
         except Exception as exc:

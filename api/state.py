@@ -112,6 +112,7 @@ class AppState:
         sessions = make_sessionmaker(engine)
         s3_pool = ThreadPoolExecutor(settings.s3.api_threads, thread_name_prefix="s3")
         aredis = _async_redis(settings.redis.url)
+        abus = AsyncEventBus(aredis, ttl_s=settings.events_ttl_s)
         jobs = JobStore(sessions, fair_share=settings.quotas.fair_share)
         served = settings.served_models()
         specs = {name: model.spec for name, model in served.items()}
@@ -132,14 +133,15 @@ class AppState:
             queue=JobQueue(make_celery(settings, publisher=True)),
             specs=specs,
             bus=bus,
-            abus=AsyncEventBus(aredis, ttl_s=settings.events_ttl_s),
+            abus=abus,
             s3_pool=s3_pool,
             blocking_pool=BlockingPool(settings.http.threads),
             session_states=SessionStateStore(
                 aredis,
                 ttl_s=settings.realtime.state_ttl_s,
                 log_events=settings.realtime.replay_events,
-                stream_ttl_s=settings.events_ttl_s,
+                stream_ttl_s=abus.ttl_s,  # the session's in stream, kept as the bus keeps it
+                stream_maxlen=abus.maxlen,
             ),
             metrics=ApiMetrics(queue),
             webhooks=WebhookStore(sessions),

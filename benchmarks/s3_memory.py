@@ -28,6 +28,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import emit, machine, parser
+from benchmarks.load_stats import slope
 from cli.embedded import EmbeddedS3
 
 
@@ -38,15 +39,6 @@ class _TunedS3(EmbeddedS3):
 
     def environment(self) -> dict[str, str]:
         return super().environment() | self.go_env
-
-
-def _slope(points: list[tuple[int, float]]) -> float:
-    """Least-squares MiB per object."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    var = sum((x - mx) ** 2 for x, _ in points)
-    return sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
 
 
 def main() -> None:
@@ -84,14 +76,15 @@ def main() -> None:
             took = time.monotonic() - started
         finally:
             s3.stop()
-    warm = [p for p in curve if p[0] >= args.objects / 4]
+    warm = [(float(n), mib) for n, mib in curve if n >= args.objects / 4]
+    per_object = slope(warm)
     report: dict[str, Any] = {
         "machine": machine(),
         "go_env": go_env,
         "objects": args.objects,
         "put_s": round(took, 1),
         "rss_mib": curve,
-        "kib_per_object_after_warmup": round(_slope(warm) * 1024, 2),
+        "kib_per_object_after_warmup": None if per_object is None else round(per_object * 1024, 2),
     }
     emit(report, args.out)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from storage.bus import DEFAULT_MAXLEN, entry_fields
+from storage.bus import entry_fields
 from storage.constants import session_in_key, session_state_key
 
 # (item id, content index) of one audio part
@@ -100,8 +100,8 @@ class SessionStateStore:
         *,
         ttl_s: int,
         log_events: int,
-        stream_ttl_s: int = 3600,
-        stream_maxlen: int = DEFAULT_MAXLEN,
+        stream_ttl_s: int,
+        stream_maxlen: int,
     ) -> None:
         """``stream_ttl_s`` / ``stream_maxlen``: those of the session's ``in`` stream, as
         the event bus keeps its streams (``storage/bus.py``)."""

@@ -302,14 +302,15 @@ class VoiceSession:
     def report(self) -> dict[str, Any]:
         seqs = [e["server_event_seq"] for e in self.events if "server_event_seq" in e]
         missing = (max(seqs) - len(set(seqs))) if seqs else 0
-        deltas = [e for e in self.events if e["type"] == "response.output_audio.delta"]
-        audio_ms = sum(len(base64.b64decode(e["delta"])) for e in deltas) // 48
         # Every answer to the one question is as long: audio lost is what a completed
         # answer lacks against the longest one.
-        per_answer: dict[str, int] = {}
-        for e in deltas:
-            ms = len(base64.b64decode(e["delta"])) // 48
-            per_answer[e["response_id"]] = per_answer.get(e["response_id"], 0) + ms
+        per_answer: dict[str, int] = {}  # response id → PCM16 bytes at 24 kHz
+        for e in self.events:
+            if e["type"] == "response.output_audio.delta":
+                size = len(base64.b64decode(e["delta"]))
+                per_answer[e["response_id"]] = per_answer.get(e["response_id"], 0) + size
+        audio_ms = sum(per_answer.values()) // 48
+        per_answer = {r: size // 48 for r, size in per_answer.items()}
         done = [e["response"]["id"] for e in self.events if e["type"] == "response.done"]
         lengths = [per_answer.get(r, 0) for r in done]
         return {

@@ -29,6 +29,7 @@ from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from storage.db import make_engine
 from storage.settings import DatabaseSettings, Settings
+from tests.helpers import s3_settings
 from tests.integration.stack import Stack
 
 PG_ADMIN_URL = os.environ.get(
@@ -226,12 +227,7 @@ def service_settings(
     return Settings(  # type: ignore[call-arg]
         database={"url": database_url},
         redis={"url": f"{REDIS_BASE_URL}/{redis_db}"},
-        s3={
-            "endpoint_url": s3.endpoint_url,
-            "bucket": s3.bucket,
-            "access_key_id": s3.access_key,
-            "secret_access_key": s3.secret_key,
-        },
+        s3=s3_settings(s3),
         **{"auth": "off", "_env_file": None, **groups},
     )
 

@@ -22,6 +22,8 @@ from tests.unit.realtime_client import Client, ScriptedVAD, run_response, speech
 
 pytestmark = pytest.mark.integration
 
+STREAM = {"stream_ttl_s": 300, "stream_maxlen": 2000}  # the session's in stream
+
 
 def _run(redis_url: str, body: Callable[[Any], Awaitable[None]]) -> None:
     async def main() -> None:
@@ -40,7 +42,7 @@ def test_commands_go_to_the_worker_with_the_save_or_not_at_all(redis_url: str) -
     did not get."""
 
     async def body(r: Any) -> None:
-        store = SessionStateStore(r, ttl_s=60, log_events=10, stream_ttl_s=300)
+        store = SessionStateStore(r, ttl_s=60, log_events=10, **STREAM)
         sid = "sess_commands"
         inbox = session_in_key(sid)
         await store.create(sid, "A")
@@ -69,7 +71,7 @@ def test_commands_go_to_the_worker_with_the_save_or_not_at_all(redis_url: str) -
 
 def test_writes_are_fenced_by_the_holder_and_the_log_is_bounded(redis_url: str) -> None:
     async def body(r: Any) -> None:
-        store = SessionStateStore(r, ttl_s=60, log_events=5)
+        store = SessionStateStore(r, ttl_s=60, log_events=5, **STREAM)
         sid = "sess_fence"
         await store.create(sid, "A")
         frames = [(seq, json.dumps({"seq": seq})) for seq in range(1, 9)]
@@ -94,7 +96,7 @@ def test_writes_are_fenced_by_the_holder_and_the_log_is_bounded(redis_url: str) 
 
 def test_audio_parts_and_every_key_expire_with_the_session(redis_url: str) -> None:
     async def body(r: Any) -> None:
-        store = SessionStateStore(r, ttl_s=30, log_events=100)
+        store = SessionStateStore(r, ttl_s=30, log_events=100, **STREAM)
         sid = "sess_audio"
         part, other = ("item_1", 0), ("item_2", 0)
         await store.create(sid, "A")
@@ -122,7 +124,7 @@ def test_audio_parts_and_every_key_expire_with_the_session(redis_url: str) -> No
 
 def test_a_protocol_saved_on_one_replica_is_taken_over_on_another(redis_url: str) -> None:
     async def body(r: Any) -> None:
-        store = SessionStateStore(r, ttl_s=60, log_events=1000)
+        store = SessionStateStore(r, ttl_s=60, log_events=1000, **STREAM)
         c = Client(duplex=True, turn_detection=None)
         a = VoiceStateSync(store, c.p.id, "owner-1")
         relay = RelayPosition(placed=True, worker_admitted=True, out_cursor="17-0")

@@ -34,6 +34,7 @@ from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore, Lease
 from storage.settings import Settings
 from tests.helpers import s3_settings
+from tests.integration.conftest import RedisDbPool, _drop_pg_database, _new_pg_database
 from workers.executor import StepExecutor
 from workers.pipelines.registry import PipelineRegistry
 from workers.run_objects import drop_other_attempts, output_prefix, stale_prefix
@@ -44,11 +45,29 @@ MODEL = "reference/video"
 
 
 @pytest.fixture
-def settings(tmp_path: Path, pg_url: str, redis_url: str, s3_server: EmbeddedS3) -> Settings:
-    upgrade(pg_url)
+def database_url() -> Iterator[str]:
+    """A database of this test's own: a queued job of another test in the session's
+    database would be run (fair share) by the message meant for the take-over, and the
+    session's workers would see this test's job."""
+    name, url = _new_pg_database()
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        _drop_pg_database(name)
+
+
+@pytest.fixture
+def settings(
+    tmp_path: Path,
+    database_url: str,
+    redis_db: int,
+    redis_pool: RedisDbPool,
+    s3_server: EmbeddedS3,
+) -> Settings:
     return Settings(
-        database={"url": pg_url},
-        redis={"url": redis_url},
+        database={"url": database_url},
+        redis={"url": redis_pool.url(redis_db)},
         s3=s3_settings(s3_server),
         worker={
             "tmp_dir": str(tmp_path),

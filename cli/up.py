@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -43,6 +42,7 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from cli.embedded import EmbeddedS3, EmbeddedServiceError, EmbeddedValkey
 from storage.settings import MetricsSettings, get_settings
+from workers.ports import bindable, reserve_port_from
 from workers.processes import child_popen_kwargs, kill_process_group
 from workers.supervisor import GaveUp, Supervisor
 
@@ -146,18 +146,6 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _port_free(host: str, port: int) -> bool:
-    """Whether the API could bind ``host:port`` (with SO_REUSEADDR, like uvicorn)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def _pythonpath() -> str:
     """PYTHONPATH for the children: the project root first, unless it is installed."""
     current = os.environ.get("PYTHONPATH", "")
@@ -259,18 +247,17 @@ def worker_metrics_ports(
     host: str, count: int, metrics: MetricsSettings, taken: set[int]
 ) -> list[int | None]:
     """A metrics port for each of ``count`` workers: the free ones from
-    ``OMNIQ_METRICS__WORKER_PORT`` up (9400 when it is 0), skipping ``taken``; all None
-    when metrics are off."""
+    ``OMNIQ_METRICS__WORKER_PORT`` up (9400 when it is 0), skipping ``taken``, each
+    reserved (:mod:`workers.ports`) so two ``up`` starting side by side never pick the
+    same one; all None when metrics are off."""
     if not metrics.enabled:
         return [None] * count
     ports: list[int | None] = []
-    candidate = metrics.worker_port or WORKER_METRICS_PORT
-    while len(ports) < count:
-        if candidate > 65535:
-            raise OSError("no free port left for the workers' metrics")
-        if candidate not in taken and _port_free(host, candidate):
-            ports.append(candidate)
-        candidate += 1
+    start = metrics.worker_port or WORKER_METRICS_PORT
+    for _ in range(count):
+        port = reserve_port_from(start, host, frozenset(taken))
+        ports.append(port)
+        start = port + 1
     return ports
 
 
@@ -297,7 +284,7 @@ def run_up(
         _say("omniqueue up: --api-processes and --api-replicas must be at least 1")
         return 1
     for p in range(port, port + api_replicas):
-        if not _port_free(host, p):
+        if not bindable(host, p):
             _say(f"omniqueue up: {host}:{p} is in use (another omniqueue up?); pick --port")
             return 1
     # The API drains open requests for shutdown_grace_s; it must not be killed meanwhile.

@@ -1,4 +1,5 @@
-"""Process helpers every tier that starts processes uses: a free TCP port, and children
+"""Process helpers every tier that starts processes uses: a reserved TCP port
+(:mod:`workers.ports`), and children
 in a process group of their own that die with the thread that started them.
 
 Worker groups (:mod:`workers.group`) pick their rendezvous port and supervise their
@@ -15,20 +16,15 @@ import ctypes
 import functools
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from typing import Any
 
-HOST = "127.0.0.1"
+from workers.ports import HOST, free_port
+
+__all__ = ["HOST", "child_popen_kwargs", "free_port", "kill_process_group"]
+
 _PR_SET_PDEATHSIG = 1
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on right now (the kernel's pick for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @functools.cache

@@ -28,8 +28,8 @@ from websockets.exceptions import ConnectionClosed
 
 from models.realtime_video import frames_in_chunk
 from tests.helpers import world_session_start
-from tests.integration.test_up import Up, _alive, _api_pids, _listening_ports, _port_free
-from workers.processes import free_port
+from tests.integration.test_up import Up, _alive, _api_pids, _listening_ports
+from workers.ports import free_port, reserve_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -147,18 +147,11 @@ def _api_on(up: Up, port: int) -> int:
     return found[0]
 
 
-def _two_free_ports() -> int:
-    port = free_port()
-    while not _port_free(port + 1):
-        port = free_port()
-    return port
-
-
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     """``omniqueue up --api-replicas 2``: replica A on ``up.port``, B on the next port."""
     data = Path(tmp_path_factory.mktemp("replicas")) / "data"
-    up = Up(data, _two_free_ports(), ENV, workers=0, args=("--api-replicas", "2"))
+    up = Up(data, reserve_ports(2), ENV, workers=0, args=("--api-replicas", "2"))
     try:
         yield up
     finally:

@@ -21,7 +21,7 @@ from storage.constants import job_events_key
 from storage.worker_presence import presence_key
 from tests.integration.conftest import REDIS_BASE_URL
 from tests.integration.stack import REPO
-from workers.processes import free_port
+from workers.ports import free_port, reserve_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -337,9 +337,7 @@ def _sse_ids_and_types(text: str) -> list[tuple[str, str]]:
 def test_api_replicas_listen_on_consecutive_ports_and_serve_the_same_jobs(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    while not _port_free(port + 1):
-        port = free_port()
+    port = reserve_ports(2)
     up = Up(tmp_path / "data", port, args=("--api-replicas", "2"))
     a, b = up.url, f"http://127.0.0.1:{port + 1}"
     try:

@@ -273,6 +273,31 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
             "decode_noise_scale": (0.0, 1.0),
         },
     ),
+    "diffusers.minimax_h3": ModelSpec(
+        name="diffusers.minimax_h3",
+        # One job: a 24 fps video and its stereo soundtrack (AAC in the MP4). Canvases are
+        # multiples of 32 with a side ratio from 1:4 to 4:1; the default is H3's own 16:9.
+        min_size=32,
+        size_multiple=32,
+        max_width=2048,
+        max_height=2048,
+        default_size=(1344, 768),
+        # 17n + 5 frames (the video VAE's chunks), 5 to 15 s after snapping.
+        frame_multiple=17,
+        frame_offset=5,
+        min_frames=120,
+        max_frames=360,
+        default_fps=24,
+        max_fps=24,
+        default_seconds=5.0,
+        # Sigma points: N gives N - 1 transformer evaluations (vLLM-Omni's convention).
+        min_steps=2,
+        default_steps=31,
+        has_audio=True,
+        supports_image_input=True,
+        extra_params={"task": "str"},
+        extra_choices={"task": ["t2va", "fl2va", "ref2va"]},
+    ),
     "diffusers.stable_audio": ModelSpec(
         name="diffusers.stable_audio",
         modality="audio",

@@ -31,7 +31,7 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -94,6 +94,20 @@ def step_stops(reason: StopReason) -> Iterator[None]:
 
 
 @dataclass
+class MediaReference:
+    """One decoded conditioning input of a request, in the order the client sent it: an
+    image (``frames`` uint8 H×W×3), a video (``frames`` uint8 T×H×W×3 at ``fps``, with
+    its soundtrack in ``audio`` when it has one) or an audio clip (``audio``); audio is
+    float32 (channels, samples) at ``sample_rate``."""
+
+    kind: Literal["image", "video", "audio"]
+    frames: np.ndarray | None = None
+    fps: float | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+
+
+@dataclass
 class GenerationRequest:
     """A validated, normalized request as the worker sees it (the executor builds it from
     the job's :mod:`models.job_specs` spec). Video clips are ``num_frames`` at ``fps``;
@@ -112,6 +126,10 @@ class GenerationRequest:
     options: dict[str, Any] = field(default_factory=dict)
     # First frame for image-to-video: uint8 H×W×3 (already resized to width×height).
     reference_image: np.ndarray | None = None
+    # Last frame (first/last-keyframe workflows): uint8 H×W×3.
+    last_image: np.ndarray | None = None
+    # Ordered references (omni-reference workflows), as the client sent them.
+    references: list[MediaReference] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     # An audio clip's length in seconds; None for video.
     duration_s: float | None = None

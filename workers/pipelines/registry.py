@@ -32,6 +32,7 @@ ADAPTERS: dict[str, str] = {
     "diffusers.cogvideox": "workers.pipelines.diffusers.cogvideox:CogVideoXAdapter",
     "diffusers.ltx2": "workers.pipelines.diffusers.ltx2:LTX2Adapter",
     "diffusers.stable_audio": "workers.pipelines.diffusers.stable_audio:StableAudioAdapter",
+    "diffusers.minimax_h3": "workers.pipelines.diffusers.minimax_h3:MiniMaxH3Adapter",
 }
 
 # The interface each kind of model is run through.

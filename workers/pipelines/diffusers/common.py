@@ -289,6 +289,9 @@ class DiffusersAdapter(Pipeline, Generic[S]):
     # Runs classifier-free guidance as two passes through ``self.parallel.cfg_pair`` (so
     # a ``cfg`` worker group can put them on two ranks).
     cfg_parallel = False
+    # Takes keyframes and references (``reference_image``, ``last_image``,
+    # ``references``); the others are text-to-video/audio and refuse them.
+    takes_references = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -351,9 +354,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         whose dtype is left as it is), checked to be the family's pipeline class, moved to
         ``device``."""
         if self.pipe is None:
-            self.pipe = self.pipeline_class.from_pretrained(
-                self.path, local_files_only=True, **{_DTYPE_KWARG: self.dtype}
-            )
+            self.pipe = self._from_pretrained()
             if torch.device(device).type == "cpu":
                 _own_weights(self.pipe)
         if not isinstance(self.pipe, self.pipeline_class):
@@ -377,6 +378,12 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         mode = self.compile or ("blocks" if self.device.type == "cuda" else "off")
         if mode == "blocks":
             self.compiler.install(self.pipe)
+
+    def _from_pretrained(self) -> Any:
+        """The pipeline of ``path`` (a modular pipeline's adapter loads its own way)."""
+        return self.pipeline_class.from_pretrained(
+            self.path, local_files_only=True, **{_DTYPE_KWARG: self.dtype}
+        )
 
     def warm_up(self) -> None:
         """Compile the blocks for each of the registry's ``warmup`` shapes (at worker
@@ -443,9 +450,10 @@ class DiffusersAdapter(Pipeline, Generic[S]):
     def prepare(self, request: GenerationRequest) -> S:
         """Everything ``__call__`` does before its loop, then what the job runs with: the
         blocks compiled for its shape (once per shape), its cache tier installed (removed
-        again by ``end``). These adapters are text-to-video/audio: an input reference is
-        refused."""
-        if request.reference_image is not None:
+        again by ``end``). An adapter that does not ``takes_references`` refuses an input
+        reference."""
+        has_references = request.reference_image is not None or request.last_image is not None
+        if not self.takes_references and (has_references or request.references):
             raise InvalidJobInput(f"{self.spec.name} does not take an input_reference")
         pipe = self._loaded()
         cache_tiers.remove(pipe)  # nothing of an earlier job's tier, whatever happened

@@ -1,0 +1,167 @@
+"""A tiny MiniMax-H3 modular pipeline with seeded random weights, built offline.
+
+Every component is the real diffusers / transformers class at a toy size: a Qwen3-VL
+conditioner with 51 decoder layers (H3 reads ``hidden_states[50]``) 32 wide, a
+character-level ``Qwen2Tokenizer``, the two-block transformer, both VAEs and both
+schedulers. The processor has no video processor: transformers' Qwen3-VL video processor
+needs torchvision, which the CPU wheel of torch here cannot import, so ``ref2va`` with a
+video reference is not exercised on this machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers import (
+    AutoencoderKLMiniMaxH3,
+    AutoencoderKLMiniMaxH3Audio,
+    MiniMaxH3Scheduler,
+    MiniMaxH3Transformer3DModel,
+)
+from diffusers.modular_pipelines import MiniMaxH3Blocks
+from transformers import (
+    Qwen2Tokenizer,
+    Qwen2VLImageProcessor,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+)
+
+_SPECIALS = [
+    "<|endoftext|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+WIDTH = HIDDEN = 32
+
+
+class _ImageOnlyProcessor(Qwen3VLProcessor):
+    """A Qwen3-VL processor whose video processor may be absent (no torchvision here)."""
+
+    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+        if argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+def tiny_tokenizer() -> Qwen2Tokenizer:
+    vocab = {chr(c): i for i, c in enumerate(range(32, 127))}
+    vocab["Ġ"] = len(vocab)
+    for token in _SPECIALS:
+        vocab[token] = len(vocab)
+    tok = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    tok.add_special_tokens({"additional_special_tokens": _SPECIALS[1:]})
+    return tok
+
+
+def tiny_text_encoder(tok: Qwen2Tokenizer) -> Qwen3VLForConditionalGeneration:
+    ids = tok.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tok),
+            "hidden_size": HIDDEN,
+            "intermediate_size": 64,
+            "num_hidden_layers": 51,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]},
+            "max_position_embeddings": 4096,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": HIDDEN,
+            "patch_size": 4,
+            "temporal_patch_size": 2,
+            "spatial_merge_size": 2,
+            "deepstack_visual_indexes": [0, 1],
+            "num_position_embeddings": 64,
+        },
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )
+    return Qwen3VLForConditionalGeneration(config).eval()
+
+
+def tiny_h3_components(seed: int = 0) -> dict[str, Any]:
+    """The components of a MiniMax-H3 modular pipeline (both partitions), seeded."""
+    torch.manual_seed(seed)
+    tok = tiny_tokenizer()
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=4, temporal_patch_size=2, merge_size=2, min_pixels=16 * 16, max_pixels=64 * 64
+    )
+    processor = _ImageOnlyProcessor(image_processor=image_processor, tokenizer=tok)
+
+    def transformer() -> MiniMaxH3Transformer3DModel:
+        return MiniMaxH3Transformer3DModel(
+            num_attention_heads=2,
+            attention_head_dim=16,
+            hidden_size=32,
+            num_layers=2,
+            num_refiner_layers=1,
+            ffn_dim=64,
+            in_channels=8,
+            audio_in_channels=8,
+            text_dim=HIDDEN,
+            freq_dim=32,
+            time_embed_hidden_dim=32,
+            time_embed_dim=16,
+            rope_freq_dim=2,
+        ).eval()
+
+    return {
+        "text_encoder": tiny_text_encoder(tok),
+        "tokenizer": tok,
+        "processor": processor,
+        "transformer": transformer(),
+        "transformer_ref": transformer(),
+        "vae": AutoencoderKLMiniMaxH3(
+            latent_channels=8,
+            block_out_channels=(8, 8, 8, 8, 8, 8),
+            layers_per_block=1,
+            norm_num_groups=4,
+            decoder_num_layers=1,
+            decoder_num_attention_heads=2,
+            decoder_attention_head_dim=8,
+            latents_mean=(0.0,) * 8,
+            latents_std=(1.0,) * 8,
+        ).eval(),
+        "audio_vae": AutoencoderKLMiniMaxH3Audio(
+            encoder_dim=4,
+            latent_dim=16,
+            latent_channels=8,
+            num_attention_heads=2,
+            decoder_dim=128,
+            resblock_kernel_sizes=(3,),
+            resblock_dilation_sizes=((1,),),
+            latents_mean=[0.0] * 8,
+            latents_std=[1.0] * 8,
+        ).eval(),
+        "scheduler": MiniMaxH3Scheduler(shift=12.0),
+        "audio_scheduler": MiniMaxH3Scheduler(shift=3.0),
+    }
+
+
+def tiny_h3_pipe(seed: int = 0, **config: Any) -> Any:
+    """A ``MiniMaxH3ModularPipeline`` over :func:`tiny_h3_components`. ``config`` sets the
+    blocks' configs (``canvas_short_edge``, ``canvas_max_pixels``)."""
+    pipe = MiniMaxH3Blocks().init_pipeline()
+    pipe.update_components(**tiny_h3_components(seed))
+    if config:
+        pipe.register_to_config(**config)
+    return pipe

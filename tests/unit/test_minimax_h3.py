@@ -1,0 +1,165 @@
+"""MiniMax-H3 step-executed (workers/pipelines/diffusers/minimax_h3.py) against diffusers'
+own modular pipeline call, on the tiny seeded pipeline of h3_fixtures: every workflow's
+frames and soundtrack are bit-equal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from models.catalog import FAMILY_SPECS
+from models.errors import InvalidJobInput
+from tests.unit.h3_fixtures import tiny_h3_pipe
+from workers.pipelines.base import GenerationRequest, Media, MediaReference
+from workers.pipelines.diffusers.common import make_generator, to_uint8
+from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter, call_inputs
+
+SIZE = 64
+FRAMES = 124  # 17 * 7 + 5: 5.17 s at 24 fps, the shortest H3 makes
+
+
+@pytest.fixture(scope="module")
+def pipe() -> Any:
+    return tiny_h3_pipe(canvas_short_edge=SIZE, canvas_max_pixels=SIZE * SIZE * 2)
+
+
+def _request(**kw: Any) -> GenerationRequest:
+    base: dict[str, Any] = {
+        "prompt": "a red ball",
+        "width": SIZE,
+        "height": SIZE,
+        "num_frames": FRAMES,
+        "fps": 24.0,
+        "num_inference_steps": 3,
+        "seed": 42,
+    }
+    return GenerationRequest(**{**base, **kw})
+
+
+def _adapter(pipe: Any, partition: str = "transformer") -> MiniMaxH3Adapter:
+    adapter = MiniMaxH3Adapter(
+        pipe=pipe,
+        spec=FAMILY_SPECS["diffusers.minimax_h3"],
+        partition=partition,  # type: ignore[arg-type]
+    )
+    adapter.load("cpu")
+    return adapter
+
+
+def _run(adapter: MiniMaxH3Adapter, request: GenerationRequest) -> Media:
+    state = adapter.prepare(request)
+    try:
+        while not state.done:
+            adapter.step(state)
+        return adapter.decode(state)
+    finally:
+        adapter.end()
+
+
+def _reference(pipe: Any, request: GenerationRequest) -> tuple[np.ndarray, np.ndarray, int]:
+    inputs = call_inputs(request, make_generator(request.seed))
+    out = pipe(**inputs, output_type="np")
+    frames = to_uint8(np.asarray(out.get("videos")[0]))
+    audio = out.get("audio")[0].float().numpy()
+    return frames, audio, int(out.get("sampling_rate"))
+
+
+def _frame(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+
+
+def _assert_same(pipe: Any, adapter: MiniMaxH3Adapter, request: GenerationRequest) -> Media:
+    media = _run(adapter, request)
+    frames, audio, rate = _reference(pipe, request)
+    assert media.frames.shape == (FRAMES, SIZE, SIZE, 3)
+    assert np.array_equal(media.frames, frames)
+    assert media.audio is not None and media.audio.shape[0] == 2  # stereo
+    assert np.array_equal(media.audio, audio)
+    assert media.sample_rate == rate == 32000 and media.fps == 24.0
+    return media
+
+
+def test_t2va_is_bit_equal_to_the_modular_pipeline(pipe: Any) -> None:
+    adapter = _adapter(pipe)
+    state = adapter.prepare(_request())
+    assert state.num_steps == 2  # 3 sigma points: 2 transformer evaluations
+    adapter.end()
+    media = _assert_same(pipe, adapter, _request())
+    assert media.audio is not None  # 40 audio latents a second, 800 samples each
+    assert media.audio.shape[1] == round(FRAMES / 24 * 40) * 800
+    assert abs(media.audio.shape[1] / 32000 - FRAMES / 24) < 1 / 24
+
+
+@pytest.mark.parametrize("which", ["first", "last", "both"])
+def test_fl2va_is_bit_equal_to_the_modular_pipeline(pipe: Any, which: str) -> None:
+    first = _frame(1) if which in ("first", "both") else None
+    last = _frame(2) if which in ("last", "both") else None
+    _assert_same(pipe, _adapter(pipe), _request(reference_image=first, last_image=last))
+
+
+def test_ref2va_with_an_image_and_an_audio_clip_is_bit_equal(pipe: Any) -> None:
+    tone = np.sin(np.linspace(0, 440 * 2 * np.pi, 32000, dtype=np.float32))[None].repeat(2, 0)
+    refs = [
+        MediaReference(kind="image", frames=_frame(3)),
+        MediaReference(kind="audio", audio=tone * 0.3, sample_rate=32000),
+    ]
+    _assert_same(pipe, _adapter(pipe, "transformer_ref"), _request(references=refs))
+
+
+def test_interleaved_jobs_keep_their_own_schedules(pipe: Any) -> None:
+    """Two jobs stepped alternately give what each gives alone."""
+    adapter = _adapter(pipe)
+    a, b = adapter.prepare(_request(seed=1)), adapter.prepare(_request(seed=2))
+    while not (a.done and b.done):
+        for s in (a, b):
+            if not s.done:
+                adapter.step(s)
+    media_a = adapter.decode(a)
+    adapter.end()
+    assert np.array_equal(media_a.frames, _run(adapter, _request(seed=1)).frames)
+
+
+def test_a_workflow_the_deployment_did_not_load_is_refused_by_field(pipe: Any) -> None:
+    t2va = _adapter(pipe, "transformer")
+    refs = [MediaReference(kind="image", frames=_frame(3))]
+    with pytest.raises(InvalidJobInput, match="transformer partition") as err:
+        t2va.prepare(_request(references=refs))
+    assert err.value.param == "input_references"
+    ref = _adapter(pipe, "transformer_ref")
+    with pytest.raises(InvalidJobInput) as err:
+        ref.prepare(_request(reference_image=_frame(1)))
+    assert err.value.param == "input_reference"
+    with pytest.raises(InvalidJobInput) as err:
+        ref.prepare(_request())
+    assert err.value.param == "prompt"
+
+
+def test_a_task_that_disagrees_with_the_inputs_is_refused(pipe: Any) -> None:
+    with pytest.raises(InvalidJobInput, match="t2va") as err:
+        _adapter(pipe).prepare(_request(extra={"task": "fl2va"}))
+    assert err.value.param == "extra_params.task"
+
+
+def test_a_cancel_lands_between_transformer_blocks(pipe: Any) -> None:
+    """The block gate stops a step inside the forward (as for Wan)."""
+    from workers.pipelines.base import step_stops
+
+    adapter = _adapter(pipe)
+    state = adapter.prepare(_request())
+    seen: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    def reason(block: int) -> BaseException | None:
+        seen.append(block)
+        return Stop() if block == 2 else None
+
+    with pytest.raises(Stop), step_stops(reason):
+        adapter.step(state)
+    adapter.end()
+    assert state.step_index == 0 and max(seen) == 2
+    assert torch.is_tensor(state.block_state.latents)

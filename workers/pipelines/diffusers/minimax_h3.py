@@ -1,0 +1,289 @@
+"""MiniMax-H3 joint video + stereo audio (diffusers' modular ``MiniMaxH3Blocks``), one
+denoise step at a time.
+
+H3 is modular only: its integration is a tree of pipeline blocks with no ``__call__`` to
+mirror. So this adapter runs diffusers' own blocks and only cuts the denoising loop open:
+
+* ``prepare``: the blocks before the loop, exactly as ``pipe(...)`` runs them: media
+  preparation (keyframes onto the canvas, references normalised), the Qwen3-VL text
+  encoder, the VAE encoders (keyframe anchors, reference latents), then the workflow's
+  core-denoise blocks up to the loop (packed layout, noise drawn from the job's generator,
+  both schedules);
+* ``step``: one iteration of the loop block (``loop_step``): one transformer forward over
+  the packed sequence, then the video and the audio scheduler's update;
+* ``decode``: the loop's state written back, ``after_denoise`` (unpack), then the video
+  VAE and the audio VAE (32 kHz stereo).
+
+Each job runs against a view of the shared pipeline with its own two schedulers, so jobs
+interleaved step by step never share scheduler state. Bit-equality with
+``pipe(prompt=…, generator=…)`` is tested per workflow (tests/unit/test_minimax_h3.py).
+
+Workflows: ``t2va`` (prompt only), ``fl2va`` (a first and/or last keyframe) and
+``ref2va`` (ordered image, video and audio references). A deployment loads one checkpoint
+partition: ``transformer`` (t2va, fl2va) or ``transformer_ref`` (ref2va), set by the
+registry entry's ``adapter_options.partition``; a job for a workflow the deployment did
+not load is refused naming the field that asked for it.
+
+Steps: H3's schedulers count ``num_inference_steps`` as sigma points, so N gives N - 1
+transformer evaluations (vLLM-Omni's convention for H3, which its ComfyUI node's Turbo
+settings rely on: 5 points, 4 evaluations). The job's ``num_steps`` is the evaluations.
+The checkpoint is guidance-distilled: no negative prompt, no guidance scale.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from diffusers.modular_pipelines import ModularPipeline, PipelineState
+from diffusers.modular_pipelines.minimax_h3 import (
+    MiniMaxH3AudioReference,
+    MiniMaxH3ImageReference,
+    MiniMaxH3ModularPipeline,
+    MiniMaxH3VideoReference,
+)
+from PIL import Image
+
+from models.errors import InvalidJobInput
+from workers.pipelines.base import GenerationRequest, Media, MediaReference, StepState
+from workers.pipelines.diffusers.common import (
+    DiffusersAdapter,
+    DiffusersState,
+    make_generator,
+    sampling,
+    to_uint8,
+)
+
+Workflow = Literal["t2va", "fl2va", "ref2va"]
+Partition = Literal["transformer", "transformer_ref"]
+# The checkpoint partition each workflow denoises with.
+PARTITIONS: dict[Workflow, Partition] = {
+    "t2va": "transformer",
+    "fl2va": "transformer",
+    "ref2va": "transformer_ref",
+}
+# The wire field that asks for each workflow (named in a refusal).
+WORKFLOW_FIELDS: dict[Workflow, str] = {
+    "t2va": "prompt",
+    "fl2va": "input_reference",
+    "ref2va": "input_references",
+}
+# Blocks of the core-denoise sequence that run after the loop (in ``decode``).
+_AFTER_LOOP = ("denoise", "after_denoise")
+
+
+def workflows_of(partition: Partition) -> list[Workflow]:
+    """The workflows a deployment of ``partition`` serves."""
+    return [w for w, p in PARTITIONS.items() if p == partition]
+
+
+def workflow_of(request: GenerationRequest) -> Workflow:
+    """``ref2va`` with references, ``fl2va`` with keyframes, else ``t2va``; an explicit
+    ``extra["task"]`` must agree."""
+    if request.references:
+        found: Workflow = "ref2va"
+    elif request.reference_image is not None or request.last_image is not None:
+        found = "fl2va"
+    else:
+        found = "t2va"
+    asked = request.extra.get("task")
+    if asked is not None and asked != found:
+        raise InvalidJobInput(
+            f"task {asked!r} does not match the inputs, which make a {found} request",
+            param="extra_params.task",
+        )
+    return found
+
+
+def _image(frame: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.ascontiguousarray(frame))
+
+
+def _audio(samples: np.ndarray) -> torch.Tensor:
+    """(channels, samples) float32 → the ``(channels, samples)`` tensor H3's references take."""
+    return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+
+
+def to_h3_reference(ref: MediaReference) -> Any:
+    """One of omniqueue's decoded references as the diffusers dataclass of its modality."""
+    if ref.kind == "image":
+        assert ref.frames is not None
+        return MiniMaxH3ImageReference(image=_image(ref.frames))
+    if ref.kind == "video":
+        assert ref.frames is not None
+        audio = None if ref.audio is None else _audio(ref.audio)
+        return MiniMaxH3VideoReference(
+            frames=[_image(f) for f in ref.frames],
+            fps=ref.fps,
+            audio=audio,
+            sample_rate=ref.sample_rate if audio is not None else None,
+        )
+    assert ref.audio is not None
+    return MiniMaxH3AudioReference(audio=_audio(ref.audio), sample_rate=ref.sample_rate)
+
+
+def call_inputs(request: GenerationRequest, generator: torch.Generator) -> dict[str, Any]:
+    """The keyword arguments of ``pipe(...)`` this request stands for (the differential
+    tests call diffusers with exactly these)."""
+    inputs: dict[str, Any] = {
+        "prompt": request.prompt,
+        "height": request.height,
+        "width": request.width,
+        "num_frames": request.num_frames,
+        "num_inference_steps": request.num_inference_steps,
+        "generator": generator,
+    }
+    if request.references:
+        inputs["references"] = [to_h3_reference(r) for r in request.references]
+    if request.reference_image is not None:
+        inputs["image"] = _image(request.reference_image)
+    if request.last_image is not None:
+        inputs["last_image"] = _image(request.last_image)
+    return inputs
+
+
+@dataclass(kw_only=True)
+class H3State(DiffusersState):
+    """One H3 job: the blocks' pipeline state, the loop block and its block state (the
+    packed video and audio rows, ``latents`` and ``audio_latents``, live in it)."""
+
+    workflow: Workflow
+    components: Any  # the job's view of the shared pipeline (its own schedulers)
+    pipeline_state: Any
+    loop: Any
+    core: Any
+    block_state: Any
+    stage_inputs: dict[str, Any] = field(default_factory=dict)
+
+
+class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
+    """``MiniMaxH3ModularPipeline`` (MiniMax-H3 text/keyframes/references → video + audio)."""
+
+    family = "diffusers.minimax_h3"
+    pipeline_class = MiniMaxH3ModularPipeline
+    takes_references = True
+
+    def __init__(
+        self, path: str | None = None, *, partition: Partition = "transformer", **kwargs: Any
+    ) -> None:
+        if partition not in ("transformer", "transformer_ref"):
+            raise ValueError(f"partition must be transformer or transformer_ref, got {partition!r}")
+        super().__init__(path, **kwargs)
+        self.partition: Partition = partition
+        self.workflows = workflows_of(partition)
+
+    def _from_pretrained(self) -> Any:
+        """The modular pipeline with this deployment's partition only (``workflow=``)."""
+        workflow = self.workflows[0]
+        pipe = ModularPipeline.from_pretrained(self.path, workflow=workflow)
+        pipe.load_components(dtype=self.dtype, local_files_only=True)
+        return pipe
+
+    def _denoiser(self, pipe: Any) -> Any:
+        return getattr(pipe, self.partition)
+
+    def _view(self, pipe: Any) -> Any:
+        """The shared pipeline with this job's own copies of both schedulers (the loop
+        steps them: their step index is per job)."""
+        view = copy.copy(pipe)
+        vars(view)["scheduler"] = copy.deepcopy(pipe.scheduler)
+        vars(view)["audio_scheduler"] = copy.deepcopy(pipe.audio_scheduler)
+        return view
+
+    def _prepare(self, pipe: Any, request: GenerationRequest) -> H3State:
+        workflow = workflow_of(request)
+        if workflow not in self.workflows:
+            loaded = ", ".join(self.workflows)
+            raise InvalidJobInput(
+                f"{self.spec.name} serves {loaded} (it loaded the {self.partition} partition), "
+                f"not {workflow}",
+                param=WORKFLOW_FIELDS[workflow],
+            )
+        generator = make_generator(request.seed)
+        components = self._view(pipe)
+        blocks = pipe.blocks
+        state = PipelineState()
+        inputs = call_inputs(request, generator)
+        inputs["output_type"] = "np"
+        for param in blocks.inputs:  # as ModularPipeline.__call__ fills its state
+            name = param.name
+            if name is None:
+                continue
+            if name in inputs:
+                state.set(name, inputs[name], param.kwargs_type)
+            elif name not in state.values:
+                state.set(name, param.default, param.kwargs_type)
+        try:
+            for name in ("before_encode", "text_encoder", "vae_encoder"):
+                components, state = blocks.sub_blocks[name](components, state)
+            core = blocks.sub_blocks["denoise"].sub_blocks[workflow]
+            for name, block in core.sub_blocks.items():
+                if name in _AFTER_LOOP:
+                    continue
+                components, state = block(components, state)
+        except ValueError as exc:  # diffusers' checks of sizes, durations, references
+            raise InvalidJobInput(str(exc)) from exc
+        loop = core.sub_blocks["denoise"]
+        block_state = loop.get_block_state(state)
+        timesteps = block_state.timesteps
+        return H3State(
+            **sampling(
+                request, generator, components.scheduler, timesteps, block_state.latents, 1.0, False
+            ),
+            workflow=workflow,
+            components=components,
+            pipeline_state=state,
+            loop=loop,
+            core=core,
+            block_state=block_state,
+        )
+
+    def _step(self, pipe: Any, s: H3State) -> None:
+        i = s.step_index
+        s.components, s.block_state = s.loop.loop_step(
+            s.components, s.block_state, i=i, t=s.timesteps[i]
+        )
+
+    def _compile_for(self, state: H3State, why: str) -> None:
+        """Compile the blocks for the packed sequence's length: one step of a deep copy of
+        the job's loop state and schedulers, so the job's own are untouched."""
+        key = (
+            state.workflow,
+            tuple(state.block_state.latents.shape),
+            tuple(state.block_state.audio_latents.shape),
+        )
+
+        def run() -> None:
+            trial = copy.copy(state)
+            trial.components = self._view(state.components)
+            trial.block_state = copy.deepcopy(state.block_state)
+            self._step(self._loaded(), trial)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        self.compiler.ensure(key, run, why)
+
+    @torch.no_grad()
+    def decode(self, state: StepState) -> Media:
+        """The loop's state written back, unpacked, and both VAEs: frames at 24 fps and
+        the stereo soundtrack at the audio VAE's rate."""
+        s = self._state(state)
+        pipe_state = s.pipeline_state
+        s.loop.set_block_state(pipe_state, s.block_state)
+        components, pipe_state = s.core.sub_blocks["after_denoise"](s.components, pipe_state)
+        components, pipe_state = self._loaded().blocks.sub_blocks["decode"](components, pipe_state)
+        videos = pipe_state.get("videos")
+        audio = pipe_state.get("audio")
+        frames = np.asarray(videos[0])
+        return Media(
+            frames=to_uint8(frames),
+            fps=float(components.fps),
+            audio=audio[0].float().cpu().numpy(),
+            sample_rate=int(pipe_state.get("sampling_rate")),
+        )
+
+    def _decode_frames(self, pipe: Any, s: H3State) -> np.ndarray:
+        raise TypeError("MiniMax-H3 decodes video and audio together: use decode()")

@@ -33,6 +33,7 @@ def model_object(
         description=spec.description,
         quality_tiers=quality_tiers(spec),
         loras=(loras or []) if "lora" in spec.parameters else None,
+        workflows=list(spec.workflows),
         limits=ModelLimits(
             min_size=spec.min_size,
             max_width=min(spec.max_width, limits.max_width) if job else spec.max_width,

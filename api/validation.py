@@ -285,6 +285,8 @@ def _resolve_timing(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tu
         raise InvalidRequest("fps must be a positive number", param="fps")
     if fps > spec.max_fps:
         raise InvalidRequest(f"fps must be at most {spec.max_fps}", param="fps")
+    if fps < spec.min_fps:
+        raise InvalidRequest(f"fps must be at least {spec.min_fps} for {spec.name}", param="fps")
     if req.num_frames is not None:
         requested, param = req.num_frames, "num_frames"
     else:
@@ -317,6 +319,10 @@ def _resolve_timing(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tu
 _CASTS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_extra(extra: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
     """``extra_params`` checked against the keys, types, choices and ranges the model declares."""
     out: dict[str, Any] = {}
@@ -328,6 +334,13 @@ def check_extra(extra: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
                 f"extra_params.{key} is not an option of {spec.name} (allowed: {allowed})",
                 param=f"extra_params.{key}",
             )
+        if kind == "ints":
+            if not (isinstance(value, list) and all(_is_int(v) for v in value)):
+                raise InvalidRequest(
+                    f"extra_params.{key} must be a list of integers", param=f"extra_params.{key}"
+                )
+            out[key] = value
+            continue
         want = _CASTS[kind]
         ok = isinstance(value, want) and not (want is not bool and isinstance(value, bool))
         if want is float and isinstance(value, int) and not isinstance(value, bool):

@@ -20,6 +20,9 @@ QUALITY_TIERS: tuple[QualityTier, ...] = ("lossless", "high", "fast")
 # (``/v1/videos``, ``/v1/audio/generations``), a world model (``WS /v1/realtime/video``)
 # or a voice model (``WS /v1/realtime``).
 PipelineKind = Literal["job", "world", "voice"]
+# What a joint video + audio model makes from its inputs: text only, first/last keyframes,
+# or ordered omni-references (images, videos with their sound, audio clips).
+Workflow = Literal["t2va", "fl2va", "ref2va"]
 
 
 class ModelSpec(BaseModel):
@@ -41,6 +44,7 @@ class ModelSpec(BaseModel):
     min_frames: int = 1
     max_frames: int = 481
     default_fps: int = 24
+    min_fps: int = 1
     max_fps: int = 60
     default_seconds: float = 4.0
     # Longest clip of an audio model (None: only the server's limits.max_seconds).
@@ -56,7 +60,9 @@ class ModelSpec(BaseModel):
     # Optional request fields the pipeline uses (others are accepted and ignored).
     parameters: list[str] = Field(default_factory=list)
     # Keys allowed inside ``extra_params`` (anything else is rejected).
-    extra_params: dict[str, Literal["str", "int", "float", "bool"]] = Field(default_factory=dict)
+    extra_params: dict[str, Literal["str", "int", "float", "bool", "ints"]] = Field(
+        default_factory=dict
+    )
     # Allowed values of string options and [low, high] of numeric ones.
     extra_choices: dict[str, list[str]] = Field(default_factory=dict)
     extra_ranges: dict[str, tuple[float, float]] = Field(default_factory=dict)
@@ -64,6 +70,13 @@ class ModelSpec(BaseModel):
     # offered: no cache). The worker maps each to its family's diffusers cache config
     # (workers/pipelines/diffusers/cache_tiers.py; docs/adapters.md).
     quality_tiers: list[QualityTier] = Field(default_factory=list)
+    # The workflows a model serves (empty: a plain text/image-to-video model). A request
+    # picks one with ``extra_params.task``, or by its inputs (api/references.py).
+    workflows: list[Workflow] = Field(default_factory=list)
+    # Named aspect ratios (``extra_params.aspect_ratio``) resolve to a canvas whose short
+    # edge is ``canvas_short_edge``, its area capped at ``canvas_max_pixels``.
+    canvas_short_edge: int | None = None
+    canvas_max_pixels: int | None = None
 
     @property
     def kind(self) -> PipelineKind:
@@ -288,6 +301,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         min_frames=120,
         max_frames=360,
         default_fps=24,
+        min_fps=24,
         max_fps=24,
         default_seconds=5.0,
         # Sigma points: N gives N - 1 transformer evaluations (vLLM-Omni's convention).
@@ -295,8 +309,21 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         default_steps=31,
         has_audio=True,
         supports_image_input=True,
-        extra_params={"task": "str"},
-        extra_choices={"task": ["t2va", "fl2va", "ref2va"]},
+        parameters=["flow_shift"],
+        extra_params={
+            "task": "str",
+            "frame_indices": "ints",
+            "aspect_ratio": "str",
+            "audio_flow_shift": "float",
+        },
+        extra_choices={
+            "task": ["t2va", "fl2va", "ref2va"],
+            "aspect_ratio": ["21:9", "16:9", "4:3", "1:1", "3:4", "9:16"],
+        },
+        extra_ranges={"audio_flow_shift": (0.01, 100.0)},
+        workflows=["t2va", "fl2va"],
+        canvas_short_edge=768,
+        canvas_max_pixels=768 * 1344,
     ),
     "diffusers.stable_audio": ModelSpec(
         name="diffusers.stable_audio",

@@ -176,6 +176,9 @@ class ModelObject(BaseModel):
     # Models that take ``lora``: the adapters ``lora.name`` may name alone (the server's
     # catalog, ``OMNIQ_LORA__ROOTS``); None for models without LoRA.
     loras: list[str] | None = None
+    # The workflows a joint video + audio model serves (``t2va``, ``fl2va``, ``ref2va``);
+    # empty for the others.
+    workflows: list[str] = Field(default_factory=list)
 
 
 class ModelList(BaseModel):

@@ -88,6 +88,9 @@ class ErrorCode(enum.StrEnum):
     INTERNAL_ERROR = "internal_error"
     EXPIRED = "expired"
     TTL_EXPIRED = "ttl_expired"  # still queued when its ttl passed; it never ran
+    OUTPUT_INVALID = (
+        "output_invalid"  # the encoded file broke its contract (workers/output_check.py)
+    )
 
 
 class OmniqueueError(Exception):
@@ -260,6 +263,11 @@ class JobFailed(OmniqueueError):
         self.status_code = self._STATUS.get(code, 500)
         if self.status_code < 500:
             self.type = "invalid_request_error"
+
+
+class OutputInvalid(Exception):
+    """The encoded artifact does not keep the job's output contract (codec, size, rate,
+    duration, channels, silence); the message says which, and is ours by construction."""
 
 
 class StorageError(Exception):

@@ -57,6 +57,7 @@ from workers.failures import classify, log_level
 from workers.job_claim import JobClaim
 from workers.media import decode_streamed, encode_video, finish_video, preview_jpeg
 from workers.memory import forget_frames, peak_memory_mb, release_after_run
+from workers.output_check import Expected, check_mp4
 from workers.pipelines.base import (
     GenerationRequest,
     Media,
@@ -281,6 +282,9 @@ class StepExecutor:
         else:
             assert media is not None
             files = encode_video(media, tmp, frames_digest)
+        if isinstance(run.spec, VideoSpec):
+            made_sound = media is not None and media.audio is not None
+            check_mp4(tmp / "video.mp4", Expected.of(run.spec, audio=made_sound))
         del media
         if frames_digest is not None and isinstance(run.spec, VideoSpec):
             log.info("job %s: frames sha256 %s", job.id, frames_digest.hexdigest())

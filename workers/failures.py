@@ -15,6 +15,7 @@ exception                                         code                 message
 ``InvalidLora``                                   ``invalid_lora``     its own
 ``InvalidJobInput`` (or any ``InvalidRequest``)   ``invalid_request``  its own
 ``JobTimedOut``                                   ``timeout``          its own
+``OutputInvalid``                                 ``output_invalid``   its own
 ``torch.OutOfMemoryError``, ``MemoryError``       ``oom``              fixed
 ``StorageError``                                  ``storage_error``    fixed
 ``BusUnavailable``, a Redis error                 ``broker_error``     fixed
@@ -38,6 +39,7 @@ from models.errors import (
     InvalidLora,
     InvalidRequest,
     JobTimedOut,
+    OutputInvalid,
     StorageError,
 )
 
@@ -60,6 +62,8 @@ def classify(exc: BaseException) -> tuple[ErrorCode, str]:
         return ErrorCode.INVALID_REQUEST, exc.message[:MAX_MESSAGE_CHARS]
     if isinstance(exc, JobTimedOut):
         return ErrorCode.TIMEOUT, (str(exc) or "the job passed its deadline")[:MAX_MESSAGE_CHARS]
+    if isinstance(exc, OutputInvalid):
+        return ErrorCode.OUTPUT_INVALID, str(exc)[:MAX_MESSAGE_CHARS]
     code = _code(exc)
     return code, SAFE_MESSAGES[code]
 

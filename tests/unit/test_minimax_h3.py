@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from api.validation import parse_create, resolve
 from models.catalog import FAMILY_SPECS
-from models.errors import InvalidJobInput
+from models.errors import InvalidJobInput, InvalidRequest
+from storage.settings import Settings
 from tests.unit.h3_fixtures import tiny_h3_pipe
 from workers.pipelines.base import GenerationRequest, Media, MediaReference
 from workers.pipelines.diffusers.common import make_generator, to_uint8
-from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter, call_inputs
+from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter, call_inputs, shifts_of
 
 SIZE = 64
 FRAMES = 124  # 17 * 7 + 5: 5.17 s at 24 fps, the shortest H3 makes
@@ -40,11 +42,9 @@ def _request(**kw: Any) -> GenerationRequest:
 
 
 def _adapter(pipe: Any, partition: str = "transformer") -> MiniMaxH3Adapter:
-    adapter = MiniMaxH3Adapter(
-        pipe=pipe,
-        spec=FAMILY_SPECS["diffusers.minimax_h3"],
-        partition=partition,  # type: ignore[arg-type]
-    )
+    base = FAMILY_SPECS["diffusers.minimax_h3"]
+    ref = base.model_copy(update={"workflows": ["ref2va"]})
+    adapter = MiniMaxH3Adapter(pipe=pipe, spec=ref if partition == "transformer_ref" else base)
     adapter.load("cpu")
     return adapter
 
@@ -60,8 +60,20 @@ def _run(adapter: MiniMaxH3Adapter, request: GenerationRequest) -> Media:
 
 
 def _reference(pipe: Any, request: GenerationRequest) -> tuple[np.ndarray, np.ndarray, int]:
+    """diffusers' own call; the request's shifts set on the pipeline's schedulers as a
+    diffusers user would (``scheduler.set_shift``), then put back."""
     inputs = call_inputs(request, make_generator(request.seed))
-    out = pipe(**inputs, output_type="np")
+    video, audio_shift = shifts_of(request)
+    saved = pipe.scheduler.shift, pipe.audio_scheduler.shift
+    if video is not None:
+        pipe.scheduler.set_shift(video)
+    if audio_shift is not None:
+        pipe.audio_scheduler.set_shift(audio_shift)
+    try:
+        out = pipe(**inputs, output_type="np")
+    finally:
+        pipe.scheduler.set_shift(saved[0])
+        pipe.audio_scheduler.set_shift(saved[1])
     frames = to_uint8(np.asarray(out.get("videos")[0]))
     audio = out.get("audio")[0].float().numpy()
     return frames, audio, int(out.get("sampling_rate"))
@@ -107,6 +119,13 @@ def test_ref2va_with_an_image_and_an_audio_clip_is_bit_equal(pipe: Any) -> None:
         MediaReference(kind="audio", audio=tone * 0.3, sample_rate=32000),
     ]
     _assert_same(pipe, _adapter(pipe, "transformer_ref"), _request(references=refs))
+
+
+def test_flow_shifts_are_the_job_s_own_and_bit_equal(pipe: Any) -> None:
+    request = _request(options={"flow_shift": 5.0}, extra={"audio_flow_shift": 1.5})
+    media = _assert_same(pipe, _adapter(pipe), request)
+    assert pipe.scheduler.shift == 12.0 and pipe.audio_scheduler.shift == 3.0  # untouched
+    assert not np.array_equal(media.frames, _run(_adapter(pipe), _request()).frames)
 
 
 def test_interleaved_jobs_keep_their_own_schedules(pipe: Any) -> None:
@@ -163,3 +182,35 @@ def test_a_cancel_lands_between_transformer_blocks(pipe: Any) -> None:
     adapter.end()
     assert state.step_index == 0 and max(seen) == 2
     assert torch.is_tensor(state.block_state.latents)
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ({"seconds": "4"}, "seconds"),  # 96 frames snap to 107: under 5 s
+        ({"seconds": "15"}, "seconds"),  # 360 frames snap to 362: over 15 s
+        ({"num_frames": 100}, "num_frames"),
+        ({"num_frames": 361}, "num_frames"),
+        ({"fps": 12}, "fps"),  # H3 makes 24 fps only
+        ({"size": "500x288"}, "size"),  # not a multiple of 32
+    ],
+)
+def test_h3_requests_outside_its_lattice_are_refused_by_field(
+    raw: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        _resolve_h3(**raw)
+    assert err.value.param == param
+
+
+def test_h3_seconds_snap_to_its_frame_lattice_at_24_fps() -> None:
+    ten = _resolve_h3(seconds="10")
+    assert (ten.num_frames, ten.fps) == (243, 24.0)  # 240 snapped up to 17 * 14 + 5
+    assert (ten.width, ten.height) == (1344, 768)  # H3's own 16:9 canvas
+
+
+def _resolve_h3(**raw: Any) -> Any:
+    specs = {"MiniMaxAI/MiniMax-H3": FAMILY_SPECS["diffusers.minimax_h3"]}
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    body = {"model": "MiniMaxAI/MiniMax-H3", "prompt": "a cat", **raw}
+    return resolve(parse_create(body), specs, settings)

@@ -21,7 +21,7 @@ interleaved step by step never share scheduler state. Bit-equality with
 Workflows: ``t2va`` (prompt only), ``fl2va`` (a first and/or last keyframe) and
 ``ref2va`` (ordered image, video and audio references). A deployment loads one checkpoint
 partition: ``transformer`` (t2va, fl2va) or ``transformer_ref`` (ref2va), set by the
-registry entry's ``adapter_options.partition``; a job for a workflow the deployment did
+registry entry's ``spec.workflows``; a job for a workflow the deployment did
 not load is refused naming the field that asked for it.
 
 Steps: H3's schedulers count ``num_inference_steps`` as sigma points, so N gives N - 1
@@ -47,6 +47,7 @@ from diffusers.modular_pipelines.minimax_h3 import (
 )
 from PIL import Image
 
+from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, MediaReference, StepState
 from workers.pipelines.diffusers.common import (
@@ -57,7 +58,6 @@ from workers.pipelines.diffusers.common import (
     to_uint8,
 )
 
-Workflow = Literal["t2va", "fl2va", "ref2va"]
 Partition = Literal["transformer", "transformer_ref"]
 # The checkpoint partition each workflow denoises with.
 PARTITIONS: dict[Workflow, Partition] = {
@@ -73,6 +73,17 @@ WORKFLOW_FIELDS: dict[Workflow, str] = {
 }
 # Blocks of the core-denoise sequence that run after the loop (in ``decode``).
 _AFTER_LOOP = ("denoise", "after_denoise")
+
+
+def partition_of(workflows: list[Workflow]) -> Partition:
+    """The one checkpoint partition a deployment of ``workflows`` loads."""
+    partitions = {PARTITIONS[w] for w in workflows}
+    if len(partitions) != 1:
+        raise ValueError(
+            "a MiniMax-H3 deployment loads one checkpoint partition: serve t2va/fl2va "
+            "(transformer) and ref2va (transformer_ref) as two models"
+        )
+    return partitions.pop()
 
 
 def workflows_of(partition: Partition) -> list[Workflow]:
@@ -96,6 +107,11 @@ def workflow_of(request: GenerationRequest) -> Workflow:
             param="extra_params.task",
         )
     return found
+
+
+def shifts_of(request: GenerationRequest) -> tuple[float | None, float | None]:
+    """The (video, audio) sigma shifts a request asks for; None keeps the checkpoint's."""
+    return request.options.get("flow_shift"), request.extra.get("audio_flow_shift")
 
 
 def _image(frame: np.ndarray) -> Image.Image:
@@ -166,14 +182,10 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
     pipeline_class = MiniMaxH3ModularPipeline
     takes_references = True
 
-    def __init__(
-        self, path: str | None = None, *, partition: Partition = "transformer", **kwargs: Any
-    ) -> None:
-        if partition not in ("transformer", "transformer_ref"):
-            raise ValueError(f"partition must be transformer or transformer_ref, got {partition!r}")
+    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
-        self.partition: Partition = partition
-        self.workflows = workflows_of(partition)
+        self.partition: Partition = partition_of(self.spec.workflows or ["t2va", "fl2va"])
+        self.workflows = [w for w in workflows_of(self.partition) if w in self.spec.workflows]
 
     def _from_pretrained(self) -> Any:
         """The modular pipeline with this deployment's partition only (``workflow=``)."""
@@ -185,12 +197,17 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
     def _denoiser(self, pipe: Any) -> Any:
         return getattr(pipe, self.partition)
 
-    def _view(self, pipe: Any) -> Any:
+    def _view(self, pipe: Any, request: GenerationRequest | None = None) -> Any:
         """The shared pipeline with this job's own copies of both schedulers (the loop
-        steps them: their step index is per job)."""
+        steps them: their step index is per job), shifted by the request's
+        ``flow_shift`` (video) and ``extra_params.audio_flow_shift`` (audio)."""
         view = copy.copy(pipe)
-        vars(view)["scheduler"] = copy.deepcopy(pipe.scheduler)
-        vars(view)["audio_scheduler"] = copy.deepcopy(pipe.audio_scheduler)
+        shifts = shifts_of(request) if request is not None else (None, None)
+        for name, shift in zip(("scheduler", "audio_scheduler"), shifts, strict=True):
+            scheduler = copy.deepcopy(getattr(pipe, name))
+            if shift is not None:
+                scheduler.set_shift(float(shift))
+            vars(view)[name] = scheduler
         return view
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> H3State:
@@ -203,7 +220,7 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
                 param=WORKFLOW_FIELDS[workflow],
             )
         generator = make_generator(request.seed)
-        components = self._view(pipe)
+        components = self._view(pipe, request)
         blocks = pipe.blocks
         state = PipelineState()
         inputs = call_inputs(request, generator)

@@ -21,45 +21,46 @@ from models.videos import VideoCreate
 
 @dataclass(frozen=True, slots=True)
 class VideoRequest:
-    """``POST /v1/videos`` (and ``/sync``) parsed: the fields, and the first frame as the
-    client sent it, if it did: an uploaded file, or an ``input_reference`` URL (http(s) or
-    ``data:``; ``body.input_reference_url`` is the other spelling)."""
+    """``POST /v1/videos`` (and ``/sync``) parsed: the fields, and the reference files as
+    the client sent them, in order (``input_reference``, ``input_references``), or an
+    ``input_reference`` URL (http(s) or ``data:``; ``body.input_reference_url`` is the
+    other spelling)."""
 
     body: VideoCreate
-    reference_file: bytes | None = None
+    reference_files: tuple[bytes, ...] = ()
     reference_url: str | None = None
 
 
-def parse_video(raw: dict[str, Any], upload: bytes | None) -> VideoRequest:
+def parse_video(raw: dict[str, Any], uploads: list[bytes]) -> VideoRequest:
     """A video create body; an ``input_reference`` given as text (a URL, or OpenAI's
     ``{"image_url": …}``) counts when no file was uploaded."""
     fields = dict(raw)
     value = fields.pop("input_reference", None)
     if isinstance(value, dict):
         value = value.get("image_url")
-    url = str(value) if upload is None and value else None
-    return VideoRequest(parse_create(fields), upload, url)
+    url = str(value) if not uploads and value else None
+    return VideoRequest(parse_create(fields), tuple(uploads), url)
 
 
-def parse_audio(raw: dict[str, Any], upload: bytes | None) -> AudioCreate:
+def parse_audio(raw: dict[str, Any], uploads: list[bytes]) -> AudioCreate:
     """A ``POST /v1/audio/generations`` body; audio models take no input reference."""
-    if upload is not None or "input_reference" in raw:
+    if uploads or "input_reference" in raw:
         raise InvalidRequest("audio models take no input_reference", param="input_reference")
     return parse_generation(raw)
 
 
-def _no_file(upload: bytes | None) -> None:
-    if upload is not None:
+def _no_file(uploads: list[bytes]) -> None:
+    if uploads:
         raise InvalidRequest("this endpoint takes no file", param="input_reference")
 
 
-def parse_speech_body(raw: dict[str, Any], upload: bytes | None) -> SpeechCreate:
+def parse_speech_body(raw: dict[str, Any], uploads: list[bytes]) -> SpeechCreate:
     """A ``POST /v1/audio/speech`` body (OpenAI text-to-speech)."""
-    _no_file(upload)
+    _no_file(uploads)
     return parse_speech(raw)
 
 
-def parse_generate_body(raw: dict[str, Any], upload: bytes | None) -> AudioGenerate:
+def parse_generate_body(raw: dict[str, Any], uploads: list[bytes]) -> AudioGenerate:
     """A ``POST /v1/audio/generate`` body (vLLM-Omni)."""
-    _no_file(upload)
+    _no_file(uploads)
     return parse_generate(raw)

@@ -14,11 +14,17 @@ from storage.settings import LimitSettings
 _FILE_FIELDS = ("input_reference", "input_references")
 
 
+# One keyframe or up to 12 omni-references (api/references.py), plus one to spare so
+# that the 13th is refused with a clear message, not the form parser's.
+MAX_FILES = 13
+
+
 async def read_create_body(
     request: Request, limits: LimitSettings
-) -> tuple[dict[str, Any], bytes | None]:
-    """Return the plain fields and the reference file bytes (if one was uploaded). Every
-    value has passed :func:`api.payload.check_values` (400 naming the field if not)."""
+) -> tuple[dict[str, Any], list[bytes]]:
+    """Return the plain fields and the uploaded reference files, in the order sent
+    (``input_reference`` and ``input_references``). Every value has passed
+    :func:`api.payload.check_values` (400 naming the field if not)."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype in ("multipart/form-data", "application/x-www-form-urlencoded"):
         fields, upload = await _read_form(request, limits)
@@ -30,15 +36,13 @@ async def read_create_body(
     body = loads(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("the JSON body must be an object", code="invalid_body")
-    return body, None
+    return body, []
 
 
-async def _read_form(
-    request: Request, limits: LimitSettings
-) -> tuple[dict[str, Any], bytes | None]:
+async def _read_form(request: Request, limits: LimitSettings) -> tuple[dict[str, Any], list[bytes]]:
     fields: dict[str, Any] = {}
     files: list[bytes] = []
-    async with request.form(max_files=8, max_fields=200) as form:
+    async with request.form(max_files=MAX_FILES, max_fields=200) as form:
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
                 if key not in _FILE_FIELDS:
@@ -50,12 +54,7 @@ async def _read_form(
                 raise InvalidRequest(f"{key} is given more than once", param=key)
             else:
                 fields[key] = value
-    if len(files) > 1:
-        raise InvalidRequest(
-            "only one input reference is supported by the served models",
-            param="input_references",
-        )
-    return fields, files[0] if files else None
+    return fields, files
 
 
 async def _read_capped(upload: UploadFile, param: str, cap: int) -> bytes:

@@ -26,9 +26,9 @@ class JobKind:
     plural: str  # ``list_{plural}``
     service: type[JobService[Any, Any]]
     create: type[BaseModel]  # the create body, as /openapi.json declares it
-    # The body's fields and uploaded file → the request the service's ``create`` takes
+    # The body's fields and uploaded files → the request the service's ``create`` takes
     # (``api/create_requests.py``).
-    parse: Callable[[dict[str, Any], bytes | None], Any]
+    parse: Callable[[dict[str, Any], list[bytes]], Any]
     object: type[BaseModel]
     page: type[BaseModel]
     deleted: type[BaseModel]

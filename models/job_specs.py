@@ -40,6 +40,17 @@ class LoraSpec(BaseModel):
     version: str | None = None
 
 
+class ReferenceInput(BaseModel):
+    """One stored keyframe or omni-reference of a job (api/references.py): what it is, its
+    S3 key under the job's prefix and, for a keyframe, its anchor (0: first, -1: last)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["image", "video", "audio"]
+    key: str
+    frame_index: int | None = None
+
+
 class _Spec(BaseModel):
     """What every kind of job needs to run."""
 
@@ -77,6 +88,8 @@ class VideoSpec(_Spec):
     quality: QualityTier = "lossless"
     # The S3 key of the first frame for image-to-video (a PNG under the job's prefix).
     reference_key: str | None = None
+    # Keyframes and omni-references of a workflow model, in the client's order.
+    references: list[ReferenceInput] = Field(default_factory=list)
     # Set when the job records a realtime video session that finished elsewhere.
     session_id: str | None = None
     # A per-request LoRA adapter (models that list ``lora`` in their parameters).

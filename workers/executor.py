@@ -68,6 +68,7 @@ from workers.pipelines.base import (
 )
 from workers.pipelines.registry import PipelineRegistry
 from workers.reconciler import LIVE_TEMP_DIRS
+from workers.references import load_references
 from workers.run_objects import drop_other_attempts, output_prefix, stale_prefix
 from workers.stop_signal import StopSignal
 from workers.stop_watch import StopWatch
@@ -322,7 +323,11 @@ class StepExecutor:
             png = self.artifacts.get_bytes(spec.reference_key)
             with Image.open(io.BytesIO(png)) as img:
                 reference = np.asarray(img.convert("RGB"))
-        return GenerationRequest.from_spec(spec, reference)
+        request = GenerationRequest.from_spec(spec, reference)
+        if isinstance(spec, VideoSpec) and spec.references:
+            first, last, refs = load_references(spec.references, self.artifacts.get_bytes)
+            request.reference_image, request.last_image, request.references = first, last, refs
+        return request
 
     def _encode_audio(
         self, run: _Run, spec: AudioSpec, media: Media, tmp: Path

@@ -25,8 +25,9 @@ from transformers import (
     Qwen2VLImageProcessor,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
-    Qwen3VLProcessor,
 )
+
+from workers.pipelines.diffusers.h3_processor import ImageOnlyProcessor
 
 _SPECIALS = [
     "<|endoftext|>",
@@ -36,15 +37,6 @@ _SPECIALS = [
     "<|video_pad|>",
 ]
 WIDTH = HIDDEN = 32
-
-
-class _ImageOnlyProcessor(Qwen3VLProcessor):
-    """A Qwen3-VL processor whose video processor may be absent (no torchvision here)."""
-
-    def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
-        if argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
 
 
 def tiny_tokenizer() -> Qwen2Tokenizer:
@@ -105,7 +97,7 @@ def tiny_h3_components(seed: int = 0) -> dict[str, Any]:
     image_processor = Qwen2VLImageProcessor(
         patch_size=4, temporal_patch_size=2, merge_size=2, min_pixels=16 * 16, max_pixels=64 * 64
     )
-    processor = _ImageOnlyProcessor(image_processor=image_processor, tokenizer=tok)
+    processor = ImageOnlyProcessor(image_processor=image_processor, tokenizer=tok)
 
     def transformer() -> MiniMaxH3Transformer3DModel:
         return MiniMaxH3Transformer3DModel(

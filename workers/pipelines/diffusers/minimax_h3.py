@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from diffusers.modular_pipelines import ModularPipeline, PipelineState
+from diffusers.modular_pipelines import MiniMaxH3Blocks, ModularPipeline, PipelineState
 from diffusers.modular_pipelines.minimax_h3 import (
     MiniMaxH3AudioReference,
     MiniMaxH3ImageReference,
@@ -49,6 +50,7 @@ from PIL import Image
 
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
+from workers.audio_media import prepare_audio
 from workers.pipelines.base import GenerationRequest, Media, MediaReference, StepState
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
@@ -57,6 +59,7 @@ from workers.pipelines.diffusers.common import (
     sampling,
     to_uint8,
 )
+from workers.pipelines.diffusers.h3_processor import load_processor, takes_video
 
 Partition = Literal["transformer", "transformer_ref"]
 # The checkpoint partition each workflow denoises with.
@@ -123,27 +126,41 @@ def _audio(samples: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
 
 
-def to_h3_reference(ref: MediaReference) -> Any:
-    """One of omniqueue's decoded references as the diffusers dataclass of its modality."""
+def _at_rate(
+    audio: np.ndarray, rate: int | None, want: int | None
+) -> tuple[np.ndarray, int | None]:
+    """A soundtrack moved to ``want`` Hz with libswresample (PyAV), so diffusers need not
+    resample it (it would need torchaudio); unchanged when the rates agree."""
+    if want is None or rate is None or rate == want:
+        return audio, rate
+    return prepare_audio(audio, rate, rate=want).samples, want
+
+
+def to_h3_reference(ref: MediaReference, audio_rate: int | None = None) -> Any:
+    """One of omniqueue's decoded references as the diffusers dataclass of its modality;
+    soundtracks at ``audio_rate`` (the audio VAE's) when given."""
     if ref.kind == "image":
         assert ref.frames is not None
         return MiniMaxH3ImageReference(image=_image(ref.frames))
     if ref.kind == "video":
         assert ref.frames is not None
-        audio = None if ref.audio is None else _audio(ref.audio)
+        audio, rate = None, None
+        if ref.audio is not None:
+            samples, rate = _at_rate(ref.audio, ref.sample_rate, audio_rate)
+            audio = _audio(samples)
         return MiniMaxH3VideoReference(
-            frames=[_image(f) for f in ref.frames],
-            fps=ref.fps,
-            audio=audio,
-            sample_rate=ref.sample_rate if audio is not None else None,
+            frames=[_image(f) for f in ref.frames], fps=ref.fps, audio=audio, sample_rate=rate
         )
     assert ref.audio is not None
-    return MiniMaxH3AudioReference(audio=_audio(ref.audio), sample_rate=ref.sample_rate)
+    samples, rate = _at_rate(ref.audio, ref.sample_rate, audio_rate)
+    return MiniMaxH3AudioReference(audio=_audio(samples), sample_rate=rate)
 
 
-def call_inputs(request: GenerationRequest, generator: torch.Generator) -> dict[str, Any]:
+def call_inputs(
+    request: GenerationRequest, generator: torch.Generator, audio_rate: int | None = None
+) -> dict[str, Any]:
     """The keyword arguments of ``pipe(...)`` this request stands for (the differential
-    tests call diffusers with exactly these)."""
+    tests call diffusers with exactly these); soundtracks moved to ``audio_rate``."""
     inputs: dict[str, Any] = {
         "prompt": request.prompt,
         "height": request.height,
@@ -153,7 +170,7 @@ def call_inputs(request: GenerationRequest, generator: torch.Generator) -> dict[
         "generator": generator,
     }
     if request.references:
-        inputs["references"] = [to_h3_reference(r) for r in request.references]
+        inputs["references"] = [to_h3_reference(r, audio_rate) for r in request.references]
     if request.reference_image is not None:
         inputs["image"] = _image(request.reference_image)
     if request.last_image is not None:
@@ -185,13 +202,19 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
     def __init__(self, path: str | None = None, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self.partition: Partition = partition_of(self.spec.workflows or ["t2va", "fl2va"])
+        # The whole block tree, whatever a workflow-loaded pipeline's own ``blocks`` hold:
+        # the adapter runs its branches by name (blocks keep no state).
+        self.blocks: Any = MiniMaxH3Blocks()
         self.workflows = [w for w in workflows_of(self.partition) if w in self.spec.workflows]
 
     def _from_pretrained(self) -> Any:
-        """The modular pipeline with this deployment's partition only (``workflow=``)."""
-        workflow = self.workflows[0]
-        pipe = ModularPipeline.from_pretrained(self.path, workflow=workflow)
-        pipe.load_components(dtype=self.dtype, local_files_only=True)
+        """The modular pipeline with this deployment's partition only (``workflow=``);
+        the processor through :func:`load_processor` (no torchvision: images only)."""
+        assert self.path is not None
+        pipe = ModularPipeline.from_pretrained(self.path, workflow=self.workflows[0])
+        names = [n for n in pipe.pretrained_component_names if n != "processor"]
+        pipe.load_components(names=names, dtype=self.dtype, local_files_only=True)
+        pipe.update_components(processor=load_processor(Path(self.path) / "processor"))
         return pipe
 
     def _denoiser(self, pipe: Any) -> Any:
@@ -212,6 +235,13 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> H3State:
         workflow = workflow_of(request)
+        for i, ref in enumerate(request.references):
+            if ref.kind == "video" and not takes_video(pipe.processor):
+                raise InvalidJobInput(
+                    f"{self.spec.name}: this worker has no Qwen3-VL video processor "
+                    "(torchvision is not installed), so it takes no video reference",
+                    param=f"input_references[{i}]",
+                )
         if workflow not in self.workflows:
             loaded = ", ".join(self.workflows)
             raise InvalidJobInput(
@@ -221,9 +251,9 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
             )
         generator = make_generator(request.seed)
         components = self._view(pipe, request)
-        blocks = pipe.blocks
+        blocks = self.blocks
         state = PipelineState()
-        inputs = call_inputs(request, generator)
+        inputs = call_inputs(request, generator, int(pipe.audio_sampling_rate))
         inputs["output_type"] = "np"
         for param in blocks.inputs:  # as ModularPipeline.__call__ fills its state
             name = param.name
@@ -291,7 +321,7 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         pipe_state = s.pipeline_state
         s.loop.set_block_state(pipe_state, s.block_state)
         components, pipe_state = s.core.sub_blocks["after_denoise"](s.components, pipe_state)
-        components, pipe_state = self._loaded().blocks.sub_blocks["decode"](components, pipe_state)
+        components, pipe_state = self.blocks.sub_blocks["decode"](components, pipe_state)
         videos = pipe_state.get("videos")
         audio = pipe_state.get("audio")
         frames = np.asarray(videos[0])

@@ -1,0 +1,231 @@
+"""MiniMax-H3 through the real queue, sent as vLLM-Omni's ComfyUI node sends it: a tiny
+seeded H3 saved to disk, served under the node's names (``MiniMaxAI/MiniMax-H3`` for
+t2va/fl2va, ``…/Ref2VA`` for ref2va), multipart bodies with every value a string,
+``extra_params`` as JSON text. Each job's MP4 carries stereo AAC at 24 fps, its frames
+match the adapter run in-process, and every refusal names its field and stores nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+from PIL import Image
+
+from cli.embedded import EmbeddedS3
+from models.catalog import FAMILY_SPECS
+from tests.integration.conftest import isolated_stack
+from tests.integration.stack import Stack
+from tests.integration.test_bad_input import _refused
+from tests.unit.h3_fixtures import tiny_h3_pipe
+from workers.media import encode_mp4
+from workers.pipelines.base import GenerationRequest, Media
+from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+H3, REF = "MiniMaxAI/MiniMax-H3", "MiniMaxAI/MiniMax-H3/Ref2VA"
+SPEC = """[model.spec]
+canvas_short_edge = 64
+canvas_max_pixels = 8192
+default_size = [64, 64]
+"""
+
+
+@pytest.fixture(scope="module")
+def h3_stack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    path = module_dir / "tiny_h3"
+    tiny_h3_pipe(canvas_short_edge=64, canvas_max_pixels=8192).save_pretrained(
+        str(path), overwrite_modular_index=True
+    )
+    entries = [
+        f'[[model]]\nname = "{H3}"\nadapter = "diffusers.minimax_h3"\npath = "{path}"\n'
+        f'dtype = "float32"\n{SPEC}',
+        f'[[model]]\nname = "{REF}"\nadapter = "diffusers.minimax_h3"\npath = "{path}"\n'
+        f'dtype = "float32"\n{SPEC}workflows = ["ref2va"]\n',
+    ]
+    registry = module_dir / "models.toml"
+    registry.write_text("\n".join(entries))
+    env = {"OMNIQ_MODEL_REGISTRY": str(registry)}
+    with isolated_stack(module_dir, s3_server, redis_db=redis_db, extra_env=env) as st:
+        st.start(workers=1)
+        yield st
+
+
+def _png(seed: int, size: tuple[int, int] = (64, 64)) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _wav(seconds: float = 1.0, rate: int = 16000) -> bytes:
+    out = io.BytesIO()
+    with av.open(out, "w", format="wav") as container:
+        stream = container.add_stream("pcm_s16le", rate=rate, layout="mono")
+        t = np.arange(int(seconds * rate)) / rate
+        samples = (0.3 * np.sin(2 * np.pi * 330 * t) * 32767).astype(np.int16)[None]
+        frame = av.AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+        frame.sample_rate = rate
+        container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return out.getvalue()
+
+
+def _form(model: str, extra: dict[str, Any] | None = None, **fields: str) -> dict[str, str]:
+    """The node's fields: every value a string, extra_params as JSON text."""
+    base = {
+        "model": model,
+        "prompt": "a red ball",
+        "seconds": "5",
+        "num_inference_steps": "3",
+        "seed": "42",
+        "guidance_scale": "1.0",  # the node always sends these; H3 ignores them
+        "vae_use_tiling": "false",
+        "n": "1",
+    }
+    if extra is not None:
+        base["extra_params"] = json.dumps(extra)
+    return {**base, **fields}
+
+
+def _files(*parts: bytes, field: str = "input_references") -> list[tuple[str, Any]]:
+    return [(field, (f"ref{i}", data, "application/octet-stream")) for i, data in enumerate(parts)]
+
+
+def _run(stack: Stack, data: dict[str, str], files: list[tuple[str, Any]]) -> bytes:
+    with stack.client() as c:
+        resp = c.post("/v1/videos", data=data, files=files or None)
+        assert resp.status_code == 200, resp.text
+        done = stack.wait_for(c, resp.json()["id"], timeout=300)
+        assert done["status"] == "completed", (done, stack.log("w0")[-3000:])
+        assert (done["fps"], done["num_frames"], done["has_audio"]) == (24, 124, True)
+        return bytes(c.get(f"/v1/videos/{done['id']}/content").content)
+
+
+def _decode(mp4: bytes) -> tuple[np.ndarray, int, str]:
+    with av.open(io.BytesIO(mp4)) as container:
+        audio = container.streams.audio[0]
+        channels, codec = audio.codec_context.channels, audio.codec_context.name
+        frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    return frames, channels, codec
+
+
+def _in_process(request: GenerationRequest, workflows: list[str]) -> np.ndarray:
+    spec = FAMILY_SPECS["diffusers.minimax_h3"].model_copy(update={"workflows": workflows})
+    adapter = MiniMaxH3Adapter(
+        pipe=tiny_h3_pipe(canvas_short_edge=64, canvas_max_pixels=8192), spec=spec
+    )
+    adapter.load("cpu")
+    state = adapter.prepare(request)
+    while not state.done:
+        adapter.step(state)
+    return adapter.decode(state).frames
+
+
+def _close(video: np.ndarray, expected: np.ndarray, tmp: Path) -> None:
+    """The same frames: ``expected`` encoded the same way decodes (nearly) identically.
+    x264's frame threads make its decisions timing-dependent, so a small mean difference
+    is allowed; another seed differs by ~50 levels."""
+    reference = tmp / "reference.mp4"
+    encode_mp4(Media(frames=expected, fps=24.0), reference)
+    with av.open(str(reference)) as container:
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    assert video.shape == decoded.shape == (124, 64, 64, 3)
+    assert np.abs(video.astype(int) - decoded.astype(int)).mean() < 4
+
+
+def _request(**kw: Any) -> GenerationRequest:
+    return GenerationRequest(
+        prompt="a red ball",
+        width=64,
+        height=64,
+        num_frames=124,
+        fps=24.0,
+        num_inference_steps=3,
+        seed=42,
+        **kw,
+    )
+
+
+def test_t2va_with_an_aspect_ratio_and_both_shifts(h3_stack: Stack, tmp_path: Path) -> None:
+    extra = {"task": "t2va", "aspect_ratio": "1:1", "audio_flow_shift": 2.0}
+    mp4 = _run(h3_stack, _form(H3, extra, flow_shift="5.0"), [])
+    video, channels, codec = _decode(mp4)
+    assert (channels, codec) == (2, "aac")
+    expected = _in_process(
+        _request(options={"flow_shift": 5.0}, extra={"task": "t2va", "audio_flow_shift": 2.0}),
+        ["t2va", "fl2va"],
+    )
+    _close(video, expected, tmp_path)
+
+
+def test_fl2va_first_and_last_keyframes(h3_stack: Stack, tmp_path: Path) -> None:
+    first, last = _png(1), _png(2)
+    mp4 = _run(h3_stack, _form(H3, {"frame_indices": [0, -1]}), _files(first, last))
+    video, _, _ = _decode(mp4)
+    decoded = [np.asarray(Image.open(io.BytesIO(p)).convert("RGB")) for p in (first, last)]
+    expected = _in_process(_request(reference_image=decoded[0], last_image=decoded[1]), ["fl2va"])
+    _close(video, expected, tmp_path)
+
+
+def test_fl2va_one_keyframe_as_input_reference_anchored_last(h3_stack: Stack) -> None:
+    files = _files(_png(3), field="input_reference")
+    _run(h3_stack, _form(H3, {"task": "fl2va", "frame_indices": [-1]}), files)
+
+
+def test_ref2va_image_and_audio_on_the_ref_deployment(h3_stack: Stack) -> None:
+    mp4 = _run(h3_stack, _form(REF, {"task": "ref2va"}), _files(_png(4), _wav()))
+    video, channels, _ = _decode(mp4)
+    assert channels == 2 and video.shape == (124, 64, 64, 3)
+
+
+def test_models_lists_each_deployment_s_workflows(h3_stack: Stack) -> None:
+    with h3_stack.client() as c:
+        models = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
+    assert models[H3]["workflows"] == ["t2va", "fl2va"]
+    assert models[REF]["workflows"] == ["ref2va"]
+
+
+@pytest.mark.parametrize(
+    ("model", "extra", "fields", "parts", "param"),
+    [
+        (H3, {"task": "ref2va"}, {}, ("png",), "extra_params.task"),
+        (REF, {"task": "t2va"}, {}, (), "extra_params.task"),
+        (H3, {"frame_indices": [0]}, {}, ("png", "png"), "extra_params.frame_indices"),
+        (H3, {"frame_indices": [1]}, {}, ("png",), "extra_params.frame_indices"),
+        (H3, {}, {}, ("png", "png", "png"), "input_references"),
+        (H3, {}, {}, ("wav",), "input_references[0]"),
+        (H3, {"task": "t2va"}, {}, ("png",), "input_references"),
+        (REF, {}, {}, ("wav",), "input_references"),
+        (REF, {}, {}, ("png", "wav", "wav", "wav", "wav"), "input_references"),
+        (REF, {}, {}, ("png",) * 10, "input_references"),
+        (REF, {}, {}, ("junk",), "input_references[0]"),
+        (H3, {"aspect_ratio": "16:9"}, {"size": "64x64"}, (), "size"),
+        (H3, {"aspect_ratio": "2:1"}, {}, (), "extra_params.aspect_ratio"),
+        (H3, {"frame_indices": "0"}, {}, ("png",), "extra_params.frame_indices"),
+        (H3, {}, {"seconds": "16"}, (), "seconds"),
+        (H3, {}, {"fps": "12"}, (), "fps"),
+    ],
+)
+def test_refusals_name_the_field_and_store_nothing(
+    h3_stack: Stack,
+    model: str,
+    extra: dict[str, Any],
+    fields: dict[str, str],
+    parts: tuple[str, ...],
+    param: str,
+) -> None:
+    made = {"png": _png(5), "wav": _wav(), "junk": b"not media at all"}
+    files = _files(*(made[p] for p in parts))
+    with h3_stack.client() as c:
+        _refused(
+            h3_stack,
+            lambda: c.post("/v1/videos", data=_form(model, extra, **fields), files=files or None),
+            param,
+        )

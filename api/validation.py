@@ -109,6 +109,11 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
     if req.lora is not None and "lora" not in spec.parameters:
         raise InvalidRequest(f"model {model!r} does not support LoRA", param="lora")
     quality = resolve_quality(req.quality, spec)
+    if spec.no_cfg and req.guidance_scale is not None and req.guidance_scale > 1.0:
+        raise InvalidRequest(
+            f"{model} runs without classifier-free guidance: guidance_scale must be at most 1",
+            param="guidance_scale",
+        )
     options: dict[str, Any] = {}
     for name in PIPELINE_OPTIONS:
         value = getattr(req, name)

@@ -77,6 +77,9 @@ class ModelSpec(BaseModel):
     # edge is ``canvas_short_edge``, its area capped at ``canvas_max_pixels``.
     canvas_short_edge: int | None = None
     canvas_max_pixels: int | None = None
+    # A distilled deployment without classifier-free guidance (FastH3): a
+    # ``guidance_scale`` above 1 is refused (at most 1, or none, is what it runs).
+    no_cfg: bool = False
 
     @property
     def kind(self) -> PipelineKind:

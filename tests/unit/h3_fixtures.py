@@ -10,6 +10,8 @@ video reference is not exercised on this machine.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +22,7 @@ from diffusers import (
     MiniMaxH3Transformer3DModel,
 )
 from diffusers.modular_pipelines import MiniMaxH3Blocks
+from safetensors.torch import save_file
 from transformers import (
     Qwen2Tokenizer,
     Qwen2VLImageProcessor,
@@ -157,3 +160,21 @@ def tiny_h3_pipe(seed: int = 0, **config: Any) -> Any:
     if config:
         pipe.register_to_config(**config)
     return pipe
+
+
+def tiny_h3_lora(path: Path, seed: int = 1) -> str:
+    """A rank-2 LoRA on the tiny transformer's attention projections, saved as diffusers
+    saves one (``transformer.``-prefixed keys); its sha256."""
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    torch.manual_seed(seed)
+    transformer = tiny_h3_components(seed)["transformer"]
+    transformer.add_adapter(
+        LoraConfig(
+            r=2, lora_alpha=2, target_modules=["to_q", "to_k", "to_v"], init_lora_weights=False
+        )
+    )
+    state = get_peft_model_state_dict(transformer)
+    save_file({f"transformer.{k}": v.contiguous() for k, v in state.items()}, str(path))
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -4,6 +4,7 @@ frames and soundtrack are bit-equal."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from api.validation import parse_create, resolve
 from models.catalog import FAMILY_SPECS
 from models.errors import InvalidJobInput, InvalidRequest
 from storage.settings import Settings
-from tests.unit.h3_fixtures import tiny_h3_pipe
+from tests.unit.h3_fixtures import tiny_h3_lora, tiny_h3_pipe
 from workers.pipelines.base import GenerationRequest, Media, MediaReference
 from workers.pipelines.diffusers.common import make_generator, to_uint8
 from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter, call_inputs, shifts_of
@@ -214,3 +215,61 @@ def _resolve_h3(**raw: Any) -> Any:
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
     body = {"model": "MiniMaxAI/MiniMax-H3", "prompt": "a cat", **raw}
     return resolve(parse_create(body), specs, settings)
+
+
+def _fast_spec() -> Any:
+    return FAMILY_SPECS["diffusers.minimax_h3"].model_copy(
+        update={"min_steps": 5, "max_steps": 5, "default_steps": 5, "no_cfg": True}
+    )
+
+
+def test_fasth3_fuses_its_pinned_lora_bit_equal_to_diffusers(tmp_path: Path) -> None:
+    lora = tmp_path / "fasth3.safetensors"
+    digest = tiny_h3_lora(lora)
+    fast = MiniMaxH3Adapter(
+        pipe=tiny_h3_pipe(canvas_short_edge=SIZE, canvas_max_pixels=SIZE * SIZE * 2),
+        spec=_fast_spec(),
+        fused_lora={"path": str(lora), "sha256": digest},
+    )
+    fast.load("cpu")
+    assert not any("lora" in name for name, _ in fast.pipe.transformer.named_modules())
+    request = _request(num_inference_steps=5)
+    media = _run(fast, request)
+    assert fast.prepare(request).num_steps == 4  # 5 sigma points: 4 evaluations
+    fast.end()
+    reference = tiny_h3_pipe(canvas_short_edge=SIZE, canvas_max_pixels=SIZE * SIZE * 2)
+    base_frames, _, _ = _reference(reference, request)
+    reference.load_lora_weights(str(lora), adapter_name="fused")
+    reference.fuse_lora(components=["transformer"], lora_scale=1.0, adapter_names=["fused"])
+    frames, audio, _ = _reference(reference, request)
+    assert np.array_equal(media.frames, frames) and np.array_equal(media.audio, audio)
+    assert not np.array_equal(frames, base_frames)  # the LoRA changed the result
+
+
+def test_a_fused_lora_whose_sha256_differs_refuses_to_start(tmp_path: Path) -> None:
+    lora = tmp_path / "fasth3.safetensors"
+    tiny_h3_lora(lora)
+    adapter = MiniMaxH3Adapter(
+        pipe=tiny_h3_pipe(), spec=_fast_spec(), fused_lora={"path": str(lora), "sha256": "0" * 64}
+    )
+    with pytest.raises(ValueError, match=f"fused_lora {lora}: sha256 is [0-9a-f]{{64}}"):
+        adapter.load("cpu")
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ({"num_inference_steps": 30}, "num_inference_steps"),
+        ({"guidance_scale": 5}, "guidance_scale"),
+    ],
+)
+def test_fasth3_refuses_another_schedule(raw: dict[str, Any], param: str) -> None:
+    specs = {"FastH3": _fast_spec()}
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    with pytest.raises(InvalidRequest) as err:
+        resolve(parse_create({"model": "FastH3", "prompt": "p", **raw}), specs, settings)
+    assert err.value.param == param
+    # what the node sends for FastH3 (every value a string)
+    node = {"num_inference_steps": "5", "guidance_scale": "1.0", "true_cfg_scale": "1.0"}
+    ok = resolve(parse_create({"model": "FastH3", "prompt": "p", **node}), specs, settings)
+    assert ok.num_inference_steps == 5

@@ -33,6 +33,7 @@ The checkpoint is guidance-distilled: no negative prompt, no guidance scale.
 from __future__ import annotations
 
 import copy
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -110,6 +111,40 @@ def workflow_of(request: GenerationRequest) -> Workflow:
             param="extra_params.task",
         )
     return found
+
+
+@dataclass(frozen=True)
+class FusedLora:
+    """A LoRA fused into the denoiser at start-up (FastH3's 4-step adapter): a local
+    safetensors file, its pinned sha256 and the fusing scale."""
+
+    path: str
+    sha256: str
+    scale: float = 1.0
+
+    def verify(self) -> None:
+        """Refuse to start unless the file's sha256 is the pinned one (names the file)."""
+        try:
+            with open(self.path, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as exc:
+            raise ValueError(f"fused_lora {self.path}: cannot read it ({exc})") from exc
+        if digest != self.sha256.lower():
+            raise ValueError(
+                f"fused_lora {self.path}: sha256 is {digest}, the registry pins "
+                f"{self.sha256}; refusing to start"
+            )
+
+    def fuse(self, pipe: Any, partition: Partition) -> None:
+        """Load it into ``partition``, fuse it at ``scale``, drop the adapter layers."""
+        pipe.load_lora_weights(
+            self.path,
+            adapter_name="fused",
+            load_into_transformer_ref=partition == "transformer_ref"
+            and getattr(pipe, "transformer", None) is not None,
+        )
+        pipe.fuse_lora(components=[partition], lora_scale=self.scale, adapter_names=["fused"])
+        pipe.unload_lora_weights()
 
 
 def shifts_of(request: GenerationRequest) -> tuple[float | None, float | None]:
@@ -199,8 +234,12 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
     pipeline_class = MiniMaxH3ModularPipeline
     takes_references = True
 
-    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, path: str | None = None, *, fused_lora: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(path, **kwargs)
+        # FastH3: a LoRA fused into the denoiser at load, pinned by its sha256.
+        self.fused_lora = FusedLora(**fused_lora) if fused_lora is not None else None
         self.partition: Partition = partition_of(self.spec.workflows or ["t2va", "fl2va"])
         # The whole block tree, whatever a workflow-loaded pipeline's own ``blocks`` hold:
         # the adapter runs its branches by name (blocks keep no state).
@@ -217,8 +256,15 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         pipe.update_components(processor=load_processor(Path(self.path) / "processor"))
         return pipe
 
-    def _denoiser(self, pipe: Any) -> Any:
-        return getattr(pipe, self.partition)
+    def load(self, device: str) -> None:
+        """Load (``DiffusersAdapter.load``), then fuse the deployment's LoRA, if any, on
+        the device: checked against its pinned sha256 first, refusing to start on a
+        mismatch."""
+        if self.fused_lora is not None:
+            self.fused_lora.verify()
+        super().load(device)
+        if self.fused_lora is not None:
+            self.fused_lora.fuse(self._loaded(), self.partition)
 
     def _view(self, pipe: Any, request: GenerationRequest | None = None) -> Any:
         """The shared pipeline with this job's own copies of both schedulers (the loop

@@ -8,6 +8,7 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 
 from api.payload import check_values, loads
+from api.validation import refuse_latent_mask_editing
 from models.errors import InvalidRequest, PayloadTooLarge
 from storage.settings import LimitSettings
 
@@ -45,6 +46,7 @@ async def _read_form(request: Request, limits: LimitSettings) -> tuple[dict[str,
     async with request.form(max_files=MAX_FILES, max_fields=200) as form:
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
+                refuse_latent_mask_editing([key])
                 if key not in _FILE_FIELDS:
                     raise InvalidRequest(f"{key} does not take a file", param=key)
                 files.append(await _read_capped(value, key, limits.max_upload_bytes))

@@ -34,6 +34,8 @@ PIPELINE_OPTIONS = (
     "vae_use_slicing",
     "vae_use_tiling",
 )
+# MiniMax-H3's latent-mask editing inputs (refused: see refuse_latent_mask_editing).
+LATENT_MASK_FIELDS = ("source_video", "source_audio", "video_noise_mask", "audio_noise_mask")
 # Field aliases real clients send.
 _ALIASES = {"num_outputs_per_prompt": "n"}
 # Multipart fields that carry JSON text.
@@ -42,8 +44,23 @@ _JSON_FIELDS = ("extra_params", "lora")
 _SIZE_RE = re.compile(r"^\s*([0-9]{1,5})\s*[xX*]\s*([0-9]{1,5})\s*$")
 
 
+def refuse_latent_mask_editing(names: Any) -> None:
+    """MiniMax-H3's latent-mask editing (``source_video``, ``source_audio``,
+    ``video_noise_mask``, ``audio_noise_mask``) is not in diffusers' blocks, so no model
+    here does it: a request that asks for it is refused rather than run as a plain
+    generation."""
+    asked = sorted(set(names) & set(LATENT_MASK_FIELDS))
+    if asked:
+        raise InvalidRequest(
+            f"latent-mask editing ({', '.join(asked)}) is not supported: no served model edits "
+            "a source video or audio",
+            param="source_video",
+        )
+
+
 def parse_create(raw: dict[str, Any]) -> VideoCreate:
     """Raw JSON or multipart fields → :class:`VideoCreate` (aliases folded, JSON decoded)."""
+    refuse_latent_mask_editing(raw)
     fields: dict[str, Any] = {}
     for key, value in raw.items():
         name = _ALIASES.get(key, key)
@@ -54,6 +71,8 @@ def parse_create(raw: dict[str, Any]) -> VideoCreate:
         if isinstance(value, str) and value == "" and name != "prompt":
             continue  # an empty form field means "not given"
         fields[name] = value
+    if isinstance(fields.get("extra_params"), dict):
+        refuse_latent_mask_editing(fields["extra_params"])
     return parse_model(VideoCreate, fields)
 
 

@@ -229,3 +229,16 @@ def test_refusals_name_the_field_and_store_nothing(
             lambda: c.post("/v1/videos", data=_form(model, extra, **fields), files=files or None),
             param,
         )
+
+
+def test_latent_mask_editing_is_refused_naming_source_video(h3_stack: Stack) -> None:
+    """Not in diffusers' H3 blocks: refused, never run as a plain generation."""
+    video = _files(_wav(), field="source_video")
+    with h3_stack.client() as c:
+        _refused(
+            h3_stack, lambda: c.post("/v1/videos", data=_form(H3), files=video), "source_video"
+        )
+        masked = _form(H3, {"task": "t2va"}, audio_noise_mask="[1, 0]")
+        _refused(h3_stack, lambda: c.post("/v1/videos", data=masked), "source_video")
+        body = {"model": H3, "prompt": "p", "extra_params": {"source_audio": "x"}}
+        _refused(h3_stack, lambda: c.post("/v1/videos", json=body), "source_video")

@@ -12,7 +12,7 @@ def quality_tiers(spec: ModelSpec) -> list[str]:
     own tiers, for video job models; none for the others."""
     if spec.streaming or spec.modality != "video":
         return []
-    return ["lossless", *(t for t in spec.quality_tiers if t != "lossless")]
+    return list(spec.offered_tiers)
 
 
 def model_object(
@@ -32,7 +32,7 @@ def model_object(
         kind=spec.kind,
         description=spec.description,
         quality_tiers=quality_tiers(spec),
-        loras=(loras or []) if "lora" in spec.parameters else None,
+        loras=(loras or []) if spec.supports_lora else None,
         workflows=list(spec.workflows),
         limits=ModelLimits(
             min_size=spec.min_size,

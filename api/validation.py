@@ -125,7 +125,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
     steps = resolve_steps(req.num_inference_steps, spec, limits)
     if req.n > spec.max_outputs or req.n < 1:
         raise InvalidRequest(f"n must be between 1 and {spec.max_outputs} for {model}", param="n")
-    if req.lora is not None and "lora" not in spec.parameters:
+    if req.lora is not None and not spec.supports_lora:
         raise InvalidRequest(f"model {model!r} does not support LoRA", param="lora")
     quality = resolve_quality(req.quality, spec)
     if spec.no_cfg and req.guidance_scale is not None and req.guidance_scale > 1.0:
@@ -154,10 +154,10 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
 
 def resolve_quality(requested: str | None, spec: ModelSpec) -> QualityTier:
     """``quality``: "lossless" (every step in full) unless the model offers the tier."""
-    if requested is None or requested == "lossless":
+    if requested is None:
         return "lossless"
-    if requested not in spec.quality_tiers:
-        offered = ", ".join(["lossless", *spec.quality_tiers])
+    if not spec.offers(requested):
+        offered = ", ".join(spec.offered_tiers)
         raise InvalidRequest(
             f"model {spec.name!r} offers quality {offered}, not {requested!r}",
             param="quality",

@@ -82,6 +82,21 @@ class ModelSpec(BaseModel):
     no_cfg: bool = False
 
     @property
+    def supports_lora(self) -> bool:
+        """Takes a per-request ``lora`` (the model lists ``lora`` in ``parameters``)."""
+        return "lora" in self.parameters
+
+    @property
+    def offered_tiers(self) -> list[QualityTier]:
+        """The ``quality`` tiers a request may ask for: ``lossless`` (every step in full,
+        always offered, never listed in ``quality_tiers``) and the model's own."""
+        return ["lossless", *(t for t in self.quality_tiers if t != "lossless")]
+
+    def offers(self, tier: str) -> bool:
+        """Whether a request may ask for ``quality`` ``tier``."""
+        return tier in self.offered_tiers
+
+    @property
     def kind(self) -> PipelineKind:
         """The adapter interface of this model: streaming video is a world model,
         streaming audio a voice model, anything else runs as jobs."""

@@ -18,7 +18,7 @@ router = APIRouter(tags=["system"])
 async def list_models(state: StateDep, _owner: CurrentOwner) -> ModelList:
     limits = state.settings.limits
     loras: list[str] = []
-    if any("lora" in spec.parameters for spec in state.specs.values()):
+    if any(spec.supports_lora for spec in state.specs.values()):
         entries = await state.blocking(catalog, state.settings.lora)  # a directory listing
         loras = [e.name for e in entries]
     return ModelList(data=[model_object(spec, limits, loras) for spec in state.specs.values()])

@@ -31,12 +31,15 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
 
 import numpy as np
 
-from models.catalog import ModelSpec, QualityTier
+from models.catalog import CatalogError, ModelSpec, QualityTier, ServedModel
 from models.job_specs import AudioSpec, LoraSpec, VideoSpec
+
+if TYPE_CHECKING:
+    from workers.pipelines.diffusers.lora import LoraCache
 
 # Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
 _checkpoint: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
@@ -191,17 +194,57 @@ class Media:
     sample_rate: int | None = None
 
 
-# --- job: a clip, one denoise step at a time ---------------------------------------------
+# --- what every adapter declares ----------------------------------------------------------
 
 
-class Pipeline(abc.ABC):
-    """A diffusion pipeline run one denoise step at a time."""
+class Adapter(abc.ABC):
+    """The contract every adapter has, whatever its kind: how the registry builds it, loads
+    it and primes it, and whether it serves per-request LoRA. Each optional capability has
+    its default here; :class:`~workers.pipelines.registry.PipelineRegistry` uses nothing
+    else (no ``getattr``, no signature reading)."""
 
     spec: ModelSpec
+
+    @classmethod
+    def build(cls, model: ServedModel) -> Self:
+        """The adapter of a registry entry, not loaded yet. By default
+        ``cls(path=…, dtype=…, spec=…, **adapter_options)``."""
+        make: Any = cls  # subclasses define the constructor this calls
+        built: Self = make(
+            path=model.path, dtype=model.dtype, spec=model.spec, **model.adapter_options
+        )
+        return built
 
     @abc.abstractmethod
     def load(self, device: str) -> None:
         """Load weights onto ``device`` (called once per worker process)."""
+
+    def warm_up(self) -> None:
+        """Once loaded, before the worker takes work: prime what the first request would
+        otherwise pay for (compiled blocks for the registry's ``warmup`` shapes). By
+        default nothing."""
+        return None
+
+    def use_lora(self, cache: LoraCache) -> None:
+        """Serve per-request LoRA through ``cache`` (called before ``load`` for a model
+        whose spec ``supports_lora``). By default refused: the adapter takes none."""
+        raise CatalogError(f"model {self.spec.name!r} lists lora, but its adapter takes none")
+
+
+class NoWeights:
+    """Mixed in before the interface by adapters without weights (the built-in reference
+    models): built from ``adapter_options`` alone."""
+
+    @classmethod
+    def build(cls, model: ServedModel) -> Self:
+        return cls(**model.adapter_options)
+
+
+# --- job: a clip, one denoise step at a time ---------------------------------------------
+
+
+class Pipeline(Adapter):
+    """A diffusion pipeline run one denoise step at a time."""
 
     @abc.abstractmethod
     def prepare(self, request: GenerationRequest) -> StepState:
@@ -262,7 +305,7 @@ class WorldConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class WorldPipeline(abc.ABC, Generic[StateT]):
+class WorldPipeline(Adapter, Generic[StateT]):
     """A world model streamed in chunks, steered between them (``WS /v1/realtime/video``).
 
     The session runner owns the loop and checks stop, stall and deadlines between calls::
@@ -278,12 +321,6 @@ class WorldPipeline(abc.ABC, Generic[StateT]):
     config (``start``) or an interaction the model refuses: the runner fails the session
     as ``invalid_request`` or ignores the interaction, respectively.
     """
-
-    spec: ModelSpec
-
-    @abc.abstractmethod
-    def load(self, device: str) -> None:
-        """Load weights onto ``device`` (called once per worker process)."""
 
     @abc.abstractmethod
     def start(self, config: WorldConfig) -> StateT:
@@ -345,7 +382,7 @@ class VoiceChunk:
     text: str | None = None
 
 
-class VoicePipeline(abc.ABC, Generic[StateT]):
+class VoicePipeline(Adapter, Generic[StateT]):
     """A voice model answering one user turn at a time, one audio step at a time.
 
     The voice session runner owns the loop; a cancel (barge-in, ``response.cancel``)
@@ -357,13 +394,8 @@ class VoicePipeline(abc.ABC, Generic[StateT]):
             ...                        # runner: drain commands, pace to real time, publish
     """
 
-    spec: ModelSpec
     sample_rate: int = 24000  # of the PCM16 in and out
     step_ms: int = 40
-
-    @abc.abstractmethod
-    def load(self, device: str) -> None:
-        """Load weights onto ``device`` (called once per worker process)."""
 
     @abc.abstractmethod
     def start_response(self, turn: VoiceTurn) -> StateT:

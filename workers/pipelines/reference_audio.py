@@ -34,7 +34,7 @@ import numpy as np
 
 from models.catalog import REFERENCE_AUDIO
 from models.errors import InvalidJobInput
-from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
+from workers.pipelines.base import GenerationRequest, Media, NoWeights, Pipeline, StepState
 from workers.pipelines.procedural import select_device
 
 SAMPLE_RATE = 24_000
@@ -64,7 +64,7 @@ class ReferenceAudioState(StepState):
     sigmas: np.ndarray  # num_steps + 1 values from 1 down to 0
 
 
-class ReferenceAudioPipeline(Pipeline):
+class ReferenceAudioPipeline(NoWeights, Pipeline):
     """Procedural music and textures reached by a flow-matching Euler sampler loop."""
 
     spec = REFERENCE_AUDIO

@@ -43,6 +43,7 @@ from workers.pipelines import procedural as proc
 from workers.pipelines.base import (
     GenerationRequest,
     Media,
+    NoWeights,
     Pipeline,
     StepState,
     checkpoint,
@@ -69,7 +70,7 @@ class ReferenceVideoState(StepState):
     x0_preview: torch.Tensor | None = None  # 3xhxw middle frame of the last x0_hat
 
 
-class ReferenceVideoPipeline(proc.OnDevice, Pipeline):
+class ReferenceVideoPipeline(NoWeights, proc.OnDevice, Pipeline):
     """Procedural video and audio reached by a flow-matching Euler sampler loop."""
 
     spec = REFERENCE_VIDEO

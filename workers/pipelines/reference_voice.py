@@ -40,7 +40,7 @@ import numpy as np
 
 from models.catalog import REFERENCE_VOICE
 from workers.pipelines import espeak
-from workers.pipelines.base import VoiceChunk, VoicePipeline, VoiceTurn
+from workers.pipelines.base import NoWeights, VoiceChunk, VoicePipeline, VoiceTurn
 
 MIN_REPLY_S = 0.6
 PER_TURN_S = 0.5
@@ -171,7 +171,7 @@ def _syllables(word: str) -> list[str]:
     return [("i" if g[0] == "y" else g[0]) for g in groups] or ["a"]
 
 
-class ReferenceVoicePipeline(VoicePipeline[VoiceState | SpokenState]):
+class ReferenceVoicePipeline(NoWeights, VoicePipeline[VoiceState | SpokenState]):
     spec = REFERENCE_VOICE
     sample_rate = 24000
     step_ms = 40

@@ -53,6 +53,7 @@ from workers.pipelines.base import (
     ActionBlock,
     ChunkEvents,
     GenerationRequest,
+    NoWeights,
     WorldConfig,
     WorldPipeline,
 )
@@ -149,7 +150,7 @@ class WorldState:
         return self.chunk_index >= self.num_chunks
 
 
-class ReferenceWorldPipeline(proc.OnDevice, WorldPipeline[WorldState]):
+class ReferenceWorldPipeline(NoWeights, proc.OnDevice, WorldPipeline[WorldState]):
     """Streams a procedural world in chunks; share one instance across sessions.
 
     Session loop (the caller checks stop, stall and deadlines between calls)::

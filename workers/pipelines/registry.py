@@ -11,7 +11,6 @@ a :class:`Pipeline` (:meth:`PipelineRegistry.job`), the session runners for a
 from __future__ import annotations
 
 import importlib
-import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -58,31 +57,9 @@ def adapter_class(model: ServedModel) -> type[Any]:
 
 
 def build_adapter(model: ServedModel) -> AnyPipeline:
-    """Instantiate the adapter a registry entry names (not loaded yet)."""
-    cls = adapter_class(model)
-    if model.adapter.startswith("reference."):
-        pipe: AnyPipeline = cls(**model.adapter_options)
-    else:
-        # The compiled-blocks settings go to the adapters that take them (the diffusers
-        # family's); another adapter class is built as before.
-        accepted = inspect.signature(cls).parameters
-        compiled = {
-            k: v
-            for k, v in (
-                ("compile", model.compile),
-                ("compile_backend", model.compile_backend),
-                ("compile_mode", model.compile_mode),
-                ("warmup", model.warmup),
-            )
-            if k in accepted
-        }
-        pipe = cls(
-            path=model.path,
-            dtype=model.dtype,
-            spec=model.spec,
-            **compiled,
-            **model.adapter_options,
-        )
+    """Instantiate the adapter a registry entry names (not loaded yet), through its
+    class's ``build`` (:class:`workers.pipelines.base.Adapter`)."""
+    pipe: AnyPipeline = adapter_class(model).build(model)
     pipe.spec = model.spec
     return pipe
 
@@ -119,24 +96,19 @@ class PipelineRegistry:
                 if model is None:
                     raise ValueError(f"model {name!r} is not served by this worker")
                 pipe = build_adapter(model)
-                if self.lora is not None and "lora" in model.spec.parameters:
-                    self._use_lora(model, pipe)
+                if self.lora is not None and model.spec.supports_lora:
+                    self._use_lora(pipe)
                 pipe.load(model.device or self.device)
-                warm_up = getattr(pipe, "warm_up", None)
-                if warm_up is not None:  # compiled blocks: the registry's shapes
-                    warm_up()
+                pipe.warm_up()  # compiled blocks: the registry's shapes
                 self._loaded[name] = pipe
             return pipe
 
-    def _use_lora(self, model: ServedModel, pipe: AnyPipeline) -> None:
+    def _use_lora(self, pipe: AnyPipeline) -> None:
         assert self.lora is not None
-        use_lora = getattr(pipe, "use_lora", None)
-        if use_lora is None:
-            raise CatalogError(f"model {model.name!r} lists lora, but its adapter takes none")
         from workers.pipelines.diffusers.lora import LoraCache
 
         s = self.lora
-        use_lora(
+        pipe.use_lora(
             LoraCache(
                 max_adapters=s.cache_adapters,
                 max_bytes=s.cache_bytes,

@@ -17,12 +17,12 @@ import logging
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast, get_args
+from typing import Any, Generic, Self, TypeVar, cast, get_args
 
 import numpy as np
 import torch
 
-from models.catalog import FAMILY_SPECS, CompileMode, ModelSpec, WarmupShape
+from models.catalog import FAMILY_SPECS, CompileMode, ModelSpec, ServedModel, WarmupShape
 from models.errors import InvalidJobInput, InvalidLora
 from workers.parallel import Parallel
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, checkpoint
@@ -343,6 +343,21 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         # ``lora``: set by ``use_lora`` before ``load``; None refuses a job's adapter.
         self.lora: LoraCache | None = None
 
+    @classmethod
+    def build(cls, model: ServedModel) -> Self:
+        """``cls(path=…, dtype=…, spec=…)`` with the entry's compiled-blocks settings and
+        ``adapter_options``."""
+        return cls(
+            path=model.path,
+            dtype=model.dtype,
+            spec=model.spec,
+            compile=model.compile,
+            compile_backend=model.compile_backend,
+            compile_mode=model.compile_mode,
+            warmup=model.warmup,
+            **model.adapter_options,
+        )
+
     def use_lora(self, cache: LoraCache) -> None:
         """Serve per-request LoRA through ``cache`` (its slot goes into the pipe at
         ``load``, before anything compiles the transformer's blocks; called after ``load``,
@@ -457,7 +472,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
             raise InvalidJobInput(f"{self.spec.name} does not take an input_reference")
         pipe = self._loaded()
         cache_tiers.remove(pipe)  # nothing of an earlier job's tier, whatever happened
-        if request.quality != "lossless" and request.quality not in self.spec.quality_tiers:
+        if not self.spec.offers(request.quality):
             raise InvalidJobInput(f"{self.spec.name} has no quality tier {request.quality!r}")
         if self.lora is not None:
             self.lora.activate(pipe, request.lora)  # until end(); None: the base model

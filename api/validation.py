@@ -17,7 +17,7 @@ from api.payload import loads
 from models.audio import AudioCreate
 from models.catalog import ModelSpec, QualityTier
 from models.errors import InvalidRequest, ModelNotFound
-from models.job_specs import VideoSpec
+from models.job_specs import SamplerOptions, VideoSpec
 from models.videos import VideoCreate
 from models.webhooks import EVENT_TYPES, JobWebhook
 from storage.settings import LimitSettings, Settings
@@ -25,15 +25,7 @@ from storage.webhooks import check_events, check_webhook_url
 
 # Optional numeric/boolean fields passed to a pipeline that declares them in
 # ``ModelSpec.parameters``; for other models they are accepted and ignored.
-PIPELINE_OPTIONS = (
-    "guidance_scale",
-    "guidance_scale_2",
-    "true_cfg_scale",
-    "flow_shift",
-    "boundary_ratio",
-    "vae_use_slicing",
-    "vae_use_tiling",
-)
+PIPELINE_OPTIONS = tuple(SamplerOptions.model_fields)
 # MiniMax-H3's latent-mask editing inputs (refused: see refuse_latent_mask_editing).
 LATENT_MASK_FIELDS = ("source_video", "source_audio", "video_noise_mask", "audio_noise_mask")
 # Field aliases real clients send.
@@ -142,7 +134,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
             options[name] = value
 
     return VideoSpec(
-        **job_fields(req, model, spec, limits, steps=steps, options=options),
+        **job_fields(req, model, spec, limits, steps=steps, options=SamplerOptions(**options)),
         width=width,
         height=height,
         fps=fps,
@@ -190,7 +182,7 @@ def job_fields(
     limits: LimitSettings,
     *,
     steps: int,
-    options: dict[str, Any],
+    options: SamplerOptions | dict[str, Any],
 ) -> dict[str, Any]:
     """The fields every kind of job spec has (``models.job_specs._Spec``), resolved alike:
     a drawn seed when none was given, the timeout within the server's range, the

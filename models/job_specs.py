@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
 from models.audio import AudioFormat
 from models.catalog import QualityTier
@@ -51,6 +58,28 @@ class ReferenceInput(BaseModel):
     frame_index: int | None = None
 
 
+class SamplerOptions(BaseModel):
+    """The sampler settings a video request may set (``api/validation.py`` keeps those the
+    model declares in ``parameters``); None: the pipeline's own default. Stored as the
+    spec's ``options`` object with these keys, the unset ones left out, so rows written
+    when ``options`` was a plain dict parse unchanged."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    guidance_scale: float | None = None
+    guidance_scale_2: float | None = None
+    true_cfg_scale: float | None = None
+    flow_shift: float | None = None
+    boundary_ratio: float | None = None
+    vae_use_slicing: bool | None = None
+    vae_use_tiling: bool | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        return {k: v for k, v in out.items() if v is not None}
+
+
 class _Spec(BaseModel):
     """What every kind of job needs to run."""
 
@@ -65,8 +94,6 @@ class _Spec(BaseModel):
     # Seconds from creation the job may wait to start; None: no limit.
     ttl_s: int | None = None
     negative_prompt: str | None = None
-    # Declared optional parameters the model takes (guidance_scale, flow_shift, speed, …).
-    options: dict[str, Any] = Field(default_factory=dict)
     # ``extra_params`` checked against the model's schema.
     extra: dict[str, Any] = Field(default_factory=dict)
     # Where the job's terminal event goes besides its key's endpoints (the worker never
@@ -78,6 +105,8 @@ class VideoSpec(_Spec):
     """A video clip (``/v1/videos``, or a persisted realtime session)."""
 
     kind: Literal["video"] = "video"
+    # The sampler settings the request set that the model declares.
+    options: SamplerOptions = Field(default_factory=SamplerOptions)
     width: int
     height: int
     fps: float
@@ -105,6 +134,8 @@ class AudioSpec(_Spec):
     """An audio clip (``/v1/audio/generations``, ``/speech``, ``/generate``)."""
 
     kind: Literal["audio"] = "audio"
+    # Declared optional parameters the model takes (guidance_scale, speed, voice, …).
+    options: dict[str, Any] = Field(default_factory=dict)
     duration_ms: int = Field(ge=1)
     response_format: AudioFormat = "wav"
     # The artifact's rate and channels as asked for; None: the model's own.

@@ -19,6 +19,7 @@ from PIL import Image
 
 from cli.embedded import EmbeddedS3
 from models.catalog import FAMILY_SPECS
+from models.job_specs import SamplerOptions
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
@@ -159,7 +160,10 @@ def test_t2va_with_an_aspect_ratio_and_both_shifts(h3_stack: Stack, tmp_path: Pa
     video, channels, codec = _decode(mp4)
     assert (channels, codec) == (2, "aac")
     expected = _in_process(
-        _request(options={"flow_shift": 5.0}, extra={"task": "t2va", "audio_flow_shift": 2.0}),
+        _request(
+            sampler=SamplerOptions(flow_shift=5.0),
+            extra={"task": "t2va", "audio_flow_shift": 2.0},
+        ),
         ["t2va", "fl2va"],
     )
     _close(video, expected, tmp_path)

@@ -21,6 +21,7 @@ import torch
 from diffusers import LTXPipeline, UniPCMultistepScheduler
 
 from models.catalog import FAMILY_SPECS, ServedModel
+from models.job_specs import SamplerOptions
 from tests.unit.diffusers_fixtures import (
     TINY_SEQ_LEN,
     tiny_cogvideox_pipeline,
@@ -72,6 +73,8 @@ FAMILIES = ["wan", "ltx", "cogvideox"]
 
 
 def _request(case: Case, **overrides: Any) -> GenerationRequest:
+    """The case's request; ``options=`` (a dict) sets its sampler settings."""
+    options = overrides.pop("options", case.options)
     fields: dict[str, Any] = {
         "prompt": PROMPT,
         "negative_prompt": "blurry",
@@ -82,7 +85,7 @@ def _request(case: Case, **overrides: Any) -> GenerationRequest:
         "num_inference_steps": 3,
         "seed": 7,
         "guidance_scale": 4.0,
-        "options": dict(case.options),
+        "sampler": SamplerOptions(**options),
         "extra": dict(case.extra),
     }
     fields.update(overrides)
@@ -111,8 +114,8 @@ def _reference(pipe: Any, req: GenerationRequest) -> np.ndarray:
     }
     if req.guidance_scale is not None:
         kwargs["guidance_scale"] = req.guidance_scale
-    if "guidance_scale_2" in req.options:
-        kwargs["guidance_scale_2"] = req.options["guidance_scale_2"]
+    if req.sampler.guidance_scale_2 is not None:
+        kwargs["guidance_scale_2"] = req.sampler.guidance_scale_2
     if isinstance(pipe, LTXPipeline):
         kwargs["frame_rate"] = req.fps
     pipe.set_progress_bar_config(disable=True)

@@ -80,7 +80,8 @@ def test_a_video_request_reaches_the_adapter_as_asked(settings: Settings) -> Non
     assert (request.width, request.height, request.num_frames, request.fps) == (64, 48, 8, 16.0)
     assert (request.seed, request.num_inference_steps, request.duration_s) == (9, 3, None)
     assert request.negative_prompt == "blur" and request.guidance_scale == 7.5
-    assert request.options == {"guidance_scale": 7.5} and request.extra == {"motion": 2.0}
+    assert request.sampler.model_dump() == {"guidance_scale": 7.5}
+    assert request.options == {} and request.extra == {"motion": 2.0}
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import torch
 from api.validation import parse_create, resolve
 from models.catalog import FAMILY_SPECS
 from models.errors import InvalidJobInput, InvalidRequest
+from models.job_specs import SamplerOptions
 from storage.settings import Settings
 from tests.unit.h3_fixtures import tiny_h3_lora, tiny_h3_pipe
 from workers.pipelines.base import GenerationRequest, Media, MediaReference
@@ -123,7 +124,7 @@ def test_ref2va_with_an_image_and_an_audio_clip_is_bit_equal(pipe: Any) -> None:
 
 
 def test_flow_shifts_are_the_job_s_own_and_bit_equal(pipe: Any) -> None:
-    request = _request(options={"flow_shift": 5.0}, extra={"audio_flow_shift": 1.5})
+    request = _request(sampler=SamplerOptions(flow_shift=5.0), extra={"audio_flow_shift": 1.5})
     media = _assert_same(pipe, _adapter(pipe), request)
     assert pipe.scheduler.shift == 12.0 and pipe.audio_scheduler.shift == 3.0  # untouched
     assert not np.array_equal(media.frames, _run(_adapter(pipe), _request()).frames)

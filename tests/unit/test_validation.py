@@ -37,7 +37,7 @@ def test_multipart_strings_are_parsed(settings: Settings) -> None:
     assert (r.width, r.height, r.fps, r.num_frames, r.seconds) == (64, 32, 12.0, 24, "2")
     assert (r.num_inference_steps, r.seed) == (4, 9)
     # declared by reference/video: passed on; vae_use_tiling is not: accepted and ignored
-    assert r.options == {"guidance_scale": 7.5}
+    assert r.options.model_dump() == {"guidance_scale": 7.5}
     assert r.extra == {"motion": 2.0}
 
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
 import numpy as np
 
 from models.catalog import CatalogError, ModelSpec, QualityTier, ServedModel
-from models.job_specs import AudioSpec, LoraSpec, VideoSpec
+from models.job_specs import AudioSpec, LoraSpec, SamplerOptions, VideoSpec
 
 if TYPE_CHECKING:
     from workers.pipelines.diffusers.lora import LoraCache
@@ -125,7 +125,9 @@ class GenerationRequest:
     seed: int
     negative_prompt: str | None = None
     guidance_scale: float | None = None
-    # Declared optional parameters (guidance_scale_2, flow_shift, vae_use_tiling, …).
+    # A video's sampler settings (guidance_scale_2, flow_shift, vae_use_tiling, …).
+    sampler: SamplerOptions = field(default_factory=SamplerOptions)
+    # An audio clip's declared options (speed, voice, instructions, …).
     options: dict[str, Any] = field(default_factory=dict)
     # First frame for image-to-video: uint8 H×W×3 (already resized to width×height).
     reference_image: np.ndarray | None = None
@@ -152,15 +154,22 @@ class GenerationRequest:
             "num_inference_steps": spec.num_inference_steps,
             "seed": spec.seed,
             "negative_prompt": spec.negative_prompt,
-            "guidance_scale": spec.options.get("guidance_scale"),
-            "options": dict(spec.options),
             "extra": dict(spec.extra),
         }
         if isinstance(spec, AudioSpec):
             return cls(
-                width=0, height=0, num_frames=0, fps=0.0, duration_s=spec.duration_s, **common
+                width=0,
+                height=0,
+                num_frames=0,
+                fps=0.0,
+                duration_s=spec.duration_s,
+                guidance_scale=spec.options.get("guidance_scale"),
+                options=dict(spec.options),
+                **common,
             )
         return cls(
+            guidance_scale=spec.options.guidance_scale,
+            sampler=spec.options,
             width=spec.width,
             height=spec.height,
             num_frames=spec.num_frames,

@@ -169,8 +169,8 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
         """The tail of ``__call__``: drop 1.5's padding frames, ``decode_latents``
         (permute to B×C×F×h×w, divide by the VAE scaling factor, decode), postprocess."""
         latents = s.latents[:, s.additional_frames :]
-        opts = s.request.options
-        with vae_options(pipe.vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
+        opts = s.request.sampler
+        with vae_options(pipe.vae, opts.vae_use_tiling, opts.vae_use_slicing):
             video = pipe.decode_latents(latents)
         frames: np.ndarray = pipe.video_processor.postprocess_video(video=video, output_type="np")
         return frames[0]

@@ -263,8 +263,8 @@ def batched_prediction(
 def decode_video(pipe: Any, request: GenerationRequest, *latents: Any) -> np.ndarray:
     """``vae.decode(*latents)`` under the request's VAE options, post-processed to float32
     T×H×W×3 in [0, 1] (``postprocess_video(output_type="np")`` of the one video)."""
-    opts = request.options
-    with vae_options(pipe.vae, opts.get("vae_use_tiling"), opts.get("vae_use_slicing")):
+    opts = request.sampler
+    with vae_options(pipe.vae, opts.vae_use_tiling, opts.vae_use_slicing):
         video = pipe.vae.decode(*latents, return_dict=False)[0]
     frames: np.ndarray = pipe.video_processor.postprocess_video(video, output_type="np")
     return frames[0]

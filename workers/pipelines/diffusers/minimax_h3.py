@@ -149,7 +149,7 @@ class FusedLora:
 
 def shifts_of(request: GenerationRequest) -> tuple[float | None, float | None]:
     """The (video, audio) sigma shifts a request asks for; None keeps the checkpoint's."""
-    return request.options.get("flow_shift"), request.extra.get("audio_flow_shift")
+    return request.sampler.flow_shift, request.extra.get("audio_flow_shift")
 
 
 def _image(frame: np.ndarray) -> Image.Image:

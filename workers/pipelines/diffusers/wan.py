@@ -63,12 +63,14 @@ class WanAdapter(DiffusersAdapter[WanState]):
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:
         """``__call__`` steps 1-5."""
-        opts = request.options
+        opts = request.sampler
         prompt, negative_prompt = request.prompt, request.negative_prompt
         height, width, num_frames = request.height, request.width, request.num_frames
         scale = guidance_scale(pipe, request)
-        scale_2 = opts.get("guidance_scale_2")
-        boundary_ratio = opts.get("boundary_ratio", pipe.config.boundary_ratio)
+        scale_2 = opts.guidance_scale_2
+        boundary_ratio = (
+            pipe.config.boundary_ratio if opts.boundary_ratio is None else opts.boundary_ratio
+        )
 
         # 1. Check inputs (guidance_scale_2 against this job's boundary_ratio).
         pipe.check_inputs(prompt, negative_prompt, height, width)
@@ -113,7 +115,7 @@ class WanAdapter(DiffusersAdapter[WanState]):
             negative_prompt_embeds = negative_prompt_embeds.to(transformer_dtype)
 
         # 4. Prepare timesteps (on this job's scheduler copy).
-        scheduler = job_scheduler(pipe.scheduler, opts.get("flow_shift"))
+        scheduler = job_scheduler(pipe.scheduler, opts.flow_shift)
         scheduler.set_timesteps(request.num_inference_steps, device=device)
         timesteps = scheduler.timesteps
 
@@ -208,9 +210,9 @@ class WanAdapter(DiffusersAdapter[WanState]):
         pipe = self._loaded()
         s = self._state(state)
         vae = pipe.vae
-        opts = s.request.options
+        opts = s.request.sampler
         if (
-            opts.get("vae_use_tiling")
+            opts.vae_use_tiling
             or getattr(vae, "use_tiling", False)
             or vae.config.get("patch_size") is not None
             or hasattr(vae, "_hf_hook")

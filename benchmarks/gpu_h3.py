@@ -9,8 +9,8 @@ On the lent H200: bash benchmarks/device_h3.sh (carry .wheelhouse).
 Weights: the 33.1 B transformer cannot be saved next to the wheelhouse on the device's
 64 GiB disk, so every component is built from its default config with a seeded random
 init directly on the GPU in bf16 (this benchmark's loading mode only). The Qwen3-VL
-text encoder keeps its width (5120) but not its depth: ``--text-layers`` decoder layers,
-with H3's conditioning read after the last of them instead of after layer 50 (it runs
+text encoder keeps its width (5120) but not its depth: ``--text-layers`` + 1 decoder
+layers, H3's conditioning read after layer ``--text-layers`` instead of layer 50 (it runs
 once per job; the JSON says so). The tokenizer is character-level, so the prompt is as
 many text rows as it has characters (70, the text refiner's length at this shape).
 
@@ -112,7 +112,7 @@ def build_pipeline(device: str, tiny: bool, text_layers: int) -> Any:
                 "vocab_size": len(tok),
                 "hidden_size": 5120,
                 "intermediate_size": 25600,
-                "num_hidden_layers": text_layers,
+                "num_hidden_layers": text_layers + 1,  # diffusers wants one past the read
                 "num_attention_heads": 64,
                 "num_key_value_heads": 8,
                 "head_dim": 128,
@@ -292,8 +292,9 @@ def main() -> None:
             "seed": 42,
         },
         "weights": "seeded random init from the default configs, bf16, built on the GPU",
-        "text_encoder": f"Qwen3-VL width 5120, {args.text_layers} decoder layers (H3 reads "
-        "layer 50 of 64); conditioning read after the last; runs once per job",
+        "text_encoder": f"Qwen3-VL width 5120, {args.text_layers + 1} decoder layers, read "
+        f"after layer {args.text_layers} (the released one reads layer 50 of 64); runs once "
+        "per job",
     }
     t = time.perf_counter()
     pipe = build_pipeline(device, args.tiny, args.text_layers)

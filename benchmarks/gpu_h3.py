@@ -25,8 +25,9 @@ What is measured (keys of the JSON):
 * ``h3_cancel_p95_ms``: a stop flag set at a random moment inside a step → the step
   raised with the device idle (the executor's gate, no HTTP), over ``--cancels`` stops;
   ``block_ms`` is a forward ÷ its 50 blocks.
-* ``h3_memory_after_jobs_mib``: allocated memory after load, then after completed and
-  cancelled jobs (``end()`` and ``empty_cache()``).
+* ``h3_memory_after_jobs_mib``: allocated memory after load, after the first job (the
+  baseline of a warm worker: compiled graphs and their constants), then after completed
+  and after cancelled jobs; ``growth_over_baseline`` is what the jobs left behind.
 * ``vsa_forward_ratio``: null, with the reason (fastvideo-kernel is not carried).
 """
 
@@ -329,10 +330,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         first = _stack(adapter, args, Path(tmp))  # the first job after load (compiled above)
+        gc.collect()
+        warm = _mib()  # what a warm worker holds between jobs: the baseline
         raws, stacks = [], []
         for _ in range(args.repeat):
             raws.append(_raw(pipe, args))
             stacks.append(_stack(adapter, args, Path(tmp)))
+    gc.collect()
     after_done = _mib()
     median = sorted(stacks, key=lambda s: s["total"])[len(stacks) // 2]
     job = statistics.median(s["prepare"] + s["denoise"] + s["decode"] for s in stacks)
@@ -355,8 +359,10 @@ def main() -> None:
         else None,
         "h3_memory_after_jobs_mib": {
             "after_load": round(baseline, 1),
+            "baseline_after_first_job": round(warm, 1),
             "after_completed": round(after_done, 1),
             "after_cancelled": round(_mib(), 1),
+            "growth_over_baseline": round(max(after_done, _mib()) - warm, 1),
         },
         "vsa_forward_ratio": None,
         "vsa_note": "not measured: fastvideo-kernel 0.3.5 is not in the device image or the "

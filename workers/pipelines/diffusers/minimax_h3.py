@@ -58,7 +58,6 @@ from workers.pipelines.diffusers.common import (
     DiffusersState,
     make_generator,
     sampling,
-    to_uint8,
 )
 from workers.pipelines.diffusers.h3_processor import load_processor, takes_video
 
@@ -145,6 +144,15 @@ class FusedLora:
         )
         pipe.fuse_lora(components=[partition], lora_scale=self.scale, adapter_names=["fused"])
         pipe.unload_lora_weights()
+
+
+def frames_uint8(video: torch.Tensor) -> np.ndarray:
+    """T×3×H×W in [0, 1] → uint8 T×H×W×3, converted on the device: the arithmetic of
+    ``to_uint8`` over ``output_type="np"`` (clip, ×255 and round half to even in float32),
+    so the frames are bit-equal, with a quarter of the bytes copied to the host and no
+    pass over 83 M floats on the CPU (0.3 s at the qualification shape)."""
+    pixels = (video.float().clamp(0.0, 1.0) * 255).round().to(torch.uint8)
+    return pixels.permute(0, 2, 3, 1).cpu().numpy()
 
 
 def shifts_of(request: GenerationRequest) -> tuple[float | None, float | None]:
@@ -300,7 +308,7 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         blocks = self.blocks
         state = PipelineState()
         inputs = call_inputs(request, generator, int(pipe.audio_sampling_rate))
-        inputs["output_type"] = "np"
+        inputs["output_type"] = "pt"  # frames stay on the device until uint8 (decode)
         for param in blocks.inputs:  # as ModularPipeline.__call__ fills its state
             name = param.name
             if name is None:
@@ -368,11 +376,10 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         s.loop.set_block_state(pipe_state, s.block_state)
         components, pipe_state = s.core.sub_blocks["after_denoise"](s.components, pipe_state)
         components, pipe_state = self.blocks.sub_blocks["decode"](components, pipe_state)
-        videos = pipe_state.get("videos")
+        videos = pipe_state.get("videos")  # (1, T, 3, H, W) in [0, 1], on the device
         audio = pipe_state.get("audio")
-        frames = np.asarray(videos[0])
         return Media(
-            frames=to_uint8(frames),
+            frames=frames_uint8(videos[0]),
             fps=float(components.fps),
             audio=audio[0].float().cpu().numpy(),
             sample_rate=int(pipe_state.get("sampling_rate")),

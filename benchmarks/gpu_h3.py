@@ -17,8 +17,11 @@ many text rows as it has characters (70, the text refiner's length at this shape
 What is measured (keys of the JSON):
 * ``forward_eager_s`` / ``forward_compiled_s``: one transformer forward over the packed
   sequence (8,944 rows at this shape), median of ``--repeat``; ``compile_s`` the first.
-* ``h3_stack_over_raw``: the adapter's job (prepare, steps, decode) ÷ ``pipe(...)``, both
-  with the same compiled blocks, warm, median of ``--repeat`` each, alternated.
+* ``h3_stack_over_raw``: the adapter's job (prepare, steps, decode to uint8 frames on the
+  host) ÷ ``pipe(..., output_type="np")`` (float frames on the host), both with the same
+  compiled blocks, warm, median of ``--repeat`` each, alternated;
+  ``h3_stack_over_raw_device`` the same over ``output_type="pt"`` (frames left on the
+  GPU: diffusers' compute alone, the stricter ratio).
 * ``h3_stage_seconds``: prepare / denoise / decode / encode (H.264 + AAC with PyAV) /
   check (the output contract probe) of the stack's median run; upload is not in process.
 * ``fasth3_inprocess_e2e_s``: prepare → MP4 written and checked, warm (no HTTP, no S3).
@@ -164,13 +167,13 @@ def _request(args: argparse.Namespace, seed: int = 42) -> Any:
     )
 
 
-def _raw(pipe: Any, args: argparse.Namespace) -> float:
+def _raw(pipe: Any, args: argparse.Namespace, output_type: str = "np") -> float:
     from workers.pipelines.diffusers.common import make_generator
     from workers.pipelines.diffusers.minimax_h3 import call_inputs
 
     request = _request(args)
     start = _sync()
-    pipe(**call_inputs(request, make_generator(request.seed)), output_type="np")
+    pipe(**call_inputs(request, make_generator(request.seed)), output_type=output_type)
     return _sync() - start
 
 
@@ -266,7 +269,7 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=240, help="snapped up to 17n+5 (243)")
     p.add_argument("--steps", type=int, default=5, help="sigma points (5: 4 evaluations)")
     p.add_argument("--text-layers", type=int, default=4)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--cancels", type=int, default=20)
     args = p.parse_args()
     if args.tiny:
@@ -332,9 +335,10 @@ def main() -> None:
         first = _stack(adapter, args, Path(tmp))  # the first job after load (compiled above)
         gc.collect()
         warm = _mib()  # what a warm worker holds between jobs: the baseline
-        raws, stacks = [], []
+        raws, raws_pt, stacks = [], [], []
         for _ in range(args.repeat):
             raws.append(_raw(pipe, args))
+            raws_pt.append(_raw(pipe, args, "pt"))
             stacks.append(_stack(adapter, args, Path(tmp)))
     gc.collect()
     after_done = _mib()
@@ -342,8 +346,10 @@ def main() -> None:
     job = statistics.median(s["prepare"] + s["denoise"] + s["decode"] for s in stacks)
     out |= {
         "raw_pipe_s": [round(r, 3) for r in raws],
+        "raw_pipe_pt_s": [round(r, 3) for r in raws_pt],
         "stack_job_s": [round(s["prepare"] + s["denoise"] + s["decode"], 3) for s in stacks],
         "h3_stack_over_raw": round(job / statistics.median(raws), 4),
+        "h3_stack_over_raw_device": round(job / statistics.median(raws_pt), 4),
         "h3_stage_seconds": {k: round(v, 3) for k, v in median.items()},
         "fasth3_first_job_inprocess_s": round(first["total"], 2),
         "fasth3_inprocess_e2e_s": round(statistics.median(s["total"] for s in stacks), 3),

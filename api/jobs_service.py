@@ -85,7 +85,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         stored, created = self.insert(job, idempotency_key, before_insert)
         position = self.state.jobs.queue_positions([stored]).get(stored.id)
         if position is not None:  # here, in the thread pool: the wire object reads it
-            self.state.admission.estimates.figures(stored.model)
+            self.state.queue_bound.estimates.figures(stored.model)
         if created:
             self._dispatch(stored, position)
         elif stored.status == JobStatus.QUEUED:
@@ -116,7 +116,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
                 return _same_kind(existing, job), False
         if self.max_active_jobs:
             self.state.quotas.check_active(jobs, job.owner, self.max_active_jobs)
-        self.state.admission.admit(job)  # the model's default ttl; 429 queue_full
+        self.state.queue_bound.admit(job)  # the model's default ttl; 429 queue_full
         if before_insert is not None:
             try:
                 before_insert()
@@ -139,7 +139,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         serves both (``OMNIQ_REDIS__URL``): when the event cannot be published the broker
         is not tried (a stalled Redis costs one timeout, not four), and either failure
         refuses the create (503 ``broker_error``) with nothing of it left."""
-        eta = self.state.admission.estimates.estimated_start_at(job.model, position)
+        eta = self.state.queue_bound.estimates.estimated_start_at(job.model, position)
         event = StatusEvent(status="queued", queue_position=position, estimated_start_at=eta)
         published = False
         try:
@@ -235,7 +235,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         """The fields every job object shares (status, progress, times, error, …);
         a queued job's ``estimated_start_at`` (``api/queue_admission.py``)."""
         queued = job.status == JobStatus.QUEUED
-        estimates = self.state.admission.estimates
+        estimates = self.state.queue_bound.estimates
         eta = estimates.estimated_start_at(job.model, queue_position) if queued else None
         error = None
         if job.status == JobStatus.FAILED:

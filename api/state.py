@@ -92,7 +92,7 @@ class AppState:
     # Per-key quotas (creates per minute, active jobs, sessions): api/quotas.py.
     quotas: Quotas
     # Per-model queue bound, default ttl and estimated starts: api/queue_admission.py.
-    admission: QueueAdmission
+    queue_bound: QueueAdmission
     # Live /v1/realtime sessions of this process by id: a cache in front of session_states
     # (a duplex resume on the replica that serves the session needs no Redis read).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
@@ -146,7 +146,7 @@ class AppState:
             metrics=ApiMetrics(queue),
             webhooks=WebhookStore(sessions),
             quotas=Quotas(settings, aredis),
-            admission=queue_admission(jobs, bus.redis, served, settings.queue),
+            queue_bound=queue_admission(jobs, bus.redis, served, settings.queue),
         )
 
     async def aclose(self) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import ApiKey
 
-KEY_PREFIX = "oq-"
+SECRET_PREFIX = "oq-"  # an API key's secret starts with it (storage.constants.KEY_PREFIX is Redis')
 # The per-key quota columns a create or an update may set.
 QUOTA_FIELDS = ("creates_per_minute", "max_active_jobs", "max_sessions")
 
@@ -28,7 +28,7 @@ class ApiKeyStore:
     def create(self, name: str, **quotas: int | None) -> tuple[ApiKey, str]:
         """Create a key with its own ``quotas`` (:data:`QUOTA_FIELDS`; unset or None: the
         server default); returns the row and the secret, which is never stored."""
-        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        secret = SECRET_PREFIX + secrets.token_urlsafe(32)
         row = ApiKey(
             id="key_" + secrets.token_hex(8),
             name=name,

@@ -94,18 +94,49 @@ def test_cancel_from_the_page_frees_the_worker_and_the_list_pages(page: Page, up
     expect(more).to_be_hidden()
 
 
-def test_talk_with_a_wav_file_gets_an_answer_and_barge_in_cancels_it(page: Page, up: Up) -> None:
+def _speech(name: str, start_ms: int, end_ms: int | None = None) -> tuple[bytes, int]:
+    """The PCM16 frames of a speech fixture between two times, and its rate."""
+    with wave.open(str(SPEECH / name), "rb") as w:
+        rate = w.getframerate()
+        frames = w.readframes(w.getnframes())
+    width = 2  # mono PCM16
+    end = len(frames) if end_ms is None else end_ms * rate // 1000 * width
+    return frames[start_ms * rate // 1000 * width : end], rate
+
+
+def _write_wav(path: Path, parts: list[tuple[bytes, int]]) -> Path:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(parts[0][1])
+        w.writeframes(b"".join(pcm for pcm, _ in parts))
+    return path
+
+
+def test_talk_with_a_wav_file_gets_an_answer_and_barge_in_cancels_it(
+    page: Page, up: Up, tmp_path: Path
+) -> None:
+    # The reference voice answers 0.6 s + half the turn's length, in real time. With the
+    # fixtures as recorded (0.6 s of silence before the words) the interruption's speech
+    # was detected about when a 3 s question's answer had ended, and a loaded CI machine
+    # saw the answer complete first (nothing left to cancel). So the question is two
+    # sentences (a longer answer) and the interruption starts 0.1 s before its words.
+    question = _write_wav(
+        tmp_path / "question.wav",
+        [_speech("hello.wav", 0, 2100), _speech("weather.wav", 500)],
+    )
+    interruption = _write_wav(tmp_path / "stop_now.wav", [_speech("stop.wav", 500)])
     page.goto(up.url + "/#talk")
     talk = page.locator("#talk")
     talk.get_by_role("button", name="Connect", exact=True).click()
     expect(page.locator("#talk-conn")).to_have_text("open")
     wav = talk.get_by_label("WAV file")
-    wav.set_input_files(SPEECH / "hello.wav")
+    wav.set_input_files(question)
     talk.get_by_role("button", name="Send file").click()
     answer = page.locator("#talk-answer")
     expect(answer).to_have_attribute("data-state", "speaking", timeout=30_000)
     expect(page.locator("#talk-vad")).to_have_text("silence")
-    wav.set_input_files(SPEECH / "stop.wav")  # speak over the answer
+    wav.set_input_files(interruption)  # speak over the answer
     talk.get_by_role("button", name="Send file").click()
     expect(page.locator("#talk-log")).to_contain_text("cancelled (turn_detected)", timeout=30_000)
     expect(answer).to_have_text("completed", timeout=30_000)  # the answer to "stop…"

@@ -317,16 +317,15 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
                 state.set(name, inputs[name], param.kwargs_type)
             elif name not in state.values:
                 state.set(name, param.default, param.kwargs_type)
-        try:
-            for name in ("before_encode", "text_encoder", "vae_encoder"):
-                components, state = blocks.sub_blocks[name](components, state)
-            core = blocks.sub_blocks["denoise"].sub_blocks[workflow]
-            for name, block in core.sub_blocks.items():
-                if name in _AFTER_LOOP:
-                    continue
-                components, state = block(components, state)
-        except ValueError as exc:  # diffusers' checks of sizes, durations, references
-            raise InvalidJobInput(str(exc)) from exc
+        # The API checked sizes, durations and references before storing the job; a
+        # diffusers ValueError here is a bug, so it fails as internal_error, its text logged.
+        for name in ("before_encode", "text_encoder", "vae_encoder"):
+            components, state = blocks.sub_blocks[name](components, state)
+        core = blocks.sub_blocks["denoise"].sub_blocks[workflow]
+        for name, block in core.sub_blocks.items():
+            if name in _AFTER_LOOP:
+                continue
+            components, state = block(components, state)
         loop = core.sub_blocks["denoise"]
         block_state = loop.get_block_state(state)
         timesteps = block_state.timesteps

@@ -1,5 +1,6 @@
-"""Shared pieces of the diffusers adapters: loading, per-job RNG and scheduler, guidance,
-VAE options, postprocessing and previews.
+"""Shared pieces of the diffusers adapters: per-job RNG and scheduler, guidance, VAE
+options, postprocessing, previews, and the adapter base class (loading helpers:
+``loading.py``).
 
 Every adapter drives a diffusers pipeline with its own step loop: ``prepare`` mirrors what
 the pipeline's ``__call__`` does before its denoising loop, ``step`` one loop iteration,
@@ -14,7 +15,6 @@ import contextlib
 import copy
 import inspect
 import logging
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar, cast, get_args
@@ -25,78 +25,19 @@ import torch
 from models.catalog import FAMILY_SPECS, CompileMode, ModelSpec, ServedModel, WarmupShape
 from models.errors import InvalidJobInput, InvalidLora
 from workers.parallel import Parallel
-from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, checkpoint
+from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
 from workers.pipelines.blocks import BlockGate
 from workers.pipelines.diffusers import cache_tiers
 from workers.pipelines.diffusers.compiled import BlockCompiler, graphs_made
+from workers.pipelines.diffusers.loading import (
+    DTYPE_KWARG,
+    install_checkpoints,
+    own_weights,
+    parse_dtype,
+)
 from workers.pipelines.diffusers.lora import LoraCache
 
 log = logging.getLogger(__name__)
-
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-}
-
-
-def _dtype_kwarg() -> str:
-    """``from_pretrained``'s dtype argument: ``dtype`` since diffusers deprecated
-    ``torch_dtype`` (0.42 warns on it), ``torch_dtype`` on older releases."""
-    from diffusers.utils import deprecation_utils
-
-    return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
-
-
-_HOOKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
-
-
-def _checkpoint_hook(module: torch.nn.Module, args: Any) -> None:
-    checkpoint()
-
-
-def _install_checkpoints(pipe: Any) -> None:
-    """Cancel points inside prepare and decode: a forward pre-hook calling ``checkpoint()``
-    on every block (each element of a ``ModuleList``) of the text encoders, VAEs and
-    vocoders. The denoiser's blocks get a :class:`BlockGate` instead (``load``). Outside a
-    job's prepare/decode the hook is one context-variable read."""
-    for name, component in pipe.components.items():
-        if not isinstance(component, torch.nn.Module) or name.startswith(("transformer", "unet")):
-            continue
-        if component in _HOOKED:
-            continue
-        for module in component.modules():
-            if isinstance(module, torch.nn.ModuleList):
-                for block in module:
-                    block.register_forward_pre_hook(_checkpoint_hook)
-        _HOOKED.add(component)
-
-
-def _own_weights(pipe: Any) -> None:
-    """Copy every weight of a loaded pipeline into memory of its own. On the CPU the
-    loaders leave tensors in the memory-mapped safetensors file at offsets that need not
-    be 64-byte aligned, and a misaligned weight makes the SIMD kernels round differently
-    (and run slower): the same weights then give different latents than in memory.
-    (``.to("cuda")`` copies anyway.)"""
-    for component in pipe.components.values():
-        if isinstance(component, torch.nn.Module):
-            for tensor in [*component.parameters(), *component.buffers()]:
-                tensor.data = tensor.data.clone()
-
-
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
-    """``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"``, ``"float32"``/``"fp32"`` → dtype."""
-    if isinstance(name, torch.dtype):
-        return name
-    key = name.strip().lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise ValueError(f"unknown dtype {name!r} (use bfloat16, float16 or float32)")
-    return _DTYPES[key]
 
 
 def make_generator(seed: int, device: str | torch.device = "cpu") -> torch.Generator:
@@ -273,9 +214,6 @@ def decode_video(pipe: Any, request: GenerationRequest, *latents: Any) -> np.nda
 S = TypeVar("S", bound=DiffusersState)
 
 
-_DTYPE_KWARG = _dtype_kwarg()
-
-
 class DiffusersAdapter(Pipeline, Generic[S]):
     """Common loading and the :class:`Pipeline` calls, run without autograd on the loaded
     pipe and the adapter's own state class; subclasses implement ``_prepare`` (what
@@ -371,7 +309,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         if self.pipe is None:
             self.pipe = self._from_pretrained()
             if torch.device(device).type == "cpu":
-                _own_weights(self.pipe)
+                own_weights(self.pipe)
         if not isinstance(self.pipe, self.pipeline_class):
             raise TypeError(
                 f"{type(self).__name__} drives {self.pipeline_class.__name__}, "
@@ -381,7 +319,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         self.device = torch.device(device)
         if self.lora is not None:
             self.lora.install(self.pipe)
-        _install_checkpoints(self.pipe)
+        install_checkpoints(self.pipe)
         self.gate.device = self.device
         self.gate.install(self.pipe)
         offered = set(cache_tiers.family_tiers(self.family))
@@ -397,7 +335,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
     def _from_pretrained(self) -> Any:
         """The pipeline of ``path`` (a modular pipeline's adapter loads its own way)."""
         return self.pipeline_class.from_pretrained(
-            self.path, local_files_only=True, **{_DTYPE_KWARG: self.dtype}
+            self.path, local_files_only=True, **{DTYPE_KWARG: self.dtype}
         )
 
     def warm_up(self) -> None:

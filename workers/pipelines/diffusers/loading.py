@@ -1,0 +1,80 @@
+"""Loading a diffusers pipeline for an adapter: the dtype names a registry entry may use,
+``from_pretrained``'s dtype argument, weights copied out of memory-mapped files on the CPU,
+and cancel points between the blocks of the text encoders, VAEs and vocoders."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from workers.pipelines.base import checkpoint
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def _dtype_kwarg() -> str:
+    """``from_pretrained``'s dtype argument: ``dtype`` since diffusers deprecated
+    ``torch_dtype`` (0.42 warns on it), ``torch_dtype`` on older releases."""
+    from diffusers.utils import deprecation_utils
+
+    return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
+
+
+_HOOKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def _checkpoint_hook(module: torch.nn.Module, args: Any) -> None:
+    checkpoint()
+
+
+def install_checkpoints(pipe: Any) -> None:
+    """Cancel points inside prepare and decode: a forward pre-hook calling ``checkpoint()``
+    on every block (each element of a ``ModuleList``) of the text encoders, VAEs and
+    vocoders. The denoiser's blocks get a :class:`BlockGate` instead (``load``). Outside a
+    job's prepare/decode the hook is one context-variable read."""
+    for name, component in pipe.components.items():
+        if not isinstance(component, torch.nn.Module) or name.startswith(("transformer", "unet")):
+            continue
+        if component in _HOOKED:
+            continue
+        for module in component.modules():
+            if isinstance(module, torch.nn.ModuleList):
+                for block in module:
+                    block.register_forward_pre_hook(_checkpoint_hook)
+        _HOOKED.add(component)
+
+
+def own_weights(pipe: Any) -> None:
+    """Copy every weight of a loaded pipeline into memory of its own. On the CPU the
+    loaders leave tensors in the memory-mapped safetensors file at offsets that need not
+    be 64-byte aligned, and a misaligned weight makes the SIMD kernels round differently
+    (and run slower): the same weights then give different latents than in memory.
+    (``.to("cuda")`` copies anyway.)"""
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            for tensor in [*component.parameters(), *component.buffers()]:
+                tensor.data = tensor.data.clone()
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """``"bfloat16"``/``"bf16"``, ``"float16"``/``"fp16"``, ``"float32"``/``"fp32"`` → dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = name.strip().lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r} (use bfloat16, float16 or float32)")
+    return _DTYPES[key]
+
+
+DTYPE_KWARG = _dtype_kwarg()

@@ -15,6 +15,7 @@ from PIL import Image
 
 from models.errors import InvalidJobInput
 from models.job_specs import ReferenceInput
+from workers.audio_media import decode_audio
 from workers.pipelines.base import MediaReference
 
 
@@ -40,16 +41,16 @@ def decode_reference(kind: str, data: bytes, param: str) -> MediaReference:
         if kind == "image":
             with Image.open(io.BytesIO(data)) as img:
                 return MediaReference(kind="image", frames=np.asarray(img.convert("RGB")))
-        with av.open(io.BytesIO(data), mode="r") as container:
-            if kind == "video":
-                return _video(container)
-            audio, rate = _audio(container)
+        if kind == "audio":
+            audio, rate = decode_audio(io.BytesIO(data))
             return MediaReference(kind="audio", audio=audio, sample_rate=rate)
+        with av.open(io.BytesIO(data), mode="r") as container:
+            return _video(container, data)
     except (av.error.FFmpegError, OSError, ValueError) as exc:
         raise InvalidJobInput(f"{param} could not be decoded", param=param) from exc
 
 
-def _video(container: av.container.InputContainer) -> MediaReference:
+def _video(container: av.container.InputContainer, data: bytes) -> MediaReference:
     stream = container.streams.video[0]
     frames, rotation = [], 0.0
     for frame in container.decode(stream):
@@ -63,21 +64,6 @@ def _video(container: av.container.InputContainer) -> MediaReference:
     if turns:
         video = np.ascontiguousarray(np.rot90(video, k=-turns, axes=(1, 2)))
     audio = rate = None
-    if container.streams.audio:
-        container.seek(0)
-        audio, rate = _audio(container)
+    if container.streams.audio:  # its soundtrack, decoded as audio jobs' files are
+        audio, rate = decode_audio(io.BytesIO(data))
     return MediaReference(kind="video", frames=video, fps=fps, audio=audio, sample_rate=rate)
-
-
-def _audio(container: av.container.InputContainer) -> tuple[np.ndarray, int]:
-    """The first audio stream as float32 (channels, samples) at its own rate."""
-    stream = container.streams.audio[0]
-    rate = int(stream.codec_context.sample_rate)
-    resampler = av.audio.resampler.AudioResampler(format="fltp", layout=stream.layout, rate=rate)
-    chunks = []
-    for frame in container.decode(stream):
-        chunks += [r.to_ndarray() for r in resampler.resample(frame)]
-    chunks += [r.to_ndarray() for r in resampler.resample(None)]
-    if not chunks:
-        raise ValueError("no audio samples")
-    return np.concatenate(chunks, axis=-1).astype(np.float32), rate

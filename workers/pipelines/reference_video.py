@@ -26,7 +26,7 @@ dropped from the prompt. Same request and seed give bit-identical frames and aud
 (on one machine and torch thread count: SIMD paths may round differently elsewhere).
 
 Scene, renderer, soundtrack and the stand-in latent space are the public
-``workers/pipelines/procedural.py``, shared with ``reference/world``.
+``workers/pipelines/procedural/``, shared with ``reference/world``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ and renderer, and adds what a world model session needs:
   were active and completed in each chunk (``events_for_chunk``).
 
 It implements :class:`workers.pipelines.base.WorldPipeline` and draws scenes with the
-public ``workers/pipelines/procedural.py``. All per-session state lives in
+public ``workers/pipelines/procedural/``. All per-session state lives in
 :class:`WorldState`, so sessions share one pipeline. See ``docs/reference-world.md``.
 """
 

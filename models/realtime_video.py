@@ -7,20 +7,15 @@ Control messages are JSON text frames with a ``type``; every
 ``video.chunk_metadata`` is followed by exactly one binary frame (an fMP4 fragment,
 the first one carrying the ``ftyp``+``moov`` init segment).
 
-Also here, pure: the ``error.code`` values (``VideoErrorCode``), the resolution of a
-``session.start`` into the rollout it asks for (``resolve_start``), and the one copy of
-the world model's camera-block check (``camera_block_problem``) and chunk arithmetic,
-which the reference world pipeline imports:
-3 latent frames per generation chunk, temporal compression 4, the first latent frame
-decoded to a single pixel frame — so chunk 0 holds 9 pixel frames and every later
-chunk 12, and ``frames_for_chunks(16) == 189``.
+Also here: the ``error.code`` values (``VideoErrorCode``). Beside it, pure as well:
+:mod:`models.realtime_video_start` resolves a ``session.start`` into the rollout it asks
+for, and :mod:`models.realtime_video_chunks` holds the chunk arithmetic and the
+camera-block check.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -33,17 +28,11 @@ from pydantic import (
     model_validator,
 )
 
-from models.errors import StartRejected
-
-LATENT_FRAMES_PER_CHUNK = 3
-TEMPORAL_COMPRESSION = 4
-CAMERA_KEYS = ("w", "a", "s", "d")
+from models.realtime_video_chunks import CameraActions, is_camera_block
 
 VideoFormat = Literal["m4s"]
 # "init": the fMP4 init segment (ftyp+moov) alone, first on a resumed socket
 ChunkKind = Literal["media", "trailer", "init"]
-# one chunk's camera actions: one list of pressed keys per latent frame (three of them)
-CameraActions = list[list[str]]
 
 
 def _not_bool(value: Any) -> Any:
@@ -60,30 +49,6 @@ _Count = Annotated[int, _NoBool, Field(ge=0, le=2**53)]
 _Seed = Annotated[int, _NoBool, Field(ge=-(2**63), lt=2**63)]
 _Float = Annotated[float, _NoBool, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
 _Positive = Annotated[float, _NoBool, Field(gt=0, le=1e6, allow_inf_nan=False)]
-
-
-def chunks_for_frames(num_frames: int) -> int:
-    """Generation chunks rolled out for ``num_frames`` pixel frames (0 when too few)."""
-    if num_frames < 1:
-        raise ValueError("num_frames must be at least 1")
-    latent = (num_frames - 1) // TEMPORAL_COMPRESSION + 1
-    return latent // LATENT_FRAMES_PER_CHUNK
-
-
-def frames_for_chunks(chunks: int) -> int:
-    """Pixel frames of a rollout of exactly ``chunks`` chunks (inverse of the above)."""
-    if chunks < 1:
-        raise ValueError("chunks must be at least 1")
-    return (chunks * LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1
-
-
-def frames_in_chunk(index: int) -> int:
-    """Pixel frames carried by generation chunk ``index``: 9 for the first, then 12."""
-    if index < 0:
-        raise ValueError("index must be non-negative")
-    if index == 0:
-        return (LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1
-    return LATENT_FRAMES_PER_CHUNK * TEMPORAL_COMPRESSION
 
 
 # ---------------------------------------------------------------- client → server
@@ -317,7 +282,7 @@ ServerEvent = Annotated[
 ]
 
 
-# ---------------------------------------------------------------- codes and resolution
+# ---------------------------------------------------------------- error codes
 
 
 class VideoErrorCode(enum.StrEnum):
@@ -357,157 +322,8 @@ class VideoErrorCode(enum.StrEnum):
     SESSION_TAKEN_OVER = "session_taken_over"
 
 
-@dataclass(frozen=True)
-class StartLimits:
-    """What one served model (``ModelSpec``) and the server allow a session to ask for."""
-
-    max_width: int = 1920
-    max_height: int = 1920
-    max_frames: int | None = None
-    max_fps: float | None = None
-
-
 def describe_error(exc: ValidationError) -> str:
     """``where: what`` of the first error, for an ``error`` event."""
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "message"
     return f"{where}: {first['msg']}"
-
-
-def camera_block_problem(block: Any, name: str) -> str | None:
-    """What is wrong with one chunk's camera actions ``block``, named ``name`` in the
-    message; None when nothing is. A block is a list of exactly three lists (one per
-    latent frame) of keys from ``w a s d``; ``[[], [], []]`` holds the camera. The one
-    check of the API (``session.start``, ``session.interaction``) and of the reference
-    world pipeline (``workers/pipelines/reference_world.py``)."""
-    if not isinstance(block, list | tuple) or len(block) != LATENT_FRAMES_PER_CHUNK:
-        got = f"{len(block)} items" if isinstance(block, list | tuple) else repr(block)
-        return (
-            f"{name} must be a list of {LATENT_FRAMES_PER_CHUNK} per-latent-frame "
-            f"action lists, got {got}"
-        )
-    for j, actions in enumerate(block):
-        if not isinstance(actions, list | tuple):
-            return f"{name}[{j}] must be a list of actions, got {actions!r}"
-        for action in actions:
-            if action not in CAMERA_KEYS:
-                return f"{name}[{j}] has unknown action {action!r}; use 'w', 'a', 's', 'd'"
-    return None
-
-
-def is_camera_block(actions: Any) -> bool:
-    """One chunk's camera actions: three key lists drawn from w/a/s/d."""
-    return camera_block_problem(actions, "camera") is None
-
-
-@dataclass(frozen=True)
-class StartRules:
-    """What :func:`resolve_start` resolves a ``session.start`` against: the defaults of
-    what it leaves out, the models it may name, and the caps."""
-
-    default_width: int = 832
-    default_height: int = 480
-    default_fps: float = 16.0
-    default_num_frames: int = 81
-    max_chunks: int | None = None
-    models: Collection[str] | None = None  # accepted ``model`` values; None: any
-    # the model a start without ``model`` gets, and each model's caps (``max_frames``…)
-    default_model: str | None = None
-    model_limits: Mapping[str, StartLimits] = field(default_factory=dict)
-    # the longest rollout (``num_frames / fps``) the server serves; None: no limit
-    max_session_s: float | None = None
-
-
-def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionStart, VideoConfig]:
-    """Validate a ``session.start`` and resolve its rollout; raises ``StartRejected``.
-
-    Explicit fields win over ``size`` / ``seconds``, which win over the defaults;
-    ``num_frames`` is rounded down to whole chunks; ``rules.model_limits`` of
-    ``start.model`` (or ``rules.default_model``) cap it.
-    """
-    C = VideoErrorCode
-    try:
-        start = SessionStart.model_validate(message)
-    except ValidationError as exc:
-        loc, code = exc.errors()[0]["loc"], C.INVALID_REQUEST
-        if loc[:1] == ("format",):
-            code = C.UNSUPPORTED_FORMAT
-        elif loc[:2] == ("extra_params", "camera_action_script"):
-            code = C.INVALID_CAMERA_ACTION_SCRIPT
-        elif loc[:1] == ("image_reference",):
-            code = C.INVALID_IMAGE_REFERENCE
-        elif loc[:1] in (("width",), ("height",), ("size",)):
-            code = C.INVALID_SIZE
-        elif loc[:1] in (("num_frames",), ("seconds",)):
-            code = C.INVALID_NUM_FRAMES
-        param = ".".join(str(part) for part in loc) or None
-        detail = f"Invalid session.start: {describe_error(exc)}"
-        raise StartRejected(code, detail, param) from None
-    if rules.models is not None and start.model is not None and start.model not in rules.models:
-        raise StartRejected(C.MODEL_NOT_FOUND, f"unknown model {start.model!r}", "model")
-    model = start.model or rules.default_model
-    limits = rules.model_limits.get(model or "", StartLimits())
-    width, height = start.width, start.height
-    size_param = "size"
-    if start.size is not None and (width is None or height is None):
-        w, sep, h = start.size.lower().partition("x")
-        if not (sep and _ascii_digits(w) and _ascii_digits(h)) or len(w) > 5 or len(h) > 5:
-            raise StartRejected(C.INVALID_SIZE, "size must be WIDTHxHEIGHT", "size")
-        width, height = int(w) if width is None else width, int(h) if height is None else height
-    else:
-        size_param = "width" if start.width is not None else "height"
-    width = rules.default_width if width is None else width
-    height = rules.default_height if height is None else height
-    if width <= 0 or height <= 0 or width % 16 or height % 16:
-        detail = "width and height must be positive multiples of 16"
-        raise StartRejected(C.INVALID_SIZE, detail, size_param)
-    if width > limits.max_width or height > limits.max_height:
-        detail = f"{model} renders at most {limits.max_width}x{limits.max_height}"
-        raise StartRejected(C.INVALID_SIZE, detail, size_param)
-    fps = start.fps or rules.default_fps
-    if limits.max_fps is not None and fps > limits.max_fps:
-        raise StartRejected(C.INVALID_REQUEST, f"fps must be at most {limits.max_fps:g}", "fps")
-    num_frames, frames_param = start.num_frames, "num_frames"
-    if num_frames is None and start.seconds is not None:
-        num_frames, frames_param = round(start.seconds * fps), "seconds"
-    num_frames = rules.default_num_frames if num_frames is None else num_frames
-    chunks = chunks_for_frames(num_frames) if num_frames >= 1 else 0
-    if chunks < 1:
-        detail = "num_frames must be at least 9 (one chunk)"
-        raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
-    top = _max_chunks(rules.max_chunks, limits.max_frames, rules.max_session_s, fps)
-    if top is not None and chunks > top:
-        most = frames_for_chunks(top) if top else 0
-        detail = f"num_frames must be at most {most} at {fps:g} fps"
-        detail += " (the model's max_frames and the server's session time limit)"
-        raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
-    script = start.extra_params.camera_action_script
-    script_param = "extra_params.camera_action_script"
-    if script is not None and len(script) != chunks:
-        detail = f"camera_action_script needs one entry per chunk ({chunks}), got {len(script)}"
-        raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, script_param)
-    for index, actions in enumerate(script or ()):
-        if not is_camera_block(actions):
-            detail = f"camera_action_script[{index}] must be three lists of w/a/s/d"
-            raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, f"{script_param}.{index}")
-    image = start.image_reference
-    if image is not None and not image.image_url.startswith(("http://", "https://", "data:")):
-        detail = "image_url must be an http(s) or data: URL"
-        raise StartRejected(C.INVALID_IMAGE_REFERENCE, detail, "image_reference.image_url")
-    frames = frames_for_chunks(chunks)
-    return start, VideoConfig(width=width, height=height, fps=fps, num_frames=frames, chunks=chunks)
-
-
-def _ascii_digits(text: str) -> bool:
-    return text.isascii() and text.isdigit()
-
-
-def _max_chunks(
-    max_chunks: int | None, max_frames: int | None, max_session_s: float | None, fps: float
-) -> int | None:
-    """The most chunks allowed by every cap given (None: no cap)."""
-    caps = [] if max_chunks is None else [max_chunks]
-    for frames in (max_frames, None if max_session_s is None else int(max_session_s * fps)):
-        if frames is not None:
-            caps.append(chunks_for_frames(frames) if frames >= 1 else 0)
-    return min(caps) if caps else None

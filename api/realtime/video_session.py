@@ -34,7 +34,8 @@ from api.realtime.broker import BROKER_ERRORS, bounded
 from api.realtime.relay import Relay, SessionHost
 from api.realtime.video_resume import VideoResumeRecord, take_over
 from models.errors import OmniqueueError
-from models.realtime_video import SessionResume, StartLimits, VideoErrorCode
+from models.realtime_video import SessionResume, VideoErrorCode
+from models.realtime_video_start import StartLimits
 from models.session_bus import (
     ChunkOutput,
     FailedOutput,

@@ -30,7 +30,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from models.realtime_video import frames_in_chunk
+from models.realtime_video_chunks import frames_in_chunk
 from tests.cluster.cluster import API_HOSTS, Cluster
 from tests.helpers import world_session_start
 

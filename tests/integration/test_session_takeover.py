@@ -26,7 +26,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from models.realtime_video import frames_in_chunk
+from models.realtime_video_chunks import frames_in_chunk
 from tests.helpers import world_session_start
 from tests.integration.test_up import Up, _alive, _api_pids, _listening_ports
 from workers.ports import free_port, reserve_ports

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from models.realtime_video import VideoConfig, frames_in_chunk
+from models.realtime_video import VideoConfig
+from models.realtime_video_chunks import frames_in_chunk
 from models.session_bus import ChunkOutput
 from realtime.fmp4_split import NotFragmented, split_init
 from realtime.video_protocol import (

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from models.realtime_video import chunks_for_frames, frames_for_chunks, frames_in_chunk
+from models.realtime_video_chunks import chunks_for_frames, frames_for_chunks, frames_in_chunk
 from models.session_bus import ChunkOutput
 from realtime.video_protocol import (
     CLOSE_INTERNAL,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from models.realtime_video import StartLimits
+from models.realtime_video_start import StartLimits
 from realtime.video_protocol import (
     CLOSE_POLICY,
     StartRequested,

@@ -9,10 +9,8 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from models.realtime_video import (
-    ServerEvent,
-    frames_in_chunk,
-)
+from models.realtime_video import ServerEvent
+from models.realtime_video_chunks import frames_in_chunk
 from models.session_bus import ChunkOutput
 from realtime.video_protocol import (
     StartRequested,

@@ -6,7 +6,7 @@ reuses reference/video's scene (prompt words and seed pick sky, terrain, palette
 and renderer, and adds what a world model session needs:
 
 * **Chunks.** A session of ``num_frames`` frames is cut the way the LingBot-World server
-  cuts it (the arithmetic lives in ``models/realtime_video.py``, which the API resolves
+  cuts it (the arithmetic lives in ``models/realtime_video_chunks.py``, which the API resolves
   ``session.start`` with): 3 latent frames per chunk, temporal compression 4, so
   ``chunks = ((num_frames - 1) // 4 + 1) // 3``; chunk 0 holds 9 frames, every later
   chunk 12, ``(chunks * 3 - 1) * 4 + 1`` frames in all (``num_frames`` is rounded down to
@@ -40,7 +40,7 @@ import torch
 
 from models.catalog import REFERENCE_WORLD
 from models.errors import InvalidJobInput
-from models.realtime_video import (
+from models.realtime_video_chunks import (
     CAMERA_KEYS,
     LATENT_FRAMES_PER_CHUNK,
     TEMPORAL_COMPRESSION,

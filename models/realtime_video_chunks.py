@@ -1,0 +1,70 @@
+"""Rollout arithmetic of ``WS /v1/realtime/video`` (streaming world-model video), pure.
+
+The one copy of the world model's chunk arithmetic and camera-block check, which the API
+(:mod:`models.realtime_video`, :mod:`models.realtime_video_start`) and the reference world
+pipeline (``workers/pipelines/reference_world.py``) import:
+3 latent frames per generation chunk, temporal compression 4, the first latent frame
+decoded to a single pixel frame — so chunk 0 holds 9 pixel frames and every later
+chunk 12, and ``frames_for_chunks(16) == 189``. A chunk's camera actions are one list of
+pressed keys (``w a s d``) per latent frame.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LATENT_FRAMES_PER_CHUNK = 3
+TEMPORAL_COMPRESSION = 4
+CAMERA_KEYS = ("w", "a", "s", "d")
+# one chunk's camera actions: one list of pressed keys per latent frame (three of them)
+CameraActions = list[list[str]]
+
+
+def chunks_for_frames(num_frames: int) -> int:
+    """Generation chunks rolled out for ``num_frames`` pixel frames (0 when too few)."""
+    if num_frames < 1:
+        raise ValueError("num_frames must be at least 1")
+    latent = (num_frames - 1) // TEMPORAL_COMPRESSION + 1
+    return latent // LATENT_FRAMES_PER_CHUNK
+
+
+def frames_for_chunks(chunks: int) -> int:
+    """Pixel frames of a rollout of exactly ``chunks`` chunks (inverse of the above)."""
+    if chunks < 1:
+        raise ValueError("chunks must be at least 1")
+    return (chunks * LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1
+
+
+def frames_in_chunk(index: int) -> int:
+    """Pixel frames carried by generation chunk ``index``: 9 for the first, then 12."""
+    if index < 0:
+        raise ValueError("index must be non-negative")
+    if index == 0:
+        return (LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1
+    return LATENT_FRAMES_PER_CHUNK * TEMPORAL_COMPRESSION
+
+
+def camera_block_problem(block: Any, name: str) -> str | None:
+    """What is wrong with one chunk's camera actions ``block``, named ``name`` in the
+    message; None when nothing is. A block is a list of exactly three lists (one per
+    latent frame) of keys from ``w a s d``; ``[[], [], []]`` holds the camera. The one
+    check of the API (``session.start``, ``session.interaction``) and of the reference
+    world pipeline (``workers/pipelines/reference_world.py``)."""
+    if not isinstance(block, list | tuple) or len(block) != LATENT_FRAMES_PER_CHUNK:
+        got = f"{len(block)} items" if isinstance(block, list | tuple) else repr(block)
+        return (
+            f"{name} must be a list of {LATENT_FRAMES_PER_CHUNK} per-latent-frame "
+            f"action lists, got {got}"
+        )
+    for j, actions in enumerate(block):
+        if not isinstance(actions, list | tuple):
+            return f"{name}[{j}] must be a list of actions, got {actions!r}"
+        for action in actions:
+            if action not in CAMERA_KEYS:
+                return f"{name}[{j}] has unknown action {action!r}; use 'w', 'a', 's', 'd'"
+    return None
+
+
+def is_camera_block(actions: Any) -> bool:
+    """One chunk's camera actions: three key lists drawn from w/a/s/d."""
+    return camera_block_problem(actions, "camera") is None

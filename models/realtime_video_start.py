@@ -1,0 +1,141 @@
+"""The resolution of a ``WS /v1/realtime/video`` ``session.start`` into the rollout it
+asks for (pure): :func:`resolve_start` validates the message against the wire schema
+(:class:`~models.realtime_video.SessionStart`), fills what it leaves out from
+:class:`StartRules` and caps it with the named model's :class:`StartLimits`; a refusal is
+a :class:`~models.errors.StartRejected` with the ``error.code`` and ``param`` to send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from models.errors import StartRejected
+from models.realtime_video import SessionStart, VideoConfig, VideoErrorCode, describe_error
+from models.realtime_video_chunks import chunks_for_frames, frames_for_chunks, is_camera_block
+
+
+@dataclass(frozen=True)
+class StartLimits:
+    """What one served model (``ModelSpec``) and the server allow a session to ask for."""
+
+    max_width: int = 1920
+    max_height: int = 1920
+    max_frames: int | None = None
+    max_fps: float | None = None
+
+
+@dataclass(frozen=True)
+class StartRules:
+    """What :func:`resolve_start` resolves a ``session.start`` against: the defaults of
+    what it leaves out, the models it may name, and the caps."""
+
+    default_width: int = 832
+    default_height: int = 480
+    default_fps: float = 16.0
+    default_num_frames: int = 81
+    max_chunks: int | None = None
+    models: Collection[str] | None = None  # accepted ``model`` values; None: any
+    # the model a start without ``model`` gets, and each model's caps (``max_frames``…)
+    default_model: str | None = None
+    model_limits: Mapping[str, StartLimits] = field(default_factory=dict)
+    # the longest rollout (``num_frames / fps``) the server serves; None: no limit
+    max_session_s: float | None = None
+
+
+def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionStart, VideoConfig]:
+    """Validate a ``session.start`` and resolve its rollout; raises ``StartRejected``.
+
+    Explicit fields win over ``size`` / ``seconds``, which win over the defaults;
+    ``num_frames`` is rounded down to whole chunks; ``rules.model_limits`` of
+    ``start.model`` (or ``rules.default_model``) cap it.
+    """
+    C = VideoErrorCode
+    try:
+        start = SessionStart.model_validate(message)
+    except ValidationError as exc:
+        loc, code = exc.errors()[0]["loc"], C.INVALID_REQUEST
+        if loc[:1] == ("format",):
+            code = C.UNSUPPORTED_FORMAT
+        elif loc[:2] == ("extra_params", "camera_action_script"):
+            code = C.INVALID_CAMERA_ACTION_SCRIPT
+        elif loc[:1] == ("image_reference",):
+            code = C.INVALID_IMAGE_REFERENCE
+        elif loc[:1] in (("width",), ("height",), ("size",)):
+            code = C.INVALID_SIZE
+        elif loc[:1] in (("num_frames",), ("seconds",)):
+            code = C.INVALID_NUM_FRAMES
+        param = ".".join(str(part) for part in loc) or None
+        detail = f"Invalid session.start: {describe_error(exc)}"
+        raise StartRejected(code, detail, param) from None
+    if rules.models is not None and start.model is not None and start.model not in rules.models:
+        raise StartRejected(C.MODEL_NOT_FOUND, f"unknown model {start.model!r}", "model")
+    model = start.model or rules.default_model
+    limits = rules.model_limits.get(model or "", StartLimits())
+    width, height = start.width, start.height
+    size_param = "size"
+    if start.size is not None and (width is None or height is None):
+        w, sep, h = start.size.lower().partition("x")
+        if not (sep and _ascii_digits(w) and _ascii_digits(h)) or len(w) > 5 or len(h) > 5:
+            raise StartRejected(C.INVALID_SIZE, "size must be WIDTHxHEIGHT", "size")
+        width, height = int(w) if width is None else width, int(h) if height is None else height
+    else:
+        size_param = "width" if start.width is not None else "height"
+    width = rules.default_width if width is None else width
+    height = rules.default_height if height is None else height
+    if width <= 0 or height <= 0 or width % 16 or height % 16:
+        detail = "width and height must be positive multiples of 16"
+        raise StartRejected(C.INVALID_SIZE, detail, size_param)
+    if width > limits.max_width or height > limits.max_height:
+        detail = f"{model} renders at most {limits.max_width}x{limits.max_height}"
+        raise StartRejected(C.INVALID_SIZE, detail, size_param)
+    fps = start.fps or rules.default_fps
+    if limits.max_fps is not None and fps > limits.max_fps:
+        raise StartRejected(C.INVALID_REQUEST, f"fps must be at most {limits.max_fps:g}", "fps")
+    num_frames, frames_param = start.num_frames, "num_frames"
+    if num_frames is None and start.seconds is not None:
+        num_frames, frames_param = round(start.seconds * fps), "seconds"
+    num_frames = rules.default_num_frames if num_frames is None else num_frames
+    chunks = chunks_for_frames(num_frames) if num_frames >= 1 else 0
+    if chunks < 1:
+        detail = "num_frames must be at least 9 (one chunk)"
+        raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
+    top = _max_chunks(rules.max_chunks, limits.max_frames, rules.max_session_s, fps)
+    if top is not None and chunks > top:
+        most = frames_for_chunks(top) if top else 0
+        detail = f"num_frames must be at most {most} at {fps:g} fps"
+        detail += " (the model's max_frames and the server's session time limit)"
+        raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
+    script = start.extra_params.camera_action_script
+    script_param = "extra_params.camera_action_script"
+    if script is not None and len(script) != chunks:
+        detail = f"camera_action_script needs one entry per chunk ({chunks}), got {len(script)}"
+        raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, script_param)
+    for index, actions in enumerate(script or ()):
+        if not is_camera_block(actions):
+            detail = f"camera_action_script[{index}] must be three lists of w/a/s/d"
+            raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, f"{script_param}.{index}")
+    image = start.image_reference
+    if image is not None and not image.image_url.startswith(("http://", "https://", "data:")):
+        detail = "image_url must be an http(s) or data: URL"
+        raise StartRejected(C.INVALID_IMAGE_REFERENCE, detail, "image_reference.image_url")
+    frames = frames_for_chunks(chunks)
+    return start, VideoConfig(width=width, height=height, fps=fps, num_frames=frames, chunks=chunks)
+
+
+def _ascii_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _max_chunks(
+    max_chunks: int | None, max_frames: int | None, max_session_s: float | None, fps: float
+) -> int | None:
+    """The most chunks allowed by every cap given (None: no cap)."""
+    caps = [] if max_chunks is None else [max_chunks]
+    for frames in (max_frames, None if max_session_s is None else int(max_session_s * fps)):
+        if frames is not None:
+            caps.append(chunks_for_frames(frames) if frames >= 1 else 0)
+    return min(caps) if caps else None

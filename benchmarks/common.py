@@ -1,8 +1,6 @@
-"""What the benchmark scripts share: their argument parser, percentile summaries and an
-embedded stack.
-
-Scripts put the repository root on ``sys.path`` and ``from benchmarks.common import …``.
-"""
+"""What the benchmark scripts share: their argument parser, percentile summaries, the
+machine they ran on, the JSON at the end. (``omniqueue up`` as a child process, which the
+browser tests use too, is ``tests/embedded_up.py``.)"""
 
 from __future__ import annotations
 
@@ -10,16 +8,9 @@ import argparse
 import json
 import os
 import platform
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from workers.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,50 +46,6 @@ def summary(values: list[float], digits: int = 1) -> dict[str, float] | None:
         "p99": round(pct(values, 0.99), digits),
         "max": round(max(values), digits),
     }
-
-
-def start_up(
-    data_dir: Path,
-    *,
-    env: dict[str, str],
-    args: Sequence[str] = (),
-    log: Path | None = None,
-) -> tuple[subprocess.Popen[bytes], str]:
-    """``omniqueue up`` on a free port in ``data_dir`` with ``env`` added; (process, URL)
-    once it says it is up. Stop it with SIGINT."""
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cli.main",
-            "up",
-            "--port",
-            str(free_port()),
-            "--data-dir",
-            str(data_dir),
-            *args,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL if log is None else log.open("ab"),
-        env={**os.environ, **env},
-        cwd=ROOT,
-    )
-    assert up.stdout is not None
-    line = up.stdout.readline().decode()
-    if "up: " not in line:
-        up.send_signal(signal.SIGINT)
-        up.wait(60)
-        raise SystemExit(f"omniqueue up did not start: {line!r}")
-    return up, line.split("up: ", 1)[1].split()[0]
-
-
-def stop_up(up: subprocess.Popen[bytes], data_dir: Path, timeout: float = 60) -> None:
-    """SIGINT an ``omniqueue up`` from :func:`start_up`, wait for it, remove its data."""
-    up.send_signal(signal.SIGINT)
-    try:
-        up.wait(timeout)
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def machine() -> str:

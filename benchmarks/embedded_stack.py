@@ -1,9 +1,7 @@
-"""An embedded ``omniqueue up`` for the benchmark scripts (``cancel.py``, ``soak.py``):
-the stack in a subprocess with its own data directory, its child processes and ports, an
-S3 client on it, and a reader of its stderr for the worker's release lines.
-
-Scripts put the repository root on ``sys.path`` and ``from benchmarks.embedded_stack import …``.
-"""
+"""An embedded ``omniqueue up`` for the benchmark scripts (``jobs/cancel.py``,
+``load/soak.py``, ``gpu/*.py``, the load generator): the stack in a subprocess with its own
+data directory, its child processes and ports, an S3 client on it, and a reader of its
+stderr for the worker's release lines."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from benchmarks.common import ROOT, start_up, stop_up
+from tests.embedded_up import ROOT, start_up, stop_up
 
 KEY_STORAGE = "omniqueue.apiKey"
 # What a page may take to react (a socket to open, a request to answer) on a loaded

@@ -1,5 +1,5 @@
-"""benchmarks/load.py end to end on a short run: the embedded stack at 50 % of a declared
-2 jobs/s for 10 s; the report has every key, sane values and no lost job."""
+"""``python -m benchmarks.load.run`` end to end on a short run: the embedded stack at 50 %
+of a declared 2 jobs/s for 10 s; the report has every key, sane values and no lost job."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ LEVEL_KEYS = {
 
 def test_short_load_run(tmp_path: Path) -> None:
     out, png = tmp_path / "load.json", tmp_path / "load.png"
-    argv = [sys.executable, "benchmarks/load.py", "--saturation-rps", "2", "--levels", "0.5"]
+    argv = [sys.executable, "-m", "benchmarks.load.run", "--saturation-rps", "2", "--levels", "0.5"]
     argv += ["--duration", "10", "--settle", "2", "--out", str(out), "--png", str(png)]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,17 +1,23 @@
-"""The load generator's pure parts (benchmarks/load_workload.py, load_stats.py): the
-arrival processes, the workload file's checks, the percentile-with-n rule, the slope."""
+"""The load generator's pure parts (tests/loadgen/workload.py, stats.py; benchmarks/load/
+drives them): the arrival processes, the workload file's checks, the percentile-with-n
+rule, the slope; and the evidence script (``python -m benchmarks.load.evidence``) run as a
+subprocess, since tests import no benchmark."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import statistics
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks.load_stats import min_samples, percentiles, slope, slope_per_minute
-from benchmarks.load_workload import (
+from tests.loadgen.stats import min_samples, percentiles, slope, slope_per_minute
+from tests.loadgen.workload import (
     BEHAVIOURS,
     Profile,
     WorkloadError,
@@ -62,7 +68,7 @@ def test_no_arrivals_at_zero_rate_and_bad_profiles_refused() -> None:
 
 
 def test_the_repo_workload_parses() -> None:
-    workload = load_workload(ROOT / "benchmarks" / "workloads" / "cpu_mixed.toml")
+    workload = load_workload(ROOT / "benchmarks" / "load" / "workloads" / "cpu_mixed.toml")
     assert workload.name == "cpu_mixed"
     assert set(workload.behaviours) == set(BEHAVIOURS)
     assert all(w > 0 for w in workload.behaviours.values())
@@ -171,9 +177,23 @@ def test_slope_leaves_out_the_warmup() -> None:
     assert slope_per_minute(points, warmup=0.25) == pytest.approx(0.0)
 
 
-def test_evidence_keys_come_from_the_runs_that_measured_them() -> None:
-    from benchmarks.load_evidence import evidence
+def evidence(tmp_path: Path, **runs: Any) -> dict[str, Any]:
+    """``python -m benchmarks.load.evidence`` over ``runs`` (``soak=[(name, report), ...]``,
+    ``overload=``, ``gpu_soak=``, ``oom=``: (name, report)), each report written to a file
+    of that name first; its JSON."""
+    argv = [sys.executable, "-m", "benchmarks.load.evidence"]
+    for option, given in runs.items():
+        for name, report in given if isinstance(given, list) else [given]:
+            path = tmp_path / name
+            path.write_text(json.dumps(report))
+            argv += [f"--{option.replace('_', '-')}", str(path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
 
+
+def test_evidence_keys_come_from_the_runs_that_measured_them(tmp_path: Path) -> None:
     def level(lost: int, slopes: dict[str, float], **extra: object) -> dict[str, object]:
         return {"lost_jobs": lost, "rss_slope_mb_per_min": slopes, **extra}
 
@@ -189,10 +209,11 @@ def test_evidence_keys_come_from_the_runs_that_measured_them() -> None:
     }
     gpu = {"levels": [level(0, {}, gpu_memory_slope_mib_per_min=0.0)]}
     out = evidence(
-        [(Path("a.json"), soak_a), (Path("b.json"), soak_b)],
-        (Path("o.json"), overload),
-        (Path("g.json"), gpu),
-        {"oom_recovered": 1, "oom_to_terminal_ms": 16.1},
+        tmp_path,
+        soak=[("a.json", soak_a), ("b.json", soak_b)],
+        overload=("o.json", overload),
+        gpu_soak=("g.json", gpu),
+        oom=("oom.json", {"oom_recovered": 1, "oom_to_terminal_ms": 16.1}),
     )
     assert out["soak_lost_jobs"] == 1
     assert out["soak_rss_slope_mb_per_min_max"] == 1.5
@@ -206,5 +227,5 @@ def test_evidence_keys_come_from_the_runs_that_measured_them() -> None:
     assert out["eta_error_p95_s"] == 2 and out["eta_error_n"] == 900  # the most estimates
     assert out["oom_recovered"] == 1 and out["gpu_soak_memory_slope_mib_per_min"] == 0.0
     assert [r["file"] for r in out["runs"]] == ["a.json", "b.json", "o.json", "g.json"]
-    empty = evidence([], None, None, None)
+    empty = evidence(tmp_path)
     assert empty["soak_lost_jobs"] is None and empty["oom_recovered"] is None

@@ -1,0 +1,1 @@
+"""The API tier's own cost: status reads, list pages, creates, ``/sync``, HTTP metrics."""

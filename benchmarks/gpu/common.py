@@ -1,0 +1,191 @@
+"""What the GPU benchmark scripts share: the job shape's arguments, the run's header, the
+raw ``pipe(...)`` call, the saved random-weight Wan pipeline (``random_wan.py``) and its
+registry entry, the job as the adapter and as the API take it, one job timed in process,
+a job followed on its event stream, and the JSON at the end."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.embedded_stack import git_state
+from benchmarks.gpu.random_wan import build_pipeline
+
+MODEL = "wan-1.3b-random"
+PROMPT = "a red ball bouncing over a blue ocean at sunset"
+
+
+def shape_args(p: argparse.ArgumentParser, *, frames: int = 33, steps: int = 20) -> None:
+    """The job shape (832x480 by default) and the model's depth."""
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--width", type=int, default=832)
+    p.add_argument("--frames", type=int, default=frames)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--guidance", type=float, default=5.0)
+    p.add_argument("--layers", type=int, default=30, help="of the transformer's 30 blocks")
+
+
+def header(args: argparse.Namespace) -> dict[str, Any]:
+    """The machine, the versions, the date, the commit and the job shape of a run."""
+    import diffusers
+
+    cuda = torch.cuda.is_available()
+    return {
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "gpus_visible": torch.cuda.device_count() if cuda else 0,
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "date": datetime.date.today().isoformat(),
+        **git_state(),
+        "shape": {
+            "height": args.height,
+            "width": args.width,
+            "frames": args.frames,
+            "steps": args.steps,
+            "guidance_scale": args.guidance,
+            "layers": args.layers,
+            "dtype": "bfloat16",
+        },
+    }
+
+
+def sync_time() -> float:
+    """``perf_counter()`` once the device is idle."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def job_shape(args: argparse.Namespace) -> dict[str, int]:
+    """The job's size, length and step count under the names that diffusers' ``pipe()``,
+    ``GenerationRequest`` and ``VideoSpec`` share: the raw call and the job the executor
+    runs are one shape by construction."""
+    return {
+        "height": args.height,
+        "width": args.width,
+        "num_frames": args.frames,
+        "num_inference_steps": args.steps,
+    }
+
+
+def raw_call(pipe: Any, args: argparse.Namespace, seed: int) -> tuple[float, Any]:
+    """The raw ``pipe(...)`` of the job: its wall time and frames."""
+    start = sync_time()
+    frames = pipe(
+        PROMPT,
+        **job_shape(args),
+        guidance_scale=args.guidance,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="np",
+    ).frames
+    return sync_time() - start, frames
+
+
+def generation_request(args: argparse.Namespace, seed: int = 1) -> Any:
+    """The job as an adapter takes it."""
+    from workers.pipelines.base import GenerationRequest
+
+    return GenerationRequest(
+        prompt=PROMPT, **job_shape(args), fps=16, seed=seed, guidance_scale=args.guidance
+    )
+
+
+def job_body(args: argparse.Namespace, **more: Any) -> dict[str, Any]:
+    """The job as ``POST /v1/videos`` takes it."""
+    return {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "size": f"{args.width}x{args.height}",
+        "num_frames": args.frames,
+        "fps": 16,
+        "num_inference_steps": args.steps,
+        "guidance_scale": args.guidance,
+        **more,
+    }
+
+
+def save_wan(work: Path, args: argparse.Namespace) -> tuple[Path, Path]:
+    """Build the random-weight pipeline, save it under ``work``, write a registry entry
+    for it; returns (model directory, registry file)."""
+    model_dir = work / MODEL
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    build_pipeline(device, num_layers=args.layers).save_pretrained(model_dir)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    registry = work / "models.toml"
+    registry.write_text(
+        f'[[model]]\nname = "{MODEL}"\nadapter = "diffusers.wan"\n'
+        f'path = "{model_dir}"\ndtype = "bfloat16"\n'
+        # Eager, as these scripts measured it before compiled blocks became the default on
+        # CUDA; lane.py writes its own compiled entry.
+        'compile = "off"\n'
+    )
+    return model_dir, registry
+
+
+def free_memory() -> None:
+    """Collect garbage and hand the allocator's cached blocks back to the device."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def timed_job(adapter: Any, request: Any, decode: bool = True) -> dict[str, Any]:
+    """One job in process: prepare, the steps (each timed), decode; then ``end``."""
+    from workers.pipelines.diffusers.compiled import graphs_made
+
+    graphs = graphs_made()
+    start = sync_time()
+    state = adapter.prepare(request)
+    prepared = sync_time()
+    steps = []
+    try:
+        while not state.done:
+            t = sync_time()
+            adapter.step(state)
+            steps.append(sync_time() - t)
+        denoised = sync_time()
+        latents = state.latents.float().cpu()
+        frames = adapter.decode_frames(state) if decode else None
+    finally:
+        adapter.end()
+    return {
+        "prepare_s": prepared - start,
+        "denoise_s": denoised - prepared,
+        "step_s": steps,
+        "latents": latents,
+        "frames": frames,
+        "graphs_made": graphs_made() - graphs,
+        "recompiles": adapter.last_recompiles,
+    }
+
+
+def follow_events(client: Any, vid: str, on_progress: Any = None) -> dict[str, Any]:
+    """Read the job's SSE stream until its ``done`` event; returns that event."""
+    with client.stream("GET", f"/v1/videos/{vid}/events", timeout=None) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            if event.get("type") == "progress" and on_progress is not None:
+                on_progress(event)
+            if event.get("type") == "done":
+                return dict(event)
+    raise RuntimeError(f"the event stream of {vid} ended without done")
+
+
+def emit(out: dict[str, Any], name: str) -> None:
+    """Print the run's JSON, and write it to ``$OUT/<name>.json`` when OUT is set."""
+    text = json.dumps(out, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], f"{name}.json").write_text(text)

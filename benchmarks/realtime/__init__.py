@@ -1,0 +1,1 @@
+"""Realtime sessions: voice (``audio``), video (``video``), world-model pacing."""

@@ -3,7 +3,8 @@ catalog of adapters the server offers by name.
 
 Adapters come only from the allow-listed roots of ``OMNIQ_LORA__ROOTS``: directories, and
 ``s3://bucket/prefix`` roots. The wire shape is vLLM-Omni's (its ComfyUI node sends it,
-as JSON text in multipart forms)::
+as JSON text in multipart forms), :class:`~models.videos.LoraRequest`, which has checked
+the types and the keys by the time it gets here::
 
     {"name": "style", "local_path": "/loras/style.safetensors", "scale": 0.8, "int_id": 3}
 
@@ -19,15 +20,14 @@ anything is stored):
 * ``name`` alone: an adapter of the catalog (every ``*.safetensors`` file and adapter
   directory directly under a directory root, named by its stem; the first root wins).
   With ``local_path``, ``name`` is only a label.
-* ``scale``: finite, within ``[-max_scale, max_scale]``; default 1.
-* ``int_id``: an integer, recorded (0 or null: not set).
+* ``scale``: a finite number, within ``[-max_scale, max_scale]``; default 1.
+* ``int_id``: a non-negative integer, recorded (0 or null: not set).
 
 Blocking (stat, S3): the API calls :func:`resolve_lora` on a thread.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -38,11 +38,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from models.errors import InvalidRequest, ServiceUnavailable
 from models.job_specs import LoraSpec
+from models.videos import LoraRequest
 from storage.settings import LoraSettings
 
 WEIGHTS_NAME = "pytorch_lora_weights.safetensors"  # diffusers' save_lora_weights
 _SUFFIX = ".safetensors"
-_KEYS = ("name", "local_path", "scale", "int_id")
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -75,24 +75,11 @@ def catalog(settings: LoraSettings) -> list[LoraEntry]:
     return sorted(seen.values(), key=lambda e: e.name)
 
 
-def resolve_lora(raw: Any, settings: LoraSettings, s3_client: Any = None) -> LoraSpec:
-    """Check a request's ``lora`` object and resolve where its adapter is (see the module
+def resolve_lora(lora: LoraRequest, settings: LoraSettings, s3_client: Any = None) -> LoraSpec:
+    """Resolve where a request's adapter is and check its scale (see the module
     docstring); ``s3_client`` checks that an ``s3://`` adapter exists."""
-    if not isinstance(raw, dict):
-        raise InvalidRequest("lora must be an object", param="lora")
-    for key in raw:
-        if key not in _KEYS:
-            raise InvalidRequest(
-                f"unknown parameter: lora.{key}", param=f"lora.{key}", code="unknown_parameter"
-            )
-    name, local_path = raw.get("name"), raw.get("local_path")
-    if name is not None and not isinstance(name, str):
-        raise InvalidRequest("lora.name must be a string", param="lora.name")
-    if local_path is not None and not isinstance(local_path, str):
-        raise InvalidRequest("lora.local_path must be a string", param="lora.local_path")
-    name, local_path = (name or "").strip(), (local_path or "").strip()
-    scale = _scale(raw.get("scale"), settings)
-    int_id = _int_id(raw.get("int_id"))
+    name, local_path = (lora.name or "").strip(), (lora.local_path or "").strip()
+    scale = _scale(lora.scale, settings)
     if not settings.roots:
         param = "lora.local_path" if local_path else "lora.name"
         raise InvalidRequest("this server takes no LoRA adapters (no lora roots)", param=param)
@@ -115,27 +102,17 @@ def resolve_lora(raw: Any, settings: LoraSettings, s3_client: Any = None) -> Lor
         path, label = entry.path, name
     else:
         raise InvalidRequest("lora needs a name or a local_path", param="lora.name")
+    int_id = lora.int_id or None
     return LoraSpec(name=label, path=path, scale=scale, int_id=int_id, version=version)
 
 
-def _scale(value: Any, settings: LoraSettings) -> float:
+def _scale(value: float | None, settings: LoraSettings) -> float:
     if value is None:
         return 1.0
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidRequest("lora.scale must be a number", param="lora.scale")
-    scale = float(value)
     top = settings.max_scale
-    if not math.isfinite(scale) or not -top <= scale <= top:
+    if not -top <= value <= top:  # finite: LoraRequest refused NaN and infinities
         raise InvalidRequest(f"lora.scale must be between {-top:g} and {top:g}", param="lora.scale")
-    return scale
-
-
-def _int_id(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise InvalidRequest("lora.int_id must be a non-negative integer", param="lora.int_id")
-    return value or None
+    return value
 
 
 def _refuse(message: str) -> InvalidRequest:

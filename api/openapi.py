@@ -115,6 +115,7 @@ def _schemas() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, model in _BODIES.items():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        out.update(schema.pop("$defs", {}))  # nested models (LoraRequest) are components
         schema["properties"].update(copy.deepcopy(_EXTRA_JSON_FIELDS.get(name, {})))
         out[name] = schema
         form = copy.deepcopy(schema)

@@ -57,15 +57,27 @@ def parse_create(raw: dict[str, Any]) -> VideoCreate:
     for key, value in raw.items():
         name = _ALIASES.get(key, key)
         if name in _JSON_FIELDS and isinstance(value, str):
-            value = loads(value, key) if value.strip() else None
-            if value is None and name == "extra_params":
-                value = {}
+            value = _json_text(name, key, value)
         if isinstance(value, str) and value == "" and name != "prompt":
             continue  # an empty form field means "not given"
         fields[name] = value
     if isinstance(fields.get("extra_params"), dict):
         refuse_latent_mask_editing(fields["extra_params"])
     return parse_model(VideoCreate, fields)
+
+
+def _json_text(name: str, key: str, text: str) -> Any:
+    """The value of a JSON-text field (a multipart form sends ``extra_params`` and ``lora``
+    so): empty is not given (``extra_params``: ``{}``). A ``lora`` that is not JSON at all
+    (``my-style``) stays the string it is, so that :class:`~models.videos.LoraRequest`
+    says what lora must be, rather than "must be valid JSON"."""
+    try:
+        value = loads(text, key) if text.strip() else None
+    except InvalidRequest:
+        if name == "lora" and not text.lstrip().startswith(("{", "[")):
+            return text
+        raise
+    return {} if value is None and name == "extra_params" else value
 
 
 _M = TypeVar("_M", bound=BaseModel)

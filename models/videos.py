@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic_core import PydanticCustomError
 
 from models.catalog import QualityTier
 from models.common import (
@@ -15,6 +18,47 @@ from models.common import (
 )
 
 STAGES = ("queue", "prepare", "denoise", "decode", "encode", "upload")
+
+
+class LoraRequest(BaseModel):
+    """A request's ``lora``: one LoRA adapter, in vLLM-Omni's shape (its ComfyUI node sends
+    it, as JSON text in multipart forms), e.g. ``{"name": "style", "scale": 0.8}``.
+
+    Named by ``name`` alone (an adapter of the server's catalog, which ``GET /v1/models``
+    lists), or by ``local_path`` (then ``name`` is only a label). The values here are the
+    shape; where the adapter is, and ``scale``'s range, the server checks against its
+    ``OMNIQ_LORA__ROOTS`` (``api/loras.py``) before anything is stored. JSON numbers only:
+    ``"0.8"`` is not a scale and ``true`` not an id.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Strict()] | None = Field(
+        default=None, description="An adapter of the server's catalog, or a label."
+    )
+    local_path: Annotated[str, Strict()] | None = Field(
+        default=None,
+        description="An absolute path (a .safetensors file or an adapter directory) or an "
+        "s3:// URL, under one of the server's LoRA roots.",
+    )
+    scale: Annotated[float, Strict(), Field(allow_inf_nan=False)] | None = Field(
+        default=None, description="The adapter's weight; 1 when left out."
+    )
+    int_id: Annotated[int, Strict(), Field(ge=0, lt=2**63)] | None = Field(
+        default=None, description="vLLM-Omni's adapter id, recorded (0 or null: not set)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object(cls, value: Any) -> Any:
+        """A bare string (``"lora": "my-style"``) is a common mistake: say what lora is."""
+        if not isinstance(value, dict | LoraRequest):
+            raise PydanticCustomError(
+                "lora_type",
+                'must be a JSON object with a "name" (an adapter GET /v1/models lists) or '
+                'a "local_path", e.g. {"name": "my-style", "scale": 0.8}',
+            )
+        return value
 
 
 class VideoCreate(JobRequestOptions):
@@ -42,7 +86,7 @@ class VideoCreate(JobRequestOptions):
     boundary_ratio: Number | None = None
     seed: Int | None = None
     negative_prompt: str | None = None
-    lora: dict[str, Any] | None = None
+    lora: LoraRequest | None = None
     # vLLM-Omni's cache tier: "lossless" (the default), "high" or "fast" (models.catalog).
     quality: QualityTier | None = None
     n: Int = 1

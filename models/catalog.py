@@ -381,6 +381,11 @@ class ServedModel(BaseModel):
     # ``reference.video``, a family of FAMILY_SPECS (``diffusers.wan``…), or ``module:Class``.
     adapter: str
     path: str | None = None
+    # "random": the weights are built from the family's default configs with a seeded
+    # random init on the device, instead of loaded from ``path``: benchmarks of models too
+    # big to save on the machine at hand, only; a worker refuses such an entry unless
+    # OMNIQ_WORKER__RANDOM_WEIGHTS is on.
+    weights: Literal["checkpoint", "random"] = "checkpoint"
     dtype: str = "bfloat16"
     # None: the worker's device (OMNIQ_WORKER__DEVICE).
     device: str | None = None

@@ -228,6 +228,9 @@ class WorkerSettings(BaseModel):
     # load; each rank of a group on its own device). A job that needs more fails ``oom``
     # and the worker goes on with the next. None: no cap; ignored on CPU.
     memory_fraction: float | None = None
+    # Benchmarks only: load registry entries with ``weights = "random"`` (seeded random
+    # weights built from default configs). Off, such an entry refuses to load.
+    random_weights: bool = False
 
     @field_validator("models", "devices", mode="before")
     @classmethod

@@ -70,7 +70,8 @@ class PipelineRegistry:
     ``lora`` (an ``OMNIQ_LORA`` settings group) gives every model that lists ``lora`` in
     its parameters an adapter cache of its own before it loads (its adapter must have
     ``use_lora``); ``fetch(uri)`` reads ``s3://`` adapters. Without it such a model's
-    LoRA jobs fail with ``invalid_lora``."""
+    LoRA jobs fail with ``invalid_lora``. ``random_weights`` (OMNIQ_WORKER__RANDOM_WEIGHTS)
+    lets entries with ``weights = "random"`` load (benchmarks only); off, they are refused."""
 
     def __init__(
         self,
@@ -79,8 +80,10 @@ class PipelineRegistry:
         *,
         lora: LoraSettings | None = None,
         fetch: Callable[[str], bytes] | None = None,
+        random_weights: bool = False,
     ) -> None:
         self.models = dict(models)
+        self.random_weights = random_weights
         self.device = device
         self.lora = lora
         self.fetch = fetch
@@ -95,6 +98,12 @@ class PipelineRegistry:
                 model = self.models.get(name)
                 if model is None:
                     raise ValueError(f"model {name!r} is not served by this worker")
+                if model.weights == "random" and not self.random_weights:
+                    raise CatalogError(
+                        f"model {name!r}: weights = 'random' builds seeded random weights "
+                        "(benchmarks only); this worker refuses it unless "
+                        "OMNIQ_WORKER__RANDOM_WEIGHTS=true"
+                    )
                 pipe = build_adapter(model)
                 if self.lora is not None and model.spec.supports_lora:
                     self._use_lora(pipe)

@@ -243,9 +243,19 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
     takes_references = True
 
     def __init__(
-        self, path: str | None = None, *, fused_lora: dict[str, Any] | None = None, **kwargs: Any
+        self,
+        path: str | None = None,
+        *,
+        fused_lora: dict[str, Any] | None = None,
+        random_text_layers: int = 4,
+        random_config: dict[str, dict[str, Any]] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(path, **kwargs)
+        # ``weights = "random"`` (h3_random.py): the text encoder's depth, and config
+        # overrides of the parts (a smaller variant).
+        self.random_text_layers = random_text_layers
+        self.random_config = dict(random_config or {})
         # FastH3: a LoRA fused into the denoiser at load, pinned by its sha256.
         self.fused_lora = FusedLora(**fused_lora) if fused_lora is not None else None
         self.partition: Partition = partition_of(self.spec.workflows or ["t2va", "fl2va"])
@@ -263,6 +273,18 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         pipe.load_components(names=names, dtype=self.dtype, local_files_only=True)
         pipe.update_components(processor=load_processor(Path(self.path) / "processor"))
         return pipe
+
+    def _random_pipeline(self, device: str) -> Any:
+        """Default configs, seeded random weights, on ``device`` (h3_random.py)."""
+        from workers.pipelines.diffusers.h3_random import random_pipeline
+
+        return random_pipeline(
+            device,
+            self.dtype,
+            partition=self.partition,
+            text_layers=self.random_text_layers,
+            config=self.random_config,
+        )
 
     def load(self, device: str) -> None:
         """Load (``DiffusersAdapter.load``), then fuse the deployment's LoRA, if any, on

@@ -1,0 +1,345 @@
+"""FastH3 through the whole stack on one GPU: ``omniqueue up`` (Valkey, SQLite, SeaweedFS,
+the API, one GPU worker) serving a MiniMax-H3 registry entry as a deployment would, jobs
+sent as vLLM-Omni's ComfyUI node sends them, followed on their event stream and downloaded.
+
+    python -m benchmarks.gpu.h3_stack [--jobs 3] [--cancels 10]
+
+The entry (written to a temporary registry file):
+
+* ``weights = "random"``: the 33.1 B transformer and the rest built from the default configs
+  with a seeded random init on the GPU (workers/pipelines/diffusers/h3_random.py; the
+  device's disk cannot hold the checkpoint), allowed by ``OMNIQ_WORKER__RANDOM_WEIGHTS``;
+  the text encoder keeps its width but not its depth (``--text-layers``);
+* FastH3's deployment: a LoRA (rank ``--lora-rank`` on every attention's q/k/v, random,
+  made here) fused at start-up against its pinned sha256; 5 sigma points (4 transformer
+  evaluations), no CFG;
+* compiled blocks, warmed up at the qualification shape before the worker takes jobs.
+
+Keys of the JSON (also ``$OUT/gpu_h3_stack.json``):
+
+* ``worker_ready_s``: ``up`` started → the Celery worker's ``ready.`` line (load, fuse,
+  warm-up compile);
+* ``fasth3_first_job_s``: the first job after that line, client POST → MP4 downloaded;
+* ``fasth3_warm_e2e_s``: median of ``--jobs`` more, same measure; ``jobs`` has each one's
+  wall time and the job object's ``stage_durations`` (upload included);
+* ``h3_cancel_p95_ms``: ``POST /v1/videos/{id}/cancel`` sent at a random moment of a random
+  denoise step → the worker's ``job …: cancelled`` line (logged after its cleanup, the
+  device idle); ``cancels`` has each one, with the step and block it stopped before;
+* ``h3_memory_after_jobs_mib``: the worker's ``memory_allocated()`` after each job;
+* ``encode_note``: the MP4 encode of these noise frames against a smooth clip of the same
+  shape (x264's time grows with what it must keep: random weights make noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import pct
+from benchmarks.embedded_stack import LogWatcher, Stack, git_state
+from benchmarks.gpu.common import emit, follow_events
+
+MODEL = "MiniMaxAI/MiniMax-H3/FastH3"
+PROMPT = "a red kite over a green hill at dusk, wind in the grass, a dog barks once"[:70]
+
+
+def make_lora(path: Path, rank: int, transformer: dict[str, Any], seed: int = 7) -> str:
+    """A random LoRA on every q/k/v projection of the H3 transformer (default config, or
+    ``transformer``'s overrides), saved as diffusers saves one; its sha256. Shapes come
+    from a meta-device model (no weights)."""
+    import torch
+    from diffusers import MiniMaxH3Transformer3DModel
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):
+        model: Any = MiniMaxH3Transformer3DModel(**transformer)
+        model.add_adapter(
+            LoraConfig(r=rank, lora_alpha=rank, target_modules=["to_q", "to_k", "to_v"])
+        )
+    shapes = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(model).items()}
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {
+        f"transformer.{k}": (torch.randn(shape, generator=gen) * 1e-3).to(torch.bfloat16)
+        for k, shape in shapes.items()
+    }
+    save_file(tensors, str(path))
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def inline_toml(value: Any) -> str:
+    """``value`` as a TOML inline value (tables, arrays, strings, numbers, booleans)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {inline_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(inline_toml(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value)
+
+
+def registry_text(args: argparse.Namespace, lora: Path, sha256: str) -> str:
+    return f"""
+[[model]]
+name = "{MODEL}"
+adapter = "diffusers.minimax_h3"
+weights = "random"
+dtype = "{args.dtype}"
+compile = "{args.compile}"
+[[model.warmup]]
+width = {args.width}
+height = {args.height}
+num_frames = {args.frames}
+[model.adapter_options]
+random_text_layers = {args.text_layers}
+random_config = {inline_toml(args.random_config)}
+[model.adapter_options.fused_lora]
+path = "{lora}"
+sha256 = "{sha256}"
+[model.spec]
+min_steps = 5
+max_steps = 5
+default_steps = 5
+no_cfg = true
+{args.spec_toml}
+"""
+
+
+def node_form(args: argparse.Namespace, seed: int) -> dict[str, str]:
+    """The ComfyUI node's FastH3 t2va request: every field a string."""
+    return {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "size": f"{args.width}x{args.height}",
+        "seconds": str(args.seconds),
+        "num_inference_steps": "5",
+        "seed": str(seed),
+        "guidance_scale": "1.0",
+        "vae_use_tiling": "false",
+        "n": "1",
+        "extra_params": json.dumps({"task": "t2va"}),
+    }
+
+
+def wait_ready(stack: Stack, timeout: float) -> float:
+    """Epoch seconds of the Celery worker's ``… ready.`` line in up's log."""
+    import re
+
+    from benchmarks.embedded_stack import log_time
+
+    pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*@\S+ ready\.")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in stack.log_path.read_text(errors="replace").splitlines():
+            if m := pattern.match(line):
+                return log_time(m.group(1), m.group(2))
+        time.sleep(0.2)
+    raise RuntimeError(f"the worker was not ready within {timeout:.0f} s:\n{stack.log_tail()}")
+
+
+def encode_comparison(args: argparse.Namespace, frames: int) -> dict[str, float]:
+    """x264 + AAC time of a noise clip (what random weights decode to) and of a smooth
+    one, same shape and audio."""
+    from workers.media import encode_mp4
+    from workers.pipelines.base import Media
+
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, (frames, args.height, args.width, 3), dtype=np.uint8)
+    x = np.linspace(0, 1, args.width, dtype=np.float32)[None, None, :, None]
+    t = np.linspace(0, 1, frames, dtype=np.float32)[:, None, None, None]
+    smooth = np.broadcast_to((np.sin(6 * x + 3 * t) * 0.5 + 0.5) * 255, noise.shape)
+    audio = (rng.standard_normal((2, frames * 32000 // 24)) * 0.1).astype(np.float32)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, pixels in (("noise", noise), ("smooth", smooth.astype(np.uint8))):
+            media = Media(frames=pixels, fps=24.0, audio=audio, sample_rate=32000)
+            start = time.perf_counter()
+            encode_mp4(media, Path(tmp) / f"{name}.mp4")
+            out[f"encode_{name}_s"] = round(time.perf_counter() - start, 3)
+    return out
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import httpx
+
+    t = time.perf_counter()
+    lora = work / "fasth3-random.safetensors"
+    sha256 = make_lora(lora, args.lora_rank, args.random_config.get("transformer", {}))
+    out: dict[str, Any] = {
+        "lora": {
+            "rank": args.lora_rank,
+            "bytes": lora.stat().st_size,
+            "made_s": round(time.perf_counter() - t, 1),
+        }
+    }
+    registry = work / "models.toml"
+    registry.write_text(registry_text(args, lora, sha256))
+    env = {
+        "OMNIQ_MODEL_REGISTRY": str(registry),
+        "OMNIQ_MODELS": MODEL,
+        "OMNIQ_WORKER__DEVICE": args.device,
+        "OMNIQ_WORKER__RANDOM_WEIGHTS": "true",
+        "OMNIQ_WORKER__PREVIEW_EVERY": "0",
+    }
+    stack = Stack(workers=1, env=env, args=("--realtime-workers", "0"))
+    started = time.time()
+    stack.start(timeout=900)
+    logs = LogWatcher(stack.log_path)
+    try:
+        ready = wait_ready(stack, args.ready_timeout)
+        out["worker_ready_s"] = round(ready - started, 1)
+        with (
+            httpx.Client(base_url=stack.url, timeout=900) as client,
+            httpx.Client(base_url=stack.url, timeout=60) as canceller,
+        ):
+            canceller.get("/health").raise_for_status()
+
+            def job(seed: int) -> tuple[float, dict[str, Any], int]:
+                start = time.perf_counter()
+                resp = client.post("/v1/videos", data=node_form(args, seed))
+                resp.raise_for_status()
+                vid = resp.json()["id"]
+                done = follow_events(client, vid)
+                if done.get("status") != "completed":
+                    raise RuntimeError(f"{vid}: {done}")
+                content = client.get(f"/v1/videos/{vid}/content")
+                content.raise_for_status()
+                wall = time.perf_counter() - start
+                return wall, client.get(f"/v1/videos/{vid}").json(), len(content.content)
+
+            wall, row, size = job(42)
+            out["fasth3_first_job_s"] = round(wall, 2)
+            out["first_job"] = {"stage_durations": row.get("stage_durations"), "mp4_bytes": size}
+            jobs = [job(42) for _ in range(args.jobs)]
+            out["jobs"] = [
+                {
+                    "client_wall_s": round(w, 3),
+                    "mp4_bytes": n,
+                    "stage_durations": r["stage_durations"],
+                }
+                for w, r, n in jobs
+            ]
+            out["fasth3_warm_e2e_s"] = round(statistics.median(w for w, _, _ in jobs), 3)
+            out["size"] = jobs[0][1].get("size")
+            out["seconds"] = jobs[0][1].get("seconds")
+            step_s = statistics.median(
+                r["stage_durations"]["denoise"] / 4 for _, r, _ in jobs if r.get("stage_durations")
+            )
+            out["cancels"] = cancels(client, canceller, logs, args, step_s)
+            stopped = [c["cancel_to_worker_stopped_ms"] for c in out["cancels"]]
+            stopped = [x for x in stopped if x is not None]
+            out["h3_cancel_p95_ms"] = round(pct(stopped, 95), 1) if stopped else None
+            logs.poll()
+            out["h3_memory_after_jobs_mib"] = dict(logs.cuda_allocated_mib)
+    finally:
+        out["up_exit_code"] = stack.stop()
+        if out["up_exit_code"] != 0:
+            out["up_log_tail"] = stack.log_tail(4000)
+        stack.remove(keep_log=args.keep_log)
+    return out
+
+
+def cancels(
+    client: Any, canceller: Any, logs: LogWatcher, args: argparse.Namespace, step_s: float
+) -> list[dict[str, Any]]:
+    """``--cancels`` jobs, each cancelled at a random moment of a random denoise step."""
+    rng = random.Random(11)
+    found = []
+    for i in range(args.cancels):
+        target = rng.randint(1, 3)
+        delay = rng.uniform(0.0, step_s)
+        resp = client.post("/v1/videos", data=node_form(args, 100 + i))
+        resp.raise_for_status()
+        vid = resp.json()["id"]
+        sent: list[float] = []
+
+        def on_progress(
+            event: dict[str, Any],
+            v: str = vid,
+            t: int = target,
+            d: float = delay,
+            sent: list[float] = sent,
+        ) -> None:
+            if sent or event.get("stage") != "denoise" or event.get("step", 0) < t:
+                return
+            time.sleep(d)
+            sent.append(time.time())
+            canceller.post(f"/v1/videos/{v}/cancel").raise_for_status()
+
+        follow_events(client, vid, on_progress)
+        released = logs.wait_released(vid, timeout=120)
+        logs.poll()
+        stop = logs.stopped_in_step.get(vid)
+        found.append(
+            {
+                "after_step": target,
+                "delay_ms": round(delay * 1000, 1),
+                "outcome": released[1] if released else None,
+                "cancel_to_worker_stopped_ms": (
+                    round((released[0] - sent[0]) * 1000, 1) if released and sent else None
+                ),
+                "stopped_at": {"step": stop[1], "block": stop[2]} if stop else None,
+            }
+        )
+    return found
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--width", type=int, default=448)
+    p.add_argument("--height", type=int, default=256)
+    p.add_argument("--seconds", type=int, default=10, help="snapped to 17n+5 frames at 24 fps")
+    p.add_argument("--text-layers", type=int, default=4)
+    p.add_argument("--lora-rank", type=int, default=32)
+    p.add_argument("--jobs", type=int, default=3, help="warm jobs after the first (median)")
+    p.add_argument("--cancels", type=int, default=10)
+    p.add_argument("--ready-timeout", type=float, default=600.0)
+    p.add_argument("--keep-log", default=None, help="copy up's stderr here")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
+    p.add_argument(
+        "--random-config",
+        type=Path,
+        default=None,
+        help="a JSON file of config overrides per part (h3_random.PARTS) and an optional "
+        '"spec" table of ModelSpec overrides: a smaller variant, to check this script on a CPU',
+    )
+    args = p.parse_args()
+    overrides = json.loads(args.random_config.read_text()) if args.random_config else {}
+    spec = overrides.pop("spec", {})
+    args.random_config = overrides
+    args.spec_toml = "\n".join(f"{k} = {inline_toml(v)}" for k, v in spec.items())
+
+    from models.catalog import FAMILY_SPECS
+
+    args.frames = FAMILY_SPECS["diffusers.minimax_h3"].snap_frames(args.seconds * 24)
+    out: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        **git_state(),
+        "shape": {"width": args.width, "height": args.height, "num_frames": args.frames},
+        "weights": "seeded random init from the default configs, bf16, built on the GPU "
+        "(registry weights = 'random')",
+        "text_encoder": f"Qwen3-VL width 5120, {args.text_layers + 1} decoder layers",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        out |= run(args, Path(tmp))
+    out["encode_note"] = encode_comparison(args, args.frames)
+    emit(out, "gpu_h3_stack")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""MiniMax-H3 with seeded random weights, built from its default configs on the device:
+the benchmark-only loading mode of a registry entry with ``weights = "random"``.
+
+The lent H200's 64 GiB disk cannot hold a saved copy of the 33.1 B transformer (62 GB in
+bf16) next to the wheelhouse, and the host's 128 GiB cannot hold an fp32 copy of it, so
+the parts are allocated on the device, in the entry's dtype, and initialised there from
+a fixed seed. Everything else goes through the real registry, loader and worker. A worker
+refuses such an entry unless ``OMNIQ_WORKER__RANDOM_WEIGHTS`` is on
+(:class:`~workers.pipelines.registry.PipelineRegistry`): a deployment must never serve
+noise by mistake.
+
+What differs from the checkpoint, and is reported with every figure made with it:
+
+* the Qwen3-VL text encoder keeps its width (5120) but not its depth: ``text_layers`` + 1
+  decoder layers, H3's conditioning read after layer ``text_layers`` instead of 50 (it
+  runs once per job, before the first step);
+* the tokenizer is character-level (:func:`character_tokenizer`): a prompt is as many
+  text rows as it has characters;
+* no vision tower beyond one block, and no video processor (images only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from diffusers import (
+    AutoencoderKLMiniMaxH3,
+    AutoencoderKLMiniMaxH3Audio,
+    MiniMaxH3Scheduler,
+    MiniMaxH3Transformer3DModel,
+)
+from diffusers.modular_pipelines import MiniMaxH3Blocks
+from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3ModularPipeline
+from transformers import (
+    Qwen2Tokenizer,
+    Qwen2VLImageProcessor,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
+
+from workers.pipelines.diffusers.h3_processor import ImageOnlyProcessor
+
+# The special tokens H3's blocks look up by name.
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+
+def character_tokenizer() -> Qwen2Tokenizer:
+    """A ``Qwen2Tokenizer`` with one token per printable ASCII character and H3's special
+    tokens (no merges): built offline, with no hub download."""
+    vocab = {chr(c): i for i, c in enumerate(range(32, 127))}
+    vocab["Ġ"] = len(vocab)
+    for token in SPECIAL_TOKENS:
+        vocab[token] = len(vocab)
+    tok = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        unk_token=None,  # type: ignore[arg-type]
+        bos_token=None,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    tok.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS[1:]})
+    return tok
+
+
+class ShallowTextPipeline(MiniMaxH3ModularPipeline):
+    """H3's modular pipeline whose conditioning is read after ``text_layers`` layers of
+    the text encoder (the checkpoint's 50 need a 64-layer encoder)."""
+
+    def __init__(self, *args: Any, text_layers: int = 50, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._text_layers = text_layers
+
+    @property
+    def text_encoder_layer(self) -> int:
+        return self._text_layers
+
+
+@contextlib.contextmanager
+def _allocated_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Modules built in this block are allocated on ``device`` in ``dtype``: no host copy
+    of 33 B parameters first."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+# The parts whose configs ``random_config`` may override (a smaller variant; CPU tests).
+PARTS = ("transformer", "text_encoder", "vision", "vae", "audio_vae", "image_processor")
+
+
+def text_encoder_config(
+    tok: Qwen2Tokenizer,
+    text_layers: int,
+    text: dict[str, Any] | None = None,
+    vision: dict[str, Any] | None = None,
+) -> Qwen3VLConfig:
+    """H3's Qwen3-VL conditioner at full width (or ``text``'s), ``text_layers`` + 1 layers
+    deep (diffusers wants one past the layer it reads)."""
+
+    def ids(token: str) -> int:
+        found = tok.convert_tokens_to_ids(token)
+        assert isinstance(found, int)
+        return found
+
+    return Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tok),
+            "hidden_size": 5120,
+            "intermediate_size": 25600,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20]},
+            **(text or {}),
+            "num_hidden_layers": text_layers + 1,
+        },
+        vision_config={"depth": 1, "out_hidden_size": 5120, **(vision or {})},
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )
+
+
+def random_pipeline(
+    device: str | torch.device,
+    dtype: torch.dtype,
+    *,
+    partition: str = "transformer",
+    seed: int = 42,
+    text_layers: int = 4,
+    config: dict[str, dict[str, Any]] | None = None,
+) -> ShallowTextPipeline:
+    """The H3 pipeline from default configs with seeded random weights, on ``device``:
+    the transformer as ``partition`` (``transformer`` or ``transformer_ref``). ``config``
+    overrides the default config of each part named in :data:`PARTS`."""
+    config = dict(config or {})
+    if text_layers < 1:
+        raise ValueError(f"random_text_layers must be at least 1, got {text_layers}")
+    unknown = sorted(set(config) - set(PARTS))
+    if unknown:
+        raise ValueError(f"random_config: no part {', '.join(unknown)} (parts: {', '.join(PARTS)})")
+    tok = character_tokenizer()
+    text = text_encoder_config(tok, text_layers, config.get("text_encoder"), config.get("vision"))
+    audio = {"latents_mean": [0.0] * 32, "latents_std": [1.0] * 32, **config.get("audio_vae", {})}
+    torch.manual_seed(seed)
+    with _allocated_on(torch.device(device), dtype):
+        parts: dict[str, Any] = {
+            partition: MiniMaxH3Transformer3DModel(**config.get("transformer", {})),
+            "text_encoder": Qwen3VLForConditionalGeneration(text),
+            "vae": AutoencoderKLMiniMaxH3(**config.get("vae", {})),
+            "audio_vae": AutoencoderKLMiniMaxH3Audio(**audio),
+        }
+    for module in parts.values():
+        module.eval()
+    parts |= {
+        "tokenizer": tok,
+        "processor": ImageOnlyProcessor(
+            image_processor=Qwen2VLImageProcessor(**config.get("image_processor", {})),
+            tokenizer=tok,
+        ),
+        "scheduler": MiniMaxH3Scheduler(shift=12.0),
+        "audio_scheduler": MiniMaxH3Scheduler(shift=3.0),
+    }
+    pipe: Any = ShallowTextPipeline(blocks=MiniMaxH3Blocks(), text_layers=text_layers)
+    pipe.update_components(**parts)
+    return pipe

@@ -1,6 +1,6 @@
 """What an API replica keeps in Redis so that any replica can take a duplex ``/v1/realtime``
 session over (``session.resume`` after its replica died): the protocol state a
-:class:`realtime.audio_protocol.RealtimeProtocol` is rebuilt from, and where the relay of
+:class:`realtime.audio_protocol.VoiceSessionProtocol` is rebuilt from, and where the relay of
 the worker's outputs stood.
 
 Not on the client wire: written by one API replica, read by another. Clock values are

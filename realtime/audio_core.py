@@ -57,8 +57,8 @@ Command = Respond | Cancel | Stop
 class ResumeRequested:
     """For the shell, not the worker: the socket's first event asks to re-attach another,
     detached duplex session. The shell looks it up (this process, or Redis) and either
-    resumes that session (:meth:`~realtime.audio_protocol.RealtimeProtocol.resume`) and
-    drops this one, or answers :meth:`~realtime.audio_protocol.RealtimeProtocol.resume_refused`
+    resumes that session (:meth:`~realtime.audio_protocol.VoiceSessionProtocol.resume`) and
+    drops this one, or answers :meth:`~realtime.audio_protocol.VoiceSessionProtocol.resume_refused`
     here."""
 
     session_id: str
@@ -73,7 +73,7 @@ class State(enum.Enum):
 
 
 @dataclass
-class RealtimeOptions:
+class VoiceSessionOptions:
     model: str
     duplex: bool = False
     max_event_bytes: int = 15 * 1024 * 1024
@@ -97,7 +97,7 @@ class ProtocolCore:
     def __init__(
         self,
         session_id: str,
-        options: RealtimeOptions,
+        options: VoiceSessionOptions,
         vad_factory: VadFactory,
         now: float,
     ) -> None:
@@ -191,7 +191,7 @@ class ProtocolCore:
     if TYPE_CHECKING:  # declared for the type checker only; no runtime stand-ins
         # Handlers one mixin calls on the other: defined in
         # :class:`realtime.audio_responses.ResponseHandlers` and
-        # :class:`realtime.audio_turns.TurnHandlers`, combined in ``RealtimeProtocol``.
+        # :class:`realtime.audio_turns.TurnHandlers`, combined in ``VoiceSessionProtocol``.
 
         def _start_response(self, overrides: wire.ResponseOverrides | None, now: float) -> None: ...
 

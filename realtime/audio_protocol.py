@@ -60,11 +60,11 @@ from realtime.audio_core import (
     CLOSE_TRY_AGAIN,
     Cancel,
     Command,
-    RealtimeOptions,
     Respond,
     ResumeRequested,
     State,
     Stop,
+    VoiceSessionOptions,
 )
 from realtime.audio_responses import ResponseHandlers
 from realtime.audio_turns import TurnHandlers
@@ -80,16 +80,16 @@ __all__ = [
     "CLOSE_TRY_AGAIN",
     "Cancel",
     "Command",
-    "RealtimeOptions",
-    "RealtimeProtocol",
     "Respond",
     "ResumeRequested",
     "State",
     "Stop",
+    "VoiceSessionOptions",
+    "VoiceSessionProtocol",
 ]
 
 
-class RealtimeProtocol(TurnHandlers, ResponseHandlers):
+class VoiceSessionProtocol(TurnHandlers, ResponseHandlers):
     """One session: see the module docstring. A client event goes to its handler in
     :data:`HANDLERS`, defined here or in one of the handler mixins."""
 
@@ -274,28 +274,28 @@ class RealtimeProtocol(TurnHandlers, ResponseHandlers):
             self.close("disconnected", now)
 
 
-Handler = Callable[[RealtimeProtocol, Any, float], None]
+Handler = Callable[[VoiceSessionProtocol, Any, float], None]
 
 # Every client event and its handler (``wire.CLIENT_EVENTS`` has exactly these types;
 # tests/unit/test_realtime_dispatch.py checks it). Handlers never raise: a client mistake
 # becomes an ``error`` event. The state changes they make are drawn in the module docstring.
 HANDLERS: dict[str, Handler] = {
     # session (this module)
-    "session.update": RealtimeProtocol._on_session_update,
-    "session.heartbeat": RealtimeProtocol._on_session_heartbeat,  # duplex
-    "session.close": RealtimeProtocol._on_session_close,  # duplex; → CLOSED
-    "session.resume": RealtimeProtocol._on_session_resume,  # duplex; → ResumeRequested
-    "playback.ack": RealtimeProtocol._on_playback_ack,  # duplex
+    "session.update": VoiceSessionProtocol._on_session_update,
+    "session.heartbeat": VoiceSessionProtocol._on_session_heartbeat,  # duplex
+    "session.close": VoiceSessionProtocol._on_session_close,  # duplex; → CLOSED
+    "session.resume": VoiceSessionProtocol._on_session_resume,  # duplex; → ResumeRequested
+    "playback.ack": VoiceSessionProtocol._on_playback_ack,  # duplex
     # input audio and conversation items (realtime/audio_turns.py)
-    "input_audio_buffer.append": RealtimeProtocol._on_input_audio_buffer_append,
-    "input_audio_buffer.commit": RealtimeProtocol._on_input_audio_buffer_commit,
-    "input_audio_buffer.clear": RealtimeProtocol._on_input_audio_buffer_clear,
-    "conversation.item.create": RealtimeProtocol._on_conversation_item_create,
-    "conversation.item.retrieve": RealtimeProtocol._on_conversation_item_retrieve,
-    "conversation.item.delete": RealtimeProtocol._on_conversation_item_delete,
-    "conversation.item.truncate": RealtimeProtocol._on_conversation_item_truncate,
+    "input_audio_buffer.append": VoiceSessionProtocol._on_input_audio_buffer_append,
+    "input_audio_buffer.commit": VoiceSessionProtocol._on_input_audio_buffer_commit,
+    "input_audio_buffer.clear": VoiceSessionProtocol._on_input_audio_buffer_clear,
+    "conversation.item.create": VoiceSessionProtocol._on_conversation_item_create,
+    "conversation.item.retrieve": VoiceSessionProtocol._on_conversation_item_retrieve,
+    "conversation.item.delete": VoiceSessionProtocol._on_conversation_item_delete,
+    "conversation.item.truncate": VoiceSessionProtocol._on_conversation_item_truncate,
     # responses (realtime/audio_responses.py); response.create queues a Respond command
-    "response.create": RealtimeProtocol._on_response_create,
-    "response.cancel": RealtimeProtocol._on_response_cancel,  # system-class: Cancel first
-    "output_audio_buffer.clear": RealtimeProtocol._on_output_audio_buffer_clear,
+    "response.create": VoiceSessionProtocol._on_response_create,
+    "response.cancel": VoiceSessionProtocol._on_response_cancel,  # system-class: Cancel first
+    "output_audio_buffer.clear": VoiceSessionProtocol._on_output_audio_buffer_clear,
 }

@@ -1,6 +1,6 @@
 """Responses of a ``WS /v1/realtime`` session: ``response.create`` / ``response.cancel``,
 ``output_audio_buffer.clear``, and the worker's audio, end and failure relayed to the
-client (part of :class:`realtime.audio_protocol.RealtimeProtocol`)."""
+client (part of :class:`realtime.audio_protocol.VoiceSessionProtocol`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Input audio and conversation items of a ``WS /v1/realtime`` session: the
 ``input_audio_buffer.*`` and ``conversation.item.*`` handlers, and the turns server VAD
-opens and closes (part of :class:`realtime.audio_protocol.RealtimeProtocol`)."""
+opens and closes (part of :class:`realtime.audio_protocol.VoiceSessionProtocol`)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class TurnHandlers(ProtocolCore):
         self._turn_boundaries(boundaries, now)
 
     def vad_scored(self, events: list[Any], now: float) -> None:
-        """Deferred VAD (``RealtimeOptions.defer_vad``): the detector's events for the
+        """Deferred VAD (``VoiceSessionOptions.defer_vad``): the detector's events for the
         audio of :meth:`InputAudio.take_unscored`."""
         self._turn_boundaries(self.input.boundaries(events), now)
 

@@ -1,4 +1,4 @@
-"""The conversation of one realtime session: ordered items and the audio they hold.
+"""The conversation of one voice session: ordered items and the audio they hold.
 
 Items keep their PCM16 audio by content index beside the wire item (the wire item
 itself never carries audio except in ``conversation.item.retrieved``). The audio kept is

@@ -1,4 +1,4 @@
-"""The input side of a realtime audio session: the uncommitted buffer, its position in the
+"""The input side of a voice session: the uncommitted buffer, its position in the
 session's input stream, and the voice-activity detector that cuts it into turns.
 
 Positions are byte offsets of PCM16 mono 24 kHz (48 bytes per ms) since the session's first

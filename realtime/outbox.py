@@ -1,4 +1,4 @@
-"""Server events of a realtime audio session on their way out: ids, JSON encoding, and in
+"""Server events of a voice session on their way out: ids, JSON encoding, and in
 duplex sessions the ``server_event_seq`` numbering and the bounded replay log that
 ``session.resume`` draws from."""
 

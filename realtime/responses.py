@@ -1,4 +1,4 @@
-"""One model response of a realtime audio session, as the protocol tracks it, and how its
+"""One model response of a voice session, as the protocol tracks it, and how its
 end reads on the wire (``response.done``'s status, details and usage)."""
 
 from __future__ import annotations

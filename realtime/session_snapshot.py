@@ -1,4 +1,4 @@
-"""Sans-I/O snapshot and restore of a duplex ``RealtimeProtocol``, so that another API
+"""Sans-I/O snapshot and restore of a duplex ``VoiceSessionProtocol``, so that another API
 replica can take the session over (``models/realtime_state.py`` says what is kept).
 
 :func:`snapshot` reads the machine; :func:`restore` builds an equal one on another
@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from models.realtime_state import ItemState, ResponseState, VoiceSessionSnapshot
-from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, State
+from realtime.audio_protocol import State, VoiceSessionOptions, VoiceSessionProtocol
 from realtime.conversation import Entry
 from realtime.input_audio import VadFactory
 from realtime.responses import ResponseRun
@@ -53,7 +53,7 @@ def _fields(run: ResponseRun) -> dict[str, Any]:
 
 
 def snapshot(
-    p: RealtimeProtocol, owner: str, relay: RelayPosition, now: float, wall: float
+    p: VoiceSessionProtocol, owner: str, relay: RelayPosition, now: float, wall: float
 ) -> VoiceSessionSnapshot:
     """The state of ``p`` (duplex) at monotonic ``now`` = epoch ``wall``."""
     assert p.options.duplex and p.resume_token is not None
@@ -91,7 +91,7 @@ def snapshot(
     )
 
 
-def audio_parts(p: RealtimeProtocol) -> dict[PartKey, bytearray]:
+def audio_parts(p: VoiceSessionProtocol) -> dict[PartKey, bytearray]:
     """Every audio part of the conversation, by reference."""
     parts: dict[PartKey, bytearray] = {}
     for item_id in p.conversation.ids():
@@ -106,15 +106,15 @@ def restore(
     snap: VoiceSessionSnapshot,
     audio: dict[PartKey, bytes],
     logged: list[tuple[int, str]],
-    options: RealtimeOptions,
+    options: VoiceSessionOptions,
     vad_factory: VadFactory,
     now: float,
     wall: float,
-) -> RealtimeProtocol:
+) -> VoiceSessionProtocol:
     """A machine equal to the snapshotted one: the next event is numbered
     ``snap.last_seq + 1``, ``logged`` (frames after the client's last seq) is its replay
     log, and nothing is queued to send. Audio missing from ``audio`` (expired) is empty."""
-    p = RealtimeProtocol(snap.session_id, options, vad_factory, now)
+    p = VoiceSessionProtocol(snap.session_id, options, vad_factory, now)
     p.data_to_send()  # the fresh session.created: the session exists already
     p._outbox.continue_from(snap.last_seq, logged)
     p.state = State(snap.state)

@@ -1,5 +1,5 @@
 """One ``WS /v1/realtime`` session in the API process: the asyncio shell that joins the
-client socket, the sans-I/O ``RealtimeProtocol`` and the worker (through the shared
+client socket, the sans-I/O ``VoiceSessionProtocol`` and the worker (through the shared
 :class:`~api.realtime.relay.Relay`).
 
 Client frames go through the protocol; the audio they append goes to the process's VAD
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import secrets
 import time
 from typing import Any
@@ -53,12 +54,12 @@ from models.session_bus import (
 )
 from realtime.audio_protocol import (
     Cancel,
-    RealtimeOptions,
-    RealtimeProtocol,
     Respond,
     ResumeRequested,
     State,
     Stop,
+    VoiceSessionOptions,
+    VoiceSessionProtocol,
 )
 from realtime.vad import SileroVAD
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
@@ -74,8 +75,23 @@ def _vad_factory(threshold: float, silence_duration_ms: int) -> Any:
     return SileroVAD(threshold=threshold, silence_duration_ms=silence_duration_ms)
 
 
+class Storage(enum.Enum):
+    """Whether this replica keeps a session's state in Redis (:attr:`VoiceSession.storage`).
+    Only a ``STORED`` session writes there: each flush stores the new events, the protocol
+    state and the worker's commands in one write (``VoiceSession.sync``) before anything
+    is sent; in every other state the commands go straight to the worker."""
+
+    NOT_DUPLEX = "not_duplex"  # a plain session: nothing is ever stored
+    STORED = "stored"  # a duplex session this replica holds
+    LET_GO = "let_go"  # duplex, this replica lost Redis: the stored state is left as it
+    # stands for the replica the client resumes on, and this one sends nothing more
+    DROPPED = "dropped"  # duplex, ended here: the stored state was dropped (unless
+    # another replica had taken the session over)
+
+
 class VoiceSession:
-    """One realtime audio session: its protocol, its worker and (while attached) a socket."""
+    """One voice session (``WS /v1/realtime``, plain or duplex): its protocol, its worker
+    and (while attached) a socket."""
 
     def __init__(
         self,
@@ -89,15 +105,18 @@ class VoiceSession:
         self.host = host
         self.owner = owner
         self.model = model
-        self.sync: VoiceStateSync | None = None  # duplex: its Redis-held state
+        self.sync: VoiceStateSync | None = None  # duplex: the link to its Redis-held state
+        self.storage = Storage.NOT_DUPLEX
         if taken is None:
             self.id = "sess_" + secrets.token_hex(12)
             options = _options(host, model, duplex)
-            self.protocol = RealtimeProtocol(self.id, options, _vad_factory, time.monotonic())
+            self.protocol = VoiceSessionProtocol(self.id, options, _vad_factory, time.monotonic())
             if duplex:
                 self.sync = VoiceStateSync(host.session_states, self.id, owner)
+                self.storage = Storage.STORED
         else:
             self.protocol, self.sync = taken.protocol, taken.sync
+            self.storage = Storage.STORED
             self.id = self.protocol.id
         self.relay = Relay(self.id, host, self, taken.relay if taken else None)
         self.lock = asyncio.Lock()  # the protocol is driven from the socket and the relay
@@ -105,8 +124,12 @@ class VoiceSession:
         self.tasks: list[asyncio.Task[None]] = []
         self.grace: asyncio.Task[None] | None = None
         self.ended_event = asyncio.Event()
-        self.let_go = False  # duplex: this replica lost Redis and gave the session up
         self._vad_scorer: VadScorer | None = None
+
+    @property
+    def let_go(self) -> bool:
+        """Duplex: this replica lost Redis and gave the session up (:meth:`_let_go`)."""
+        return self.storage is Storage.LET_GO
 
     # ---------------------------------------------------------------- socket side
 
@@ -117,13 +140,13 @@ class VoiceSession:
             return
         try:
             commands = [w for cmd in self.protocol.commands() if (w := self._wire(cmd))]
-            if self.sync is None:
+            if self.storage is not Storage.STORED:
                 for command, data in commands:
                     await self.relay.command(command, data)
             elif not await self._save(commands):  # stored and sent to the worker at once
                 self.protocol.release()  # another replica resumed it: not ours to command
         except BROKER_ERRORS:
-            if self.sync is not None:
+            if self.storage is Storage.STORED:
                 await self._let_go()  # nothing that was not stored reaches the client
                 return
             self._broker_lost()
@@ -187,7 +210,7 @@ class VoiceSession:
                 await self.flush()
 
     async def _save(self, commands: list[tuple[BaseModel, bytes | None]]) -> bool:
-        assert self.sync is not None
+        assert self.storage is Storage.STORED and self.sync is not None
         position, now, wall = self.relay.position, time.monotonic(), time.time()
         saved = self.sync.save(self.protocol, position, commands=commands, now=now, wall=wall)
         return await bounded(saved)
@@ -206,9 +229,8 @@ class VoiceSession:
         replica the client resumes on, whose relay goes on from the stored position."""
         if self.let_go:
             return
-        self.let_go = True
+        self.storage = Storage.LET_GO  # so that finish() leaves the stored state alone
         self.protocol.data_to_send()  # not stored: never sent
-        self.sync = None  # so that finish() leaves the stored state alone
         ws, self.ws = self.ws, None
         if ws is not None:
             with contextlib.suppress(RuntimeError, OSError):
@@ -253,7 +275,7 @@ class VoiceSession:
 
     async def broker_lost(self) -> None:
         async with self.lock:
-            if self.sync is not None:
+            if self.storage is Storage.STORED:
                 await self._let_go()
                 return
             self._broker_lost()
@@ -261,7 +283,10 @@ class VoiceSession:
 
     async def keepalive_due(self) -> bool:
         """Keep the stored state alive; let the session go if another replica has it."""
-        if self.sync is None or await bounded(self.sync.touch(self.protocol, time.monotonic())):
+        if self.storage is not Storage.STORED:
+            return True
+        assert self.sync is not None
+        if await bounded(self.sync.touch(self.protocol, time.monotonic())):
             return True
         async with self.lock:
             self.protocol.release()
@@ -315,10 +340,10 @@ class VoiceSession:
     async def finish(self) -> None:
         if self.host.voice_sessions.get(self.id) is self:
             del self.host.voice_sessions[self.id]
-        sync, self.sync = self.sync, None  # nothing is stored for it any more
-        if sync is not None:
+        if self.storage is Storage.STORED and self.sync is not None:
+            self.storage = Storage.DROPPED  # nothing is stored for it any more
             with contextlib.suppress(*BROKER_ERRORS):
-                await bounded(sync.drop(self.protocol))  # refused if another replica has it
+                await bounded(self.sync.drop(self.protocol))  # refused if another replica has it
         self.ended_event.set()
         current = asyncio.current_task()
         for task in self.tasks:
@@ -327,9 +352,9 @@ class VoiceSession:
         self.relay.stop()
 
 
-def _options(host: SessionHost, model: str, duplex: bool) -> RealtimeOptions:
+def _options(host: SessionHost, model: str, duplex: bool) -> VoiceSessionOptions:
     rt = host.settings.realtime
-    return RealtimeOptions(
+    return VoiceSessionOptions(
         model=model,
         duplex=duplex,
         max_session_s=rt.max_session_s,
@@ -408,7 +433,7 @@ async def try_resume(fresh: VoiceSession, request: ResumeRequested) -> VoiceSess
 
 async def _holds(session: VoiceSession) -> bool:
     """Whether this process still serves ``session`` (no other replica took it over)."""
-    if session.sync is None or not session.sync.created:
+    if session.storage is not Storage.STORED or session.sync is None or not session.sync.created:
         return True
     holder = session.sync.holder
     with contextlib.suppress(*BROKER_ERRORS):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ValidationError
 
 from models.realtime_state import VoiceSessionSnapshot
-from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol
+from realtime.audio_protocol import VoiceSessionOptions, VoiceSessionProtocol
 from realtime.input_audio import VadFactory
 from realtime.session_snapshot import (
     AudioDiff,
@@ -44,7 +44,7 @@ class VoiceStateSync:
 
     async def save(
         self,
-        protocol: RealtimeProtocol,
+        protocol: VoiceSessionProtocol,
         relay: RelayPosition,
         *,
         commands: Sequence[tuple[BaseModel, bytes | None]],
@@ -78,7 +78,7 @@ class VoiceStateSync:
             self._saved_at = now
         return ok
 
-    async def touch(self, protocol: RealtimeProtocol, now: float) -> bool:
+    async def touch(self, protocol: VoiceSessionProtocol, now: float) -> bool:
         """Keep the stored state alive (every quarter of its TTL); False when it is not
         ours any more."""
         if not self.created or now - self._saved_at < self.store.ttl_s / 4:
@@ -87,7 +87,7 @@ class VoiceStateSync:
         self._saved_at = now
         return ok
 
-    async def drop(self, protocol: RealtimeProtocol) -> None:
+    async def drop(self, protocol: VoiceSessionProtocol) -> None:
         """The session ended here: its stored state goes (unless another replica has it)."""
         if self.created:
             await self.store.drop(self.session_id, self.holder, list(audio_parts(protocol)))
@@ -95,7 +95,7 @@ class VoiceStateSync:
 
 @dataclass
 class TakenOverSession:
-    protocol: RealtimeProtocol
+    protocol: VoiceSessionProtocol
     relay: RelayPosition
     sync: VoiceStateSync
     model: str
@@ -107,7 +107,7 @@ async def take_over(
     token: str,
     owner: str,
     last_seq: int,
-    options: RealtimeOptions,
+    options: VoiceSessionOptions,
     vad_factory: VadFactory,
     now: float,
     wall: float,

@@ -14,7 +14,7 @@ import redis.asyncio
 
 from api.realtime.voice_state import VoiceStateSync, take_over
 from models.session_bus import COMMANDS, CancelCommand, RespondCommand, VoiceTurnSpec
-from realtime.audio_protocol import RealtimeOptions
+from realtime.audio_protocol import VoiceSessionOptions
 from realtime.session_snapshot import RelayPosition
 from storage.constants import session_in_key, session_state_key
 from storage.session_state import SessionStateStore
@@ -136,8 +136,8 @@ def test_a_protocol_saved_on_one_replica_is_taken_over_on_another(redis_url: str
         token = c.p.resume_token or ""
         seen = c.events[-4]["server_event_seq"]
 
-        def options() -> RealtimeOptions:
-            return RealtimeOptions(model="ignored", duplex=True)
+        def options() -> VoiceSessionOptions:
+            return VoiceSessionOptions(model="ignored", duplex=True)
 
         async def takeover(tok: str, owner: str) -> Any:
             return await take_over(

@@ -17,7 +17,7 @@ from typing import Any
 
 from openai.types.realtime import RealtimeServerEvent
 
-from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, Respond
+from realtime.audio_protocol import Respond, VoiceSessionOptions, VoiceSessionProtocol
 from realtime.input_audio import BYTES_PER_MS
 
 
@@ -89,8 +89,11 @@ class Client:
 
     def __init__(self, duplex: bool = False, turn_detection: Any = "default") -> None:
         self.now = 100.0
-        self.p = RealtimeProtocol(
-            "sess_test", RealtimeOptions(model="reference/voice", duplex=duplex), ScriptedVAD, 0.0
+        self.p = VoiceSessionProtocol(
+            "sess_test",
+            VoiceSessionOptions(model="reference/voice", duplex=duplex),
+            ScriptedVAD,
+            0.0,
         )
         self.events: list[dict[str, Any]] = []
         self.cmds: list[Any] = []

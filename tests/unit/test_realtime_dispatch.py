@@ -4,7 +4,7 @@ is the whole dispatch: one handler per client event type, none left out, none un
 from __future__ import annotations
 
 import models.realtime as wire
-from realtime.audio_protocol import HANDLERS, RealtimeProtocol
+from realtime.audio_protocol import HANDLERS, VoiceSessionProtocol
 
 
 def test_every_client_event_has_exactly_one_handler() -> None:
@@ -16,6 +16,8 @@ def test_no_handler_is_outside_the_table() -> None:
     """A handler method no event reaches would be dead code (the old ``_on_<type>``
     naming made one easy to leave behind)."""
     defined = {
-        getattr(RealtimeProtocol, name) for name in dir(RealtimeProtocol) if name.startswith("_on_")
+        getattr(VoiceSessionProtocol, name)
+        for name in dir(VoiceSessionProtocol)
+        if name.startswith("_on_")
     }
     assert defined == set(HANDLERS.values())

@@ -50,8 +50,8 @@ def test_duplex_resume_replays_missed_events_exactly_once_in_order() -> None:
 
 
 def test_duplex_resume_from_an_evicted_seq_requires_resync() -> None:
-    c = rt.RealtimeProtocol(
-        "s", rt.RealtimeOptions(model="m", duplex=True, replay_events=4), ScriptedVAD, 0.0
+    c = rt.VoiceSessionProtocol(
+        "s", rt.VoiceSessionOptions(model="m", duplex=True, replay_events=4), ScriptedVAD, 0.0
     )
     for _ in range(10):
         c.receive_text(json.dumps({"type": "session.heartbeat"}), 0.0)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, State, Stop
+from realtime.audio_protocol import State, Stop, VoiceSessionOptions, VoiceSessionProtocol
 from tests.unit.realtime_client import SDK, Client, ScriptedVAD, silence, speech
 
 
@@ -283,8 +283,11 @@ def test_the_session_object_echoed_back_is_accepted() -> None:
 
 
 def test_a_voice_session_ends_at_the_time_limit() -> None:
-    p = RealtimeProtocol(
-        "sess_t", RealtimeOptions(model="reference/voice", max_session_s=60.0), ScriptedVAD, 10.0
+    p = VoiceSessionProtocol(
+        "sess_t",
+        VoiceSessionOptions(model="reference/voice", max_session_s=60.0),
+        ScriptedVAD,
+        10.0,
     )
     p.data_to_send()
     assert p.next_deadline() == 70.0

@@ -11,7 +11,7 @@ from dataclasses import fields
 from typing import Any
 
 from models.realtime_state import ResponseState, VoiceSessionSnapshot
-from realtime.audio_protocol import RealtimeOptions, RealtimeProtocol, Respond, State, Stop
+from realtime.audio_protocol import Respond, State, Stop, VoiceSessionOptions, VoiceSessionProtocol
 from realtime.responses import ResponseRun
 from realtime.session_snapshot import AudioDiff, RelayPosition, audio_parts, restore, snapshot
 from tests.unit.realtime_client import SDK, Client, ScriptedVAD, run_response, speech
@@ -21,13 +21,13 @@ WALL = 1_800_000_000.0  # epoch seconds at monotonic Client.now
 
 def _transfer(
     c: Client, log: list[tuple[int, str]], *, now: float, wall: float
-) -> RealtimeProtocol:
+) -> VoiceSessionProtocol:
     """Snapshot ``c``'s machine, through JSON, and restore it at another clock."""
     snap = snapshot(c.p, "owner-1", RelayPosition(True, True, "5-0"), c.now, WALL)
     wire = snap.model_dump_json()
     audio = {k: bytes(v) for k, v in audio_parts(c.p).items()}
     back = VoiceSessionSnapshot.model_validate_json(wire)
-    options = RealtimeOptions(model=back.model, duplex=True)
+    options = VoiceSessionOptions(model=back.model, duplex=True)
     return restore(back, audio, log, options, ScriptedVAD, now, wall)
 
 

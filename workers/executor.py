@@ -317,13 +317,13 @@ class StepExecutor:
         return done
 
     def _request(self, spec: VideoSpec | AudioSpec) -> GenerationRequest:
-        """What the adapter gets: the spec, with its reference frame fetched and decoded."""
-        reference = None
+        """What the adapter gets: the spec, with its reference frame or its keyframes and
+        references fetched and decoded."""
+        request = GenerationRequest(spec)
         if isinstance(spec, VideoSpec) and spec.reference_key:
             png = self.artifacts.get_bytes(spec.reference_key)
             with Image.open(io.BytesIO(png)) as img:
-                reference = np.asarray(img.convert("RGB"))
-        request = GenerationRequest.from_spec(spec, reference)
+                request.reference_image = np.asarray(img.convert("RGB"))
         if isinstance(spec, VideoSpec) and spec.references:
             first, last, refs = load_references(spec.references, self.artifacts.get_bytes)
             request.reference_image, request.last_image, request.references = first, last, refs

@@ -89,13 +89,13 @@ def raw_call(pipe: Any, args: argparse.Namespace, seed: int) -> tuple[float, Any
     return sync_time() - start, frames
 
 
-def generation_request(args: argparse.Namespace, seed: int = 1) -> Any:
-    """The job as an adapter takes it."""
+def generation_request(args: argparse.Namespace, seed: int = 1, **more: Any) -> Any:
+    """The job as an adapter takes it (``more``: fields in place of the job's, e.g.
+    ``num_inference_steps``, ``lora``)."""
     from workers.pipelines.base import GenerationRequest
 
-    return GenerationRequest(
-        prompt=PROMPT, **job_shape(args), fps=16, seed=seed, guidance_scale=args.guidance
-    )
+    fields = {**job_shape(args), "fps": 16, "seed": seed, "guidance_scale": args.guidance}
+    return GenerationRequest.video(prompt=PROMPT, **fields | more)
 
 
 def job_body(args: argparse.Namespace, **more: Any) -> dict[str, Any]:

@@ -166,8 +166,7 @@ def lane_phase(pipe: Any, args: argparse.Namespace, raw_median: float) -> dict[s
     say("cache tiers")
     tiers: dict[str, Any] = {"lossless": second}
     for quality in ("high", "fast"):
-        request_q = generation_request(args)
-        request_q.quality = quality
+        request_q = generation_request(args, quality=quality)
         tiers[quality] = timed_job(adapter, request_q)
     out["tiers"] = {
         q: {

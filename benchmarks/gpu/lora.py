@@ -62,8 +62,7 @@ def lora_lane(adapter: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     pipe = adapter.pipe
     out: dict[str, Any] = {}
-    short = generation_request(args)
-    short.num_inference_steps = 4
+    short = generation_request(args, num_inference_steps=4)
     before = statistics.median(timed_job(adapter, short, decode=False)["step_s"])
 
     cache = LoraCache(max_adapters=args.lora_cache, max_bytes=64 << 30, max_rank=args.lora_rank)
@@ -77,9 +76,7 @@ def lora_lane(adapter: Any, args: argparse.Namespace) -> dict[str, Any]:
     out["lora_adapter_bytes"] = specs and (work / "lora0.safetensors").stat().st_size
 
     graphs = graphs_made()
-    with_lora = generation_request(args)
-    with_lora.num_inference_steps = 4
-    with_lora.lora = specs[0]
+    with_lora = generation_request(args, num_inference_steps=4, lora=specs[0])
     timed_job(adapter, with_lora, decode=False)  # the blocks compiled again, with the slot
     out["lora_first_job_graphs"] = graphs_made() - graphs
     parked = statistics.median(timed_job(adapter, short, decode=False)["step_s"])
@@ -100,9 +97,7 @@ def lora_lane(adapter: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     graphs = graphs_made()
     for spec in [*specs[:k], None, specs[0]]:
-        request = generation_request(args)
-        request.num_inference_steps = 2
-        request.lora = spec
+        request = generation_request(args, num_inference_steps=2, lora=spec)
         timed_job(adapter, request, decode=False)
     out["lora_recompiles"] = graphs_made() - graphs
 

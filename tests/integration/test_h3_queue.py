@@ -142,7 +142,7 @@ def _close(video: np.ndarray, expected: np.ndarray, tmp: Path) -> None:
 
 
 def _request(**kw: Any) -> GenerationRequest:
-    return GenerationRequest(
+    return GenerationRequest.video(
         prompt="a red ball",
         width=64,
         height=64,

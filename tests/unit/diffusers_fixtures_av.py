@@ -26,9 +26,7 @@ _T = TypeVar("_T")
 # Requests that fit the tiny models (LTX-2: sizes divisible by 32, VAE compression 2x2x2;
 # Stable Audio: at most sample_size * hop_length / sampling_rate = 16 * 2 / 8 = 4 seconds).
 LTX2_REQUEST: dict[str, Any] = {"width": 32, "height": 32, "num_frames": 5, "fps": 25.0}
-STABLE_AUDIO_REQUEST: dict[str, Any] = {
-    "width": 0, "height": 0, "num_frames": 0, "fps": 0.0, "duration_s": 1.5,
-}
+STABLE_AUDIO_REQUEST: dict[str, Any] = {"duration_s": 1.5}
 
 
 def _seeded(build: Callable[[], _T], seed: int = 0) -> _T:

@@ -31,4 +31,4 @@ def video_request(**overrides: Any) -> GenerationRequest:
         "prompt": PROMPT, "width": 64, "height": 48, "num_frames": 8, "fps": 8.0,
         "num_inference_steps": 4, "seed": 7,
     }
-    return GenerationRequest(**fields | overrides)
+    return GenerationRequest.video(**fields | overrides)

@@ -83,7 +83,7 @@ def _sa_request(**kw: Any) -> GenerationRequest:
         prompt="a hammer hitting a wooden surface", num_inference_steps=4, seed=3,
         guidance_scale=6.0, **STABLE_AUDIO_REQUEST,
     )
-    return GenerationRequest(**(base | kw))
+    return GenerationRequest.audio(**(base | kw))
 
 
 def _sa_reference(pipe: Any, req: GenerationRequest, end: float | None = None) -> torch.Tensor:
@@ -161,7 +161,7 @@ def test_stable_audio_stop_early_leaves_pipe_unchanged(
     req = _sa_request()
     ref = _sa_reference(sa_pipe, req)
     snap = _snapshot(sa_pipe)
-    abandoned = sa.prepare(replace(req, seed=99))
+    abandoned = sa.prepare(_sa_request(seed=99))
     for _ in range(2):
         sa.step(abandoned)
     assert abandoned.step_index == 2 and not abandoned.done
@@ -186,7 +186,7 @@ def _ltx2_request(**kw: Any) -> GenerationRequest:
         prompt="a robot dancing", negative_prompt="blurry", num_inference_steps=3, seed=5,
         guidance_scale=3.0, extra=dict(LTX2_EXTRA), **LTX2_REQUEST,
     )
-    return GenerationRequest(**(base | kw))
+    return GenerationRequest.video(**(base | kw))
 
 
 def _ltx2_reference(
@@ -366,4 +366,4 @@ def test_wrong_state_and_reference_image_rejected(
     with pytest.raises(ValueError, match="input_reference"):
         ltx2.prepare(_ltx2_request(reference_image=image))
     with pytest.raises(ValueError, match="input_reference"):
-        sa.prepare(_sa_request(reference_image=image))
+        sa.prepare(replace(_sa_request(), reference_image=image))  # no audio job has one

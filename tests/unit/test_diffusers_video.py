@@ -89,7 +89,7 @@ def _request(case: Case, **overrides: Any) -> GenerationRequest:
         "extra": dict(case.extra),
     }
     fields.update(overrides)
-    return GenerationRequest(**fields)
+    return GenerationRequest.video(**fields)
 
 
 def _adapter(case: Case, pipe: Any) -> DiffusersAdapter:

@@ -23,7 +23,14 @@ from api.audio_validation import (
 from api.validation import parse_create, resolve
 from models.catalog import BUILTIN_SPECS
 from models.db import Job, job_spec
-from models.job_specs import AudioJobOutput, AudioSpec, audio_shape, parse_spec
+from models.job_specs import (
+    AudioJobOutput,
+    AudioSpec,
+    SamplerOptions,
+    VideoSpec,
+    audio_shape,
+    parse_spec,
+)
 from storage.settings import Settings
 from tests.helpers import video_spec
 from workers.pipelines.base import GenerationRequest
@@ -76,7 +83,7 @@ def test_a_video_request_reaches_the_adapter_as_asked(settings: Settings) -> Non
     assert (job.status, job.progress, job.stage, job.idempotency_key) == ("queued", 0, "queue", "k")
     # the worker gets the same spec, and the adapter the request it describes
     assert job_spec(job) == spec and spec.seconds == "0.5"
-    request = GenerationRequest.from_spec(job_spec(job))
+    request = GenerationRequest(job_spec(job))
     assert (request.width, request.height, request.num_frames, request.fps) == (64, 48, 8, 16.0)
     assert (request.seed, request.num_inference_steps, request.duration_s) == (9, 3, None)
     assert request.negative_prompt == "blur" and request.guidance_scale == 7.5
@@ -148,9 +155,38 @@ def test_an_audio_request_is_a_duration_not_frames(
     assert audio_shape(job.spec, None) == (fmt, spec.sample_rate, spec.channels)
     made = AudioJobOutput(sample_rate=8000, channels=2, num_samples=4).model_dump()
     assert audio_shape(job.spec, made) == (fmt, 8000, 2)
-    request = GenerationRequest.from_spec(parsed)
+    request = GenerationRequest(parsed)
     assert request.duration_s == duration_ms / 1000
     assert (request.num_frames, request.fps, request.width, request.height) == (0, 0.0, 0, 0)
+
+
+def test_a_request_made_outside_a_job_reads_as_one_made_from_a_spec() -> None:
+    video = GenerationRequest.video(
+        prompt="a red fox",
+        width=64,
+        height=48,
+        num_frames=8,
+        fps=16.0,
+        num_inference_steps=3,
+        seed=9,
+        guidance_scale=7.5,
+        extra={"motion": 2.0},
+    )
+    assert isinstance(video.spec, VideoSpec) and video.spec.options.guidance_scale == 7.5
+    assert video.guidance_scale == 7.5 and video.sampler.model_dump() == {"guidance_scale": 7.5}
+    assert (video.duration_s, video.options, video.quality, video.lora) == (
+        None,
+        {},
+        "lossless",
+        None,
+    )
+    audio = GenerationRequest.audio(
+        prompt="rain", duration_s=1.5, num_inference_steps=3, seed=9, guidance_scale=3.0
+    )
+    assert isinstance(audio.spec, AudioSpec) and audio.spec.duration_ms == 1500
+    assert audio.options == {"guidance_scale": 3.0} and audio.guidance_scale == 3.0
+    assert (audio.width, audio.height, audio.num_frames, audio.fps) == (0, 0, 0, 0.0)
+    assert audio.duration_s == 1.5 and audio.sampler == SamplerOptions()
 
 
 def test_a_stored_spec_is_checked_when_parsed() -> None:

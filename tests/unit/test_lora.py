@@ -38,7 +38,7 @@ def loras(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _request(lora: LoraSpec | None) -> GenerationRequest:
-    return GenerationRequest(
+    return GenerationRequest.video(
         prompt="a red ball", width=32, height=32, num_frames=9, fps=16.0,
         num_inference_steps=3, seed=7, lora=lora,
     )

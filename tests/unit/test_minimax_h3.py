@@ -40,7 +40,7 @@ def _request(**kw: Any) -> GenerationRequest:
         "num_inference_steps": 3,
         "seed": 42,
     }
-    return GenerationRequest(**{**base, **kw})
+    return GenerationRequest.video(**{**base, **kw})
 
 
 def _adapter(pipe: Any, partition: str = "transformer") -> MiniMaxH3Adapter:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,18 +18,14 @@ from workers.pipelines.reference_audio import (
 )
 
 
-def _request(**kw: object) -> GenerationRequest:
-    base = GenerationRequest(
-        prompt="rain on a dark night with drums",
-        width=0,
-        height=0,
-        num_frames=0,  # audio: no frames, a duration
-        fps=0.0,
-        duration_s=1.5,
-        num_inference_steps=6,
-        seed=7,
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+def _request(**kw: Any) -> GenerationRequest:
+    base: dict[str, Any] = {
+        "prompt": "rain on a dark night with drums",
+        "duration_s": 1.5,
+        "num_inference_steps": 6,
+        "seed": 7,
+    }
+    return GenerationRequest.audio(**base | kw)
 
 
 @pytest.fixture()

@@ -31,12 +31,13 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import numpy as np
 
-from models.catalog import CatalogError, ModelSpec, QualityTier, ServedModel
-from models.job_specs import AudioSpec, LoraSpec, SamplerOptions, VideoSpec
+from models.catalog import CatalogError, ModelSpec, ServedModel
+from workers.pipelines.request import GenerationRequest as GenerationRequest
+from workers.pipelines.request import MediaReference as MediaReference
 
 if TYPE_CHECKING:
     from workers.pipelines.diffusers.lora import LoraCache
@@ -94,91 +95,6 @@ def step_stops(reason: StopReason) -> Iterator[None]:
         yield
     finally:
         _step_stop.reset(token)
-
-
-@dataclass
-class MediaReference:
-    """One decoded conditioning input of a request, in the order the client sent it: an
-    image (``frames`` uint8 H×W×3), a video (``frames`` uint8 T×H×W×3 at ``fps``, with
-    its soundtrack in ``audio`` when it has one) or an audio clip (``audio``); audio is
-    float32 (channels, samples) at ``sample_rate``."""
-
-    kind: Literal["image", "video", "audio"]
-    frames: np.ndarray | None = None
-    fps: float | None = None
-    audio: np.ndarray | None = None
-    sample_rate: int | None = None
-
-
-@dataclass
-class GenerationRequest:
-    """A validated, normalized request as the worker sees it (the executor builds it from
-    the job's :mod:`models.job_specs` spec). Video clips are ``num_frames`` at ``fps``;
-    audio clips are ``duration_s`` long (their frame fields are 0)."""
-
-    prompt: str
-    width: int
-    height: int
-    num_frames: int
-    fps: float
-    num_inference_steps: int
-    seed: int
-    negative_prompt: str | None = None
-    guidance_scale: float | None = None
-    # A video's sampler settings (guidance_scale_2, flow_shift, vae_use_tiling, …).
-    sampler: SamplerOptions = field(default_factory=SamplerOptions)
-    # An audio clip's declared options (speed, voice, instructions, …).
-    options: dict[str, Any] = field(default_factory=dict)
-    # First frame for image-to-video: uint8 H×W×3 (already resized to width×height).
-    reference_image: np.ndarray | None = None
-    # Last frame (first/last-keyframe workflows): uint8 H×W×3.
-    last_image: np.ndarray | None = None
-    # Ordered references (omni-reference workflows), as the client sent them.
-    references: list[MediaReference] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-    # An audio clip's length in seconds; None for video.
-    duration_s: float | None = None
-    # The cache tier (``quality``): "lossless" runs every denoise step in full.
-    quality: QualityTier = "lossless"
-    # The LoRA adapter to run with (video jobs of models that list ``lora``).
-    lora: LoraSpec | None = None
-
-    @classmethod
-    def from_spec(
-        cls, spec: VideoSpec | AudioSpec, reference: np.ndarray | None = None
-    ) -> GenerationRequest:
-        """A job's spec as its adapter reads it: a video clip is ``num_frames`` at ``fps``,
-        an audio clip ``duration_s`` long (frame fields 0)."""
-        common: dict[str, Any] = {
-            "prompt": spec.prompt,
-            "num_inference_steps": spec.num_inference_steps,
-            "seed": spec.seed,
-            "negative_prompt": spec.negative_prompt,
-            "extra": dict(spec.extra),
-        }
-        if isinstance(spec, AudioSpec):
-            return cls(
-                width=0,
-                height=0,
-                num_frames=0,
-                fps=0.0,
-                duration_s=spec.duration_s,
-                guidance_scale=spec.options.get("guidance_scale"),
-                options=dict(spec.options),
-                **common,
-            )
-        return cls(
-            guidance_scale=spec.options.guidance_scale,
-            sampler=spec.options,
-            width=spec.width,
-            height=spec.height,
-            num_frames=spec.num_frames,
-            fps=spec.fps,
-            reference_image=reference,
-            quality=spec.quality,
-            lora=spec.lora,
-            **common,
-        )
 
 
 @dataclass

@@ -289,7 +289,7 @@ class ReferenceWorldPipeline(NoWeights, proc.OnDevice, WorldPipeline[WorldState]
     # --- one chunk ---------------------------------------------------------------------
 
     def _scene(self, config: WorldConfig, prompt: str) -> Scene:
-        request = GenerationRequest(
+        request = GenerationRequest.video(
             prompt=prompt,
             width=config.width,
             height=config.height,

@@ -250,10 +250,13 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         compile_backend: str = "inductor",
         compile_mode: str | None = None,
         warmup: list[WarmupShape] | None = None,
+        random_weights: bool = False,
     ) -> None:
-        if path is None and pipe is None:
+        if path is None and pipe is None and not random_weights:
             raise ValueError(f"{type(self).__name__} needs a local path or a pipe")
         self.path = path
+        # A registry entry's ``weights = "random"`` (benchmarks only: h3_random.py).
+        self.random_weights = random_weights
         self.dtype = parse_dtype(dtype)
         self.pipe: Any = pipe
         self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
@@ -293,6 +296,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
             compile_backend=model.compile_backend,
             compile_mode=model.compile_mode,
             warmup=model.warmup,
+            random_weights=model.weights == "random",
             **model.adapter_options,
         )
 
@@ -306,7 +310,9 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         """``from_pretrained(path, dtype=…, local_files_only=True)`` (or the injected pipe,
         whose dtype is left as it is), checked to be the family's pipeline class, moved to
         ``device``."""
-        if self.pipe is None:
+        if self.pipe is None and self.random_weights:
+            self.pipe = self._random_pipeline(device)
+        elif self.pipe is None:
             self.pipe = self._from_pretrained()
             if torch.device(device).type == "cpu":
                 own_weights(self.pipe)
@@ -338,6 +344,11 @@ class DiffusersAdapter(Pipeline, Generic[S]):
             self.path, local_files_only=True, **{DTYPE_KWARG: self.dtype}
         )
 
+    def _random_pipeline(self, device: str) -> Any:
+        """The pipeline from default configs with seeded random weights, built on
+        ``device`` (a registry entry's ``weights = "random"``; benchmarks only)."""
+        raise ValueError(f"{self.spec.name}: {self.family} has no random-weights loading mode")
+
     def warm_up(self) -> None:
         """Compile the blocks for each of the registry's ``warmup`` shapes (at worker
         start, before it takes jobs): a short request of that shape is prepared and one
@@ -345,7 +356,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         if not self.compiler.enabled:
             return
         for shape in self.warmup:
-            request = GenerationRequest(
+            request = GenerationRequest.video(
                 prompt="warm-up",
                 width=shape.width,
                 height=shape.height,

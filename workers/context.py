@@ -23,6 +23,7 @@ from workers.executor import StepExecutor
 from workers.persist import SessionPersister
 from workers.pipelines.registry import PipelineRegistry
 from workers.reconciler import Reconciler, start_reconciler_thread
+from workers.temp_dirs import TempDirs, temp_root
 from workers.voice_sessions import VoiceSessionRunner
 from workers.world_sessions import WorldSessionRunner
 
@@ -61,6 +62,9 @@ class WorkerContext:
     reconciler: Reconciler
     world_sessions: WorldSessionRunner
     voice_sessions: VoiceSessionRunner
+    # This process's job temp directories: its job runs make them, its reconciler
+    # thread sweeps the others (workers/temp_dirs.py).
+    temp_dirs: TempDirs
     realtime: bool = False
     _stop_reconciler: threading.Event | None = None
     _presence: PresenceLease | None = None
@@ -90,7 +94,8 @@ class WorkerContext:
         bus = EventBus(
             client, ttl_s=settings.events_ttl_s, backoff_s=settings.redis.worker_timeout_s
         )
-        executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id, bus)
+        temp_dirs = TempDirs(temp_root(settings))
+        executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id, bus, temp_dirs)
         reconciler = Reconciler(settings, jobs, artifacts, JobQueue(make_celery(settings)), client)
         persist = SessionPersister(settings, jobs, artifacts)
         world_sessions = WorldSessionRunner(settings, pipelines, bus, worker_id, persist)
@@ -106,15 +111,19 @@ class WorkerContext:
             reconciler,
             world_sessions,
             voice_sessions,
+            temp_dirs,
             realtime,
         )
 
     def start_background(self) -> None:
-        """Start the reconciler loop (every worker runs one; a lock serializes passes)
-        and, on a job worker, its presence lease (``storage/worker_presence.py``)."""
+        """Start the reconciler loop (every worker runs one; a lock serializes passes;
+        each pass after a sweep of this machine's job temp directories) and, on a job
+        worker, its presence lease (``storage/worker_presence.py``)."""
         w = self.settings.worker
         if w.reconcile_interval_s > 0:
-            self._stop_reconciler = start_reconciler_thread(self.reconciler, w.reconcile_interval_s)
+            self._stop_reconciler = start_reconciler_thread(
+                self.reconciler, w.reconcile_interval_s, self.temp_dirs
+            )
         models = list(worker_models(self.settings))
         if not self.realtime and models:
             self._presence = PresenceLease(

@@ -13,21 +13,17 @@ every change is a conditional UPDATE or an idempotent delete:
 3. **Stale multipart uploads** older than ``stale_upload_s`` are aborted.
 4. **Redis keys** of the reconciler itself carry TTLs; nothing else to trim yet.
 
-Besides, every worker sweeps its own machine's temp directory (:func:`sweep_temp_dirs`):
-a worker killed mid-job cannot remove its job's directory itself.
+Besides, every worker sweeps its own machine's temp directory before each pass
+(:meth:`workers.temp_dirs.TempDirs.sweep`): a worker killed mid-job cannot remove its
+job's directory itself.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from redis.exceptions import LockError
@@ -38,12 +34,13 @@ from models.errors import ErrorCode
 from models.events import DoneEvent
 from storage.artifacts import ArtifactStore, StorageError
 from storage.bus import EventBus
-from storage.constants import ID_PREFIX, KEY_PREFIX, job_events_key, job_prefix
+from storage.constants import KEY_PREFIX, job_events_key, job_prefix
 from storage.jobs import JobStore
 from storage.queue import JobQueue
 from storage.settings import Settings
 from workers.job_claim import expire_queued
 from workers.metrics import job_finished
+from workers.temp_dirs import TempDirs
 
 log = logging.getLogger(__name__)
 
@@ -152,68 +149,17 @@ class Reconciler:
         return True
 
 
-TEMP_PREFIX = "omniq-"
-# The job temp directories this process's runs use now (the executor adds and removes
-# them): never swept, even when their job ended elsewhere (a worker cut off and taken
-# over, still running its copy of the job).
-LIVE_TEMP_DIRS: set[Path] = set()
-
-
-def temp_root(settings: Settings) -> Path:
-    return Path(settings.worker.tmp_dir or tempfile.gettempdir())
-
-
-def sweep_temp_dirs(root: Path, jobs: JobStore, unknown_after_s: float = 3600.0) -> int:
-    """Remove job temp directories (``omniq-{job_id}-…``) no live job of this host needs:
-    the job ended, or its worker on this host is no longer alive. A directory whose job
-    this database does not know (deleted, or another deployment's sharing the temp dir)
-    is removed only once it is older than ``unknown_after_s``. Session directories
-    (``omniq-rtv_…``) belong to their session thread and are never swept."""
-    host = socket.gethostname()
-    removed = 0
-    for path in root.glob(TEMP_PREFIX + "*"):
-        if path in LIVE_TEMP_DIRS:
-            continue
-        job_id = path.name[len(TEMP_PREFIX) :].rsplit("-", 1)[0]
-        if not job_id.startswith(tuple(ID_PREFIX.values())):
-            continue
-        job = jobs.get(job_id)
-        if job is None:
-            try:
-                age = time.time() - path.stat().st_mtime
-            except OSError:
-                continue
-            if age < unknown_after_s:
-                continue
-        elif job.status == JobStatus.IN_PROGRESS and job.worker_id:
-            owner_host, _, rest = job.worker_id.partition(":")
-            pid = rest.partition(":")[0]
-            if owner_host != host or (pid.isdigit() and _alive(int(pid))):
-                continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed += 1
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def start_reconciler_thread(reconciler: Reconciler, interval_s: float) -> threading.Event:
-    """Run passes every ``interval_s`` in a daemon thread; set the event to stop."""
+def start_reconciler_thread(
+    reconciler: Reconciler, interval_s: float, temp_dirs: TempDirs
+) -> threading.Event:
+    """Run passes every ``interval_s`` in a daemon thread, each after a sweep of this
+    worker's ``temp_dirs``; set the event to stop."""
     stop = threading.Event()
-    root = temp_root(reconciler.settings)
 
     def loop() -> None:
         while not stop.wait(interval_s):
             try:
-                sweep_temp_dirs(root, reconciler.jobs, reconciler.settings.worker.stale_upload_s)
+                temp_dirs.sweep(reconciler.jobs, reconciler.settings.worker.stale_upload_s)
             except Exception:
                 log.warning("temp directory sweep failed", exc_info=True)
             try:

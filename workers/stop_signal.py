@@ -10,11 +10,11 @@ Sources (each sets the signal; the first one wins, the signal stays set):
 source                what it notices                                            latency
 ====================  =========================================================  ==========
 the bus               the ``done`` entry a cancel/delete writes to the job's     ms
-                      stream right after its UPDATE (``workers/stop_watch.py``,
+                      stream right after its UPDATE (:meth:`StopSignal.watch`,
                       a thread blocked on XREAD)
 the writer thread     its progress/heartbeat UPDATE matched no row (the job is   one
-                      no longer in progress and ours: ``_start_heartbeat`` in    heartbeat
-                      ``workers/executor.py``)
+                      no longer in progress and ours: the heartbeat of           heartbeat
+                      :class:`workers.job_run.JobRun`)
 a row read            :meth:`StopSignal.poll`: a gate that can afford a database a gate's
                       read asks ``JobStore.still_owned``; no longer ours sets     interval
                       the signal (this is what catches a take-over, and a
@@ -22,14 +22,18 @@ a row read            :meth:`StopSignal.poll`: a gate that can afford a database
 ====================  =========================================================  ==========
 
 Gates (each reads the signal; a set signal raises :class:`models.errors.JobLost`, which
-the executor turns into the run's cleanup and no terminal write of its own):
+the executor turns into the run's cleanup and no terminal write of its own). They are
+methods of :class:`workers.job_run.JobRun` (``report``, ``stop_point`` and
+``in_step_stop`` check the deadline too, and raise ``JobTimedOut`` past it):
 
-* between two steps and at every stage change (``_report``, ``_check``): a row read;
-* inside prepare and decode, through ``checkpoint()`` (``_stop_point``): a row read at
-  most every ``STOP_POINT_INTERVAL_S`` (20 ms);
-* inside a step, before each denoiser block (``_in_step_stop``, the block gates of
-  ``workers/pipelines/blocks.py``): the signal alone, no database read;
-* before each part of a multipart upload (``_next_part``) and after each file: a row
+* between two steps and at every stage change (``report``, ``check``): a row read;
+* inside prepare and decode, through ``checkpoint()`` (``stop_point``, set with
+  ``checkpoints`` of ``workers/pipelines/base.py``): a row read at most every
+  ``STOP_POINT_INTERVAL_S`` (20 ms);
+* inside a step, before each denoiser block (``in_step_stop``, set with ``step_stops``
+  and asked by the block gates of ``workers/pipelines/blocks.py``): the signal alone,
+  no database read;
+* before each part of a multipart upload (``next_part``) and after each file: a row
   read (a refused part aborts the upload, ``UploadAborted``);
 * a failpoint ``pause`` (tests) waits while the signal is not set.
 
@@ -40,12 +44,19 @@ UPDATE matches only a row still in progress and ours (``storage/job_statements.p
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable
 
 from models.errors import JobLost
+from storage.bus import EventBus
+from storage.constants import job_events_key
+
+log = logging.getLogger(__name__)
+
+BLOCK_MS = 1000  # one XREAD's wait of the bus watch; how long it outlives its run at most
 
 
 class StopSignal:
@@ -56,6 +67,7 @@ class StopSignal:
         self._flag = threading.Event()
         self._owned = owned
         self._polled = -math.inf  # monotonic time of the last row read
+        self._closed = threading.Event()  # set: the run ended, the bus watch stops
 
     def set(self) -> None:
         """A source found the job no longer ours."""
@@ -81,3 +93,34 @@ class StopSignal:
         """Raise :class:`JobLost` when the job is no longer ours (:meth:`poll`)."""
         if self.poll(min_interval_s):
             raise JobLost
+
+    def watch(self, bus: EventBus | None, job_id: str, after: str | None) -> StopSignal:
+        """Start the bus source: a thread blocked on the job's event stream from entry
+        ``after`` on, which sets the signal on a ``done`` entry other than a completion
+        (a cancel or delete writes one right after its UPDATE). Without a bus, or without
+        an entry to read after, the heartbeat and row reads are the only sources."""
+        if bus is not None and after is not None:
+            key = job_events_key(job_id)
+            thread = threading.Thread(
+                target=self._watch, args=(bus, key, after), name=f"stopwatch-{key}", daemon=True
+            )
+            thread.start()
+        return self
+
+    def close(self) -> None:
+        """The run ended: the bus watch stops (within ``BLOCK_MS``)."""
+        self._closed.set()
+
+    def _watch(self, bus: EventBus, key: str, after: str) -> None:
+        while not self._closed.is_set():
+            try:
+                entries = bus.read(key, after, block_ms=BLOCK_MS)
+            except Exception:
+                log.warning("stop watch of %s: bus read failed", key, exc_info=True)
+                self._closed.wait(BLOCK_MS / 1000)
+                continue
+            for entry in entries:
+                after = entry.id
+                if entry.type == "done" and entry.event.get("status") != "completed":
+                    self.set()
+                    return

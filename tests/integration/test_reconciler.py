@@ -22,7 +22,8 @@ from storage.queue import JobQueue, make_celery
 from storage.settings import Settings
 from tests.helpers import video_spec
 from tests.integration.conftest import service_settings
-from workers.reconciler import LIVE_TEMP_DIRS, LOCK_KEY, Reconciler, sweep_temp_dirs
+from workers.reconciler import LOCK_KEY, Reconciler
+from workers.temp_dirs import TempDirs
 
 pytestmark = pytest.mark.integration
 
@@ -212,12 +213,10 @@ def test_sweep_removes_temp_dirs_of_ended_jobs_and_dead_workers(
     # a run of this process still uses the directory of a job that ended elsewhere (a
     # zombie's, taken over): kept while the run lasts
     ended = _job(jobs, f"video_sw4{time.time_ns()}", status="completed")
-    live = tmp_path / f"omniq-{ended.id}-abc123"
-    live.mkdir()
-    LIVE_TEMP_DIRS.add(live)
-    try:
-        assert sweep_temp_dirs(tmp_path, jobs, unknown_after_s=3600) == 3
-    finally:
-        LIVE_TEMP_DIRS.discard(live)
+    temp_dirs = TempDirs(tmp_path)
+    live = temp_dirs.make(ended.id)
+    assert temp_dirs.sweep(jobs, unknown_after_s=3600) == 3
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted([names[1], unknown_new, session, live.name])
+    temp_dirs.remove(live)  # the run ended: its directory goes
+    assert not live.exists() and temp_dirs.live == set()

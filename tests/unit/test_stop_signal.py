@@ -3,9 +3,14 @@ it, and a row read that finds the job no longer ours is a source too."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 
 from models.errors import JobLost
+from storage.bus import BusEntry
+from storage.constants import job_events_key
 from workers.stop_signal import StopSignal
 
 
@@ -60,3 +65,58 @@ def test_without_a_row_reader_only_a_source_sets_it() -> None:
     signal.set()
     with pytest.raises(JobLost):
         signal.check()
+
+
+class Stream:
+    """A job's event stream as ``EventBus.read`` serves it: each read returns the next
+    batch (after blocking on none), and the reads are recorded."""
+
+    def __init__(self, *batches: list[BusEntry]) -> None:
+        self.batches = list(batches)
+        self.reads: list[tuple[str, str]] = []
+        self.drained = threading.Event()
+
+    def read(self, stream: str, after: str, *, block_ms: int | None = None) -> list[BusEntry]:
+        self.reads.append((stream, after))
+        if not self.batches:
+            self.drained.set()
+            threading.Event().wait(0.01)
+            return []
+        return self.batches.pop(0)
+
+
+def _entry(entry_id: str, **event: Any) -> BusEntry:
+    return BusEntry(entry_id, event)
+
+
+def test_the_bus_watch_sets_it_on_a_cancel_and_stops_reading() -> None:
+    progress = _entry("2-0", type="progress", progress=10)
+    done = _entry("3-0", type="done", status="failed")
+    stream = Stream([progress], [done])
+    signal = StopSignal().watch(stream, "video_1", "1-0")  # type: ignore[arg-type]
+    for _ in range(500):
+        if signal.is_set():
+            break
+        threading.Event().wait(0.01)
+    assert signal.is_set()
+    key = job_events_key("video_1")
+    assert stream.reads == [(key, "1-0"), (key, "2-0")]  # each read after the last entry
+    signal.close()
+
+
+def test_the_bus_watch_ignores_a_completion_and_ends_with_the_run() -> None:
+    stream = Stream([_entry("2-0", type="done", status="completed")])
+    signal = StopSignal().watch(stream, "video_1", "1-0")  # type: ignore[arg-type]
+    assert stream.drained.wait(5)
+    assert not signal.is_set()
+    signal.close()
+    n = len(stream.reads)
+    threading.Event().wait(0.1)
+    assert len(stream.reads) <= n + 1  # the watch ends within one read
+
+
+def test_without_a_bus_or_a_start_entry_nothing_is_watched() -> None:
+    stream = Stream()
+    StopSignal().watch(None, "video_1", "1-0").close()
+    StopSignal().watch(stream, "video_1", None).close()  # type: ignore[arg-type]
+    assert stream.reads == []

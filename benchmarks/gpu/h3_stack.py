@@ -312,17 +312,20 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
     p.add_argument(
-        "--random-config",
-        type=Path,
-        default=None,
-        help="a JSON file of config overrides per part (h3_random.PARTS) and an optional "
-        '"spec" table of ModelSpec overrides: a smaller variant, to check this script on a CPU',
+        "--toy",
+        action="store_true",
+        help="h3_random.TOY_CONFIG on the CPU (float32, no compile, 64x64): checks this script",
     )
     args = p.parse_args()
-    overrides = json.loads(args.random_config.read_text()) if args.random_config else {}
-    spec = overrides.pop("spec", {})
-    args.random_config = overrides
-    args.spec_toml = "\n".join(f"{k} = {inline_toml(v)}" for k, v in spec.items())
+    args.random_config, args.spec_toml = {}, ""
+    if args.toy:
+        from workers.pipelines.diffusers.h3_random import TOY_CONFIG
+
+        args.random_config = TOY_CONFIG
+        args.spec_toml = "canvas_short_edge = 64\ncanvas_max_pixels = 8192"
+        args.device, args.dtype, args.compile = "cpu", "float32", "off"
+        args.width = args.height = 64
+        args.seconds, args.lora_rank = 6, 2
 
     from models.catalog import FAMILY_SPECS
 
@@ -331,9 +334,11 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         **git_state(),
         "shape": {"width": args.width, "height": args.height, "num_frames": args.frames},
-        "weights": "seeded random init from the default configs, bf16, built on the GPU "
-        "(registry weights = 'random')",
-        "text_encoder": f"Qwen3-VL width 5120, {args.text_layers + 1} decoder layers",
+        "weights": f"seeded random init from the {'toy' if args.toy else 'default'} configs, "
+        f"{args.dtype}, built on {args.device} (registry weights = 'random')",
+        "text_encoder": f"Qwen3-VL {'toy' if args.toy else 'width 5120'}, "
+        f"{args.text_layers + 1} decoder layers, read after layer {args.text_layers} (the "
+        "released one reads layer 50 of 64); runs once per job",
     }
     with tempfile.TemporaryDirectory() as tmp:
         out |= run(args, Path(tmp))

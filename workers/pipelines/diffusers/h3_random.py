@@ -101,6 +101,66 @@ def _allocated_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
 # The parts whose configs ``random_config`` may override (a smaller variant; CPU tests).
 PARTS = ("transformer", "text_encoder", "vision", "vae", "audio_vae", "image_processor")
 
+# A toy H3 (32 wide, two blocks) as ``random_config``: the benchmarks' CPU checks.
+TOY_CONFIG: dict[str, dict[str, Any]] = {
+    "transformer": {
+        "num_attention_heads": 2,
+        "attention_head_dim": 16,
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_refiner_layers": 1,
+        "ffn_dim": 64,
+        "in_channels": 8,
+        "audio_in_channels": 8,
+        "text_dim": 32,
+        "freq_dim": 32,
+        "time_embed_hidden_dim": 32,
+        "time_embed_dim": 16,
+        "rope_freq_dim": 2,
+    },
+    "text_encoder": {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]},
+        "max_position_embeddings": 4096,
+    },
+    "vision": {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 32,
+        "patch_size": 4,
+        "deepstack_visual_indexes": [0],
+        "num_position_embeddings": 64,
+    },
+    "vae": {
+        "latent_channels": 8,
+        "block_out_channels": [8, 8, 8, 8, 8, 8],
+        "layers_per_block": 1,
+        "norm_num_groups": 4,
+        "decoder_num_layers": 1,
+        "decoder_num_attention_heads": 2,
+        "decoder_attention_head_dim": 8,
+        "latents_mean": [0.0] * 8,
+        "latents_std": [1.0] * 8,
+    },
+    "audio_vae": {
+        "encoder_dim": 4,
+        "latent_dim": 16,
+        "latent_channels": 8,
+        "num_attention_heads": 2,
+        "decoder_dim": 128,
+        "resblock_kernel_sizes": [3],
+        "resblock_dilation_sizes": [[1]],
+        "latents_mean": [0.0] * 8,
+        "latents_std": [1.0] * 8,
+    },
+}
+
 
 def text_encoder_config(
     tok: Qwen2Tokenizer,

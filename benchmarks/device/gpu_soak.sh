@@ -30,7 +30,7 @@ start)
     PYTHONUNBUFFERED=1 "$VENV/bin/python" - "$SOAK_DIR" <<'PY'
 import argparse, sys
 from pathlib import Path
-from benchmarks.gpu_common import save_wan
+from benchmarks.gpu.common import save_wan
 _, registry = save_wan(Path(sys.argv[1]), argparse.Namespace(layers=30))
 print("registry", registry)
 PY

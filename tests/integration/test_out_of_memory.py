@@ -3,7 +3,7 @@ any machine has fails ``oom`` within that step, nothing of it stays referenced, 
 worker runs the next job (issue 23). The allocation is real (numpy's, in the step of
 ``tests/integration/attention_pipeline.py``), not a failpoint; the failpoint test of the
 same path is ``test_cancel_faults.py::test_out_of_memory_fails_with_oom``, and the GPU run,
-under ``OMNIQ_WORKER__MEMORY_FRACTION``, is ``benchmarks/gpu_oom.py``.
+under ``OMNIQ_WORKER__MEMORY_FRACTION``, is ``benchmarks/gpu/oom.py``.
 
 Through the queue: a real API and Celery worker on PostgreSQL, Redis and S3. In process:
 the executor on SQLite and the same S3, where a test can hold weak references to the

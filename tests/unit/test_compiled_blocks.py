@@ -1,7 +1,7 @@
 """Compiled blocks on the tiny Wan, in process: dynamo compiles each block's ``forward``
 (here with its ``eager`` backend, which traces and guards as inductor does but runs the
 graph's ops as they are, so frames stay bit-equal and CPU CI stays fast; inductor itself
-is measured on the GPU by ``benchmarks/gpu_lane.py``). The cancel gates and the cache
+is measured on the GPU by ``benchmarks/gpu/lane.py``). The cancel gates and the cache
 tiers' hooks stay outside the compiled region; a second job of a shape compiles nothing;
 warm-up shapes compile before any job; a compile failure falls back to eager."""
 

@@ -1,5 +1,5 @@
 """``OMNIQ_WORKER__MEMORY_FRACTION``: what it accepts, and how a worker applies it (the
-CUDA calls are stand-ins here; ``benchmarks/gpu_oom.py`` runs it on a GPU)."""
+CUDA calls are stand-ins here; ``benchmarks/gpu/oom.py`` runs it on a GPU)."""
 
 from __future__ import annotations
 

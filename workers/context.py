@@ -81,6 +81,7 @@ class WorkerContext:
             settings.worker.device,
             lora=settings.lora,
             fetch=partial(s3_object_bytes, artifacts.client),
+            random_weights=settings.worker.random_weights,
         )
         worker_id = f"{socket.gethostname()}:{os.getpid()}:{name}"
         client = redis.Redis.from_url(

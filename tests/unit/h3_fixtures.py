@@ -31,32 +31,14 @@ from transformers import (
 )
 
 from workers.pipelines.diffusers.h3_processor import ImageOnlyProcessor
+from workers.pipelines.diffusers.h3_random import character_tokenizer
 
-_SPECIALS = [
-    "<|endoftext|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
 WIDTH = HIDDEN = 32
 
 
 def tiny_tokenizer() -> Qwen2Tokenizer:
-    vocab = {chr(c): i for i, c in enumerate(range(32, 127))}
-    vocab["Ġ"] = len(vocab)
-    for token in _SPECIALS:
-        vocab[token] = len(vocab)
-    tok = Qwen2Tokenizer(
-        vocab=vocab,
-        merges=[],
-        unk_token=None,
-        bos_token=None,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-    )
-    tok.add_special_tokens({"additional_special_tokens": _SPECIALS[1:]})
-    return tok
+    """The character-level tokenizer of the random-weights loading mode."""
+    return character_tokenizer()
 
 
 def tiny_text_encoder(tok: Qwen2Tokenizer) -> Qwen3VLForConditionalGeneration:

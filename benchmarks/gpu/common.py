@@ -183,6 +183,44 @@ def follow_events(client: Any, vid: str, on_progress: Any = None) -> dict[str, A
     raise RuntimeError(f"the event stream of {vid} ended without done")
 
 
+def cancel_in_step(
+    client: Any, canceller: Any, logs: Any, vid: str, after_step: int, delay: float
+) -> dict[str, Any]:
+    """Follow job ``vid``'s events; ``delay`` s into denoise step ``after_step``, send
+    ``POST /v1/videos/{id}/cancel`` on ``canceller`` (a warm connection); then read up's
+    log (``logs``, an embedded_stack.LogWatcher) for the worker's release. The record:
+    cancel → worker stopped (its ``job …: cancelled`` line, logged after cleanup), → the
+    stop noticed inside the step, where (step, block), and the HTTP round trip."""
+    sent: list[float] = []
+    answered: list[float] = []
+
+    def on_progress(event: dict[str, Any]) -> None:
+        if sent or event.get("stage") != "denoise" or event.get("step", 0) < after_step:
+            return
+        time.sleep(delay)
+        sent.append(time.time())
+        canceller.post(f"/v1/videos/{vid}/cancel").raise_for_status()
+        answered.append(time.time())
+
+    follow_events(client, vid, on_progress)
+    released = logs.wait_released(vid, timeout=120)
+    logs.poll()
+    stop = logs.stopped_in_step.get(vid)
+
+    def ms(at: float | None) -> float | None:
+        return round((at - sent[0]) * 1000, 1) if at is not None and sent else None
+
+    return {
+        "after_step": after_step,
+        "delay_ms": round(delay * 1000, 1),
+        "outcome": released[1] if released else None,
+        "cancel_to_worker_stopped_ms": ms(released[0] if released else None),
+        "cancel_to_noticed_ms": ms(stop[0] if stop else None),
+        "stopped_at": {"step": stop[1], "block": stop[2]} if stop else None,
+        "cancel_round_trip_ms": ms(answered[0] if answered else None),
+    }
+
+
 def emit(out: dict[str, Any], name: str) -> None:
     """Print the run's JSON, and write it to ``$OUT/<name>.json`` when OUT is set."""
     text = json.dumps(out, indent=2)

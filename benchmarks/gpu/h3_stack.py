@@ -46,7 +46,7 @@ import numpy as np
 
 from benchmarks.common import pct
 from benchmarks.embedded_stack import LogWatcher, Stack, git_state
-from benchmarks.gpu.common import emit, follow_events
+from benchmarks.gpu.common import cancel_in_step, emit, follow_events
 
 MODEL = "MiniMaxAI/MiniMax-H3/FastH3"
 PROMPT = "a red kite over a green hill at dusk, wind in the grass, a dog barks once"[:70]
@@ -262,36 +262,7 @@ def cancels(
         resp = client.post("/v1/videos", data=node_form(args, 100 + i))
         resp.raise_for_status()
         vid = resp.json()["id"]
-        sent: list[float] = []
-
-        def on_progress(
-            event: dict[str, Any],
-            v: str = vid,
-            t: int = target,
-            d: float = delay,
-            sent: list[float] = sent,
-        ) -> None:
-            if sent or event.get("stage") != "denoise" or event.get("step", 0) < t:
-                return
-            time.sleep(d)
-            sent.append(time.time())
-            canceller.post(f"/v1/videos/{v}/cancel").raise_for_status()
-
-        follow_events(client, vid, on_progress)
-        released = logs.wait_released(vid, timeout=120)
-        logs.poll()
-        stop = logs.stopped_in_step.get(vid)
-        found.append(
-            {
-                "after_step": target,
-                "delay_ms": round(delay * 1000, 1),
-                "outcome": released[1] if released else None,
-                "cancel_to_worker_stopped_ms": (
-                    round((released[0] - sent[0]) * 1000, 1) if released and sent else None
-                ),
-                "stopped_at": {"step": stop[1], "block": stop[2]} if stop else None,
-            }
-        )
+        found.append(cancel_in_step(client, canceller, logs, vid, target, delay))
     return found
 
 

@@ -45,6 +45,7 @@ from benchmarks.common import parser, pct, summary
 from benchmarks.embedded_stack import LogWatcher, Stack, say
 from benchmarks.gpu.common import (
     MODEL,
+    cancel_in_step,
     emit,
     follow_events,
     free_memory,
@@ -218,46 +219,7 @@ def stack_phase(registry: Path, args: argparse.Namespace, step_s: float) -> dict
                 resp = client.post("/v1/videos", json={**body, "seed": 2})
                 resp.raise_for_status()
                 vid = resp.json()["id"]
-                sent: list[float] = []
-
-                answered: list[float] = []
-
-                def on_progress(
-                    event: dict[str, Any],
-                    v: str = vid,
-                    t: int = target,
-                    d: float = delay,
-                    sent: list[float] = sent,
-                    answered: list[float] = answered,
-                ) -> None:
-                    if sent or event.get("stage") != "denoise" or event.get("step", 0) < t:
-                        return
-                    time.sleep(d)
-                    sent.append(time.time())
-                    canceller.post(f"/v1/videos/{v}/cancel").raise_for_status()
-                    answered.append(time.time())
-
-                follow_events(client, vid, on_progress)
-                released = logs.wait_released(vid, timeout=120)
-                logs.poll()
-                stop = logs.stopped_in_step.get(vid)
-                cancels.append(
-                    {
-                        "after_step": target,
-                        "delay_ms": round(delay * 1000, 1),
-                        "outcome": released[1] if released else None,
-                        "cancel_to_worker_stopped_ms": (
-                            round((released[0] - sent[0]) * 1000, 1) if released and sent else None
-                        ),
-                        "cancel_to_noticed_ms": (
-                            round((stop[0] - sent[0]) * 1000, 1) if stop and sent else None
-                        ),
-                        "stopped_at": {"step": stop[1], "block": stop[2]} if stop else None,
-                        "cancel_round_trip_ms": (
-                            round((answered[0] - sent[0]) * 1000, 1) if answered else None
-                        ),
-                    }
-                )
+                cancels.append(cancel_in_step(client, canceller, logs, vid, target, delay))
             out["cancels"] = cancels
             logs.poll()
             out["cuda_allocated_mib_after_each_job"] = dict(logs.cuda_allocated_mib)

@@ -160,3 +160,14 @@ def tiny_h3_lora(path: Path, seed: int = 1) -> str:
     state = get_peft_model_state_dict(transformer)
     save_file({f"transformer.{k}": v.contiguous() for k, v in state.items()}, str(path))
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_to_media(adapter: Any, request: Any) -> Any:
+    """One job through a pipeline adapter, step by step: its decoded media."""
+    state = adapter.prepare(request)
+    try:
+        while not state.done:
+            adapter.step(state)
+        return adapter.decode(state)
+    finally:
+        adapter.end()

@@ -16,7 +16,7 @@ from models.catalog import FAMILY_SPECS
 from models.errors import InvalidJobInput, InvalidRequest
 from models.job_specs import SamplerOptions
 from storage.settings import Settings
-from tests.unit.h3_fixtures import tiny_h3_lora, tiny_h3_pipe
+from tests.unit.h3_fixtures import run_to_media, tiny_h3_lora, tiny_h3_pipe
 from workers.pipelines.base import GenerationRequest, Media, MediaReference
 from workers.pipelines.diffusers.common import make_generator, to_uint8
 from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter, call_inputs, shifts_of
@@ -52,13 +52,8 @@ def _adapter(pipe: Any, partition: str = "transformer") -> MiniMaxH3Adapter:
 
 
 def _run(adapter: MiniMaxH3Adapter, request: GenerationRequest) -> Media:
-    state = adapter.prepare(request)
-    try:
-        while not state.done:
-            adapter.step(state)
-        return adapter.decode(state)
-    finally:
-        adapter.end()
+    media: Media = run_to_media(adapter, request)
+    return media
 
 
 def _reference(pipe: Any, request: GenerationRequest) -> tuple[np.ndarray, np.ndarray, int]:

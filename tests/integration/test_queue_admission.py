@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, select
 
 from cli.embedded import EmbeddedS3
 from models.db import Job, JobStatus
@@ -131,15 +131,6 @@ def qstack(
         yield st
 
 
-def _rows(st: Stack) -> int:
-    engine = create_engine(st.database_url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(select(func.count()).select_from(Job)).scalar_one())
-    finally:
-        engine.dispose()
-
-
 def _wait(c: httpx.Client, job_id: str, status: str, timeout: float = 60) -> dict:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -173,7 +164,7 @@ def test_queue_full_refuses_with_retry_after_and_stores_nothing(qstack: Stack) -
         assert first.status_code == 200, first.text
         assert first.json()["estimated_start_at"] is None  # no worker: nothing to go on
         assert c.post("/v1/videos", json=TINY).status_code == 200
-        rows = _rows(qstack)
+        rows = qstack.count_jobs()
         for send in (
             lambda: c.post("/v1/videos", json=TINY),
             lambda: c.post("/v1/videos", data={k: str(v) for k, v in TINY.items()}),
@@ -185,7 +176,7 @@ def test_queue_full_refuses_with_retry_after_and_stores_nothing(qstack: Stack) -
             assert "reference/video" in error["message"]
             # nothing measured yet: the configured fallback
             assert refused.headers["retry-after"] == "77"
-        assert _rows(qstack) == rows
+        assert qstack.count_jobs() == rows
         # a retried create gets its job, queue full or not
         again = c.post("/v1/videos", json=TINY, headers={"Idempotency-Key": "q-1"})
         assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
@@ -276,13 +267,13 @@ def test_ttl_expired_ends_a_queued_job_without_running_it(qstack: Stack) -> None
 @pytest.mark.parametrize("ttl", [0, -3, 1.5, "soon", 10**9, True])
 def test_a_bad_ttl_is_a_400_naming_it_and_stores_nothing(qstack: Stack, ttl: object) -> None:
     with qstack.client() as c:
-        rows = _rows(qstack)
+        rows = qstack.count_jobs()
         answer = c.post("/v1/videos", json={**TINY, "ttl": ttl})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == "ttl"
         audio = c.post("/v1/audio/generations", json={"prompt": "rain", "seconds": 1, "ttl": ttl})
         assert audio.status_code == 400 and audio.json()["error"]["param"] == "ttl"
-        assert _rows(qstack) == rows
+        assert qstack.count_jobs() == rows
 
 
 def _png() -> bytes:

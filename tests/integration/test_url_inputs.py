@@ -18,7 +18,6 @@ import httpx
 import pytest
 import redis
 from PIL import Image
-from sqlalchemy import create_engine, text
 from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
@@ -110,15 +109,6 @@ def any_stack(
         yield st
 
 
-def _job_count(st: Stack) -> int:
-    engine = create_engine(st.database_url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(text("SELECT count(*) FROM jobs")).scalar_one())
-    finally:
-        engine.dispose()
-
-
 def _keys(s3: EmbeddedS3) -> set[str]:
     pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket)
     return {o["Key"] for page in pages for o in page.get("Contents", [])}
@@ -148,7 +138,7 @@ def test_job_create_refuses_a_loopback_url(
             error = resp.json()["error"]
             assert error["param"] == param and error["message"] == f"{param} {FIXED}", error
     assert len(images.requests) == seen, "the API connected to the refused host"
-    assert _job_count(public_stack) == 0
+    assert public_stack.count_jobs() == 0
     assert _keys(s3_server) == before
 
 

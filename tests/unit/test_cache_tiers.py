@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from models.errors import InvalidJobInput, JobLost
+from tests.unit.job_steps import job_frames
 from tests.unit.test_diffusers_video import CASES, FAMILIES, _adapter, _reference, _request
 from workers.pipelines.base import step_stops
 from workers.pipelines.diffusers import cache_tiers
@@ -25,18 +26,6 @@ def _frames(adapter: DiffusersAdapter, quality: str, **overrides: Any) -> np.nda
     case = CASES[adapter.family.removeprefix("diffusers.")]
     req = _request(case, num_inference_steps=STEPS, quality=quality, **overrides)
     return job_frames(adapter, req)
-
-
-def job_frames(adapter: DiffusersAdapter, req: Any) -> np.ndarray:
-    """One job as the executor runs it (prepare, the steps, decode; ``end`` whatever
-    happens): its float frames."""
-    state = adapter.prepare(req)
-    try:
-        while not state.done:
-            adapter.step(state)
-        return adapter.decode_frames(state)
-    finally:
-        adapter.end()
 
 
 def _fresh(name: str) -> DiffusersAdapter:

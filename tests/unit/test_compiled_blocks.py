@@ -15,7 +15,7 @@ import torch
 
 from models.catalog import WarmupShape
 from models.errors import JobLost
-from tests.unit.test_cache_tiers import job_frames
+from tests.unit.job_steps import job_frames
 from tests.unit.test_diffusers_video import CASES, _reference, _request
 from workers import metrics
 from workers.pipelines.base import step_stops

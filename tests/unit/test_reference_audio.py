@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.unit.job_steps import run_job
 from tests.unit.reference_fixtures import loaded
-from workers.pipelines.base import GenerationRequest, Media
+from workers.pipelines.base import GenerationRequest
 from workers.pipelines.reference_audio import (
     POOL,
     SAMPLE_RATE,
@@ -33,15 +34,8 @@ def pipe() -> ReferenceAudioPipeline:
     return loaded(ReferenceAudioPipeline)
 
 
-def _run(pipe: ReferenceAudioPipeline, req: GenerationRequest) -> Media:
-    state = pipe.prepare(req)
-    while not state.done:
-        pipe.step(state)
-    return pipe.decode(state)
-
-
 def test_same_request_same_audio_and_it_is_the_target(pipe: ReferenceAudioPipeline) -> None:
-    a, b = _run(pipe, _request()), _run(pipe, _request())
+    a, b = run_job(pipe, _request()), run_job(pipe, _request())
     assert a.audio is not None and b.audio is not None
     assert a.audio.shape == (2, 36_000) and a.audio.dtype == np.float32
     assert a.sample_rate == SAMPLE_RATE and a.frames.shape[0] == 0
@@ -52,7 +46,7 @@ def test_same_request_same_audio_and_it_is_the_target(pipe: ReferenceAudioPipeli
 
 
 def test_seed_prompt_and_options_change_the_audio(pipe: ReferenceAudioPipeline) -> None:
-    base = _run(pipe, _request()).audio
+    base = run_job(pipe, _request()).audio
     for changed in (
         _request(seed=8),
         _request(prompt="a bright sunny morning"),
@@ -62,7 +56,7 @@ def test_seed_prompt_and_options_change_the_audio(pipe: ReferenceAudioPipeline) 
         _request(negative_prompt="drums"),
         _request(extra={"bpm": 200.0}),
     ):
-        assert not np.array_equal(_run(pipe, changed).audio, base), changed
+        assert not np.array_equal(run_job(pipe, changed).audio, base), changed
 
 
 def test_each_step_moves_from_noise_toward_the_target(pipe: ReferenceAudioPipeline) -> None:
@@ -81,8 +75,8 @@ def test_each_step_moves_from_noise_toward_the_target(pipe: ReferenceAudioPipeli
 def test_one_step_lands_on_the_target_and_an_early_stop_is_noisy(
     pipe: ReferenceAudioPipeline,
 ) -> None:
-    one = _run(pipe, _request(num_inference_steps=1)).audio
-    assert np.array_equal(one, _run(pipe, _request(num_inference_steps=30)).audio)
+    one = run_job(pipe, _request(num_inference_steps=1)).audio
+    assert np.array_equal(one, run_job(pipe, _request(num_inference_steps=30)).audio)
     state = pipe.prepare(_request())
     pipe.step(state)
     early = pipe.decode(state).audio
@@ -92,7 +86,7 @@ def test_one_step_lands_on_the_target_and_an_early_stop_is_noisy(
 def test_length_follows_the_request_and_bad_extras_are_refused(
     pipe: ReferenceAudioPipeline,
 ) -> None:
-    media = _run(pipe, _request(duration_s=0.25, num_inference_steps=2))
+    media = run_job(pipe, _request(duration_s=0.25, num_inference_steps=2))
     assert media.audio is not None and media.audio.shape == (2, 6000)
     with pytest.raises(ValueError, match="bogus"):
         pipe.prepare(_request(extra={"bogus": 1}))

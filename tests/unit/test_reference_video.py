@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.unit.job_steps import run_job
 from tests.unit.reference_fixtures import loaded, video_request
 from workers.pipelines.base import GenerationRequest, Media
 from workers.pipelines.reference_video import (
@@ -19,11 +20,7 @@ from workers.pipelines.reference_video import (
 
 
 def _run(request: GenerationRequest) -> Media:
-    pipe = loaded(ReferenceVideoPipeline)
-    state = pipe.prepare(request)
-    while not state.done:
-        pipe.step(state)
-    return pipe.decode(state)
+    return run_job(loaded(ReferenceVideoPipeline), request)
 
 
 def test_same_request_and_seed_is_bit_identical() -> None:

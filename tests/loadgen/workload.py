@@ -65,6 +65,11 @@ class WorkloadError(ValueError):
     """A workload file that cannot be used; the message names the file and the key."""
 
 
+def _given(**fields: Any) -> dict[str, Any]:
+    """The optional body fields a shape sets (None: left to the server's default)."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 @dataclass(frozen=True)
 class Shape:
     """One video request shape of the mix."""
@@ -79,16 +84,13 @@ class Shape:
 
     def body(self) -> dict[str, Any]:
         """The shape's fields of a ``POST /v1/videos`` body."""
-        out: dict[str, Any] = {"size": self.size, "num_inference_steps": self.steps}
-        if self.num_frames is not None:
-            out["num_frames"] = self.num_frames
-        if self.seconds is not None:
-            out["seconds"] = self.seconds
-        if self.fps is not None:
-            out["fps"] = self.fps
-        if self.model is not None:
-            out["model"] = self.model
-        return out
+        return {
+            "size": self.size,
+            "num_inference_steps": self.steps,
+            **_given(
+                num_frames=self.num_frames, seconds=self.seconds, fps=self.fps, model=self.model
+            ),
+        }
 
     @property
     def label(self) -> str:
@@ -104,12 +106,11 @@ class AudioShape:
     model: str | None = None
 
     def body(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"seconds": self.seconds, "num_inference_steps": self.steps}
-        if self.response_format is not None:
-            out["response_format"] = self.response_format
-        if self.model is not None:
-            out["model"] = self.model
-        return out
+        return {
+            "seconds": self.seconds,
+            "num_inference_steps": self.steps,
+            **_given(response_format=self.response_format, model=self.model),
+        }
 
 
 @dataclass(frozen=True)

@@ -140,16 +140,6 @@ def test_diffusers_model_runs_through_the_queue(dstack: Stack, name: str, tmp_pa
     assert np.abs(decoded.astype(int) - video.astype(int)).mean() < 4
 
 
-def _wait_audio(stack: Stack, client: Any, audio_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = client.get(f"/v1/audio/generations/{audio_id}").json()
-        if body["status"] in ("completed", "failed"):
-            return body
-        time.sleep(0.1)
-    raise TimeoutError(f"{audio_id}:\n" + stack.log("w0"))
-
-
 def test_stable_audio_runs_through_the_queue(dstack: Stack) -> None:
     request = {
         "model": AUDIO_MODEL,
@@ -167,7 +157,9 @@ def test_stable_audio_runs_through_the_queue(dstack: Stack) -> None:
         for fmt in ("wav", "pcm", "mp3"):
             resp = c.post("/v1/audio/generations", json={**request, "response_format": fmt})
             assert resp.status_code == 200, resp.text
-            done = _wait_audio(dstack, c, resp.json()["id"])
+            done = dstack.wait_for(
+                c, resp.json()["id"], timeout=180, collection="audio/generations"
+            )
             assert done["status"] == "completed", (done, dstack.log("w0"))
             assert done["step"] == 3 and done["channels"] == 2
             # The model's own rate (8 Hz) where the format takes it; MP3 resamples.

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,21 +70,11 @@ def _create(client: httpx.Client, shape: dict[str, Any]) -> str:
     return str(resp.json()["id"])
 
 
-def _final(client: httpx.Client, vid: str, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body = client.get(f"/v1/videos/{vid}").json()
-        if body["status"] in ("completed", "failed"):
-            return dict(body)
-        time.sleep(0.02)
-    raise AssertionError(f"{vid} did not end: {body}")
-
-
 def test_a_job_too_large_for_memory_fails_oom_and_the_worker_goes_on(ostack: Stack) -> None:
     with ostack.client_without_failpoints() as client:
-        assert _final(client, _create(client, SMALL))["status"] == "completed"
+        assert ostack.wait_for(client, _create(client, SMALL))["status"] == "completed"
         vid = _create(client, LARGE)
-        final = _final(client, vid)
+        final = ostack.wait_for(client, vid)
         assert final["status"] == "failed"
         assert final["error"] == {"code": "oom", "message": "the device ran out of memory"}
         assert final["progress"] < 100
@@ -93,7 +82,7 @@ def test_a_job_too_large_for_memory_fails_oom_and_the_worker_goes_on(ostack: Sta
         assert line.group(2) == "step 1 of 5"  # the first step's first block asked for it
         assert float(line.group(3)) <= float(line.group(4))
         assert client.get(f"/v1/videos/{vid}").json()["status"] == "failed"  # and stays so
-        nxt = _final(client, _create(client, SMALL))
+        nxt = ostack.wait_for(client, _create(client, SMALL))
         assert nxt["status"] == "completed", nxt
 
 

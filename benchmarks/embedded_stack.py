@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -27,6 +27,7 @@ from workers.processes import free_port
 S3_ACCESS_KEY = "omniqueue"  # cli.embedded.EmbeddedS3 defaults; cli.up uses bucket "omniqueue"
 S3_SECRET_KEY = "omniqueue-embedded-secret"
 S3_BUCKET = "omniqueue"
+_T = TypeVar("_T")
 
 _LOG_RE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO workers\.executor: job (\S+): (\w+)\s*$"
@@ -282,11 +283,16 @@ class LogWatcher:
             elif m := _SKIP_RE.match(line):
                 self.task_results[m.group(3)] = (log_time(m.group(1), m.group(2)), m.group(4))
 
-    def wait_released(self, job_id: str, timeout: float = 120.0) -> tuple[float, str] | None:
+    def wait_for(self, table: dict[str, _T], job_id: str, timeout: float) -> _T | None:
+        """``table[job_id]`` (``table``: one of this watcher's) once the log has it; None
+        after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.poll()
-            if job_id in self.released:
-                return self.released[job_id]
+            if job_id in table:
+                return table[job_id]
             time.sleep(0.02)
         return None
+
+    def wait_released(self, job_id: str, timeout: float = 120.0) -> tuple[float, str] | None:
+        return self.wait_for(self.released, job_id, timeout)

@@ -211,13 +211,10 @@ def _memory_after(logs: LogWatcher, vid: str, timeout: float = 30) -> float | No
     """The worker's ``cuda memory allocated`` line after job ``vid`` (None on CPU)."""
     if not torch.cuda.is_available():
         return None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        logs.poll()
-        if vid in logs.cuda_allocated_mib:
-            return logs.cuda_allocated_mib[vid]
-        time.sleep(0.05)
-    raise TimeoutError(f"no memory line after {vid} within {timeout:g} s")
+    mib = logs.wait_for(logs.cuda_allocated_mib, vid, timeout)
+    if mib is None:
+        raise TimeoutError(f"no memory line after {vid} within {timeout:g} s")
+    return mib
 
 
 def _oom_line(stack: Stack, vid: str, timeout: float = 30) -> re.Match[str]:

@@ -30,8 +30,9 @@ from transformers import (
     Qwen3VLForConditionalGeneration,
 )
 
+from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.h3_processor import ImageOnlyProcessor
-from workers.pipelines.diffusers.h3_random import character_tokenizer
+from workers.pipelines.diffusers.h3_random import TOY_CONFIG, character_tokenizer
 
 WIDTH = HIDDEN = 32
 
@@ -85,21 +86,7 @@ def tiny_h3_components(seed: int = 0) -> dict[str, Any]:
     processor = ImageOnlyProcessor(image_processor=image_processor, tokenizer=tok)
 
     def transformer() -> MiniMaxH3Transformer3DModel:
-        return MiniMaxH3Transformer3DModel(
-            num_attention_heads=2,
-            attention_head_dim=16,
-            hidden_size=32,
-            num_layers=2,
-            num_refiner_layers=1,
-            ffn_dim=64,
-            in_channels=8,
-            audio_in_channels=8,
-            text_dim=HIDDEN,
-            freq_dim=32,
-            time_embed_hidden_dim=32,
-            time_embed_dim=16,
-            rope_freq_dim=2,
-        ).eval()
+        return MiniMaxH3Transformer3DModel(**TOY_CONFIG["transformer"]).eval()
 
     return {
         "text_encoder": tiny_text_encoder(tok),
@@ -107,28 +94,8 @@ def tiny_h3_components(seed: int = 0) -> dict[str, Any]:
         "processor": processor,
         "transformer": transformer(),
         "transformer_ref": transformer(),
-        "vae": AutoencoderKLMiniMaxH3(
-            latent_channels=8,
-            block_out_channels=(8, 8, 8, 8, 8, 8),
-            layers_per_block=1,
-            norm_num_groups=4,
-            decoder_num_layers=1,
-            decoder_num_attention_heads=2,
-            decoder_attention_head_dim=8,
-            latents_mean=(0.0,) * 8,
-            latents_std=(1.0,) * 8,
-        ).eval(),
-        "audio_vae": AutoencoderKLMiniMaxH3Audio(
-            encoder_dim=4,
-            latent_dim=16,
-            latent_channels=8,
-            num_attention_heads=2,
-            decoder_dim=128,
-            resblock_kernel_sizes=(3,),
-            resblock_dilation_sizes=((1,),),
-            latents_mean=[0.0] * 8,
-            latents_std=[1.0] * 8,
-        ).eval(),
+        "vae": AutoencoderKLMiniMaxH3(**TOY_CONFIG["vae"]).eval(),
+        "audio_vae": AutoencoderKLMiniMaxH3Audio(**TOY_CONFIG["audio_vae"]).eval(),
         "scheduler": MiniMaxH3Scheduler(shift=12.0),
         "audio_scheduler": MiniMaxH3Scheduler(shift=3.0),
     }
@@ -171,3 +138,18 @@ def run_to_media(adapter: Any, request: Any) -> Any:
         return adapter.decode(state)
     finally:
         adapter.end()
+
+
+def h3_request(**kw: Any) -> GenerationRequest:
+    """A 64x64 request of 124 frames (17 * 7 + 5: 5.17 s at 24 fps, the shortest H3
+    makes), 3 sigma points, seed 42; ``kw`` overrides."""
+    base: dict[str, Any] = {
+        "prompt": "a red ball",
+        "width": 64,
+        "height": 64,
+        "num_frames": 124,
+        "fps": 24.0,
+        "num_inference_steps": 3,
+        "seed": 42,
+    }
+    return GenerationRequest.video(**{**base, **kw})

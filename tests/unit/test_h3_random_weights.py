@@ -12,8 +12,7 @@ import torch
 
 from models.catalog import CatalogError, parse_registry
 from storage.settings import Settings
-from tests.unit.h3_fixtures import run_to_media
-from workers.pipelines.base import GenerationRequest
+from tests.unit.h3_fixtures import h3_request, run_to_media
 from workers.pipelines.diffusers.h3_random import TOY_CONFIG, random_pipeline
 from workers.pipelines.registry import PipelineRegistry
 
@@ -38,20 +37,8 @@ def _registry(**kw: Any) -> PipelineRegistry:
     return PipelineRegistry({NAME: model}, "cpu", **kw)
 
 
-def _request() -> GenerationRequest:
-    return GenerationRequest.video(
-        prompt="a red ball",
-        width=64,
-        height=64,
-        num_frames=124,
-        fps=24.0,
-        num_inference_steps=3,
-        seed=42,
-    )
-
-
 def _job(registry: PipelineRegistry) -> Any:
-    return run_to_media(registry.job(NAME), _request())
+    return run_to_media(registry.job(NAME), h3_request())
 
 
 def test_a_random_weights_entry_is_refused_unless_the_worker_allows_it() -> None:

@@ -16,7 +16,7 @@ from models.catalog import FAMILY_SPECS
 from models.errors import InvalidJobInput, InvalidRequest
 from models.job_specs import SamplerOptions
 from storage.settings import Settings
-from tests.unit.h3_fixtures import run_to_media, tiny_h3_lora, tiny_h3_pipe
+from tests.unit.h3_fixtures import h3_request, run_to_media, tiny_h3_lora, tiny_h3_pipe
 from workers.pipelines.base import GenerationRequest, Media, MediaReference
 from workers.pipelines.diffusers.common import make_generator, to_uint8
 from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter, call_inputs, shifts_of
@@ -31,16 +31,7 @@ def pipe() -> Any:
 
 
 def _request(**kw: Any) -> GenerationRequest:
-    base: dict[str, Any] = {
-        "prompt": "a red ball",
-        "width": SIZE,
-        "height": SIZE,
-        "num_frames": FRAMES,
-        "fps": 24.0,
-        "num_inference_steps": 3,
-        "seed": 42,
-    }
-    return GenerationRequest.video(**{**base, **kw})
+    return h3_request(**kw)
 
 
 def _adapter(pipe: Any, partition: str = "transformer") -> MiniMaxH3Adapter:

@@ -106,6 +106,12 @@ def _video_stream(
     video.pix_fmt = "yuv420p"
     video.time_base = 1 / rate
     video.options = {"crf": str(crf), "preset": preset}
+    # x264's frame threads (as many as it picks for the machine's cores) rather than
+    # PyAV's default of slices: a whole file has no latency to keep, and on 2 cores a
+    # 448x256 clip of 243 frames encoded in 1.04 s instead of 1.38 s (0.26 s instead of
+    # 0.32 s for smooth content). The fragmented live stream (fmp4.py) keeps slices.
+    video.thread_type = "FRAME"
+    video.thread_count = 0
     return video
 
 

@@ -23,7 +23,7 @@ from models.job_specs import SamplerOptions
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
-from tests.unit.h3_fixtures import tiny_h3_pipe
+from tests.unit.h3_fixtures import h3_request, tiny_h3_pipe
 from workers.media import encode_mp4
 from workers.pipelines.base import GenerationRequest, Media
 from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
@@ -142,16 +142,7 @@ def _close(video: np.ndarray, expected: np.ndarray, tmp: Path) -> None:
 
 
 def _request(**kw: Any) -> GenerationRequest:
-    return GenerationRequest.video(
-        prompt="a red ball",
-        width=64,
-        height=64,
-        num_frames=124,
-        fps=24.0,
-        num_inference_steps=3,
-        seed=42,
-        **kw,
-    )
+    return h3_request(**kw)
 
 
 def test_t2va_with_an_aspect_ratio_and_both_shifts(h3_stack: Stack, tmp_path: Path) -> None:

@@ -120,7 +120,7 @@ def _decode(mp4: bytes) -> tuple[np.ndarray, int, str]:
 def _in_process(request: GenerationRequest, workflows: list[str]) -> np.ndarray:
     spec = FAMILY_SPECS["diffusers.minimax_h3"].model_copy(update={"workflows": workflows})
     adapter = MiniMaxH3Adapter(
-        pipe=tiny_h3_pipe(canvas_short_edge=64, canvas_max_pixels=8192), spec=spec
+        pipe=tiny_h3_pipe(tiled=True, canvas_short_edge=64, canvas_max_pixels=8192), spec=spec
     )
     adapter.load("cpu")
     state = adapter.prepare(request)

@@ -76,8 +76,12 @@ def tiny_text_encoder(tok: Qwen2Tokenizer) -> Qwen3VLForConditionalGeneration:
     return Qwen3VLForConditionalGeneration(config).eval()
 
 
-def tiny_h3_components(seed: int = 0) -> dict[str, Any]:
-    """The components of a MiniMax-H3 modular pipeline (both partitions), seeded."""
+def tiny_h3_components(seed: int = 0, tiled: bool = False) -> dict[str, Any]:
+    """The components of a MiniMax-H3 modular pipeline (both partitions), seeded. The
+    video VAE tiles only if ``tiled``: its 256-pixel tiles would pad a 64x64 frame to 16
+    times its area (4x the time of every test that encodes a keyframe or a reference),
+    and the differential tests compare two paths through the same VAE either way. A
+    worker loading the saved pipeline tiles, as diffusers' H3 VAE does by default."""
     torch.manual_seed(seed)
     tok = tiny_tokenizer()
     image_processor = Qwen2VLImageProcessor(
@@ -94,18 +98,25 @@ def tiny_h3_components(seed: int = 0) -> dict[str, Any]:
         "processor": processor,
         "transformer": transformer(),
         "transformer_ref": transformer(),
-        "vae": AutoencoderKLMiniMaxH3(**TOY_CONFIG["vae"]).eval(),
+        "vae": _video_vae(tiled),
         "audio_vae": AutoencoderKLMiniMaxH3Audio(**TOY_CONFIG["audio_vae"]).eval(),
         "scheduler": MiniMaxH3Scheduler(shift=12.0),
         "audio_scheduler": MiniMaxH3Scheduler(shift=3.0),
     }
 
 
-def tiny_h3_pipe(seed: int = 0, **config: Any) -> Any:
+def _video_vae(tiled: bool) -> AutoencoderKLMiniMaxH3:
+    vae = AutoencoderKLMiniMaxH3(**TOY_CONFIG["vae"]).eval()
+    if not tiled:
+        vae.disable_tiling()
+    return vae
+
+
+def tiny_h3_pipe(seed: int = 0, tiled: bool = False, **config: Any) -> Any:
     """A ``MiniMaxH3ModularPipeline`` over :func:`tiny_h3_components`. ``config`` sets the
     blocks' configs (``canvas_short_edge``, ``canvas_max_pixels``)."""
     pipe = MiniMaxH3Blocks().init_pipeline()
-    pipe.update_components(**tiny_h3_components(seed))
+    pipe.update_components(**tiny_h3_components(seed, tiled))
     if config:
         pipe.register_to_config(**config)
     return pipe

@@ -183,6 +183,22 @@ def follow_events(client: Any, vid: str, on_progress: Any = None) -> dict[str, A
     raise RuntimeError(f"the event stream of {vid} ended without done")
 
 
+def completed_job(client: Any, **post: Any) -> tuple[float, str, int]:
+    """``POST /v1/videos`` with ``post`` (``json=`` or ``data=``), its event stream followed
+    to ``done``, the MP4 downloaded: (client wall seconds, job id, MP4 bytes). Raises
+    unless the job completed."""
+    start = time.perf_counter()
+    resp = client.post("/v1/videos", **post)
+    resp.raise_for_status()
+    vid = resp.json()["id"]
+    done = follow_events(client, vid)
+    if done.get("status") != "completed":
+        raise RuntimeError(f"{vid}: {done}")
+    content = client.get(f"/v1/videos/{vid}/content")
+    content.raise_for_status()
+    return time.perf_counter() - start, vid, len(content.content)
+
+
 def cancel_in_step(
     client: Any, canceller: Any, logs: Any, vid: str, after_step: int, delay: float
 ) -> dict[str, Any]:

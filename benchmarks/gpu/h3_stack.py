@@ -36,6 +36,7 @@ import argparse
 import hashlib
 import json
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -45,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import pct
-from benchmarks.embedded_stack import LogWatcher, Stack, git_state
-from benchmarks.gpu.common import cancel_in_step, emit, follow_events
+from benchmarks.embedded_stack import LogWatcher, Stack, git_state, log_time
+from benchmarks.gpu.common import cancel_in_step, completed_job, emit
 
 MODEL = "MiniMaxAI/MiniMax-H3/FastH3"
 PROMPT = "a red kite over a green hill at dusk, wind in the grass, a dog barks once"[:70]
@@ -134,10 +135,6 @@ def node_form(args: argparse.Namespace, seed: int) -> dict[str, str]:
 
 def wait_ready(stack: Stack, timeout: float) -> float:
     """Epoch seconds of the Celery worker's ``… ready.`` line in up's log."""
-    import re
-
-    from benchmarks.embedded_stack import log_time
-
     pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*@\S+ ready\.")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -206,17 +203,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             canceller.get("/health").raise_for_status()
 
             def job(seed: int) -> tuple[float, dict[str, Any], int]:
-                start = time.perf_counter()
-                resp = client.post("/v1/videos", data=node_form(args, seed))
-                resp.raise_for_status()
-                vid = resp.json()["id"]
-                done = follow_events(client, vid)
-                if done.get("status") != "completed":
-                    raise RuntimeError(f"{vid}: {done}")
-                content = client.get(f"/v1/videos/{vid}/content")
-                content.raise_for_status()
-                wall = time.perf_counter() - start
-                return wall, client.get(f"/v1/videos/{vid}").json(), len(content.content)
+                wall, vid, size = completed_job(client, data=node_form(args, seed))
+                return wall, client.get(f"/v1/videos/{vid}").json(), size
 
             wall, row, size = job(42)
             out["fasth3_first_job_s"] = round(wall, 2)

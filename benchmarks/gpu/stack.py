@@ -46,8 +46,8 @@ from benchmarks.embedded_stack import LogWatcher, Stack, say
 from benchmarks.gpu.common import (
     MODEL,
     cancel_in_step,
+    completed_job,
     emit,
-    follow_events,
     free_memory,
     generation_request,
     header,
@@ -180,16 +180,7 @@ def stack_phase(registry: Path, args: argparse.Namespace, step_s: float) -> dict
             canceller.get("/health").raise_for_status()
 
             def job() -> tuple[float, str, int]:
-                start = time.perf_counter()
-                resp = client.post("/v1/videos", json=body)
-                resp.raise_for_status()
-                vid = resp.json()["id"]
-                done = follow_events(client, vid)
-                if done.get("status") != "completed":
-                    raise RuntimeError(f"{vid}: {done}")
-                content = client.get(f"/v1/videos/{vid}/content")
-                content.raise_for_status()
-                return time.perf_counter() - start, vid, len(content.content)
+                return completed_job(client, json=body)
 
             say("warm-up job (loads the weights, compiles nothing)")
             job()

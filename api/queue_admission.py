@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from models.catalog import ServedModel
 from models.db import Job, job_spec
 from models.errors import QueueFull
+from models.registry import ServedModel
 from storage.jobs import JobStore
 from storage.settings import QueueSettings
 from storage.worker_presence import WorkerPresence

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from models.catalog import ServedModel, parse_registry, served_models
+from models.registry import ServedModel, parse_registry, served_models
 
 PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "minioadmin", "omniqueue", "secret"}
 

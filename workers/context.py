@@ -11,7 +11,7 @@ from functools import partial
 import redis
 from sqlalchemy import Engine
 
-from models.catalog import ServedModel
+from models.registry import ServedModel
 from storage.artifacts import ArtifactStore, make_s3_client, s3_object_bytes
 from storage.bus import EventBus
 from storage.db import make_engine, make_sessionmaker

@@ -1,6 +1,6 @@
 """How one rank of a worker group takes its share of a denoise step.
 
-A served model's ``parallel`` strategy (``models/catalog.py``) is applied to its loaded
+A served model's ``parallel`` strategy (``models/registry.py``) is applied to its loaded
 adapter on every rank (:func:`enable`):
 
 * ``cfg``: classifier-free guidance's two transformer passes run on two ranks at once,
@@ -29,7 +29,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 
-from models.catalog import ParallelStrategy
+from models.registry import ParallelStrategy
 
 
 class Parallel:

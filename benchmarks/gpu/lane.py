@@ -112,7 +112,8 @@ def _stops(adapter: Any, request: Any, step_s: float, trials: int) -> list[float
 
 
 def lane_phase(pipe: Any, args: argparse.Namespace, raw_median: float) -> dict[str, Any]:
-    from models.catalog import FAMILY_SPECS, WarmupShape
+    from models.catalog import FAMILY_SPECS
+    from models.registry import WarmupShape
     from workers.pipelines.diffusers.wan import WanAdapter
 
     spec = FAMILY_SPECS["diffusers.wan"].model_copy(update={"name": MODEL})

@@ -77,9 +77,10 @@ def main() -> None:
     out["raw_wall_s"] = [round(x, 3) for x in raw]
 
     # ---- the same job through the StepExecutor ----------------------------------------
-    from models.catalog import FAMILY_SPECS, ServedModel
+    from models.catalog import FAMILY_SPECS
     from models.db import Base, Job
     from models.job_specs import VideoSpec
+    from models.registry import ServedModel
     from storage.db import make_engine, make_sessionmaker
     from storage.jobs import JobStore
     from storage.settings import Settings

@@ -26,9 +26,10 @@ import pytest
 
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
-from models.catalog import ModelSpec, ServedModel
+from models.catalog import ModelSpec
 from models.db import Job
 from models.job_specs import VideoSpec
+from models.registry import ServedModel
 from storage.artifacts import ArtifactStore, make_s3_client
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore

@@ -22,7 +22,8 @@ import pytest
 import redis
 from pydantic import BaseModel
 
-from models.catalog import ModelSpec, ServedModel
+from models.catalog import ModelSpec
+from models.registry import ServedModel
 from models.session_bus import (
     OUTPUTS,
     FinishedOutput,

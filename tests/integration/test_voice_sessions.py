@@ -20,7 +20,7 @@ import pytest
 import redis
 from pydantic import BaseModel
 
-from models.catalog import BUILTIN_MODELS, ServedModel
+from models.registry import BUILTIN_MODELS, ServedModel
 from models.session_bus import (
     OUTPUTS,
     AcceptedOutput,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from models.catalog import CatalogError, parse_registry, served_models
+from models.registry import CatalogError, parse_registry, served_models
 from storage.settings import Settings
 
 REGISTRY = """

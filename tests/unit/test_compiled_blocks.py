@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.catalog import WarmupShape
 from models.errors import JobLost
+from models.registry import WarmupShape
 from tests.unit.job_steps import job_frames
 from tests.unit.test_diffusers_video import CASES, _reference, _request
 from workers import metrics
@@ -81,7 +81,7 @@ def test_warm_up_compiles_the_declared_shapes_before_any_job() -> None:
 
 
 def test_the_registry_warms_up_on_load(tmp_path: Any) -> None:
-    from models.catalog import parse_registry
+    from models.registry import parse_registry
 
     CASE.build().save_pretrained(tmp_path / "wan")
     registry = parse_registry(

@@ -20,8 +20,9 @@ import pytest
 import torch
 from diffusers import LTXPipeline, UniPCMultistepScheduler
 
-from models.catalog import FAMILY_SPECS, ServedModel
+from models.catalog import FAMILY_SPECS
 from models.job_specs import SamplerOptions
+from models.registry import ServedModel
 from tests.unit.diffusers_fixtures import (
     TINY_SEQ_LEN,
     tiny_cogvideox_pipeline,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.catalog import CatalogError, parse_registry
+from models.registry import CatalogError, parse_registry
 from storage.settings import Settings
 from tests.unit.h3_fixtures import h3_request, run_to_media
 from workers.pipelines.diffusers.h3_random import TOY_CONFIG, random_pipeline

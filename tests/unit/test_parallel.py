@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.catalog import ParallelStrategy
+from models.registry import ParallelStrategy
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 from tests.unit.reference_fixtures import video_request
 from workers.pipelines.base import step_stops

@@ -14,15 +14,13 @@ from pathlib import Path
 import pytest
 
 from models.catalog import (
-    BUILTIN_MODELS,
     REFERENCE_AUDIO,
     REFERENCE_VIDEO,
     REFERENCE_VOICE,
     REFERENCE_WORLD,
-    CatalogError,
     ModelSpec,
-    ServedModel,
 )
+from models.registry import BUILTIN_MODELS, CatalogError, ServedModel
 from workers.pipelines.base import Pipeline, VoicePipeline, WorldPipeline
 from workers.pipelines.registry import PipelineRegistry, build_adapter
 

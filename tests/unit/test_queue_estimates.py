@@ -17,9 +17,9 @@ from api.queue_admission import (
     queue_policies,
 )
 from api.validation import resolve_ttl
-from models.catalog import parse_registry
 from models.db import Job
 from models.errors import InvalidRequest, QueueFull
+from models.registry import parse_registry
 from storage.settings import LimitSettings, QueueSettings
 from tests.helpers import video_spec
 

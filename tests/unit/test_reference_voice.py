@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.catalog import BUILTIN_MODELS
+from models.registry import BUILTIN_MODELS
 from tests.unit.reference_fixtures import loaded
 from workers.pipelines.base import VoiceChunk, VoicePipeline, VoiceTurn
 from workers.pipelines.reference_voice import (

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import numpy as np
 
-from models.catalog import CatalogError, ModelSpec, ServedModel
+from models.catalog import ModelSpec
+from models.registry import CatalogError, ServedModel
 from workers.pipelines.request import GenerationRequest as GenerationRequest
 from workers.pipelines.request import MediaReference as MediaReference
 

@@ -15,8 +15,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from models.catalog import CatalogError, PipelineKind, ServedModel
+from models.catalog import PipelineKind
 from models.errors import InvalidJobInput
+from models.registry import CatalogError, ServedModel
 from storage.settings import LoraSettings
 from workers.pipelines.base import AnyPipeline, Pipeline, VoicePipeline, WorldPipeline
 
@@ -134,7 +135,7 @@ class PipelineRegistry:
         return pipe
 
     def world(self, name: str) -> WorldPipeline[Any]:
-        """The world pipeline of ``name`` (realtime video sessions)."""
+        """The world pipeline of ``name`` (world sessions)."""
         pipe = self.get(name)
         if not isinstance(pipe, WorldPipeline):
             raise InvalidJobInput(f"model {name!r} is not a world model", param="model")

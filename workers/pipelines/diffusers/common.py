@@ -22,8 +22,9 @@ from typing import Any, Generic, Self, TypeVar, cast, get_args
 import numpy as np
 import torch
 
-from models.catalog import FAMILY_SPECS, CompileMode, ModelSpec, ServedModel, WarmupShape
+from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput, InvalidLora
+from models.registry import CompileMode, ServedModel, WarmupShape
 from workers.parallel import Parallel
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
 from workers.pipelines.blocks import BlockGate

@@ -17,7 +17,7 @@ Three limits, each a server default (``OMNIQ_QUOTAS__*``) that a key's own value
   drifts when one is missed; the COUNT cannot drift. It is not a lock: creates of one
   key racing at the same instant can pass it together (at most one job over per
   concurrent create).
-- **concurrent realtime sessions** (voice and video): a sorted set per key in Redis,
+- **concurrent realtime sessions** (voice and world): a sorted set per key in Redis,
   one member per connected socket scored by its lease's expiry; the serving replica
   refreshes the lease while the socket is open and removes it when the socket ends, so
   the sessions of a replica that was killed expire within :data:`SESSION_LEASE_S`.

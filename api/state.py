@@ -96,9 +96,9 @@ class AppState:
     # Live /v1/realtime sessions of this process by id: a cache in front of session_states
     # (a duplex resume on the replica that serves the session needs no Redis read).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
-    # /v1/realtime/video sessions whose socket dropped, waiting for a session.resume
+    # World sessions (/v1/realtime/video) whose socket dropped, waiting for a session.resume
     # (held here so their keep-alive and grace tasks live on).
-    detached_video: dict[str, Any] = field(default_factory=dict)
+    detached_world_sessions: dict[str, Any] = field(default_factory=dict)
     # /ready: one thread per service, and a probe still running is awaited again rather
     # than stacked, so a stalled service holds one thread however often /ready is asked.
     _probe_pool: ThreadPoolExecutor = field(

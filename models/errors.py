@@ -36,7 +36,7 @@
     │   │                             storage_error (S3) or broker_error (Redis, down
     │   │                             or not answering within its bounds)
     │   ├── SyncTimeout               /sync waited too long (job cancelled) → 504
-    │   └── ProtocolError             the relay or worker drove a realtime video session
+    │   └── ProtocolError             the relay or worker drove a world session
     │                                 illegally (a bug) → ``internal_error``
     │                                 (``realtime/video_protocol.py``)
     │

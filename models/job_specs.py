@@ -119,7 +119,7 @@ class VideoSpec(_Spec):
     reference_key: str | None = None
     # Keyframes and omni-references of a workflow model, in the client's order.
     references: list[ReferenceInput] = Field(default_factory=list)
-    # Set when the job records a realtime video session that finished elsewhere.
+    # Set when the job records a world session that finished elsewhere.
     session_id: str | None = None
     # A per-request LoRA adapter (models that list ``lora`` in their parameters).
     lora: LoraSpec | None = None

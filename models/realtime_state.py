@@ -65,7 +65,7 @@ class VoiceSessionSnapshot(BaseModel):
     out_cursor: str = "0-0"
 
 
-class VideoSessionSnapshot(BaseModel):
+class WorldSessionSnapshot(BaseModel):
     """A streaming ``/v1/realtime/video`` session, stored once ``video.start`` is due: the
     chunks themselves are in the session's ``out`` stream, so this is all another replica
     needs to resume it."""

@@ -1,4 +1,4 @@
-"""Wire schemas of ``WS /v1/realtime/video`` (streaming world-model video sessions).
+"""Wire schemas of ``WS /v1/realtime/video`` (world sessions: streaming world-model video).
 
 The contract is ``docs/protocols/realtime-video.md``; a client written for
 vLLM-Omni's LingBot-World endpoint runs unchanged, so ``session.start`` accepts the

@@ -1,6 +1,6 @@
 """Split a fragmented MP4's first chunk into its init segment (``ftyp`` + ``moov``) and the
-fragment after it (``moof`` + ``mdat``): a resumed video socket gets the init segment alone,
-then only the fragments it missed."""
+fragment after it (``moof`` + ``mdat``): a resumed world session's socket gets the init
+segment alone, then only the fragments it missed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The shared part of the ``WS /v1/realtime/video`` state machine
 (:mod:`realtime.video_protocol`): its close codes, states, commands for the worker and
 options, and the session state and output queue its handlers work on
-(:class:`VideoSessionCore`). Sans-I/O like the machine itself: no asyncio, sockets, Redis
+(:class:`WorldSessionCore`). Sans-I/O like the machine itself: no asyncio, sockets, Redis
 or clock."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ Command = StartRequested | InteractionRequested | StopRequested
 
 
 @dataclass(frozen=True)
-class VideoSessionOptions(StartRules):
+class WorldSessionOptions(StartRules):
     """Limits and defaults of a session (the handler fills them from the settings): what
     its ``session.start`` is resolved against, and the socket's own timeouts and caps."""
 
@@ -112,9 +112,9 @@ _FROM_WORKER = {
 _INIT_SEGMENT: dict[str, Any] = {"generation_chunk_index": None, "num_frames": 0}
 
 
-class VideoSessionCore:
+class WorldSessionCore:
     """The state of one session and its output queue: what the client-side and the
-    worker-side handlers of :class:`~realtime.video_protocol.VideoSessionProtocol` work
+    worker-side handlers of :class:`~realtime.video_protocol.WorldSessionProtocol` work
     on. Frames wait in order; a chunk pair is data-class (dropped by an interrupt,
     :meth:`_drop_data`); replies wait until ``video.start`` (or a resumed session's init
     segment) has gone out."""
@@ -123,12 +123,12 @@ class VideoSessionCore:
         self,
         request_id: str,
         now: float,
-        options: VideoSessionOptions | None = None,
+        options: WorldSessionOptions | None = None,
         *,
         new_event_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
         self.request_id = request_id
-        self.options = options or VideoSessionOptions()
+        self.options = options or WorldSessionOptions()
         self.config: VideoConfig | None = None  # set once session.start is accepted
         self.close_code: int | None = None
         self.chunks_sent = 0  # media chunks handed out (or pending), not dropped

@@ -69,8 +69,8 @@ from realtime.video_core import (
     State,
     StopReason,
     StopRequested,
-    VideoSessionCore,
-    VideoSessionOptions,
+    WorldSessionCore,
+    WorldSessionOptions,
 )
 
 __all__ = [
@@ -85,8 +85,8 @@ __all__ = [
     "State",
     "StopReason",
     "StopRequested",
-    "VideoSessionOptions",
-    "VideoSessionProtocol",
+    "WorldSessionOptions",
+    "WorldSessionProtocol",
 ]
 
 
@@ -100,7 +100,7 @@ _ENDED = (State.DONE, State.FAILED)
 _CLIENT_EVENT: TypeAdapter[wire.ClientEvent] = TypeAdapter(wire.ClientEvent)
 
 
-class VideoSessionProtocol(VideoSessionCore):
+class WorldSessionProtocol(WorldSessionCore):
     """One session; ``request_id`` comes from the caller (it keys the bus streams)."""
 
     @classmethod
@@ -108,14 +108,14 @@ class VideoSessionProtocol(VideoSessionCore):
         cls,
         request_id: str,
         now: float,
-        options: VideoSessionOptions,
+        options: WorldSessionOptions,
         *,
         config: wire.VideoConfig,
         resume_token: str,
         event_ids: Iterable[str],
         default_transition: int | None,
         expires_at: float | None,
-    ) -> VideoSessionProtocol:
+    ) -> WorldSessionProtocol:
         """A streaming session taken over from another socket (or API replica): started,
         nothing sent yet on this socket; call :meth:`resume` next."""
         p = cls(request_id, now, options)

@@ -1,7 +1,7 @@
 """The API's view of the worker running a session, as a clock (sans-I/O): a session not
 admitted by a worker within the admission timeout has no slot (``resource_exhausted``);
 an admitted one whose worker stays silent for ``lost_after_s`` lost it (``worker_lost``).
-Video and voice sessions share it, and the words they use when the API loses the broker
+World and voice sessions share it, and the words they use when the API loses the broker
 (Redis/Valkey) mid-session: ``error`` ``broker_error``, then close 1011."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Points of a job: ``prepare``, ``step:<i>`` (before step i, from 0), ``block:<i>:
 ``encode``, ``upload``, ``upload_part`` (before each part of a multipart upload),
 ``complete`` (just before the final UPDATE). ``name@attempt<N>`` fires only on the job's
 N-th attempt, ``name@<job id>`` only for that job, ``name@<job id>@attempt<N>`` both. Of a
-realtime video session: ``session_chunk:<i>`` (chunk i is made, before it is sent).
+world session: ``session_chunk:<i>`` (chunk i is made, before it is sent).
 
 Actions: ``pause`` (block while the job is still ours, at most 120 s — a stage long
 enough to cancel during), ``sleep:<seconds>``, ``raise`` (RuntimeError), ``oom``

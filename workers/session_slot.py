@@ -1,5 +1,5 @@
 """The worker's half of a realtime session's bus link, shared by both session runners
-(``workers/world_sessions.py``: world video, ``workers/voice_sessions.py``: voice).
+(``workers/world_sessions.py``: world, ``workers/voice_sessions.py``: voice).
 
 :func:`run_in_slot` is the life of a session on a slot: a session the API already gave
 up on (``abandoned``) is not started; otherwise ``accepted`` goes out (admission), the

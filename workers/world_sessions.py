@@ -1,4 +1,4 @@
-"""Realtime video sessions on a worker: one thread per session slot.
+"""World sessions on a worker: one thread per session slot.
 
 The API owns the client socket and the protocol; the worker owns the model state. They
 talk over two Redis Streams (``oq:session:{id}:in`` commands, ``…:out`` outputs):

@@ -1,5 +1,5 @@
 """The API's half of a realtime session's bus link, shared by voice
-(``api/realtime/voice_session.py``) and world video (``api/realtime/video_session.py``) sessions.
+(``api/realtime/voice_session.py``) and world (``api/realtime/world_session.py``) sessions.
 
 A :class:`Relay` places the session on a worker (the first keep-alive creates the ``in``
 stream with its TTL, then a Celery task on the model's realtime queue carries the
@@ -65,7 +65,7 @@ class SessionHost(Protocol):
     def voice_sessions(self) -> dict[str, Any]: ...
 
     @property
-    def detached_video(self) -> dict[str, Any]: ...
+    def detached_world_sessions(self) -> dict[str, Any]: ...
 
 
 class RelayTarget(Protocol):
@@ -139,7 +139,7 @@ class Relay:
         self.tasks.append(asyncio.create_task(self._keepalive()))
 
     def stop_reading(self) -> None:
-        """Stop relaying outputs, keep the keep-alives (a video session whose socket
+        """Stop relaying outputs, keep the keep-alives (a world session whose socket
         dropped: the worker goes on, its chunks wait in the ``out`` stream)."""
         if self._reader is not None and self._reader is not asyncio.current_task():
             self._reader.cancel()

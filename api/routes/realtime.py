@@ -5,7 +5,7 @@ A thin shell: authenticate, pick the model, then read client frames into a
 worker (through the shared relay, ``api/realtime/relay.py``). Admission (no worker slot
 within the admission timeout → ``resource_exhausted``), liveness (a silent worker →
 ``worker_lost``) and the broker (a failed Redis command → ``error broker_error``, close
-1011) are judged there, as for video sessions.
+1011) are judged there, as for world sessions.
 
 Duplex sessions outlive their socket for ``realtime.resume_grace_s``: ``session.resume``
 as the first event on a new socket re-attaches it (the protocol asks for it, the

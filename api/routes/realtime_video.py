@@ -1,10 +1,10 @@
 """``WS /v1/realtime/video``: a thin shell that authenticates the socket and hands it to a
-:class:`~api.realtime.video_session.VideoSession` (the asyncio shell around the sans-I/O
-``VideoSessionProtocol``, joined to the worker through the shared relay,
+:class:`~api.realtime.world_session.WorldSession` (the asyncio shell around the sans-I/O
+``WorldSessionProtocol``, joined to the worker through the shared relay,
 ``api/realtime/relay.py``). Losing Redis while placing the session or sending a command ends
 it with ``error broker_error`` and close 1011, never a bare dropped socket. A socket that
 drops without a close handshake leaves a streaming session resumable on any replica
-(``session.resume``, ``api/realtime/video_resume.py``); a clean close ends it.
+(``session.resume``, ``api/realtime/world_resume.py``); a clean close ends it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from api.deps import accept_websocket
 from api.inputs import reference_from_url
 from api.metrics import REALTIME_SESSIONS
 from api.realtime.broker import BROKER_ERRORS
-from api.realtime.video_session import VideoSession
+from api.realtime.world_session import WorldSession
 from api.state import AppState
 from models.errors import RateLimited
 from models.realtime_video import ErrorEvent
@@ -41,7 +41,7 @@ async def _serve(websocket: WebSocket, state: AppState, owner: str) -> None:
     def fetch_reference(url: str, width: int, height: int) -> bytes:
         return reference_from_url(url, width, height, state.settings, "image_reference")
 
-    session = VideoSession(websocket, state, owner, specs, fetch_reference)
+    session = WorldSession(websocket, state, owner, specs, fetch_reference)
     disconnected = dropped = False
     try:
         with REALTIME_SESSIONS.labels("video").track_inprogress():

@@ -5,7 +5,7 @@
   watcher on the other host that resumes on the first with ``Last-Event-ID`` when its
   stream breaks;
 * a duplex voice session (``/v1/duplex``, ``reference/voice``), one response after another;
-* a realtime video session (``/v1/realtime/video``, ``reference/world``).
+* a world session (``/v1/realtime/video``, ``reference/world``).
 
 Both sessions resume on the other API host when their socket breaks (``session.resume``)
 and record what the client lost: missing server event numbers and audio of the voice
@@ -38,7 +38,7 @@ DEADLINE_S = 15.0  # the longest any API answer may take, faults included
 SMALL = {"size": "64x48", "seconds": "1", "fps": 16, "num_inference_steps": 8}
 WEBHOOK = "http://10.100.9.1:9/hook"  # never delivered here; the outbox rows are counted
 QUESTION = "tell me a long story about the sea, the wind and the boats in the harbour"
-VIDEO = world_session_start(900)  # under the session time limit at 16 fps; about a minute
+WORLD_START = world_session_start(900)  # under the session time limit at 16 fps; about a minute
 
 
 def other(host: str) -> str:
@@ -329,8 +329,8 @@ class VoiceSession:
 
 
 @dataclass
-class VideoSession:
-    """A realtime video session streamed to the end (or until stopped)."""
+class WorldSession:
+    """A world session streamed to the end (or until stopped)."""
 
     cluster: Cluster
     host: str = "api2"
@@ -351,7 +351,7 @@ class VideoSession:
 
     async def run(self, stop: asyncio.Event) -> None:
         ws = await self._ws(self.host)
-        await ws.send(json.dumps(VIDEO))
+        await ws.send(json.dumps(WORLD_START))
         self.start = json.loads(await _recv(ws))
         assert self.start["type"] == "video.start", self.start
         while not self.ended:
@@ -396,7 +396,7 @@ class VideoSession:
             self.resumes.append(round(time.monotonic() - broke, 3))
             return ws
 
-        self.host, ws = await _on_either_host(self.host, attempt, "the video session")
+        self.host, ws = await _on_either_host(self.host, attempt, "the world session")
         return ws
 
     def report(self) -> dict[str, Any]:
@@ -416,7 +416,7 @@ class Sessions:
 
     def __init__(self, cluster: Cluster) -> None:
         self.voice = VoiceSession(cluster, host="api1")
-        self.video = VideoSession(cluster, host="api1")
+        self.world = WorldSession(cluster, host="api1")
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
         self._errors: list[BaseException] = []
@@ -425,7 +425,7 @@ class Sessions:
     def start(self) -> Sessions:
         self._thread.start()
         deadline = time.monotonic() + 60
-        while not (self.voice.responses or self._errors) or not self.video.chunks:
+        while not (self.voice.responses or self._errors) or not self.world.chunks:
             assert time.monotonic() < deadline, "sessions did not start"
             if self._errors:
                 raise self._errors[0]
@@ -435,7 +435,7 @@ class Sessions:
     def _run(self) -> None:
         async def both() -> None:
             results = await asyncio.gather(
-                self.voice.run(self._stop), self.video.run(self._stop), return_exceptions=True
+                self.voice.run(self._stop), self.world.run(self._stop), return_exceptions=True
             )
             self._errors.extend(r for r in results if isinstance(r, BaseException))
 
@@ -446,4 +446,4 @@ class Sessions:
         self._thread.join(timeout)
         if self._errors:
             raise self._errors[0]
-        return {"voice": self.voice.report(), "video": self.video.report()}
+        return {"voice": self.voice.report(), "video": self.world.report()}

@@ -1,5 +1,5 @@
 """Faults between hosts, each injected while a mixed load runs (video jobs watched over
-SSE, a duplex voice session, a realtime video session: ``tests/cluster/load.py``), each
+SSE, a duplex voice session, a world session: ``tests/cluster/load.py``), each
 checked the same way afterwards (``tests/cluster/checks.py``): every job in exactly one
 terminal state, complete and unique objects, nothing left behind, no answer past its
 deadline. The cluster: ``tests/cluster/cluster.py``. What each shows and the bounds:

@@ -3,7 +3,7 @@
 Builds the app from the ``OMNIQ_*`` environment (``create_app()``, as ``omniqueue api``
 does), serves one of each kind of request through it — a video job with an image
 reference up to its content and event stream, an audio job, a voice session whose turn
-the server VAD detects, a realtime video session — and prints one JSON object: the status
+the server VAD detects, a world session — and prints one JSON object: the status
 of each step and the top-level packages the process imported. Nothing is imported before
 ``api.app`` that the API itself would not import, so the package list is the API tier's.
 """
@@ -89,7 +89,7 @@ def _voice_session(client: TestClient) -> list[str]:
     return seen
 
 
-def _video_session(client: TestClient) -> list[str]:
+def _world_session(client: TestClient) -> list[str]:
     start = {
         "type": "session.start",
         "model": "reference/world",
@@ -120,7 +120,7 @@ def main() -> None:
             "video_job": _video_job(client),
             "audio_job": _audio_job(client),
             "voice_session": _voice_session(client),
-            "video_session": _video_session(client),
+            "world_session": _world_session(client),
         }
     out["packages"] = sorted({name.split(".")[0] for name in sys.modules})
     print(json.dumps(out))

@@ -1,6 +1,6 @@
 """The API tier imports no torch (DESIGN.md, "Tiers install apart"): an API process that
 has served a video job (with an image reference), an audio job, a voice session through
-the server VAD and a realtime video session, against real services and real workers,
+the server VAD and a world session, against real services and real workers,
 has not imported torch or any other part of the GPU stack."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_api_serves_every_kind_of_request_without_torch(workers: Stack) -> None:
     assert out["audio_job"] == {"status": "completed", "content": 200}
     voice = out["voice_session"]
     assert "input_audio_buffer.speech_started" in voice and voice[-1] == "response.done", voice
-    session = out["video_session"]
+    session = out["world_session"]
     assert "bytes" in session and session[-1] == "session.done", session
     packages = set(out["packages"])
     assert "onnxruntime" in packages  # the server VAD ran, on its ONNX weights

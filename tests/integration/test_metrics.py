@@ -3,7 +3,7 @@
 job counts its create, its HTTP requests, its end, its stage durations and its steps; a
 cancelled one its end and its cancel latency; queued jobs raise the queue depth and
 cancelling them brings it back to 0; an SSE watcher is counted while it is open; a
-realtime video session holds a slot of the realtime worker and a socket of the API.
+world session holds a slot of the realtime worker and a socket of the API.
 Expositions are parsed with prometheus-client's own parser."""
 
 from __future__ import annotations

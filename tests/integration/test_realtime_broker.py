@@ -30,7 +30,7 @@ from workers.processes import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # long enough (80 chunks at 256x256) to still run when Redis goes
-VIDEO = {k: v for k, v in LONG.items() if k != "seed"}
+WORLD_START = {k: v for k, v in LONG.items() if k != "seed"}
 
 
 class PrivateRedis:
@@ -108,10 +108,10 @@ async def _close_code(ws: ClientConnection) -> int | None:
 
 
 async def _two_live_sessions(st: Stack) -> tuple[ClientConnection, ClientConnection]:
-    """A video session streaming and a voice session on its worker."""
+    """A world session streaming and a voice session on its worker."""
     video = await _ws(st, "/v1/realtime/video")
     voice = await _ws(st, "/v1/realtime?model=reference/voice")
-    await video.send(json.dumps(VIDEO))
+    await video.send(json.dumps(WORLD_START))
     await _until(video, "video.start")
     await _until(video, "video.chunk_metadata")
     await _until(voice, "session.created")
@@ -133,7 +133,7 @@ def test_redis_lost_mid_session_is_an_error_then_close_1011(
             out.append((error, await _close_code(ws)))
         # and sessions opened while it is down are told the same, not dropped
         video = await _ws(st, "/v1/realtime/video")
-        await video.send(json.dumps(VIDEO))
+        await video.send(json.dumps(WORLD_START))
         out.append((await _until(video, "error"), await _close_code(video)))
         voice = await _ws(st, "/v1/realtime?model=reference/voice")
         out.append((await _until(voice, "error"), await _close_code(voice)))

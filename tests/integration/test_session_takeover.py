@@ -241,10 +241,10 @@ def test_resume_after_the_only_api_is_killed_and_restarted(tmp_path: Path) -> No
 
 
 # 20 chunks: running for a while (the test drops and resumes it twice)
-VIDEO = world_session_start(237)
+WORLD_START = world_session_start(237)
 
 
-async def _video_ws(url: str) -> ClientConnection:
+async def _world_ws(url: str) -> ClientConnection:
     return await connect(
         url.replace("http", "ws") + "/v1/realtime/video", max_size=16 * 1024 * 1024
     )
@@ -262,8 +262,8 @@ async def _pair(ws: ClientConnection) -> tuple[dict[str, Any], bytes | None]:
     return event, data
 
 
-async def _resume_video(url: str, start: dict[str, Any], last: int) -> ClientConnection:
-    ws = await _video_ws(url)
+async def _resume_world(url: str, start: dict[str, Any], last: int) -> ClientConnection:
+    ws = await _world_ws(url)
     await _send_resume(
         ws, start["session_id"], start["resume_token"], last_generation_chunk_index=last
     )
@@ -285,14 +285,14 @@ def _decoded_frames(data: bytes) -> int:
         return sum(1 for _ in container.decode(video=0))
 
 
-def test_video_session_dropped_after_two_chunks_resumes_on_another_replica(
+def test_world_session_dropped_after_two_chunks_resumes_on_another_replica(
     replicas: Up,
 ) -> None:
     a, b = _urls(replicas)
 
     async def run() -> dict[str, Any]:
-        first = await _video_ws(a)
-        await first.send(json.dumps(VIDEO))
+        first = await _world_ws(a)
+        await first.send(json.dumps(WORLD_START))
         start, _ = await _pair(first)
         assert start["type"] == "video.start" and start["session_id"] and start["resume_token"]
         chunks = start["config"]["chunks"]
@@ -305,14 +305,14 @@ def test_video_session_dropped_after_two_chunks_resumes_on_another_replica(
         first.transport.abort()  # a dropped network, no close handshake
 
         # on replica B, from chunk 2 on
-        second = await _resume_video(b, start, 1)
+        second = await _resume_world(b, start, 1)
         while len(got) < 4:
             meta, data = await _pair(second)
             assert meta["kind"] == "media" and data is not None
             assert meta["generation_chunk_index"] not in got
             got[meta["generation_chunk_index"]] = data
         # a third socket (on A again) takes the session over from B's socket
-        third = await _resume_video(a, start, max(got))
+        third = await _resume_world(a, start, max(got))
         while True:
             event, _ = await _pair(second)
             if event["type"] == "error":
@@ -335,9 +335,9 @@ def test_video_session_dropped_after_two_chunks_resumes_on_another_replica(
         assert meta["chunks"] == chunks and meta["stopped"] is False
         assert sorted(got) == list(range(chunks))
         whole = b"".join(got[i] for i in range(chunks)) + trailer
-        assert _decoded_frames(whole) == VIDEO["num_frames"]
+        assert _decoded_frames(whole) == WORLD_START["num_frames"]
         return start
 
     start = asyncio.run(run())
     chunks = start["config"]["chunks"]
-    assert sum(frames_in_chunk(i) for i in range(chunks)) == VIDEO["num_frames"]
+    assert sum(frames_in_chunk(i) for i in range(chunks)) == WORLD_START["num_frames"]

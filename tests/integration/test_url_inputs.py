@@ -142,7 +142,7 @@ def test_job_create_refuses_a_loopback_url(
     assert _keys(s3_server) == before
 
 
-def test_realtime_video_refuses_a_loopback_url(
+def test_world_session_start_refuses_a_loopback_url(
     public_stack: Stack, images: _ImageServer
 ) -> None:
     seen = len(images.requests)

@@ -65,7 +65,7 @@ class Host:
         self.session_states = Store()
         self.voice_sessions: dict[str, Any] = {}
         self.abus = self.queue = None
-        self.detached_video: dict[str, Any] = {}
+        self.detached_world_sessions: dict[str, Any] = {}
 
 
 def _session() -> tuple[VoiceSession, Host, Socket]:

@@ -1,5 +1,5 @@
 """One ``WS /v1/realtime/video`` session in the API process: the asyncio shell around
-``VideoSessionProtocol`` and the worker (through the shared :class:`~api.realtime.relay.Relay`).
+``WorldSessionProtocol`` and the worker (through the shared :class:`~api.realtime.relay.Relay`).
 
 The protocol object decides everything (sans-I/O); this class only moves data: client
 frames in, commands out to the worker as ``models.session_bus`` commands, worker outputs
@@ -12,7 +12,7 @@ broker_error`` and close 1011, never a bare dropped socket.
 A streaming session outlives a dropped socket (no close handshake) for
 ``realtime.resume_grace_s``: the worker goes on, its chunks wait in the ``out`` stream,
 the keep-alives go on, and ``session.resume`` as a socket's first message takes it over
-on any replica (``api/realtime/video_resume.py``; the record it needs is stored before
+on any replica (``api/realtime/world_resume.py``; the record it needs is stored before
 ``video.start`` hands out the resume token). A session resumed elsewhere ends here with
 ``session_taken_over``. A clean close (a close frame) ends the session at once: no grace
 period, and ``session.resume`` naming it is answered ``session_not_found``.
@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.realtime.broker import BROKER_ERRORS, bounded
 from api.realtime.relay import Relay, SessionHost
-from api.realtime.video_resume import VideoResumeRecord, take_over
+from api.realtime.world_resume import WorldResumeRecord, take_over
 from models.errors import OmniqueueError
 from models.realtime_video import SessionResume, VideoErrorCode
 from models.realtime_video_start import StartLimits
@@ -52,8 +52,8 @@ from realtime.video_protocol import (
     StartRequested,
     State,
     StopRequested,
-    VideoSessionOptions,
-    VideoSessionProtocol,
+    WorldSessionOptions,
+    WorldSessionProtocol,
 )
 from realtime.worker_watch import BROKER_ERROR, BROKER_ERROR_MESSAGE
 from storage.bus import BusMessage
@@ -62,9 +62,9 @@ from storage.bus import BusMessage
 FetchReference = Callable[[str, int, int], bytes]
 
 
-def _options(host: SessionHost, specs: list[Any]) -> VideoSessionOptions:
+def _options(host: SessionHost, specs: list[Any]) -> WorldSessionOptions:
     rt = host.settings.realtime
-    return VideoSessionOptions(
+    return WorldSessionOptions(
         start_timeout=rt.start_timeout_s,
         stall_timeout=rt.stall_timeout_s,
         max_start_bytes=rt.max_start_bytes,
@@ -83,7 +83,7 @@ def _options(host: SessionHost, specs: list[Any]) -> VideoSessionOptions:
     )
 
 
-class VideoSession:
+class WorldSession:
     def __init__(
         self,
         ws: WebSocket,
@@ -97,12 +97,12 @@ class VideoSession:
         self.host = host
         self.owner = owner
         self.id = "rtv_" + secrets.token_hex(12)
-        self.protocol = VideoSessionProtocol(self.id, time.monotonic(), _options(host, specs))
+        self.protocol = WorldSessionProtocol(self.id, time.monotonic(), _options(host, specs))
         self.relay = Relay(self.id, host, self)
         self.fetch_reference = fetch_reference
         self.send_lock = asyncio.Lock()
         self.model: str | None = None
-        self.record: VideoResumeRecord | None = None  # set once the session is resumable
+        self.record: WorldResumeRecord | None = None  # set once the session is resumable
         self._grace: asyncio.Task[None] | None = None  # a detached session's expiry
 
     async def flush(self) -> None:
@@ -168,7 +168,7 @@ class VideoSession:
         for entry in entries:
             self._apply(entry.event, entry.data, now)
         if self.record is None and self.protocol.state is State.STREAMING:
-            self.record = VideoResumeRecord(self.host.session_states, self.id, self.owner)
+            self.record = WorldResumeRecord(self.host.session_states, self.id, self.owner)
             await self._save()  # before video.start hands out the resume token
         if entries:
             await self.dispatch()
@@ -243,7 +243,7 @@ class VideoSession:
         if self.record is None or self.protocol.state is not State.STREAMING:
             return False
         self.relay.stop_reading()  # chunks wait in the out stream
-        self.host.detached_video[self.id] = self
+        self.host.detached_world_sessions[self.id] = self
         self._grace = asyncio.create_task(self._expire())
         return True
 
@@ -258,8 +258,8 @@ class VideoSession:
         except BROKER_ERRORS:
             pass  # the worker stops by itself once keep-alives stop
         finally:
-            if self.host.detached_video.get(self.id) is self:  # not a later detached copy
-                del self.host.detached_video[self.id]
+            if self.host.detached_world_sessions.get(self.id) is self:  # not a later detached copy
+                del self.host.detached_world_sessions[self.id]
             self.relay.stop()
 
     async def run(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from realtime.video_protocol import InteractionRequested, StartRequested, State
-from tests.unit.video_session_client import (
+from tests.unit.world_session_client import (
     error_event,
     interaction_json,
     new_session,

@@ -1,5 +1,5 @@
 """Resume of a ``WS /v1/realtime/video`` session, sans-I/O: a protocol rebuilt on a new
-socket (``VideoSessionProtocol.restored``) and fed the worker's outputs again from the
+socket (``WorldSessionProtocol.restored``) and fed the worker's outputs again from the
 start sends ``session.resumed``, the init segment alone, then exactly the chunks after the
 client's last one; together with the chunks the client already had they decode to every
 frame once. Real fMP4 bytes from the worker's writer."""
@@ -19,12 +19,12 @@ from realtime.video_protocol import (
     CLOSE_POLICY,
     State,
     StopRequested,
-    VideoSessionOptions,
-    VideoSessionProtocol,
+    WorldSessionOptions,
+    WorldSessionProtocol,
 )
 from tests.unit.test_fmp4 import _boxes, _decode, _frames
-from tests.unit.video_session_client import start_json as _start
-from tests.unit.video_session_client import texts as _texts
+from tests.unit.world_session_client import start_json as _start
+from tests.unit.world_session_client import texts as _texts
 from workers.fmp4 import FragmentedMP4Writer
 
 W, H, FPS = 64, 48, 16
@@ -41,7 +41,7 @@ def _chunks() -> list[bytes]:
     return out
 
 
-def _feed(p: VideoSessionProtocol, chunks: list[bytes], upto: int) -> None:
+def _feed(p: WorldSessionProtocol, chunks: list[bytes], upto: int) -> None:
     for i in range(upto):
         output = ChunkOutput(
             kind="media",
@@ -65,11 +65,11 @@ def _pairs(frames: list[str | bytes]) -> list[tuple[dict[str, Any], bytes | None
     return out
 
 
-def _restored(now: float = 50.0, **kw: Any) -> VideoSessionProtocol:
-    return VideoSessionProtocol.restored(
+def _restored(now: float = 50.0, **kw: Any) -> WorldSessionProtocol:
+    return WorldSessionProtocol.restored(
         "rtv_1",
         now,
-        VideoSessionOptions(),
+        WorldSessionOptions(),
         config=CONFIG,
         resume_token="tok",
         event_ids=kw.get("event_ids", ["ui-1"]),
@@ -148,7 +148,7 @@ def test_the_expiry_of_the_original_session_holds() -> None:
 
 
 def test_taken_over_ends_the_socket_without_stopping_the_worker() -> None:
-    p = VideoSessionProtocol("rtv_2", 0.0)
+    p = WorldSessionProtocol("rtv_2", 0.0)
     p.receive_text(_start(width=64, height=48, image_reference=None, extra_params=None), 0.0)
     p.events_received()
     p.started(now=0.0)
@@ -162,7 +162,7 @@ def test_taken_over_ends_the_socket_without_stopping_the_worker() -> None:
 
 
 def test_a_refused_resume_closes_with_session_not_found() -> None:
-    p = VideoSessionProtocol("rtv_3", 0.0)
+    p = WorldSessionProtocol("rtv_3", 0.0)
     p.resume_refused()
     error = _texts(p.data_to_send())[0]
     assert error["code"] == "session_not_found" and p.close_code == CLOSE_POLICY

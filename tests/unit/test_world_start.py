@@ -12,9 +12,9 @@ from realtime.video_protocol import (
     CLOSE_POLICY,
     StartRequested,
     State,
-    VideoSessionProtocol,
+    WorldSessionProtocol,
 )
-from tests.unit.video_session_client import (
+from tests.unit.world_session_client import (
     error_event,
     new_session,
     one_event,
@@ -117,7 +117,7 @@ def test_start_timeout() -> None:
 WORLD = StartLimits(max_width=1280, max_height=1280, max_frames=957, max_fps=60)
 
 
-def _capped(**options: Any) -> VideoSessionProtocol:
+def _capped(**options: Any) -> WorldSessionProtocol:
     limits = {"reference/world": WORLD}
     return new_session(models=frozenset(limits), model_limits=limits, **options)
 

@@ -1,5 +1,5 @@
 """A scripted peer of the ``WS /v1/realtime/video`` state machine for the sans-I/O tests
-(``test_video_session.py``, ``test_video_start.py``, ``test_video_interactions.py``): start
+(``test_world_session.py``, ``test_world_start.py``, ``test_world_interactions.py``): start
 messages, media chunks from the "worker", and server events checked against the schemas."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from realtime.video_protocol import (
     StartRequested,
     StopReason,
     StopRequested,
-    VideoSessionOptions,
-    VideoSessionProtocol,
+    WorldSessionOptions,
+    WorldSessionProtocol,
 )
 
 INIT = b"\x00\x00\x00\x18ftypiso6" + b"\x00" * 12 + b"moov"
@@ -49,20 +49,20 @@ def texts(frames: list[str | bytes]) -> list[dict[str, Any]]:
     return events
 
 
-def one_event(p: VideoSessionProtocol) -> dict[str, Any]:
+def one_event(p: WorldSessionProtocol) -> dict[str, Any]:
     frames = p.data_to_send()
     assert len(frames) == 1 and isinstance(frames[0], str), frames
     return texts(frames)[0]
 
 
-def new_session(now: float = 0.0, **options: Any) -> VideoSessionProtocol:
+def new_session(now: float = 0.0, **options: Any) -> WorldSessionProtocol:
     ids = iter(f"generated-{n}" for n in range(100))
-    return VideoSessionProtocol(
-        "video_stream-1", now, VideoSessionOptions(**options), new_event_id=lambda: next(ids)
+    return WorldSessionProtocol(
+        "video_stream-1", now, WorldSessionOptions(**options), new_event_id=lambda: next(ids)
     )
 
 
-def streaming(now: float = 0.0, start: str | None = None, **options: Any) -> VideoSessionProtocol:
+def streaming(now: float = 0.0, start: str | None = None, **options: Any) -> WorldSessionProtocol:
     p = new_session(now, **options)
     p.receive_text(start or start_json(), now)
     assert isinstance(p.events_received()[0], StartRequested)
@@ -71,7 +71,7 @@ def streaming(now: float = 0.0, start: str | None = None, **options: Any) -> Vid
     return p
 
 
-def send_media(p: VideoSessionProtocol, index: int, now: float = 0.0, **ids: Any) -> None:
+def send_media(p: WorldSessionProtocol, index: int, now: float = 0.0, **ids: Any) -> None:
     data = (INIT if index == 0 else b"") + b"moof" + bytes([index]) * 32
     output = ChunkOutput(
         kind="media",
@@ -83,13 +83,13 @@ def send_media(p: VideoSessionProtocol, index: int, now: float = 0.0, **ids: Any
     p.chunk(output, data, now=now)
 
 
-def error_event(p: VideoSessionProtocol) -> dict[str, Any]:
+def error_event(p: WorldSessionProtocol) -> dict[str, Any]:
     event = one_event(p)
     assert event["type"] == "error", event
     return event
 
 
-def timed_out(p: VideoSessionProtocol, deadline: float, reason: StopReason) -> dict[str, Any]:
+def timed_out(p: WorldSessionProtocol, deadline: float, reason: StopReason) -> dict[str, Any]:
     """A live session's timeout: nothing happens just before ``deadline``; at it the worker
     is told to stop for ``reason`` and the client gets an error event (returned)."""
     p.check_timeouts(deadline - 0.1)

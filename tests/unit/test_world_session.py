@@ -18,9 +18,9 @@ from realtime.video_protocol import (
     StartRequested,
     State,
     StopRequested,
-    VideoSessionProtocol,
+    WorldSessionProtocol,
 )
-from tests.unit.video_session_client import (
+from tests.unit.world_session_client import (
     INIT,
     error_event,
     interaction_json,
@@ -206,7 +206,7 @@ def test_chunk_contiguity_is_enforced() -> None:
         send_media(p, 2)
 
 
-def _no_init_segment(p: VideoSessionProtocol) -> None:
+def _no_init_segment(p: WorldSessionProtocol) -> None:
     p.chunk(
         ChunkOutput(kind="media", produced_at=0, generation_chunk_index=0, num_frames=9),
         b"moof",
@@ -214,33 +214,33 @@ def _no_init_segment(p: VideoSessionProtocol) -> None:
     )
 
 
-def _finished_early(p: VideoSessionProtocol) -> None:
+def _finished_early(p: WorldSessionProtocol) -> None:
     send_media(p, 0)
     p.finished(stopped=False)  # 1 of 3 chunks
 
 
-def _too_many_chunks(p: VideoSessionProtocol) -> None:
+def _too_many_chunks(p: WorldSessionProtocol) -> None:
     for index in range(4):
         send_media(p, index)
 
 
-def _media_after_trailer(p: VideoSessionProtocol) -> None:
+def _media_after_trailer(p: WorldSessionProtocol) -> None:
     send_media(p, 0)
     p.chunk(ChunkOutput(kind="trailer", produced_at=0), b"t", now=0)
     send_media(p, 1)
 
 
-def _indexed_trailer(p: VideoSessionProtocol) -> None:
+def _indexed_trailer(p: WorldSessionProtocol) -> None:
     p.chunk(ChunkOutput(kind="trailer", produced_at=0, generation_chunk_index=0), INIT, now=0)
 
 
-def _empty_chunk(p: VideoSessionProtocol) -> None:
+def _empty_chunk(p: WorldSessionProtocol) -> None:
     p.chunk(
         ChunkOutput(kind="media", produced_at=0, generation_chunk_index=0, num_frames=9), b"", now=0
     )
 
 
-def _started_twice(p: VideoSessionProtocol) -> None:
+def _started_twice(p: WorldSessionProtocol) -> None:
     p.started(now=0)
 
 
@@ -256,7 +256,7 @@ def _started_twice(p: VideoSessionProtocol) -> None:
         _started_twice,
     ],
 )
-def test_illegal_worker_calls_raise(misuse: Callable[[VideoSessionProtocol], None]) -> None:
+def test_illegal_worker_calls_raise(misuse: Callable[[WorldSessionProtocol], None]) -> None:
     with pytest.raises(ProtocolError):
         misuse(streaming())
 

@@ -4,11 +4,11 @@
 The chunks of a session are already in Redis (its ``out`` stream, written by the
 worker); what a replica needs besides is small and set once ``video.start`` is due: the
 session's owner, resume token, resolved config and interaction ids
-(``models/realtime_state.py``). :class:`VideoResumeRecord` stores it, fenced by the same
+(``models/realtime_state.py``). :class:`WorldResumeRecord` stores it, fenced by the same
 holder key as voice sessions (:mod:`storage.session_state`), before ``video.start``
 reaches the client, so any token a client holds can be resumed. :func:`take_over` makes a
 new socket's replica the holder and rebuilds the protocol; the replica that held it
-learns from :meth:`VideoResumeRecord.holds` that it lost it (its socket, if any, gets
+learns from :meth:`WorldResumeRecord.holds` that it lost it (its socket, if any, gets
 ``session_taken_over``), and stops sending keep-alives for it.
 """
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from models.realtime_state import VideoSessionSnapshot
+from models.realtime_state import WorldSessionSnapshot
 from models.realtime_video import SessionResume
-from realtime.video_protocol import VideoSessionOptions, VideoSessionProtocol
+from realtime.video_protocol import WorldSessionOptions, WorldSessionProtocol
 from storage.session_state import SessionStateStore
 
 
@@ -29,7 +29,7 @@ def _wall(t: float | None, now: float, wall: float) -> float | None:
     return None if t is None else wall + (t - now)
 
 
-class VideoResumeRecord:
+class WorldResumeRecord:
     def __init__(self, store: SessionStateStore, session_id: str, owner: str) -> None:
         self.store = store
         self.session_id = session_id
@@ -38,7 +38,7 @@ class VideoResumeRecord:
         self.created = False
 
     async def save(
-        self, protocol: VideoSessionProtocol, model: str, now: float, wall: float
+        self, protocol: WorldSessionProtocol, model: str, now: float, wall: float
     ) -> bool:
         """Store what a resume needs (call before ``video.start`` or an interaction's
         reply is sent); False when another replica holds the session now."""
@@ -46,7 +46,7 @@ class VideoResumeRecord:
         if not self.created:
             await self.store.create(self.session_id, self.holder)
             self.created = True
-        snap = VideoSessionSnapshot(
+        snap = WorldSessionSnapshot(
             session_id=self.session_id,
             owner=self.owner,
             model=model,
@@ -73,9 +73,9 @@ class VideoResumeRecord:
 
 
 @dataclass
-class TakenOverVideo:
-    protocol: VideoSessionProtocol
-    record: VideoResumeRecord
+class TakenOverWorldSession:
+    protocol: WorldSessionProtocol
+    record: WorldResumeRecord
     model: str
 
 
@@ -83,10 +83,10 @@ async def take_over(
     store: SessionStateStore,
     resume: SessionResume,
     owner: str,
-    options: VideoSessionOptions,
+    options: WorldSessionOptions,
     now: float,
     wall: float,
-) -> TakenOverVideo | None:
+) -> TakenOverWorldSession | None:
     """Hold the session named by ``resume`` from now on and rebuild its protocol, with
     ``session.resumed`` queued; None (nothing taken) when there is no such session, it
     is not ``owner``'s, or the token is wrong."""
@@ -94,18 +94,18 @@ async def take_over(
     if raw is None:
         return None
     try:
-        snap = VideoSessionSnapshot.model_validate_json(raw)
+        snap = WorldSessionSnapshot.model_validate_json(raw)
     except ValidationError:
         return None
     token_ok = secrets.compare_digest(resume.resume_token.encode(), snap.resume_token.encode())
     if snap.owner != owner or not token_ok:
         return None
-    record = VideoResumeRecord(store, resume.session_id, owner)
+    record = WorldResumeRecord(store, resume.session_id, owner)
     if await store.take_over(resume.session_id, record.holder, after_seq=0) is None:
         return None
     record.created = True
     expires = None if snap.expires_at is None else now + (snap.expires_at - wall)
-    protocol = VideoSessionProtocol.restored(
+    protocol = WorldSessionProtocol.restored(
         snap.session_id,
         now,
         options,
@@ -116,4 +116,4 @@ async def take_over(
         expires_at=expires,
     )
     protocol.resume(resume.last_generation_chunk_index)
-    return TakenOverVideo(protocol, record, snap.model)
+    return TakenOverWorldSession(protocol, record, snap.model)

@@ -189,7 +189,7 @@ PLATFORMS = [
 
 def pin_versions() -> dict[str, Version]:
     """PINS as {canonical name: version}."""
-    out = {}
+    out: dict[str, Version] = {}
     for pin in PINS:
         name, version = pin.split("==")
         out[canonicalize_name(name)] = Version(version)
@@ -413,7 +413,7 @@ def build() -> None:
              "--platform", "any", "-d", str(dl), *pure],
             check=True,
         )  # fmt: skip
-        requires = {}
+        requires: dict[str, dict[str, object]] = {}
         for whl in sorted(dl.glob("*.whl")):
             name, version, deps = wheel_requires(whl)
             requires[name] = {"version": version, "requires": deps}

@@ -35,7 +35,7 @@ def _stand_ins() -> None:
     class ErrorCode(enum.StrEnum):
         CANCELLED = "cancelled"
 
-    values = {
+    values: dict[str, dict[str, object]] = {
         "models.db": {"Job": object, "JobStatus": JobStatus},
         "models.errors": {"ErrorCode": ErrorCode},
         "storage.jobs": {"JobStore": object},

@@ -27,8 +27,12 @@ def build_pipeline(device: str, num_layers: int = 30) -> Any:
 
     torch.manual_seed(0)
     dtype = torch.bfloat16
+    # Typed by what they are at runtime: to mypy, diffusers' top-level classes are the
+    # placeholders it defines for installs without torch (no ``to``), hence Any; and
+    # transformers types ``PreTrainedModel.to`` as taking the model as its first argument,
+    # hence nn.Module. Module.to casts in place and returns the module.
     with torch.device(device):
-        transformer = WanTransformer3DModel(
+        transformer: Any = WanTransformer3DModel(
             patch_size=(1, 2, 2),
             num_attention_heads=12,
             attention_head_dim=128,
@@ -42,13 +46,16 @@ def build_pipeline(device: str, num_layers: int = 30) -> Any:
             qk_norm="rms_norm_across_heads",
             eps=1e-6,
             rope_max_seq_len=1024,
-        ).to(dtype)
-        vae = AutoencoderKLWan().to(torch.float32)
+        )
+        transformer = transformer.to(dtype)
+        vae: Any = AutoencoderKLWan()
+        vae = vae.to(torch.float32)
         # UMT5's defaults (d_kv 64, d_ff 1024, 32 relative-attention buckets), at the real
         # 4096 width with 2 layers and a small vocabulary.
-        text_encoder = UMT5EncoderModel(
+        text_encoder: torch.nn.Module = UMT5EncoderModel(
             UMT5Config(d_model=4096, num_layers=2, num_heads=16, vocab_size=4096)
-        ).to(dtype)
+        )
+        text_encoder = text_encoder.to(dtype)
     words = ["a", "red", "ball", "bouncing", "over", "blue", "ocean", "at", "sunset"]
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -62,7 +69,7 @@ def build_pipeline(device: str, num_layers: int = 30) -> Any:
         num_train_timesteps=1000,
         flow_shift=3.0,
     )
-    pipe = WanPipeline(
+    pipe: Any = WanPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
         vae=vae,

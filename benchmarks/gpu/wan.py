@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -81,6 +81,7 @@ def main() -> None:
     from models.db import Base, Job
     from models.job_specs import VideoSpec
     from models.registry import ServedModel
+    from storage.artifacts import ArtifactStore
     from storage.db import make_engine, make_sessionmaker
     from storage.jobs import JobStore
     from storage.settings import Settings
@@ -92,7 +93,7 @@ def main() -> None:
     settings = Settings(
         database={"url": f"sqlite:///{work / 'jobs.db'}"},
         worker={"tmp_dir": str(work), "progress_interval_s": 0.25, "heartbeat_s": 5},
-    )  # type: ignore[arg-type]
+    )
     engine = make_engine(settings.database)
     Base.metadata.create_all(engine)
     jobs = JobStore(make_sessionmaker(engine))
@@ -105,8 +106,8 @@ def main() -> None:
     executor = StepExecutor(
         settings,
         jobs,
-        LocalArtifacts(work / "s3"),
-        registry,  # type: ignore[arg-type]
+        cast(ArtifactStore, LocalArtifacts(work / "s3")),  # the slice the executor uses
+        registry,
         worker_id="gpu-bench:1:w",
     )
 
@@ -126,7 +127,7 @@ def main() -> None:
 
     torch.cuda.synchronize()
     baseline = torch.cuda.memory_allocated()
-    runs = []
+    runs: list[dict[str, Any]] = []
     for _ in range(args.repeats):
         job_id = new_job(1)
         start = time.perf_counter()

@@ -108,7 +108,7 @@ def run_mode(fair: bool, flood: int, small: int, timeout: float) -> dict[str, An
                 _say(f"fair_share={fair}: small job {i}: {samples[-1]}")
             rows = [jobs.read(j) for j in flooded]
             ran = [r for r in rows if r is not None and r.completed_at and r.started_at]
-            durations = [r.completed_at - r.started_at for r in ran]  # type: ignore[operator]
+            durations = [r.completed_at - r.started_at for r in ran]
             for job_id in flooded:  # what is still queued: cancelled, not waited for
                 fc.post(f"/v1/videos/{job_id}/cancel")
         return {

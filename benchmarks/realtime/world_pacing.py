@@ -40,7 +40,8 @@ def run(url: str, seconds: float, size: str, key_at: float, lead: int | None) ->
         start["extra_params"] = {"max_chunks_ahead": lead}
     ws_url = url.replace("http", "ws", 1) + "/v1/realtime/video"
     samples: list[dict[str, float]] = []
-    key_sent = key_applied = None
+    key_sent: float | None = None
+    key_applied: float | None = None  # set only once key_sent is
     last: float | None = None
     played = 0.0  # the simulated player's position, seconds of video
     video_s = 0.0
@@ -84,7 +85,9 @@ def run(url: str, seconds: float, size: str, key_at: float, lead: int | None) ->
         "max_ahead_chunks": round(max(s["ahead_s"] for s in samples) / chunk_s, 2),
         "ahead_s_at_key": at_key[-1]["ahead_s"] if at_key else None,
         "key_pressed_at_s": key_sent,
-        "key_to_screen_s": None if key_applied is None else round(key_applied - key_sent, 3),
+        "key_to_screen_s": (
+            None if key_applied is None or key_sent is None else round(key_applied - key_sent, 3)
+        ),
         "errors": late,
         "samples": samples,
     }

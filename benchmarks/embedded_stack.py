@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,12 +44,12 @@ _SKIP_RE = re.compile(
 )
 
 
-def report(out: dict[str, Any], up_exit_code: int | None, **extra: Any) -> int:
+def report(out: dict[str, Any], **extra: Any) -> int:
     """Print the benchmark's JSON object (``out`` with ``extra``) on stdout; the script's
-    exit status: 0 when up exited 0."""
+    exit status: 0 when up exited 0 (``out["up_exit_code"]``, :meth:`Stack.shutdown`)."""
     out.update(extra)
     print(json.dumps(out, indent=2))
-    return 0 if up_exit_code == 0 else 1
+    return 0 if out.get("up_exit_code") == 0 else 1
 
 
 def git_state() -> dict[str, Any]:
@@ -233,6 +234,19 @@ class Stack:
         if self._log_file is not None:
             self._log_file.close()
         return self.exit_code
+
+    @contextlib.contextmanager
+    def running(self, out: dict[str, Any], keep_log: str | None = None) -> Iterator[LogWatcher]:
+        """up for the block, its stderr watched. ``out`` gets the commit and the load
+        before up starts, and how it ended after (:meth:`shutdown`), even when the block
+        fails."""
+        out["git"] = git_state()
+        out["loadavg_1m_start"] = round(os.getloadavg()[0], 2)
+        try:
+            self.start()
+            yield LogWatcher(self.log_path)
+        finally:
+            self.shutdown(out, keep_log)
 
     def shutdown(self, out: dict[str, Any], keep_log: str | None = None) -> int | None:
         """Stop up, record how it ended (and the load) in ``out``, remove the data."""

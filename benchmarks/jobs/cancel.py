@@ -39,7 +39,6 @@ with SIGINT (it must exit 0) and removes the data directory. Progress goes to st
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -52,7 +51,6 @@ from benchmarks.embedded_stack import (
     S3_BUCKET,
     LogWatcher,
     Stack,
-    git_state,
     report,
     say,
 )
@@ -362,58 +360,54 @@ def main() -> int:
         "per_stage": args.per_stage,
         "poll_s": args.poll,
         "workers": args.workers,
-        "git": git_state(),
-        "loadavg_1m_start": round(os.getloadavg()[0], 2),
     }
-    try:
-        stack.start()
-        logs = LogWatcher(stack.log_path)
-        with httpx.Client(base_url=stack.url, timeout=60, trust_env=False) as client:
-            bench = Bench(client, logs, args)
-            say("warm-up job…")
-            bench.wait_terminal(bench.create()["id"], 0.05)
-            calib_before = bench.calibrate(args.calibration, "before")
-            runs: dict[str, tuple[list[dict[str, Any]], int]] = {}
-            cancelled_ids: list[str] = []
-            for stage in stages:
-                if stage == "queued":
-                    results = bench.cancel_queued(args.per_stage)
-                    attempts = len(results)
-                else:
-                    results, attempts = [], 0
-                    while (
-                        sum("latency_s" in r for r in results) < args.per_stage
-                        and attempts < args.max_attempts * args.per_stage
-                    ):
-                        attempts += 1
-                        results.append(bench.cancel_running(stage))
-                cancelled_ids += [r["id"] for r in results if "latency_s" in r]
-                runs[stage] = (results, attempts)
-                lat = summary_ms([r["latency_s"] for r in results if "latency_s" in r])
-                say(f"{stage}: {sum('latency_s' in r for r in results)}/{attempts} latency {lat}")
-            # Calibrate again at the end: the machine is shared and its speed drifts.
-            calib_after = bench.calibrate(args.calibration, "after")
-            calib = calibration_summary(calib_before + calib_after, args.steps)
-            out["calibration"] = {
-                "before": calibration_summary(calib_before, args.steps),
-                "after": calibration_summary(calib_after, args.steps),
-                "combined": calib,
-            }
-            by_stage: dict[str, Any] = {}
-            for stage, (results, attempts) in runs.items():
-                rep = stage_report(stage, results, attempts, calib)
-                by_stage[stage] = rep
-                say(
-                    f"{stage}: p95 {(rep['latency_ms'] or {}).get('p95')} ms, "
-                    f"target {rep['target_ms']} ms → {rep['meets_target']}"
-                )
-            out["stages"] = by_stage
-            time.sleep(1.0)
-            out["leftovers"] = leftovers(stack, cancelled_ids)
-            say(f"leftovers: {out['leftovers']}")
-    finally:
-        code = stack.shutdown(out, args.keep_log)
-    return report(out, code, wall_s=round(time.time() - t0, 1))
+    with (
+        stack.running(out, args.keep_log) as logs,
+        httpx.Client(base_url=stack.url, timeout=60, trust_env=False) as client,
+    ):
+        bench = Bench(client, logs, args)
+        say("warm-up job…")
+        bench.wait_terminal(bench.create()["id"], 0.05)
+        calib_before = bench.calibrate(args.calibration, "before")
+        runs: dict[str, tuple[list[dict[str, Any]], int]] = {}
+        cancelled_ids: list[str] = []
+        for stage in stages:
+            if stage == "queued":
+                results = bench.cancel_queued(args.per_stage)
+                attempts = len(results)
+            else:
+                results, attempts = [], 0
+                while (
+                    sum("latency_s" in r for r in results) < args.per_stage
+                    and attempts < args.max_attempts * args.per_stage
+                ):
+                    attempts += 1
+                    results.append(bench.cancel_running(stage))
+            cancelled_ids += [r["id"] for r in results if "latency_s" in r]
+            runs[stage] = (results, attempts)
+            lat = summary_ms([r["latency_s"] for r in results if "latency_s" in r])
+            say(f"{stage}: {sum('latency_s' in r for r in results)}/{attempts} latency {lat}")
+        # Calibrate again at the end: the machine is shared and its speed drifts.
+        calib_after = bench.calibrate(args.calibration, "after")
+        calib = calibration_summary(calib_before + calib_after, args.steps)
+        out["calibration"] = {
+            "before": calibration_summary(calib_before, args.steps),
+            "after": calibration_summary(calib_after, args.steps),
+            "combined": calib,
+        }
+        by_stage: dict[str, Any] = {}
+        for stage, (results, attempts) in runs.items():
+            rep = stage_report(stage, results, attempts, calib)
+            by_stage[stage] = rep
+            say(
+                f"{stage}: p95 {(rep['latency_ms'] or {}).get('p95')} ms, "
+                f"target {rep['target_ms']} ms → {rep['meets_target']}"
+            )
+        out["stages"] = by_stage
+        time.sleep(1.0)
+        out["leftovers"] = leftovers(stack, cancelled_ids)
+        say(f"leftovers: {out['leftovers']}")
+    return report(out, wall_s=round(time.time() - t0, 1))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import random
 import re
 import statistics
@@ -54,7 +53,6 @@ from benchmarks.embedded_stack import (
     S3_BUCKET,
     LogWatcher,
     Stack,
-    git_state,
     report,
     say,
 )
@@ -302,13 +300,9 @@ def main() -> int:
         },
         "seed": args.seed,
         "planned_actions": dict(Counter(s["action"] for s in specs)),
-        "git": git_state(),
-        "loadavg_1m_start": round(os.getloadavg()[0], 2),
     }
     t_start = time.time()
-    try:
-        stack.start()
-        logs = LogWatcher(stack.log_path)
+    with stack.running(out, args.keep_log) as logs:
         limits = httpx.Limits(max_connections=args.concurrency + 2)
         with httpx.Client(base_url=stack.url, timeout=60, trust_env=False, limits=limits) as client:
             soak = Soak(client, args)
@@ -406,9 +400,7 @@ def main() -> int:
             out["zero_checks"] = zero
             out["all_zero"] = all(zero.values())
             say(f"zero checks: {zero}")
-    finally:
-        code = stack.shutdown(out, args.keep_log)
-    return report(out, code, total_wall_s=round(time.time() - t_start, 1))
+    return report(out, total_wall_s=round(time.time() - t_start, 1))
 
 
 if __name__ == "__main__":

@@ -156,30 +156,44 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
         yield server
 
 
-def _new_pg_database() -> tuple[str, str]:
+def _pg_admin(statement: str) -> None:
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(statement))
+    admin.dispose()
+
+
+@contextmanager
+def new_pg_database() -> Iterator[str]:
+    """The URL of a new, empty PostgreSQL database, dropped (its sessions too) after the
+    block."""
     name = f"oq_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return name, PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    _pg_admin(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _drop_pg_database(name: str) -> None:
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+@contextmanager
+def new_database(kind: str, directory: Path, *, migrate: bool = True) -> Iterator[str]:
+    """The URL of a new database of ``kind``: ``postgresql`` (:func:`new_pg_database`) or
+    ``sqlite`` (a file in ``directory``); migrated to head unless ``migrate`` is false."""
+    with contextlib.ExitStack() as stack:
+        if kind == "sqlite":
+            url = f"sqlite:///{directory / 'omniqueue.db'}"
+        else:
+            url = stack.enter_context(new_pg_database())
+        if migrate:
+            upgrade(url)
+        yield url
 
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for this session."""
-    name, url = _new_pg_database()
-    try:
+    with new_pg_database() as url:
         yield url
-    finally:
-        _drop_pg_database(name)
 
 
 @contextmanager
@@ -246,22 +260,22 @@ def isolated_stack(
     realtime_workers: int = 0,
     cls: type[_S] = Stack,  # type: ignore[assignment]
     auth: str = "off",
+    database: str = "postgresql",
 ) -> Iterator[_S]:
-    """A deployment of its own: a fresh PostgreSQL database, its own Redis index (so
-    no other test's worker takes its jobs), auth off unless asked, on the shared S3 server."""
-    db_name, url = _new_pg_database()
-    upgrade(url)
+    """A deployment of its own: a fresh database (PostgreSQL unless ``database`` is
+    ``sqlite``), its own Redis index (so no other test's worker takes its jobs), auth off
+    unless asked, on the shared S3 server."""
     redis_url = f"{REDIS_BASE_URL}/{redis_db}"
-    redis.Redis.from_url(redis_url).flushdb()
-    st = cls(
-        work=work, database_url=url, redis_url=redis_url, s3=s3, auth=auth, extra_env=extra_env
-    )
-    try:
-        yield st
-    finally:
-        st.stop()
+    with new_database(database, work) as url:
         redis.Redis.from_url(redis_url).flushdb()
-        _drop_pg_database(db_name)
+        st = cls(
+            work=work, database_url=url, redis_url=redis_url, s3=s3, auth=auth, extra_env=extra_env
+        )
+        try:
+            yield st
+        finally:
+            st.stop()
+            redis.Redis.from_url(redis_url).flushdb()
 
 
 @contextmanager
@@ -274,11 +288,14 @@ def started_stack(
     workers: int = 1,
     extra_env: dict[str, str] | None = None,
     auth: str = "off",
+    database: str = "postgresql",
 ) -> Iterator[Stack]:
     """:func:`isolated_stack` in a fresh temporary directory, started with ``workers``
     job workers."""
     work = Path(tmp_path_factory.mktemp(name))
-    with isolated_stack(work, s3, redis_db=redis_db, extra_env=extra_env or {}, auth=auth) as st:
+    with isolated_stack(
+        work, s3, redis_db=redis_db, extra_env=extra_env or {}, auth=auth, database=database
+    ) as st:
         st.start(workers=workers)
         yield st
 
@@ -286,19 +303,12 @@ def started_stack(
 @pytest.fixture(params=["sqlite", "postgresql"])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """A migrated database, once on SQLite and once on a fresh PostgreSQL database."""
-    name = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'test.db'}"
-    else:
-        name, url = _new_pg_database()
-    upgrade(url)
-    eng = make_engine(DatabaseSettings(url=url))
-    try:
-        yield eng
-    finally:
-        eng.dispose()
-        if name is not None:
-            _drop_pg_database(name)
+    with new_database(request.param, tmp_path) as url:
+        eng = make_engine(DatabaseSettings(url=url))
+        try:
+            yield eng
+        finally:
+            eng.dispose()
 
 
 @pytest.fixture(scope="session")

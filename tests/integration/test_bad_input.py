@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,8 +18,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
-from migrations.runner import upgrade
-from tests.integration.conftest import REDIS_BASE_URL
+from tests.integration.conftest import started_stack
 from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -42,16 +40,10 @@ def sqlite_stack(
     tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, redis_db: int
 ) -> Iterator[Stack]:
     """The API alone on SQLite (no worker: nothing here should ever be queued)."""
-    work = Path(tmp_path_factory.mktemp("bad_input_sqlite"))
-    url = f"sqlite:///{work / 'omniqueue.db'}"
-    upgrade(url)
-    redis_url = f"{REDIS_BASE_URL}/{redis_db}"
-    st = Stack(work=work, database_url=url, redis_url=redis_url, s3=s3_server, auth="off")
-    st.start(workers=0)
-    try:
+    with started_stack(
+        tmp_path_factory, s3_server, "bad_input", redis_db=redis_db, workers=0, database="sqlite"
+    ) as st:
         yield st
-    finally:
-        st.stop()
 
 
 _TERMINAL = ("completed", "failed", "cancelled")

@@ -34,7 +34,7 @@ from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore, Lease
 from storage.settings import Settings
 from tests.helpers import s3_settings
-from tests.integration.conftest import RedisDbPool, _drop_pg_database, _new_pg_database
+from tests.integration.conftest import RedisDbPool, new_pg_database
 from workers.executor import StepExecutor
 from workers.pipelines.registry import PipelineRegistry
 from workers.run_objects import drop_other_attempts, output_prefix, stale_prefix
@@ -49,12 +49,9 @@ def database_url() -> Iterator[str]:
     """A database of this test's own: a queued job of another test in the session's
     database would be run (fair share) by the message meant for the take-over, and the
     session's workers would see this test's job."""
-    name, url = _new_pg_database()
-    try:
+    with new_pg_database() as url:
         upgrade(url)
         yield url
-    finally:
-        _drop_pg_database(name)
 
 
 @pytest.fixture

@@ -28,11 +28,7 @@ from storage.job_statements import page as sql_page
 from storage.jobs import JobStore, Lease
 from storage.settings import DatabaseSettings
 from tests.helpers import video_spec
-from tests.integration.conftest import (
-    _drop_pg_database,
-    _new_pg_database,
-    service_settings,
-)
+from tests.integration.conftest import new_pg_database, service_settings
 
 pytestmark = pytest.mark.integration
 W1 = Lease("w1", 1)  # the first claim's lease
@@ -454,26 +450,25 @@ def test_a_dropped_postgresql_connection_idle_past_the_threshold_is_replaced() -
     once it sat idle past ``ping_idle_s``; one used more recently is not pinged, so its
     read fails, and the pool is invalidated so the next read works (the trade-off of
     pinging only idle connections, a round trip less per status read)."""
-    name, url = _new_pg_database()
-    upgrade(url)
-    admin = make_engine(DatabaseSettings(url=url))
-    try:
-        for idle_s, survives in ((0.2, True), (60.0, False)):
-            engine = make_engine(DatabaseSettings(url=url, pool_size=1, ping_idle_s=idle_s))
-            store = JobStore(make_sessionmaker(engine))
-            first = _backend_pid(store)
-            with admin.connect() as conn:
-                conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
-                conn.commit()
-            time.sleep(0.4)
-            if survives:
-                assert store.read("video_nope") is None  # pinged, replaced, read
-                assert _backend_pid(store) != first
-            else:
-                with pytest.raises(OperationalError):
-                    store.read("video_nope")
-                assert store.read("video_nope") is None  # the pool was invalidated
-            engine.dispose()
-    finally:
-        admin.dispose()
-        _drop_pg_database(name)
+    with new_pg_database() as url:
+        upgrade(url)
+        admin = make_engine(DatabaseSettings(url=url))
+        try:
+            for idle_s, survives in ((0.2, True), (60.0, False)):
+                engine = make_engine(DatabaseSettings(url=url, pool_size=1, ping_idle_s=idle_s))
+                store = JobStore(make_sessionmaker(engine))
+                first = _backend_pid(store)
+                with admin.connect() as conn:
+                    conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
+                    conn.commit()
+                time.sleep(0.4)
+                if survives:
+                    assert store.read("video_nope") is None  # pinged, replaced, read
+                    assert _backend_pid(store) != first
+                else:
+                    with pytest.raises(OperationalError):
+                        store.read("video_nope")
+                    assert store.read("video_nope") is None  # the pool was invalidated
+                engine.dispose()
+        finally:
+            admin.dispose()

@@ -23,8 +23,7 @@ from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings, Settings
 from tests.integration.conftest import (
     REDIS_BASE_URL,
-    _drop_pg_database,
-    _new_pg_database,
+    new_database,
     service_settings,
 )
 
@@ -43,14 +42,8 @@ TABLES = {
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'migrate.db'}"
-        return
-    name, url = _new_pg_database()
-    try:
+    with new_database(request.param, tmp_path, migrate=False) as url:
         yield url
-    finally:
-        _drop_pg_database(name)
 
 
 def _tables(url: str) -> set[str]:

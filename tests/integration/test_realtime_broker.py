@@ -21,8 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from cli.embedded import EmbeddedS3
-from migrations.runner import upgrade
-from tests.integration.conftest import _drop_pg_database, _new_pg_database
+from tests.integration.conftest import new_database
 from tests.integration.stack import Stack
 from tests.integration.test_realtime_video import LONG
 from workers.processes import free_port
@@ -65,25 +64,23 @@ class PrivateRedis:
 @pytest.fixture
 def bstack(tmp_path: Path, s3_server: EmbeddedS3) -> Iterator[tuple[Stack, PrivateRedis]]:
     private = PrivateRedis(tmp_path)
-    db_name, url = _new_pg_database()
-    upgrade(url)
     env = {
         "OMNIQ_REALTIME__SLOTS": "2",
         "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "10",
         "OMNIQ_REALTIME__LOST_AFTER_S": "30",  # so the broker, not the worker, is missed
         "OMNIQ_REALTIME__KEEPALIVE_S": "0.5",
     }
-    st = Stack(
-        work=tmp_path, database_url=url, redis_url=private.url, s3=s3_server, auth="off",
-        extra_env=env,
-    )  # fmt: skip
-    try:
-        st.start(workers=0, realtime_workers=1)
-        yield st, private
-    finally:
-        private.kill()
-        st.stop()
-        _drop_pg_database(db_name)
+    with new_database("postgresql", tmp_path) as url:
+        st = Stack(
+            work=tmp_path, database_url=url, redis_url=private.url, s3=s3_server, auth="off",
+            extra_env=env,
+        )  # fmt: skip
+        try:
+            st.start(workers=0, realtime_workers=1)
+            yield st, private
+        finally:
+            private.kill()
+            st.stop()
 
 
 async def _ws(st: Stack, path: str) -> ClientConnection:

@@ -30,8 +30,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
-from migrations.runner import upgrade
-from tests.integration.conftest import _drop_pg_database, _new_pg_database, running_s3
+from tests.integration.conftest import new_database, running_s3
 from tests.integration.stack import Stack
 from workers.processes import free_port
 
@@ -151,26 +150,24 @@ def hstack(
     own_s3: EmbeddedS3,
 ) -> Iterator[Stack]:
     work = Path(tmp_path_factory.mktemp(f"stalls-{request.param}"))
-    db_name = None
-    if request.param == "postgresql":
-        db_name, url = _new_pg_database()
-    else:
-        url = f"sqlite:///{work / 'omniqueue.db'}"
-    upgrade(url)
     env = {
         "OMNIQ_HTTP__HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         "OMNIQ_HTTP__BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
     }
-    st = Stack(
-        work=work, database_url=url, redis_url=own_redis.url, s3=own_s3, auth="off", extra_env=env
-    )
-    try:
-        st.start(workers=1)
-        yield st
-    finally:
-        st.stop()
-        if db_name is not None:
-            _drop_pg_database(db_name)
+    with new_database(request.param, work) as url:
+        st = Stack(
+            work=work,
+            database_url=url,
+            redis_url=own_redis.url,
+            s3=own_s3,
+            auth="off",
+            extra_env=env,
+        )
+        try:
+            st.start(workers=1)
+            yield st
+        finally:
+            st.stop()
 
 
 @pytest.fixture

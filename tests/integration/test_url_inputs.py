@@ -16,13 +16,11 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from PIL import Image
 from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
-from migrations.runner import upgrade
-from tests.integration.conftest import REDIS_BASE_URL, RedisDbPool, isolated_stack
+from tests.integration.conftest import RedisDbPool, isolated_stack, started_stack
 from tests.integration.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -74,24 +72,12 @@ def public_stack(
     s3_server: EmbeddedS3,
     redis_db: int,
 ) -> Iterator[Stack]:
-    """The default settings, on PostgreSQL (isolated_stack) and on SQLite."""
-    work = Path(tmp_path_factory.mktemp(f"url-public-{request.param}"))
-    if request.param == "postgresql":
-        with isolated_stack(work, s3_server, redis_db=redis_db, extra_env={}) as st:
-            st.start(workers=0)
-            yield st
-        return
-    url = f"sqlite:///{work / 'omniqueue.db'}"
-    upgrade(url)
-    redis_url = f"{REDIS_BASE_URL}/{redis_db}"
-    redis.Redis.from_url(redis_url).flushdb()
-    st = Stack(work=work, database_url=url, redis_url=redis_url, s3=s3_server, auth="off")
-    try:
-        st.start(workers=0)
+    """The default settings, on PostgreSQL and on SQLite."""
+    name = f"url-public-{request.param}"
+    with started_stack(
+        tmp_path_factory, s3_server, name, redis_db=redis_db, workers=0, database=request.param
+    ) as st:
         yield st
-    finally:
-        st.stop()
-        redis.Redis.from_url(redis_url).flushdb()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
-from migrations.runner import upgrade
 from models.db import Job, WebhookDelivery
 from models.webhooks import JobWebhook
 from storage.db import make_engine, make_sessionmaker
@@ -21,7 +20,7 @@ from storage.outbox import Attempt, WebhookOutbox, event_id
 from storage.settings import DatabaseSettings
 from storage.webhooks import WebhookStore
 from tests.helpers import video_spec
-from tests.integration.conftest import _drop_pg_database, _new_pg_database
+from tests.integration.conftest import new_database
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +29,12 @@ HOOK = "https://hooks.example.com/a"
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    pg = _new_pg_database() if request.param == "postgresql" else None
-    url = pg[1] if pg else f"sqlite:///{tmp_path / 'outbox.db'}"
-    upgrade(url)
-    engine = make_engine(DatabaseSettings(url=url))
-    try:
-        yield make_sessionmaker(engine)
-    finally:
-        engine.dispose()
-        if pg:
-            _drop_pg_database(pg[0])
+    with new_database(request.param, tmp_path) as url:
+        engine = make_engine(DatabaseSettings(url=url))
+        try:
+            yield make_sessionmaker(engine)
+        finally:
+            engine.dispose()
 
 
 def _job(jobs: JobStore, job_id: str, owner: str = "local", **hook: object) -> str:

@@ -34,6 +34,8 @@ def model_object(
         quality_tiers=quality_tiers(spec),
         loras=(loras or []) if spec.supports_lora else None,
         workflows=list(spec.workflows),
+        attention=dict(spec.attention) or None,
+        vsa_topk=spec.vsa_topk,
         limits=ModelLimits(
             min_size=spec.min_size,
             max_width=min(spec.max_width, limits.max_width) if job else spec.max_width,

@@ -179,6 +179,11 @@ class ModelObject(BaseModel):
     # The workflows a joint video + audio model serves (``t2va``, ``fl2va``, ``ref2va``);
     # empty for the others.
     workflows: list[str] = Field(default_factory=list)
+    # The attention kernel of each role of the denoiser (``sdpa`` or ``vsa``), for models
+    # whose deployment chooses it (MiniMax-H3: ``blocks``, ``token_refiner``); else None.
+    attention: dict[str, str] | None = None
+    # VSA's key blocks per query block, where a role runs ``vsa``.
+    vsa_topk: int | None = None
 
 
 class ModelList(BaseModel):

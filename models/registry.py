@@ -158,7 +158,10 @@ def parse_registry(text: str, source: str = "model registry") -> dict[str, Serve
             extra = {k: v for k, v in entry.items() if k != "spec"}
             out[name] = ServedModel.model_validate({**extra, "spec": spec})
         except ValidationError as exc:
-            raise CatalogError(f"{where} ({name}): {exc.errors()[0]['msg']}") from exc
+            error = exc.errors()[0]
+            field = ".".join(str(part) for part in error["loc"])
+            why = f"{field}: {error['msg']}" if field else error["msg"]
+            raise CatalogError(f"{where} ({name}): {why}") from exc
     return out
 
 

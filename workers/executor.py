@@ -42,7 +42,7 @@ from workers.audio_media import EXTENSIONS, MEDIA_TYPES, encode_audio, output_ra
 from workers.failpoints import Failpoints
 from workers.job_claim import JobClaim
 from workers.job_run import DENOISE_END, STAGE_START, JobRun
-from workers.media import decode_streamed, encode_video, finish_video
+from workers.media import Streamed, decode_streamed, encode_video, finish_video
 from workers.memory import forget_frames, peak_memory_mb, release_after_run
 from workers.output_check import Expected, check_mp4
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, checkpoints, step_stops
@@ -168,7 +168,7 @@ class StepExecutor:
 
         run.enter("decode")
         run.failpoint("decode")
-        streamed: np.ndarray | None = None  # the middle frame, once the MP4 is written
+        streamed: Streamed | None = None  # the MP4 written while it decoded
         # The raw frames' SHA-256, when logged (``worker.log_frame_digests``).
         frames_digest = hashlib.sha256() if self.settings.worker.log_frame_digests else None
         with checkpoints(run.stop_point()):
@@ -182,7 +182,7 @@ class StepExecutor:
         run.failpoint("encode")
         extra_values: dict[str, Any] = {}
         if streamed is not None:
-            files = finish_video(streamed, tmp)
+            files = finish_video(streamed.middle, tmp)
         elif isinstance(run.spec, AudioSpec):
             assert media is not None
             files, output = self._encode_audio(run, run.spec, media, tmp)
@@ -191,7 +191,10 @@ class StepExecutor:
             assert media is not None
             files = encode_video(media, tmp, frames_digest)
         if isinstance(run.spec, VideoSpec):
-            made_sound = media is not None and media.audio is not None
+            if streamed is not None:
+                made_sound = streamed.has_audio
+            else:
+                made_sound = media is not None and media.audio is not None
             check_mp4(tmp / "video.mp4", Expected.of(run.spec, audio=made_sound))
         del media
         if frames_digest is not None and isinstance(run.spec, VideoSpec):

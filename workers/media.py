@@ -58,38 +58,25 @@ def encode_mp4(
         n_samples = round(num_frames / rate * sample_rate)
         audio = _fit_audio(_check_audio(media.audio), n_samples)
     out = Path(path)
+    with _Muxer(out, rate, (height, width), audio, sample_rate, crf, preset) as mp4:
+        mp4.add(frames)
+        mp4.finish()
+    return _info(out, rate, (height, width), num_frames, audio is not None)
 
-    with _open_mp4(out) as container:
-        video = _video_stream(container, width, height, rate, crf, preset)
-        sound = None
-        if audio is not None:
-            sound = container.add_stream("aac", rate=sample_rate)
-            sound.layout = "stereo"
-            sound.time_base = Fraction(1, sample_rate)
 
-        fed = 0  # audio samples handed to the encoder so far
-        for index in range(num_frames):
-            frame = av.VideoFrame.from_ndarray(frames[index], format="rgb24")
-            frame.pts = index
-            container.mux(video.encode(frame))
-            if sound is not None and audio is not None:
-                # Interleave: feed audio up to the end of this video frame.
-                until = min(audio.shape[1], round((index + 1) / rate * sample_rate))
-                fed = _feed_audio(container, sound, audio, fed, until)
-        container.mux(video.encode(None))
-        if sound is not None and audio is not None:
-            _feed_audio(container, sound, audio, fed, audio.shape[1])
-            container.mux(sound.encode(None))  # flushes the resampler FIFO and the encoder
-
+def _info(
+    path: Path, rate: Fraction, size: tuple[int, int], frames: int, audio: bool
+) -> EncodedInfo:
+    height, width = size
     return EncodedInfo(
-        path=out,
-        bytes=out.stat().st_size,
+        path=path,
+        bytes=path.stat().st_size,
         width=width,
         height=height,
-        num_frames=num_frames,
+        num_frames=frames,
         fps=float(rate),
-        duration_s=float(num_frames / rate),
-        has_audio=audio is not None,
+        duration_s=float(frames / rate),
+        has_audio=audio,
     )
 
 
@@ -115,24 +102,92 @@ def _video_stream(
     return video
 
 
-class Mp4Writer:
-    """An MP4 of video only, written chunk by chunk as the frames are decoded, on a thread
-    of its own: the frames go into a queue and x264 encodes them while the caller decodes
-    the next chunk (on the GPU). Same stream settings as :func:`encode_mp4`::
+class _Muxer:
+    """An MP4 being written: H.264 frames as they come, and the AAC soundtrack (float32
+    stereo) interleaved up to the end of each frame; :meth:`finish` pads or trims the
+    soundtrack to the video's duration (the AAC encoder pads its last 1024-sample frame)."""
 
-        with Mp4Writer(path, fps) as mp4:
+    def __init__(
+        self,
+        path: Path,
+        rate: Fraction,
+        size: tuple[int, int],
+        audio: np.ndarray | None,
+        sample_rate: int,
+        crf: int,
+        preset: str,
+    ) -> None:
+        self.rate = rate
+        self.container = _open_mp4(path)
+        height, width = size
+        self.audio = audio
+        self.sound: Any = None
+        try:
+            self.video = _video_stream(self.container, width, height, rate, crf, preset)
+            if audio is not None:
+                self.sound = self.container.add_stream("aac", rate=sample_rate)
+                self.sound.layout = "stereo"
+                self.sound.time_base = Fraction(1, sample_rate)
+        except BaseException:
+            self.container.close()
+            raise
+        self.sample_rate = sample_rate
+        self.frames = 0
+        self.fed = 0  # audio samples handed to the encoder so far
+
+    def __enter__(self) -> _Muxer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.container.close()
+
+    def add(self, frames: np.ndarray) -> None:
+        for frame in frames:
+            picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
+            picture.pts = self.frames
+            self.frames += 1
+            self.container.mux(self.video.encode(picture))
+            if self.audio is not None:  # interleave: audio up to the end of this frame
+                until = min(self.audio.shape[1], round(self.frames / self.rate * self.sample_rate))
+                self.fed = _feed_audio(self.container, self.sound, self.audio, self.fed, until)
+
+    def finish(self) -> None:
+        self.container.mux(self.video.encode(None))
+        if self.audio is not None:
+            n_samples = round(self.frames / self.rate * self.sample_rate)
+            audio = _fit_audio(self.audio, n_samples)
+            self.fed = _feed_audio(self.container, self.sound, audio, self.fed, n_samples)
+            self.container.mux(self.sound.encode(None))  # flushes the resampler and encoder
+
+
+class Mp4Writer:
+    """An MP4 written chunk by chunk as the frames are decoded, on a thread of its own:
+    the frames go into a queue and x264 encodes them while the caller decodes the next
+    chunk (on the GPU). A soundtrack given up front is interleaved with the frames and
+    fitted to their duration at the end. Same stream settings as :func:`encode_mp4`::
+
+        with Mp4Writer(path, fps, audio=stereo, sample_rate=32000) as mp4:
             for chunk in chunks:        # uint8 T×H×W×3
                 mp4.write(chunk)
         info = mp4.info                 # after the with block: the file is complete
     """
 
     def __init__(
-        self, path: str | Path, fps: float, *, crf: int = 23, preset: str = "veryfast"
+        self,
+        path: str | Path,
+        fps: float,
+        *,
+        audio: np.ndarray | None = None,
+        sample_rate: int | None = None,
+        crf: int = 23,
+        preset: str = "veryfast",
     ) -> None:
         if fps <= 0:
             raise ValueError(f"fps must be positive, got {fps}")
         self.path = Path(path)
         self.rate = Fraction(fps).limit_denominator(1001)
+        self.audio = _check_audio(audio) if audio is not None else None
+        self.sample_rate = sample_rate or DEFAULT_SAMPLE_RATE
         self._crf, self._preset = crf, preset
         self._queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=8)
         self._error: BaseException | None = None
@@ -163,46 +218,36 @@ class Mp4Writer:
         if exc_type is None and self._error is not None:
             raise self._error
         if exc_type is None and self._size is not None:
-            height, width = self._size
-            self.info = EncodedInfo(
-                path=self.path,
-                bytes=self.path.stat().st_size,
-                width=width,
-                height=height,
-                num_frames=self.frames,
-                fps=float(self.rate),
-                duration_s=float(self.frames / self.rate),
-                has_audio=False,
-            )
+            audio = self.audio is not None
+            self.info = _info(self.path, self.rate, self._size, self.frames, audio)
 
     def _run(self) -> None:
-        container: Any = None
-        video: Any = None
-        index = 0
+        mp4: _Muxer | None = None
         ended = False  # the caller's end mark (None) was taken
         try:
             while (frames := self._queue.get()) is not None:
-                if container is None:
-                    container = _open_mp4(self.path)
-                    height, width = frames.shape[1:3]
-                    video = _video_stream(
-                        container, width, height, self.rate, self._crf, self._preset
+                if mp4 is None:
+                    size = (int(frames.shape[1]), int(frames.shape[2]))
+                    mp4 = _Muxer(
+                        self.path,
+                        self.rate,
+                        size,
+                        self.audio,
+                        self.sample_rate,
+                        self._crf,
+                        self._preset,
                     )
-                for frame in frames:
-                    picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
-                    picture.pts = index
-                    index += 1
-                    container.mux(video.encode(picture))
+                mp4.add(frames)
             ended = True
-            if video is not None:
-                container.mux(video.encode(None))
+            if mp4 is not None:
+                mp4.finish()
         except BaseException as exc:  # the caller sees it at its next write or at exit
             self._error = exc
             while not ended and self._queue.get() is not None:  # the caller never blocks
                 pass
         finally:
-            if container is not None:
-                container.close()
+            if mp4 is not None:
+                mp4.container.close()
 
 
 def encode_thumbnail(
@@ -306,20 +351,30 @@ def finish_video(middle: np.ndarray, tmp: Path) -> VideoFiles:
     return [("video", tmp / "video.mp4", "video/mp4"), ("thumbnail", thumb_path, "image/jpeg")]
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """A video written while it decoded: its middle frame (the thumbnail's) and whether
+    the MP4 carries a soundtrack."""
+
+    middle: np.ndarray
+    has_audio: bool
+
+
 def decode_streamed(
     pipe: Pipeline, state: Any, fps: float, tmp: Path, digest: Any = None
-) -> np.ndarray | None:
+) -> Streamed | None:
     """Decode and encode at once where the adapter streams its decode
     (``Pipeline.decode_stream``): x264 encodes each chunk on the writer's thread while the
-    next one decodes. Returns the middle frame (for the thumbnail) once ``tmp/video.mp4``
-    is complete; None: no stream, the caller decodes whole. ``digest`` (a ``hashlib``
+    next one decodes, with the soundtrack interleaved. Returns once ``tmp/video.mp4`` is
+    complete; None: no stream, the caller decodes whole. ``digest`` (a ``hashlib``
     object), when given, is fed the raw uint8 frames in order."""
-    chunks = pipe.decode_stream(state)
-    if chunks is None:
+    stream = pipe.decode_stream(state)
+    if stream is None:
         return None
     kept = []
-    with Mp4Writer(tmp / "video.mp4", fps) as mp4:
-        for chunk in chunks:
+    mp4 = Mp4Writer(tmp / "video.mp4", fps, audio=stream.audio, sample_rate=stream.sample_rate)
+    with mp4:
+        for chunk in stream.chunks:
             mp4.write(chunk)
             kept.append(chunk)
             if digest is not None:
@@ -327,7 +382,7 @@ def decode_streamed(
     middle = mp4.frames // 2
     for chunk in kept:
         if middle < len(chunk):
-            return np.asarray(chunk[middle])
+            return Streamed(np.asarray(chunk[middle]), has_audio=stream.audio is not None)
         middle -= len(chunk)
     raise RuntimeError("the decode stream made no frames")
 

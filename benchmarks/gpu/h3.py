@@ -23,16 +23,26 @@ What is measured (keys of the JSON):
   compiled blocks, warm, median of ``--repeat`` each, alternated;
   ``h3_stack_over_raw_device`` the same over ``output_type="pt"`` (frames left on the
   GPU: diffusers' compute alone, the stricter ratio).
-* ``h3_stage_seconds``: prepare / denoise / decode / encode (H.264 + AAC with PyAV) /
-  check (the output contract probe) of the stack's median run; upload is not in process.
-* ``fasth3_inprocess_e2e_s``: prepare → MP4 written and checked, warm (no HTTP, no S3).
+* ``h3_stage_seconds``: prepare / denoise / decode / encode / check (the output contract
+  probe) of the median job run as the executor runs it: the MP4 (H.264 + AAC with PyAV)
+  written while the VAE decodes clip by clip, so ``decode`` holds the overlapped encode
+  and ``encode`` the thumbnail; ``h3_stage_seconds_unstreamed`` decoded whole, then
+  encoded (the split of the two). Upload is not in process.
+* ``fasth3_inprocess_e2e_s``: prepare → MP4 written and checked, warm (no HTTP, no S3),
+  streamed as above.
 * ``h3_cancel_p95_ms``: a stop flag set at a random moment inside a step → the step
   raised with the device idle (the executor's gate, no HTTP), over ``--cancels`` stops;
   ``block_ms`` is a forward ÷ its 50 blocks.
 * ``h3_memory_after_jobs_mib``: allocated memory after load, after the first job (the
   baseline of a warm worker: compiled graphs and their constants), then after completed
   and after cancelled jobs; ``growth_over_baseline`` is what the jobs left behind.
-* ``vsa_forward_ratio``: null, with the reason (fastvideo-kernel is not carried).
+* ``vsa_forward_ratio``: the whole forward with the joint blocks on fastvideo-kernel's
+  VSA (top-k ``--vsa-topk`` of the packed sequence's blocks) ÷ the same with SDPA, eager
+  (``vsa_forward_ratio_eager``) and with compiled blocks (the headline; the kernel call
+  stays eager inside each compiled block); ``vsa_kernel_check`` the kernel against
+  ``reference_vsa`` (plain torch) on two heads of the job's real layout. Needs
+  fastvideo-kernel importable (the device script carries its Python sources); null with
+  the reason otherwise, or with ``--no-vsa``.
 """
 
 from __future__ import annotations
@@ -102,9 +112,11 @@ def _raw(pipe: Any, args: argparse.Namespace, output_type: str = "np") -> float:
     return _sync() - start
 
 
-def _stack(adapter: Any, args: argparse.Namespace, work: Path) -> dict[str, float]:
-    """One job as the worker runs it, stage by stage (upload aside)."""
-    from workers.media import encode_mp4
+def _stack(adapter: Any, args: argparse.Namespace, work: Path, stream: bool) -> dict[str, float]:
+    """One job as the worker runs it, stage by stage (upload aside). ``stream``: as the
+    executor does, the MP4 written while the VAE decodes (``decode`` then holds the
+    overlapped encode, ``encode`` the thumbnail); else decoded whole, then encoded."""
+    from workers.media import decode_streamed, encode_mp4, finish_video
     from workers.output_check import Expected, check_mp4
 
     stages: dict[str, float] = {}
@@ -114,13 +126,20 @@ def _stack(adapter: Any, args: argparse.Namespace, work: Path) -> dict[str, floa
     while not state.done:
         adapter.step(state)
     stages["denoise"] = (t2 := _sync()) - t1
-    media = adapter.decode(state)
-    adapter.end()
-    stages["decode"] = (t3 := _sync()) - t2
-    path = work / "h3.mp4"
-    encode_mp4(media, path)
+    path = work / "video.mp4"
+    if stream:
+        streamed = decode_streamed(adapter, state, 24.0, work)
+        assert streamed is not None, "the H3 adapter streams its decode"
+        adapter.end()
+        stages["decode"] = (t3 := _sync()) - t2
+        finish_video(streamed.middle, work)
+    else:
+        media = adapter.decode(state)
+        adapter.end()
+        stages["decode"] = (t3 := _sync()) - t2
+        encode_mp4(media, path)
     stages["encode"] = (t4 := time.perf_counter()) - t3
-    check_mp4(path, Expected(args.width, args.height, 24.0, len(media.frames), audio=True))
+    check_mp4(path, Expected(args.width, args.height, 24.0, args.frames, audio=True))
     stages["check"] = time.perf_counter() - t4
     stages["total"] = time.perf_counter() - t
     return stages
@@ -140,6 +159,75 @@ def _rows(state: Any) -> int:
     fields = state.block_state.denoiser_input_fields
     tags = fields.get("token_tags")
     return int(tags.numel()) if tags is not None else -1
+
+
+def _vsa(adapter: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """VSA against SDPA over the qualification job's packed sequence (see the docstring).
+    Runs last: it swaps the joint blocks' processors."""
+    from workers.pipelines.diffusers.h3_vsa import (
+        VSA_BLOCK,
+        VsaContext,
+        install_vsa,
+        kernel_name,
+        load_kernel,
+        reference_vsa,
+        vsa_layout,
+    )
+
+    try:
+        kernel = load_kernel(adapter.device)
+    except ValueError as exc:
+        return {"vsa_forward_ratio": None, "vsa_note": f"not measured: {exc}"}
+    state = adapter._state(adapter.prepare(_request(args)))
+    rows = state.block_state.denoiser_input_fields
+    layout = vsa_layout(rows["token_tags"], rows["position_ids"]).to(adapter.device)
+    context = VsaContext(topk=args.vsa_topk, kernel=kernel, layout=layout)
+    n = args.repeat
+    with torch.compiler.set_stance("force_eager"):
+        sdpa_eager = [_forward(adapter, state) for _ in range(n + 1)][1:]
+    sdpa_compiled = [_forward(adapter, state) for _ in range(n)]
+    install_vsa(adapter._loaded().transformer, context)
+    with torch.compiler.set_stance("force_eager"):
+        vsa_eager = [_forward(adapter, state) for _ in range(n + 1)][1:]
+    vsa_compile_s = _forward(adapter, state)  # the blocks recompile around the kernel
+    vsa_compiled = [_forward(adapter, state) for _ in range(n)]
+    adapter.end()
+
+    # the kernel against plain torch, two heads of the real layout (bf16 inputs)
+    gen = torch.Generator(device=adapter.device).manual_seed(0)
+    shape = (1, 2, layout.blocks * VSA_BLOCK, 128)
+    real = torch.zeros(shape[2], dtype=torch.bool, device=adapter.device)
+    real[layout.row_slot] = True
+    q, k, v = (
+        (torch.randn(shape, generator=gen, device=adapter.device) * real[:, None]).to(
+            torch.bfloat16
+        )
+        for _ in range(3)
+    )
+    sizes = layout.block_sizes
+    got = kernel(q, k, v, sizes, sizes, args.vsa_topk).float()[:, :, real]
+    want = reference_vsa(q.float(), k.float(), v.float(), sizes, sizes, args.vsa_topk)[:, :, real]
+    med = statistics.median
+    return {
+        "vsa_forward_ratio": round(med(vsa_compiled) / med(sdpa_compiled), 3),
+        "vsa_forward_ratio_eager": round(med(vsa_eager) / med(sdpa_eager), 3),
+        "vsa_forward_s": {
+            "sdpa_eager": round(med(sdpa_eager), 4),
+            "vsa_eager": round(med(vsa_eager), 4),
+            "sdpa_compiled": round(med(sdpa_compiled), 4),
+            "vsa_compiled": round(med(vsa_compiled), 4),
+            "vsa_recompile_s": round(vsa_compile_s, 1),
+        },
+        "vsa_topk": args.vsa_topk,
+        "vsa_blocks": layout.blocks,
+        "vsa_kernel": kernel_name(),
+        "vsa_calls": dict(context.calls),
+        "vsa_kernel_check": {
+            "max_abs_err": round(float((got - want).abs().max()), 4),
+            "mean_abs_err": round(float((got - want).abs().mean()), 5),
+            "inputs": "bf16 randn, 2 heads x 128, the job's layout; reference in float32",
+        },
+    }
 
 
 def _cancels(adapter: Any, args: argparse.Namespace, count: int) -> list[float]:
@@ -196,6 +284,8 @@ def main() -> None:
     p.add_argument("--text-layers", type=int, default=4)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--cancels", type=int, default=20)
+    p.add_argument("--vsa-topk", type=int, default=64)
+    p.add_argument("--no-vsa", action="store_true", help="skip the VSA measurement")
     args = p.parse_args()
     if args.tiny:
         args.width = args.height = 64
@@ -257,17 +347,19 @@ def main() -> None:
     )
 
     with tempfile.TemporaryDirectory() as tmp:
-        first = _stack(adapter, args, Path(tmp))  # the first job after load (compiled above)
+        first = _stack(adapter, args, Path(tmp), stream=True)  # the first job after load
         gc.collect()
         warm = _mib()  # what a warm worker holds between jobs: the baseline
-        raws, raws_pt, stacks = [], [], []
+        raws, raws_pt, stacks, streams = [], [], [], []
         for _ in range(args.repeat):
             raws.append(_raw(pipe, args))
             raws_pt.append(_raw(pipe, args, "pt"))
-            stacks.append(_stack(adapter, args, Path(tmp)))
+            stacks.append(_stack(adapter, args, Path(tmp), stream=False))
+            streams.append(_stack(adapter, args, Path(tmp), stream=True))
     gc.collect()
     after_done = _mib()
-    median = sorted(stacks, key=lambda s: s["total"])[len(stacks) // 2]
+    median = sorted(streams, key=lambda s: s["total"])[len(streams) // 2]
+    whole = sorted(stacks, key=lambda s: s["total"])[len(stacks) // 2]
     job = statistics.median(s["prepare"] + s["denoise"] + s["decode"] for s in stacks)
     out |= {
         "raw_pipe_s": [round(r, 3) for r in raws],
@@ -276,8 +368,9 @@ def main() -> None:
         "h3_stack_over_raw": round(job / statistics.median(raws), 4),
         "h3_stack_over_raw_device": round(job / statistics.median(raws_pt), 4),
         "h3_stage_seconds": {k: round(v, 3) for k, v in median.items()},
+        "h3_stage_seconds_unstreamed": {k: round(v, 3) for k, v in whole.items()},
         "fasth3_first_job_inprocess_s": round(first["total"], 2),
-        "fasth3_inprocess_e2e_s": round(statistics.median(s["total"] for s in stacks), 3),
+        "fasth3_inprocess_e2e_s": round(statistics.median(s["total"] for s in streams), 3),
     }
     latencies = _cancels(adapter, args, args.cancels)
     gc.collect()
@@ -295,10 +388,11 @@ def main() -> None:
             "after_cancelled": round(_mib(), 1),
             "growth_over_baseline": round(max(after_done, _mib()) - warm, 1),
         },
-        "vsa_forward_ratio": None,
-        "vsa_note": "not measured: fastvideo-kernel 0.3.5 is not in the device image or the "
-        "wheelhouse, and its compiled op needs torch 2.12 (the image has 2.11)",
     }
+    if args.no_vsa:
+        out |= {"vsa_forward_ratio": None, "vsa_note": "not measured (--no-vsa)"}
+    else:
+        out |= _vsa(adapter, args)
     text = json.dumps(out, indent=2)
     print(text)
     if os.environ.get("OUT"):

@@ -158,3 +158,27 @@ def test_mp4_writer_encodes_chunks_as_they_come_and_stops_cleanly(tmp_path: Path
         failed.write(frames)
         raise RuntimeError("cancelled")
     assert failed.info is None and not failed._thread.is_alive()
+
+
+@pytest.mark.parametrize("samples", [9 * 2000 - 700, 9 * 2000 + 3000])  # short, long
+def test_mp4_writer_interleaves_a_soundtrack_fitted_to_the_video(
+    tmp_path: Path, samples: int
+) -> None:
+    """A soundtrack given up front is muxed as encode_mp4 muxes it: the same AAC frames,
+    padded or trimmed to the frames' duration, however the frames arrive."""
+    from workers.media import Mp4Writer, encode_mp4
+
+    rng = np.random.default_rng(4)
+    frames = rng.integers(0, 255, (9, 32, 48, 3), dtype=np.uint8)
+    audio = (rng.standard_normal((2, samples)) * 0.2).astype(np.float32)
+    with Mp4Writer(tmp_path / "s.mp4", 16, audio=audio, sample_rate=32000) as mp4:
+        for chunk in (frames[:1], frames[1:5], frames[5:]):
+            mp4.write(chunk)
+    assert mp4.info is not None and mp4.info.has_audio
+    encode_mp4(Media(frames=frames, fps=16, audio=audio, sample_rate=32000), tmp_path / "w.mp4")
+
+    def packets(path: Path) -> list[tuple[int, bytes]]:
+        with av.open(str(path)) as c:
+            return [(p.stream.index, bytes(p)) for p in c.demux() if p.size]
+
+    assert packets(tmp_path / "s.mp4") == packets(tmp_path / "w.mp4")

@@ -260,3 +260,53 @@ def test_fasth3_refuses_another_schedule(raw: dict[str, Any], param: str) -> Non
     node = {"num_inference_steps": "5", "guidance_scale": "1.0", "true_cfg_scale": "1.0"}
     ok = resolve(parse_create({"model": "FastH3", "prompt": "p", **node}), specs, settings)
     assert ok.num_inference_steps == 5
+
+
+@pytest.mark.parametrize("num_frames", [124, 141])
+def test_the_streamed_decode_is_bit_equal_and_muxes_the_soundtrack(
+    pipe: Any, tmp_path: Path, num_frames: int
+) -> None:
+    """The executor's decode (frames clip by clip while x264 encodes, the soundtrack
+    first) against the whole decode, at two lengths (the VAE's end padding differs)."""
+    import av
+
+    from workers.media import decode_streamed
+    from workers.output_check import Expected, check_mp4
+
+    adapter = _adapter(pipe)
+    request = _request(num_frames=num_frames)
+    state = adapter.prepare(request)
+    while not state.done:
+        adapter.step(state)
+    whole = adapter.decode(state)
+    stream = adapter.decode_stream(state)
+    assert stream is not None and stream.audio is not None
+    chunks = list(stream.chunks)
+    assert len(chunks) > 1
+    np.testing.assert_array_equal(np.concatenate(chunks), whole.frames)
+    np.testing.assert_array_equal(stream.audio, whole.audio)
+    assert stream.sample_rate == whole.sample_rate
+    streamed = decode_streamed(adapter, state, 24.0, tmp_path)
+    adapter.end()
+    assert streamed is not None and streamed.has_audio
+    np.testing.assert_array_equal(streamed.middle, whole.frames[num_frames // 2])
+    mp4 = tmp_path / "video.mp4"
+    check_mp4(mp4, Expected(SIZE, SIZE, 24.0, num_frames, audio=True))
+    with av.open(str(mp4)) as container:
+        assert container.streams.audio[0].channels == 2
+        assert sum(1 for _ in container.decode(video=0)) == num_frames
+
+
+@pytest.mark.parametrize("latent_frames", [23, 24, 37])  # end padding of 4, 3 and 0 latents
+def test_stream_frames_cuts_the_end_padding_as_the_vae_does(latent_frames: int) -> None:
+    from tests.unit.h3_fixtures import tiny_h3_components
+    from workers.pipelines.diffusers.h3_decode import stream_frames, streamable
+
+    vae = tiny_h3_components()["vae"]
+    assert streamable(vae)
+    z = torch.randn(1, vae.config.latent_channels, latent_frames, 4, 4, generator=make_generator(0))
+    with torch.no_grad():
+        whole = vae.decode(z).sample[0].transpose(0, 1).numpy()
+    chunks = list(stream_frames(vae, z, lambda v: v[0].transpose(0, 1).numpy()))
+    assert len(chunks) > 1
+    np.testing.assert_array_equal(np.concatenate(chunks), whole)

@@ -120,6 +120,18 @@ class Media:
     sample_rate: int | None = None
 
 
+@dataclass
+class DecodeStream:
+    """A video decoded chunk by chunk (:meth:`Pipeline.decode_stream`): ``chunks`` yields
+    uint8 T×H×W×3 in order, each as soon as it is decoded; ``audio`` (float32 (channels,
+    samples) at ``sample_rate``) is its soundtrack, decoded before the first chunk so the
+    writer interleaves it with the frames."""
+
+    chunks: Iterator[np.ndarray]
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+
+
 # --- what every adapter declares ----------------------------------------------------------
 
 
@@ -188,10 +200,10 @@ class Pipeline(Adapter):
         """A cheap uint8 H×W×3 estimate of the current result, or None."""
         return None
 
-    def decode_stream(self, state: StepState) -> Iterator[np.ndarray] | None:
-        """The video of ``decode``, as uint8 T×H×W×3 chunks in order, each as soon as it
-        is decoded, so the executor encodes one while the next decodes; or None (the
-        default) to use ``decode``. For silent video only (a stream has no audio)."""
+    def decode_stream(self, state: StepState) -> DecodeStream | None:
+        """What ``decode`` makes, as a :class:`DecodeStream` (the frames chunk by chunk,
+        so the executor encodes one while the next decodes, and the soundtrack first); or
+        None (the default) to use ``decode``."""
         return None
 
     def end(self) -> None:

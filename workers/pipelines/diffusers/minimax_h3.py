@@ -28,12 +28,17 @@ Steps: H3's schedulers count ``num_inference_steps`` as sigma points, so N gives
 transformer evaluations (vLLM-Omni's convention for H3, which its ComfyUI node's Turbo
 settings rely on: 5 points, 4 evaluations). The job's ``num_steps`` is the evaluations.
 The checkpoint is guidance-distilled: no negative prompt, no guidance scale.
+
+Attention: SDPA, or with the registry entry's ``attention = "vsa"`` the joint blocks run
+fastvideo-kernel's video sparse attention over a per-job block layout (h3_vsa.py; the text
+refiner keeps SDPA). Load refuses VSA without the kernel or a CUDA device.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -52,14 +57,31 @@ from PIL import Image
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from workers.audio_media import prepare_audio
-from workers.pipelines.base import GenerationRequest, Media, MediaReference, StepState
+from workers.pipelines.base import (
+    DecodeStream,
+    GenerationRequest,
+    Media,
+    MediaReference,
+    StepState,
+)
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
     DiffusersState,
     make_generator,
     sampling,
 )
+from workers.pipelines.diffusers.h3_decode import stream_frames, streamable
 from workers.pipelines.diffusers.h3_processor import load_processor, takes_video
+from workers.pipelines.diffusers.h3_vsa import (
+    VsaContext,
+    VsaLayout,
+    install_vsa,
+    kernel_name,
+    load_kernel,
+    vsa_layout,
+)
+
+log = logging.getLogger(__name__)
 
 Partition = Literal["transformer", "transformer_ref"]
 # The checkpoint partition each workflow denoises with.
@@ -233,6 +255,8 @@ class H3State(DiffusersState):
     core: Any
     block_state: Any
     stage_inputs: dict[str, Any] = field(default_factory=dict)
+    # The packed sequence's VSA block layout (attention = "vsa"; h3_vsa.py), else None.
+    vsa_layout: VsaLayout | None = None
 
 
 class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
@@ -263,6 +287,8 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         # the adapter runs its branches by name (blocks keep no state).
         self.blocks: Any = MiniMaxH3Blocks()
         self.workflows = [w for w in workflows_of(self.partition) if w in self.spec.workflows]
+        # attention = "vsa": the joint blocks' layout holder (installed by ``load``).
+        self.vsa: VsaContext | None = None
 
     def _from_pretrained(self) -> Any:
         """The modular pipeline with this deployment's partition only (``workflow=``);
@@ -292,9 +318,21 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         mismatch."""
         if self.fused_lora is not None:
             self.fused_lora.verify()
+        kernel = load_kernel(torch.device(device)) if self._takes_vsa else None
         super().load(device)
         if self.fused_lora is not None:
             self.fused_lora.fuse(self._loaded(), self.partition)
+        if kernel is not None:
+            assert self.spec.vsa_topk is not None
+            self.vsa = VsaContext(topk=self.spec.vsa_topk, kernel=kernel)
+            install_vsa(getattr(self._loaded(), self.partition), self.vsa)
+        roles = ", ".join(f"{role} {backend}" for role, backend in self.spec.attention.items())
+        how = f"; {kernel_name()}, top-k {self.spec.vsa_topk}" if kernel is not None else ""
+        log.info("%s attention: %s%s", self.spec.name, roles, how)
+
+    @property
+    def _takes_vsa(self) -> bool:
+        return self.spec.attention.get("blocks") == "vsa"
 
     def _view(self, pipe: Any, request: GenerationRequest | None = None) -> Any:
         """The shared pipeline with this job's own copies of both schedulers (the loop
@@ -351,6 +389,10 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         loop = core.sub_blocks["denoise"]
         block_state = loop.get_block_state(state)
         timesteps = block_state.timesteps
+        layout = None
+        if self.vsa is not None:
+            rows = block_state.denoiser_input_fields
+            layout = vsa_layout(rows["token_tags"], rows["position_ids"]).to(self.device)
         return H3State(
             **sampling(
                 request, generator, components.scheduler, timesteps, block_state.latents, 1.0, False
@@ -361,10 +403,13 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
             loop=loop,
             core=core,
             block_state=block_state,
+            vsa_layout=layout,
         )
 
     def _step(self, pipe: Any, s: H3State) -> None:
         i = s.step_index
+        if self.vsa is not None:
+            self.vsa.layout = s.vsa_layout
         s.components, s.block_state = s.loop.loop_step(
             s.components, s.block_state, i=i, t=s.timesteps[i]
         )
@@ -388,14 +433,17 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
 
         self.compiler.ensure(key, run, why)
 
-    @torch.no_grad()
-    def decode(self, state: StepState) -> Media:
-        """The loop's state written back, unpacked, and both VAEs: frames at 24 fps and
-        the stereo soundtrack at the audio VAE's rate."""
-        s = self._state(state)
+    def _unpacked(self, s: H3State) -> tuple[Any, Any]:
+        """The loop's state written back and unpacked (``after_denoise``)."""
         pipe_state = s.pipeline_state
         s.loop.set_block_state(pipe_state, s.block_state)
-        components, pipe_state = s.core.sub_blocks["after_denoise"](s.components, pipe_state)
+        return s.core.sub_blocks["after_denoise"](s.components, pipe_state)
+
+    @torch.no_grad()
+    def decode(self, state: StepState) -> Media:
+        """Unpacked, then both VAEs: frames at 24 fps and the stereo soundtrack at the
+        audio VAE's rate."""
+        components, pipe_state = self._unpacked(self._state(state))
         components, pipe_state = self.blocks.sub_blocks["decode"](components, pipe_state)
         videos = pipe_state.get("videos")  # (1, T, 3, H, W) in [0, 1], on the device
         audio = pipe_state.get("audio")
@@ -403,6 +451,37 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
             frames=frames_uint8(videos[0]),
             fps=float(components.fps),
             audio=audio[0].float().cpu().numpy(),
+            sample_rate=int(pipe_state.get("sampling_rate")),
+        )
+
+    def decode_stream(self, state: StepState) -> DecodeStream | None:
+        """What ``decode`` makes, the soundtrack first (the audio VAE), then the frames
+        one temporal clip of the video VAE at a time (h3_decode.py), bit-equal; None where
+        the VAE is not diffusers' own (``decode`` then)."""
+        s = self._state(state)
+        if not streamable(s.components.vae):
+            return None
+        with torch.no_grad():
+            components, pipe_state = self._unpacked(s)
+            decoders = self.blocks.sub_blocks["decode"].sub_blocks
+            components, pipe_state = decoders["audio"](components, pipe_state)
+            audio = pipe_state.get("audio")[0].float().cpu().numpy()
+            vae, device = components.vae, components._execution_device
+
+            def column(values: Any) -> torch.Tensor:
+                return torch.tensor(values, device=device).view(1, -1, 1, 1, 1)
+
+            mean, std = column(vae.config.latents_mean), column(vae.config.latents_std)
+            latents = pipe_state.get("latents") * std + mean
+            pixel_mean, pixel_std = column(components.pixel_mean), column(components.pixel_std)
+
+        def convert(video: torch.Tensor) -> np.ndarray:  # the video decode step's, per piece
+            video = (video.float() * pixel_std + pixel_mean).clamp(0, 1)
+            return frames_uint8(components.video_processor.postprocess_video(video, "pt")[0])
+
+        return DecodeStream(
+            stream_frames(vae, latents, convert),
+            audio=audio,
             sample_rate=int(pipe_state.get("sampling_rate")),
         )
 

@@ -25,7 +25,7 @@ from diffusers import WanPipeline
 from diffusers.utils.torch_utils import get_module_execution_device
 
 from models.errors import InvalidJobInput
-from workers.pipelines.base import GenerationRequest, StepState
+from workers.pipelines.base import DecodeStream, GenerationRequest, StepState
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
     DiffusersState,
@@ -200,7 +200,7 @@ class WanAdapter(DiffusersAdapter[WanState]):
         )
         return latents / std + mean
 
-    def decode_stream(self, state: StepState) -> Iterator[np.ndarray] | None:
+    def decode_stream(self, state: StepState) -> DecodeStream | None:
         """``_decode_frames`` one latent frame at a time (1 video frame, then 4 each):
         ``AutoencoderKLWan._decode``'s own loop over its causal decoder, with the clamp and
         ``postprocess_video`` applied per chunk (both work frame by frame), so the chunks
@@ -219,7 +219,7 @@ class WanAdapter(DiffusersAdapter[WanState]):
             or not hasattr(vae, "_feat_map")
         ):
             return None
-        return self._stream(pipe, s)
+        return DecodeStream(self._stream(pipe, s))
 
     def _stream(self, pipe: Any, s: WanState) -> Iterator[np.ndarray]:
         vae = pipe.vae

@@ -32,7 +32,8 @@ H3 = "diffusers.minimax_h3"
 
 def _packed(text: int, audio: int, grids: list[tuple[int, int, int]]) -> tuple[Any, Any]:
     """Tags and ``(t, h, w)`` positions of a packed sequence: text, audio, then one video
-    grid after another (the keyframe grids share the target's positions)."""
+    grid after another (the keyframe grids share the target's positions), rescaled and
+    offset as H3's rotary coordinates are."""
     tags = [1] * text + [2] * audio
     pos = [[i, 0, 0] for i in range(text)] + [[i // 2, 0, i % 2] for i in range(audio)]
     for t_n, h_n, w_n in grids:
@@ -40,7 +41,7 @@ def _packed(text: int, audio: int, grids: list[tuple[int, int, int]]) -> tuple[A
             for h in range(h_n):
                 for w in range(w_n):
                     tags.append(0)
-                    pos.append([t, h, w])
+                    pos.append([70 + t * 1.6667, (h - h_n / 2) * 0.37, (w - w_n / 2) * 0.37])
     return torch.tensor(tags), torch.tensor(pos, dtype=torch.float64)
 
 
@@ -57,8 +58,13 @@ def test_the_layout_tiles_each_video_grid_and_runs_text_and_audio_in_order() -> 
         rows = (block == b).nonzero().flatten()
         assert len(set(tags[rows].tolist())) == 1  # one modality per block
         if int(tags[rows[0]]) == 0:
-            tiles = {tuple((pos[r] // 4).long().tolist()) for r in rows}
             grids = {int(r) < 70 + 100 + 36 for r in rows}
+            start = 70 + 100 + (0 if grids == {True} else 36)
+            index = [
+                ((int(r) - start) // 36, (int(r) - start) % 36 // 6, (int(r) - start) % 6)
+                for r in rows
+            ]
+            tiles = {(t // 4, h // 4, w // 4) for t, h, w in index}
             assert len(tiles) == 1 and len(grids) == 1  # one tile of one grid
         else:  # a run of consecutive rows
             assert rows.tolist() == list(range(int(rows[0]), int(rows[0]) + len(rows)))
@@ -79,6 +85,19 @@ def _padded(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
 
 def _real(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     return torch.cat([x[:, :, b * VSA_BLOCK : b * VSA_BLOCK + n] for b, n in enumerate(sizes)], 2)
+
+
+def test_the_tiny_pipeline_s_packed_sequence_takes_few_blocks() -> None:
+    """A real job's layout: about one block per 64 rows (a tile per block, not a row)."""
+    adapter = _adapter(tiny_h3_pipe(canvas_short_edge=64, canvas_max_pixels=8192))
+    state = adapter._state(adapter.prepare(h3_request(width=128, height=128)))
+    rows = state.block_state.denoiser_input_fields
+    layout = vsa_layout(rows["token_tags"], rows["position_ids"])
+    adapter.end()
+    count = int(rows["token_tags"].numel())
+    assert int(layout.block_sizes.sum()) == count
+    assert layout.blocks <= 2 * -(-count // VSA_BLOCK)
+    assert int((layout.block_sizes == VSA_BLOCK).sum()) >= layout.blocks // 2
 
 
 def test_every_block_selected_is_dense_attention_plus_the_compressed_branch() -> None:
@@ -216,3 +235,32 @@ def test_a_worker_without_cuda_refuses_a_vsa_model_at_load() -> None:
         adapter.load("cpu")
     with pytest.raises(ValueError, match="CUDA device"):
         load_kernel(torch.device("cpu"))
+
+
+def test_interleaved_jobs_each_step_with_their_own_layout() -> None:
+    """Two jobs of different shapes stepped alternately (the layout the blocks read is
+    the context's own copy, set before each step) end where each ends alone."""
+    pipe = tiny_h3_pipe(canvas_short_edge=64, canvas_max_pixels=8192)
+    adapter = _adapter(pipe, reference_vsa, topk=2)
+    small, large = h3_request(), h3_request(width=128, height=128, seed=7)
+    alone = []
+    for request in (small, large):
+        state = adapter.prepare(request)
+        while not state.done:
+            adapter.step(state)
+        alone.append(adapter._state(state).block_state.latents.clone())
+        adapter.end()
+    a, b = adapter.prepare(small), adapter.prepare(large)
+    while not (a.done and b.done):
+        for state in (a, b):
+            if not state.done:
+                adapter.step(state)
+    assert torch.equal(adapter._state(a).block_state.latents, alone[0])
+    assert torch.equal(adapter._state(b).block_state.latents, alone[1])
+
+
+def test_the_kernel_is_one_custom_op_for_compiled_blocks() -> None:
+    op = torch.ops.omniqueue.video_sparse_attn
+    q = torch.zeros(1, 2, 128, 16, device="meta")
+    sizes = torch.full((2,), 64, dtype=torch.int32, device="meta")
+    assert op(q, q, q, sizes, sizes, 1).shape == q.shape  # its fake: what tracing sees

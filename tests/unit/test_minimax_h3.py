@@ -19,7 +19,8 @@ from storage.settings import Settings
 from tests.unit.h3_fixtures import h3_request, run_to_media, tiny_h3_lora, tiny_h3_pipe
 from workers.pipelines.base import GenerationRequest, Media, MediaReference
 from workers.pipelines.diffusers.common import make_generator, to_uint8
-from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter, call_inputs, shifts_of
+from workers.pipelines.diffusers.h3_inputs import call_inputs, shifts_of
+from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
 
 SIZE = 64
 FRAMES = 124  # 17 * 7 + 5: 5.17 s at 24 fps, the shortest H3 makes
@@ -310,3 +311,14 @@ def test_stream_frames_cuts_the_end_padding_as_the_vae_does(latent_frames: int) 
     chunks = list(stream_frames(vae, z, lambda v: v[0].transpose(0, 1).numpy()))
     assert len(chunks) > 1
     np.testing.assert_array_equal(np.concatenate(chunks), whole)
+
+
+def test_one_clip_of_the_job_s_size_decodes_for_the_vae_warm_up(pipe: Any) -> None:
+    adapter = _adapter(pipe)
+    state = adapter.prepare(_request())
+    clip = adapter.decode_one_clip(adapter._state(state))
+    adapter.end()
+    vae = pipe.vae
+    assert clip.shape[:2] == (1, 3) and clip.shape[-2:] == (SIZE, SIZE)
+    frames = (vae.tokens_chunk_size + vae.token_overlap) * vae.temporal_compression_ratio
+    assert clip.shape[2] == frames  # a whole clip: what every clip of the job decodes

@@ -55,6 +55,34 @@ def graphs_made() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def compiled_forward(
+    module: torch.nn.Module,
+    *,
+    backend: str,
+    mode: str | None,
+    failed: Callable[[], str | None],
+    give_up: Callable[[str], None],
+    fullgraph: bool = True,
+) -> Callable[..., Any]:
+    """``module``'s forward through ``torch.compile`` (static shapes), eager once
+    ``failed()`` says so; a compile error calls ``give_up`` and runs that call eager."""
+    eager = type(module).forward.__get__(module)
+    compiled = torch.compile(eager, fullgraph=fullgraph, dynamic=False, backend=backend, mode=mode)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if failed() is not None:
+            return eager(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)
+        except _COMPILE_ERRORS as exc:
+            give_up(f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400])
+            return eager(*args, **kwargs)
+
+    forward.__wrapped__ = eager  # type: ignore[attr-defined]
+    forward._omniq_compiled = True  # type: ignore[attr-defined]
+    return forward
+
+
 class BlockCompiler:
     """Compiles the denoiser blocks of one pipeline and keeps account of it.
 
@@ -88,23 +116,32 @@ class BlockCompiler:
         return len(self._blocks)
 
     def _wrap(self, block: torch.nn.Module) -> Callable[..., Any]:
-        eager = type(block).forward.__get__(block)
-        compiled = torch.compile(
-            eager, fullgraph=True, dynamic=False, backend=self.backend, mode=self.mode
+        return compiled_forward(
+            block,
+            backend=self.backend,
+            mode=self.mode,
+            failed=lambda: self.failed,
+            give_up=self.give_up,
         )
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if self.failed is not None:
-                return eager(*args, **kwargs)
-            try:
-                return compiled(*args, **kwargs)
-            except _COMPILE_ERRORS as exc:
-                self.give_up(f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400])
-                return eager(*args, **kwargs)
+    def compile_module(self, module: torch.nn.Module, name: str) -> None:
+        """Compile ``module``'s forward too (a VAE decoder), with a failure of its own: it
+        falls back to eager alone (logged), the blocks stay compiled. Its graphs may break
+        (``fullgraph`` off): nothing of the cancel gates runs inside it."""
+        failed: list[str] = []
 
-        forward.__wrapped__ = eager  # type: ignore[attr-defined]
-        forward._omniq_compiled = True  # type: ignore[attr-defined]
-        return forward
+        def give_up(reason: str) -> None:
+            failed.append(reason)
+            log.warning("compiled %s: falling back to eager: %s", name, reason)
+
+        module.forward = compiled_forward(
+            module,
+            backend=self.backend,
+            mode=self.mode,
+            failed=lambda: failed[0] if failed else None,
+            give_up=give_up,
+            fullgraph=False,
+        )
 
     def give_up(self, reason: str) -> None:
         """Run the blocks eager from now on (a compile failed: logged and counted)."""

@@ -78,17 +78,46 @@ class VsaContext:
     layout: VsaLayout | None = None
     calls: dict[str, int] = field(default_factory=lambda: {"vsa": 0, "sdpa": 0})
 
+    def use(self, layout: VsaLayout | None) -> None:
+        """Step with ``layout`` from now on, copied into tensors of the context's own (in
+        place where the shapes agree, so a compiled block sees the same inputs job after
+        job; never the job's own, which interleaved jobs would overwrite)."""
+        held = self.layout
+        if layout is None:
+            self.layout = None
+        elif (
+            held is not None
+            and held.row_slot.shape == layout.row_slot.shape
+            and held.block_sizes.shape == layout.block_sizes.shape
+        ):
+            held.row_slot.copy_(layout.row_slot)
+            held.block_sizes.copy_(layout.block_sizes)
+        else:
+            self.layout = VsaLayout(layout.row_slot.clone(), layout.block_sizes.clone())
+
 
 def _segments(grid: np.ndarray) -> np.ndarray:
     """A segment number per video row: a new latent grid (a keyframe, a reference, the
-    target) starts wherever a row does not come after the previous one in raster order."""
+    target) starts wherever a row does not come after the previous one in ``(t, h, w)``
+    order."""
     if len(grid) == 0:
         return np.zeros(0, np.int64)
-    shifted = grid - grid.min(axis=0)
-    extent = shifted.max(axis=0) + 1
-    raster = (shifted[:, 0] * extent[1] + shifted[:, 1]) * extent[2] + shifted[:, 2]
-    starts = np.concatenate([[0], (np.diff(raster) <= 0).astype(np.int64)])
-    return np.cumsum(starts)
+    step = np.diff(grid, axis=0)
+    first = np.argmax(step != 0, axis=1)  # the first coordinate that changed
+    changed = step[np.arange(len(step)), first]
+    after = (step != 0).any(axis=1) & (changed > 0)
+    return np.concatenate([[0], np.cumsum(~after)])
+
+
+def _grid_indices(grid: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    """Integer ``(t, h, w)`` indices of video rows within their segment: each rotary
+    coordinate's rank among that segment's values (H3's positions are rescaled floats)."""
+    out = np.zeros(grid.shape, np.int64)
+    for segment in np.unique(segments):
+        rows = segments == segment
+        for axis in range(3):
+            out[rows, axis] = np.unique(grid[rows, axis], return_inverse=True)[1]
+    return out
 
 
 def vsa_layout(
@@ -98,17 +127,19 @@ def vsa_layout(
     tile: tuple[int, int, int] = VSA_TILE,
     block: int = VSA_BLOCK,
 ) -> VsaLayout:
-    """The block layout of one packed sequence (tags: 0 video, 1 text, 2 audio; positions
-    ``(t, h, w)``), on the CPU: video rows grouped by grid and tile, the others in runs of
-    ``block`` in sequence order; a group of more than ``block`` rows is cut in order."""
+    """The block layout of one packed sequence (tags: 0 video, 1 text, 2 audio; rotary
+    positions ``(t, h, w)``), on the CPU: video rows grouped by grid and by tile of their
+    indices in it, the others in runs of ``block`` in sequence order; a group of more than
+    ``block`` rows is cut in order."""
     tags = token_tags.detach().cpu().numpy().astype(np.int64)
     rows = np.arange(len(tags))
     key = np.zeros((len(tags), 5), np.int64)  # tag, segment, tile t, tile h, tile w
     key[:, 0] = tags
     video = tags == 0
-    grid = np.floor(position_ids.detach().cpu().numpy()[video]).astype(np.int64)
-    key[video, 1] = _segments(grid)
-    key[video, 2:] = grid // np.asarray(tile, np.int64)
+    grid = position_ids.detach().cpu().numpy()[video]
+    segments = _segments(grid)
+    key[video, 1] = segments
+    key[video, 2:] = _grid_indices(grid, segments) // np.asarray(tile, np.int64)
     for tag in np.unique(tags[~video]):
         run = tags == tag
         key[run, 1] = np.arange(int(run.sum())) // block
@@ -165,7 +196,11 @@ def reference_vsa(
 
 def kernel_name() -> str:
     """Which fastvideo-kernel path runs the sparse branch here (for the log line)."""
-    from fastvideo_kernel import block_sparse_attn as bsa
+    import importlib
+
+    bsa = importlib.import_module(
+        "fastvideo_kernel.block_sparse_attn"
+    )  # the module, not the function
 
     forward, _ = bsa._get_sm90_ops()
     compiled = forward is not None and bsa._is_sm90() and not bsa._force_triton()
@@ -191,12 +226,41 @@ def load_kernel(device: torch.device) -> VsaKernel:
         )
 
     def run(q: Any, k: Any, v: Any, sizes: Any, q_sizes: Any, topk: int) -> torch.Tensor:
-        out: torch.Tensor = fastvideo_kernel.video_sparse_attn(
-            q, k, v, sizes, q_sizes, topk, block_size=VSA_TILE
-        )
+        out: torch.Tensor = torch.ops.omniqueue.video_sparse_attn(q, k, v, sizes, q_sizes, topk)
         return out
 
     return run
+
+
+# fastvideo-kernel's call as one opaque op, so that a compiled block (fullgraph) keeps it
+# whole: its Triton launches and the top-k mask stay outside the traced graph.
+@torch.library.custom_op("omniqueue::video_sparse_attn", mutates_args=(), device_types="cuda")
+def _video_sparse_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_sizes: torch.Tensor,
+    q_block_sizes: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
+    import fastvideo_kernel
+
+    out: torch.Tensor = fastvideo_kernel.video_sparse_attn(
+        q, k, v, block_sizes, q_block_sizes, topk, block_size=VSA_TILE
+    )
+    return out
+
+
+@_video_sparse_attn.register_fake
+def _video_sparse_attn_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_sizes: torch.Tensor,
+    q_block_sizes: torch.Tensor,
+    topk: int,
+) -> torch.Tensor:
+    return torch.empty_like(q)
 
 
 class H3VsaProcessor(MiniMaxH3AttnProcessor):
@@ -229,7 +293,8 @@ class H3VsaProcessor(MiniMaxH3AttnProcessor):
             key = _apply_rotary_emb(key, *rotary_emb)
         layout = self.context.layout
         if layout is None or attention_mask is not None or query.shape[1] < VSA_MIN_ROWS:
-            self.context.calls["sdpa"] += 1
+            if not torch.compiler.is_compiling():
+                self.context.calls["sdpa"] += 1
             out = dispatch_attention_fn(
                 query,
                 key,
@@ -243,11 +308,11 @@ class H3VsaProcessor(MiniMaxH3AttnProcessor):
         out = out.flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](out))
 
-    @torch.compiler.disable  # the kernel, its layout and its Triton launches stay eager
     def _sparse(self, q: Any, k: Any, v: Any, layout: VsaLayout) -> torch.Tensor:
         """``[B, S, H, D]`` rows scattered into the padded block layout, the kernel, and
-        gathered back in the sequence's order."""
-        self.context.calls["vsa"] += 1
+        gathered back in the sequence's order (compiled with the block on CUDA)."""
+        if not torch.compiler.is_compiling():  # counted where nothing traces it
+            self.context.calls["vsa"] += 1
         b, _, h, d = q.shape
         slots = layout.row_slot
 

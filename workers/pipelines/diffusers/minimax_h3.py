@@ -46,22 +46,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from diffusers.modular_pipelines import MiniMaxH3Blocks, ModularPipeline, PipelineState
-from diffusers.modular_pipelines.minimax_h3 import (
-    MiniMaxH3AudioReference,
-    MiniMaxH3ImageReference,
-    MiniMaxH3ModularPipeline,
-    MiniMaxH3VideoReference,
-)
-from PIL import Image
+from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3ModularPipeline
 
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
-from workers.audio_media import prepare_audio
 from workers.pipelines.base import (
     DecodeStream,
     GenerationRequest,
     Media,
-    MediaReference,
     StepState,
 )
 from workers.pipelines.diffusers.common import (
@@ -71,6 +63,7 @@ from workers.pipelines.diffusers.common import (
     sampling,
 )
 from workers.pipelines.diffusers.h3_decode import stream_frames, streamable
+from workers.pipelines.diffusers.h3_inputs import call_inputs, shifts_of
 from workers.pipelines.diffusers.h3_processor import load_processor, takes_video
 from workers.pipelines.diffusers.h3_vsa import (
     VsaContext,
@@ -177,72 +170,6 @@ def frames_uint8(video: torch.Tensor) -> np.ndarray:
     return pixels.permute(0, 2, 3, 1).cpu().numpy()
 
 
-def shifts_of(request: GenerationRequest) -> tuple[float | None, float | None]:
-    """The (video, audio) sigma shifts a request asks for; None keeps the checkpoint's."""
-    return request.sampler.flow_shift, request.extra.get("audio_flow_shift")
-
-
-def _image(frame: np.ndarray) -> Image.Image:
-    return Image.fromarray(np.ascontiguousarray(frame))
-
-
-def _audio(samples: np.ndarray) -> torch.Tensor:
-    """(channels, samples) float32 → the ``(channels, samples)`` tensor H3's references take."""
-    return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
-
-
-def _at_rate(
-    audio: np.ndarray, rate: int | None, want: int | None
-) -> tuple[np.ndarray, int | None]:
-    """A soundtrack moved to ``want`` Hz with libswresample (PyAV), so diffusers need not
-    resample it (it would need torchaudio); unchanged when the rates agree."""
-    if want is None or rate is None or rate == want:
-        return audio, rate
-    return prepare_audio(audio, rate, rate=want).samples, want
-
-
-def to_h3_reference(ref: MediaReference, audio_rate: int | None = None) -> Any:
-    """One of omniqueue's decoded references as the diffusers dataclass of its modality;
-    soundtracks at ``audio_rate`` (the audio VAE's) when given."""
-    if ref.kind == "image":
-        assert ref.frames is not None
-        return MiniMaxH3ImageReference(image=_image(ref.frames))
-    if ref.kind == "video":
-        assert ref.frames is not None
-        audio, rate = None, None
-        if ref.audio is not None:
-            samples, rate = _at_rate(ref.audio, ref.sample_rate, audio_rate)
-            audio = _audio(samples)
-        return MiniMaxH3VideoReference(
-            frames=[_image(f) for f in ref.frames], fps=ref.fps, audio=audio, sample_rate=rate
-        )
-    assert ref.audio is not None
-    samples, rate = _at_rate(ref.audio, ref.sample_rate, audio_rate)
-    return MiniMaxH3AudioReference(audio=_audio(samples), sample_rate=rate)
-
-
-def call_inputs(
-    request: GenerationRequest, generator: torch.Generator, audio_rate: int | None = None
-) -> dict[str, Any]:
-    """The keyword arguments of ``pipe(...)`` this request stands for (the differential
-    tests call diffusers with exactly these); soundtracks moved to ``audio_rate``."""
-    inputs: dict[str, Any] = {
-        "prompt": request.prompt,
-        "height": request.height,
-        "width": request.width,
-        "num_frames": request.num_frames,
-        "num_inference_steps": request.num_inference_steps,
-        "generator": generator,
-    }
-    if request.references:
-        inputs["references"] = [to_h3_reference(r, audio_rate) for r in request.references]
-    if request.reference_image is not None:
-        inputs["image"] = _image(request.reference_image)
-    if request.last_image is not None:
-        inputs["last_image"] = _image(request.last_image)
-    return inputs
-
-
 @dataclass(kw_only=True)
 class H3State(DiffusersState):
     """One H3 job: the blocks' pipeline state, the loop block and its block state (the
@@ -322,6 +249,8 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         super().load(device)
         if self.fused_lora is not None:
             self.fused_lora.fuse(self._loaded(), self.partition)
+        if self.compiler.enabled:  # the video VAE's decoder too: half its decode time
+            self.compiler.compile_module(self._loaded().vae.decoder, "H3 video VAE decoder")
         if kernel is not None:
             assert self.spec.vsa_topk is not None
             self.vsa = VsaContext(topk=self.spec.vsa_topk, kernel=kernel)
@@ -409,7 +338,7 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
     def _step(self, pipe: Any, s: H3State) -> None:
         i = s.step_index
         if self.vsa is not None:
-            self.vsa.layout = s.vsa_layout
+            self.vsa.use(s.vsa_layout)
         s.components, s.block_state = s.loop.loop_step(
             s.components, s.block_state, i=i, t=s.timesteps[i]
         )
@@ -432,6 +361,26 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
                 torch.cuda.synchronize(self.device)
 
         self.compiler.ensure(key, run, why)
+        size = (state.pipeline_state.get("latent_height"), state.pipeline_state.get("latent_width"))
+
+        def clip() -> None:
+            self.decode_one_clip(state)
+
+        self.compiler.ensure(("vae", *size), clip, why)
+
+    @torch.no_grad()
+    def decode_one_clip(self, state: H3State) -> torch.Tensor:
+        """One temporal clip of zeros at the job's latent size through the video VAE: what
+        compiles its decoder for that size (each clip of a job has the same shape)."""
+        vae = state.components.vae
+        height, width = (state.pipeline_state.get(n) for n in ("latent_height", "latent_width"))
+        frames = vae.tokens_chunk_size + vae.token_overlap
+        dtype = next(vae.post_quant_conv.parameters()).dtype
+        z = torch.zeros(1, vae.config.latent_channels, frames, height, width, dtype=dtype)
+        clip: torch.Tensor = vae._decode_clip(z.to(self.device))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return clip
 
     def _unpacked(self, s: H3State) -> tuple[Any, Any]:
         """The loop's state written back and unpacked (``after_denoise``)."""

@@ -16,6 +16,7 @@ import av
 import numpy as np
 import pytest
 from PIL import Image
+from safetensors.torch import load_file, save_file
 
 from cli.embedded import EmbeddedS3
 from models.catalog import FAMILY_SPECS
@@ -23,7 +24,7 @@ from models.job_specs import SamplerOptions
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
-from tests.unit.h3_fixtures import h3_request, tiny_h3_pipe
+from tests.unit.h3_fixtures import h3_request, tiny_h3_lora, tiny_h3_pipe
 from workers.media import encode_mp4
 from workers.pipelines.base import GenerationRequest, Media
 from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
@@ -44,15 +45,27 @@ def h3_stack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator
     tiny_h3_pipe(canvas_short_edge=64, canvas_max_pixels=8192).save_pretrained(
         str(path), overwrite_modular_index=True
     )
+    loras = module_dir / "loras" / "style"
+    loras.mkdir(parents=True)
+    style = loras / "pytorch_lora_weights.safetensors"
+    tiny_h3_lora(style, seed=3)
+    # 40 times lora_B: a style the frames show (11.8 levels on average, 0.6 as made),
+    # well beyond what the comparison of encoded frames tolerates (4)
+    weights = load_file(str(style))
+    save_file({k: v * 40 if "lora_B" in k else v for k, v in weights.items()}, str(style))
     entries = [
         f'[[model]]\nname = "{H3}"\nadapter = "diffusers.minimax_h3"\npath = "{path}"\n'
-        f'dtype = "float32"\n{SPEC}',
+        f'dtype = "float32"\n{SPEC}parameters = ["flow_shift", "lora"]\n',
         f'[[model]]\nname = "{REF}"\nadapter = "diffusers.minimax_h3"\npath = "{path}"\n'
         f'dtype = "float32"\n{SPEC}workflows = ["ref2va"]\n',
     ]
     registry = module_dir / "models.toml"
     registry.write_text("\n".join(entries))
-    env = {"OMNIQ_MODEL_REGISTRY": str(registry)}
+    env = {
+        "OMNIQ_MODEL_REGISTRY": str(registry),
+        "OMNIQ_LORA__ROOTS": str(loras.parent),
+        "OMNIQ_LORA__MAX_RANK": "2",
+    }
     with isolated_stack(module_dir, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.start(workers=1)
         yield st
@@ -117,11 +130,14 @@ def _decode(mp4: bytes) -> tuple[np.ndarray, int, str]:
     return frames, channels, codec
 
 
-def _in_process(request: GenerationRequest, workflows: list[str]) -> np.ndarray:
+def _in_process(
+    request: GenerationRequest, workflows: list[str], lora: Path | None = None
+) -> np.ndarray:
     spec = FAMILY_SPECS["diffusers.minimax_h3"].model_copy(update={"workflows": workflows})
-    adapter = MiniMaxH3Adapter(
-        pipe=tiny_h3_pipe(tiled=True, canvas_short_edge=64, canvas_max_pixels=8192), spec=spec
-    )
+    pipe = tiny_h3_pipe(tiled=True, canvas_short_edge=64, canvas_max_pixels=8192)
+    if lora is not None:  # diffusers' own loading, as a user of the pipeline would
+        pipe.load_lora_weights(str(lora), adapter_name="style")
+    adapter = MiniMaxH3Adapter(pipe=pipe, spec=spec)
     adapter.load("cpu")
     state = adapter.prepare(request)
     while not state.done:
@@ -185,6 +201,21 @@ def test_models_lists_each_deployment_s_workflows(h3_stack: Stack) -> None:
         models = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
     assert models[H3]["workflows"] == ["t2va", "fl2va"]
     assert models[REF]["workflows"] == ["ref2va"]
+    assert (models[H3]["loras"], models[REF]["loras"]) == (["style"], None)
+    assert models[H3]["attention"] == {"blocks": "sdpa", "token_refiner": "sdpa"}
+
+
+def test_t2va_with_a_per_request_lora_as_the_node_sends_it(
+    h3_stack: Stack, module_dir: Path, tmp_path: Path
+) -> None:
+    node = {"local_path": None, "name": "style", "scale": 1.0, "int_id": None}
+    mp4 = _run(h3_stack, _form(H3, {"task": "t2va"}, lora=json.dumps(node)), [])
+    video, channels, _ = _decode(mp4)
+    assert channels == 2
+    style = module_dir / "loras" / "style" / "pytorch_lora_weights.safetensors"
+    _close(video, _in_process(_request(), ["t2va", "fl2va"], lora=style), tmp_path)
+    with pytest.raises(AssertionError):  # and not the model without it
+        _close(video, _in_process(_request(), ["t2va", "fl2va"]), tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -324,6 +324,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
             )
         self.pipe.to(device)
         self.device = torch.device(device)
+        self._on_device(self.pipe)
         if self.lora is not None:
             self.lora.install(self.pipe)
         install_checkpoints(self.pipe)
@@ -338,6 +339,12 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         mode = self.compile or ("blocks" if self.device.type == "cuda" else "off")
         if mode == "blocks":
             self.compiler.install(self.pipe)
+
+    def _on_device(self, pipe: Any) -> None:
+        """Loaded on the device, before the LoRA slot, the gates and the compiled blocks
+        go in: where an adapter changes the weights themselves (H3 fuses its deployment's
+        LoRA). By default nothing."""
+        return None
 
     def _from_pretrained(self) -> Any:
         """The pipeline of ``path`` (a modular pipeline's adapter loads its own way)."""

@@ -50,6 +50,7 @@ from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3ModularPipeline
 
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
+from models.registry import CatalogError
 from workers.pipelines.base import (
     DecodeStream,
     GenerationRequest,
@@ -73,6 +74,7 @@ from workers.pipelines.diffusers.h3_vsa import (
     load_kernel,
     vsa_layout,
 )
+from workers.pipelines.diffusers.lora import LoraCache
 
 log = logging.getLogger(__name__)
 
@@ -240,15 +242,14 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         )
 
     def load(self, device: str) -> None:
-        """Load (``DiffusersAdapter.load``), then fuse the deployment's LoRA, if any, on
-        the device: checked against its pinned sha256 first, refusing to start on a
-        mismatch."""
+        """Load (``DiffusersAdapter.load``; the deployment's LoRA, if any, fused on the
+        device by ``_on_device``, checked against its pinned sha256 first, refusing to
+        start on a mismatch), then the VAE decoder compiled and VSA installed where
+        asked for."""
         if self.fused_lora is not None:
             self.fused_lora.verify()
         kernel = load_kernel(torch.device(device)) if self._takes_vsa else None
         super().load(device)
-        if self.fused_lora is not None:
-            self.fused_lora.fuse(self._loaded(), self.partition)
         if self.compiler.enabled:  # the video VAE's decoder too: half its decode time
             self.compiler.compile_module(self._loaded().vae.decoder, "H3 video VAE decoder")
         if kernel is not None:
@@ -258,6 +259,23 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         roles = ", ".join(f"{role} {backend}" for role, backend in self.spec.attention.items())
         how = f"; {kernel_name()}, top-k {self.spec.vsa_topk}" if kernel is not None else ""
         log.info("%s attention: %s%s", self.spec.name, roles, how)
+
+    def _on_device(self, pipe: Any) -> None:
+        """The deployment's LoRA fused first: before a per-request LoRA's slot."""
+        if self.fused_lora is not None:
+            self.fused_lora.fuse(pipe, self.partition)
+
+    def use_lora(self, cache: LoraCache) -> None:
+        """Per-request LoRA into the ``transformer`` partition (t2va, fl2va): the slot
+        of lora.py, as for the other families. A ``transformer_ref`` deployment refuses
+        it at start: diffusers' H3 loader routes an adapter to ``transformer`` unless told
+        otherwise, and the slot's hot-swap serves that component only."""
+        if self.partition != "transformer":
+            raise CatalogError(
+                f"model {self.spec.name!r} lists lora, but per-request LoRA serves the "
+                "transformer partition (t2va, fl2va), not transformer_ref (ref2va)"
+            )
+        super().use_lora(cache)
 
     @property
     def _takes_vsa(self) -> bool:

@@ -95,7 +95,6 @@ class ErrorCode(enum.StrEnum):
 
 class OmniqueueError(Exception):
     status_code = 500
-    type = "server_error"
     default_code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
@@ -104,10 +103,15 @@ class OmniqueueError(Exception):
         self.param = param
         self.code = code or self.default_code
 
+    @property
+    def type(self) -> str:
+        """The OpenAI error ``type`` of the status: ``server_error`` for a 5xx, else
+        ``invalid_request_error``; a class whose status OpenAI types otherwise names it."""
+        return "server_error" if self.status_code >= 500 else "invalid_request_error"
+
 
 class InvalidRequest(OmniqueueError):
     status_code = 400
-    type = "invalid_request_error"
     default_code = "invalid_value"
 
 
@@ -177,7 +181,6 @@ class StartRejected(InvalidRequest, ValueError):
 
 class PayloadTooLarge(OmniqueueError):
     status_code = 413
-    type = "invalid_request_error"
     default_code = "payload_too_large"
 
 
@@ -210,7 +213,6 @@ class QueueFull(RateLimited):
 
 class NotFound(OmniqueueError):
     status_code = 404
-    type = "invalid_request_error"
     default_code = "not_found"
 
 
@@ -220,25 +222,21 @@ class NotReady(NotFound):
 
 class Gone(OmniqueueError):
     status_code = 410
-    type = "invalid_request_error"
     default_code = "expired"
 
 
 class ServiceUnavailable(OmniqueueError):
     status_code = 503
-    type = "server_error"
     default_code = "service_unavailable"
 
 
 class SyncTimeout(OmniqueueError):
     status_code = 504
-    type = "server_error"
     default_code = "timeout"
 
 
 class RangeNotSatisfiable(OmniqueueError):
     status_code = 416
-    type = "invalid_request_error"
     default_code = "range_not_satisfiable"
 
     def __init__(self, message: str, *, size: int, param: str | None = "Range"):
@@ -249,7 +247,6 @@ class RangeNotSatisfiable(OmniqueueError):
 class JobFailed(OmniqueueError):
     """A job awaited synchronously failed; the status follows its stable error code."""
 
-    type = "server_error"
     _STATUS = {
         "invalid_request": 400,
         "invalid_lora": 400,
@@ -261,8 +258,6 @@ class JobFailed(OmniqueueError):
     def __init__(self, message: str, *, code: str) -> None:
         super().__init__(message, code=code)
         self.status_code = self._STATUS.get(code, 500)
-        if self.status_code < 500:
-            self.type = "invalid_request_error"
 
 
 class OutputInvalid(Exception):

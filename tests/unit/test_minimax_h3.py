@@ -322,3 +322,20 @@ def test_one_clip_of_the_job_s_size_decodes_for_the_vae_warm_up(pipe: Any) -> No
     assert clip.shape[:2] == (1, 3) and clip.shape[-2:] == (SIZE, SIZE)
     frames = (vae.tokens_chunk_size + vae.token_overlap) * vae.temporal_compression_ratio
     assert clip.shape[2] == frames  # a whole clip: what every clip of the job decodes
+
+
+def test_a_new_prompt_length_compiles_in_prepare_not_in_its_first_step(pipe: Any) -> None:
+    """H3's packed sequence holds the prompt's text rows: each new length is a new shape
+    of the compiled blocks (dynamo's eager backend here: its tracing and guards)."""
+    adapter = MiniMaxH3Adapter(
+        pipe=pipe,
+        spec=FAMILY_SPECS["diffusers.minimax_h3"],
+        compile="blocks",
+        compile_backend="eager",
+    )
+    adapter.load("cpu")
+    for prompt in ("a red ball", "a red ball rolls down a long green hill at dusk"):
+        _run(adapter, _request(prompt=prompt))
+        assert adapter.last_recompiles == 0  # nothing compiled while it denoised
+    block_keys = [k for k in adapter.compiler.shapes if k[0] != "vae"]
+    assert len(block_keys) == 2 and ("vae", 4, 4) in adapter.compiler.shapes

@@ -363,18 +363,28 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
 
     def _compile_for(self, state: H3State, why: str) -> None:
         """Compile the blocks for the packed sequence's length: one step of a deep copy of
-        the job's loop state and schedulers, so the job's own are untouched."""
+        the job's loop state and schedulers, so the job's own are untouched. The length
+        holds the prompt's text rows (H3 pads no prompt), so a new prompt length compiles
+        here, in prepare, not in the job's first step."""
         key = (
             state.workflow,
             tuple(state.block_state.latents.shape),
             tuple(state.block_state.audio_latents.shape),
+            int(state.block_state.denoiser_input_fields["token_tags"].numel()),
         )
 
         def run() -> None:
+            # Steps differ in how many distinct noise levels the rows are at (the time
+            # embedding's rows): as many trial steps as it takes to meet each count.
+            plan = state.block_state.row_timestep_plan
+            counts = {len(plan[i][0]) for i in range(state.num_steps)}
             trial = copy.copy(state)
             trial.components = self._view(state.components)
             trial.block_state = copy.deepcopy(state.block_state)
-            self._step(self._loaded(), trial)
+            while counts and trial.step_index < trial.num_steps:
+                counts.discard(len(plan[trial.step_index][0]))
+                self._step(self._loaded(), trial)
+                trial.step_index += 1
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
 

@@ -89,6 +89,10 @@ class ModelSpec(BaseModel):
     attention: dict[str, AttentionBackend] = Field(default_factory=dict)
     # VSA's key blocks per query block, where a role runs ``vsa``.
     vsa_topk: int | None = None
+    # A world model steered by w/a/s/d camera actions (``session.start``'s
+    # ``extra_params.camera_action_script``, ``session.interaction``'s ``event.camera``);
+    # a world model without it refuses both, naming the field.
+    camera_control: bool = False
 
     @property
     def supports_lora(self) -> bool:
@@ -167,6 +171,7 @@ REFERENCE_WORLD = ModelSpec(
     max_steps=50,
     default_steps=4,  # Euler steps per chunk
     supports_image_input=True,
+    camera_control=True,
     parameters=["negative_prompt"],
     extra_params={"flow_shift": "float"},
     extra_ranges={"flow_shift": (0.1, 20.0)},

@@ -11,6 +11,7 @@ pressed keys (``w a s d``) per latent frame.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 LATENT_FRAMES_PER_CHUNK = 3
@@ -42,6 +43,33 @@ def frames_in_chunk(index: int) -> int:
     if index == 0:
         return (LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1
     return LATENT_FRAMES_PER_CHUNK * TEMPORAL_COMPRESSION
+
+
+@dataclass(frozen=True)
+class ChunkLattice:
+    """A world model's chunks in pixel frames: the first holds ``first``, every later one
+    ``every`` (its ``ModelSpec``'s ``frame_offset`` and ``frame_multiple``). The default is
+    the reference lattice above (9, then 12)."""
+
+    first: int = (LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1
+    every: int = LATENT_FRAMES_PER_CHUNK * TEMPORAL_COMPRESSION
+
+    def chunks_for_frames(self, num_frames: int) -> int:
+        """Whole chunks in ``num_frames`` pixel frames (0 when too few)."""
+        if num_frames < self.first:
+            return 0
+        return 1 + (num_frames - self.first) // self.every
+
+    def frames_for_chunks(self, chunks: int) -> int:
+        """Pixel frames of exactly ``chunks`` chunks (at least one)."""
+        if chunks < 1:
+            raise ValueError("chunks must be at least 1")
+        return self.first + (chunks - 1) * self.every
+
+    def frames_in_chunk(self, index: int) -> int:
+        if index < 0:
+            raise ValueError("index must be non-negative")
+        return self.first if index == 0 else self.every
 
 
 def camera_block_problem(block: Any, name: str) -> str | None:

@@ -15,17 +15,48 @@ from pydantic import ValidationError
 
 from models.errors import StartRejected
 from models.realtime_video import SessionStart, VideoConfig, VideoErrorCode, describe_error
-from models.realtime_video_chunks import chunks_for_frames, frames_for_chunks, is_camera_block
+from models.realtime_video_chunks import ChunkLattice, is_camera_block
 
 
 @dataclass(frozen=True)
 class StartLimits:
-    """What one served model (``ModelSpec``) and the server allow a session to ask for."""
+    """What one served model (``ModelSpec``) and the server allow a session to ask for,
+    and the model's own rules: its chunk and size lattices, its defaults (None: the
+    server's, :class:`StartRules`), and whether it takes camera actions."""
 
     max_width: int = 1920
     max_height: int = 1920
     max_frames: int | None = None
     max_fps: float | None = None
+    lattice: ChunkLattice = field(default_factory=ChunkLattice)
+    size_multiple: int = 16
+    default_width: int | None = None
+    default_height: int | None = None
+    default_fps: float | None = None
+    default_num_frames: int | None = None
+    camera_control: bool = True
+
+    @classmethod
+    def of(cls, spec: Any) -> StartLimits:
+        """The rules of a world model's ``ModelSpec``: lattices, caps and defaults (its
+        ``default_seconds`` at its ``default_fps``, rounded down to whole chunks)."""
+        lattice = ChunkLattice(first=spec.frame_offset, every=spec.frame_multiple)
+        frames = round(spec.default_seconds * spec.default_fps)
+        chunks = max(1, lattice.chunks_for_frames(frames))
+        width, height = spec.default_size
+        return cls(
+            max_width=spec.max_width,
+            max_height=spec.max_height,
+            max_frames=spec.max_frames,
+            max_fps=spec.max_fps,
+            lattice=lattice,
+            size_multiple=spec.size_multiple,
+            default_width=width,
+            default_height=height,
+            default_fps=float(spec.default_fps),
+            default_num_frames=lattice.frames_for_chunks(chunks),
+            camera_control=spec.camera_control,
+        )
 
 
 @dataclass(frozen=True)
@@ -84,33 +115,38 @@ def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionSt
         width, height = int(w) if width is None else width, int(h) if height is None else height
     else:
         size_param = "width" if start.width is not None else "height"
-    width = rules.default_width if width is None else width
-    height = rules.default_height if height is None else height
-    if width <= 0 or height <= 0 or width % 16 or height % 16:
-        detail = "width and height must be positive multiples of 16"
+    width = _first(width, limits.default_width, rules.default_width)
+    height = _first(height, limits.default_height, rules.default_height)
+    multiple = limits.size_multiple
+    if width <= 0 or height <= 0 or width % multiple or height % multiple:
+        detail = f"width and height must be positive multiples of {multiple}"
         raise StartRejected(C.INVALID_SIZE, detail, size_param)
     if width > limits.max_width or height > limits.max_height:
         detail = f"{model} renders at most {limits.max_width}x{limits.max_height}"
         raise StartRejected(C.INVALID_SIZE, detail, size_param)
-    fps = start.fps or rules.default_fps
+    fps = start.fps or limits.default_fps or rules.default_fps
     if limits.max_fps is not None and fps > limits.max_fps:
         raise StartRejected(C.INVALID_REQUEST, f"fps must be at most {limits.max_fps:g}", "fps")
     num_frames, frames_param = start.num_frames, "num_frames"
     if num_frames is None and start.seconds is not None:
         num_frames, frames_param = round(start.seconds * fps), "seconds"
-    num_frames = rules.default_num_frames if num_frames is None else num_frames
-    chunks = chunks_for_frames(num_frames) if num_frames >= 1 else 0
+    num_frames = _first(num_frames, limits.default_num_frames, rules.default_num_frames)
+    lattice = limits.lattice
+    chunks = lattice.chunks_for_frames(num_frames)
     if chunks < 1:
-        detail = "num_frames must be at least 9 (one chunk)"
+        detail = f"num_frames must be at least {lattice.first} (one chunk)"
         raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
-    top = _max_chunks(rules.max_chunks, limits.max_frames, rules.max_session_s, fps)
+    top = _max_chunks(rules.max_chunks, limits.max_frames, rules.max_session_s, fps, lattice)
     if top is not None and chunks > top:
-        most = frames_for_chunks(top) if top else 0
+        most = lattice.frames_for_chunks(top) if top else 0
         detail = f"num_frames must be at most {most} at {fps:g} fps"
         detail += " (the model's max_frames and the server's session time limit)"
         raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
     script = start.extra_params.camera_action_script
     script_param = "extra_params.camera_action_script"
+    if script is not None and not limits.camera_control:
+        detail = f"{model} takes no camera_action_script: it has no camera conditioning"
+        raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, script_param)
     if script is not None and len(script) != chunks:
         detail = f"camera_action_script needs one entry per chunk ({chunks}), got {len(script)}"
         raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, script_param)
@@ -122,7 +158,7 @@ def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionSt
     if image is not None and not image.image_url.startswith(("http://", "https://", "data:")):
         detail = "image_url must be an http(s) or data: URL"
         raise StartRejected(C.INVALID_IMAGE_REFERENCE, detail, "image_reference.image_url")
-    frames = frames_for_chunks(chunks)
+    frames = lattice.frames_for_chunks(chunks)
     return start, VideoConfig(width=width, height=height, fps=fps, num_frames=frames, chunks=chunks)
 
 
@@ -130,12 +166,21 @@ def _ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def _first(*values: Any) -> Any:
+    """The first of ``values`` that is not None (the last is the server's default)."""
+    return next((v for v in values if v is not None), values[-1])
+
+
 def _max_chunks(
-    max_chunks: int | None, max_frames: int | None, max_session_s: float | None, fps: float
+    max_chunks: int | None,
+    max_frames: int | None,
+    max_session_s: float | None,
+    fps: float,
+    lattice: ChunkLattice,
 ) -> int | None:
     """The most chunks allowed by every cap given (None: no cap)."""
     caps = [] if max_chunks is None else [max_chunks]
     for frames in (max_frames, None if max_session_s is None else int(max_session_s * fps)):
         if frames is not None:
-            caps.append(chunks_for_frames(frames) if frames >= 1 else 0)
+            caps.append(lattice.chunks_for_frames(frames))
     return min(caps) if caps else None

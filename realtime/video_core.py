@@ -130,6 +130,7 @@ class WorldSessionCore:
         self.request_id = request_id
         self.options = options or WorldSessionOptions()
         self.config: VideoConfig | None = None  # set once session.start is accepted
+        self.model: str | None = None  # the served model it runs, once started
         self.close_code: int | None = None
         self.chunks_sent = 0  # media chunks handed out (or pending), not dropped
         self.state = State.AWAITING_START

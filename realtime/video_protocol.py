@@ -115,6 +115,7 @@ class WorldSessionProtocol(WorldSessionCore):
         event_ids: Iterable[str],
         default_transition: int | None,
         expires_at: float | None,
+        model: str | None = None,
     ) -> WorldSessionProtocol:
         """A streaming session taken over from another socket (or API replica): started,
         nothing sent yet on this socket; call :meth:`resume` next."""
@@ -125,6 +126,7 @@ class WorldSessionProtocol(WorldSessionCore):
         p._event_ids = set(event_ids)
         p._default_transition = default_transition
         p._expires_at = expires_at
+        p.model = model
         return p
 
     def resume(self, last_generation_chunk_index: int) -> None:
@@ -339,6 +341,7 @@ class WorldSessionProtocol(WorldSessionCore):
         except StartRejected as exc:
             return self._fatal(exc.code, exc.message, param=exc.param)
         self.config = config
+        self.model = start.model or o.default_model
         self._default_transition = start.extra_params.transition_chunks
         self.state = State.STARTING
         self._last_activity = now
@@ -356,6 +359,11 @@ class WorldSessionProtocol(WorldSessionCore):
             return self._error(Code.EVENT_ID_CONFLICT, "event_id_conflict", event_id)
         if self.config is not None and self._next_index >= self.config.chunks:
             return self._error(Code.INTERACTION_TOO_LATE, _ALL_MADE, event_id)
+        limits = self.options.model_limits.get(self.model or "")
+        if camera is not None and limits is not None and not limits.camera_control:
+            detail = f"{self.model} takes no camera actions: it has no camera conditioning"
+            param = "interaction.event.camera"
+            return self._error(Code.INVALID_REQUEST, detail, event_id, param=param)
         self._event_ids.add(event_id)
         self._pending.append(event_id)
         transition = interaction.transition_chunks

@@ -114,6 +114,7 @@ async def take_over(
         event_ids=snap.event_ids,
         default_transition=snap.default_transition,
         expires_at=expires,
+        model=snap.model,
     )
     protocol.resume(resume.last_generation_chunk_index)
     return TakenOverWorldSession(protocol, record, snap.model)

@@ -70,15 +70,7 @@ def _options(host: SessionHost, specs: list[Any]) -> WorldSessionOptions:
         max_start_bytes=rt.max_start_bytes,
         models=frozenset(s.name for s in specs),
         default_model=specs[0].name if specs else None,
-        model_limits={
-            s.name: StartLimits(
-                max_width=s.max_width,
-                max_height=s.max_height,
-                max_frames=s.max_frames,
-                max_fps=s.max_fps,
-            )
-            for s in specs
-        },
+        model_limits={s.name: StartLimits.of(s) for s in specs},
         max_session_s=rt.max_session_s,
     )
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from models.catalog import REFERENCE_WORLD
 from models.realtime_video_start import StartLimits
 from realtime.video_protocol import (
     CLOSE_POLICY,
@@ -16,6 +17,7 @@ from realtime.video_protocol import (
 )
 from tests.unit.world_session_client import (
     error_event,
+    interaction_json,
     new_session,
     one_event,
     send_media,
@@ -259,3 +261,90 @@ def test_escaped_surrogate_pairs_are_fine() -> None:
     p.receive_text(start_json(prompt="a red \U0001f388 at sunset"), 0.0)  # json.dumps escapes it
     [cmd] = p.events_received()
     assert isinstance(cmd, StartRequested) and cmd.start.prompt.endswith("\U0001f388 at sunset")
+
+
+# ------------------------------------------------------------ the model's rules (issue 31)
+
+# A world model of another shape: chunks of 33 frames (Helios'), sizes in 32s, 384x640 at
+# 24 fps by default, no camera conditioning.
+HELIOS_LIKE = REFERENCE_WORLD.model_copy(
+    update={
+        "name": "helios-like",
+        "frame_offset": 33,
+        "frame_multiple": 33,
+        "size_multiple": 32,
+        "default_size": (640, 384),
+        "default_fps": 24,
+        "default_seconds": 5.5,
+        "max_frames": 33 * 20,
+        "camera_control": False,
+    }
+)
+
+
+def _served(*specs: Any) -> WorldSessionProtocol:
+    limits = {s.name: StartLimits.of(s) for s in specs}
+    return new_session(models=frozenset(limits), model_limits=limits, default_model=specs[0].name)
+
+
+def _start(p: WorldSessionProtocol, **fields: Any) -> Any:
+    p.receive_text(start_json(**fields), 0.0)
+    [cmd] = p.events_received()
+    assert isinstance(cmd, StartRequested)
+    return cmd.config
+
+
+def test_a_start_that_leaves_things_out_gets_the_model_s_defaults() -> None:
+    none = {"width": None, "height": None, "num_frames": None, "fps": None, "extra_params": {}}
+    config = _start(_served(HELIOS_LIKE), model="helios-like", **none)
+    # 5.5 s at 24 fps = 132 frames: 4 whole chunks of 33
+    assert (config.width, config.height, config.fps) == (640, 384, 24.0)
+    assert (config.num_frames, config.chunks) == (132, 4)
+    world = _start(_served(REFERENCE_WORLD), model="reference/world", **none)
+    assert (world.width, world.height, world.fps) == (480, 272, 16.0)
+    assert (world.num_frames, world.chunks) == (189, 16)  # the spec's default_seconds
+
+
+def test_num_frames_rounds_down_to_the_model_s_chunks() -> None:
+    config = _start(_served(HELIOS_LIKE), model="helios-like", num_frames=100, extra_params={})
+    assert (config.num_frames, config.chunks) == (99, 3)
+    p = _served(HELIOS_LIKE)
+    p.receive_text(start_json(model="helios-like", num_frames=32, extra_params={}), 0.0)
+    error = error_event(p)
+    assert (error["code"], error["param"]) == ("invalid_num_frames", "num_frames")
+    assert "at least 33" in error["message"]
+
+
+def test_the_size_lattice_is_the_model_s() -> None:
+    p = _served(HELIOS_LIKE)
+    p.receive_text(start_json(model="helios-like", width=656, extra_params={}), 0.0)
+    error = error_event(p)
+    assert (error["code"], error["param"]) == ("invalid_size", "width")
+    assert "multiples of 32" in error["message"]
+
+
+def test_a_camera_script_for_a_model_without_camera_is_refused_naming_it() -> None:
+    p = _served(HELIOS_LIKE, REFERENCE_WORLD)
+    script = {"camera_action_script": [[["w"], ["w"], ["w"]]]}
+    p.receive_text(start_json(model="helios-like", num_frames=33, extra_params=script), 0.0)
+    error = error_event(p)
+    assert error["code"] == "invalid_camera_action_script"
+    assert error["param"] == "extra_params.camera_action_script"
+    assert "no camera" in error["message"] and p.events_received() == []
+    # reference/world keeps it
+    assert _start(_served(HELIOS_LIKE, REFERENCE_WORLD), model="reference/world").chunks == 3
+
+
+def test_a_camera_interaction_for_a_model_without_camera_is_refused_naming_it() -> None:
+    p = streaming(
+        start=start_json(model="helios-like", num_frames=99, extra_params={}),
+        models=frozenset({"helios-like"}),
+        model_limits={"helios-like": StartLimits.of(HELIOS_LIKE)},
+    )
+    camera = {"event": {"camera": [["w"], ["w"], ["w"]]}}
+    p.receive_text(interaction_json("cam-1", **camera), 0.0)
+    error = error_event(p)
+    assert (error["code"], error["param"]) == ("invalid_request", "interaction.event.camera")
+    assert p.events_received() == []
+    p.receive_text(interaction_json("cam-1"), 0.0)  # a prompt is fine, and the id is free
+    assert [type(c).__name__ for c in p.events_received()] == ["InteractionRequested"]

@@ -8,15 +8,18 @@ every key block's mean, dense), and a *sparse* branch (full attention, row by ro
 
 H3 packs one job into one sequence of text, audio and video rows. The blocks follow the
 rows' modality and place: the video rows of each latent grid in 4x4x4 tiles of their
-``(t, h, w)`` positions (VSA's tile), the text and the audio rows in runs of 64 in sequence
-order. A partial tile is a partial block (the kernel takes each block's row count). The
+``(t, h, w)`` indices in that grid (VSA's tile; H3's rotary positions are rescaled floats,
+so each coordinate is ranked within its grid), the text and the audio rows in runs of 64
+in sequence order. A partial tile is a partial block (the kernel takes each block's row count). The
 layout depends only on the packed sequence, so :func:`vsa_layout` runs once per job and
 every forward of its steps reuses it (:class:`VsaContext`).
 
 The kernel is fastvideo-kernel 0.3.5's ``video_sparse_attn`` on a CUDA device. Its sm_90
 op ships compiled against torch 2.12; where it does not load, the package runs its Triton
-kernels (same results), and :func:`kernel_name` says which. :func:`reference_vsa` is the
-same arithmetic in plain torch: the CPU tests' kernel and the device benchmark's check.
+kernels (same results), and :func:`kernel_name` says which. It runs as one custom op
+(``omniqueue::video_sparse_attn``), so a compiled block keeps it in its graph.
+:func:`reference_vsa` is the same arithmetic in plain torch: the CPU tests' kernel and the
+device benchmark's check.
 
 Roles: the 50 joint blocks take VSA; the text refiner (70 rows at the qualification
 shape), like any sequence of fewer than :data:`VSA_MIN_ROWS` rows, keeps SDPA.

@@ -93,6 +93,9 @@ class ModelSpec(BaseModel):
     # ``extra_params.camera_action_script``, ``session.interaction``'s ``event.camera``);
     # a world model without it refuses both, naming the field.
     camera_control: bool = False
+    # A world model's blend of a prompt change when neither the interaction nor the
+    # session's start sets ``transition_chunks``: over this many chunks (0: a cut).
+    default_transition_chunks: int = Field(default=1, ge=0)
 
     @property
     def supports_lora(self) -> bool:

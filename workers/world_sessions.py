@@ -109,10 +109,11 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
     def _interact(pipe: WorldPipeline[Any], state: Any, cmd: InteractionCommand) -> None:
         """Queue an interaction; the API already checked its shape and its event id, so
         a change the model still refuses is logged and the session goes on."""
+        transition = cmd.transition_chunks
+        if transition is None:  # neither the interaction nor the start set one
+            transition = pipe.spec.default_transition_chunks
         try:
-            pipe.interact(
-                state, cmd.prompt, cmd.camera, int(cmd.transition_chunks or 0), cmd.event_id
-            )
+            pipe.interact(state, cmd.prompt, cmd.camera, int(transition), cmd.event_id)
         except InvalidJobInput as exc:
             log.warning("interaction %s ignored: %s", cmd.event_id, exc)
 

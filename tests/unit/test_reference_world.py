@@ -334,3 +334,18 @@ def test_bad_action_script_names_the_problem(script: Any, message: str) -> None:
 def test_bad_config_raises(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         loaded(ReferenceWorldPipeline).start(_config(**overrides))
+
+
+def test_a_prompt_change_without_transition_chunks_blends_over_the_model_s_default() -> None:
+    """Neither the interaction nor the start said: the model's default_transition_chunks
+    (a blend over one chunk for reference/world, as the protocol doc says), not a cut."""
+    from models.session_bus import InteractionCommand
+    from workers.world_sessions import WorldSessionRunner
+
+    pipe = loaded(ReferenceWorldPipeline)
+    state = pipe.start(_config(num_frames=45))
+    assert REFERENCE_WORLD.default_transition_chunks == 1
+    WorldSessionRunner._interact(pipe, state, InteractionCommand(event_id="e1", prompt="snow"))
+    cut = InteractionCommand(event_id="e2", prompt="night", transition_chunks=0)
+    WorldSessionRunner._interact(pipe, state, cut)
+    assert [e.transition_chunks for e in state.events] == [1, 0]

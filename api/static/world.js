@@ -1,6 +1,7 @@
 // World: `WS /v1/realtime/video`. The fMP4 fragments (the first one carries the init
 // segment) are appended to a Media Source Extensions buffer as they arrive, so the video
-// plays while it is generated; w/a/s/d (keys or buttons) go up as camera interactions.
+// plays while it is generated; w/a/s/d (keys or buttons) go up as camera interactions,
+// and "Send prompt" as a prompt change the model blends in from its next chunk.
 // The server paces generation a few chunks ahead of playback, so a key shows within
 // about two seconds; a key no chunk is left for is answered `interaction_too_late`, and
 // one pressed after the session ended says so here.
@@ -26,6 +27,11 @@ export async function init() {
   for (const button of document.querySelectorAll(".wasd button")) {
     button.addEventListener("click", () => interact(button.dataset.key));
   }
+  $("world-steer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const prompt = $("world-steer-prompt").value.trim();
+    if (prompt) interact(`prompt "${prompt}"`, { prompt }); // blended in by the model
+  });
   document.addEventListener("keydown", (event) => {
     const typing = event.target.closest?.("input, textarea, select");
     const key = event.key.toLowerCase();
@@ -219,20 +225,19 @@ async function start() {
   ws.addEventListener("close", (e) => current.closed(e));
 }
 
-function interact(key) {
+/** Send one interaction: a w/a/s/d camera key (`event` left out), or `event` itself (a
+ * new prompt), labelled `label` in the log and the "Last action" line. */
+function interact(label, event = { camera: [[label], [label], [label]] }) {
   if (!session || session.ws.readyState !== WebSocket.OPEN) {
     const why = session ? "the session has ended" : "no session is running";
-    $("world-action").textContent = `${key} not sent: ${why}; press Start for a new one`;
+    $("world-action").textContent = `${label} not sent: ${why}; press Start for a new one`;
     $("world-action").dataset.state = "ended";
     return;
   }
   session.sent += 1;
-  const id = `${key}-${session.sent}`;
-  session.actions.set(id, key);
-  session.send({
-    type: "session.interaction",
-    interaction: { event_id: id, event: { camera: [[key], [key], [key]] } },
-  });
-  $("world-action").textContent = `${key} sent`;
+  const id = `${"prompt" in event ? "prompt" : label}-${session.sent}`;
+  session.actions.set(id, label);
+  session.send({ type: "session.interaction", interaction: { event_id: id, event } });
+  $("world-action").textContent = `${label} sent`;
   $("world-action").dataset.state = "sent";
 }

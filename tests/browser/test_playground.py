@@ -186,7 +186,9 @@ def test_talk_with_the_microphone_gets_an_answer(page: Page, up: Up) -> None:
     expect(mic).to_have_attribute("aria-pressed", "false")
 
 
-def test_world_plays_chunks_through_mse_and_w_is_acknowledged(page: Page, up: Up) -> None:
+def test_world_plays_chunks_through_mse_and_w_and_a_prompt_are_acknowledged(
+    page: Page, up: Up
+) -> None:
     page.goto(up.url + "/#world")
     world = page.locator("#world")
     world.get_by_label("Size").select_option("256x144")
@@ -195,6 +197,11 @@ def test_world_plays_chunks_through_mse_and_w_is_acknowledged(page: Page, up: Up
     page.wait_for_function("Number(document.getElementById('world-chunks').textContent) >= 1")
     page.keyboard.press("w")
     expect(page.locator("#world-action")).to_have_attribute("data-state", "queued")
+    world.get_by_label("New prompt").fill("snow begins to fall")
+    world.get_by_role("button", name="Send prompt").click()
+    expect(page.locator("#world-log")).to_contain_text(
+        'prompt "snow begins to fall": queued by the server as prompt-2'
+    )
     expect(page.locator("#world-status")).to_have_text("done: 4 chunks", timeout=JOB_MS)
     video = page.locator("#world-video")
     # at least three chunks played: past the end of the second (9 + 12 frames)

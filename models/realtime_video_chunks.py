@@ -1,9 +1,10 @@
 """Rollout arithmetic of ``WS /v1/realtime/video`` (streaming world-model video), pure.
 
-The one copy of the world model's chunk arithmetic and camera-block check, which the API
+The one copy of the world models' chunk arithmetic (:class:`ChunkLattice`: each model's
+from its spec) and of the camera-block check, which the API
 (:mod:`models.realtime_video`, :mod:`models.realtime_video_start`) and the reference world
-pipeline (``workers/pipelines/reference_world.py``) import:
-3 latent frames per generation chunk, temporal compression 4, the first latent frame
+pipeline (``workers/pipelines/reference_world.py``) import. The reference lattice: 3
+latent frames per generation chunk, temporal compression 4, the first latent frame
 decoded to a single pixel frame — so chunk 0 holds 9 pixel frames and every later
 chunk 12, and ``frames_for_chunks(16) == 189``. A chunk's camera actions are one list of
 pressed keys (``w a s d``) per latent frame.
@@ -19,30 +20,6 @@ TEMPORAL_COMPRESSION = 4
 CAMERA_KEYS = ("w", "a", "s", "d")
 # one chunk's camera actions: one list of pressed keys per latent frame (three of them)
 CameraActions = list[list[str]]
-
-
-def chunks_for_frames(num_frames: int) -> int:
-    """Generation chunks rolled out for ``num_frames`` pixel frames (0 when too few)."""
-    if num_frames < 1:
-        raise ValueError("num_frames must be at least 1")
-    latent = (num_frames - 1) // TEMPORAL_COMPRESSION + 1
-    return latent // LATENT_FRAMES_PER_CHUNK
-
-
-def frames_for_chunks(chunks: int) -> int:
-    """Pixel frames of a rollout of exactly ``chunks`` chunks (inverse of the above)."""
-    if chunks < 1:
-        raise ValueError("chunks must be at least 1")
-    return (chunks * LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1
-
-
-def frames_in_chunk(index: int) -> int:
-    """Pixel frames carried by generation chunk ``index``: 9 for the first, then 12."""
-    if index < 0:
-        raise ValueError("index must be non-negative")
-    if index == 0:
-        return (LATENT_FRAMES_PER_CHUNK - 1) * TEMPORAL_COMPRESSION + 1
-    return LATENT_FRAMES_PER_CHUNK * TEMPORAL_COMPRESSION
 
 
 @dataclass(frozen=True)
@@ -67,9 +44,32 @@ class ChunkLattice:
         return self.first + (chunks - 1) * self.every
 
     def frames_in_chunk(self, index: int) -> int:
+        """Pixel frames carried by chunk ``index``."""
         if index < 0:
             raise ValueError("index must be non-negative")
         return self.first if index == 0 else self.every
+
+
+# The reference lattice (9, then 12): what ``reference/world`` and the tests use.
+REFERENCE_LATTICE = ChunkLattice()
+
+
+def chunks_for_frames(num_frames: int) -> int:
+    """Generation chunks of the reference lattice in ``num_frames`` pixel frames (0 when
+    too few)."""
+    if num_frames < 1:
+        raise ValueError("num_frames must be at least 1")
+    return REFERENCE_LATTICE.chunks_for_frames(num_frames)
+
+
+def frames_for_chunks(chunks: int) -> int:
+    """Pixel frames of a reference rollout of exactly ``chunks`` chunks."""
+    return REFERENCE_LATTICE.frames_for_chunks(chunks)
+
+
+def frames_in_chunk(index: int) -> int:
+    """Pixel frames carried by reference chunk ``index``: 9 for the first, then 12."""
+    return REFERENCE_LATTICE.frames_in_chunk(index)
 
 
 def camera_block_problem(block: Any, name: str) -> str | None:

@@ -127,7 +127,7 @@ class WorldSession:
     async def _place(self, cmd: StartRequested) -> None:
         start, cfg = cmd.start, cmd.config
         seed = start.seed
-        self.model = start.model or str(self.protocol.options.default_model)
+        self.model = str(self.protocol.model)  # the start's, or the default: resolved
         config = WorldSessionConfig(
             model=self.model,
             owner=self.owner,

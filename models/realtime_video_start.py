@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from models.catalog import ModelSpec
 from models.errors import StartRejected
 from models.realtime_video import SessionStart, VideoConfig, VideoErrorCode, describe_error
 from models.realtime_video_chunks import ChunkLattice, is_camera_block
@@ -37,7 +38,7 @@ class StartLimits:
     camera_control: bool = True
 
     @classmethod
-    def of(cls, spec: Any) -> StartLimits:
+    def of(cls, spec: ModelSpec) -> StartLimits:
         """The rules of a world model's ``ModelSpec``: lattices, caps and defaults (its
         ``default_seconds`` at its ``default_fps``, rounded down to whole chunks)."""
         lattice = ChunkLattice(first=spec.frame_offset, every=spec.frame_multiple)

@@ -53,15 +53,21 @@ class RedisDbPool:
     set only when absent, to this run's token: another run on the same Redis (another
     clone, another engineer) skips that index, so no worker of theirs can take our jobs
     and no flush of theirs can empty our queue. A thread renews the leases while the run
-    lives; the leases of a run that was killed expire after :attr:`TTL_MS`. An index is
+    lives; the leases of a run that was killed expire after ``ttl_ms``. An index is
     flushed when leased (a dead run may have left keys) and when released.
+
+    ``ttl_ms`` is each pool's own: a test that shortens it for a pool of its own must not
+    shorten the run's. (It once patched the class attribute: the run's renewer then set
+    600 ms leases, slept 20 s once the patch was undone, and the other xdist process
+    leased and flushed an index this one's session stack was using, whose worker then
+    took and dropped the other's job messages.)
     """
 
-    TTL_MS = 60_000
     WAIT_S = 300.0  # for an index while other runs hold all of them
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, ttl_ms: int = 60_000) -> None:
         self.base_url = base_url
+        self.ttl_ms = ttl_ms
         self._admin = redis.Redis.from_url(f"{base_url}/0")
         self._token = uuid.uuid4().hex
         self._held: set[int] = set()
@@ -81,7 +87,7 @@ class RedisDbPool:
         deadline = time.monotonic() + self.WAIT_S
         while True:
             for db in range(1, self._count):
-                if self._admin.set(self._key(db), self._token, nx=True, px=self.TTL_MS):
+                if self._admin.set(self._key(db), self._token, nx=True, px=self.ttl_ms):
                     with self._lock:
                         self._held.add(db)
                     redis.Redis.from_url(self.url(db)).flushdb()
@@ -125,12 +131,12 @@ class RedisDbPool:
             return 16
 
     def _keep(self) -> None:
-        while not self._stop.wait(self.TTL_MS / 3000):
+        while not self._stop.wait(self.ttl_ms / 3000):
             with self._lock:
                 held = list(self._held)
             for db in held:
                 with contextlib.suppress(redis.RedisError):  # try again next round
-                    self._renew(keys=[self._key(db)], args=[self._token, self.TTL_MS])
+                    self._renew(keys=[self._key(db)], args=[self._token, self.ttl_ms])
 
 
 @contextmanager

@@ -28,16 +28,18 @@ def test_two_runs_on_one_redis_never_share_an_index(redis_pool: RedisDbPool) -> 
         other.close()
 
 
-def test_a_lease_outlives_its_ttl_while_the_run_lives(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(RedisDbPool, "TTL_MS", 600)  # renewed every 0.2 s
-    pool, other = RedisDbPool(REDIS_BASE_URL), RedisDbPool(REDIS_BASE_URL)
+def test_a_lease_outlives_its_ttl_while_the_run_lives(redis_pool: RedisDbPool) -> None:
+    # short leases for these two pools only: the run's own pool keeps its TTL
+    pool, other = RedisDbPool(REDIS_BASE_URL, ttl_ms=600), RedisDbPool(REDIS_BASE_URL, ttl_ms=600)
     admin = redis.Redis.from_url(f"{REDIS_BASE_URL}/0")
     try:
-        with pool.leased() as mine:
+        with redis_pool.leased() as runs, pool.leased() as mine:
             time.sleep(1.5)  # more than twice the TTL
             assert admin.pttl(f"omniq-test:redis-db:{mine}") > 0
             with other.leased() as theirs:
-                assert theirs != mine
+                assert theirs not in (mine, runs)
+            # the run's own lease was never shortened to these pools' TTL
+            assert admin.pttl(f"omniq-test:redis-db:{runs}") > 10_000
         assert admin.get(f"omniq-test:redis-db:{mine}") is None  # released
     finally:
         pool.close()

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
@@ -25,6 +25,9 @@ from av.container import OutputContainer
 from PIL import Image
 
 from workers.pipelines.base import Media, Pipeline
+
+if TYPE_CHECKING:
+    import torch
 
 AAC_FRAME_SIZE = 1024
 DEFAULT_SAMPLE_RATE = 48_000
@@ -157,9 +160,11 @@ class _Muxer:
     def __exit__(self, *exc: Any) -> None:
         self.container.close()
 
-    def add(self, frames: np.ndarray) -> None:
+    def add(self, frames: np.ndarray, pixel_format: str = "rgb24") -> None:
+        """Encode ``frames``: uint8 T×H×W×3 (``rgb24``, converted by swscale) or
+        T×(H·3/2)×W planes (``yuv420p``, x264's own format: no conversion)."""
         for frame in frames:
-            picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
+            picture = av.VideoFrame.from_ndarray(frame, format=pixel_format)
             picture.pts = self.frames
             self.frames += 1
             self.container.mux(self.video.encode(picture))
@@ -207,7 +212,7 @@ class Mp4Writer:
         self.audio = _check_audio(audio) if audio is not None else None
         self.sample_rate = sample_rate or DEFAULT_SAMPLE_RATE
         self._crf, self._preset = crf, preset
-        self._queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=8)
+        self._queue: queue.Queue[tuple[np.ndarray, str] | None] = queue.Queue(maxsize=8)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mp4-writer", daemon=True)
         self._size: tuple[int, int] | None = None
@@ -219,16 +224,32 @@ class Mp4Writer:
         return self
 
     def write(self, chunk: np.ndarray) -> None:
+        """Queue uint8 T×H×W×3 RGB frames."""
         frames = _check_frames(chunk)
-        size = frames.shape[1:3]
+        self._put(frames, (int(frames.shape[1]), int(frames.shape[2])), "rgb24")
+
+    def write_planes(self, chunk: np.ndarray) -> None:
+        """Queue frames already in ``yuv420p``: uint8 T×(H·3/2)×W, each frame's Y, Cb and
+        Cr planes back to back (``workers.pixels.yuv420p``), which x264 takes as they are."""
+        if chunk.dtype != np.uint8 or chunk.ndim != 3 or chunk.shape[1] % 3 or chunk.shape[2] % 2:
+            raise ValueError(
+                f"yuv420p frames must be uint8 T×(H·3/2)×W, even H and W; got "
+                f"{chunk.dtype} {chunk.shape}"
+            )
+        if len(chunk) < 1:
+            raise ValueError("cannot encode zero frames")
+        size = (int(chunk.shape[1]) * 2 // 3, int(chunk.shape[2]))
+        self._put(np.ascontiguousarray(chunk), size, "yuv420p")
+
+    def _put(self, frames: np.ndarray, size: tuple[int, int], pixel_format: str) -> None:
         if self._size is None:
-            self._size = (int(size[0]), int(size[1]))
-        elif tuple(size) != self._size:
-            raise ValueError(f"frame size changed from {self._size} to {tuple(size)}")
+            self._size = size
+        elif size != self._size:
+            raise ValueError(f"frame size changed from {self._size} to {size}")
         if self._error is not None:
             raise self._error
         self.frames += len(frames)
-        self._queue.put(frames)
+        self._queue.put((frames, pixel_format))
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._queue.put(None)
@@ -243,20 +264,21 @@ class Mp4Writer:
         mp4: _Muxer | None = None
         ended = False  # the caller's end mark (None) was taken
         try:
-            while (frames := self._queue.get()) is not None:
+            while (item := self._queue.get()) is not None:
+                frames, pixel_format = item
                 if mp4 is None:
-                    size = (int(frames.shape[1]), int(frames.shape[2]))
+                    assert self._size is not None  # set by the write that queued these
                     mp4 = _Muxer(
                         self.path,
                         self.rate,
-                        size,
+                        self._size,
                         self.audio,
                         self.sample_rate,
                         self._crf,
                         self._preset,
                         self.threads,
                     )
-                mp4.add(frames)
+                mp4.add(frames, pixel_format)
             ended = True
             if mp4 is not None:
                 mp4.finish()
@@ -384,13 +406,15 @@ def decode_streamed(
 ) -> Streamed | None:
     """Decode and encode at once where the adapter streams its decode
     (``Pipeline.decode_stream``): x264 encodes each chunk on the writer's thread while the
-    next one decodes, with the soundtrack interleaved. Returns once ``tmp/video.mp4`` is
-    complete; None: no stream, the caller decodes whole. ``digest`` (a ``hashlib``
-    object), when given, is fed the raw uint8 frames in order."""
+    next one decodes, with the soundtrack interleaved. A chunk still on the GPU (a torch
+    tensor) is converted to ``yuv420p`` there (``workers.pixels``), so the writer hands it
+    to x264 as it is. Returns once ``tmp/video.mp4`` is complete; None: no stream, the
+    caller decodes whole. ``digest`` (a ``hashlib`` object), when given, is fed the raw
+    uint8 RGB frames in order."""
     stream = pipe.decode_stream(state)
     if stream is None:
         return None
-    kept = []
+    kept: list[np.ndarray | torch.Tensor] = []  # the chunks, for the middle frame (the thumbnail)
     mp4 = Mp4Writer(
         tmp / "video.mp4",
         fps,
@@ -400,16 +424,28 @@ def decode_streamed(
     )
     with mp4:
         for chunk in stream.chunks:
-            mp4.write(chunk)
+            if isinstance(chunk, np.ndarray):
+                mp4.write(chunk)
+            else:
+                from workers.pixels import yuv420p  # torch: only where a chunk is a tensor
+
+                mp4.write_planes(yuv420p(chunk).cpu().numpy())
             kept.append(chunk)
             if digest is not None:
-                digest.update(np.ascontiguousarray(chunk).data)
+                digest.update(_host(chunk).data)
     middle = mp4.frames // 2
     for chunk in kept:
         if middle < len(chunk):
-            return Streamed(np.asarray(chunk[middle]), has_audio=stream.audio is not None)
+            return Streamed(_host(chunk[middle]), has_audio=stream.audio is not None)
         middle -= len(chunk)
     raise RuntimeError("the decode stream made no frames")
+
+
+def _host(frames: np.ndarray | torch.Tensor) -> np.ndarray:
+    """``frames`` (a numpy array or a torch tensor on any device) as a contiguous array."""
+    if not isinstance(frames, np.ndarray):
+        frames = frames.cpu().numpy()
+    return np.ascontiguousarray(frames)
 
 
 @dataclass(frozen=True)

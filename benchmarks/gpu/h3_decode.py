@@ -10,10 +10,13 @@ GPU, as ``h3_random.random_pipeline`` builds it; the rest of that pipeline is sh
 and decodes latents of the qualification job's size (72 latent frames of 16x28 for
 448x256, 243 frames). Keys, each the median of ``--repeat`` after one warm-up:
 ``whole_s`` (``vae.decode`` + uint8 frames), ``stream_s`` (h3_decode.stream_frames, frames
-discarded), ``stream_encode_s`` (streamed into ``Mp4Writer`` with a 10 s soundtrack) for
-each x264 thread count in ``--threads`` (0: x264's own count), ``encode_s`` (encode_mp4 of
-noise frames, no decode), then the same with the decoder compiled (``compiled_*``, and
-``compile_s`` for the first call).
+discarded), ``stream_encode_s`` (streamed into ``Mp4Writer`` with a 10 s soundtrack, RGB
+frames converted by swscale) for each x264 thread count in ``--threads`` (0: x264's own
+count), ``encode_s`` (encode_mp4 of noise frames, no decode), then the same with the
+decoder compiled (``compiled_*``, and ``compile_s`` for the first call), and
+``compiled_stream_encode_yuv_s``: the executor's path, yuv420p made on the GPU
+(workers.pixels) and handed to x264 as it is. ``sws_rgb_to_yuv_ms`` is swscale's
+conversion of one frame on this host's CPU (one thread, and x264's thread count).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 import torch
 
@@ -49,7 +53,8 @@ def main() -> None:
     from workers.media import Media, Mp4Writer, encode_mp4
     from workers.pipelines.diffusers.h3_decode import stream_frames
     from workers.pipelines.diffusers.h3_random import TOY_CONFIG
-    from workers.pipelines.diffusers.minimax_h3 import frames_uint8
+    from workers.pipelines.diffusers.minimax_h3 import frames_uint8, pixels_uint8
+    from workers.pixels import yuv420p
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -71,6 +76,9 @@ def main() -> None:
     def convert(video: torch.Tensor) -> np.ndarray:
         return frames_uint8(video[0].transpose(0, 1).float().clamp(0, 1))
 
+    def on_device(video: torch.Tensor) -> torch.Tensor:
+        return pixels_uint8(video[0].transpose(0, 1).float().clamp(0, 1))
+
     def whole() -> float:
         t = _sync()
         with torch.no_grad():
@@ -91,10 +99,31 @@ def main() -> None:
                 )
                 with mp4:
                     for chunk in stream_frames(vae, z, convert):
-                        mp4.write(chunk)
+                        mp4.write(np.asarray(chunk))
                 return _sync() - t
 
         return run
+
+    def stream_encode_yuv(threads: int) -> Callable[[], float]:
+        def run() -> float:
+            with tempfile.TemporaryDirectory() as tmp:
+                t = _sync()
+                mp4 = Mp4Writer(
+                    Path(tmp, "v.mp4"), 24.0, audio=audio, sample_rate=32000, threads=threads
+                )
+                with mp4:
+                    for chunk in stream_frames(vae, z, on_device):
+                        mp4.write_planes(yuv420p(torch.as_tensor(chunk)).cpu().numpy())
+                return _sync() - t
+
+        return run
+
+    def sws_ms(threads: int) -> float:
+        frame = av.VideoFrame.from_ndarray(noise[0].astype(np.uint8), format="rgb24")
+        t = time.perf_counter()
+        for _ in range(48):
+            frame.reformat(format="yuv420p", threads=threads)
+        return round((time.perf_counter() - t) / 48 * 1000, 2)
 
     frames_n = sum(len(c) for c in stream_frames(vae, z, convert))
     noise = np.random.default_rng(0).integers(0, 255, (frames_n, height * 16, width * 16, 3))
@@ -120,6 +149,7 @@ def main() -> None:
         "stream_s": median(stream),
         "stream_encode_s": {str(n): median(stream_encode(n)) for n in threads},
         "encode_s": median(encode),
+        "sws_rgb_to_yuv_ms": {str(n): sws_ms(n) for n in (1, *threads)},
     }
     vae.decoder.compile(dynamic=False)
     t = time.perf_counter()
@@ -127,6 +157,7 @@ def main() -> None:
     out["compile_s"] = round(time.perf_counter() - t, 1)
     out["compiled_whole_s"] = median(whole)
     out["compiled_stream_encode_s"] = {str(n): median(stream_encode(n)) for n in threads}
+    out["compiled_stream_encode_yuv_s"] = {str(n): median(stream_encode_yuv(n)) for n in threads}
     text = json.dumps(out, indent=2)
     print(text)
     if os.environ.get("OUT"):

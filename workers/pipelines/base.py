@@ -41,6 +41,8 @@ from workers.pipelines.request import GenerationRequest as GenerationRequest
 from workers.pipelines.request import MediaReference as MediaReference
 
 if TYPE_CHECKING:
+    import torch
+
     from workers.pipelines.diffusers.lora import LoraCache
 
 # Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
@@ -123,11 +125,13 @@ class Media:
 @dataclass
 class DecodeStream:
     """A video decoded chunk by chunk (:meth:`Pipeline.decode_stream`): ``chunks`` yields
-    uint8 T×H×W×3 in order, each as soon as it is decoded; ``audio`` (float32 (channels,
-    samples) at ``sample_rate``) is its soundtrack, decoded before the first chunk so the
-    writer interleaves it with the frames."""
+    uint8 T×H×W×3 in order, each as soon as it is decoded, as a numpy array or as a torch
+    tensor left on the device that decoded it (the encoder's pixel format is then made
+    there: ``workers.media.decode_streamed``); ``audio`` (float32 (channels, samples) at
+    ``sample_rate``) is its soundtrack, decoded before the first chunk so the writer
+    interleaves it with the frames."""
 
-    chunks: Iterator[np.ndarray]
+    chunks: Iterator[np.ndarray | torch.Tensor]
     audio: np.ndarray | None = None
     sample_rate: int | None = None
 

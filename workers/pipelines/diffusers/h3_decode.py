@@ -44,11 +44,21 @@ def _pad_frames(vae: Any, num_latents: int, pad_tokens: int) -> int:
     )
 
 
+Frames = np.ndarray | torch.Tensor  # uint8 T×H×W×3, on the host or on the device
+
+
+def _concat(parts: list[Frames]) -> Frames:
+    if all(isinstance(part, np.ndarray) for part in parts):
+        return np.concatenate(parts)
+    return torch.cat([torch.as_tensor(part) for part in parts])
+
+
 def stream_frames(
-    vae: Any, latents: torch.Tensor, convert: Callable[[torch.Tensor], np.ndarray]
-) -> Iterator[np.ndarray]:
+    vae: Any, latents: torch.Tensor, convert: Callable[[torch.Tensor], Frames]
+) -> Iterator[Frames]:
     """``vae.decode(latents)`` (denormalised latents, batch 1) piece by piece, each piece
-    ``(1, C, T, H, W)`` passed through ``convert`` (to uint8 T×H×W×3) and yielded."""
+    ``(1, C, T, H, W)`` passed through ``convert`` (to uint8 T×H×W×3, a numpy array or a
+    tensor left on the device) and yielded."""
     with torch.no_grad():
         z = latents.to(get_parameter_dtype(vae.post_quant_conv))
     chunk_tokens = vae.tokens_chunk_size
@@ -61,11 +71,11 @@ def stream_frames(
     if pad_tokens > 0:
         z = torch.cat([z, z[:, :, -1:].repeat(1, 1, pad_tokens, 1, 1)], dim=2)
     cut = _pad_frames(vae, num_latents, pad_tokens)
-    pending: list[np.ndarray] = []  # the last ``cut`` frames so far: the cut may hit them
+    pending: list[Frames] = []  # the last ``cut`` frames so far: the cut may hit them
 
-    def take(piece: torch.Tensor) -> np.ndarray:
+    def take(piece: torch.Tensor) -> Frames:
         """``piece`` converted, after the frames held back; all but the last ``cut``."""
-        frames = np.concatenate([*pending, convert(piece)])
+        frames = _concat([*pending, convert(piece)])
         keep = max(len(frames) - cut, 0)
         pending[:] = [frames[keep:]]
         return frames[:keep]

@@ -163,13 +163,18 @@ class FusedLora:
         pipe.unload_lora_weights()
 
 
-def frames_uint8(video: torch.Tensor) -> np.ndarray:
-    """T×3×H×W in [0, 1] → uint8 T×H×W×3, converted on the device: the arithmetic of
-    ``to_uint8`` over ``output_type="np"`` (clip, ×255 and round half to even in float32),
-    so the frames are bit-equal, with a quarter of the bytes copied to the host and no
-    pass over 83 M floats on the CPU (0.3 s at the qualification shape)."""
+def pixels_uint8(video: torch.Tensor) -> torch.Tensor:
+    """T×3×H×W in [0, 1] → uint8 T×H×W×3, on the device: the arithmetic of ``to_uint8``
+    over ``output_type="np"`` (clip, ×255 and round half to even in float32), so the
+    frames are bit-equal, with no pass over 83 M floats on the CPU (0.3 s at the
+    qualification shape)."""
     pixels = (video.float().clamp(0.0, 1.0) * 255).round().to(torch.uint8)
-    return pixels.permute(0, 2, 3, 1).cpu().numpy()
+    return pixels.permute(0, 2, 3, 1)
+
+
+def frames_uint8(video: torch.Tensor) -> np.ndarray:
+    """:func:`pixels_uint8` on the host (a quarter of the float frames' bytes copied)."""
+    return pixels_uint8(video).cpu().numpy()
 
 
 @dataclass(kw_only=True)
@@ -452,9 +457,10 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
             latents = pipe_state.get("latents") * std + mean
             pixel_mean, pixel_std = column(components.pixel_mean), column(components.pixel_std)
 
-        def convert(video: torch.Tensor) -> np.ndarray:  # the video decode step's, per piece
+        def convert(video: torch.Tensor) -> torch.Tensor:  # the video decode step's, per piece
             video = (video.float() * pixel_std + pixel_mean).clamp(0, 1)
-            return frames_uint8(components.video_processor.postprocess_video(video, "pt")[0])
+            # left on the GPU: the encoder's yuv420p is made there (media.decode_streamed)
+            return pixels_uint8(components.video_processor.postprocess_video(video, "pt")[0])
 
         return DecodeStream(
             stream_frames(vae, latents, convert),

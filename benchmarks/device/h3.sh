@@ -9,6 +9,8 @@
 #
 # In process (benchmarks/gpu/h3.py; no stack, so no servers needed), one call:
 #   run(command="bash benchmarks/device/h3.sh [h3.py args]", carry=[".wheelhouse/h3"])
+#   (``--decode [h3_decode.py args]`` runs the decode/encode probe, benchmarks/gpu/h3_decode.py,
+#   instead; ``--stage --decode`` stages and runs it in one call)
 #   The wheels go to /tmp/h3-site with --no-deps over the image's own packages.
 #
 # Through the stack (benchmarks/gpu/h3_stack.py: omniqueue up, FastH3, HTTP), two calls in a
@@ -35,7 +37,19 @@ if [ "${1:-}" = "--pack" ]; then  # here: the full wheelhouse split in two
     # image has 2.11, so its Triton kernels run either way): the sources, not the 23 MB
     # wheel, so the carry still fits.
     tmp=$(mktemp -d)
-    python3 -m pip download -q --no-deps --no-binary :all: fastvideo-kernel==0.3.5 -d "$tmp"
+    # (fetched by URL from the simple index: ``pip download`` would build the sdist's
+    # metadata, whose build requires torch 2.12)
+    python3 - "$tmp" <<'PY'
+import json, sys, urllib.request
+name = "fastvideo_kernel-0.3.5.tar.gz"
+req = urllib.request.Request(
+    "https://pypi.org/simple/fastvideo-kernel/",
+    headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+)
+files = json.load(urllib.request.urlopen(req))["files"]
+url = next(f["url"] for f in files if f["filename"] == name)
+urllib.request.urlretrieve(url, f"{sys.argv[1]}/{name}")
+PY
     tar -C "$tmp" -xzf "$tmp"/fastvideo_kernel-0.3.5.tar.gz
     tar -C "$tmp/fastvideo_kernel-0.3.5/python" --exclude='*.so' -cJf \
         .wheelhouse/h3/fastvideo_kernel.tar.xz fastvideo_kernel
@@ -73,6 +87,8 @@ if [ "${1:-}" = "--stage" ]; then
     tar -C "$ALL" -xJf .wheelhouse/h3/wheels.tar.xz
     if [ "${1:-}" = "--only" ]; then only=1; shift; fi
 fi
+module=h3
+if [ "${1:-}" = "--decode" ]; then module=h3_decode; shift; fi
 [ "$only" = 1 ] && exit 0
 SITE=/tmp/h3-site
 if [ ! -f "$SITE/.installed" ]; then
@@ -86,9 +102,10 @@ if [ ! -f "$SITE/.installed" ]; then
 fi
 export PYTHONPATH="$SITE:$PWD"
 t0=$(date +%s)
-PYTHONUNBUFFERED=1 OUT="$OUT" python3 -m benchmarks.gpu.h3 "$@" >/dev/null \
-    2> >(tee "$OUT/gpu_h3.log" >&2)
+PYTHONUNBUFFERED=1 OUT="$OUT" python3 -m "benchmarks.gpu.$module" "$@" >/dev/null \
+    2> >(tee "$OUT/gpu_$module.log" >&2)
 echo "benchmark_s: $(($(date +%s) - t0))"
+if [ "$module" = h3_decode ]; then cat "$OUT/gpu_h3_decode.json"; exit 0; fi
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 keys = ("packed_rows", "forward_eager_s", "forward_compiled_s", "compile_s", "h3_stack_over_raw",

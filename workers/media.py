@@ -9,10 +9,13 @@ Audio is padded or trimmed to the video duration; the AAC encoder pads its last
 
 from __future__ import annotations
 
+import gc
 import io
+import logging
 import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -28,6 +31,8 @@ from workers.pipelines.base import Media, Pipeline
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 AAC_FRAME_SIZE = 1024
 DEFAULT_SAMPLE_RATE = 48_000
@@ -411,9 +416,11 @@ def decode_streamed(
     to x264 as it is. Returns once ``tmp/video.mp4`` is complete; None: no stream, the
     caller decodes whole. ``digest`` (a ``hashlib`` object), when given, is fed the raw
     uint8 RGB frames in order."""
+    started, full_collections = time.monotonic(), gc.get_stats()[2]["collections"]
     stream = pipe.decode_stream(state)
     if stream is None:
         return None
+    marks = {"soundtrack": time.monotonic() - started}  # decode_stream decodes it up front
     kept: list[np.ndarray | torch.Tensor] = []  # the chunks, for the middle frame (the thumbnail)
     mp4 = Mp4Writer(
         tmp / "video.mp4",
@@ -433,6 +440,16 @@ def decode_streamed(
             kept.append(chunk)
             if digest is not None:
                 digest.update(_host(chunk).data)
+            marks.setdefault("first frames", time.monotonic() - started)
+        marks["last frames"] = time.monotonic() - started
+    marks["mp4 complete"] = time.monotonic() - started
+    log.info(
+        "streamed decode of %d frames in %d chunks: %s; %d full garbage collections",
+        mp4.frames,
+        len(kept),
+        ", ".join(f"{name} {seconds:.3f} s" for name, seconds in marks.items()),
+        gc.get_stats()[2]["collections"] - full_collections,
+    )
     middle = mp4.frames // 2
     for chunk in kept:
         if middle < len(chunk):

@@ -47,6 +47,12 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="toy VAE and sizes, for a CPU check")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", default="0,4,8", help="x264 thread counts to try")
+    p.add_argument(
+        "--hooks",
+        action="store_true",
+        help="the worker's cancel points on the VAE's blocks (loading.install_checkpoints)",
+    )
+    p.add_argument("--compiled-only", action="store_true", help="skip the eager figures")
     args = p.parse_args()
     from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import AutoencoderKLMiniMaxH3
 
@@ -145,17 +151,24 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "frames": frames_n,
-        "whole_s": median(whole),
-        "stream_s": median(stream),
-        "stream_encode_s": {str(n): median(stream_encode(n)) for n in threads},
-        "encode_s": median(encode),
-        "sws_rgb_to_yuv_ms": {str(n): sws_ms(n) for n in (1, *threads)},
+        "hooks": args.hooks,
     }
+    if args.hooks:
+        from workers.pipelines.diffusers.loading import install_checkpoints
+
+        install_checkpoints(type("Pipe", (), {"components": {"vae": vae}})())
+    if not args.compiled_only:
+        out["whole_s"] = median(whole)
+        out["stream_s"] = median(stream)
+        out["stream_encode_s"] = {str(n): median(stream_encode(n)) for n in threads}
+        out["encode_s"] = median(encode)
+        out["sws_rgb_to_yuv_ms"] = {str(n): sws_ms(n) for n in (1, *threads)}
     vae.decoder.compile(dynamic=False)
     t = time.perf_counter()
     whole()
     out["compile_s"] = round(time.perf_counter() - t, 1)
     out["compiled_whole_s"] = median(whole)
+    out["compiled_stream_s"] = median(stream)
     out["compiled_stream_encode_s"] = {str(n): median(stream_encode(n)) for n in threads}
     out["compiled_stream_encode_yuv_s"] = {str(n): median(stream_encode_yuv(n)) for n in threads}
     text = json.dumps(out, indent=2)

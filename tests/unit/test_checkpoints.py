@@ -125,3 +125,44 @@ def test_diffusers_denoiser_blocks_stop_a_step_midway(name: str) -> None:
     adapter.step(state)  # outside a job step the gates do nothing
     again, _ = _run(adapter, req)
     np.testing.assert_array_equal(again, expected)
+
+
+def test_a_compiled_module_is_one_graph_and_a_cancel_point_at_each_call() -> None:
+    """A module compiled beside the blocks (a VAE decoder) keeps no cancel point inside:
+    dynamo cannot trace the hook, which broke the graph at every block (H3's VAE decode
+    ran half as fast). Its call is the cancel point instead, and still raises."""
+    import torch
+
+    from workers.pipelines.diffusers.compiled import BlockCompiler, graphs_made
+    from workers.pipelines.diffusers.loading import install_checkpoints
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = torch.tanh(block(x))
+            return x
+
+    torch.manual_seed(0)
+    decoder = Decoder()
+    x = torch.randn(2, 8)
+    expected = decoder(x)
+    install_checkpoints(type("Pipe", (), {"components": {"vae": decoder}})())
+    counting = Counter()
+    with checkpoints(counting):
+        decoder(x)
+    assert counting.calls == 4  # one per block, eager
+
+    BlockCompiler(backend="eager").compile_module(decoder, "decoder")
+    torch._dynamo.reset()
+    before = graphs_made()
+    counting = Counter()
+    with checkpoints(counting):
+        torch.testing.assert_close(decoder(x), expected)
+    assert graphs_made() - before == 1  # no break at the blocks
+    assert counting.calls == 1  # the call itself
+    with checkpoints(Counter(stop_at=1)), pytest.raises(Stop):
+        decoder(x)

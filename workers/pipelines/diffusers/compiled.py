@@ -127,7 +127,11 @@ class BlockCompiler:
     def compile_module(self, module: torch.nn.Module, name: str) -> None:
         """Compile ``module``'s forward too (a VAE decoder), with a failure of its own: it
         falls back to eager alone (logged), the blocks stay compiled. Its graphs may break
-        (``fullgraph`` off): nothing of the cancel gates runs inside it."""
+        (``fullgraph`` off); its cancel points move to its own call
+        (:func:`~workers.pipelines.diffusers.loading.hoist_checkpoints`)."""
+        from workers.pipelines.diffusers.loading import hoist_checkpoints
+
+        hoist_checkpoints(module)
         failed: list[str] = []
 
         def give_up(reason: str) -> None:

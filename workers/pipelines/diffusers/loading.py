@@ -55,6 +55,20 @@ def install_checkpoints(pipe: Any) -> None:
         _HOOKED.add(component)
 
 
+def hoist_checkpoints(module: torch.nn.Module) -> None:
+    """Move the cancel points inside ``module`` (:func:`install_checkpoints`'s hooks) to
+    ``module``'s own call, for a module about to be compiled: dynamo cannot trace the
+    hook's context-variable read, so each hook broke the graph at its block, and H3's VAE
+    decode compiled that way took 1.23 s instead of 0.61 s on an H200. The hook on the
+    module itself runs eager, before the compiled forward, so a cancel is still seen at
+    every call (one temporal clip of a VAE decode)."""
+    for inner in module.modules():
+        for key, hook in list(inner._forward_pre_hooks.items()):
+            if hook is _checkpoint_hook:
+                del inner._forward_pre_hooks[key]
+    module.register_forward_pre_hook(_checkpoint_hook)
+
+
 def own_weights(pipe: Any) -> None:
     """Copy every weight of a loaded pipeline into memory of its own. On the CPU the
     loaders leave tensors in the memory-mapped safetensors file at offsets that need not

@@ -10,7 +10,8 @@
 # In process (benchmarks/gpu/h3.py; no stack, so no servers needed), one call:
 #   run(command="bash benchmarks/device/h3.sh [h3.py args]", carry=[".wheelhouse/h3"])
 #   (``--decode [h3_decode.py args]`` runs the decode/encode probe, benchmarks/gpu/h3_decode.py,
-#   instead; ``--stage --decode`` stages and runs it in one call)
+#   instead; ``--stage --decode`` stages and runs it in one call; ``--prompts`` likewise runs
+#   the prompt-length probe, benchmarks/gpu/h3_prompts.py)
 #   The wheels go to /tmp/h3-site with --no-deps over the image's own packages.
 #
 # Through the stack (benchmarks/gpu/h3_stack.py: omniqueue up, FastH3, HTTP), two calls in a
@@ -89,6 +90,7 @@ if [ "${1:-}" = "--stage" ]; then
 fi
 module=h3
 if [ "${1:-}" = "--decode" ]; then module=h3_decode; shift; fi
+if [ "${1:-}" = "--prompts" ]; then module=h3_prompts; shift; fi
 [ "$only" = 1 ] && exit 0
 SITE=/tmp/h3-site
 if [ ! -f "$SITE/.installed" ]; then
@@ -105,7 +107,7 @@ t0=$(date +%s)
 PYTHONUNBUFFERED=1 OUT="$OUT" python3 -m "benchmarks.gpu.$module" "$@" >/dev/null \
     2> >(tee "$OUT/gpu_$module.log" >&2)
 echo "benchmark_s: $(($(date +%s) - t0))"
-if [ "$module" = h3_decode ]; then cat "$OUT/gpu_h3_decode.json"; exit 0; fi
+if [ "$module" != h3 ]; then cat "$OUT/gpu_$module.json"; exit 0; fi
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 keys = ("packed_rows", "forward_eager_s", "forward_compiled_s", "compile_s", "h3_stack_over_raw",

@@ -326,18 +326,38 @@ def test_one_clip_of_the_job_s_size_decodes_for_the_vae_warm_up(pipe: Any) -> No
     assert clip.shape[2] == frames  # a whole clip: what every clip of the job decodes
 
 
-def test_a_new_prompt_length_compiles_in_prepare_not_in_its_first_step(pipe: Any) -> None:
-    """H3's packed sequence holds the prompt's text rows: each new length is a new shape
-    of the compiled blocks (dynamo's eager backend here: its tracing and guards)."""
-    adapter = MiniMaxH3Adapter(
+def test_prompt_lengths_share_graphs_compiled_in_prepare_not_in_a_step(pipe: Any) -> None:
+    """H3's packed sequence holds the prompt's text rows: each prompt length is a new
+    length of the compiled blocks (dynamo's eager backend here: its tracing and guards).
+    The first length compiles static graphs and the second symbolic ones, both in prepare;
+    from then on every length reuses them, with no trial step: nine lengths make no more
+    graphs than dynamo's limit of 8 per code (static graphs hit it at the fifth length
+    and ran eager from there), nothing compiles while a job denoises, and the frames are
+    the eager adapter's."""
+    from workers.pipelines.diffusers.compiled import graphs_made
+
+    torch._dynamo.reset()
+    compiled = MiniMaxH3Adapter(
         pipe=pipe,
         spec=FAMILY_SPECS["diffusers.minimax_h3"],
         compile="blocks",
         compile_backend="eager",
     )
-    adapter.load("cpu")
-    for prompt in ("a red ball", "a red ball rolls down a long green hill at dusk"):
-        _run(adapter, _request(prompt=prompt))
-        assert adapter.last_recompiles == 0  # nothing compiled while it denoised
-    block_keys = [k for k in adapter.compiler.shapes if k[0] != "vae"]
-    assert len(block_keys) == 2 and ("vae", 4, 4) in adapter.compiler.shapes
+    compiled.load("cpu")
+    before = graphs_made()
+    prompts = ["a red ball" + " rolling" * n for n in range(9)]
+    runs = []
+    for prompt in prompts:
+        runs.append(_run(compiled, _request(prompt=prompt)).frames)
+        assert compiled.last_recompiles == 0  # nothing compiled while it denoised
+    assert compiled.compiler.failed is None
+    assert graphs_made() - before <= 8
+    block_keys = [k for k in compiled.compiler.shapes if k[0] != "vae"]
+    assert len(block_keys) == 3  # two lengths compiled, a third found them enough
+    assert ("vae", 4, 4) in compiled.compiler.shapes
+    compiled.compile = "off"  # the same pipeline object, eager from here
+    compiled.compiler.give_up("the test's eager reference")
+    for prompt, frames in zip(prompts[::4], runs[::4], strict=True):
+        np.testing.assert_array_equal(_run(compiled, _request(prompt=prompt)).frames, frames)
+
+

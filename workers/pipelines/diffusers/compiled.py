@@ -63,11 +63,15 @@ def compiled_forward(
     failed: Callable[[], str | None],
     give_up: Callable[[str], None],
     fullgraph: bool = True,
+    dynamic: bool | None = False,
 ) -> Callable[..., Any]:
-    """``module``'s forward through ``torch.compile`` (static shapes), eager once
-    ``failed()`` says so; a compile error calls ``give_up`` and runs that call eager."""
+    """``module``'s forward through ``torch.compile`` (static shapes unless ``dynamic``
+    says otherwise: None is dynamo's automatic dynamic), eager once ``failed()`` says so;
+    a compile error calls ``give_up`` and runs that call eager."""
     eager = type(module).forward.__get__(module)
-    compiled = torch.compile(eager, fullgraph=fullgraph, dynamic=False, backend=backend, mode=mode)
+    compiled = torch.compile(
+        eager, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode
+    )
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if failed() is not None:
@@ -87,7 +91,12 @@ class BlockCompiler:
     """Compiles the denoiser blocks of one pipeline and keeps account of it.
 
     ``observe`` is called with the compile time of each shape (warm-up or prepare);
-    ``fell_back`` with the reason when compiling failed."""
+    ``fell_back`` with the reason when compiling failed. ``dynamic`` is the blocks'
+    ``torch.compile(dynamic=…)``: False (static, the default) for families whose shapes
+    come from the registry's few buckets; None (dynamo's automatic dynamic: the first
+    shape static, the second one graph with the changed sizes symbolic, which every later
+    size reuses) where a request's own content sets a length, as H3's prompt sets its
+    packed sequence's."""
 
     def __init__(
         self,
@@ -96,9 +105,12 @@ class BlockCompiler:
         mode: str | None = None,
         observe: Callable[[str, float], None] | None = None,
         fell_back: Callable[[str], None] | None = None,
+        dynamic: bool | None = False,
     ) -> None:
         self.backend = backend
         self.mode = mode
+        self.dynamic = dynamic
+        self.last_made = 0  # graphs the last ``ensure`` that ran made
         self.enabled = False
         self.failed: str | None = None  # why compiling was given up, once it was
         self.shapes: set[tuple[Any, ...]] = set()  # input shapes compiled so far
@@ -122,6 +134,7 @@ class BlockCompiler:
             mode=self.mode,
             failed=lambda: self.failed,
             give_up=self.give_up,
+            dynamic=self.dynamic,
         )
 
     def compile_module(self, module: torch.nn.Module, name: str) -> None:
@@ -166,7 +179,7 @@ class BlockCompiler:
         run()
         seconds = time.monotonic() - started
         self.shapes.add(key)
-        made = graphs_made() - before
+        made = self.last_made = graphs_made() - before
         log.info("compiled blocks for %s (%s): %d graph(s) in %.1f s", key, why, made, seconds)
         if self._observe is not None and self.failed is None:
             self._observe(why, seconds)

@@ -223,6 +223,15 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         self.workflows = [w for w in workflows_of(self.partition) if w in self.spec.workflows]
         # attention = "vsa": the joint blocks' layout holder (installed by ``load``).
         self.vsa: VsaContext | None = None
+        # H3 pads no prompt: every prompt length is a new packed length. Static graphs
+        # (two per length: the time embedding's two row counts) met dynamo's limit of 8
+        # after 4 lengths, and every later length ran eager. Automatic dynamic compiles
+        # the warm-up's length static and, at the second length, one graph with the
+        # length symbolic, which every later length reuses.
+        self.compiler.dynamic = None
+        # Set once a new length compiled nothing: later lengths skip the trial step.
+        self._lengths_compiled = 0
+        self._lengths_covered = False
 
     def _from_pretrained(self) -> Any:
         """The modular pipeline with this deployment's partition only (``workflow=``);
@@ -393,7 +402,12 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
 
-        self.compiler.ensure(key, run, why)
+        compiling = self.compiler.enabled and self.compiler.failed is None
+        if compiling and not self._lengths_covered and key not in self.compiler.shapes:
+            self.compiler.ensure(key, run, why)
+            self._lengths_compiled += 1
+            # a third length compiled nothing: the symbolic graphs cover lengths
+            self._lengths_covered = self._lengths_compiled > 2 and self.compiler.last_made == 0
         size = (state.pipeline_state.get("latent_height"), state.pipeline_state.get("latent_width"))
 
         def clip() -> None:

@@ -22,6 +22,8 @@ Keys of the JSON (also ``$OUT/gpu_h3_stack.json``):
 * ``fasth3_first_job_s``: the first job after that line, client POST → MP4 downloaded;
 * ``fasth3_warm_e2e_s``: median of ``--jobs`` more, same measure; ``jobs`` has each one's
   wall time and the job object's ``stage_durations`` (upload included);
+  ``h3_stage_seconds`` the median of each stage over those jobs (``decode`` holds the
+  encode it overlaps: the MP4 is written while the VAE decodes);
 * ``h3_cancel_p95_ms``: ``POST /v1/videos/{id}/cancel`` sent at a random moment of a random
   denoise step → the worker's ``job …: cancelled`` line (logged after its cleanup, the
   device idle); ``cancels`` has each one, with the step and block it stopped before;
@@ -219,6 +221,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 for w, r, n in jobs
             ]
             out["fasth3_warm_e2e_s"] = round(statistics.median(w for w, _, _ in jobs), 3)
+            out["h3_stage_seconds"] = stage_medians([r["stage_durations"] for _, r, _ in jobs])
             out["size"] = jobs[0][1].get("size")
             out["seconds"] = jobs[0][1].get("seconds")
             step_s = statistics.median(
@@ -252,6 +255,15 @@ def cancels(
         vid = resp.json()["id"]
         found.append(cancel_in_step(client, canceller, logs, vid, target, delay))
     return found
+
+
+def stage_medians(durations: list[dict[str, float]]) -> dict[str, float]:
+    """The median of each stage over the jobs' ``stage_durations``."""
+    stages = sorted({stage for d in durations for stage in d})
+    return {
+        stage: round(statistics.median(d[stage] for d in durations if stage in d), 3)
+        for stage in stages
+    }
 
 
 def main() -> None:

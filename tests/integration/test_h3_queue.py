@@ -6,6 +6,7 @@ match the adapter run in-process, and every refusal names its field and stores n
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any
 import av
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
@@ -25,13 +27,17 @@ from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
 from tests.unit.h3_fixtures import h3_request, tiny_h3_lora, tiny_h3_pipe
-from workers.media import encode_mp4
-from workers.pipelines.base import GenerationRequest, Media
+from workers.media import Mp4Writer
+from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
+from workers.pixels import yuv420p
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 H3, REF = "MiniMaxAI/MiniMax-H3", "MiniMaxAI/MiniMax-H3/Ref2VA"
+FAST = "MiniMaxAI/MiniMax-H3/FastH3"
+# FastH3's schedule: 5 sigma points (4 evaluations), no CFG
+FAST_SPEC = "min_steps = 5\nmax_steps = 5\ndefault_steps = 5\nno_cfg = true\n"
 SPEC = """[model.spec]
 canvas_short_edge = 64
 canvas_max_pixels = 8192
@@ -53,11 +59,15 @@ def h3_stack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator
     # well beyond what the comparison of encoded frames tolerates (4)
     weights = load_file(str(style))
     save_file({k: v * 40 if "lora_B" in k else v for k, v in weights.items()}, str(style))
+    fused = _fast_lora(module_dir)
     entries = [
         f'[[model]]\nname = "{H3}"\nadapter = "diffusers.minimax_h3"\npath = "{path}"\n'
         f'dtype = "float32"\n{SPEC}parameters = ["flow_shift", "lora"]\n',
         f'[[model]]\nname = "{REF}"\nadapter = "diffusers.minimax_h3"\npath = "{path}"\n'
         f'dtype = "float32"\n{SPEC}workflows = ["ref2va"]\n',
+        f'[[model]]\nname = "{FAST}"\nadapter = "diffusers.minimax_h3"\npath = "{path}"\n'
+        f'dtype = "float32"\n[model.adapter_options.fused_lora]\npath = "{fused["path"]}"\n'
+        f'sha256 = "{fused["sha256"]}"\n{SPEC}{FAST_SPEC}',
     ]
     registry = module_dir / "models.toml"
     registry.write_text("\n".join(entries))
@@ -69,6 +79,17 @@ def h3_stack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator
     with isolated_stack(module_dir, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.start(workers=1)
         yield st
+
+
+def _fast_lora(module_dir: Path) -> dict[str, str]:
+    """FastH3's LoRA (a tiny one, lora_B × 40 so that the frames show it) and its
+    sha256, as the registry entry pins it."""
+    path = module_dir / "fasth3.safetensors"
+    if not path.exists():
+        tiny_h3_lora(path, seed=5)
+        weights = load_file(str(path))
+        save_file({k: v * 40 if "lora_B" in k else v for k, v in weights.items()}, str(path))
+    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
 def _png(seed: int, size: tuple[int, int] = (64, 64)) -> bytes:
@@ -131,13 +152,19 @@ def _decode(mp4: bytes) -> tuple[np.ndarray, int, str]:
 
 
 def _in_process(
-    request: GenerationRequest, workflows: list[str], lora: Path | None = None
+    request: GenerationRequest,
+    workflows: list[str],
+    lora: Path | None = None,
+    fused: dict[str, str] | None = None,
 ) -> np.ndarray:
-    spec = FAMILY_SPECS["diffusers.minimax_h3"].model_copy(update={"workflows": workflows})
+    update: dict[str, Any] = {"workflows": workflows}
+    if fused is not None:
+        update |= {"min_steps": 5, "max_steps": 5, "default_steps": 5, "no_cfg": True}
+    spec = FAMILY_SPECS["diffusers.minimax_h3"].model_copy(update=update)
     pipe = tiny_h3_pipe(tiled=True, canvas_short_edge=64, canvas_max_pixels=8192)
     if lora is not None:  # diffusers' own loading, as a user of the pipeline would
         pipe.load_lora_weights(str(lora), adapter_name="style")
-    adapter = MiniMaxH3Adapter(pipe=pipe, spec=spec)
+    adapter = MiniMaxH3Adapter(pipe=pipe, spec=spec, fused_lora=fused)
     adapter.load("cpu")
     state = adapter.prepare(request)
     while not state.done:
@@ -146,11 +173,13 @@ def _in_process(
 
 
 def _close(video: np.ndarray, expected: np.ndarray, tmp: Path) -> None:
-    """The same frames: ``expected`` encoded the same way decodes (nearly) identically.
-    x264's frame threads make its decisions timing-dependent, so a small mean difference
-    is allowed; another seed differs by ~50 levels."""
+    """The same frames: ``expected`` encoded the same way (yuv420p made as the worker
+    makes it from H3's frames on the device, ``workers.pixels``) decodes (nearly)
+    identically. x264's frame threads make its decisions timing-dependent, so a small
+    mean difference is allowed; another seed differs by ~50 levels."""
     reference = tmp / "reference.mp4"
-    encode_mp4(Media(frames=expected, fps=24.0), reference)
+    with Mp4Writer(reference, 24.0) as mp4:
+        mp4.write_planes(yuv420p(torch.from_numpy(expected)).numpy())
     with av.open(str(reference)) as container:
         decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
     assert video.shape == decoded.shape == (124, 64, 64, 3)
@@ -194,6 +223,31 @@ def test_ref2va_image_and_audio_on_the_ref_deployment(h3_stack: Stack) -> None:
     mp4 = _run(h3_stack, _form(REF, {"task": "ref2va"}), _files(_png(4), _wav()))
     video, channels, _ = _decode(mp4)
     assert channels == 2 and video.shape == (124, 64, 64, 3)
+
+
+def test_fasth3_runs_the_node_s_turbo_request(
+    h3_stack: Stack, module_dir: Path, tmp_path: Path
+) -> None:
+    """FastH3 as a deployment: its LoRA fused at start-up against the pinned sha256, 5
+    sigma points (4 evaluations) as the node's Turbo settings send them; the frames are
+    the adapter's with the same LoRA fused, and not the plain model's."""
+    mp4 = _run(h3_stack, _form(FAST, {"task": "t2va"}, num_inference_steps="5"), [])
+    video, channels, _ = _decode(mp4)
+    assert channels == 2
+    request = _request(num_inference_steps=5, extra={"task": "t2va"})
+    expected = _in_process(request, ["t2va", "fl2va"], fused=_fast_lora(module_dir))
+    _close(video, expected, tmp_path)
+    plain = _in_process(request, ["t2va", "fl2va"])
+    assert np.abs(plain.astype(int) - expected.astype(int)).mean() > 8  # the LoRA shows
+
+
+def test_fasth3_refuses_another_schedule_naming_the_field(h3_stack: Stack) -> None:
+    with h3_stack.client() as c:
+        for steps in ("3", "8"):
+            form = _form(FAST, num_inference_steps=steps)
+            _refused(h3_stack, lambda f=form: c.post("/v1/videos", data=f), "num_inference_steps")
+        form = _form(FAST, num_inference_steps="5", guidance_scale="4.5")
+        _refused(h3_stack, lambda: c.post("/v1/videos", data=form), "guidance_scale")
 
 
 def test_models_lists_each_deployment_s_workflows(h3_stack: Stack) -> None:

@@ -10,6 +10,11 @@ a venv of ``torch==2.14.1 torchvision==0.29.1`` (CUDA builds, CPU run)::
     /tmp/tvenv/bin/pip install -e '.[dev]'
     /tmp/tvenv/bin/python -m pytest -q tests/unit/test_h3_video_reference.py
 
+or on the lent GPU machine, whose image has torchvision (CPU run; passed there at
+``1a40a19`` on 2026-12-04: torch 2.11.0, torchvision 0.26.0, diffusers 0.42.1)::
+
+    bash benchmarks/device/h3_video_test.sh      # carry .wheelhouse/h3
+
 Without torchvision a worker refuses a video reference by name instead
 (``test_minimax_h3.py``: ``h3_processor.ImageOnlyProcessor``).
 """

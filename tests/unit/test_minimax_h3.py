@@ -359,5 +359,3 @@ def test_prompt_lengths_share_graphs_compiled_in_prepare_not_in_a_step(pipe: Any
     compiled.compiler.give_up("the test's eager reference")
     for prompt, frames in zip(prompts[::4], runs[::4], strict=True):
         np.testing.assert_array_equal(_run(compiled, _request(prompt=prompt)).frames, frames)
-
-

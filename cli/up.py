@@ -287,6 +287,11 @@ def run_up(
         if not bindable(host, p):
             _say(f"omniqueue up: {host}:{p} is in use (another omniqueue up?); pick --port")
             return 1
+    try:
+        workers, realtime_workers = _workers_for_the_registry(workers, realtime_workers)
+    except ValueError as exc:  # the registry file or OMNIQ_MODELS
+        _say(f"omniqueue up: {exc}")
+        return 1
     # The API drains open requests for shutdown_grace_s; it must not be killed meanwhile.
     stop_timeout = max(CHILD_STOP_TIMEOUT_S, get_settings().shutdown_grace_s + STOP_MARGIN_S)
     # ``redis_url``: an existing Redis (its database is the broker's and the events')
@@ -389,6 +394,24 @@ def run_up(
         _shutdown(children, s3, valkey, stop_timeout)
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def _workers_for_the_registry(workers: int, realtime_workers: int) -> tuple[int, int]:
+    """The job and realtime worker counts, less those with no model to serve: a realtime
+    worker of a registry without a streaming model (or a job worker of one with only
+    streaming models) could only exit, and be restarted, again and again. Said once."""
+    served = get_settings().served_models().values()
+    if realtime_workers and not any(m.spec.streaming for m in served):
+        _say(
+            "omniqueue up: no streaming model is served, so no realtime worker starts; "
+            "/v1/realtime and /v1/realtime/video refuse sessions, naming the model they "
+            "lack (serve reference/voice or reference/world, or a registry entry of one)"
+        )
+        realtime_workers = 0
+    if workers and not any(not m.spec.streaming for m in served):
+        _say("omniqueue up: only streaming models are served, so no job worker starts")
+        workers = 0
+    return workers, realtime_workers
 
 
 def _worker_commands(

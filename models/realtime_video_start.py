@@ -103,6 +103,12 @@ def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionSt
         param = ".".join(str(part) for part in loc) or None
         detail = f"Invalid session.start: {describe_error(exc)}"
         raise StartRejected(code, detail, param) from None
+    if rules.models is not None and not rules.models:  # the server serves none
+        detail = (
+            "this server serves no world model (a streaming video model, such as "
+            "reference/world), so /v1/realtime/video has nothing to run"
+        )
+        raise StartRejected(C.MODEL_NOT_FOUND, detail, "model")
     if rules.models is not None and start.model is not None and start.model not in rules.models:
         raise StartRejected(C.MODEL_NOT_FOUND, f"unknown model {start.model!r}", "model")
     model = start.model or rules.default_model

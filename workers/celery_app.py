@@ -16,6 +16,7 @@ from storage.settings import Settings
 from workers.context import WorkerContext, worker_models
 from workers.memory import apply_memory_fraction
 from workers.metrics import BROKER_RECONNECTS, serve_metrics
+from workers.supervisor import CONFIG_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +81,18 @@ def serve(
     jobs one at a time (solo pool), or sessions on ``OMNIQ_REALTIME__SLOTS`` threads.
     ``prepare`` runs on the context once its pipelines are loaded (a worker group's rank 0
     wraps them there). Returns the exit status."""
-    context = WorkerContext.build(settings, name=name, realtime=realtime)
-    queues = worker_queues(settings, realtime=realtime)
+    try:
+        queues = worker_queues(settings, realtime=realtime)
+    except ValueError as exc:  # the registry, OMNIQ_MODELS or OMNIQ_WORKER__MODELS
+        print(f"omniqueue worker: {exc}", file=sys.stderr)
+        return CONFIG_ERROR
     if not queues:
         kind = "streaming" if realtime else "job"
         size = settings.worker.group_size
         what = f" for {size} devices" if size > 1 else ""
         print(f"omniqueue worker: no {kind} model is served{what}", file=sys.stderr)
-        return 2
+        return CONFIG_ERROR
+    context = WorkerContext.build(settings, name=name, realtime=realtime)
     apply_memory_fraction(settings.worker.memory_fraction, model_devices(settings, realtime))
     context.pipelines.load_all()
     if prepare is not None:

@@ -9,6 +9,9 @@ backoff (1 s, 2 s, 4 s, … at most ``max_backoff_s``) with a log line each time
 that keeps dying soon after each start (``max_fast_failures`` times in a row, each within
 ``stable_after_s`` of its start) makes :meth:`check` raise :class:`GaveUp`; the caller
 then stops everything. One that ran ``stable_after_s`` before dying starts a fresh count.
+One that exits with :data:`CONFIG_ERROR` said why before it exited (a registry that serves
+it no model, a setting it cannot use): a restart cannot fix that, so it is reported once
+and left stopped while the rest runs on.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+# sysexits' EX_CONFIG: what a child exits with when its configuration, not a fault, stops it.
+CONFIG_ERROR = 78
 
 
 class GaveUp(Exception):
@@ -42,6 +48,7 @@ class Supervised:
     failures: int = 0
     restart_at: float | None = None  # set while it is dead and waiting for its restart
     restarts: int = 0
+    left_stopped: bool = False  # it exited with CONFIG_ERROR
 
 
 class Supervisor:
@@ -66,9 +73,18 @@ class Supervisor:
     def check(self) -> None:
         """Notice deaths and perform due restarts; :class:`GaveUp` when one failed too often."""
         for item in self._items:
+            if item.left_stopped:
+                continue
             if item.restart_at is None:
                 code = item.exit_code()
-                if code is not None:
+                if code == CONFIG_ERROR:
+                    item.left_stopped = True
+                    self._say(
+                        f"{self._label}: {item.name} stopped on a configuration error (exit "
+                        f"code {code}; its reason is above); a restart cannot fix it, so it "
+                        "stays stopped and the rest runs on"
+                    )
+                elif code is not None:
                     self._failed(item, f"exited with code {code}")
             elif self._clock() >= item.restart_at:
                 self._restart(item)

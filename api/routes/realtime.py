@@ -31,11 +31,18 @@ from models.realtime import ErrorEvent, RealtimeError
 router = APIRouter(tags=["realtime"])
 
 
-def _pick_model(state: AppState, requested: str | None) -> str | None:
+def _pick_model(state: AppState, requested: str | None) -> tuple[str | None, str]:
+    """The session's voice model, or None and why not (for the ``error`` event)."""
     voice = [n for n, s in state.specs.items() if s.streaming and s.modality == "audio"]
-    if requested:
-        return requested if requested in voice else None
-    return voice[0] if voice else None
+    if not voice:
+        return None, (
+            "this server serves no realtime voice model (a streaming audio model, such as "
+            "reference/voice), so /v1/realtime has nothing to run"
+        )
+    if requested and requested not in voice:
+        served = ", ".join(voice)
+        return None, f"model {requested!r} does not serve realtime audio sessions ({served} do)"
+    return requested or voice[0], ""
 
 
 def _refusal(error: RateLimited) -> str:
@@ -54,13 +61,9 @@ async def _serve(websocket: WebSocket, duplex: bool) -> None:
 
 async def _serve_accepted(websocket: WebSocket, state: AppState, owner: str, duplex: bool) -> None:
     requested = websocket.query_params.get("model")
-    model = _pick_model(state, requested)
+    model, why_not = _pick_model(state, requested)
     if model is None:
-        detail = RealtimeError(
-            code="model_not_found",
-            message=f"model {requested!r} does not serve realtime audio sessions",
-            param="model",
-        )
+        detail = RealtimeError(code="model_not_found", message=why_not, param="model")
         event = ErrorEvent(event_id="event_" + secrets.token_hex(10), error=detail)
         await websocket.send_text(event.model_dump_json(exclude_none=True))
         await websocket.close(code=1008)

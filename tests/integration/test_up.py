@@ -391,3 +391,38 @@ def test_redis_url_runs_the_stack_on_that_redis_without_valkey(
         client.flushdb()
     assert code == 0
     assert [pid for pid in tree if _alive(pid)] == []
+
+
+def test_a_registry_without_streaming_models_runs_without_realtime_workers(
+    tmp_path: Path,
+) -> None:
+    """The README's "serve one model" recipe: ``up`` says once that no realtime worker
+    starts and stays up (before, the realtime worker exited, was restarted five times and
+    took the stack down); jobs run; each realtime endpoint refuses a session naming the
+    kind of model the server lacks."""
+    from websockets.sync.client import connect
+
+    up = Up(tmp_path / "data", free_port(), extra_env={"OMNIQ_MODELS": "reference/video"})
+    try:
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            video = c.post("/v1/videos", json=SMALL_JOB).json()["id"]
+            _wait(lambda: _status(c, video)["status"] == "completed", "never completed", up)
+        ws_url = up.url.replace("http://", "ws://")
+        with connect(f"{ws_url}/v1/realtime/video") as ws:
+            ws.send(json.dumps({"type": "session.start", "prompt": "a lake"}))
+            error = json.loads(ws.recv(timeout=10))
+        assert (error["code"], error["param"]) == ("model_not_found", "model"), error
+        assert "serves no world model" in error["message"]
+        with connect(f"{ws_url}/v1/realtime") as ws:
+            event = json.loads(ws.recv(timeout=10))
+        assert event["type"] == "error" and event["error"]["param"] == "model", event
+        assert "serves no realtime voice model" in event["error"]["message"]
+        assert not [p for p in _descendants(up.proc.pid) if _has_words(p, ("--realtime",))]
+        assert up.proc.poll() is None  # still up
+    finally:
+        code, tree, _ = up.stop(signal.SIGTERM)
+    log = up.log.read_text()
+    assert log.count("no streaming model is served, so no realtime worker starts") == 1, log
+    assert "giving up" not in log and "exited with code" not in log
+    assert code == 0
+    assert [pid for pid in tree if _alive(pid)] == []

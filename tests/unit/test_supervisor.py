@@ -82,3 +82,28 @@ def test_a_child_that_ran_long_enough_starts_a_fresh_count() -> None:
         sup.check()
         assert child.code is None
     assert child.starts == 5
+
+
+def test_a_configuration_error_is_said_once_and_not_restarted_while_the_rest_runs() -> None:
+    """A child that exits with CONFIG_ERROR said why itself (a registry with no model for
+    it): restarting it would only repeat that, so it stays stopped, said once, and the
+    others are still supervised."""
+    from workers.supervisor import CONFIG_ERROR
+
+    sup, child, clock, said = _supervisor(RestartPolicy(backoff_s=1, max_fast_failures=2))
+    other = Child()
+    sup.add("api", other.exit_code, other.restart)
+    child.code = CONFIG_ERROR
+    for _ in range(10):
+        sup.check()
+        clock.now += 1
+    assert child.starts == 0
+    assert said == [
+        "omniqueue up: worker 0 stopped on a configuration error (exit code 78; its reason is "
+        "above); a restart cannot fix it, so it stays stopped and the rest runs on"
+    ]
+    other.code = -9
+    sup.check()
+    clock.now += 1
+    sup.check()
+    assert other.starts == 1  # still supervised

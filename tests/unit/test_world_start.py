@@ -124,6 +124,18 @@ def _capped(**options: Any) -> WorldSessionProtocol:
     return new_session(models=frozenset(limits), model_limits=limits, **options)
 
 
+@pytest.mark.parametrize("model", [None, "reference/world"])
+def test_a_server_with_no_world_model_says_so_naming_model(model: str | None) -> None:
+    """A registry without a streaming video model (``omniqueue up`` then starts no realtime
+    worker): every start is refused at once, saying which kind of model is missing."""
+    p = new_session(models=frozenset())
+    p.receive_text(start_json(model=model), 0.0)
+    error = error_event(p)
+    assert (error["code"], error["param"]) == ("model_not_found", "model")
+    assert "serves no world model" in error["message"]
+    assert p.events_received() == [] and p.close_code == CLOSE_POLICY
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
     [

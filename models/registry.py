@@ -4,6 +4,7 @@ file (docs/configuration.md, "Model registry")."""
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from typing import Any, Literal
 
@@ -152,6 +153,8 @@ def parse_registry(text: str, source: str = "model registry") -> dict[str, Serve
         if name in out:
             raise CatalogError(f"{where}: duplicate model name {name!r}")
         overrides: dict[str, Any] = dict(entry.get("spec", {}))
+        _check_keys(entry, set(ServedModel.model_fields), f"{where} ({name})")
+        _check_keys(overrides, set(ModelSpec.model_fields) - {"name"}, f"{where} ({name}) spec")
         try:
             spec_fields = {**(base.model_dump() if base else {}), **overrides, "name": name}
             spec = ModelSpec.model_validate(spec_fields)
@@ -163,6 +166,17 @@ def parse_registry(text: str, source: str = "model registry") -> dict[str, Serve
             why = f"{field}: {error['msg']}" if field else error["msg"]
             raise CatalogError(f"{where} ({name}): {why}") from exc
     return out
+
+
+def _check_keys(table: dict[str, Any], known: set[str], where: str) -> None:
+    """Refuse a key the registry does not know, naming the closest one: a misspelt key
+    (``comple = "off"``, ``max_widht = 832``) was silently ignored, so the setting it
+    meant was never applied."""
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise CatalogError(f"{where}: unknown key {key!r}{hint}")
 
 
 def served_models(

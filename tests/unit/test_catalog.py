@@ -114,3 +114,22 @@ def test_workers_serve_only_the_models_of_their_group_size(tmp_path: Path) -> No
     named = Settings(model_registry=registry, worker={"models": ["w2"]})  # type: ignore[call-arg]
     with pytest.raises(ValueError, match=r"w2 \(2\)"):
         worker_models(named)
+
+
+@pytest.mark.parametrize(
+    ("entry", "error"),
+    [
+        ('comple = "off"\n', "model[0] (x): unknown key 'comple' (did you mean 'compile'?)"),
+        ("[model.spec]\nmax_widht = 832\n",
+         "model[0] (x) spec: unknown key 'max_widht' (did you mean 'max_width'?)"),
+        ("flavour = 1\n", "model[0] (x): unknown key 'flavour'"),
+    ],
+)  # fmt: skip
+def test_an_unknown_registry_key_is_refused_naming_it_the_file_and_the_closest(
+    entry: str, error: str
+) -> None:
+    """A misspelt key was silently ignored, and the setting it meant never applied."""
+    text = f'[[model]]\nname = "x"\nadapter = "diffusers.wan"\npath = "/w"\n{entry}'
+    with pytest.raises(CatalogError) as refused:
+        parse_registry(text, "/etc/omniqueue/models.toml")
+    assert str(refused.value) == f"/etc/omniqueue/models.toml: {error}"

@@ -373,4 +373,33 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         extra_params={"audio_start_in_s": "float", "audio_end_in_s": "float"},
         extra_ranges={"audio_start_in_s": (0.0, 47.55), "audio_end_in_s": (0.0, 47.55)},
     ),
+    "diffusers.helios": ModelSpec(
+        name="diffusers.helios",
+        description=(
+            "Helios: autoregressive video diffusion streamed chunk by chunk over a compressed "
+            "history, steered by prompt changes between chunks (no camera control)."
+        ),
+        streaming=True,  # a world model (workers/pipelines/diffusers/helios.py)
+        camera_control=False,
+        # HeliosPipeline checks multiples of 16; 640x384 is its default and published size.
+        size_multiple=16,
+        default_size=(640, 384),
+        # Every chunk is 9 latent frames, decoded on its own to (9 - 1) * 4 + 1 = 33 frames.
+        frame_multiple=33,
+        frame_offset=33,
+        min_frames=33,
+        max_frames=33 * 40,  # 40 chunks, 55 s at 24 fps
+        default_fps=24,  # Helios's examples export at 24 fps
+        default_seconds=132 / 24,  # 4 chunks (132 frames, __call__'s default)
+        max_steps=100,
+        default_steps=50,  # HeliosPipeline's num_inference_steps, per chunk
+        supports_image_input=True,
+        parameters=["negative_prompt"],
+        # HeliosPipeline.__call__'s (default 5.0; 1.0 runs without CFG, as Distilled does).
+        extra_params={"guidance_scale": "float"},
+        extra_ranges={"guidance_scale": (0.0, 20.0)},
+        # A prompt change conditions each chunk on one embedding, so 1 chunk is a cut;
+        # the default blends over two (half-way, then whole).
+        default_transition_chunks=2,
+    ),
 }

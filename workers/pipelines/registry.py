@@ -33,6 +33,7 @@ ADAPTERS: dict[str, str] = {
     "diffusers.ltx2": "workers.pipelines.diffusers.ltx2:LTX2Adapter",
     "diffusers.stable_audio": "workers.pipelines.diffusers.stable_audio:StableAudioAdapter",
     "diffusers.minimax_h3": "workers.pipelines.diffusers.minimax_h3:MiniMaxH3Adapter",
+    "diffusers.helios": "workers.pipelines.diffusers.helios:HeliosWorldAdapter",
 }
 
 # The interface each kind of model is run through.

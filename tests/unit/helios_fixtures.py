@@ -1,0 +1,58 @@
+"""A tiny, seeded Helios (``diffusers.HeliosPipeline``) built offline for the Helios world
+adapter's tests: the tiny Wan VAE and UMT5 text encoder of ``diffusers_fixtures.py`` with
+a two-block ``HeliosTransformer3DModel``, float32, nothing downloaded.
+
+Sizes: multiples of 64 (the long history is patched 4x(1, 2, 2) over an 8x VAE)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from diffusers import AutoencoderKLWan, HeliosPipeline, HeliosTransformer3DModel
+from diffusers.schedulers import HeliosScheduler
+
+from tests.unit.diffusers_fixtures import TEXT_DIM, TINY_SEQ_LEN, tiny_tokenizer, tiny_umt5
+
+SEQ_LEN = TINY_SEQ_LEN  # text tokens the tiny pipeline is run with
+SIZE = 64  # height and width of the test videos
+
+
+def tiny_helios_transformer(seed: int = 0) -> HeliosTransformer3DModel:
+    torch.manual_seed(seed)
+    return HeliosTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=16,
+        out_channels=16,
+        text_dim=TEXT_DIM,
+        freq_dim=256,
+        ffn_dim=32,
+        num_layers=2,
+        rope_dim=(4, 4, 4),
+    ).eval()
+
+
+def tiny_helios_pipeline() -> HeliosPipeline:
+    """Helios-Base's shape in miniature: UniPC ``HeliosScheduler`` with one stage and
+    resolution-dependent shifting (as the published scheduler config)."""
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(
+        base_dim=3,
+        z_dim=16,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+    ).eval()
+    with warnings.catch_warnings():
+        # HeliosScheduler.__init__ passes torch tensors to np.linspace (diffusers 0.42).
+        warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
+        scheduler = HeliosScheduler(stages=1, use_dynamic_shifting=True, shift=1.0)
+    return HeliosPipeline(
+        tokenizer=tiny_tokenizer(),
+        text_encoder=tiny_umt5(),
+        vae=vae,
+        scheduler=scheduler,
+        transformer=tiny_helios_transformer(),
+    )

@@ -1,0 +1,255 @@
+"""The Helios world adapter (``workers/pipelines/diffusers/helios.py``) against diffusers'
+own ``HeliosPipeline``: a tiny random-weight Helios (``helios_fixtures.py``), CPU,
+float32, offline. A session's frames must be the pipeline's, bit for bit; sessions must
+not see each other; steering must touch only chunks not yet begun."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from diffusers import HeliosPipeline
+from diffusers.pipelines.helios import pipeline_helios
+from PIL import Image
+
+from models.catalog import FAMILY_SPECS
+from models.realtime_video_start import StartLimits
+from models.registry import ServedModel
+from tests.unit.helios_fixtures import SEQ_LEN, SIZE, tiny_helios_pipeline
+from tests.unit.test_checkpoints import BlockStop, Stop
+from workers.pipelines.base import WorldConfig, step_stops
+from workers.pipelines.diffusers import helios as helios_module
+from workers.pipelines.diffusers.common import to_uint8
+from workers.pipelines.diffusers.helios import HeliosWorldAdapter
+from workers.pipelines.diffusers.helios_session import (
+    DuplicateEventError,
+    HeliosState,
+    chunk_embeddings,
+    queue_event,
+)
+from workers.pipelines.registry import build_adapter
+
+STEPS = 2  # per chunk
+CHUNK = 33  # pixel frames per chunk
+FRAMES = 2 * CHUNK  # two chunks
+IMAGE = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ftfy() -> Iterator[None]:
+    """Helios cleans prompts with ftfy, which the test environment lacks: an identity
+    stand-in (ftfy leaves these ASCII prompts as they are)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline_helios, "ftfy", types.SimpleNamespace(fix_text=str), raising=False)
+        yield
+
+
+@pytest.fixture(scope="module")
+def pipe() -> HeliosPipeline:
+    return tiny_helios_pipeline()
+
+
+@pytest.fixture(scope="module")
+def adapter(pipe: HeliosPipeline) -> HeliosWorldAdapter:
+    built = HeliosWorldAdapter(pipe=pipe, dtype="float32", max_sequence_length=SEQ_LEN)
+    built.load("cpu")
+    return built
+
+
+def _config(**over: Any) -> WorldConfig:
+    values: dict[str, Any] = {
+        "prompt": "a red ball",
+        "width": SIZE,
+        "height": SIZE,
+        "num_frames": FRAMES,
+        "fps": 24.0,
+        "seed": 3,
+        "steps_per_chunk": STEPS,
+    }
+    values.update(over)
+    return WorldConfig(**values)
+
+
+def _run(adapter: HeliosWorldAdapter, state: HeliosState) -> list[np.ndarray]:
+    chunks = []
+    for _ in range(adapter.num_chunks(state)):
+        while not adapter.chunk_done(state):
+            adapter.step(state)
+        chunks.append(adapter.take_chunk(state))
+    return chunks
+
+
+_SOLO: dict[str, list[np.ndarray]] = {}
+
+
+def _solo(adapter: HeliosWorldAdapter, name: str, **over: Any) -> list[np.ndarray]:
+    """The chunks of a session run alone (cached: several tests compare with them)."""
+    if name not in _SOLO:
+        _SOLO[name] = _run(adapter, adapter.start(_config(**over)))
+    return _SOLO[name]
+
+
+def _reference(pipe: HeliosPipeline, **kwargs: Any) -> np.ndarray:
+    out = pipe(
+        "a red ball",
+        num_frames=FRAMES,
+        height=SIZE,
+        width=SIZE,
+        num_inference_steps=STEPS,
+        generator=torch.Generator().manual_seed(3),
+        output_type="np",
+        max_sequence_length=SEQ_LEN,
+        **kwargs,
+    )
+    return to_uint8(out.frames[0])
+
+
+@pytest.mark.parametrize("i2v", [False, True], ids=["t2v", "i2v"])
+def test_session_frames_are_helios_pipelines_bit_for_bit(
+    pipe: HeliosPipeline, adapter: HeliosWorldAdapter, i2v: bool
+) -> None:
+    """Two chunks of 33 frames, step by step, equal ``HeliosPipeline(...)``'s video
+    (``image=`` for I2V). ``__call__`` trims its end to 4k + 1 frames (65 of 66); a
+    session hands out its last chunk whole, so it has that one decoded frame more."""
+    over = {"reference_image": IMAGE} if i2v else {}
+    chunks = _solo(adapter, "i2v" if i2v else "t2v", **over)
+    assert [c.shape for c in chunks] == [(CHUNK, SIZE, SIZE, 3)] * 2
+    assert all(c.dtype == np.uint8 for c in chunks)
+    expected = _reference(pipe, **({"image": Image.fromarray(IMAGE)} if i2v else {}))
+    got = np.concatenate(chunks)
+    assert len(expected) == (FRAMES - 1) // 4 * 4 + 1 == len(got) - 1
+    np.testing.assert_array_equal(got[: len(expected)], expected)
+
+
+def test_interleaved_sessions_equal_each_run_alone(adapter: HeliosWorldAdapter) -> None:
+    """Two sessions (T2V and I2V) stepped in turn on one adapter make the frames each
+    makes alone: nothing of a session lives on the shared pipe or its scheduler."""
+    a = adapter.start(_config())
+    b = adapter.start(_config(reference_image=IMAGE))
+    got: dict[str, list[np.ndarray]] = {"t2v": [], "i2v": []}
+    while not (a.done and b.done):
+        for name, state in (("t2v", a), ("i2v", b)):
+            if state.done:
+                continue
+            if adapter.chunk_done(state):
+                got[name].append(adapter.take_chunk(state))
+            else:
+                adapter.step(state)
+    for name, over in (("t2v", {}), ("i2v", {"reference_image": IMAGE})):
+        alone = _solo(adapter, name, **over)
+        for mine, theirs in zip(got[name], alone, strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+
+
+def test_a_prompt_change_starts_at_the_next_chunk_not_begun(
+    adapter: HeliosWorldAdapter,
+) -> None:
+    """Sent once chunk 0 has begun, a new prompt leaves chunk 0 as the unsteered
+    session's and changes chunk 1, where it is reported started, active and completed
+    (a cut: transition_chunks 0)."""
+    alone = _solo(adapter, "t2v")
+    state = adapter.start(_config())
+    adapter.step(state)
+    adapter.interact(state, "a blue cube", None, 0, "e1")
+    assert state.events[0].first_chunk == 1
+    while not adapter.chunk_done(state):
+        adapter.step(state)
+    np.testing.assert_array_equal(adapter.take_chunk(state), alone[0])
+    assert adapter.events_for_chunk(state) == ([], [], [])
+    while not adapter.chunk_done(state):
+        adapter.step(state)
+    assert not np.array_equal(adapter.take_chunk(state), alone[1])
+    assert adapter.events_for_chunk(state) == (["e1"], ["e1"], ["e1"])
+    assert state.prompt == "a blue cube"
+
+
+def test_interaction_rules(adapter: HeliosWorldAdapter) -> None:
+    """Before a chunk's first step the change is that chunk's; a camera is refused
+    naming it (at start too); an event id is used once; the rest as reference/world."""
+    state = adapter.start(_config())
+    adapter.interact(state, "a blue cube", None, 2, "e1")
+    assert (state.events[0].first_chunk, state.events[0].last_chunk) == (0, 1)
+    with pytest.raises(ValueError, match="camera"):
+        adapter.interact(state, None, "w", 0, "e2")
+    with pytest.raises(ValueError, match="camera"):
+        adapter.interact(state, "a cat", [["w"], [], []], 0, "e3")
+    with pytest.raises(DuplicateEventError):
+        adapter.interact(state, "a cat", None, 0, "e1")
+    with pytest.raises(ValueError, match="transition_chunks"):
+        adapter.interact(state, "a cat", None, -1, "e4")
+    with pytest.raises(ValueError, match="prompt"):
+        adapter.interact(state, "  ", None, 0, "e5")
+    with pytest.raises(ValueError, match="camera_action_script"):
+        adapter.start(_config(camera_action_script=[[["w"], [], []]]))
+
+
+def test_prompt_embeddings_blend_linearly_over_the_transition() -> None:
+    """An event over n chunks conditions its j-th chunk on lerp(old, new, (j + 1) / n),
+    its last on the new embeddings exactly; one settled event replaces the base."""
+    old, new, newer = torch.zeros(1, 2, 3), torch.ones(1, 2, 3), torch.full((1, 2, 3), 3.0)
+    state: Any = types.SimpleNamespace(prompt_embeds=old, events=[], chunk_index=0, step_index=0)
+    state.begun = False
+    state.chunk_index = 1
+    queue_event(state, "e1", 4, new)
+    assert chunk_embeddings(state, 0) is old
+    for chunk, w in ((1, 0.25), (2, 0.5), (3, 0.75)):
+        torch.testing.assert_close(chunk_embeddings(state, chunk), torch.full_like(old, w))
+    state.chunk_index = 3
+    queue_event(state, "e2", 0, newer)  # a cut in chunk 3, over e1's blend
+    assert chunk_embeddings(state, 3) is newer
+    assert state.prompt_embeds is newer and all(e.embeds is None for e in state.events)
+    assert chunk_embeddings(state, 4) is newer
+
+
+def test_denoiser_blocks_are_cancel_points(adapter: HeliosWorldAdapter) -> None:
+    """A step asks the stop question before each transformer block (2 blocks x the CFG
+    pair); a stop at block 2 ends the step there without counting it, and the session
+    carried on makes the frames of one never stopped."""
+    state = adapter.start(_config())
+    asked = BlockStop()
+    with step_stops(asked):
+        adapter.step(state)
+    assert asked.asked == [1, 2, 3, 4] and state.step_index == 1
+    stopper = BlockStop(stop_at=2)
+    with step_stops(stopper), pytest.raises(Stop):
+        adapter.step(state)
+    assert stopper.asked == [1, 2] and state.step_index == 1
+    rest = _run(adapter, state)
+    for mine, theirs in zip(rest, _solo(adapter, "t2v"), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def test_spec_rules_a_session_as_the_adapter_runs_it(adapter: HeliosWorldAdapter) -> None:
+    """The family spec is a world model with Helios's lattice (33 frames a chunk, each
+    chunk whole), its default size and length, no camera, the extras the adapter reads;
+    the registry builds the adapter from it."""
+    spec = FAMILY_SPECS["diffusers.helios"]
+    assert spec.kind == "world" and not spec.camera_control
+    limits = StartLimits.of(spec)
+    assert (limits.lattice.first, limits.lattice.every) == (CHUNK, CHUNK)
+    assert (limits.default_width, limits.default_height) == (640, 384)
+    assert limits.default_num_frames == 132 and not limits.camera_control
+    assert set(spec.extra_params) == set(helios_module.EXTRA_PARAMS)
+    state = adapter.start(_config(num_frames=3 * CHUNK - 1))  # rounded down
+    assert adapter.num_chunks(state) == 2 and limits.lattice.chunks_for_frames(98) == 2
+    served = ServedModel(name="h", adapter="diffusers.helios", path="/w", spec=spec)
+    assert type(build_adapter(served)) is HeliosWorldAdapter
+
+
+def test_bad_configs_and_pipes_are_refused(adapter: HeliosWorldAdapter) -> None:
+    with pytest.raises(ValueError, match="width"):
+        adapter.start(_config(width=SIZE + 8))
+    with pytest.raises(ValueError, match="num_frames"):
+        adapter.start(_config(num_frames=CHUNK - 1))
+    with pytest.raises(ValueError, match="reference_image"):
+        adapter.start(_config(reference_image=IMAGE[:8]))
+    with pytest.raises(ValueError, match="path or a pipe"):
+        HeliosWorldAdapter()
+    with pytest.raises(TypeError, match="HeliosPipeline"):
+        HeliosWorldAdapter(pipe=object()).load("cpu")
+    with pytest.raises(RuntimeError, match="load"):
+        HeliosWorldAdapter("/nowhere").start(_config())

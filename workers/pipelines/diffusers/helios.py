@@ -1,0 +1,499 @@
+"""Helios (``diffusers.HeliosPipeline``) as a steerable world stream, one denoise step at
+a time.
+
+Helios is autoregressive: it makes a video ``num_latent_frames_per_chunk`` (9) latent
+frames, i.e. 33 pixel frames, at a time, each chunk conditioned on a compressed history
+of the latent frames before it (16 + 2 + 1, patched coarser the older they are) and on a
+first-frame anchor (the reference image's latents for I2V, else the first chunk's first
+latent frame). That is a world session's shape already, so this adapter mirrors
+``HeliosPipeline.__call__`` (diffusers 0.42) with its chunk loop turned inside out:
+
+* ``start`` = steps 1-5 (checks, prompt encoding, the image's latents and the initial
+  history for I2V) with the session's own RNG and scheduler copy;
+* the first ``step`` of a chunk also does the top of the chunk loop (history split, the
+  chunk's noise, its timesteps); each ``step`` is one iteration of the denoising loop (the
+  CFG pair when ``guidance_scale > 1``, then ``HeliosScheduler.step``);
+* ``take_chunk`` = the bottom of the chunk loop (anchor, history append, VAE decode of the
+  chunk's 9 latent frames) and ``postprocess_video``, rounded to uint8 by
+  :func:`~workers.pipelines.diffusers.common.to_uint8`.
+
+So a session's chunks, concatenated, are bit-equal to the pipeline's video for the same
+prompt, seed and ``num_frames = 33 * chunks``, except where ``__call__`` trims its end to
+``4k + 1`` frames: a session hands out every chunk whole (33 frames each; the chunk
+lattice has no end to trim to), so its last ``(chunks - 1) % 4`` frames are ones
+``__call__`` decodes and drops.
+
+What differs from ``__call__``: ``num_frames`` is rounded down to whole chunks (the
+pipeline rounds up); the history keeps only the frames the model reads (the pipeline
+keeps them all); ``flow_shift`` is ignored (Helios shifts by resolution, ``mu``). Session
+options (``extra_params``): ``guidance_scale`` (default: the pipeline's, 5.0; 1.0 for the
+distilled checkpoints). Not here: ``HeliosPyramidPipeline`` (the distilled pyramid
+variant), V2V, ``keep_first_frame=False``, camera control (Helios has none). The loop is
+``workers/pipelines/base.py``'s ``WorldPipeline``; prompt changes:
+``helios_session.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import HeliosPipeline
+from diffusers.pipelines.helios import pipeline_helios
+from diffusers.utils.torch_utils import randn_tensor
+from PIL import Image
+
+from models.catalog import FAMILY_SPECS, ModelSpec
+from models.errors import InvalidJobInput
+from models.realtime_video_chunks import ChunkLattice
+from models.registry import CompileMode, ServedModel, WarmupShape
+from workers.pipelines.base import ActionBlock, ChunkEvents, WorldConfig, WorldPipeline
+from workers.pipelines.blocks import BlockGate
+from workers.pipelines.diffusers.common import call_default, cfg, make_generator, to_uint8
+from workers.pipelines.diffusers.compiled import BlockCompiler
+from workers.pipelines.diffusers.helios_session import (
+    HeliosState,
+    check_event,
+    chunk_embeddings,
+    chunk_events,
+    queue_event,
+)
+from workers.pipelines.diffusers.loading import (
+    DTYPE_KWARG,
+    install_checkpoints,
+    own_weights,
+    parse_dtype,
+)
+
+HISTORY_SIZES = (16, 2, 1)  # latent frames of the long, mid and 1x history (``__call__``)
+LATENT_FRAMES_PER_CHUNK = 9  # ``num_latent_frames_per_chunk``'s default
+# ``__call__``'s I2V noise on the image latents (``add_noise_to_image_latents``).
+IMAGE_NOISE_SIGMA = (0.111, 0.135)
+FAKE_IMAGE_NOISE_SIGMA = (0.111, 0.135)  # ``video_noise_sigma_min/max``
+# Every ``WorldConfig.extra`` key this adapter reads (FAMILY_SPECS declares the same).
+EXTRA_PARAMS = ("guidance_scale",)
+
+
+class HeliosWorldAdapter(WorldPipeline[HeliosState]):
+    """``HeliosPipeline`` (Helios-Base, -Mid, or -Distilled run as a one-stage model)
+    streamed chunk by chunk; one instance is shared by every session of a worker.
+
+    Built as the diffusers job adapters are (``common.DiffusersAdapter``, which is a job
+    ``Pipeline`` and so cannot be the base here): a local ``path`` loaded with
+    ``from_pretrained`` or an injected ``pipe``, cancel gates between the transformer's
+    blocks, checkpoints in the text encoder and VAE, compiled blocks on CUDA."""
+
+    family = "diffusers.helios"
+
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        dtype: str = "bfloat16",
+        pipe: Any = None,
+        spec: ModelSpec | None = None,
+        max_sequence_length: int | None = None,
+        compile: CompileMode | None = None,
+        compile_backend: str = "inductor",
+        compile_mode: str | None = None,
+        warmup: list[WarmupShape] | None = None,
+    ) -> None:
+        if path is None and pipe is None:
+            raise ValueError(f"{type(self).__name__} needs a local path or a pipe")
+        self.path = path
+        self.dtype = parse_dtype(dtype)
+        self.pipe: Any = pipe
+        self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
+        self.lattice = ChunkLattice(first=self.spec.frame_offset, every=self.spec.frame_multiple)
+        self.max_sequence_length = max_sequence_length  # None: ``__call__``'s 512
+        self.device = torch.device("cpu")
+        self.gate = BlockGate(self.device)
+        self.compile = compile
+        self.warmup = list(warmup or [])
+        self.compiler = BlockCompiler(backend=compile_backend, mode=compile_mode)
+
+    @classmethod
+    def build(cls, model: ServedModel) -> HeliosWorldAdapter:
+        """``cls(path=…, dtype=…, spec=…)`` with the entry's compiled-blocks settings and
+        ``adapter_options``."""
+        return cls(
+            path=model.path,
+            dtype=model.dtype,
+            spec=model.spec,
+            compile=model.compile,
+            compile_backend=model.compile_backend,
+            compile_mode=model.compile_mode,
+            warmup=model.warmup,
+            **model.adapter_options,
+        )
+
+    # --- loading ----------------------------------------------------------------------
+
+    def load(self, device: str) -> None:
+        """``HeliosPipeline.from_pretrained(path, local_files_only=True)`` (or the injected
+        pipe, dtype as it is) on ``device``, with the cancel points and compiled blocks
+        ``DiffusersAdapter.load`` installs."""
+        if self.pipe is None:
+            self.pipe = HeliosPipeline.from_pretrained(
+                self.path, local_files_only=True, **{DTYPE_KWARG: self.dtype}
+            )
+            if torch.device(device).type == "cpu":
+                own_weights(self.pipe)
+        if not isinstance(self.pipe, HeliosPipeline):
+            name = type(self.pipe).__name__
+            raise TypeError(f"{type(self).__name__} drives HeliosPipeline, got {name}")
+        pipe: Any = self.pipe  # diffusers' pipelines are untyped for mypy
+        if not hasattr(pipeline_helios, "ftfy"):
+            # Helios cleans every prompt with ftfy and fails with a NameError without it.
+            raise RuntimeError("Helios needs the ftfy package for its prompt cleaning")
+        stages = pipe.scheduler.config.get("stages", 1)
+        if stages != 1:
+            raise ValueError(
+                f"{self.spec.name}: a {stages}-stage scheduler is HeliosPyramidPipeline's; "
+                "this adapter drives the one-stage HeliosPipeline"
+            )
+        pipe.to(device)
+        self.device = torch.device(device)
+        install_checkpoints(pipe)
+        self.gate.device = self.device
+        self.gate.install(pipe)
+        mode = self.compile or ("blocks" if self.device.type == "cuda" else "off")
+        if mode == "blocks":
+            self.compiler.install(pipe)
+
+    def warm_up(self) -> None:
+        """Compile the blocks for each registry ``warmup`` shape: one step of a one-chunk
+        session of that shape, thrown away (its RNG and scheduler are its own)."""
+        if not self.compiler.enabled:
+            return
+        for shape in self.warmup:
+            config = WorldConfig(
+                prompt="warm-up",
+                width=shape.width,
+                height=shape.height,
+                num_frames=self.lattice.first,
+                fps=float(self.spec.default_fps),
+                seed=0,
+                steps_per_chunk=2,
+            )
+
+            def run(config: WorldConfig = config) -> None:
+                self.step(self.start(config))
+
+            self.compiler.ensure((shape.width, shape.height), run, "warmup")
+
+    def _loaded(self) -> Any:
+        if self.pipe is None:
+            raise RuntimeError(f"{type(self).__name__}.load() was not called")
+        return self.pipe
+
+    # --- a session --------------------------------------------------------------------
+
+    @torch.no_grad()
+    def start(self, config: WorldConfig) -> HeliosState:
+        """``__call__``'s steps 1-5: the prompts encoded once, the reference image's
+        latents and noise drawn (I2V), the zero history; no chunk begun."""
+        pipe = self._loaded()
+        chunks = self._validate(config)
+        scale = float(config.extra.get("guidance_scale", call_default(pipe, "guidance_scale")))
+        do_cfg = scale > 1.0
+        device = pipe._execution_device
+        embeds, negative = pipe.encode_prompt(
+            prompt=config.prompt,
+            negative_prompt=config.negative_prompt,
+            do_classifier_free_guidance=do_cfg,
+            num_videos_per_prompt=1,
+            max_sequence_length=self._seq_len(pipe),
+            device=device,
+        )
+        dtype = pipe.transformer.dtype
+        negative = None if negative is None else negative.to(dtype)
+        generator = make_generator(config.seed)
+        spatial = pipe.vae_scale_factor_spatial
+        h, w = config.height // spatial, config.width // spatial
+        channels = pipe.transformer.config.in_channels
+        history = torch.zeros(
+            1, channels, sum(HISTORY_SIZES), h, w, device=device, dtype=torch.float32
+        )
+        image_latents = None
+        if config.reference_image is not None:
+            image_latents, fake = self._image_latents(pipe, config, generator)
+            history = torch.cat([history[:, :, :-1], fake], dim=2)
+        patch = pipe.transformer.config.patch_size
+        image_seq_len = LATENT_FRAMES_PER_CHUNK * h * w // (patch[0] * patch[1] * patch[2])
+        sched = pipe.scheduler.config
+        mu = pipeline_helios.calculate_shift(
+            image_seq_len,
+            sched.get("base_image_seq_len", 256),
+            sched.get("max_image_seq_len", 4096),
+            sched.get("base_shift", 0.5),
+            sched.get("max_shift", 1.15),
+        )
+        steps = config.steps_per_chunk
+        return HeliosState(
+            config=config,
+            num_chunks=chunks,
+            steps_per_chunk=steps,
+            guidance_scale=scale,
+            do_cfg=do_cfg,
+            generator=generator,
+            scheduler=copy.deepcopy(pipe.scheduler),
+            sigmas=np.linspace(0.999, 0.0, steps + 1)[:-1],
+            mu=mu,
+            prompt=config.prompt,
+            prompt_embeds=embeds.to(dtype),
+            negative_prompt_embeds=negative,
+            history_latents=history,
+            image_latents=image_latents,
+        )
+
+    def num_chunks(self, state: HeliosState) -> int:
+        return state.num_chunks
+
+    def chunk_done(self, state: HeliosState) -> bool:
+        """All steps of the current chunk have run: ``take_chunk`` may be called."""
+        return not state.done and state.step_index >= state.steps_per_chunk
+
+    @torch.no_grad()
+    def step(self, state: HeliosState) -> None:
+        """One iteration of the denoising loop of the current chunk (the first also begins
+        the chunk: its history, noise, timesteps and prompt embeddings)."""
+        if state.done:
+            raise RuntimeError("the session has no chunk left to generate")
+        if state.step_index >= state.steps_per_chunk:
+            raise RuntimeError(f"chunk {state.chunk_index} is finished; call take_chunk")
+        pipe = self._loaded()
+        if state.latents is None:
+            self._begin_chunk(pipe, state)
+        assert state.latents is not None and state.timesteps is not None
+        assert state.history is not None and state.chunk_embeds is not None
+        self.gate.begin_step()
+        t = state.timesteps[state.step_index]
+        short, mid, long = state.history
+        model = pipe.transformer
+        latents = state.latents
+
+        def predict(cache: str, embeds: torch.Tensor | None) -> torch.Tensor:
+            with model.cache_context(cache):
+                out: torch.Tensor = model(
+                    hidden_states=latents.to(model.dtype),
+                    timestep=t.expand(latents.shape[0]),
+                    encoder_hidden_states=embeds,
+                    indices_hidden_states=_INDICES["hidden"],
+                    indices_latents_history_short=_INDICES["short"],
+                    indices_latents_history_mid=_INDICES["mid"],
+                    indices_latents_history_long=_INDICES["long"],
+                    latents_history_short=short,
+                    latents_history_mid=mid,
+                    latents_history_long=long,
+                    attention_kwargs=None,
+                    return_dict=False,
+                )[0]
+            return out
+
+        noise_pred = predict("cond", state.chunk_embeds)
+        if state.do_cfg:
+            uncond = predict("uncond", state.negative_prompt_embeds)
+            noise_pred = cfg(uncond, noise_pred, state.guidance_scale)
+        state.latents = state.scheduler.step(
+            noise_pred, t, latents, generator=state.generator, return_dict=False
+        )[0]
+        state.step_index += 1
+
+    @torch.no_grad()
+    def take_chunk(self, state: HeliosState) -> np.ndarray:
+        """The bottom of ``__call__``'s chunk loop: the anchor (T2V: the first chunk's
+        first latent frame), the history, the chunk's VAE decode; its 33 frames as uint8
+        T×H×W×3. Moves on to the next chunk."""
+        if not self.chunk_done(state):
+            raise RuntimeError(
+                f"chunk {state.chunk_index} is not finished "
+                f"({state.step_index}/{state.steps_per_chunk} steps)"
+            )
+        pipe = self._loaded()
+        latents = state.latents
+        assert latents is not None
+        if state.image_latents is None:
+            state.image_latents = latents[:, :, 0:1]
+        keep = sum(HISTORY_SIZES)
+        state.history_latents = torch.cat([state.history_latents, latents], dim=2)[:, :, -keep:]
+        vae = pipe.vae
+        mean, inv_std = _latent_stats(vae, latents.device)
+        video = vae.decode(latents.to(vae.dtype) / inv_std + mean, return_dict=False)[0]
+        frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
+        k = state.chunk_index
+        state.last_events = chunk_events(state, k)
+        state.latents = state.timesteps = state.chunk_embeds = state.history = None
+        state.chunk_index += 1
+        state.step_index = 0
+        return to_uint8(frames)
+
+    def events_for_chunk(self, state: HeliosState) -> ChunkEvents:
+        """(started, active, completed) event ids of the chunk ``take_chunk`` returned
+        last, as ``reference/world`` reports them."""
+        if state.last_events is None:
+            raise RuntimeError("no chunk has been taken yet")
+        started, active, completed = state.last_events
+        return list(started), list(active), list(completed)
+
+    @torch.no_grad()
+    def interact(
+        self,
+        state: HeliosState,
+        prompt: str | None,
+        camera: str | ActionBlock | None,
+        transition_chunks: int,
+        event_id: str,
+    ) -> None:
+        """Queue a new prompt from the first chunk not yet begun, blended in over
+        ``transition_chunks`` chunks (``helios_session.py``); it is encoded here, once,
+        so the chunk it conditions does not wait for the text encoder. ``camera`` is
+        refused: Helios has no camera conditioning."""
+        if camera is not None:
+            raise InvalidJobInput(f"camera: {self.spec.name} has no camera conditioning")
+        check_event(state, event_id, transition_chunks)
+        if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+            raise InvalidJobInput("prompt must be a non-empty string")
+        embeds = None
+        if prompt is not None:
+            pipe = self._loaded()
+            embeds, _ = pipe.encode_prompt(
+                prompt=prompt,
+                do_classifier_free_guidance=False,
+                max_sequence_length=self._seq_len(pipe),
+                device=pipe._execution_device,
+            )
+            embeds = embeds.to(pipe.transformer.dtype)
+            state.prompt = prompt
+        queue_event(state, event_id, transition_chunks, embeds)
+
+    # --- pieces of ``__call__`` -------------------------------------------------------
+
+    def _begin_chunk(self, pipe: Any, state: HeliosState) -> None:
+        """The top of ``__call__``'s chunk loop (``keep_first_frame``): the history split
+        with the anchor in front of the 1x part, the chunk's noise, its timesteps."""
+        dtype = pipe.transformer.dtype
+        long, mid, x1 = state.history_latents[:, :, -sum(HISTORY_SIZES) :].split(
+            list(HISTORY_SIZES), dim=2
+        )
+        prefix = state.image_latents
+        if prefix is None:  # the first chunk of a T2V session
+            prefix = torch.zeros_like(x1[:, :, :1])
+        short = torch.cat([prefix, x1], dim=2)
+        state.history = (short.to(dtype), mid.to(dtype), long.to(dtype))
+        cfg_ = state.config
+        window = (LATENT_FRAMES_PER_CHUNK - 1) * pipe.vae_scale_factor_temporal + 1
+        state.latents = pipe.prepare_latents(
+            1,
+            pipe.transformer.config.in_channels,
+            cfg_.height,
+            cfg_.width,
+            window,
+            dtype=torch.float32,
+            device=pipe._execution_device,
+            generator=state.generator,
+        )
+        state.scheduler.set_timesteps(
+            state.steps_per_chunk,
+            device=pipe._execution_device,
+            sigmas=state.sigmas,
+            mu=state.mu,
+        )
+        state.timesteps = state.scheduler.timesteps
+        state.chunk_embeds = chunk_embeddings(state, state.chunk_index)
+
+    def _image_latents(
+        self, pipe: Any, config: WorldConfig, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``__call__``'s step 4 for ``image=``: the image and a still video of it encoded,
+        then noised (``add_noise_to_image_latents``)."""
+        device = pipe._execution_device
+        assert config.reference_image is not None
+        image = pipe.video_processor.preprocess(
+            Image.fromarray(config.reference_image), height=config.height, width=config.width
+        )
+        mean, inv_std = _latent_stats(pipe.vae, device)
+        latents, fake = pipe.prepare_image_latents(
+            image,
+            latents_mean=mean,
+            latents_std=inv_std,
+            num_latent_frames_per_chunk=LATENT_FRAMES_PER_CHUNK,
+            dtype=torch.float32,
+            device=device,
+            generator=generator,
+        )
+        lo, hi = IMAGE_NOISE_SIGMA
+        sigma = torch.rand(1, device=device, generator=generator) * (hi - lo) + lo
+        noise = randn_tensor(latents.shape, generator=generator, device=device)
+        latents = sigma * noise + (1 - sigma) * latents
+        lo, hi = FAKE_IMAGE_NOISE_SIGMA
+        sigma = torch.rand(1, device=device, generator=generator) * (hi - lo) + lo
+        noise = randn_tensor(fake.shape, generator=generator, device=device)
+        return latents, sigma * noise + (1 - sigma) * fake
+
+    def _seq_len(self, pipe: Any) -> int:
+        if self.max_sequence_length is not None:
+            return self.max_sequence_length
+        return int(call_default(pipe, "max_sequence_length"))
+
+    def _validate(self, config: WorldConfig) -> int:
+        """Check the config; return its number of chunks (``num_frames`` rounded down to
+        whole chunks)."""
+        spec = self.spec
+        if not isinstance(config.prompt, str) or not config.prompt.strip():
+            raise InvalidJobInput("prompt must be a non-empty string")
+        if config.camera_action_script is not None:
+            raise InvalidJobInput(f"camera_action_script: {spec.name} has no camera conditioning")
+        for name, value, top in (
+            ("width", config.width, spec.max_width),
+            ("height", config.height, spec.max_height),
+        ):
+            if not spec.min_size <= value <= top or value % spec.size_multiple:
+                raise InvalidJobInput(
+                    f"{name} must be a multiple of {spec.size_multiple} in "
+                    f"[{spec.min_size}, {top}], got {value}"
+                )
+        chunks = self.lattice.chunks_for_frames(config.num_frames)
+        if chunks < 1:
+            raise InvalidJobInput(
+                f"num_frames must be at least {self.lattice.first} (one chunk), "
+                f"got {config.num_frames}"
+            )
+        if not spec.min_steps <= config.steps_per_chunk <= spec.max_steps:
+            raise InvalidJobInput(
+                f"steps_per_chunk must be in [{spec.min_steps}, {spec.max_steps}], "
+                f"got {config.steps_per_chunk}"
+            )
+        img, shape = config.reference_image, (config.height, config.width, 3)
+        if img is not None and (img.dtype != np.uint8 or img.shape != shape):
+            raise InvalidJobInput(
+                f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}"
+            )
+        return chunks
+
+
+def _latent_stats(vae: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``latents_mean`` and ``1 / latents_std`` of the VAE, shaped as ``__call__`` makes
+    them (its ``latents_std`` is the inverse)."""
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(device, vae.dtype)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(device, vae.dtype)
+    return mean, inv_std
+
+
+def _indices() -> dict[str, torch.Tensor]:
+    """``__call__``'s frame indices (``keep_first_frame``): the anchor at 0, then the
+    long, mid and 1x history, then the chunk; the short history is the anchor + 1x."""
+    sizes = [1, *HISTORY_SIZES, LATENT_FRAMES_PER_CHUNK]
+    prefix, long, mid, x1, hidden = torch.arange(0, sum(sizes)).split(sizes, dim=0)
+    return {
+        "hidden": hidden.unsqueeze(0),
+        "short": torch.cat([prefix, x1], dim=0).unsqueeze(0),
+        "mid": mid.unsqueeze(0),
+        "long": long.unsqueeze(0),
+    }
+
+
+_INDICES = _indices()

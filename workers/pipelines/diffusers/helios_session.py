@@ -1,0 +1,165 @@
+"""The per-session state of the Helios world adapter (``helios.py``) and its steering.
+
+Everything a Helios session changes lives here, so one loaded ``HeliosPipeline`` serves
+any number of sessions: the RNG, a private ``HeliosScheduler`` (its UniPC history is
+state), the compressed history latents and the first-frame anchor, the chunk being
+denoised, and the queued prompt changes with their text embeddings.
+
+Prompt changes (``interact``) blend text embeddings, the only language input Helios has:
+an event taking effect in chunk ``f`` with ``transition_chunks = n`` conditions chunk
+``f + j`` (``j < n``) on ``lerp(before, new, (j + 1) / n)``, so the new prompt is whole in
+the event's last chunk (``f + n - 1``, where ``events_for_chunk`` reports it completed),
+as ``reference/world`` finishes its cross-fade on that chunk's last frame. ``n`` of 0 or 1
+is a cut at chunk ``f``: a chunk is conditioned on one embedding, so there is nothing
+finer to blend. Events blend in the order they were queued, each from what the ones
+before it made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from models.errors import InvalidJobInput
+from workers.pipelines.base import ChunkEvents, WorldConfig
+
+
+class DuplicateEventError(InvalidJobInput):
+    """``interact`` got an ``event_id`` this session has already used (as
+    ``reference/world`` raises it; no module may import a reference pipeline)."""
+
+
+@dataclass
+class PromptEvent:
+    """One ``interact`` call: the chunks it spans and its prompt's embeddings (encoded
+    once, when it was queued; None for an event without a prompt)."""
+
+    event_id: str
+    first_chunk: int  # the first chunk not yet begun when it was queued
+    last_chunk: int  # the chunk its transition ends in
+    transition_chunks: int
+    embeds: torch.Tensor | None
+
+    def weight(self, chunk: int) -> float:
+        """How much of the new prompt conditions ``chunk`` (0 before the event)."""
+        if chunk < self.first_chunk:
+            return 0.0
+        span = max(1, self.transition_chunks)
+        return min(1.0, (chunk - self.first_chunk + 1) / span)
+
+
+@dataclass(kw_only=True)
+class HeliosState:
+    """One Helios session. Read ``chunk_index`` (the chunk being made), ``step_index``
+    (its steps done), ``num_chunks``, ``steps_per_chunk``, ``prompt`` (the latest) and
+    ``done``; the rest is the adapter's."""
+
+    config: WorldConfig
+    num_chunks: int
+    steps_per_chunk: int
+    guidance_scale: float
+    do_cfg: bool
+    generator: torch.Generator
+    scheduler: Any  # this session's HeliosScheduler (set_timesteps at every chunk)
+    sigmas: Any  # numpy: the unshifted schedule of every chunk
+    mu: float  # the resolution-dependent shift of that schedule
+    prompt: str
+    prompt_embeds: torch.Tensor  # the embeddings the blends of later chunks start from
+    negative_prompt_embeds: torch.Tensor | None
+    history_latents: torch.Tensor  # the last sum(history_sizes) latent frames
+    # The first-frame anchor (``latents_prefix``): the reference image's latents (I2V),
+    # or None until the first chunk is made (then its first latent frame).
+    image_latents: torch.Tensor | None
+    chunk_index: int = 0
+    step_index: int = 0
+    events: list[PromptEvent] = field(default_factory=list)
+    last_events: ChunkEvents | None = None
+    # The chunk in progress (None between chunks).
+    latents: torch.Tensor | None = None
+    timesteps: torch.Tensor | None = None
+    chunk_embeds: torch.Tensor | None = None
+    history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # short, mid, long
+
+    @property
+    def done(self) -> bool:
+        """All chunks have been taken."""
+        return self.chunk_index >= self.num_chunks
+
+    @property
+    def begun(self) -> bool:
+        """A step of the current chunk has run: a new prompt waits for the next chunk."""
+        return self.step_index > 0
+
+
+def queue_event(
+    state: HeliosState,
+    event_id: str,
+    transition_chunks: int,
+    embeds: torch.Tensor | None,
+) -> None:
+    """Queue an interaction from the first chunk not yet begun (``reference/world``'s
+    rules: ``max(1, transition_chunks)`` chunks active; one queued during the last chunk
+    never shows up)."""
+    first = state.chunk_index + (1 if state.begun else 0)
+    state.events.append(
+        PromptEvent(
+            event_id=event_id,
+            first_chunk=first,
+            last_chunk=first + max(1, transition_chunks) - 1,
+            transition_chunks=transition_chunks,
+            embeds=embeds,
+        )
+    )
+
+
+def check_event(state: HeliosState, event_id: Any, transition_chunks: Any) -> None:
+    """Refuse what ``reference/world`` refuses: an empty or reused ``event_id``, a
+    negative or non-integer ``transition_chunks``, a finished session."""
+    if not isinstance(event_id, str) or not event_id:
+        raise InvalidJobInput("event_id must be a non-empty string")
+    if any(e.event_id == event_id for e in state.events):
+        raise DuplicateEventError(f"event_id {event_id!r} was already used in this session")
+    if (
+        isinstance(transition_chunks, bool)
+        or not isinstance(transition_chunks, int)
+        or transition_chunks < 0
+    ):
+        raise InvalidJobInput(
+            f"transition_chunks must be an integer >= 0, got {transition_chunks!r}"
+        )
+    if state.done:
+        raise RuntimeError("the session has finished")
+
+
+def chunk_embeddings(state: HeliosState, chunk: int) -> torch.Tensor:
+    """The text embeddings that condition ``chunk`` (see the module doc).
+
+    An event whose new prompt is whole by ``chunk`` stays whole (weights only grow) and
+    hides every event before it, so it becomes ``prompt_embeds`` and the blend of a long
+    session runs over the few events still in transition."""
+    embeds = state.prompt_embeds
+    settled = -1
+    for i, event in enumerate(state.events):
+        if event.embeds is None:
+            continue
+        w = event.weight(chunk)
+        if w >= 1.0:  # the new prompt's own embeddings, not a lerp rounding to them
+            embeds, settled = event.embeds, i
+        elif w > 0.0:
+            embeds = torch.lerp(embeds, event.embeds, w)
+    if settled >= 0:
+        state.prompt_embeds = state.events[settled].embeds  # type: ignore[assignment]
+        for event in state.events[: settled + 1]:
+            event.embeds = None
+    return embeds
+
+
+def chunk_events(state: HeliosState, chunk: int) -> ChunkEvents:
+    """(started, active, completed) ids in ``chunk``, in queue order."""
+    return (
+        [e.event_id for e in state.events if e.first_chunk == chunk],
+        [e.event_id for e in state.events if e.first_chunk <= chunk <= e.last_chunk],
+        [e.event_id for e in state.events if e.last_chunk == chunk],
+    )

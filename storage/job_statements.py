@@ -267,6 +267,22 @@ def update_running(values: Iterable[str]) -> Update:
     return update(JOBS).where(*where).values({n: param(n) for n in names})
 
 
+def cancelled_run_durations() -> Update:
+    """The ``stage_durations`` of a run whose job was cancelled under it: the cancel ended
+    the row, so the run's time in its last stage was never written (a job cancelled after
+    9 steps showed a denoise of 0). Only the cancelled job's row and only while it still
+    names this run's lease: a take-over's attempt fences a run presumed dead."""
+    return (
+        update(JOBS)
+        .where(
+            JOBS.c.id == bindparam("job_id"),
+            JOBS.c.cancel_requested.is_(True),
+            *_leased(),
+        )
+        .values(stage_durations=param("stage_durations"))
+    )
+
+
 def fail(owned: bool, values: Iterable[str]) -> Update:
     """Fail job ``:job_id`` while it is active (and held by the run's lease)."""
     where = [JOBS.c.id == bindparam("job_id"), _active()]

@@ -404,6 +404,15 @@ class JobStore:
         params = {**_plain(values), "job_id": job_id, **lease._asdict()}
         return statement.rowcount({**params, "heartbeat_at": time.time()}) == 1
 
+    def record_cancelled_run(
+        self, job_id: str, lease: Lease, stage_durations: dict[str, float]
+    ) -> bool:
+        """The stage times of ``lease``'s run of a job cancelled under it
+        (:func:`storage.job_statements.cancelled_run_durations`); False: not that run's."""
+        statement = self._statement(("cancelled_run",), sql.cancelled_run_durations)
+        params = {"stage_durations": stage_durations, "job_id": job_id, **lease._asdict()}
+        return statement.rowcount(params) == 1
+
     def complete(self, job_id: str, lease: Lease, artifacts: list[Artifact], **values: Any) -> bool:
         """in_progress → completed and the artifact rows, in one transaction (on
         PostgreSQL one statement: :func:`storage.job_statements.complete`)."""

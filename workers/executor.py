@@ -100,9 +100,12 @@ class StepExecutor:
             pipe = self.pipelines.job(job.model)
             completed = self._execute_on(pipe, run, tmp)
             outcome = "completed" if completed else "cancelled"
+            if not completed:
+                run.record_cancelled()
         except (JobLost, UploadAborted) as exc:
             outcome = "cancelled"  # whoever took the job from us recorded why
             forget_frames(exc)  # a stop inside a step: its tensors go with the state
+            run.record_cancelled()
         except (OperationalError, InterfaceError) as exc:
             # The database is out of reach: the row cannot be written (not even failed), so
             # the job is left as it is, for a take-over once its heartbeat lapses.

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from models.common import JobError
 from models.db import Job, job_spec
 from models.errors import ErrorCode, JobLost, JobTimedOut
@@ -114,6 +116,16 @@ class JobRun:
 
     def end_stage(self) -> None:
         self.durations[self.stage] = round(time.monotonic() - self.stage_started, 4)
+
+    def record_cancelled(self) -> None:
+        """After a stop: the run's stage times onto its job's row, if a cancel ended the
+        job under it (the cancel wrote the row, without the time in the last stage). A
+        take-over's row is another run's and keeps its own."""
+        self.end_stage()
+        try:
+            self.jobs.record_cancelled_run(self.job.id, self.lease, self.durations)
+        except SQLAlchemyError:  # only figures are lost
+            log.warning("job %s: could not record the cancelled run's stage times", self.job.id)
 
     def publish(self, event: Any, data: bytes | None = None) -> str | None:
         return self.publish_to(self.job, event, data)

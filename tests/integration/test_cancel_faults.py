@@ -138,6 +138,9 @@ def _cancel_at(
         final = client.get(f"/v1/videos/{vid}").json()
         assert final["status"] == "failed" and final["error"]["code"] == "cancelled"
         assert final["progress"] < 100
+        # the run's time in the stage it was cancelled in is kept (it read 0 before)
+        stage = final["stage"]
+        _wait(client, vid, lambda b: b["stage_durations"][stage] > 0)
     assert_next_job_completes(st, client, worker)
 
 

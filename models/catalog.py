@@ -395,8 +395,9 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         default_steps=50,  # HeliosPipeline's num_inference_steps, per chunk
         supports_image_input=True,
         parameters=["negative_prompt"],
-        # HeliosPipeline.__call__'s (default 5.0; 1.0 runs without CFG, as Distilled does).
-        extra_params={"guidance_scale": "float"},
+        # HeliosPipeline.__call__'s (default 5.0; 1.0 runs without CFG, as Distilled does);
+        # HeliosPyramidPipeline's steps per stage (default: steps_per_chunk shared evenly).
+        extra_params={"guidance_scale": "float", "pyramid_num_inference_steps_list": "ints"},
         extra_ranges={"guidance_scale": (0.0, 20.0)},
         # A prompt change conditions each chunk on one embedding, so 1 chunk is a cut;
         # the default blends over two (half-way, then whole).

@@ -9,8 +9,13 @@ from __future__ import annotations
 import warnings
 
 import torch
-from diffusers import AutoencoderKLWan, HeliosPipeline, HeliosTransformer3DModel
-from diffusers.schedulers import HeliosScheduler
+from diffusers import (
+    AutoencoderKLWan,
+    HeliosPipeline,
+    HeliosPyramidPipeline,
+    HeliosTransformer3DModel,
+)
+from diffusers.schedulers import HeliosDMDScheduler, HeliosScheduler
 
 from tests.unit.diffusers_fixtures import TEXT_DIM, TINY_SEQ_LEN, tiny_tokenizer, tiny_umt5
 
@@ -55,4 +60,36 @@ def tiny_helios_pipeline() -> HeliosPipeline:
         vae=vae,
         scheduler=scheduler,
         transformer=tiny_helios_transformer(),
+    )
+
+
+def tiny_helios_pyramid_pipeline(*, distilled: bool) -> HeliosPyramidPipeline:
+    """Helios-Mid's shape (``distilled=False``: three-stage UniPC ``HeliosScheduler``)
+    or Helios-Distilled's (``HeliosDMDScheduler``, DMD steps) in miniature. Without
+    CFG-Zero*: diffusers 0.42's own pyramid loop fails with it (``.view`` of the
+    transformer's non-contiguous output).
+    ``gamma`` 0.2: at the default 1/3 the block-noise covariance of a 2x2 patch is
+    singular, and its Cholesky factorisation fails on CPU float32."""
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(
+        base_dim=3,
+        z_dim=16,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+    ).eval()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
+        scheduler: HeliosScheduler | HeliosDMDScheduler = (
+            HeliosDMDScheduler(stages=3, use_dynamic_shifting=True, shift=1.0, gamma=0.2)
+            if distilled
+            else HeliosScheduler(stages=3, use_dynamic_shifting=True, shift=1.0, gamma=0.2)
+        )
+    return HeliosPyramidPipeline(
+        tokenizer=tiny_tokenizer(),
+        text_encoder=tiny_umt5(),
+        vae=vae,
+        scheduler=scheduler,
+        transformer=tiny_helios_transformer(),
+        is_distilled=distilled,
     )

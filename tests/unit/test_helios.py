@@ -13,13 +13,18 @@ import numpy as np
 import pytest
 import torch
 from diffusers import HeliosPipeline
-from diffusers.pipelines.helios import pipeline_helios
+from diffusers.pipelines.helios import pipeline_helios, pipeline_helios_pyramid
 from PIL import Image
 
 from models.catalog import FAMILY_SPECS
 from models.realtime_video_start import StartLimits
 from models.registry import ServedModel
-from tests.unit.helios_fixtures import SEQ_LEN, SIZE, tiny_helios_pipeline
+from tests.unit.helios_fixtures import (
+    SEQ_LEN,
+    SIZE,
+    tiny_helios_pipeline,
+    tiny_helios_pyramid_pipeline,
+)
 from tests.unit.test_checkpoints import BlockStop, Stop
 from workers.pipelines.base import WorldConfig, step_stops
 from workers.pipelines.diffusers import helios as helios_module
@@ -44,7 +49,9 @@ def _ftfy() -> Iterator[None]:
     """Helios cleans prompts with ftfy, which the test environment lacks: an identity
     stand-in (ftfy leaves these ASCII prompts as they are)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline_helios, "ftfy", types.SimpleNamespace(fix_text=str), raising=False)
+        stand_in = types.SimpleNamespace(fix_text=str)
+        for module in (pipeline_helios, pipeline_helios_pyramid):
+            mp.setattr(module, "ftfy", stand_in, raising=False)
         yield
 
 
@@ -123,6 +130,48 @@ def test_session_frames_are_helios_pipelines_bit_for_bit(
     got = np.concatenate(chunks)
     assert len(expected) == (FRAMES - 1) // 4 * 4 + 1 == len(got) - 1
     np.testing.assert_array_equal(got[: len(expected)], expected)
+
+
+@pytest.mark.parametrize(
+    ("distilled", "guidance", "steps", "i2v"),
+    [(True, 1.0, [1, 1, 1], False), (True, 1.0, [1, 1, 1], True), (False, 5.0, [2, 1, 1], False)],
+    ids=["distilled-t2v", "distilled-i2v", "mid-cfg-t2v"],
+)
+def test_pyramid_session_frames_are_helios_pyramid_pipelines_bit_for_bit(
+    distilled: bool, guidance: float, steps: list[int], i2v: bool
+) -> None:
+    """The same for ``HeliosPyramidPipeline``: Helios-Distilled's shape (DMD, three
+    stages of one step, no CFG, the issue's benchmark) and Helios-Mid's (UniPC stages,
+    CFG); each stage's steps are session steps, its upsampling rides on its first."""
+    pipe = tiny_helios_pyramid_pipeline(distilled=distilled)
+    adapter = HeliosWorldAdapter(pipe=pipe, dtype="float32", max_sequence_length=SEQ_LEN)
+    adapter.load("cpu")
+    extra = {"guidance_scale": guidance, "pyramid_num_inference_steps_list": steps}
+    over: dict[str, Any] = {"reference_image": IMAGE} if i2v else {}
+    state = adapter.start(_config(steps_per_chunk=sum(steps), extra=extra, **over))
+    got = np.concatenate(_run(adapter, state))
+    out = pipe(
+        "a red ball",
+        num_frames=FRAMES,
+        height=SIZE,
+        width=SIZE,
+        guidance_scale=guidance,
+        pyramid_num_inference_steps_list=steps,
+        generator=torch.Generator().manual_seed(3),
+        output_type="np",
+        max_sequence_length=SEQ_LEN,
+        **({"image": Image.fromarray(IMAGE)} if i2v else {}),
+    )
+    expected = to_uint8(out.frames[0])
+    assert len(got) == FRAMES and len(expected) == FRAMES - 1
+    np.testing.assert_array_equal(got[: len(expected)], expected)
+    # Without the list, steps_per_chunk is shared evenly by the stages.
+    even = adapter.start(_config(steps_per_chunk=6))
+    assert even.pyramid.steps == [2, 2, 2] and even.steps_per_chunk == 6
+    with pytest.raises(ValueError, match="multiple of 3"):
+        adapter.start(_config(steps_per_chunk=4))
+    with pytest.raises(ValueError, match="pyramid_num_inference_steps_list"):
+        adapter.start(_config(extra={"pyramid_num_inference_steps_list": [1, 1]}))
 
 
 def test_interleaved_sessions_equal_each_run_alone(adapter: HeliosWorldAdapter) -> None:
@@ -249,7 +298,7 @@ def test_bad_configs_and_pipes_are_refused(adapter: HeliosWorldAdapter) -> None:
         adapter.start(_config(reference_image=IMAGE[:8]))
     with pytest.raises(ValueError, match="path or a pipe"):
         HeliosWorldAdapter()
-    with pytest.raises(TypeError, match="HeliosPipeline"):
+    with pytest.raises(TypeError, match="HeliosPyramidPipeline"):
         HeliosWorldAdapter(pipe=object()).load("cpu")
     with pytest.raises(RuntimeError, match="load"):
         HeliosWorldAdapter("/nowhere").start(_config())

@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers import HeliosPipeline
-from diffusers.pipelines.helios import pipeline_helios
+from diffusers import DiffusionPipeline, HeliosPipeline, HeliosPyramidPipeline
+from diffusers.pipelines.helios import pipeline_helios, pipeline_helios_pyramid
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
@@ -51,7 +51,7 @@ from models.realtime_video_chunks import ChunkLattice
 from models.registry import CompileMode, ServedModel, WarmupShape
 from workers.pipelines.base import ActionBlock, ChunkEvents, WorldConfig, WorldPipeline
 from workers.pipelines.blocks import BlockGate
-from workers.pipelines.diffusers.common import call_default, cfg, make_generator, to_uint8
+from workers.pipelines.diffusers.common import call_default, make_generator, to_uint8
 from workers.pipelines.diffusers.compiled import BlockCompiler
 from workers.pipelines.diffusers.helios_session import (
     HeliosState,
@@ -60,6 +60,15 @@ from workers.pipelines.diffusers.helios_session import (
     chunk_events,
     queue_event,
 )
+from workers.pipelines.diffusers.helios_steps import (
+    HISTORY_SIZES,
+    LATENT_FRAMES_PER_CHUNK,
+    PyramidStages,
+    one_stage_step,
+    pyramid_begin_chunk,
+    pyramid_step,
+    shift_mu,
+)
 from workers.pipelines.diffusers.loading import (
     DTYPE_KWARG,
     install_checkpoints,
@@ -67,13 +76,11 @@ from workers.pipelines.diffusers.loading import (
     parse_dtype,
 )
 
-HISTORY_SIZES = (16, 2, 1)  # latent frames of the long, mid and 1x history (``__call__``)
-LATENT_FRAMES_PER_CHUNK = 9  # ``num_latent_frames_per_chunk``'s default
 # ``__call__``'s I2V noise on the image latents (``add_noise_to_image_latents``).
 IMAGE_NOISE_SIGMA = (0.111, 0.135)
 FAKE_IMAGE_NOISE_SIGMA = (0.111, 0.135)  # ``video_noise_sigma_min/max``
 # Every ``WorldConfig.extra`` key this adapter reads (FAMILY_SPECS declares the same).
-EXTRA_PARAMS = ("guidance_scale",)
+EXTRA_PARAMS = ("guidance_scale", "pyramid_num_inference_steps_list")
 
 
 class HeliosWorldAdapter(WorldPipeline[HeliosState]):
@@ -132,27 +139,30 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
     # --- loading ----------------------------------------------------------------------
 
     def load(self, device: str) -> None:
-        """``HeliosPipeline.from_pretrained(path, local_files_only=True)`` (or the injected
-        pipe, dtype as it is) on ``device``, with the cancel points and compiled blocks
+        """The pipeline of ``path`` (``from_pretrained(…, local_files_only=True)``: its
+        ``model_index.json`` says which of the two Helios pipelines) or the injected pipe
+        (dtype as it is) on ``device``, with the cancel points and compiled blocks
         ``DiffusersAdapter.load`` installs."""
         if self.pipe is None:
-            self.pipe = HeliosPipeline.from_pretrained(
+            self.pipe = DiffusionPipeline.from_pretrained(
                 self.path, local_files_only=True, **{DTYPE_KWARG: self.dtype}
             )
             if torch.device(device).type == "cpu":
                 own_weights(self.pipe)
-        if not isinstance(self.pipe, HeliosPipeline):
+        if not isinstance(self.pipe, HeliosPipeline | HeliosPyramidPipeline):
             name = type(self.pipe).__name__
-            raise TypeError(f"{type(self).__name__} drives HeliosPipeline, got {name}")
+            raise TypeError(
+                f"{type(self).__name__} drives HeliosPipeline or HeliosPyramidPipeline, got {name}"
+            )
         pipe: Any = self.pipe  # diffusers' pipelines are untyped for mypy
-        if not hasattr(pipeline_helios, "ftfy"):
+        if not hasattr(pipeline_helios, "ftfy") or not hasattr(pipeline_helios_pyramid, "ftfy"):
             # Helios cleans every prompt with ftfy and fails with a NameError without it.
             raise RuntimeError("Helios needs the ftfy package for its prompt cleaning")
         stages = pipe.scheduler.config.get("stages", 1)
-        if stages != 1:
+        if isinstance(pipe, HeliosPipeline) and stages != 1:
             raise ValueError(
                 f"{self.spec.name}: a {stages}-stage scheduler is HeliosPyramidPipeline's; "
-                "this adapter drives the one-stage HeliosPipeline"
+                "HeliosPipeline runs one stage"
             )
         pipe.to(device)
         self.device = torch.device(device)
@@ -221,17 +231,10 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         if config.reference_image is not None:
             image_latents, fake = self._image_latents(pipe, config, generator)
             history = torch.cat([history[:, :, :-1], fake], dim=2)
-        patch = pipe.transformer.config.patch_size
-        image_seq_len = LATENT_FRAMES_PER_CHUNK * h * w // (patch[0] * patch[1] * patch[2])
-        sched = pipe.scheduler.config
-        mu = pipeline_helios.calculate_shift(
-            image_seq_len,
-            sched.get("base_image_seq_len", 256),
-            sched.get("max_image_seq_len", 4096),
-            sched.get("base_shift", 0.5),
-            sched.get("max_shift", 1.15),
-        )
-        steps = config.steps_per_chunk
+        steps, pyramid = config.steps_per_chunk, None
+        if isinstance(pipe, HeliosPyramidPipeline):
+            pyramid = PyramidStages(self._pyramid_steps(pipe, config))
+            steps = sum(pyramid.steps)
         return HeliosState(
             config=config,
             num_chunks=chunks,
@@ -241,12 +244,13 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
             generator=generator,
             scheduler=copy.deepcopy(pipe.scheduler),
             sigmas=np.linspace(0.999, 0.0, steps + 1)[:-1],
-            mu=mu,
+            mu=shift_mu(pipe, (LATENT_FRAMES_PER_CHUNK, h, w)),
             prompt=config.prompt,
             prompt_embeds=embeds.to(dtype),
             negative_prompt_embeds=negative,
             history_latents=history,
             image_latents=image_latents,
+            pyramid=pyramid,
         )
 
     def num_chunks(self, state: HeliosState) -> int:
@@ -267,39 +271,11 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         pipe = self._loaded()
         if state.latents is None:
             self._begin_chunk(pipe, state)
-        assert state.latents is not None and state.timesteps is not None
-        assert state.history is not None and state.chunk_embeds is not None
         self.gate.begin_step()
-        t = state.timesteps[state.step_index]
-        short, mid, long = state.history
-        model = pipe.transformer
-        latents = state.latents
-
-        def predict(cache: str, embeds: torch.Tensor | None) -> torch.Tensor:
-            with model.cache_context(cache):
-                out: torch.Tensor = model(
-                    hidden_states=latents.to(model.dtype),
-                    timestep=t.expand(latents.shape[0]),
-                    encoder_hidden_states=embeds,
-                    indices_hidden_states=_INDICES["hidden"],
-                    indices_latents_history_short=_INDICES["short"],
-                    indices_latents_history_mid=_INDICES["mid"],
-                    indices_latents_history_long=_INDICES["long"],
-                    latents_history_short=short,
-                    latents_history_mid=mid,
-                    latents_history_long=long,
-                    attention_kwargs=None,
-                    return_dict=False,
-                )[0]
-            return out
-
-        noise_pred = predict("cond", state.chunk_embeds)
-        if state.do_cfg:
-            uncond = predict("uncond", state.negative_prompt_embeds)
-            noise_pred = cfg(uncond, noise_pred, state.guidance_scale)
-        state.latents = state.scheduler.step(
-            noise_pred, t, latents, generator=state.generator, return_dict=False
-        )[0]
+        if state.pyramid is not None:
+            pyramid_step(pipe, state, state.pyramid)
+        else:
+            one_stage_step(pipe, state)
         state.step_index += 1
 
     @torch.no_grad()
@@ -395,13 +371,16 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
             device=pipe._execution_device,
             generator=state.generator,
         )
-        state.scheduler.set_timesteps(
-            state.steps_per_chunk,
-            device=pipe._execution_device,
-            sigmas=state.sigmas,
-            mu=state.mu,
-        )
-        state.timesteps = state.scheduler.timesteps
+        if state.pyramid is not None:
+            pyramid_begin_chunk(state, state.pyramid)
+        else:
+            state.scheduler.set_timesteps(
+                state.steps_per_chunk,
+                device=pipe._execution_device,
+                sigmas=state.sigmas,
+                mu=state.mu,
+            )
+            state.timesteps = state.scheduler.timesteps
         state.chunk_embeds = chunk_embeddings(state, state.chunk_index)
 
     def _image_latents(
@@ -432,6 +411,28 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         sigma = torch.rand(1, device=device, generator=generator) * (hi - lo) + lo
         noise = randn_tensor(fake.shape, generator=generator, device=device)
         return latents, sigma * noise + (1 - sigma) * fake
+
+    def _pyramid_steps(self, pipe: Any, config: WorldConfig) -> list[int]:
+        """``pyramid_num_inference_steps_list``: from ``extra``, else ``steps_per_chunk``
+        shared evenly by the scheduler's stages (3 steps: [1, 1, 1])."""
+        stages = int(pipe.scheduler.config.stages)
+        given = config.extra.get("pyramid_num_inference_steps_list")
+        if given is None:
+            if config.steps_per_chunk % stages:
+                raise InvalidJobInput(
+                    f"steps_per_chunk must be a multiple of {stages} (one share per pyramid "
+                    f"stage), got {config.steps_per_chunk}"
+                )
+            return [config.steps_per_chunk // stages] * stages
+        if (
+            not isinstance(given, list | tuple)
+            or len(given) != stages
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in given)
+        ):
+            raise InvalidJobInput(
+                f"pyramid_num_inference_steps_list must be {stages} integers >= 1, got {given!r}"
+            )
+        return list(given)
 
     def _seq_len(self, pipe: Any) -> int:
         if self.max_sequence_length is not None:
@@ -481,19 +482,3 @@ def _latent_stats(vae: Any, device: torch.device) -> tuple[torch.Tensor, torch.T
     mean = torch.tensor(vae.config.latents_mean).view(shape).to(device, vae.dtype)
     inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(device, vae.dtype)
     return mean, inv_std
-
-
-def _indices() -> dict[str, torch.Tensor]:
-    """``__call__``'s frame indices (``keep_first_frame``): the anchor at 0, then the
-    long, mid and 1x history, then the chunk; the short history is the anchor + 1x."""
-    sizes = [1, *HISTORY_SIZES, LATENT_FRAMES_PER_CHUNK]
-    prefix, long, mid, x1, hidden = torch.arange(0, sum(sizes)).split(sizes, dim=0)
-    return {
-        "hidden": hidden.unsqueeze(0),
-        "short": torch.cat([prefix, x1], dim=0).unsqueeze(0),
-        "mid": mid.unsqueeze(0),
-        "long": long.unsqueeze(0),
-    }
-
-
-_INDICES = _indices()

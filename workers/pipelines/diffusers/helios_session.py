@@ -81,6 +81,9 @@ class HeliosState:
     timesteps: torch.Tensor | None = None
     chunk_embeds: torch.Tensor | None = None
     history: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # short, mid, long
+    # A HeliosPyramidPipeline session's place in the chunk's stages
+    # (``helios_steps.PyramidStages``); None for HeliosPipeline.
+    pyramid: Any = None
 
     @property
     def done(self) -> bool:

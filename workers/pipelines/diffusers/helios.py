@@ -1,23 +1,25 @@
-"""Helios (``diffusers.HeliosPipeline``) as a steerable world stream, one denoise step at
-a time.
+"""Helios (``diffusers.HeliosPipeline`` and ``HeliosPyramidPipeline``) as a steerable world
+stream, one denoise step at a time.
 
 Helios is autoregressive: it makes a video ``num_latent_frames_per_chunk`` (9) latent
 frames, i.e. 33 pixel frames, at a time, each chunk conditioned on a compressed history
 of the latent frames before it (16 + 2 + 1, patched coarser the older they are) and on a
 first-frame anchor (the reference image's latents for I2V, else the first chunk's first
 latent frame). That is a world session's shape already, so this adapter mirrors
-``HeliosPipeline.__call__`` (diffusers 0.42) with its chunk loop turned inside out:
+``HeliosPipeline.__call__`` and ``HeliosPyramidPipeline.__call__`` (diffusers 0.42) with
+their chunk loop turned inside out:
 
 * ``start`` = steps 1-5 (checks, prompt encoding, the image's latents and the initial
   history for I2V) with the session's own RNG and scheduler copy;
 * the first ``step`` of a chunk also does the top of the chunk loop (history split, the
   chunk's noise, its timesteps); each ``step`` is one iteration of the denoising loop (the
-  CFG pair when ``guidance_scale > 1``, then ``HeliosScheduler.step``);
+  CFG pair when ``guidance_scale > 1``, then the scheduler's step), for the pyramid
+  pipeline one step of one of its stages (``helios_steps.py``);
 * ``take_chunk`` = the bottom of the chunk loop (anchor, history append, VAE decode of the
   chunk's 9 latent frames) and ``postprocess_video``, rounded to uint8 by
   :func:`~workers.pipelines.diffusers.common.to_uint8`.
 
-So a session's chunks, concatenated, are bit-equal to the pipeline's video for the same
+So a session's chunks, concatenated, are bit-equal to either pipeline's video for the same
 prompt, seed and ``num_frames = 33 * chunks``, except where ``__call__`` trims its end to
 ``4k + 1`` frames: a session hands out every chunk whole (33 frames each; the chunk
 lattice has no end to trim to), so its last ``(chunks - 1) % 4`` frames are ones
@@ -27,9 +29,10 @@ What differs from ``__call__``: ``num_frames`` is rounded down to whole chunks (
 pipeline rounds up); the history keeps only the frames the model reads (the pipeline
 keeps them all); ``flow_shift`` is ignored (Helios shifts by resolution, ``mu``). Session
 options (``extra_params``): ``guidance_scale`` (default: the pipeline's, 5.0; 1.0 for the
-distilled checkpoints). Not here: ``HeliosPyramidPipeline`` (the distilled pyramid
-variant), V2V, ``keep_first_frame=False``, camera control (Helios has none). The loop is
-``workers/pipelines/base.py``'s ``WorldPipeline``; prompt changes:
+distilled checkpoints) and, for the pyramid pipeline, ``pyramid_num_inference_steps_list``
+(default: ``steps_per_chunk`` shared evenly by the stages). Not here: V2V,
+``keep_first_frame=False``, ``is_amplify_first_chunk``, camera control (Helios has none).
+The loop is ``workers/pipelines/base.py``'s ``WorldPipeline``; prompt changes:
 ``helios_session.py``.
 """
 
@@ -84,8 +87,9 @@ EXTRA_PARAMS = ("guidance_scale", "pyramid_num_inference_steps_list")
 
 
 class HeliosWorldAdapter(WorldPipeline[HeliosState]):
-    """``HeliosPipeline`` (Helios-Base, -Mid, or -Distilled run as a one-stage model)
-    streamed chunk by chunk; one instance is shared by every session of a worker.
+    """``HeliosPipeline`` (Helios-Base) or ``HeliosPyramidPipeline`` (Helios-Mid,
+    Helios-Distilled) streamed chunk by chunk; one instance is shared by every session of
+    a worker.
 
     Built as the diffusers job adapters are (``common.DiffusersAdapter``, which is a job
     ``Pipeline`` and so cannot be the base here): a local ``path`` loaded with

@@ -100,10 +100,10 @@ def _solo(adapter: HeliosWorldAdapter, name: str, **over: Any) -> list[np.ndarra
     return _SOLO[name]
 
 
-def _reference(pipe: HeliosPipeline, **kwargs: Any) -> np.ndarray:
+def _reference(pipe: HeliosPipeline, frames: int, **kwargs: Any) -> np.ndarray:
     out = pipe(
         "a red ball",
-        num_frames=FRAMES,
+        num_frames=frames,
         height=SIZE,
         width=SIZE,
         num_inference_steps=STEPS,
@@ -115,20 +115,25 @@ def _reference(pipe: HeliosPipeline, **kwargs: Any) -> np.ndarray:
     return to_uint8(out.frames[0])
 
 
-@pytest.mark.parametrize("i2v", [False, True], ids=["t2v", "i2v"])
+@pytest.mark.parametrize(("i2v", "chunks"), [(False, 3), (True, 2)], ids=["t2v", "i2v"])
 def test_session_frames_are_helios_pipelines_bit_for_bit(
-    pipe: HeliosPipeline, adapter: HeliosWorldAdapter, i2v: bool
+    pipe: HeliosPipeline, adapter: HeliosWorldAdapter, i2v: bool, chunks: int
 ) -> None:
-    """Two chunks of 33 frames, step by step, equal ``HeliosPipeline(...)``'s video
-    (``image=`` for I2V). ``__call__`` trims its end to 4k + 1 frames (65 of 66); a
-    session hands out its last chunk whole, so it has that one decoded frame more."""
-    over = {"reference_image": IMAGE} if i2v else {}
-    chunks = _solo(adapter, "i2v" if i2v else "t2v", **over)
-    assert [c.shape for c in chunks] == [(CHUNK, SIZE, SIZE, 3)] * 2
-    assert all(c.dtype == np.uint8 for c in chunks)
-    expected = _reference(pipe, **({"image": Image.fromarray(IMAGE)} if i2v else {}))
-    got = np.concatenate(chunks)
-    assert len(expected) == (FRAMES - 1) // 4 * 4 + 1 == len(got) - 1
+    """Chunks of 33 frames, step by step, equal ``HeliosPipeline(...)``'s video (``image=``
+    for I2V); by T2V's third chunk the history is full and read from its end. ``__call__``
+    trims its end to 4k + 1 frames (97 of 99, 65 of 66); a session hands out its last
+    chunk whole, so it has those decoded frames more."""
+    frames = chunks * CHUNK
+    over: dict[str, Any] = {"reference_image": IMAGE} if i2v else {}
+    name = "i2v" if i2v else "t2v"
+    got_chunks = _solo(
+        adapter, name if chunks == 2 else f"{name}-{chunks}", num_frames=frames, **over
+    )
+    assert [c.shape for c in got_chunks] == [(CHUNK, SIZE, SIZE, 3)] * chunks
+    assert all(c.dtype == np.uint8 for c in got_chunks)
+    expected = _reference(pipe, frames, **({"image": Image.fromarray(IMAGE)} if i2v else {}))
+    got = np.concatenate(got_chunks)
+    assert len(expected) == (frames - 1) // 4 * 4 + 1 == len(got) - (chunks - 1) % 4
     np.testing.assert_array_equal(got[: len(expected)], expected)
 
 

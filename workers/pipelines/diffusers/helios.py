@@ -296,7 +296,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         latents = state.latents
         assert latents is not None
         if state.image_latents is None:
-            state.image_latents = latents[:, :, 0:1]
+            state.image_latents = latents[:, :, 0:1].clone()  # not a view holding the chunk
         keep = sum(HISTORY_SIZES)
         state.history_latents = torch.cat([state.history_latents, latents], dim=2)[:, :, -keep:]
         vae = pipe.vae

@@ -202,22 +202,29 @@ def test_interleaved_sessions_equal_each_run_alone(adapter: HeliosWorldAdapter) 
 def test_a_prompt_change_starts_at_the_next_chunk_not_begun(
     adapter: HeliosWorldAdapter,
 ) -> None:
-    """Sent once chunk 0 has begun, a new prompt leaves chunk 0 as the unsteered
-    session's and changes chunk 1, where it is reported started, active and completed
-    (a cut: transition_chunks 0)."""
-    alone = _solo(adapter, "t2v")
-    state = adapter.start(_config())
+    """Sent once chunk 0 has begun, a new prompt blended over two chunks leaves chunk 0
+    as the unsteered session's, conditions chunk 1 on the embeddings half-way and chunk 2
+    on the new prompt's own; it is reported started in chunk 1, active in both, completed
+    in chunk 2."""
+    alone = _solo(adapter, "t2v-3", num_frames=3 * CHUNK)
+    state = adapter.start(_config(num_frames=3 * CHUNK))
+    old = state.prompt_embeds
     adapter.step(state)
-    adapter.interact(state, "a blue cube", None, 0, "e1")
-    assert state.events[0].first_chunk == 1
-    while not adapter.chunk_done(state):
-        adapter.step(state)
-    np.testing.assert_array_equal(adapter.take_chunk(state), alone[0])
-    assert adapter.events_for_chunk(state) == ([], [], [])
-    while not adapter.chunk_done(state):
-        adapter.step(state)
-    assert not np.array_equal(adapter.take_chunk(state), alone[1])
-    assert adapter.events_for_chunk(state) == (["e1"], ["e1"], ["e1"])
+    adapter.interact(state, "a blue cube", None, 2, "e1")
+    new = state.events[0].embeds
+    assert new is not None and state.events[0].first_chunk == 1
+    reported = []
+    for k in range(3):
+        while not adapter.chunk_done(state):
+            adapter.step(state)
+            if k == 1:
+                torch.testing.assert_close(state.chunk_embeds, torch.lerp(old, new, 0.5))
+            if k == 2:
+                assert state.chunk_embeds is new
+        frames = adapter.take_chunk(state)
+        assert np.array_equal(frames, alone[k]) == (k == 0)
+        reported.append(adapter.events_for_chunk(state))
+    assert reported == [([], [], []), (["e1"], ["e1"], []), ([], ["e1"], ["e1"])]
     assert state.prompt == "a blue cube"
 
 

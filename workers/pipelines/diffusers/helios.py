@@ -211,6 +211,10 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         latents and noise drawn (I2V), the zero history; no chunk begun."""
         pipe = self._loaded()
         chunks = self._validate(config)
+        steps, pyramid = config.steps_per_chunk, None
+        if isinstance(pipe, HeliosPyramidPipeline):
+            pyramid = PyramidStages(self._pyramid_steps(pipe, config))
+            steps = sum(pyramid.steps)
         scale = float(config.extra.get("guidance_scale", call_default(pipe, "guidance_scale")))
         do_cfg = scale > 1.0
         device = pipe._execution_device
@@ -235,10 +239,6 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         if config.reference_image is not None:
             image_latents, fake = self._image_latents(pipe, config, generator)
             history = torch.cat([history[:, :, :-1], fake], dim=2)
-        steps, pyramid = config.steps_per_chunk, None
-        if isinstance(pipe, HeliosPyramidPipeline):
-            pyramid = PyramidStages(self._pyramid_steps(pipe, config))
-            steps = sum(pyramid.steps)
         return HeliosState(
             config=config,
             num_chunks=chunks,

@@ -22,7 +22,6 @@ conversion of one frame on this host's CPU (one thread, and x264's thread count)
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -56,6 +55,7 @@ def main() -> None:
     args = p.parse_args()
     from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import AutoencoderKLMiniMaxH3
 
+    from benchmarks.gpu.common import emit
     from workers.media import Media, Mp4Writer, encode_mp4
     from workers.pipelines.diffusers.h3_decode import stream_frames
     from workers.pipelines.diffusers.h3_random import TOY_CONFIG
@@ -96,7 +96,10 @@ def main() -> None:
         sum(len(c) for c in stream_frames(vae, z, convert))
         return _sync() - t
 
-    def stream_encode(threads: int) -> Callable[[], float]:
+    def stream_encode(threads: int, planes: bool = False) -> Callable[[], float]:
+        """Streamed into the MP4: RGB frames (swscale converts them), or with ``planes``
+        the executor's path, yuv420p made on the device."""
+
         def run() -> float:
             with tempfile.TemporaryDirectory() as tmp:
                 t = _sync()
@@ -104,22 +107,11 @@ def main() -> None:
                     Path(tmp, "v.mp4"), 24.0, audio=audio, sample_rate=32000, threads=threads
                 )
                 with mp4:
-                    for chunk in stream_frames(vae, z, convert):
-                        mp4.write(np.asarray(chunk))
-                return _sync() - t
-
-        return run
-
-    def stream_encode_yuv(threads: int) -> Callable[[], float]:
-        def run() -> float:
-            with tempfile.TemporaryDirectory() as tmp:
-                t = _sync()
-                mp4 = Mp4Writer(
-                    Path(tmp, "v.mp4"), 24.0, audio=audio, sample_rate=32000, threads=threads
-                )
-                with mp4:
-                    for chunk in stream_frames(vae, z, on_device):
-                        mp4.write_planes(yuv420p(torch.as_tensor(chunk)).cpu().numpy())
+                    for chunk in stream_frames(vae, z, on_device if planes else convert):
+                        if planes:
+                            mp4.write_planes(yuv420p(torch.as_tensor(chunk)).cpu().numpy())
+                        else:
+                            mp4.write(np.asarray(chunk))
                 return _sync() - t
 
         return run
@@ -170,11 +162,10 @@ def main() -> None:
     out["compiled_whole_s"] = median(whole)
     out["compiled_stream_s"] = median(stream)
     out["compiled_stream_encode_s"] = {str(n): median(stream_encode(n)) for n in threads}
-    out["compiled_stream_encode_yuv_s"] = {str(n): median(stream_encode_yuv(n)) for n in threads}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_h3_decode.json").write_text(text)
+    out["compiled_stream_encode_yuv_s"] = {
+        str(n): median(stream_encode(n, planes=True)) for n in threads
+    }
+    emit(out, "gpu_h3_decode")
 
 
 if __name__ == "__main__":

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from benchmarks.gpu.common import emit
 from benchmarks.gpu.h3 import _forward, _rows, _sync, build_pipeline
 
 
@@ -94,10 +93,7 @@ def main() -> None:
         ),
         "compile_fell_back": adapter.compiler.failed,
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu_h3_prompts.json").write_text(text)
+    emit(out, "gpu_h3_prompts")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ not see each other; steering must touch only chunks not yet begun."""
 from __future__ import annotations
 
 import types
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -314,3 +316,22 @@ def test_bad_configs_and_pipes_are_refused(adapter: HeliosWorldAdapter) -> None:
         HeliosWorldAdapter(pipe=object()).load("cpu")
     with pytest.raises(RuntimeError, match="load"):
         HeliosWorldAdapter("/nowhere").start(_config())
+
+
+def test_loads_either_pipeline_from_a_local_path(tmp_path: Path) -> None:
+    """``path``: ``model_index.json`` picks the pipeline class, loaded offline in the
+    entry's dtype; a session starts on it."""
+    for name, saved in (
+        ("base", tiny_helios_pipeline()),
+        ("pyramid", tiny_helios_pyramid_pipeline(distilled=True)),
+    ):
+        saved.save_pretrained(tmp_path / name)
+        adapter = HeliosWorldAdapter(
+            str(tmp_path / name), dtype="float32", max_sequence_length=SEQ_LEN
+        )
+        with warnings.catch_warnings():  # HeliosScheduler.__init__: np.linspace of tensors
+            warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
+            adapter.load("cpu")
+        assert type(adapter.pipe) is type(saved)
+        state = adapter.start(_config(steps_per_chunk=3))
+        assert adapter.num_chunks(state) == 2 and (state.pyramid is None) == (name == "base")

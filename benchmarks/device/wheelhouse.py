@@ -139,6 +139,7 @@ PINS = [  # same versions as the dev venv where they exist
     "deprecated==1.3.1",  # limits (its wrapt is the image's)
     "diffusers==0.42.1",  # not in the image (its transformers, safetensors, hub are)
     "fastapi==0.165.0",
+    "ftfy==6.3.1",  # Helios's prompt cleaning (the diffusers extra)
     "httptools==0.9.0",
     "importlib-metadata==10.2.0",  # diffusers
     "jmespath==1.1.0",
@@ -176,7 +177,7 @@ BOTOCORE_SERVICES = {"s3", "sts", "sso", "sso-oidc"}
 # diffusers' pipeline packages kept: the families of workers/pipelines/diffusers/ (and
 # ``deprecated``, which diffusers' own __init__ reaches). The other ~80 pipelines are
 # imported lazily by name only, never by these, and cost ~3.5 MB of the 64 MiB carry.
-DIFFUSERS_PIPELINES = {"wan", "ltx", "ltx2", "cogvideo", "stable_audio", "deprecated"}
+DIFFUSERS_PIPELINES = {"wan", "ltx", "ltx2", "cogvideo", "stable_audio", "helios", "deprecated"}
 PLATFORMS = [
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import types
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 from diffusers import HeliosPipeline
-from diffusers.pipelines.helios import pipeline_helios, pipeline_helios_pyramid
 from PIL import Image
 
 from models.catalog import FAMILY_SPECS
@@ -44,17 +42,6 @@ STEPS = 2  # per chunk
 CHUNK = 33  # pixel frames per chunk
 FRAMES = 2 * CHUNK  # two chunks
 IMAGE = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ftfy() -> Iterator[None]:
-    """Helios cleans prompts with ftfy, which the test environment lacks: an identity
-    stand-in (ftfy leaves these ASCII prompts as they are)."""
-    with pytest.MonkeyPatch.context() as mp:
-        stand_in = types.SimpleNamespace(fix_text=str)
-        for module in (pipeline_helios, pipeline_helios_pyramid):
-            mp.setattr(module, "ftfy", stand_in, raising=False)
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@
     │   │   ├── InvalidJobInput       (also a ValueError) a pipeline refuses the request on
     │   │   │                         purpose; its message names the parameter → job /
     │   │   │                         session code ``invalid_request``
-    │   │   │   ├── DuplicateEventError  a reused interaction ``event_id``
-    │   │   │   │                     (``workers/pipelines/reference_world.py``)
+    │   │   │   ├── DuplicateEventError  a reused interaction ``event_id`` (every world
+    │   │   │   │                     model: ``workers/pipelines/world_rules.py``)
     │   │   │   └── InvalidLora       a job's LoRA adapter does not fit the model (or
     │   │   │                         cannot be read) → job code ``invalid_lora``
     │   │   │   Realtime client mistakes (each also a ValueError), sent as an ``error``
@@ -127,6 +127,10 @@ class InvalidJobInput(InvalidRequest, ValueError):
     the reverse does not hold: a bare ``ValueError`` is never taken for bad input."""
 
     default_code = "invalid_request"
+
+
+class DuplicateEventError(InvalidJobInput):
+    """A world session's ``interact`` got an ``event_id`` the session has already used."""
 
 
 class InvalidLora(InvalidJobInput):

@@ -15,6 +15,7 @@ from PIL import Image
 
 from models.errors import (
     BusUnavailable,
+    DuplicateEventError,
     ErrorCode,
     InvalidJobInput,
     InvalidRequest,
@@ -25,7 +26,6 @@ from models.errors import (
 from tests.unit.reference_fixtures import loaded, video_request
 from workers.failures import INTERNAL_ERROR_MESSAGE, classify
 from workers.pipelines.reference_video import ReferenceVideoPipeline
-from workers.pipelines.reference_world import DuplicateEventError
 
 
 def _raised(call: Callable[[], object]) -> BaseException:

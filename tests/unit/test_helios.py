@@ -17,6 +17,7 @@ from diffusers import HeliosPipeline
 from PIL import Image
 
 from models.catalog import FAMILY_SPECS
+from models.errors import DuplicateEventError
 from models.realtime_video_start import StartLimits
 from models.registry import ServedModel
 from tests.unit.helios_fixtures import (
@@ -31,7 +32,6 @@ from workers.pipelines.diffusers import helios as helios_module
 from workers.pipelines.diffusers.common import to_uint8
 from workers.pipelines.diffusers.helios import HeliosWorldAdapter
 from workers.pipelines.diffusers.helios_session import (
-    DuplicateEventError,
     HeliosState,
     chunk_embeddings,
     queue_event,

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from models.errors import DuplicateEventError
 from tests.unit.reference_fixtures import loaded
 from workers.pipelines.reference_world import (
     REFERENCE_WORLD,
-    DuplicateEventError,
     ReferenceWorldPipeline,
     WorldConfig,
     WorldState,

@@ -58,6 +58,12 @@ from workers.pipelines.base import (
     WorldPipeline,
 )
 from workers.pipelines.procedural import Scene
+from workers.pipelines.world_rules import (
+    check_event_id,
+    check_prompt,
+    check_size,
+    check_transition,
+)
 
 PAN_SPEED = 0.6  # frame heights per second while "a" or "d" is held
 ZOOM_RATE = 0.5  # natural-log zoom per second while "w" or "s" is held
@@ -77,10 +83,6 @@ def num_chunks_for(num_frames: int) -> int:
 def chunk_frame_range(chunk: int) -> tuple[int, int]:
     """Global frame indices ``[start, stop)`` of chunk ``chunk``."""
     return (frames_for_chunks(chunk) if chunk else 0), frames_for_chunks(chunk + 1)
-
-
-class DuplicateEventError(InvalidJobInput):
-    """``interact`` got an ``event_id`` this session has already used."""
 
 
 @dataclass
@@ -257,23 +259,11 @@ class ReferenceWorldPipeline(NoWeights, proc.OnDevice, WorldPipeline[WorldState]
         ``InvalidJobInput`` for anything else malformed. An event queued during the last chunk
         has no chunk left to take effect in and never shows up in ``events_for_chunk``.
         """
-        if not isinstance(event_id, str) or not event_id:
-            raise InvalidJobInput("event_id must be a non-empty string")
-        if any(e.event_id == event_id for e in state.events):
-            raise DuplicateEventError(f"event_id {event_id!r} was already used in this session")
-        if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
-            raise InvalidJobInput("prompt must be a non-empty string")
+        check_event_id(event_id, (e.event_id for e in state.events))
+        if prompt is not None:
+            check_prompt(prompt)
         keys = None if camera is None else _camera_block(camera)
-        if (
-            isinstance(transition_chunks, bool)
-            or not isinstance(transition_chunks, int)
-            or transition_chunks < 0
-        ):
-            raise InvalidJobInput(
-                f"transition_chunks must be an integer >= 0, got {transition_chunks!r}"
-            )
-        if state.done:
-            raise RuntimeError("the session has finished")
+        check_transition(transition_chunks, state.done)
         first = state.chunk_index + (1 if state.step_index else 0)  # first chunk not begun
         state.events.append(
             _Event(
@@ -401,18 +391,9 @@ def _render(sc: Scene, frames: torch.Tensor, pan: torch.Tensor, zoom: torch.Tens
 
 def _validate(cfg: WorldConfig) -> int:
     """Check the config; return the number of chunks."""
-    if not isinstance(cfg.prompt, str) or not cfg.prompt.strip():
-        raise InvalidJobInput("prompt must be a non-empty string")
+    check_prompt(cfg.prompt)
     spec = REFERENCE_WORLD
-    for name, value, top in (
-        ("width", cfg.width, spec.max_width),
-        ("height", cfg.height, spec.max_height),
-    ):
-        if not spec.min_size <= value <= top or value % spec.size_multiple:
-            raise InvalidJobInput(
-                f"{name} must be a multiple of {spec.size_multiple} in "
-                f"[{spec.min_size}, {top}], got {value}"
-            )
+    check_size(spec, cfg.width, cfg.height)
     if not cfg.fps > 0:
         raise InvalidJobInput(f"fps must be positive, got {cfg.fps}")
     chunks = num_chunks_for(cfg.num_frames)

@@ -78,6 +78,7 @@ from workers.pipelines.diffusers.loading import (
     own_weights,
     parse_dtype,
 )
+from workers.pipelines.world_rules import check_prompt, check_size
 
 # ``__call__``'s I2V noise on the image latents (``add_noise_to_image_latents``).
 IMAGE_NOISE_SIGMA = (0.111, 0.135)
@@ -447,19 +448,10 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         """Check the config; return its number of chunks (``num_frames`` rounded down to
         whole chunks)."""
         spec = self.spec
-        if not isinstance(config.prompt, str) or not config.prompt.strip():
-            raise InvalidJobInput("prompt must be a non-empty string")
+        check_prompt(config.prompt)
         if config.camera_action_script is not None:
             raise InvalidJobInput(f"camera_action_script: {spec.name} has no camera conditioning")
-        for name, value, top in (
-            ("width", config.width, spec.max_width),
-            ("height", config.height, spec.max_height),
-        ):
-            if not spec.min_size <= value <= top or value % spec.size_multiple:
-                raise InvalidJobInput(
-                    f"{name} must be a multiple of {spec.size_multiple} in "
-                    f"[{spec.min_size}, {top}], got {value}"
-                )
+        check_size(spec, config.width, config.height)
         chunks = self.lattice.chunks_for_frames(config.num_frames)
         if chunks < 1:
             raise InvalidJobInput(

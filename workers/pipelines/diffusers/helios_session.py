@@ -22,13 +22,8 @@ from typing import Any
 
 import torch
 
-from models.errors import InvalidJobInput
 from workers.pipelines.base import ChunkEvents, WorldConfig
-
-
-class DuplicateEventError(InvalidJobInput):
-    """``interact`` got an ``event_id`` this session has already used (as
-    ``reference/world`` raises it; no module may import a reference pipeline)."""
+from workers.pipelines.world_rules import check_event_id, check_transition
 
 
 @dataclass
@@ -118,22 +113,10 @@ def queue_event(
 
 
 def check_event(state: HeliosState, event_id: Any, transition_chunks: Any) -> None:
-    """Refuse what ``reference/world`` refuses: an empty or reused ``event_id``, a
-    negative or non-integer ``transition_chunks``, a finished session."""
-    if not isinstance(event_id, str) or not event_id:
-        raise InvalidJobInput("event_id must be a non-empty string")
-    if any(e.event_id == event_id for e in state.events):
-        raise DuplicateEventError(f"event_id {event_id!r} was already used in this session")
-    if (
-        isinstance(transition_chunks, bool)
-        or not isinstance(transition_chunks, int)
-        or transition_chunks < 0
-    ):
-        raise InvalidJobInput(
-            f"transition_chunks must be an integer >= 0, got {transition_chunks!r}"
-        )
-    if state.done:
-        raise RuntimeError("the session has finished")
+    """Refuse what every world model refuses (``world_rules``): an empty or reused
+    ``event_id``, a negative or non-integer ``transition_chunks``, a finished session."""
+    check_event_id(event_id, (e.event_id for e in state.events))
+    check_transition(transition_chunks, state.done)
 
 
 def chunk_embeddings(state: HeliosState, chunk: int) -> torch.Tensor:

@@ -1,0 +1,161 @@
+"""A Helios world session end to end (issue 31): a tiny seeded HeliosPipeline saved to
+disk and served by a registry entry, ``WS /v1/realtime/video`` through the API, Redis
+Streams and a realtime worker process. The session's rules are the model's (33-frame
+chunks, no camera), its frames are the adapter's run in-process, and a prompt sent
+mid-session takes effect from the next chunk, blended over the model's default two."""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+from websockets.sync.client import ClientConnection, connect
+
+from cli.embedded import EmbeddedS3
+from models.catalog import FAMILY_SPECS
+from tests.integration.conftest import isolated_stack
+from tests.integration.stack import Stack
+from tests.unit.helios_fixtures import SEQ_LEN, tiny_helios_pipeline
+from workers.fmp4 import FragmentedMP4Writer
+from workers.pipelines.base import WorldConfig
+from workers.pipelines.diffusers.helios import HeliosWorldAdapter
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "Helios/tiny"
+START = {
+    "type": "session.start",
+    "model": MODEL,
+    "prompt": "a red ball at sunset",
+    "width": 64,
+    "height": 64,
+    "num_frames": 66,  # two chunks of 33
+    "fps": 24,
+    "seed": 3,
+    "num_inference_steps": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def hstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
+    path = module_dir / "tiny_helios"
+    tiny_helios_pipeline().save_pretrained(str(path))
+    registry = module_dir / "models.toml"
+    registry.write_text(
+        f'[[model]]\nname = "{MODEL}"\nadapter = "diffusers.helios"\npath = "{path}"\n'
+        f'dtype = "float32"\n[model.adapter_options]\nmax_sequence_length = {SEQ_LEN}\n'
+    )
+    env = {"OMNIQ_MODEL_REGISTRY": str(registry), "OMNIQ_REALTIME__SLOTS": "1"}
+    with isolated_stack(module_dir, s3_server, redis_db=redis_db, extra_env=env) as st:
+        st.start(workers=0, realtime_workers=1)
+        yield st
+
+
+def _ws(st: Stack) -> ClientConnection:
+    return connect(st.url.replace("http://", "ws://") + "/v1/realtime/video", max_size=2**24)
+
+
+def _json(ws: ClientConnection, timeout: float = 120) -> dict[str, Any]:
+    message = ws.recv(timeout=timeout)
+    assert isinstance(message, str), "expected a JSON text frame"
+    return dict(json.loads(message))
+
+
+def _session(ws: ClientConnection) -> tuple[dict[str, Any], list[dict[str, Any]], bytes]:
+    """After ``session.start``: video.start, the chunks' metadata, their fMP4 bytes."""
+    start = _json(ws)
+    assert start["type"] == "video.start", start
+    metas, blobs = [], []
+    while (meta := _json(ws))["type"] != "session.done":
+        assert meta["type"] == "video.chunk_metadata", meta
+        blob = ws.recv(timeout=60)
+        assert isinstance(blob, bytes)
+        metas.append(meta)
+        blobs.append(blob)
+    return start, metas, b"".join(blobs)
+
+
+def _pictures(data: bytes) -> np.ndarray:
+    with av.open(io.BytesIO(data)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def _in_process(prompts: list[str | None]) -> np.ndarray:
+    """The same session in this process, ``prompts[k]`` sent (blended over the model's
+    default) before chunk k; encoded as the worker encodes, decoded back."""
+    adapter = HeliosWorldAdapter(pipe=tiny_helios_pipeline(), max_sequence_length=SEQ_LEN)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
+        adapter.load("cpu")
+    config = WorldConfig(
+        prompt=str(START["prompt"]), width=64, height=64, num_frames=66, fps=24.0, seed=3,
+        steps_per_chunk=2,
+    )  # fmt: skip
+    state = adapter.start(config)
+    writer = FragmentedMP4Writer(64, 64, 24.0)
+    data = b""
+    transition = FAMILY_SPECS["diffusers.helios"].default_transition_chunks
+    for k in range(adapter.num_chunks(state)):
+        if prompts[k] is not None:
+            adapter.interact(state, prompts[k], None, transition, f"e{k}")
+        while not adapter.chunk_done(state):
+            adapter.step(state)
+        data += writer.write_chunk(adapter.take_chunk(state))
+    return _pictures(data + writer.close())
+
+
+def _close(video: np.ndarray, expected: np.ndarray) -> None:
+    assert video.shape == expected.shape == (66, 64, 64, 3)
+    assert np.abs(video.astype(int) - expected.astype(int)).mean() < 3
+
+
+def test_a_session_streams_the_model_s_chunks_as_the_adapter_makes_them(hstack: Stack) -> None:
+    with _ws(hstack) as ws:
+        ws.send(json.dumps(START))
+        start, metas, data = _session(ws)
+    assert start["config"] == {
+        "width": 64,
+        "height": 64,
+        "fps": 24.0,
+        "num_frames": 66,
+        "chunks": 2,
+    }
+    media = [m for m in metas if m["kind"] == "media"]
+    assert [m["num_frames"] for m in media] == [33, 33]  # the model's chunk, not 9/12
+    _close(_pictures(data), _in_process([None, None]))
+
+
+def test_a_prompt_sent_mid_session_steers_from_the_next_chunk(hstack: Stack) -> None:
+    with _ws(hstack) as ws:
+        ws.send(json.dumps({**START, "num_frames": 132}))  # four chunks
+        assert _json(ws)["type"] == "video.start"
+        first = _json(ws)  # chunk 0 is made; the prompt reaches the worker after it
+        assert first["type"] == "video.chunk_metadata"
+        ws.recv(timeout=60)
+        event = {"event_id": "dusk", "event": {"prompt": "a blue cube"}}
+        ws.send(json.dumps({"type": "session.interaction", "interaction": event}))
+        metas = [first]
+        while (meta := _json(ws))["type"] != "session.done":
+            if meta["type"] == "video.chunk_metadata":
+                ws.recv(timeout=60)
+                metas.append(meta)
+    media = [m for m in metas if m["kind"] == "media"]
+    started = [m["generation_chunk_index"] for m in media if "dusk" in m["started_event_ids"]]
+    completed = [m["generation_chunk_index"] for m in media if "dusk" in m["completed_event_ids"]]
+    # from the first chunk not begun when it arrived (1 or 2), blended over two chunks
+    assert started in ([1], [2]) and completed == [started[0] + 1]
+
+
+def test_a_camera_script_is_refused_naming_it(hstack: Stack) -> None:
+    script = [[["w"], ["w"], ["w"]]] * 2
+    with _ws(hstack) as ws:
+        ws.send(json.dumps({**START, "extra_params": {"camera_action_script": script}}))
+        error = _json(ws)
+    assert error["type"] == "error" and error["param"] == "extra_params.camera_action_script"

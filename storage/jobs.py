@@ -321,6 +321,12 @@ class JobStore:
             Job.status == JobStatus.IN_PROGRESS.value, Job.heartbeat_at < stale_before, limit=limit
         )
 
+    def queued_before(self, created_before: float, limit: int = 100) -> list[Job]:
+        """Queued jobs created before ``created_before``."""
+        return self._jobs_where(
+            Job.status == JobStatus.QUEUED.value, Job.created_at < created_before, limit=limit
+        )
+
     def expired_with_artifacts(self, now: float, limit: int = 100) -> list[Job]:
         """Completed jobs past ``expires_at`` that still have artifact rows."""
         has_artifacts = select(Artifact.id).where(Artifact.job_id == Job.id).exists()

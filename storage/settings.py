@@ -214,6 +214,10 @@ class WorkerSettings(BaseModel):
     reconcile_interval_s: float = 10.0
     # Multipart uploads older than this are aborted by the reconciler (seconds).
     stale_upload_s: float = 3600.0
+    # A job queued this long while its model's broker queue holds no message at all is
+    # put on the broker again by the reconciler (its message was lost: a broker restarted
+    # without its data, a message lost in transit); 0: never.
+    lost_message_after_s: float = Field(default=30.0, ge=0)
     # Publish a preview JPEG every N denoise steps (0: off; previews cost a decode).
     preview_every: int = 0
     preview_max_side: int = 256

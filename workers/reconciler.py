@@ -10,7 +10,9 @@ every change is a conditional UPDATE or an idempotent delete:
 2. **Expiry.** A completed job past ``expires_at`` loses its objects and artifact rows;
    its content then answers 410. A queued job past its ``ttl`` ends ``ttl_expired``
    (:func:`workers.job_claim.expire_queued`).
-3. **Stale multipart uploads** older than ``stale_upload_s`` are aborted.
+3. **Stale multipart uploads** older than ``stale_upload_s`` are aborted. And a **lost
+   message**: a job queued ``lost_message_after_s`` while its model's broker queue is
+   empty is put on the broker again.
 4. **Redis keys** of the reconciler itself carry TTLs; nothing else to trim yet.
 
 Besides, every worker sweeps its own machine's temp directory before each pass
@@ -34,7 +36,7 @@ from models.errors import ErrorCode
 from models.events import DoneEvent
 from storage.artifacts import ArtifactStore, StorageError
 from storage.bus import EventBus
-from storage.constants import KEY_PREFIX, job_events_key, job_prefix
+from storage.constants import KEY_PREFIX, job_events_key, job_prefix, job_queue
 from storage.jobs import JobStore
 from storage.queue import JobQueue
 from storage.settings import Settings
@@ -46,12 +48,14 @@ log = logging.getLogger(__name__)
 
 LOCK_KEY = KEY_PREFIX + "reconciler:lock"
 REQUEUED_KEY = KEY_PREFIX + "reconciler:requeued:"
+REDISPATCHED_KEY = KEY_PREFIX + "reconciler:redispatched:"
 ARTIFACT_PREFIXES = ("videos/", "audios/")
 
 
 @dataclass
 class ReconcileReport:
     requeued: list[str] = field(default_factory=list)
+    redispatched: list[str] = field(default_factory=list)
     worker_lost: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     ttl_expired: list[str] = field(default_factory=list)
@@ -85,6 +89,7 @@ class Reconciler:
             return None
         try:
             report = ReconcileReport()
+            self._lost_messages(report)
             self._lost_workers(report)
             report.ttl_expired = expire_queued(self.jobs, self._publish, self._delete_job)
             self._expire(report)
@@ -116,6 +121,28 @@ class Reconciler:
             if self.redis.set(marker, 1, nx=True, ex=int(w.heartbeat_timeout_s) + 1):
                 self.queue.enqueue(job.id, job.model)
                 report.requeued.append(job.id)
+
+    def _lost_messages(self, report: ReconcileReport) -> None:
+        """A queued job whose broker message is gone (a broker restarted without its
+        data, a message lost in transit) would wait for another job's message, or for
+        its ``ttl``. While a model's queue holds no message at all, each of its jobs
+        queued for ``lost_message_after_s`` is put on the broker again, once per that
+        window. A message too many is harmless: claims are conditional."""
+        after = self.settings.worker.lost_message_after_s
+        if after <= 0:
+            return
+        empty: dict[str, bool] = {}
+        for job in self.jobs.queued_before(time.time() - after):
+            queue = job_queue(job.model)
+            if queue not in empty:
+                empty[queue] = self.redis.llen(queue) == 0
+            if empty[queue] and self.redis.set(
+                REDISPATCHED_KEY + job.id, 1, nx=True, ex=max(int(after), 1)
+            ):
+                self.queue.enqueue(job.id, job.model)
+                report.redispatched.append(job.id)
+        if report.redispatched:
+            log.warning("queued with no broker message, put on it again: %s", report.redispatched)
 
     def _expire(self, report: ReconcileReport) -> None:
         for job in self.jobs.expired_with_artifacts(time.time()):

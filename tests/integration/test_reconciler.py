@@ -220,3 +220,27 @@ def test_sweep_removes_temp_dirs_of_ended_jobs_and_dead_workers(
     assert left == sorted([names[1], unknown_new, session, live.name])
     temp_dirs.remove(live)  # the run ended: its directory goes
     assert not live.exists() and temp_dirs.live == set()
+
+
+def test_a_queued_job_whose_message_was_lost_is_put_on_the_broker_again(
+    parts: tuple[Reconciler, JobStore, Settings],
+) -> None:
+    """A job queued past ``lost_message_after_s`` while its model's queue holds no
+    message (the broker lost it) gets a new one, once per window; a job whose queue
+    still holds messages, or a job queued only just now, gets none."""
+    rec, jobs, settings = parts
+    after = settings.worker.lost_message_after_s
+    old = time.time() - after - 5
+    lost = _job(jobs, f"video_lostmsg{time.time_ns()}", created_at=old)
+    fresh = _job(jobs, f"video_fresh{time.time_ns()}")
+    rec.redis.delete("jobs.reference-video")
+    report = rec.run_once()
+    assert report is not None and report.redispatched == [lost.id]
+    messages = rec.redis.lrange("jobs.reference-video", 0, -1)
+    assert sum(lost.id.encode() in m for m in messages) == 1
+    assert fresh.id not in report.redispatched
+    again = rec.run_once()  # its queue holds a message now, and the window is not over
+    assert again is not None and again.redispatched == []
+    rec.redis.delete("jobs.reference-video")
+    assert (rec.run_once() or again).redispatched == []  # once per window
+    jobs.cancel(lost.id)

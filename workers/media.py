@@ -420,6 +420,8 @@ def decode_streamed(
     stream = pipe.decode_stream(state)
     if stream is None:
         return None
+    from workers.pixels import yuv420p  # torch, for chunks left on the device
+
     marks = {"soundtrack": time.monotonic() - started}  # decode_stream decodes it up front
     kept: list[np.ndarray | torch.Tensor] = []  # the chunks, for the middle frame (the thumbnail)
     mp4 = Mp4Writer(
@@ -434,8 +436,6 @@ def decode_streamed(
             if isinstance(chunk, np.ndarray):
                 mp4.write(chunk)
             else:
-                from workers.pixels import yuv420p  # torch: only where a chunk is a tensor
-
                 mp4.write_planes(yuv420p(chunk).cpu().numpy())
             kept.append(chunk)
             if digest is not None:

@@ -39,17 +39,22 @@ def tiny_helios_transformer(seed: int = 0) -> HeliosTransformer3DModel:
     ).eval()
 
 
-def tiny_helios_pipeline() -> HeliosPipeline:
-    """Helios-Base's shape in miniature: UniPC ``HeliosScheduler`` with one stage and
-    resolution-dependent shifting (as the published scheduler config)."""
+def _tiny_vae() -> AutoencoderKLWan:
+    """The pipelines' VAE, seeded first (as each pipeline's components were built)."""
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(
+    return AutoencoderKLWan(
         base_dim=3,
         z_dim=16,
         dim_mult=[1, 1, 1, 1],
         num_res_blocks=1,
         temperal_downsample=[False, True, True],
     ).eval()
+
+
+def tiny_helios_pipeline() -> HeliosPipeline:
+    """Helios-Base's shape in miniature: UniPC ``HeliosScheduler`` with one stage and
+    resolution-dependent shifting (as the published scheduler config)."""
+    vae = _tiny_vae()
     with warnings.catch_warnings():
         # HeliosScheduler.__init__ passes torch tensors to np.linspace (diffusers 0.42).
         warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
@@ -70,14 +75,7 @@ def tiny_helios_pyramid_pipeline(*, distilled: bool) -> HeliosPyramidPipeline:
     transformer's non-contiguous output).
     ``gamma`` 0.2: at the default 1/3 the block-noise covariance of a 2x2 patch is
     singular, and its Cholesky factorisation fails on CPU float32."""
-    torch.manual_seed(0)
-    vae = AutoencoderKLWan(
-        base_dim=3,
-        z_dim=16,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-    ).eval()
+    vae = _tiny_vae()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
         scheduler: HeliosScheduler | HeliosDMDScheduler = (

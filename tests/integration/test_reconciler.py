@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy
 
 from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
@@ -21,21 +22,31 @@ from storage.jobs import JobStore
 from storage.queue import JobQueue, make_celery
 from storage.settings import Settings
 from tests.helpers import video_spec
-from tests.integration.conftest import service_settings
+from tests.integration.conftest import new_pg_database, service_settings
 from workers.reconciler import LOCK_KEY, Reconciler
 from workers.temp_dirs import TempDirs
 
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module")
+def own_pg_url() -> Iterator[str]:
+    """A database of this module alone: the reconciler acts on every job it finds, so the
+    queued rows other modules leave in the session's database must not reach it."""
+    with new_pg_database() as url:
+        upgrade(url)
+        yield url
+
+
 @pytest.fixture
 def parts(
-    pg_url: str, s3_server: EmbeddedS3, redis_db: int
+    own_pg_url: str, s3_server: EmbeddedS3, redis_db: int
 ) -> Iterator[tuple[Reconciler, JobStore, Settings]]:
-    upgrade(pg_url)
     worker = {"heartbeat_timeout_s": 5, "max_attempts": 2, "stale_upload_s": 0}
-    settings = service_settings(pg_url, s3_server, redis_db=redis_db, worker=worker)
+    settings = service_settings(own_pg_url, s3_server, redis_db=redis_db, worker=worker)
     engine = make_engine(settings.database)
+    with engine.begin() as conn:  # each test starts with no job (artifacts cascade)
+        conn.execute(sqlalchemy.text("DELETE FROM jobs"))
     jobs = JobStore(make_sessionmaker(engine))
     artifacts = ArtifactStore(make_s3_client(settings.s3), settings.s3)
     r = redis.Redis.from_url(settings.redis.url)

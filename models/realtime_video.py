@@ -198,6 +198,8 @@ class VideoConfig(BaseModel):
     fps: float
     num_frames: int
     chunks: Annotated[int, Field(ge=1)]
+    # denoise steps of every chunk: ``num_inference_steps``, else the model's default
+    num_inference_steps: int | None = None
 
 
 class VideoStart(_ServerEvent):

@@ -36,6 +36,10 @@ class StartLimits:
     default_fps: float | None = None
     default_num_frames: int | None = None
     camera_control: bool = True
+    # denoise steps of each chunk (``num_inference_steps``)
+    min_steps: int = 1
+    max_steps: int = 200
+    default_steps: int | None = None
 
     @classmethod
     def of(cls, spec: ModelSpec) -> StartLimits:
@@ -57,6 +61,9 @@ class StartLimits:
             default_fps=float(spec.default_fps),
             default_num_frames=lattice.frames_for_chunks(chunks),
             camera_control=spec.camera_control,
+            min_steps=spec.min_steps,
+            max_steps=spec.max_steps,
+            default_steps=spec.default_steps,
         )
 
 
@@ -69,6 +76,7 @@ class StartRules:
     default_height: int = 480
     default_fps: float = 16.0
     default_num_frames: int = 81
+    default_steps: int = 4
     max_chunks: int | None = None
     models: Collection[str] | None = None  # accepted ``model`` values; None: any
     # the model a start without ``model`` gets, and each model's caps (``max_frames``…)
@@ -165,8 +173,23 @@ def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionSt
     if image is not None and not image.image_url.startswith(("http://", "https://", "data:")):
         detail = "image_url must be an http(s) or data: URL"
         raise StartRejected(C.INVALID_IMAGE_REFERENCE, detail, "image_reference.image_url")
+    steps = _first(start.num_inference_steps, limits.default_steps, rules.default_steps)
+    if not limits.min_steps <= steps <= limits.max_steps:
+        detail = (
+            f"num_inference_steps must be in [{limits.min_steps}, {limits.max_steps}] "
+            f"for {model}, got {steps}"
+        )
+        raise StartRejected(C.INVALID_REQUEST, detail, "num_inference_steps")
     frames = lattice.frames_for_chunks(chunks)
-    return start, VideoConfig(width=width, height=height, fps=fps, num_frames=frames, chunks=chunks)
+    config = VideoConfig(
+        width=width,
+        height=height,
+        fps=fps,
+        num_frames=frames,
+        chunks=chunks,
+        num_inference_steps=steps,
+    )
+    return start, config
 
 
 def _ascii_digits(text: str) -> bool:

@@ -192,6 +192,8 @@ class WorldSessionConfig(BaseModel):
     num_frames: int
     fps: float
     seed: int
+    # denoise steps of each chunk (None: the world pipeline's own default)
+    num_inference_steps: int | None = None
     # ``session.start.extra_params`` as sent (keys beyond the known ones are the model's)
     extra_params: dict[str, Any] = Field(default_factory=dict)
 

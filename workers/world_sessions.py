@@ -142,6 +142,8 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         )
         if extra.get("flow_shift"):
             world.flow_shift = float(extra["flow_shift"])
+        if config.num_inference_steps is not None:
+            world.steps_per_chunk = config.num_inference_steps
         world.reference_image = self._reference_image(slot)
         state = pipe.start(world)
         total = pipe.num_chunks(state)

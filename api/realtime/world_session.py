@@ -135,7 +135,7 @@ class WorldSession:
             negative_prompt=start.negative_prompt,
             **cfg.model_dump(exclude={"chunks"}),  # the resolved rollout, as video.start says
             seed=seed if seed is not None and seed >= 0 else secrets.randbelow(2**31),
-            extra_params=start.extra_params.model_dump(exclude_none=True),
+            extra_params=_extra_params(start),
         )
         if start.image_reference is not None:
             # The first frame, decoded and fitted here so the worker gets exactly its size.
@@ -305,3 +305,13 @@ def _camera(camera: Any) -> str | None:
         return None
     keys = {k for frame in camera if isinstance(frame, list) for k in frame}
     return "".join(k for k in "wasd" if k in keys)
+
+
+def _extra_params(start: Any) -> dict[str, Any]:
+    """``extra_params`` as the worker gets them: vLLM-Omni's top-level ``guidance_scale``
+    goes in where the start's ``extra_params`` does not set it (the model reads it from
+    there, or ignores it if it has no guidance)."""
+    extra = start.extra_params.model_dump(exclude_none=True)
+    if start.guidance_scale is not None:
+        extra.setdefault("guidance_scale", start.guidance_scale)
+    return extra

@@ -126,6 +126,7 @@ def test_a_session_streams_the_model_s_chunks_as_the_adapter_makes_them(hstack: 
         "fps": 24.0,
         "num_frames": 66,
         "chunks": 2,
+        "num_inference_steps": 2,  # the start's, run by the worker as each chunk's steps
     }
     media = [m for m in metas if m["kind"] == "media"]
     assert [m["num_frames"] for m in media] == [33, 33]  # the model's chunk, not 9/12

@@ -64,6 +64,7 @@ def test_full_session_streams_every_chunk_then_done() -> None:
     assert isinstance(command, StartRequested) and not command.system
     assert command.config.model_dump() == {
         "width": 832, "height": 480, "fps": 16.0, "num_frames": 189, "chunks": 16,
+        "num_inference_steps": 4,  # StartRules' default (no model named: no spec)
     }  # fmt: skip
     assert command.start.extra_params.camera_action_script == script
 
@@ -71,7 +72,10 @@ def test_full_session_streams_every_chunk_then_done() -> None:
     start = one_event(p)
     assert start == {
         "type": "video.start", "request_id": "video_stream-1", "format": "m4s",
-        "config": {"width": 832, "height": 480, "fps": 16.0, "num_frames": 189, "chunks": 16},
+        "config": {
+            "width": 832, "height": 480, "fps": 16.0, "num_frames": 189, "chunks": 16,
+            "num_inference_steps": 4,
+        },
         # the resume extension
         "session_id": "video_stream-1", "resume_token": p.resume_token,
     }  # fmt: skip

@@ -317,6 +317,25 @@ def test_a_start_that_leaves_things_out_gets_the_model_s_defaults() -> None:
     assert (world.num_frames, world.chunks) == (189, 16)  # the spec's default_seconds
 
 
+def test_steps_per_chunk_are_the_start_s_or_the_model_s_default_within_its_range() -> None:
+    """``num_inference_steps`` is every chunk's denoise steps (echoed in the config the
+    worker gets); left out, the model's ``default_steps``; out of its range, refused."""
+    config = _start(_served(HELIOS_LIKE), model="helios-like", extra_params={})
+    assert config.num_inference_steps == HELIOS_LIKE.default_steps
+    steps = _start(
+        _served(HELIOS_LIKE), model="helios-like", num_inference_steps=3, extra_params={}
+    )
+    assert steps.num_inference_steps == 3
+    p = _served(HELIOS_LIKE)
+    too_many = HELIOS_LIKE.max_steps + 1
+    p.receive_text(
+        start_json(model="helios-like", num_inference_steps=too_many, extra_params={}), 0.0
+    )
+    error = error_event(p)
+    assert (error["code"], error["param"]) == ("invalid_request", "num_inference_steps")
+    assert f"[1, {HELIOS_LIKE.max_steps}]" in error["message"] and p.events_received() == []
+
+
 def test_num_frames_rounds_down_to_the_model_s_chunks() -> None:
     config = _start(_served(HELIOS_LIKE), model="helios-like", num_frames=100, extra_params={})
     assert (config.num_frames, config.chunks) == (99, 3)

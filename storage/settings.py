@@ -275,6 +275,12 @@ class RealtimeSettings(BaseModel):
     admission_timeout_s: float = 10.0
     # Session slots of one realtime worker process (threads).
     slots: int = 2
+    # A world model takes as many sessions at once as keep real time: floor(headroom /
+    # load), the load being device seconds per second of its video, measured by a probe
+    # chunk at start-up (capacity_probe) and then by every chunk served; a registry
+    # entry's max_sessions fixes the number instead (docs/streaming.md).
+    capacity_headroom: float = Field(0.9, gt=0, le=1)
+    capacity_probe: bool = True
     # Worker ↔ API keep-alives on the session streams, and when silence means "lost".
     keepalive_s: float = 1.0
     lost_after_s: float = 10.0
@@ -306,6 +312,17 @@ class RealtimeSettings(BaseModel):
     switch_interval_ms: float = Field(5.0, gt=0, le=100)
     # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
     resume_grace_s: float = 30.0
+    # A world session whose model takes snapshots (Helios) stores one with every chunk its
+    # worker sends; it outlives its last write this long, so a session can be taken over
+    # by another worker when its own dies. Keep it above the longest gap between two chunks
+    # plus resume_grace_s + lost_after_s (a session without a socket is taken over only
+    # once a client resumes it).
+    checkpoint_ttl_s: int = Field(120, gt=0)
+    # A realtime worker holds a lease on each session it runs, renewed every keepalive_s
+    # by a thread of its own; the API takes a lease that ran out as the worker's death
+    # at once, without waiting out lost_after_s (which still covers a worker alive but
+    # stuck). 0: no lease (the worker says so in its ``accepted``).
+    worker_lease_s: float = Field(3.0, ge=0)
     # How long the Redis-held state of a duplex voice session (replay log, session config,
     # conversation, response state: any API replica resumes it) outlives its last write or
     # keep-alive; longer than resume_grace_s.

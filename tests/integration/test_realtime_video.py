@@ -85,6 +85,7 @@ def test_full_session_streams_a_playable_fmp4(rstack: Stack) -> None:
             "fps": 16.0,
             "num_frames": 33,
             "chunks": 3,
+            "num_inference_steps": 4,  # reference/world's default_steps
         }
         blobs, metas = [], []
         while True:

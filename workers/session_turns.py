@@ -27,7 +27,6 @@ and every session of a model shares the one loaded pipeline and its device:
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import threading
 from collections.abc import Iterator
@@ -35,12 +34,10 @@ from dataclasses import dataclass, field
 
 from models.session_bus import COMMANDS, StopCommand
 from storage.bus import EventBus
-
-log = logging.getLogger(__name__)
+from workers.stop_signal import BLOCK_MS, StopSignal
 
 # Weight of the newest chunk in the moving average of a model's load.
 LOAD_SMOOTHING = 0.3
-BLOCK_MS = 500  # one XREAD's wait of a stop watch: how long it outlives its session
 
 
 class SessionStopped(Exception):
@@ -191,40 +188,20 @@ class RealtimeCapacity:
         )
 
 
-class SessionStop:
+class SessionStop(StopSignal):
     """Set when a ``stop`` arrives on the session's command stream, read by the block
     gates of the step that runs meanwhile. The session's own reader consumes the same
     commands between steps; this one only looks."""
 
     def __init__(self, bus: EventBus, key: str) -> None:
-        self._flag = threading.Event()
-        self._closed = threading.Event()
-        self._thread = threading.Thread(
-            target=self._watch, args=(bus, key), name=f"stop-{key}", daemon=True
+        super().__init__()
+        self.follow(
+            key,
+            "0-0",
+            lambda last: bus.read_as(COMMANDS, key, last, block_ms=BLOCK_MS),
+            lambda entry: isinstance(entry.event, StopCommand),
         )
-        self._thread.start()
-
-    def is_set(self) -> bool:
-        return self._flag.is_set()
 
     def reason(self, block: int) -> BaseException | None:
         """The block gates' question: stop before ``block``?"""
-        return SessionStopped(f"stopped before block {block}") if self._flag.is_set() else None
-
-    def close(self) -> None:
-        self._closed.set()
-
-    def _watch(self, bus: EventBus, key: str) -> None:
-        after = "0-0"
-        while not self._closed.is_set():
-            try:
-                entries = bus.read_as(COMMANDS, key, after, block_ms=BLOCK_MS)
-            except Exception:
-                log.warning("stop watch of %s: bus read failed", key, exc_info=True)
-                self._closed.wait(BLOCK_MS / 1000)
-                continue
-            for entry in entries:
-                after = entry.id
-                if isinstance(entry.event, StopCommand):
-                    self._flag.set()
-                    return
+        return SessionStopped(f"stopped before block {block}") if self.is_set() else None

@@ -48,7 +48,8 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from models.errors import JobLost
 from storage.bus import EventBus
@@ -68,6 +69,7 @@ class StopSignal:
         self._owned = owned
         self._polled = -math.inf  # monotonic time of the last row read
         self._closed = threading.Event()  # set: the run ended, the bus watch stops
+        self._thread: threading.Thread | None = None  # the bus watch, once started
 
     def set(self) -> None:
         """A source found the job no longer ours."""
@@ -101,26 +103,53 @@ class StopSignal:
         an entry to read after, the heartbeat and row reads are the only sources."""
         if bus is not None and after is not None:
             key = job_events_key(job_id)
-            thread = threading.Thread(
-                target=self._watch, args=(bus, key, after), name=f"stopwatch-{key}", daemon=True
+            self.follow(
+                key,
+                after,
+                lambda last: bus.read(key, last, block_ms=BLOCK_MS),
+                lambda entry: entry.type == "done" and entry.event.get("status") != "completed",
             )
-            thread.start()
         return self
+
+    def follow(
+        self,
+        key: str,
+        after: str,
+        read: Callable[[str], Sequence[Any]],
+        stops: Callable[[Any], bool],
+    ) -> None:
+        """Start a thread that reads stream ``key`` after entry ``after`` (``read(last)``,
+        blocking up to ``BLOCK_MS``) until the run ends, and sets the signal on the first
+        entry that ``stops``."""
+        thread = threading.Thread(
+            target=self._follow,
+            args=(key, after, read, stops),
+            name=f"stopwatch-{key}",
+            daemon=True,
+        )
+        thread.start()
+        self._thread = thread
 
     def close(self) -> None:
         """The run ended: the bus watch stops (within ``BLOCK_MS``)."""
         self._closed.set()
 
-    def _watch(self, bus: EventBus, key: str, after: str) -> None:
+    def _follow(
+        self,
+        key: str,
+        after: str,
+        read: Callable[[str], Sequence[Any]],
+        stops: Callable[[Any], bool],
+    ) -> None:
         while not self._closed.is_set():
             try:
-                entries = bus.read(key, after, block_ms=BLOCK_MS)
+                entries = read(after)
             except Exception:
                 log.warning("stop watch of %s: bus read failed", key, exc_info=True)
                 self._closed.wait(BLOCK_MS / 1000)
                 continue
             for entry in entries:
                 after = entry.id
-                if entry.type == "done" and entry.event.get("status") != "completed":
+                if stops(entry):
                     self.set()
                     return

@@ -20,6 +20,7 @@ from api.validation import (
     job_fields,
     parse_model,
     resolve_steps,
+    server_limit,
 )
 from models.audio import (
     AUDIO_FORMATS,
@@ -113,8 +114,12 @@ def resolve_audio(
     seconds = spec.default_seconds if req.seconds is None else req.seconds
     top = max_seconds(spec, settings)
     if not math.isfinite(seconds) or not 0 < seconds <= top:
+        # the server's limit, when it is tighter than the model's own
+        server = spec.max_seconds is None or settings.limits.max_seconds < spec.max_seconds
+        where = server_limit("OMNIQ_LIMITS__MAX_SECONDS") if server and seconds > top else ""
         raise InvalidRequest(
-            f"{seconds_param} must be above 0 and at most {top:g} for {model}", param=seconds_param
+            f"{seconds_param} must be above 0 and at most {top:g} for {model}{where}",
+            param=seconds_param,
         )
     seconds = max(round(seconds, 3), 0.001)
 

@@ -294,9 +294,17 @@ def _resolve_size(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tupl
     max_w = min(spec.max_width, settings.limits.max_width)
     max_h = min(spec.max_height, settings.limits.max_height)
     if not (spec.min_size <= width <= max_w and spec.min_size <= height <= max_h):
+        servers = [
+            name
+            for name, asked, mine, model in (
+                ("OMNIQ_LIMITS__MAX_WIDTH", width, settings.limits.max_width, spec.max_width),
+                ("OMNIQ_LIMITS__MAX_HEIGHT", height, settings.limits.max_height, spec.max_height),
+            )
+            if mine < model and asked > mine
+        ]
         raise InvalidRequest(
             f"size {width}x{height} is outside {spec.min_size}..{max_w} x "
-            f"{spec.min_size}..{max_h} for {spec.name}",
+            f"{spec.min_size}..{max_h} for {spec.name}{server_limit(*servers)}",
             param=param,
         )
     step = spec.size_multiple
@@ -323,7 +331,9 @@ def _resolve_timing(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tu
             raise InvalidRequest("seconds must be a positive number", param="seconds")
         if secs > settings.limits.max_seconds:
             raise InvalidRequest(
-                f"seconds must be at most {settings.limits.max_seconds:g}", param="seconds"
+                f"seconds must be at most {settings.limits.max_seconds:g}"
+                f"{server_limit('OMNIQ_LIMITS__MAX_SECONDS')}",
+                param="seconds",
             )
         requested, param = max(1, round(secs * fps)), "seconds"
     if requested < 1:
@@ -331,17 +341,28 @@ def _resolve_timing(req: VideoCreate, spec: ModelSpec, settings: Settings) -> tu
     if requested / fps > settings.limits.max_seconds:
         raise InvalidRequest(
             f"{requested} frames at {fps:g} fps is longer than "
-            f"{settings.limits.max_seconds:g} seconds",
+            f"{settings.limits.max_seconds:g} seconds"
+            f"{server_limit('OMNIQ_LIMITS__MAX_SECONDS')}",
             param=param,
         )
     num_frames = spec.snap_frames(requested)
     top = min(spec.max_frames, settings.limits.max_frames)
     if not spec.min_frames <= num_frames <= top:
+        server = settings.limits.max_frames < spec.max_frames and num_frames > top
         raise InvalidRequest(
-            f"{num_frames} frames is outside {spec.min_frames}..{top} for {spec.name}",
+            f"{num_frames} frames is outside {spec.min_frames}..{top} for {spec.name}"
+            f"{server_limit('OMNIQ_LIMITS__MAX_FRAMES') if server else ''}",
             param=param,
         )
     return fps, num_frames
+
+
+def server_limit(*settings: str) -> str:
+    """How an error names the server settings that set the bound it reports (none: the
+    model's own)."""
+    if not settings:
+        return ""
+    return f" (this server's {' and '.join(settings)})"
 
 
 _CASTS: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}

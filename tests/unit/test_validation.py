@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from api.audio_validation import parse_generation, resolve_audio
 from api.content import parse_range
 from api.job_stream import parse_cursor
 from api.payload import check_values, loads
@@ -53,6 +54,30 @@ def test_defaults_come_from_the_model(settings: Settings) -> None:
 def test_num_frames_wins_over_seconds_and_reports_real_seconds(settings: Settings) -> None:
     r = _resolve(settings, num_frames=30, fps=12, seconds="9")
     assert r.num_frames == 30 and r.seconds == "2.5"
+
+
+def test_a_bound_set_by_the_server_names_its_setting(settings: Settings) -> None:
+    """Past a limit of the server's (not the model's), the error says which setting it
+    is, so the operator knows what to raise; the model's own bounds name no setting."""
+    with pytest.raises(InvalidRequest) as info:
+        _resolve(settings, seconds="21")
+    assert (
+        info.value.message == "seconds must be at most 20 (this server's OMNIQ_LIMITS__MAX_SECONDS)"
+    )
+    assert info.value.param == "seconds"
+    with pytest.raises(InvalidRequest, match=r"longer than 20 seconds .*MAX_SECONDS"):
+        _resolve(settings, num_frames=241, fps=12)
+    small = settings.model_copy(
+        update={"limits": settings.limits.model_copy(update={"max_width": 96, "max_frames": 24})}
+    )
+    with pytest.raises(InvalidRequest, match=r"OMNIQ_LIMITS__MAX_WIDTH\)$") as info:
+        _resolve(small, width=128, height=64)
+    assert "MAX_HEIGHT" not in info.value.message
+    with pytest.raises(InvalidRequest, match=r"OMNIQ_LIMITS__MAX_FRAMES\)$"):
+        _resolve(small, num_frames=30, fps=12)
+    with pytest.raises(InvalidRequest) as info:  # the model's own bound
+        _resolve(settings, size="15x15")
+    assert "OMNIQ_" not in info.value.message
 
 
 def test_negative_seed_means_random(settings: Settings) -> None:
@@ -214,3 +239,19 @@ def test_ranges_still_parse() -> None:
     assert parse_range("bytes=-10", 1000) == (990, 999)
     with pytest.raises(InvalidRequest):
         parse_range("bytes=\uff10-1", 1000)
+
+
+def test_an_audio_length_past_the_server_s_limit_names_it(settings: Settings) -> None:
+    """reference/audio makes up to 60 s, the server 20 by default: past 20 the error
+    names the setting; the model's own bound names none."""
+    with pytest.raises(InvalidRequest) as info:
+        resolve_audio(parse_generation({"prompt": "rain", "seconds": 30}), BUILTIN_SPECS, settings)
+    assert info.value.message.endswith("(this server's OMNIQ_LIMITS__MAX_SECONDS)")
+    assert info.value.param == "seconds"
+    roomy = settings.model_copy(
+        update={"limits": settings.limits.model_copy(update={"max_seconds": 600.0})}
+    )
+    with pytest.raises(InvalidRequest) as info:
+        resolve_audio(parse_generation({"prompt": "rain", "seconds": 61}), BUILTIN_SPECS, roomy)
+    assert "at most 60 for reference/audio" in info.value.message
+    assert "OMNIQ_" not in info.value.message

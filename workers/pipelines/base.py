@@ -258,10 +258,12 @@ class WorldPipeline(Adapter, Generic[StateT]):
                 pipe.step(state)                        # one denoise step of this chunk
             frames = pipe.take_chunk(state)             # uint8 T×H×W×3
             started, active, completed = pipe.events_for_chunk(state)
+            data = pipe.snapshot(state)                 # optional: bytes, or None
 
     ``interact`` may come at any point between those calls. Raise ``ValueError`` for a
     config (``start``) or an interaction the model refuses: the runner fails the session
-    as ``invalid_request`` or ignores the interaction, respectively.
+    as ``invalid_request`` or ignores the interaction, respectively. A worker that takes
+    over a session whose worker died begins with ``state = pipe.restore(config, data)``.
     """
 
     @abc.abstractmethod
@@ -300,6 +302,19 @@ class WorldPipeline(Adapter, Generic[StateT]):
     ) -> None:
         """Queue a prompt and/or camera change from the first chunk not yet begun,
         blended in over ``transition_chunks`` chunks (0: a cut); None keeps that part."""
+
+    def snapshot(self, state: StateT) -> bytes | None:
+        """The session between two chunks (after ``take_chunk``, before the next
+        ``step``) as bytes from which :meth:`restore` on another worker goes on bit for
+        bit (``snapshots.pack``); the runner stores it with every chunk it sends, so the
+        session outlives its worker (``workers/world_checkpoint.py``). None (the default):
+        the model cannot be taken over, and a session whose worker dies ends."""
+        return None
+
+    def restore(self, config: WorldConfig, data: bytes) -> StateT:
+        """The session :meth:`snapshot` made, on this adapter: ``config`` is the one the
+        session started from, ``reference_image`` left out (it is in the state)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no snapshots")
 
 
 # --- voice: spoken answers, one audio step at a time --------------------------------------

@@ -32,14 +32,15 @@ options (``extra_params``): ``guidance_scale`` (default: the pipeline's, 5.0; 1.
 distilled checkpoints) and, for the pyramid pipeline, ``pyramid_num_inference_steps_list``
 (default: ``steps_per_chunk`` shared evenly by the stages). Not here: V2V,
 ``keep_first_frame=False``, ``is_amplify_first_chunk``, camera control (Helios has none).
-The loop is ``workers/pipelines/base.py``'s ``WorldPipeline``; prompt changes:
-``helios_session.py``.
+The loop is ``workers/pipelines/base.py``'s ``WorldPipeline``; prompt changes, and the
+``snapshot`` / ``restore`` of a session between chunks that lets another worker take it
+over: ``helios_session.py``.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -62,6 +63,8 @@ from workers.pipelines.diffusers.helios_session import (
     chunk_embeddings,
     chunk_events,
     queue_event,
+    restore_session,
+    session_snapshot,
 )
 from workers.pipelines.diffusers.helios_steps import (
     HISTORY_SIZES,
@@ -78,6 +81,7 @@ from workers.pipelines.diffusers.loading import (
     own_weights,
     parse_dtype,
 )
+from workers.pipelines.snapshots import pack, unpack
 from workers.pipelines.world_rules import check_prompt, check_size
 
 # ``__call__``'s I2V noise on the image latents (``add_noise_to_image_latents``).
@@ -85,6 +89,15 @@ IMAGE_NOISE_SIGMA = (0.111, 0.135)
 FAKE_IMAGE_NOISE_SIGMA = (0.111, 0.135)  # ``video_noise_sigma_min/max``
 # Every ``WorldConfig.extra`` key this adapter reads (FAMILY_SPECS declares the same).
 EXTRA_PARAMS = ("guidance_scale", "pyramid_num_inference_steps_list")
+
+
+class _Plan(NamedTuple):
+    """What a session's config resolves to, before anything is encoded."""
+
+    chunks: int
+    steps: int  # per chunk
+    pyramid: PyramidStages | None
+    guidance_scale: float
 
 
 class HeliosWorldAdapter(WorldPipeline[HeliosState]):
@@ -111,10 +124,14 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         compile_backend: str = "inductor",
         compile_mode: str | None = None,
         warmup: list[WarmupShape] | None = None,
+        random_weights: bool = False,
+        random_config: dict[str, dict[str, Any]] | None = None,
     ) -> None:
-        if path is None and pipe is None:
+        if path is None and pipe is None and not random_weights:
             raise ValueError(f"{type(self).__name__} needs a local path or a pipe")
         self.path = path
+        # A registry entry's ``weights = "random"`` (benchmarks only: helios_random.py).
+        self.random_weights, self.random_config = random_weights, dict(random_config or {})
         self.dtype = parse_dtype(dtype)
         self.pipe: Any = pipe
         self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
@@ -138,6 +155,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
             compile_backend=model.compile_backend,
             compile_mode=model.compile_mode,
             warmup=model.warmup,
+            random_weights=model.weights == "random",
             **model.adapter_options,
         )
 
@@ -148,7 +166,14 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         ``model_index.json`` says which of the two Helios pipelines) or the injected pipe
         (dtype as it is) on ``device``, with the cancel points and compiled blocks
         ``DiffusersAdapter.load`` installs."""
-        if self.pipe is None:
+        if self.pipe is None and self.random_weights:
+            from workers.pipelines.diffusers.helios_random import random_pipeline
+
+            seq_len = self.max_sequence_length or 512
+            self.pipe = random_pipeline(
+                device, self.dtype, config=self.random_config, max_sequence_length=seq_len
+            )
+        elif self.pipe is None:
             self.pipe = DiffusionPipeline.from_pretrained(
                 self.path, local_files_only=True, **{DTYPE_KWARG: self.dtype}
             )
@@ -211,52 +236,40 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         """``__call__``'s steps 1-5: the prompts encoded once, the reference image's
         latents and noise drawn (I2V), the zero history; no chunk begun."""
         pipe = self._loaded()
-        chunks = self._validate(config)
-        steps, pyramid = config.steps_per_chunk, None
-        if isinstance(pipe, HeliosPyramidPipeline):
-            pyramid = PyramidStages(self._pyramid_steps(pipe, config))
-            steps = sum(pyramid.steps)
-        scale = float(config.extra.get("guidance_scale", call_default(pipe, "guidance_scale")))
-        do_cfg = scale > 1.0
-        device = pipe._execution_device
+        plan = self._plan(pipe, config)
         embeds, negative = pipe.encode_prompt(
             prompt=config.prompt,
             negative_prompt=config.negative_prompt,
-            do_classifier_free_guidance=do_cfg,
+            do_classifier_free_guidance=plan.guidance_scale > 1.0,
             num_videos_per_prompt=1,
             max_sequence_length=self._seq_len(pipe),
-            device=device,
+            device=pipe._execution_device,
         )
         dtype = pipe.transformer.dtype
         negative = None if negative is None else negative.to(dtype)
-        generator = make_generator(config.seed)
-        spatial = pipe.vae_scale_factor_spatial
-        h, w = config.height // spatial, config.width // spatial
-        channels = pipe.transformer.config.in_channels
-        history = torch.zeros(
-            1, channels, sum(HISTORY_SIZES), h, w, device=device, dtype=torch.float32
-        )
-        image_latents = None
+        state = self._state(pipe, config, plan, embeds.to(dtype), negative)
         if config.reference_image is not None:
-            image_latents, fake = self._image_latents(pipe, config, generator)
-            history = torch.cat([history[:, :, :-1], fake], dim=2)
-        return HeliosState(
-            config=config,
-            num_chunks=chunks,
-            steps_per_chunk=steps,
-            guidance_scale=scale,
-            do_cfg=do_cfg,
-            generator=generator,
-            scheduler=copy.deepcopy(pipe.scheduler),
-            sigmas=np.linspace(0.999, 0.0, steps + 1)[:-1],
-            mu=shift_mu(pipe, (LATENT_FRAMES_PER_CHUNK, h, w)),
-            prompt=config.prompt,
-            prompt_embeds=embeds.to(dtype),
-            negative_prompt_embeds=negative,
-            history_latents=history,
-            image_latents=image_latents,
-            pyramid=pyramid,
+            state.image_latents, fake = self._image_latents(pipe, config, state.generator)
+            state.history_latents = torch.cat([state.history_latents[:, :, :-1], fake], dim=2)
+        return state
+
+    def snapshot(self, state: HeliosState) -> bytes:
+        """The session between chunks (``helios_session.session_snapshot``), packed: a few
+        MB at 640x384 (the history, UniPC's last model outputs, the embeddings)."""
+        return pack(session_snapshot(state))
+
+    @torch.no_grad()
+    def restore(self, config: WorldConfig, data: bytes) -> HeliosState:
+        """The session :meth:`snapshot` packed, on this worker: its config checked and its
+        schedule made again, the rest as it was; no text encoder, no VAE."""
+        pipe = self._loaded()
+        saved = unpack(data, self.device)
+        plan = self._plan(pipe, config)
+        state = self._state(
+            pipe, config, plan, saved["prompt_embeds"], saved["negative_prompt_embeds"]
         )
+        restore_session(state, saved)
+        return state
 
     def num_chunks(self, state: HeliosState) -> int:
         return state.num_chunks
@@ -351,6 +364,56 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         queue_event(state, event_id, transition_chunks, embeds)
 
     # --- pieces of ``__call__`` -------------------------------------------------------
+
+    def _plan(self, pipe: Any, config: WorldConfig) -> _Plan:
+        """Check the config (a pyramid's step list too, before any encoding)."""
+        chunks = self._validate(config)
+        steps, pyramid = config.steps_per_chunk, None
+        if isinstance(pipe, HeliosPyramidPipeline):
+            pyramid = PyramidStages(self._pyramid_steps(pipe, config))
+            steps = sum(pyramid.steps)
+        scale = float(config.extra.get("guidance_scale", call_default(pipe, "guidance_scale")))
+        return _Plan(chunks, steps, pyramid, scale)
+
+    def _state(
+        self,
+        pipe: Any,
+        config: WorldConfig,
+        plan: _Plan,
+        embeds: torch.Tensor,
+        negative: torch.Tensor | None,
+    ) -> HeliosState:
+        """A session of ``config`` conditioned on these embeddings: its own RNG and
+        scheduler copy, the zero history (T2V), no chunk begun."""
+        spatial = pipe.vae_scale_factor_spatial
+        h, w = config.height // spatial, config.width // spatial
+        channels = pipe.transformer.config.in_channels
+        history = torch.zeros(
+            1,
+            channels,
+            sum(HISTORY_SIZES),
+            h,
+            w,
+            device=pipe._execution_device,
+            dtype=torch.float32,
+        )
+        return HeliosState(
+            config=config,
+            num_chunks=plan.chunks,
+            steps_per_chunk=plan.steps,
+            guidance_scale=plan.guidance_scale,
+            do_cfg=plan.guidance_scale > 1.0,
+            generator=make_generator(config.seed),
+            scheduler=copy.deepcopy(pipe.scheduler),
+            sigmas=np.linspace(0.999, 0.0, plan.steps + 1)[:-1],
+            mu=shift_mu(pipe, (LATENT_FRAMES_PER_CHUNK, h, w)),
+            prompt=config.prompt,
+            prompt_embeds=embeds,
+            negative_prompt_embeds=negative,
+            history_latents=history,
+            image_latents=None,
+            pyramid=plan.pyramid,
+        )
 
     def _begin_chunk(self, pipe: Any, state: HeliosState) -> None:
         """The top of ``__call__``'s chunk loop (``keep_first_frame``): the history split

@@ -13,6 +13,15 @@ as ``reference/world`` finishes its cross-fade on that chunk's last frame. ``n``
 is a cut at chunk ``f``: a chunk is conditioned on one embedding, so there is nothing
 finer to blend. Events blend in the order they were queued, each from what the ones
 before it made.
+
+Between two chunks a session is :func:`session_snapshot`'s plain data (the adapter packs
+it, ``snapshots.py``), from which :func:`restore_session` rebuilds it on another worker
+to go on bit for bit: the history and the anchor, the RNG's state, the scheduler's
+(UniPC's multistep history carries over from one chunk into the next, as in
+``__call__``), the base prompt's embeddings and every queued event with its own. The
+embeddings are stored rather than encoded again from their prompts: mostly zero padding,
+they compress to little, and the taker runs no text encoder and depends on no
+encoder's determinism.
 """
 
 from __future__ import annotations
@@ -23,7 +32,10 @@ from typing import Any
 import torch
 
 from workers.pipelines.base import ChunkEvents, WorldConfig
+from workers.pipelines.snapshots import object_state, set_object_state
 from workers.pipelines.world_rules import check_event_id, check_transition
+
+SNAPSHOT_VERSION = 1  # of session_snapshot's layout
 
 
 @dataclass
@@ -149,3 +161,52 @@ def chunk_events(state: HeliosState, chunk: int) -> ChunkEvents:
         [e.event_id for e in state.events if e.first_chunk <= chunk <= e.last_chunk],
         [e.event_id for e in state.events if e.last_chunk == chunk],
     )
+
+
+def session_snapshot(state: HeliosState) -> dict[str, Any]:
+    """What a session between chunks is beyond its config, as plain data."""
+    if state.begun or state.latents is not None:
+        raise RuntimeError(
+            f"chunk {state.chunk_index} is under way: snapshots are taken between chunks"
+        )
+    return {
+        "version": SNAPSHOT_VERSION,
+        "chunk_index": state.chunk_index,
+        "prompt": state.prompt,
+        "prompt_embeds": state.prompt_embeds,
+        "negative_prompt_embeds": state.negative_prompt_embeds,
+        "history_latents": state.history_latents,
+        "image_latents": state.image_latents,
+        "generator": state.generator.get_state(),
+        "scheduler": object_state(state.scheduler, skip=("_internal_dict",)),
+        "events": [
+            (e.event_id, e.first_chunk, e.last_chunk, e.transition_chunks, e.embeds)
+            for e in state.events
+        ],
+        "last_events": state.last_events,
+    }
+
+
+def restore_session(state: HeliosState, saved: dict[str, Any]) -> None:
+    """Put what :func:`session_snapshot` saved on ``state``, a session just built from the
+    same config (its own scheduler copy and generator): it goes on from there."""
+    if saved.get("version") != SNAPSHOT_VERSION:
+        raise ValueError(
+            f"a Helios snapshot of version {saved.get('version')!r}, not {SNAPSHOT_VERSION}"
+        )
+    history = saved["history_latents"]
+    if history.shape != state.history_latents.shape:
+        raise ValueError(
+            f"the snapshot's history {tuple(history.shape)} is not this session's "
+            f"{tuple(state.history_latents.shape)}"
+        )
+    state.chunk_index = int(saved["chunk_index"])
+    state.prompt = saved["prompt"]
+    state.prompt_embeds = saved["prompt_embeds"]
+    state.negative_prompt_embeds = saved["negative_prompt_embeds"]
+    state.history_latents = history
+    state.image_latents = saved["image_latents"]
+    state.generator.set_state(saved["generator"])
+    set_object_state(state.scheduler, saved["scheduler"])
+    state.events = [PromptEvent(*event) for event in saved["events"]]
+    state.last_events = saved["last_events"]

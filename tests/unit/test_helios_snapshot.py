@@ -1,0 +1,142 @@
+"""A Helios session outlives its worker (issue 31 §5): ``snapshot`` between two chunks,
+``restore`` in a fresh adapter (another pipeline object, as another worker loads it), and
+the session goes on bit for bit as if it had never stopped, a prompt change in flight
+included. Tiny random-weight Helios (``helios_fixtures.py``), CPU, float32."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.unit.helios_fixtures import (
+    SEQ_LEN,
+    SIZE,
+    tiny_helios_pipeline,
+    tiny_helios_pyramid_pipeline,
+)
+from workers.pipelines.base import WorldConfig
+from workers.pipelines.diffusers.helios import HeliosWorldAdapter
+from workers.pipelines.diffusers.helios_session import HeliosState
+from workers.pipelines.reference_world import ReferenceWorldPipeline
+from workers.pipelines.snapshots import pack, unpack
+
+CHUNK = 33
+IMAGE = np.random.default_rng(1).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
+
+
+def _adapter(pyramid: str | None = None) -> HeliosWorldAdapter:
+    """A loaded adapter on a pipeline of its own (the same seeded weights each time)."""
+    pipe = (
+        tiny_helios_pipeline()
+        if pyramid is None
+        else tiny_helios_pyramid_pipeline(distilled=pyramid == "distilled")
+    )
+    adapter = HeliosWorldAdapter(pipe=pipe, dtype="float32", max_sequence_length=SEQ_LEN)
+    adapter.load("cpu")
+    return adapter
+
+
+def _config(chunks: int, **over: Any) -> WorldConfig:
+    values: dict[str, Any] = {
+        "prompt": "a red ball",
+        "width": SIZE,
+        "height": SIZE,
+        "num_frames": chunks * CHUNK,
+        "fps": 24.0,
+        "seed": 3,
+        "steps_per_chunk": 2,
+    }
+    values.update(over)
+    return WorldConfig(**values)
+
+
+def _chunk(adapter: HeliosWorldAdapter, state: HeliosState) -> tuple[np.ndarray, Any]:
+    while not adapter.chunk_done(state):
+        adapter.step(state)
+    return adapter.take_chunk(state), adapter.events_for_chunk(state)
+
+
+def test_a_restored_session_goes_on_bit_for_bit_with_a_prompt_change_in_flight() -> None:
+    """Three chunks; a new prompt sent during chunk 0 blends over chunks 1 and 2. Taken
+    over after chunk 0 (the event queued, its embeddings not yet used) or after chunk 1
+    (half-way through its blend), a fresh adapter makes the rest of the chunks and their
+    events exactly as the session that never stopped."""
+    adapter = _adapter()
+    state = adapter.start(_config(3))
+    adapter.step(state)
+    adapter.interact(state, "a blue cube", None, 2, "e1")
+    with pytest.raises(RuntimeError, match="between chunks"):
+        adapter.snapshot(state)  # a chunk under way
+    chunks, snapshots = [], []
+    for _ in range(3):
+        chunks.append(_chunk(adapter, state))
+        snapshots.append(adapter.snapshot(state))
+    assert [events for _, events in chunks] == [
+        ([], [], []),
+        (["e1"], ["e1"], []),
+        ([], ["e1"], ["e1"]),
+    ]
+    for k in (1, 2):
+        data = snapshots[k - 1]
+        assert isinstance(data, bytes) and len(data) < 2_000_000
+        taker = _adapter()
+        restored = taker.restore(_config(3), data)
+        assert (restored.chunk_index, restored.step_index) == (k, 0)
+        assert restored.prompt == "a blue cube"
+        for frames, events in chunks[k:]:
+            got, got_events = _chunk(taker, restored)
+            np.testing.assert_array_equal(got, frames)
+            assert got_events == events
+        assert restored.done
+
+
+@pytest.mark.parametrize(
+    ("pyramid", "extra", "i2v"),
+    [
+        (None, {}, True),
+        ("distilled", {"guidance_scale": 1.0}, False),
+        ("mid", {"guidance_scale": 5.0, "pyramid_num_inference_steps_list": [2, 1, 1]}, False),
+    ],
+    ids=["base-i2v", "distilled-t2v", "mid-cfg-t2v"],
+)
+def test_every_helios_shape_is_restored_bit_for_bit(
+    pyramid: str | None, extra: dict[str, Any], i2v: bool
+) -> None:
+    """I2V (the reference image's latents are the anchor: the taker gets no image), the
+    distilled pyramid (DMD) and Helios-Mid's (UniPC stages, CFG: the negative prompt's
+    embeddings and the scheduler's multistep history travel too)."""
+    steps = sum(extra.get("pyramid_num_inference_steps_list", [1, 1, 1])) if pyramid else 2
+    over: dict[str, Any] = {"steps_per_chunk": steps, "extra": extra}
+    adapter = _adapter(pyramid)
+    state = adapter.start(_config(2, reference_image=IMAGE if i2v else None, **over))
+    _chunk(adapter, state)
+    data = adapter.snapshot(state)
+    assert data is not None
+    expected, _ = _chunk(adapter, state)
+    taker = _adapter(pyramid)
+    got, _ = _chunk(taker, taker.restore(_config(2, **over), data))
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_snapshot_of_another_layout_or_session_is_refused() -> None:
+    adapter = _adapter()
+    state = adapter.start(_config(2))
+    _chunk(adapter, state)
+    data = adapter.snapshot(state)
+    assert data is not None
+    wrong = unpack(data, "cpu") | {"version": 99}
+    with pytest.raises(ValueError, match="version 99"):
+        adapter.restore(_config(2), pack(wrong))
+    with pytest.raises(ValueError, match="history"):
+        adapter.restore(_config(2, width=2 * SIZE), data)  # another session's size
+
+
+def test_a_model_without_snapshots_cannot_be_taken_over() -> None:
+    """``reference/world`` keeps the interface's default: no snapshot, no restore."""
+    pipe = ReferenceWorldPipeline()
+    state = pipe.start(_config(1, num_frames=9, fps=16.0))
+    assert pipe.snapshot(state) is None
+    with pytest.raises(NotImplementedError):
+        pipe.restore(state.config, b"")

@@ -1,0 +1,67 @@
+"""How a world pipeline packs a session's state at a chunk boundary into bytes and back
+(``WorldPipeline.snapshot`` / ``restore``), so another worker can take the session over
+(``workers/world_checkpoint.py``).
+
+A snapshot is plain data only: tensors, numbers, strings, None, and lists, tuples and
+dicts of them, written with ``torch.save`` and compressed with zlib (level 1: latents are
+float noise that compresses little, but a T2V session's zero history and the zero
+padding of text embeddings compress to almost nothing). It is read back with
+``torch.load(weights_only=True)``, which builds no other object, so bytes from Redis
+never run code. Tensors keep their device type: one on a GPU comes back on the
+restoring adapter's device, one on the CPU (a generator's state, a scheduler's CPU
+tables) stays there.
+"""
+
+from __future__ import annotations
+
+import io
+import zlib
+from typing import Any
+
+import torch
+
+LEVEL = 1  # zlib: fast; the rest of a level buys little on float latents
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def pack(data: dict[str, Any]) -> bytes:
+    """``data`` (plain data, see the module doc) as compressed bytes."""
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    return zlib.compress(buffer.getvalue(), LEVEL)
+
+
+def unpack(data: bytes, device: torch.device | str) -> dict[str, Any]:
+    """What :func:`pack` packed; tensors that were on an accelerator go to ``device``."""
+    target = torch.device(device)
+
+    def onto(storage: Any, location: str) -> Any:
+        return storage if location == "cpu" else storage.to(target)
+
+    loaded = torch.load(io.BytesIO(zlib.decompress(data)), map_location=onto, weights_only=True)
+    if not isinstance(loaded, dict):
+        raise ValueError("not a world session snapshot")
+    return loaded
+
+
+def is_plain(value: Any) -> bool:
+    """Whether ``value`` is data :func:`unpack` reads back as it was (exact types only: a
+    diffusers ``FrozenDict`` is a dict subclass, ``numpy.float64`` a float one; neither
+    is)."""
+    if type(value) in (list, tuple):
+        return all(is_plain(v) for v in value)
+    if type(value) is dict:
+        return all(type(k) in (int, str) and is_plain(v) for k, v in value.items())
+    return type(value) in _SCALARS or isinstance(value, torch.Tensor)
+
+
+def object_state(obj: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The plain-data attributes of ``obj`` (a scheduler: its step counters, its
+    multistep history and timesteps), those in ``skip`` left out. Set them on a copy of
+    the object it was made from with :func:`set_object_state`."""
+    return {k: v for k, v in vars(obj).items() if k not in skip and is_plain(v)}
+
+
+def set_object_state(obj: Any, state: dict[str, Any]) -> None:
+    for name, value in state.items():
+        setattr(obj, name, value)

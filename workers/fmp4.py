@@ -22,12 +22,19 @@ How the bytes come out at the chunk boundary, with no ffmpeg CLI:
   ``fragment_index`` continues the ``mfhd`` sequence numbers, and ``skip_trailer`` leaves
   out the ``mfra`` index. Each such muxer writes the same ``ftyp`` + ``moov`` (checked);
   only the first one is sent.
+
+A stream another writer began (a world session taken over by another worker) goes on
+with :meth:`FragmentedMP4Writer.continuing`: a new encoder and muxer from the first frame
+and fragment number after the other writer's, its init segment checked against the one
+the client already has and not sent again. The chunk begins with an IDR frame anyway,
+so the client's decoder and MSE buffer go on across the seam.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 from types import TracebackType
+from typing import Any
 
 import av
 import numpy as np
@@ -86,6 +93,32 @@ class FragmentedMP4Writer:
         self._frames = 0
         self._fragments = 0
         self._closed = False
+
+    @classmethod
+    def continuing(
+        cls,
+        width: int,
+        height: int,
+        fps: float,
+        *,
+        init_segment: bytes,
+        frames: int,
+        fragments: int,
+        **options: Any,
+    ) -> FragmentedMP4Writer:
+        """A writer that goes on with a stream whose first ``fragments`` fragments (holding
+        ``frames`` frames, after ``init_segment``) another writer of the same size, rate
+        and ``options`` made: its chunks are numbered and timed after theirs, and its
+        first chunk is returned without an init segment. Raises ``RuntimeError`` at that
+        chunk when this build would write another init segment (an ffmpeg or x264 of
+        another version)."""
+        writer = cls(width, height, fps, **options)
+        writer._init, writer._frames, writer._fragments = init_segment, frames, fragments
+        return writer
+
+    @property
+    def fragments_written(self) -> int:
+        return self._fragments
 
     @property
     def init_segment(self) -> bytes | None:

@@ -126,3 +126,43 @@ def test_misuse_raises() -> None:
     assert writer.close() == b""  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         writer.write_chunk(_frames(1))
+
+
+def test_a_continuing_writer_goes_on_with_another_writer_s_stream() -> None:
+    """A session taken over by another worker: a new writer, told where the first one
+    stood, makes the next chunk without an init segment, numbered and timed after the
+    first writer's; the client's bytes decode to every frame at its time."""
+    first = FragmentedMP4Writer(W, H, FPS)
+    parts = [first.write_chunk(_frames(CHUNKS[0])), first.write_chunk(_frames(CHUNKS[1], 9))]
+    assert (first.frames_written, first.fragments_written) == (21, 2)
+    assert first.init_segment is not None
+    taker = FragmentedMP4Writer.continuing(
+        W, H, FPS, init_segment=first.init_segment, frames=21, fragments=2
+    )
+    tail = taker.write_chunk(_frames(CHUNKS[2], 21))
+    assert _boxes(tail)[0] in ("moof", "styp") and "moov" not in _boxes(tail)
+    assert (taker.frames_written, taker.fragments_written) == (33, 3)
+    assert taker.init_segment == first.init_segment
+    frames = _decode(b"".join([*parts, tail, taker.close()]))
+    assert [f.time for f in frames] == pytest.approx([i / FPS for i in range(sum(CHUNKS))])
+    decoded = np.stack([f.to_ndarray(format="rgb24") for f in frames]).astype(float)
+    assert np.abs(decoded - _frames(sum(CHUNKS))).mean() < 4.0
+    # the fragment sequence numbers (mfhd) go on: 1, 2, then the taker's 3
+    assert [_sequence_number(p) for p in (parts[1], tail)] == [2, 3]
+
+
+def test_a_continuing_writer_refuses_another_init_segment() -> None:
+    first = FragmentedMP4Writer(W, H, FPS)
+    first.write_chunk(_frames(CHUNKS[0]))
+    assert first.init_segment is not None
+    other = FragmentedMP4Writer.continuing(
+        W + 2, H, FPS, init_segment=first.init_segment, frames=9, fragments=1
+    )
+    with pytest.raises(RuntimeError, match="different init segment"):
+        other.write_chunk(np.zeros((12, H, W + 2, 3), np.uint8))
+
+
+def _sequence_number(fragment: bytes) -> int:
+    """The ``mfhd`` sequence number of the first ``moof`` of ``fragment``."""
+    at = fragment.index(b"mfhd")
+    return int.from_bytes(fragment[at + 8 : at + 12], "big")

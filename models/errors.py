@@ -51,6 +51,9 @@
     ├── JobLost                       the job is no longer ours (cancelled, deleted, taken
     │                                 over)                     → ``cancelled``, as the
     │                                 canceller already recorded it
+    ├── SessionTakenOver              a world session's worker was presumed dead and another
+    │                                 took the session over: it ends without a word
+    │                                 (``workers/world_checkpoint.py``)
     └── JobTimedOut                   the job passed its deadline → job code timeout
 
 Not in the tree, on purpose: control flow that never leaves its module (``ClientGone``
@@ -292,6 +295,11 @@ class URLFetchError(Exception):
 
 class JobLost(Exception):
     """The job is no longer ours: cancelled, deleted or taken over."""
+
+
+class SessionTakenOver(Exception):
+    """The world session is another worker's now (its checkpoint's fence moved on): this
+    worker ends it and sends nothing more."""
 
 
 class JobTimedOut(Exception):

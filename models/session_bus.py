@@ -14,7 +14,7 @@ media (never base64 in the JSON)::
         stop {reason}                    both kinds
 
     oq:session:{id}:out  worker → API   SessionOutput
-        accepted {worker_id}             a worker took the slot (admission)
+        accepted {worker_id, attempt, lease_s}  a worker took the slot (admission)
         keepalive                        the worker is alive
         started                          world: the rollout began
         chunk {kind, …}                  world; data: one fMP4 fragment
@@ -25,7 +25,8 @@ media (never base64 in the JSON)::
 
 Placement is a Celery task whose one argument is a :data:`TaskPayload` as JSON: a
 :class:`JobTask` (the job's row holds the rest) or a :class:`SessionTask` with the
-session's config, one model per kind (:data:`SessionConfig`).
+session's config, one model per kind (:data:`SessionConfig`). A world session whose
+worker died is placed again from its :class:`WorldCheckpoint`.
 
 Parse with the module-level adapters (``COMMANDS``, ``OUTPUTS``, ``TASKS``): one
 ``validate_json`` per stream entry, no model rebuilt per message. Names end in
@@ -100,10 +101,15 @@ class StopCommand(BaseModel):
 
 
 class AcceptedOutput(BaseModel):
-    """A worker took the session on one of its slots."""
+    """A worker took the session on one of its slots (placement ``attempt``: more than 1
+    when it takes over a world session whose worker died). With ``lease_s`` it holds the
+    session's lease of that attempt (``workers/session_lease.py``) while its process
+    lives, renewed within ``lease_s``."""
 
     type: Literal["accepted"] = "accepted"
     worker_id: str
+    attempt: int = 1
+    lease_s: float | None = None
 
 
 class KeepaliveOutput(BaseModel):
@@ -212,11 +218,26 @@ class JobTask(BaseModel):
 
 
 class SessionTask(BaseModel):
-    """Start a realtime session on a free slot of the model's realtime queue."""
+    """Start a realtime session on a free slot of the model's realtime queue; from its
+    checkpoint when ``attempt`` > 1 (a world session whose worker died, taken over)."""
 
     kind: Literal["session"] = "session"
     session_id: str
     config: SessionConfig
+    attempt: int = 1  # the placement: 1, then one more per takeover
+
+
+class WorldCheckpoint(BaseModel):
+    """Where a world session stood after the last chunk its worker sent: stored with that
+    chunk (``storage/session_checkpoint.py``), beside the init segment of its fMP4 stream
+    and the pipeline's snapshot of its state, for the worker that takes it over. The API
+    re-places the session with ``config``."""
+
+    config: WorldSessionConfig
+    chunks: int  # media chunks sent: the taker makes chunk ``chunks`` next
+    frames: int  # frames in the fMP4 fragments sent
+    fragments: int  # fMP4 fragments sent
+    commands_after: str  # the last ``in`` stream entry applied: the taker reads on from it
 
 
 # ------------------------------------------------------------------ unions and their parsers

@@ -1,6 +1,11 @@
 """The API's view of the worker running a session, as a clock (sans-I/O): a session not
 admitted by a worker within the admission timeout has no slot (``resource_exhausted``);
-an admitted one whose worker stays silent for ``lost_after_s`` lost it (``worker_lost``).
+an admitted one whose worker is dead lost it (``worker_lost``). Dead means its lease ran
+out (``workers/session_lease.py``: the caller looks at it when :meth:`lease_check_due`
+says, and reports :meth:`lease_gone`), or, for a worker alive but stuck or one without a
+lease, silent for ``lost_after_s``. A session being taken over by another worker
+(``taking_over``) that no worker admits in time lost its worker too.
+
 World and voice sessions share it, and the words they use when the API loses the broker
 (Redis/Valkey) mid-session: ``error`` ``broker_error``, then close 1011."""
 
@@ -12,25 +17,60 @@ from models.session_bus import AcceptedOutput, SessionOutput
 
 BROKER_ERROR = "broker_error"
 BROKER_ERROR_MESSAGE = "the message broker (Redis) is unreachable; the session cannot go on"
+WORKER_LOST = "worker_lost"
+WORKER_LOST_MESSAGE = "the worker running the session is gone"
 
 
 class WorkerWatch:
-    def __init__(self, admission_timeout_s: float, lost_after_s: float, now: float) -> None:
+    def __init__(
+        self,
+        admission_timeout_s: float,
+        lost_after_s: float,
+        now: float,
+        *,
+        taking_over: bool = False,
+    ) -> None:
         self.admitted = False
+        self.attempt = 1  # the placement of the admitted worker
+        self.lease_s: float | None = None  # its lease's TTL; None: it holds none
+        self._taking_over = taking_over
         self._admit_by = now + admission_timeout_s
         self._lost_after_s = lost_after_s
-        self._heard = now
+        self._heard = self._lease_checked = now
+        self._lease_gone = False
 
     def heard(self, outputs: Sequence[SessionOutput], now: float) -> None:
         """These outputs arrived from the worker (``accepted`` admits the session)."""
-        if outputs:
-            self._heard = now
-            self.admitted = self.admitted or any(isinstance(o, AcceptedOutput) for o in outputs)
+        if not outputs:
+            return
+        self._heard = now
+        for output in outputs:
+            if isinstance(output, AcceptedOutput):
+                self.admitted = True
+                self.attempt, self.lease_s = output.attempt, output.lease_s
+
+    def lease_check_due(self, now: float) -> int | None:
+        """The placement whose lease the caller is to look at now, or None: the worker
+        has been silent a third of its lease's TTL (a busy step), and it was not looked
+        at for as long."""
+        if not self.admitted or self.lease_s is None or self._lease_gone:
+            return None
+        every = self.lease_s / 3
+        if now - self._heard < every or now - self._lease_checked < every:
+            return None
+        self._lease_checked = now
+        return self.attempt
+
+    def lease_gone(self) -> None:
+        """The worker's lease ran out: its process is gone."""
+        self._lease_gone = True
 
     def verdict(self, now: float) -> tuple[str, str] | None:
         """``(code, message)`` when the session must end for want of its worker."""
         if not self.admitted and now > self._admit_by:
+            if self._taking_over:
+                return WORKER_LOST, WORKER_LOST_MESSAGE
             return "resource_exhausted", "no worker slot is free"
-        if self.admitted and now - self._heard > self._lost_after_s:
-            return "worker_lost", "the worker running the session is gone"
+        if self.admitted and (self._lease_gone or now - self._heard > self._lost_after_s):
+            return WORKER_LOST, WORKER_LOST_MESSAGE
         return None

@@ -60,6 +60,18 @@ def session_abandoned_key(session_id: str) -> str:
     return f"{KEY_PREFIX}session:{session_id}:abandoned"
 
 
+def session_checkpoint_key(session_id: str) -> str:
+    """A world session's checkpoint (hash, ``storage/session_checkpoint.py``): where it
+    stood after its last chunk sent, from which another worker takes it over."""
+    return f"{KEY_PREFIX}session:{session_id}:checkpoint"
+
+
+def session_lease_key(session_id: str, attempt: int) -> str:
+    """Held by the worker process running placement ``attempt`` of a realtime session
+    while it lives (``workers/session_lease.py``): gone, that worker is dead."""
+    return f"{KEY_PREFIX}session:{session_id}:lease:{attempt}"
+
+
 def session_state_key(session_id: str, part: str) -> str:
     """The Redis-held state of one duplex realtime session (:mod:`storage.session_state`):
     ``holder`` (the API replica serving it), ``state`` (protocol snapshot), ``log`` (the

@@ -116,15 +116,19 @@ class JobQueue:
         payload = JobTask(job_id=job_id, model=model).model_dump(mode="json")
         self._app.send_task(TASK_RUN_JOB, args=[payload], task_id=job_id, queue=job_queue(model))
 
-    def start_session(self, session_id: str, config: SessionConfig, *, expires_s: float) -> None:
-        """Place a realtime session on its model's realtime queue. A message no worker
-        took within ``expires_s`` is discarded by Celery instead of being run late."""
+    def start_session(
+        self, session_id: str, config: SessionConfig, *, expires_s: float, attempt: int = 1
+    ) -> None:
+        """Place a realtime session on its model's realtime queue (``attempt`` > 1: again,
+        to be taken over from its checkpoint). A message no worker took within
+        ``expires_s`` is discarded by Celery instead of being run late."""
         model = config.model
-        payload = SessionTask(session_id=session_id, config=config).model_dump(mode="json")
+        task = SessionTask(session_id=session_id, config=config, attempt=attempt)
+        payload = task.model_dump(mode="json")
         self._app.send_task(
             TASK_RUN_SESSION,
             args=[payload],
-            task_id=session_id,
+            task_id=session_id if attempt == 1 else f"{session_id}.{attempt}",
             queue=realtime_queue(model),
             expires=expires_s,
         )

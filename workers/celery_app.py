@@ -32,7 +32,8 @@ def run_task(context: WorkerContext, payload: Any) -> str:
     assert isinstance(task, SessionTask)
     if isinstance(task.config, VoiceSessionConfig):  # WS /v1/realtime
         return context.voice_sessions.run(task.session_id, task.config)
-    return context.world_sessions.run(task.session_id, task.config)  # WS /v1/realtime/video
+    # WS /v1/realtime/video; attempt > 1: taking over a session whose worker died
+    return context.world_sessions.run(task.session_id, task.config, task.attempt)
 
 
 class BrokerConnection(bootsteps.StartStopStep):

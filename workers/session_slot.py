@@ -4,10 +4,12 @@
 :func:`run_in_slot` is the life of a session on a slot: a session the API already gave
 up on (``abandoned``) is not started; otherwise ``accepted`` goes out (admission), the
 runner serves it, and any exception becomes one ``failed`` output with a stable code and
-a message safe to show (``workers.failures.classify``). :class:`SessionSlot` is what the
-runner talks through: typed commands in (``models.session_bus.SessionCommand``), typed
-outputs out, and the liveness clock both ways (a keep-alive every ``keepalive_s``; no
-command nor keep-alive from the API for ``lost_after_s`` means it is gone).
+a message safe to show (``workers.failures.classify``); but a world session taken over by
+another worker meanwhile (``SessionTakenOver``) ends without a word. While it runs, the
+worker holds the session's lease (``workers/session_lease.py``). :class:`SessionSlot` is
+what the runner talks through: typed commands in (``models.session_bus.SessionCommand``),
+typed outputs out, and the liveness clock both ways (a keep-alive every ``keepalive_s``;
+no command nor keep-alive from the API for ``lost_after_s`` means it is gone).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from models.errors import SessionTakenOver
 from models.session_bus import (
     COMMANDS,
     AcceptedOutput,
@@ -33,6 +36,7 @@ from storage.settings import RealtimeSettings, Settings
 from workers.failures import classify, log_level
 from workers.metrics import SLOTS
 from workers.pipelines.registry import PipelineRegistry
+from workers.session_lease import SessionLease
 
 log = logging.getLogger(__name__)
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
@@ -42,9 +46,12 @@ class SessionSlot:
     """One session's two streams, seen from the worker: commands read in order (each
     one proof that the API is alive), outputs published."""
 
-    def __init__(self, bus: EventBus, session_id: str, settings: RealtimeSettings) -> None:
+    def __init__(
+        self, bus: EventBus, session_id: str, settings: RealtimeSettings, attempt: int = 1
+    ) -> None:
         self.bus = bus
         self.id = session_id
+        self.attempt = attempt  # the placement (> 1: taking over a world session)
         self.settings = settings
         self.inbox, self.out = session_in_key(session_id), session_out_key(session_id)
         self.after = "0-0"  # the last command read
@@ -102,21 +109,36 @@ class SlotRunner(abc.ABC, Generic[ConfigT]):
         self.bus = bus
         self.worker_id = worker_id
 
-    def run(self, session_id: str, config: ConfigT) -> str:
-        """Run one session; its outcome (``abandoned``, what :meth:`serve` returned, or
-        the failure's code)."""
-        slot = SessionSlot(self.bus, session_id, self.settings.realtime)
+    def run(self, session_id: str, config: ConfigT, attempt: int = 1) -> str:
+        """Run one session (placement ``attempt``); its outcome (``abandoned``, what
+        :meth:`serve` returned, ``taken_over``, or the failure's code)."""
+        rt = self.settings.realtime
+        slot = SessionSlot(self.bus, session_id, rt, attempt)
         if self.bus.redis.exists(session_abandoned_key(session_id)):
             return "abandoned"  # the API gave up waiting for a slot
-        slot.send(AcceptedOutput(worker_id=self.worker_id))
-        try:
-            with SLOTS.running(getattr(config, "model", "")):
-                outcome = self.serve(slot, config)
-        except Exception as exc:
-            code, message = classify(exc)
-            log.log(log_level(code), "%s %s failed: %s", self.label, session_id, code, exc_info=exc)
-            slot.send(FailedOutput(code=code.value, message=message))
-            outcome = code.value
+        lease = SessionLease(
+            self.bus.redis,
+            session_id,
+            attempt,
+            self.worker_id,
+            lease_s=rt.worker_lease_s,
+            every_s=rt.keepalive_s,
+        )
+        with lease:  # before ``accepted``, which tells the API to look at it
+            lease_s = rt.worker_lease_s or None
+            slot.send(AcceptedOutput(worker_id=self.worker_id, attempt=attempt, lease_s=lease_s))
+            try:
+                with SLOTS.running(getattr(config, "model", "")):
+                    outcome = self.serve(slot, config)
+            except SessionTakenOver as exc:  # another worker has it: say nothing more
+                log.warning("%s %s: %s", self.label, session_id, exc)
+                outcome = "taken_over"
+            except Exception as exc:
+                code, message = classify(exc)
+                level = log_level(code)
+                log.log(level, "%s %s failed: %s", self.label, session_id, code, exc_info=exc)
+                slot.send(FailedOutput(code=code.value, message=message))
+                outcome = code.value
         log.info("%s %s: %s", self.label, session_id, outcome)
         return outcome
 

@@ -13,6 +13,11 @@ ahead of further computation), so ``session.stop`` or a vanished client ends the
 within one step and frees the slot. If the API falls silent (no command or keep-alive for
 ``lost_after_s``), the runner stops on its own.
 
+A session outlives its worker when its model takes snapshots (Helios): each chunk goes
+out together with a checkpoint of the session, and a worker placed again for it
+(``attempt`` > 1, when the API found its worker dead) goes on from the last chunk sent
+(``workers/world_checkpoint.py``).
+
 Pacing (:class:`Playback`): the client plays the video in real time from the first chunk,
 so a chunk begins only while at most ``max_chunks_ahead`` chunks (the session's
 ``extra_params``, else ``realtime.video_lead_chunks``; 0: unpaced) are ahead of that
@@ -40,12 +45,14 @@ from models.session_bus import (
     WorldSessionConfig,
 )
 from storage.bus import EventBus
+from storage.session_checkpoint import CheckpointStore
 from storage.settings import Settings
 from workers.failpoints import Failpoints
 from workers.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import WorldConfig, WorldPipeline
 from workers.pipelines.registry import PipelineRegistry
 from workers.session_slot import SessionSlot, SlotRunner
+from workers.world_checkpoint import SessionCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +104,8 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         # Callable(session_id, config, path) -> artifact id, for extra_params.persist.
         self.persist = persist
         self.failpoints = Failpoints(settings.worker.failpoints_file)
+        # Each chunk sent with where its session stands (``workers/world_checkpoint.py``).
+        self.checkpoints = CheckpointStore(bus, settings.realtime.checkpoint_ttl_s)
 
     def serve(self, slot: SessionSlot, config: WorldSessionConfig) -> str:
         tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{slot.id}-", dir=self.settings.worker.tmp_dir))
@@ -144,14 +153,19 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
             world.flow_shift = float(extra["flow_shift"])
         if config.num_inference_steps is not None:
             world.steps_per_chunk = config.num_inference_steps
-        world.reference_image = self._reference_image(slot)
-        state = pipe.start(world)
+        checkpoint = SessionCheckpoint(self.checkpoints, slot, config, pipe)
+        if checkpoint.taking_over:  # its worker died: from the last chunk it sent
+            state, writer, sent = checkpoint.resume(world)
+        else:
+            world.reference_image = self._reference_image(slot)
+            state = pipe.start(world)
+            writer, sent = FragmentedMP4Writer(world.width, world.height, world.fps), 0
+            slot.send(StartedOutput())
         total = pipe.num_chunks(state)
-        writer = FragmentedMP4Writer(world.width, world.height, world.fps)
         persisted = open(tmp / "session.mp4", "wb") if extra.get("persist") else None  # noqa: SIM115
-        slot.send(StartedOutput())
+        if persisted is not None and sent:
+            checkpoint.copy_sent(persisted, sent)
         stopped = False
-        sent = 0
         playback = Playback(world.fps, lead_chunks(self.settings.realtime.video_lead_chunks, extra))
         between_chunks, wait_ms = True, None
         try:
@@ -176,7 +190,7 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                 if pipe.chunk_done(state):
                     frames = pipe.take_chunk(state)
                     # a stop is read between steps only, so the session is ours here
-                    self.failpoints.hit(f"session_chunk:{sent}", lambda: True)
+                    self.failpoints.hit(f"session_chunk:{sent}", lambda: True, slot.attempt)
                     data = writer.write_chunk(frames)
                     begun, active, completed = pipe.events_for_chunk(state)
                     if persisted is not None:
@@ -190,7 +204,7 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                         active_event_ids=active,
                         completed_event_ids=completed,
                     )
-                    slot.send(chunk, data)
+                    checkpoint.send(chunk, data, state, writer)  # and where it stands
                     playback.sent(len(frames), time.monotonic())
                     between_chunks = True
                     sent += 1
@@ -206,4 +220,5 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         if persisted is not None and not stopped and self.persist is not None:
             artifact_id = self.persist(slot.id, config, tmp / "session.mp4")
         slot.send(FinishedOutput(stopped=stopped, artifact_id=artifact_id))
+        checkpoint.ended()
         return "stopped" if stopped else "completed"

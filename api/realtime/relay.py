@@ -7,7 +7,12 @@ session's config), sends the session's commands, keeps the worker informed that 
 is alive, and relays the worker's outputs to the session under two clocks
 (``realtime/worker_watch.py``): no ``accepted`` within the admission timeout →
 ``resource_exhausted`` (the session is marked abandoned, so a late worker does not start
-it); an admitted worker silent for ``lost_after_s`` → ``worker_lost``.
+it); an admitted worker that is dead (its lease ran out, or silent for ``lost_after_s``)
+→ ``worker_lost``, unless the session has a checkpoint to go on from (a world session of
+a model that takes snapshots, with a chunk sent): then it is placed again, on any worker
+of its model, which takes it over from the last chunk sent (``storage/session_checkpoint.py``,
+``workers/world_checkpoint.py``), once per chunk. The client sees nothing of it but the
+wait; a takeover no worker admits in time ends the session with ``worker_lost``.
 
 Where the relay stands (placed, worker admitted, the last output read) is
 :class:`~realtime.session_snapshot.RelayPosition`: a duplex voice session stores it in
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any, Protocol
 
@@ -34,12 +40,20 @@ from starlette.concurrency import run_in_threadpool
 from api.realtime.broker import BROKER_ERRORS, bounded
 from models.session_bus import OUTPUTS, KeepaliveCommand, SessionConfig, SessionOutput
 from realtime.session_snapshot import RelayPosition
-from realtime.worker_watch import WorkerWatch
+from realtime.worker_watch import WORKER_LOST, WorkerWatch
 from storage.bus import AsyncEventBus, BusMessage
-from storage.constants import session_abandoned_key, session_in_key, session_out_key
+from storage.constants import (
+    session_abandoned_key,
+    session_in_key,
+    session_lease_key,
+    session_out_key,
+)
 from storage.queue import JobQueue
+from storage.session_checkpoint import claim_takeover
 from storage.session_state import SessionStateStore
 from storage.settings import RealtimeSettings, Settings
+
+log = logging.getLogger(__name__)
 
 # How long one read of the worker's outputs blocks when nothing comes.
 READ_BLOCK_MS = 250
@@ -164,13 +178,52 @@ class Relay:
                 self.cursor = entries[-1].id
                 watch.heard([e.event for e in entries], now)
                 self.admitted = watch.admitted
-            elif (verdict := watch.verdict(now)) is not None:
-                await self._give_up(*verdict)
+            elif (verdict := await self._verdict(watch, now)) is not None:
+                if verdict[0] == WORKER_LOST and await self._take_over():
+                    watch = WorkerWatch(
+                        rt.admission_timeout_s, rt.lost_after_s, now, taking_over=True
+                    )
+                    self.admitted = False
+                else:
+                    await self._give_up(*verdict)
                 continue
             await self.target.outputs(entries, now)
 
+    async def _verdict(self, watch: WorkerWatch, now: float) -> tuple[str, str] | None:
+        """The watch's verdict, the worker's lease looked at first when that is due."""
+        attempt = watch.lease_check_due(now)
+        if attempt is not None:
+            held = await bounded(self.bus.redis.exists(session_lease_key(self.id, attempt)))
+            if not held:
+                watch.lease_gone()
+        return watch.verdict(now)
+
+    async def _take_over(self) -> bool:
+        """Place the session again, to be taken over from its checkpoint; False when it
+        has none to go on from (or was already taken over from it)."""
+        ttl = self.settings.checkpoint_ttl_s
+        claimed = await bounded(claim_takeover(self.bus.redis, self.id, ttl))
+        if claimed is None:
+            return False
+        attempt, checkpoint = claimed
+        placed = run_in_threadpool(
+            self.queue.start_session,
+            self.id,
+            checkpoint.config,
+            expires_s=self.settings.admission_timeout_s,
+            attempt=attempt,
+        )
+        await bounded(placed)
+        log.warning(
+            "session %s: its worker is gone; placed again (attempt %d) from chunk %d",
+            self.id,
+            attempt,
+            checkpoint.chunks,
+        )
+        return True
+
     async def _give_up(self, code: str, message: str) -> None:
-        if code == "resource_exhausted":  # a worker that takes it late must not start it
+        if not self.admitted:  # a worker that takes it late must not start it
             with contextlib.suppress(*BROKER_ERRORS):
                 key = session_abandoned_key(self.id)
                 await bounded(self.bus.redis.set(key, 1, ex=ABANDONED_TTL_S))

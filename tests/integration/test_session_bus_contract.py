@@ -69,7 +69,7 @@ COMMANDS: list[tuple[BaseModel, bytes | None]] = [
     (StopCommand(reason="client"), None),
 ]
 OUTPUTS: list[tuple[BaseModel, bytes | None]] = [
-    (AcceptedOutput(worker_id="host:1:worker"), None),
+    (AcceptedOutput(worker_id="host:1:worker", attempt=2, lease_s=3.0), None),
     (KeepaliveOutput(), None),
     (StartedOutput(), None),
     (
@@ -287,8 +287,13 @@ def test_every_task_payload_reaches_its_runner_as_sent(redis_url: str) -> None:
             session_id = "sess_" + secrets.token_hex(6)
             queue.start_session(session_id, config, expires_s=60)
             assert run_task(context, _take(app, realtime_queue(config.model))) == runner
-            assert context.calls[-1] == (runner, session_id, config)
+            placement = (1,) if runner == "world" else ()  # a world session's attempt
+            assert context.calls[-1] == (runner, session_id, config, *placement)
             assert type(context.calls[-1][2]) is type(config)
+        # a world session placed again, to be taken over from its checkpoint
+        queue.start_session(session_id, config, expires_s=60, attempt=2)
+        assert run_task(context, _take(app, realtime_queue(config.model))) == "world"
+        assert context.calls[-1] == ("world", session_id, config, 2)
         # a job message queued before payloads were typed still runs
         assert run_task(context, "video_old") == "job"
         assert context.calls[-1] == ("job", "video_old", None)

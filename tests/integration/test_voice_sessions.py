@@ -200,7 +200,7 @@ def test_respond_streams_audio_then_completes(client: redis.Redis) -> None:
     turn = b"\x00\x00" * int(RATE * 1.4)
     s.respond("resp_1", turn)
     out = s.read_until(_finished("resp_1"))
-    assert out[0].event == AcceptedOutput(worker_id="test-worker")
+    assert out[0].event == AcceptedOutput(worker_id="test-worker", lease_s=3.0)
     audio = _audio(out, "resp_1")
     assert out[1:-1] == audio  # nothing else in between
     step_bytes = RATE * 40 // 1000 * 2  # each output: whole 40 ms steps (a chunk of them)

@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from models.errors import InvalidJobInput
+from models.realtime_video_chunks import ChunkLattice
 from models.session_bus import (
     ChunkOutput,
+    FailedOutput,
     FinishedOutput,
     InteractionCommand,
     ReferenceImageCommand,
@@ -49,9 +51,17 @@ from storage.session_checkpoint import CheckpointStore
 from storage.settings import Settings
 from workers.failpoints import Failpoints
 from workers.fmp4 import FragmentedMP4Writer
-from workers.pipelines.base import WorldConfig, WorldPipeline
+from workers.pipelines.base import WorldConfig, WorldPipeline, step_stops
 from workers.pipelines.registry import PipelineRegistry
 from workers.session_slot import SessionSlot, SlotRunner
+from workers.session_turns import (
+    CapacityExceeded,
+    Demand,
+    FairTurns,
+    RealtimeCapacity,
+    SessionStop,
+    SessionStopped,
+)
 from workers.world_checkpoint import SessionCheckpoint
 
 log = logging.getLogger(__name__)
@@ -106,13 +116,67 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         self.failpoints = Failpoints(settings.worker.failpoints_file)
         # Each chunk sent with where its session stands (``workers/world_checkpoint.py``).
         self.checkpoints = CheckpointStore(bus, settings.realtime.checkpoint_ttl_s)
+        # The device, one step at a time, for every session of this worker; how many
+        # sessions of each model keep real time (``workers/session_turns.py``).
+        self.turns = FairTurns()
+        fixed = {name: m.max_sessions for name, m in pipelines.models.items()}
+        self.capacity = RealtimeCapacity(settings.realtime.capacity_headroom, fixed)
 
     def serve(self, slot: SessionSlot, config: WorldSessionConfig) -> str:
-        tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{slot.id}-", dir=self.settings.worker.tmp_dir))
         try:
-            return self._roll_out(slot, config, tmp)
+            with self.capacity.session(config.model, _demand(config)):
+                return self._serve(slot, config)
+        except CapacityExceeded as exc:  # raised on entry only: nothing ran
+            log.info("session %s refused: %s", slot.id, exc)
+            slot.send(FailedOutput(code="resource_exhausted", message=str(exc)))
+            return "resource_exhausted"
+
+    def _serve(self, slot: SessionSlot, config: WorldSessionConfig) -> str:
+        tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{slot.id}-", dir=self.settings.worker.tmp_dir))
+        stop = SessionStop(self.bus, slot.inbox)
+        try:
+            return self._roll_out(slot, config, tmp, stop)
         finally:
+            stop.close()
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def probe(self) -> None:
+        """Measure each world model whose registry entry fixes no ``max_sessions``: one
+        chunk at its defaults, timed, sets its load (and so how many sessions it takes);
+        without it the first session's chunks do."""
+        for name, model in self.pipelines.models.items():
+            if not model.spec.streaming or model.max_sessions is not None:
+                continue
+            pipe = self.pipelines.get(name)
+            if not isinstance(pipe, WorldPipeline):
+                continue
+            spec = pipe.spec
+            width, height = spec.default_size
+            lattice = ChunkLattice(first=spec.frame_offset, every=spec.frame_multiple)
+            config = WorldConfig(
+                prompt="a capacity probe",
+                width=width,
+                height=height,
+                num_frames=lattice.first,
+                fps=float(spec.default_fps),
+                seed=0,
+                steps_per_chunk=spec.default_steps,
+            )
+            state = pipe.start(config)
+            began = time.perf_counter()
+            while not pipe.chunk_done(state):
+                pipe.step(state)
+            frames = pipe.take_chunk(state)
+            demand = Demand(width, height, config.fps, config.steps_per_chunk)
+            self.capacity.measured(name, time.perf_counter() - began, demand.work(len(frames)))
+            log.info(
+                "%s: a second of video (%s) takes %.3f s of this device: %s sessions of "
+                "it keep real time",
+                name,
+                demand,
+                self.capacity.load(name, demand),
+                self.capacity.limit(name, demand),
+            )
 
     @staticmethod
     def _interact(pipe: WorldPipeline[Any], state: Any, cmd: InteractionCommand) -> None:
@@ -141,7 +205,9 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                     return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
         return None
 
-    def _roll_out(self, slot: SessionSlot, config: WorldSessionConfig, tmp: Path) -> str:
+    def _roll_out(
+        self, slot: SessionSlot, config: WorldSessionConfig, tmp: Path, stop: SessionStop
+    ) -> str:
         pipe = self.pipelines.world(config.model)
         extra = config.extra_params
         world = WorldConfig(
@@ -168,6 +234,7 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         stopped = False
         playback = Playback(world.fps, lead_chunks(self.settings.realtime.video_lead_chunks, extra))
         between_chunks, wait_ms = True, None
+        device_s = 0.0  # the current chunk's time at the device (its turns)
         try:
             while sent < total:
                 for entry in slot.commands(block_ms=wait_ms):
@@ -186,9 +253,21 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                     wait_ms = max(1, round(min(wait, beat) * 1000))
                     continue
                 wait_ms, between_chunks = None, False
-                pipe.step(state)
-                if pipe.chunk_done(state):
-                    frames = pipe.take_chunk(state)
+                with self.turns.turn():
+                    began = time.perf_counter()
+                    try:
+                        with step_stops(stop.reason):
+                            pipe.step(state)
+                    except SessionStopped:
+                        stopped = True  # inside the step: the device is free now
+                        break
+                    done = pipe.chunk_done(state)
+                    frames = pipe.take_chunk(state) if done else None
+                    device_s += time.perf_counter() - began
+                if frames is not None:
+                    work = _demand(config, world.steps_per_chunk).work(len(frames))
+                    self.capacity.measured(config.model, device_s, work)
+                    device_s = 0.0
                     # a stop is read between steps only, so the session is ours here
                     self.failpoints.hit(f"session_chunk:{sent}", lambda: True, slot.attempt)
                     data = writer.write_chunk(frames)
@@ -222,3 +301,10 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         slot.send(FinishedOutput(stopped=stopped, artifact_id=artifact_id))
         checkpoint.ended()
         return "stopped" if stopped else "completed"
+
+
+def _demand(config: WorldSessionConfig, steps: int | None = None) -> Demand:
+    """What ``config`` asks of the device (``steps``: per chunk, where the pipeline's own
+    default replaced a missing ``num_inference_steps``)."""
+    steps = steps or config.num_inference_steps or WorldConfig.steps_per_chunk
+    return Demand(config.width, config.height, config.fps, steps)

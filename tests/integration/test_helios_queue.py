@@ -30,6 +30,7 @@ from workers.pipelines.diffusers.helios import HeliosWorldAdapter
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MODEL = "Helios/tiny"
+ONE = "Helios/tiny-one-session"  # the same, with max_sessions = 1
 START = {
     "type": "session.start",
     "model": MODEL,
@@ -48,11 +49,18 @@ def hstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[S
     path = module_dir / "tiny_helios"
     tiny_helios_pipeline().save_pretrained(str(path))
     registry = module_dir / "models.toml"
-    registry.write_text(
-        f'[[model]]\nname = "{MODEL}"\nadapter = "diffusers.helios"\npath = "{path}"\n'
-        f'dtype = "float32"\n[model.adapter_options]\nmax_sequence_length = {SEQ_LEN}\n'
+    # the same tiny model twice: as many sessions as keep real time (measured by the
+    # worker's start-up probe at the spec's defaults, here 64x64 and 2 steps), and one
+    entry = (
+        '[[model]]\nname = "{}"\nadapter = "diffusers.helios"\npath = "{}"\n'
+        'dtype = "float32"\n{}[model.adapter_options]\nmax_sequence_length = {}\n'
+        "[model.spec]\ndefault_size = [64, 64]\ndefault_steps = 2\n"
     )
-    env = {"OMNIQ_MODEL_REGISTRY": str(registry), "OMNIQ_REALTIME__SLOTS": "1"}
+    registry.write_text(
+        entry.format(MODEL, path, "", SEQ_LEN)
+        + entry.format(ONE, path, "max_sessions = 1\n", SEQ_LEN)
+    )
+    env = {"OMNIQ_MODEL_REGISTRY": str(registry), "OMNIQ_REALTIME__SLOTS": "2"}
     with isolated_stack(module_dir, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.start(workers=0, realtime_workers=1)
         yield st
@@ -160,3 +168,28 @@ def test_a_camera_script_is_refused_naming_it(hstack: Stack) -> None:
         ws.send(json.dumps({**START, "extra_params": {"camera_action_script": script}}))
         error = _json(ws)
     assert error["type"] == "error" and error["param"] == "extra_params.camera_action_script"
+
+
+def test_a_session_past_the_model_s_capacity_is_refused_at_once_naming_it(
+    hstack: Stack,
+) -> None:
+    """With as many sessions as the model keeps in real time already running (here the
+    entry's max_sessions, 1), the next is refused by the worker with
+    ``resource_exhausted`` naming why, not queued behind it nor served slowly; once the
+    first ends, a session starts again."""
+    # ten chunks, paced at real time from the first: the first session lasts ~12 s
+    start = {**START, "model": ONE, "num_frames": 330}
+    with _ws(hstack) as first:
+        first.send(json.dumps(start))
+        assert _json(first)["type"] == "video.start"
+        with _ws(hstack) as second:
+            second.send(json.dumps(start))
+            error = _json(second, timeout=30)
+        assert (error["type"], error["code"]) == ("error", "resource_exhausted"), error
+        assert f"{ONE} runs 1 session on this worker, its max_sessions" in error["message"]
+        first.send(json.dumps({"type": "session.stop"}))
+        while not (isinstance(m := first.recv(timeout=60), str) and '"session.done"' in m):
+            pass  # the chunks made meanwhile
+    with _ws(hstack) as again:
+        again.send(json.dumps({**start, "num_frames": 33}))
+        assert _json(again)["type"] == "video.start"

@@ -12,6 +12,11 @@ order), with ``extra_params``:
   (default: ``[0]`` for one keyframe, ``[0, -1]`` for two).
 * ``aspect_ratio``: a named ratio that sets the canvas (:func:`canvas_size`).
 
+A video model whose ``workflows`` are ``t2v``, ``i2v`` and/or ``flf2v`` (Wan) takes the
+same fields: no file is ``t2v``; one keyframe at ``[0]`` is ``i2v``; two at ``[0, -1]``
+are ``flf2v`` (:func:`keyframe_plan`). Its keyframes are fitted to the job's canvas as a
+plain ``input_reference`` is (scaled to cover it, centre-cropped).
+
 Each file is sniffed by content: an image (PNG, JPEG, WebP), a video (with its
 soundtrack, if any) or an audio clip. References obey the model's limits (9 images, 3
 videos, 3 audio clips, 12 in all, audio never alone; clips no longer than the model's
@@ -27,7 +32,8 @@ from typing import Any, Literal
 import av
 from PIL import Image
 
-from models.catalog import ModelSpec, Workflow
+from api.inputs import reference_frame_png
+from models.catalog import VIDEO_WORKFLOWS, ModelSpec, Workflow
 from models.errors import InvalidRequest
 from models.job_specs import VideoSpec
 from models.videos import VideoCreate
@@ -113,8 +119,19 @@ def workflow_of(spec: ModelSpec, extra: dict[str, Any], files: int) -> Workflow:
     return task
 
 
-def plan(spec: ModelSpec, extra: dict[str, Any], files: list[bytes], limits: LimitSettings) -> Plan:
-    """Check every file against the workflow and the model's limits."""
+def plan(
+    spec: ModelSpec,
+    extra: dict[str, Any],
+    files: list[bytes],
+    limits: LimitSettings,
+    size: tuple[int, int] | None = None,
+) -> Plan:
+    """Check every file against the workflow and the model's limits; a video model's
+    keyframes (:func:`keyframe_plan`) are fitted to ``size`` (width, height)."""
+    if spec.workflows and set(spec.workflows) <= set(VIDEO_WORKFLOWS):
+        if size is None:
+            raise ValueError("a video model's keyframes need the job's size")
+        return keyframe_plan(spec, extra, files, limits, size)
     workflow = workflow_of(spec, extra, len(files))
     longest = spec.max_frames / spec.default_fps
     refs = [
@@ -127,6 +144,69 @@ def plan(spec: ModelSpec, extra: dict[str, Any], files: list[bytes], limits: Lim
             "frame_indices is for fl2va keyframes", param="extra_params.frame_indices"
         )
     _check_counts(refs)
+    return Plan(workflow, refs)
+
+
+def keyframe_plan(
+    spec: ModelSpec,
+    extra: dict[str, Any],
+    files: list[bytes],
+    limits: LimitSettings,
+    size: tuple[int, int],
+) -> Plan:
+    """A video model's workflow from its keyframes: none is ``t2v``, ``[0]`` is ``i2v``,
+    ``[0, -1]`` is ``flf2v`` (``frame_indices`` defaults to ``[0]`` for one file and
+    ``[0, -1]`` for two). diffusers' Wan pipelines anchor a last frame only beside a
+    first one, so ``[-1]`` alone is refused naming ``extra_params.frame_indices``. Each
+    keyframe is stored as a PNG of the job's size (cover, centre crop)."""
+    indices = extra.get("frame_indices")
+    served = ", ".join(spec.workflows)
+    if not files:
+        if indices is not None:
+            raise InvalidRequest(
+                "frame_indices places keyframes, and none was sent",
+                param="extra_params.frame_indices",
+            )
+        if "t2v" not in spec.workflows:
+            raise InvalidRequest(
+                f"{spec.name} serves {served}: it needs an input_reference",
+                param="input_reference",
+            )
+        return Plan("t2v", [])
+    param = "input_reference" if len(files) == 1 else "input_references"
+    if len(files) > 2:
+        raise InvalidRequest(
+            f"{spec.name} takes one or two keyframes ({len(files)} sent)", param=param
+        )
+    if indices is None:
+        indices = [0] if len(files) == 1 else [0, -1]
+    if indices not in KEYFRAME_INDICES or len(indices) != len(files):
+        raise InvalidRequest(
+            f"frame_indices must be [0] or [0, -1], one per keyframe ({len(files)} sent)",
+            param="extra_params.frame_indices",
+        )
+    if indices == [-1]:
+        raise InvalidRequest(
+            f"{spec.name} anchors a last frame only beside a first one: send [0, -1]",
+            param="extra_params.frame_indices",
+        )
+    workflow: Workflow = "i2v" if indices == [0] else "flf2v"
+    if workflow not in spec.workflows:
+        what = "an input_reference" if workflow == "i2v" else "a first and a last frame"
+        raise InvalidRequest(
+            f"model {spec.name!r} does not take {what} (it serves {served})", param=param
+        )
+    width, height = size
+    refs = [
+        Reference(
+            "image",
+            reference_frame_png(data, width, height, limits, f"input_references[{i}]"),
+            "image/png",
+            index,
+            (width, height),
+        )
+        for i, (data, index) in enumerate(zip(files, indices, strict=True))
+    ]
     return Plan(workflow, refs)
 
 

@@ -86,12 +86,16 @@ class VideoService(JobService[VideoObject, VideoRequest]):
         idempotency_key: str | None,
     ) -> VideoObject:
         """A workflow model's create (api/references.py): the workflow and its inputs
-        checked, the canvas resolved, then every reference stored with the job."""
+        checked (a video model's keyframes fitted to the job's size), the canvas
+        resolved, then every reference stored with the job."""
         model = self.state.specs[resolved.model]
         if remote is not None:
             files = [await self._fetch(remote, resolved), *files]
         limits = self.settings.limits
-        plan = await self.state.blocking(references.plan, model, resolved.extra, files, limits)
+        size = (resolved.width, resolved.height)
+        plan = await self.state.blocking(
+            references.plan, model, resolved.extra, files, limits, size
+        )
         resolved = references.with_canvas(resolved, request.body, model, plan)
         job, _, position = await self.state.artifacts.run(
             self._persist_references, resolved, plan.references, owner, idempotency_key

@@ -6,9 +6,9 @@ code; the worker's pipeline adapters declare the same spec. Built-in specs live 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 Modality = Literal["video", "audio"]
 # The ``quality`` of a video create (vLLM-Omni's field): "lossless" runs every denoise step
@@ -19,9 +19,12 @@ QUALITY_TIERS: tuple[QualityTier, ...] = ("lossless", "high", "fast")
 # (``/v1/videos``, ``/v1/audio/generations``), a world model (``WS /v1/realtime/video``)
 # or a voice model (``WS /v1/realtime``).
 PipelineKind = Literal["job", "world", "voice"]
-# What a joint video + audio model makes from its inputs: text only, first/last keyframes,
-# or ordered omni-references (images, videos with their sound, audio clips).
-Workflow = Literal["t2va", "fl2va", "ref2va"]
+# What a model makes from its inputs. A joint video + audio model (MiniMax-H3): text only,
+# first/last keyframes, or ordered omni-references (images, videos with their sound, audio
+# clips). A video model (Wan): text only, a first frame, or a first and a last frame.
+Workflow = Literal["t2va", "fl2va", "ref2va", "t2v", "i2v", "flf2v"]
+# The video models' workflows: keyframes anchored at frame 0 and/or -1 (api/references.py).
+VIDEO_WORKFLOWS: tuple[Workflow, ...] = ("t2v", "i2v", "flf2v")
 # Attention kernels a role of the denoiser may run: PyTorch's SDPA (diffusers' dispatch),
 # or video sparse attention (fastvideo-kernel; MiniMax-H3's joint blocks only).
 AttentionBackend = Literal["sdpa", "vsa"]
@@ -96,6 +99,14 @@ class ModelSpec(BaseModel):
     # A world model's blend of a prompt change when neither the interaction nor the
     # session's start sets ``transition_chunks``: over this many chunks (0: a cut).
     default_transition_chunks: int = Field(default=1, ge=0)
+
+    @model_validator(mode="after")
+    def _keyframes_are_image_input(self) -> Self:
+        """A video model that serves an image workflow (``i2v``, ``flf2v``) takes image
+        input (``/v1/models`` lists ``supports_image_input``)."""
+        if {"i2v", "flf2v"} & set(self.workflows):
+            self.supports_image_input = True
+        return self
 
     @property
     def supports_lora(self) -> bool:
@@ -243,6 +254,11 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
             "vae_use_tiling",
             "vae_use_slicing",
         ],
+        # Text-to-video (WanPipeline) unless the entry names others: ["i2v"] (Wan 2.1 /
+        # 2.2 I2V), ["i2v", "flf2v"] (Wan 2.1 FLF2V), ["t2v", "i2v"] (Wan 2.2 TI2V-5B);
+        # image workflows load WanImageToVideoPipeline (workers/pipelines/diffusers/wan.py).
+        extra_params={"frame_indices": "ints"},
+        workflows=["t2v"],
     ),
     "diffusers.ltx": ModelSpec(
         name="diffusers.ltx",

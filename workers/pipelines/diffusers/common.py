@@ -364,19 +364,24 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         if not self.compiler.enabled:
             return
         for shape in self.warmup:
-            request = GenerationRequest.video(
-                prompt="warm-up",
-                width=shape.width,
-                height=shape.height,
-                num_frames=shape.num_frames,
-                fps=float(self.spec.default_fps),
-                num_inference_steps=2,
-                seed=0,
-            )
+            request = self._warm_up_request(shape)
             with torch.no_grad():
                 state = self._prepare(self._loaded(), request)
                 self._compile_for(state, "warmup")
             del state
+
+    def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
+        """The short request a warm-up prepares for ``shape`` (an adapter whose model
+        needs more than a prompt adds it)."""
+        return GenerationRequest.video(
+            prompt="warm-up",
+            width=shape.width,
+            height=shape.height,
+            num_frames=shape.num_frames,
+            fps=float(self.spec.default_fps),
+            num_inference_steps=2,
+            seed=0,
+        )
 
     def _compile_for(self, state: S, why: str) -> None:
         """Compile the blocks for ``state``'s input shapes unless done: one step of a copy

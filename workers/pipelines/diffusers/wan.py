@@ -1,15 +1,24 @@
-"""Wan 2.1 / 2.2 text-to-video (``diffusers.WanPipeline``) run one denoise step at a time.
+"""Wan 2.1 / 2.2 text-, image- and first/last-frame-to-video, one denoise step at a time.
 
-Mirrors ``WanPipeline.__call__`` (diffusers 0.42): ``prepare`` = steps 1-5 (checks,
-rounding, prompt encoding, timesteps, latents), ``step`` = one iteration of step 6 (the
-denoising loop, including Wan 2.2's two-transformer ``boundary_ratio`` switch with
-``guidance_scale_2`` and the ``expand_timesteps`` per-token timesteps of TI2V-5B),
-``decode`` = the tail (latent de-normalisation, VAE decode, ``postprocess_video``).
+Text-to-video (``t2v``) mirrors ``WanPipeline.__call__`` (diffusers 0.42), image-to-video
+(``i2v``: a first frame) and first/last-frame-to-video (``flf2v``) mirror
+``WanImageToVideoPipeline.__call__``: ``prepare`` = steps 1-5 (checks, rounding, prompt
+encoding, the image encoder's features for Wan 2.1, timesteps, latents and the keyframes'
+VAE condition), ``step`` = one iteration of step 6 (the denoising loop, including Wan 2.2's
+two-transformer ``boundary_ratio`` switch with ``guidance_scale_2`` and the
+``expand_timesteps`` per-token timesteps of TI2V-5B), ``decode`` = the tail (latent
+de-normalisation, VAE decode, ``postprocess_video``).
+
+The registry entry's ``spec.workflows`` says what a checkpoint serves (wan_i2v.py checks
+it against the loaded components): ``["t2v"]`` (the default: ``WanPipeline``), ``["i2v"]``
+(Wan 2.1 / 2.2 I2V), ``["i2v", "flf2v"]`` (Wan 2.1 FLF2V), ``["t2v", "i2v"]`` (Wan 2.2
+TI2V-5B: one checkpoint, both loops). An image workflow loads the checkpoint as
+``WanImageToVideoPipeline``; its ``t2v`` jobs run ``WanPipeline``'s loop over the same
+modules.
 
 Request options: ``guidance_scale_2``, ``boundary_ratio`` (overrides the pipeline's
 config for this job), ``flow_shift`` (job scheduler built with that shift),
-``vae_use_tiling`` / ``vae_use_slicing``. Image-to-video is not supported here
-(``WanImageToVideoPipeline`` needs an image encoder and a different loop).
+``vae_use_tiling`` / ``vae_use_slicing``.
 """
 
 from __future__ import annotations
@@ -21,10 +30,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers import WanPipeline
+from diffusers import WanImageToVideoPipeline, WanPipeline
 from diffusers.utils.torch_utils import get_module_execution_device
 
+from models.catalog import Workflow
 from models.errors import InvalidJobInput
+from models.registry import WarmupShape
 from workers.pipelines.base import DecodeStream, GenerationRequest, StepState
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
@@ -39,6 +50,12 @@ from workers.pipelines.diffusers.common import (
     sampling,
     to_uint8,
 )
+from workers.pipelines.diffusers.wan_i2v import (
+    IMAGE_WORKFLOWS,
+    check_workflows,
+    keyframes_of,
+    text_pipeline,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -52,17 +69,58 @@ class WanState(DiffusersState):
     guidance_scale_2: float  # low-noise stage (only read when boundary_timestep is set)
     boundary_timestep: float | None
     transformer_dtype: torch.dtype
+    workflow: Workflow = "t2v"
+    # i2v / flf2v: what the loop conditions on (``prepare_latents``' second output: the
+    # frame mask and the keyframes' latents, or TI2V-5B's first-frame latents).
+    condition: torch.Tensor | None = None
+    # TI2V-5B (``expand_timesteps``): 0 on the first latent frame (the keyframe's), else 1.
+    first_frame_mask: torch.Tensor | None = None
+    # Wan 2.1 I2V / FLF2V: the image encoder's features of the keyframes.
+    image_embeds: torch.Tensor | None = None
 
 
 class WanAdapter(DiffusersAdapter[WanState]):
-    """``WanPipeline`` (T2V 1.3B/14B, Wan 2.2 A14B with ``transformer_2``, TI2V-5B)."""
+    """``WanPipeline`` (T2V 1.3B/14B, Wan 2.2 A14B with ``transformer_2``, TI2V-5B) and,
+    for an entry serving ``i2v`` / ``flf2v``, ``WanImageToVideoPipeline`` (Wan 2.1 I2V and
+    FLF2V, Wan 2.2 I2V A14B, TI2V-5B)."""
 
     family = "diffusers.wan"
-    pipeline_class = WanPipeline
+    pipeline_class: Any = WanPipeline
     cfg_parallel = True
 
+    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
+        if set(IMAGE_WORKFLOWS) & set(self.workflows):
+            self.pipeline_class = WanImageToVideoPipeline
+            self.takes_references = True
+        # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (load).
+        self._text_pipe: Any = None
+
+    def load(self, device: str) -> None:
+        """``DiffusersAdapter.load``, then the served workflows checked against the
+        loaded components (refusing to start on a mismatch)."""
+        super().load(device)
+        pipe = self._loaded()
+        check_workflows(self.spec.name, pipe, self.workflows)
+        if "t2v" in self.workflows and isinstance(pipe, WanImageToVideoPipeline):
+            self._text_pipe = text_pipeline(pipe)
+
+    def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
+        """The warm-up of the entry's first workflow (grey keyframes for an image one)."""
+        request = super()._warm_up_request(shape)
+        workflow = self.workflows[0]
+        if workflow in IMAGE_WORKFLOWS:
+            grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
+            request.reference_image = grey
+            request.last_image = grey if workflow == "flf2v" else None
+        return request
+
     def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:
-        """``__call__`` steps 1-5."""
+        """``__call__`` steps 1-5 (``WanPipeline``'s for t2v, else
+        ``WanImageToVideoPipeline``'s)."""
+        keys = keyframes_of(request, self.spec.name, self.workflows)
+        text_pipe = pipe if keys is not None or self._text_pipe is None else self._text_pipe
         opts = request.sampler
         prompt, negative_prompt = request.prompt, request.negative_prompt
         height, width, num_frames = request.height, request.width, request.num_frames
@@ -73,7 +131,10 @@ class WanAdapter(DiffusersAdapter[WanState]):
         )
 
         # 1. Check inputs (guidance_scale_2 against this job's boundary_ratio).
-        pipe.check_inputs(prompt, negative_prompt, height, width)
+        if keys is None:
+            text_pipe.check_inputs(prompt, negative_prompt, height, width)
+        else:
+            pipe.check_inputs(prompt, negative_prompt, keys.first, height, width)
         if boundary_ratio is None and scale_2 is not None:
             raise InvalidJobInput(
                 "guidance_scale_2 needs a boundary_ratio (a two-stage Wan 2.2 model)"
@@ -113,17 +174,31 @@ class WanAdapter(DiffusersAdapter[WanState]):
         prompt_embeds = prompt_embeds.to(transformer_dtype)
         if negative_prompt_embeds is not None:
             negative_prompt_embeds = negative_prompt_embeds.to(transformer_dtype)
+        # Wan 2.1 I2V / FLF2V: the image encoder's features (only its transformer takes them).
+        image_embeds = None
+        image_dim = None if pipe.transformer is None else pipe.transformer.config.image_dim
+        if keys is not None and image_dim is not None:
+            images = keys.first if keys.last is None else [keys.first, keys.last]
+            image_embeds = pipe.encode_image(images, device).repeat(1, 1, 1)
+            image_embeds = image_embeds.to(transformer_dtype)
 
         # 4. Prepare timesteps (on this job's scheduler copy).
         scheduler = job_scheduler(pipe.scheduler, opts.flow_shift)
         scheduler.set_timesteps(request.num_inference_steps, device=device)
         timesteps = scheduler.timesteps
 
-        # 5. Prepare latent variables.
+        # 5. Prepare latent variables (and, for an image workflow, the keyframes' condition).
         generator = make_generator(request.seed)
-        latents = pipe.prepare_latents(
-            1, main.config.in_channels, height, width, num_frames, torch.float32, device, generator
-        )
+        condition = first_frame_mask = None
+        if keys is None:
+            latents = text_pipe.prepare_latents(
+                1, main.config.in_channels, height, width, num_frames, torch.float32, device,
+                generator,
+            )  # fmt: skip
+        else:
+            latents, condition, first_frame_mask = keys.latents(
+                pipe, height, width, num_frames, device, generator
+            )
         scheduler.set_begin_index(0)
         boundary = (
             None
@@ -137,6 +212,10 @@ class WanAdapter(DiffusersAdapter[WanState]):
             guidance_scale_2=scale if scale_2 is None else float(scale_2),
             boundary_timestep=boundary,
             transformer_dtype=transformer_dtype,
+            workflow="t2v" if keys is None else keys.workflow,
+            condition=condition,
+            first_frame_mask=first_frame_mask,
+            image_embeds=image_embeds,
         )
 
     def _step(self, pipe: Any, s: WanState) -> None:
@@ -147,14 +226,22 @@ class WanAdapter(DiffusersAdapter[WanState]):
             model, scale = pipe.transformer, s.guidance_scale  # wan2.1 / high-noise stage
         else:
             model, scale = pipe.transformer_2, s.guidance_scale_2  # low-noise stage
-        latents = s.latents
-        latent_model_input = latents.to(s.transformer_dtype)
+        latents, mask = s.latents, s.first_frame_mask
+        if s.condition is None:  # t2v
+            latent_model_input = latents.to(s.transformer_dtype)
+        elif mask is not None:  # TI2V-5B: the keyframe's latents in the first frame
+            latent_model_input = ((1 - mask) * s.condition + mask * latents).to(s.transformer_dtype)
+        else:  # Wan 2.1 / 2.2 I2V: the condition as more channels
+            latent_model_input = torch.cat([latents, s.condition], dim=1).to(s.transformer_dtype)
         if pipe.config.expand_timesteps:
-            # One timestep per token: mask[0][0][:, ::2, ::2] * t with an all-ones mask.
-            ones = torch.ones(latents.shape[2:], dtype=torch.float32, device=latents.device)
-            timestep = (ones[:, ::2, ::2] * t).flatten().unsqueeze(0).expand(latents.shape[0], -1)
+            # One timestep per token: mask[0][0][:, ::2, ::2] * t (t2v: an all-ones mask).
+            if mask is None:
+                mask = torch.ones(latents.shape, dtype=torch.float32, device=latents.device)
+            timestep = (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0)
+            timestep = timestep.expand(latents.shape[0], -1)
         else:
             timestep = t.expand(latents.shape[0])
+        image = {} if s.image_embeds is None else {"encoder_hidden_states_image": s.image_embeds}
         cache_kwargs: dict[str, Any] = {
             "step_index": i,
             "sigma": float(s.scheduler.sigmas[i]),
@@ -167,6 +254,7 @@ class WanAdapter(DiffusersAdapter[WanState]):
                     hidden_states=latent_model_input,
                     timestep=timestep,
                     encoder_hidden_states=embeds,
+                    **image,
                     attention_kwargs=None,
                     return_dict=False,
                 )[0]
@@ -190,9 +278,13 @@ class WanAdapter(DiffusersAdapter[WanState]):
 
     @staticmethod
     def _vae_latents(pipe: Any, s: WanState) -> torch.Tensor:
-        """The final latents de-normalised with the VAE's latents_mean/std, on its device."""
+        """The final latents (TI2V-5B's with the keyframe's first frame put back)
+        de-normalised with the VAE's latents_mean/std, on its device."""
         vae = pipe.vae
-        latents = s.latents.to(get_module_execution_device(vae), dtype=vae.dtype)
+        latents, mask = s.latents, s.first_frame_mask
+        if mask is not None and s.condition is not None:
+            latents = (1 - mask) * s.condition + mask * latents
+        latents = latents.to(get_module_execution_device(vae), dtype=vae.dtype)
         shape = (1, vae.config.z_dim, 1, 1, 1)
         mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
         std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(

@@ -1,0 +1,230 @@
+"""Wan's image workflows against ``WanImageToVideoPipeline.__call__``, step-executed.
+
+Tiny seeded pipelines of each released layout (tests/unit/wan_i2v_fixtures.py: Wan 2.1
+I2V with its CLIP image encoder, Wan 2.1 FLF2V, Wan 2.2 I2V A14B, Wan 2.2 TI2V-5B), CPU,
+float32, offline. ``WanAdapter`` serving an entry's ``workflows`` runs ``i2v`` (a first
+frame) and ``flf2v`` (first and last) one step at a time; its frames equal ``pipe(image=…,
+last_image=…)``'s, as test_diffusers_video.py holds them for t2v. TI2V-5B's ``t2v`` jobs
+equal ``WanPipeline`` over the same modules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from diffusers import WanPipeline
+from PIL import Image
+
+from models.catalog import FAMILY_SPECS
+from models.errors import InvalidJobInput
+from models.job_specs import SamplerOptions
+from models.registry import WarmupShape
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
+from tests.unit.test_diffusers_video import _assert_same, _run
+from tests.unit.wan_i2v_fixtures import WORKFLOWS, Layout, keyframe, tiny_wan_i2v_pipeline
+from workers.pipelines.base import GenerationRequest
+from workers.pipelines.diffusers.common import to_uint8
+from workers.pipelines.diffusers.wan import WanAdapter, WanState
+
+
+def _spec(workflows: list[str]) -> Any:
+    return FAMILY_SPECS["diffusers.wan"].model_copy(update={"workflows": workflows})
+
+
+def _adapter(pipe: Any, layout: Layout, **kw: Any) -> WanAdapter:
+    workflows = kw.pop("workflows", WORKFLOWS[layout])
+    adapter = WanAdapter(pipe=pipe, spec=_spec(workflows), max_sequence_length=TINY_SEQ_LEN, **kw)
+    adapter.load("cpu")
+    return adapter
+
+
+def _request(**overrides: Any) -> GenerationRequest:
+    fields: dict[str, Any] = {
+        "prompt": "red ball",
+        "negative_prompt": "blurry",
+        "width": 32,
+        "height": 32,
+        "num_frames": 9,
+        "fps": 16.0,
+        "num_inference_steps": 3,
+        "seed": 7,
+        "guidance_scale": 4.0,
+    }
+    fields.update(overrides)
+    return GenerationRequest.video(**fields)
+
+
+def _call(pipe: Any, req: GenerationRequest) -> np.ndarray:
+    """``pipe(...)`` with the request's settings and keyframes, as a user would call it."""
+    kwargs: dict[str, Any] = {
+        "prompt": req.prompt,
+        "negative_prompt": req.negative_prompt,
+        "height": req.height,
+        "width": req.width,
+        "num_frames": req.num_frames,
+        "num_inference_steps": req.num_inference_steps,
+        "guidance_scale": req.guidance_scale,
+        "output_type": "np",
+        "generator": torch.Generator().manual_seed(req.seed),
+        "max_sequence_length": TINY_SEQ_LEN,
+    }
+    if req.sampler.guidance_scale_2 is not None:
+        kwargs["guidance_scale_2"] = req.sampler.guidance_scale_2
+    if req.reference_image is not None:
+        kwargs["image"] = Image.fromarray(req.reference_image)
+    if req.last_image is not None:
+        kwargs["last_image"] = Image.fromarray(req.last_image)
+    pipe.set_progress_bar_config(disable=True)
+    frames: np.ndarray = pipe(**kwargs).frames[0]
+    return frames
+
+
+CASES: list[tuple[Layout, str, dict[str, Any]]] = [
+    ("2.1", "i2v", {}),
+    ("flf2v", "flf2v", {}),
+    ("2.2", "i2v", {"sampler": SamplerOptions(guidance_scale_2=2.5)}),
+    ("2.2", "flf2v", {}),
+    ("ti2v", "i2v", {}),
+    ("2.1", "i2v", {"guidance_scale": 1.0, "num_inference_steps": 2}),  # no CFG
+]
+
+
+@pytest.mark.parametrize(("layout", "workflow", "overrides"), CASES)
+def test_step_executed_equals_the_pipelines_own_call(
+    layout: Layout, workflow: str, overrides: dict[str, Any]
+) -> None:
+    pipe = tiny_wan_i2v_pipeline(layout)
+    last = keyframe(2) if workflow == "flf2v" else None
+    req = _request(reference_image=keyframe(1), last_image=last, **overrides)
+    frames, media = _run(_adapter(pipe, layout), req)
+    assert media.frames.shape == (9, 32, 32, 3)
+    _assert_same(frames, media, _call(pipe, req))
+
+
+def test_ti2v_serves_t2v_with_wan_pipelines_loop() -> None:
+    """TI2V-5B: one checkpoint, both workflows; a job without a keyframe runs
+    ``WanPipeline``'s loop (its noise, its all-ones timestep mask) over the same modules."""
+    pipe = tiny_wan_i2v_pipeline("ti2v")
+    adapter = _adapter(pipe, "ti2v")
+    req = _request()
+    frames, media = _run(adapter, req)
+    text = WanPipeline(
+        tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae,
+        scheduler=pipe.scheduler, transformer=pipe.transformer, expand_timesteps=True,
+    )  # fmt: skip
+    _assert_same(frames, media, _call(text, req))
+    image = _request(reference_image=keyframe(1))  # and an i2v job after it, on one adapter
+    frames, media = _run(adapter, image)
+    _assert_same(frames, media, _call(pipe, image))
+
+
+def test_interleaved_workflows_equal_separate_runs() -> None:
+    """Jobs of both workflows stepped in turn on one adapter: each as if alone."""
+    pipe = tiny_wan_i2v_pipeline("2.2")
+    adapter = _adapter(pipe, "2.2")
+    reqs = [
+        _request(reference_image=keyframe(1)),
+        _request(reference_image=keyframe(3), last_image=keyframe(4), seed=9),
+    ]
+    alone = [_run(adapter, r)[0] for r in reqs]
+    states = [adapter.prepare(r) for r in reqs]
+    while not all(s.done for s in states):
+        for s in states:
+            if not s.done:
+                adapter.step(s)
+    for state, expected in zip(states, alone, strict=True):
+        np.testing.assert_array_equal(adapter.decode_frames(state), expected)
+
+
+@pytest.mark.parametrize("layout", ["2.1", "ti2v"])
+def test_decode_stream_is_the_whole_decode(layout: Layout) -> None:
+    """Chunk by chunk, TI2V-5B's first frame (the keyframe's latents) put back first."""
+    adapter = _adapter(tiny_wan_i2v_pipeline(layout), layout)
+    state = adapter.prepare(_request(reference_image=keyframe(1)))
+    while not state.done:
+        adapter.step(state)
+    stream = adapter.decode_stream(state)
+    assert stream is not None
+    chunks = np.concatenate([np.asarray(c) for c in stream.chunks])
+    np.testing.assert_array_equal(chunks, to_uint8(adapter.decode_frames(state)))
+
+
+@pytest.mark.parametrize(
+    ("layout", "fields", "param"),
+    [
+        ("2.1", {"last_image": keyframe(2)}, "extra_params.frame_indices"),  # last only
+        ("2.1", {"reference_image": keyframe(1), "last_image": keyframe(2)}, "input_references"),
+        ("2.1", {}, "input_reference"),  # an I2V checkpoint serves no t2v
+        ("ti2v", {"reference_image": keyframe(1), "last_image": keyframe(2)}, "input_references"),
+    ],
+)
+def test_a_workflow_the_model_does_not_serve_is_refused_naming_the_field(
+    layout: Layout, fields: dict[str, Any], param: str
+) -> None:
+    adapter = _adapter(tiny_wan_i2v_pipeline(layout), layout)
+    with pytest.raises(InvalidJobInput) as err:
+        adapter.prepare(_request(**fields))
+    assert err.value.param == param
+
+
+def test_a_text_to_video_entry_still_refuses_a_keyframe() -> None:
+    adapter = WanAdapter(pipe=tiny_wan_pipeline(), max_sequence_length=TINY_SEQ_LEN)
+    adapter.load("cpu")
+    assert adapter.workflows == ["t2v"] and not adapter.takes_references
+    with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
+        adapter.prepare(_request(reference_image=keyframe(1)))
+
+
+@pytest.mark.parametrize(
+    ("layout", "workflows", "error"),
+    [
+        ("2.1", ["t2v", "i2v"], "t2v needs a text-to-video transformer"),
+        ("2.1", ["i2v", "flf2v"], "flf2v needs a first/last-frame transformer"),
+        ("flf2v", ["i2v", "flf2v"], "serve flf2v"),
+        ("ti2v", ["i2v", "flf2v"], "conditions on a first frame only"),
+        ("2.2", ["i2v", "v2v"], "not v2v"),
+    ],
+)
+def test_load_refuses_workflows_the_checkpoint_cannot_serve(
+    layout: Layout, workflows: list[str], error: str
+) -> None:
+    pipe = tiny_wan_i2v_pipeline(layout)
+    spec = FAMILY_SPECS["diffusers.wan"].model_construct(
+        **{**FAMILY_SPECS["diffusers.wan"].__dict__, "workflows": workflows}
+    )
+    adapter = WanAdapter(pipe=pipe, spec=spec, max_sequence_length=TINY_SEQ_LEN)
+    with pytest.raises(ValueError, match=error):
+        adapter.load("cpu")
+
+
+def test_an_image_entry_refuses_a_text_to_video_pipeline() -> None:
+    adapter = WanAdapter(pipe=tiny_wan_pipeline(), spec=_spec(["i2v"]))
+    with pytest.raises(TypeError, match="WanImageToVideoPipeline"):
+        adapter.load("cpu")
+
+
+def test_saved_checkpoint_loads_from_its_path(tmp_path: Path) -> None:
+    pipe = tiny_wan_i2v_pipeline("flf2v")
+    pipe.save_pretrained(tmp_path / "flf2v")
+    adapter = WanAdapter(
+        str(tmp_path / "flf2v"), dtype="float32", spec=_spec(WORKFLOWS["flf2v"]),
+        max_sequence_length=TINY_SEQ_LEN,
+    )  # fmt: skip
+    adapter.load("cpu")
+    req = _request(reference_image=keyframe(1), last_image=keyframe(2))
+    frames, media = _run(adapter, req)
+    _assert_same(frames, media, _call(pipe, req))
+
+
+@pytest.mark.parametrize(("layout", "workflow"), [("2.1", "i2v"), ("flf2v", "flf2v")])
+def test_warm_up_prepares_an_image_job_for_an_image_only_entry(
+    layout: Layout, workflow: str
+) -> None:
+    adapter = _adapter(tiny_wan_i2v_pipeline(layout), layout)
+    request = adapter._warm_up_request(WarmupShape(width=32, height=32, num_frames=9))
+    state = adapter._prepare(adapter._loaded(), request)
+    assert isinstance(state, WanState) and state.workflow == workflow
+    assert state.image_embeds is not None and state.condition is not None

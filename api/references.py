@@ -128,7 +128,7 @@ def plan(
 ) -> Plan:
     """Check every file against the workflow and the model's limits; a video model's
     keyframes (:func:`keyframe_plan`) are fitted to ``size`` (width, height)."""
-    if spec.workflows and set(spec.workflows) <= set(VIDEO_WORKFLOWS):
+    if _keyframes_only(spec):
         if size is None:
             raise ValueError("a video model's keyframes need the job's size")
         return keyframe_plan(spec, extra, files, limits, size)
@@ -154,11 +154,32 @@ def keyframe_plan(
     limits: LimitSettings,
     size: tuple[int, int],
 ) -> Plan:
-    """A video model's workflow from its keyframes: none is ``t2v``, ``[0]`` is ``i2v``,
-    ``[0, -1]`` is ``flf2v`` (``frame_indices`` defaults to ``[0]`` for one file and
-    ``[0, -1]`` for two). diffusers' Wan pipelines anchor a last frame only beside a
-    first one, so ``[-1]`` alone is refused naming ``extra_params.frame_indices``. Each
-    keyframe is stored as a PNG of the job's size (cover, centre crop)."""
+    """A video model's keyframes (:func:`keyframe_workflow`), each stored as a PNG of the
+    job's size (cover, centre crop, as a plain ``input_reference``)."""
+    workflow, indices = keyframe_workflow(spec, extra, len(files))
+    width, height = size
+    refs = [
+        Reference(
+            "image",
+            reference_frame_png(data, width, height, limits, f"input_references[{i}]"),
+            "image/png",
+            index,
+            (width, height),
+        )
+        for i, (data, index) in enumerate(zip(files, indices, strict=True))
+    ]
+    return Plan(workflow, refs)
+
+
+def keyframe_workflow(
+    spec: ModelSpec, extra: dict[str, Any], files: int
+) -> tuple[Workflow, list[int]]:
+    """A video model's workflow and keyframe anchors from the count of its files: none is
+    ``t2v``, ``[0]`` is ``i2v``, ``[0, -1]`` is ``flf2v`` (``frame_indices`` defaults to
+    ``[0]`` for one file and ``[0, -1]`` for two). diffusers' Wan pipelines anchor a last
+    frame only beside a first one, so ``[-1]`` alone is refused naming
+    ``extra_params.frame_indices``; a workflow the model does not serve names the field
+    that asked for it."""
     indices = extra.get("frame_indices")
     served = ", ".join(spec.workflows)
     if not files:
@@ -169,20 +190,18 @@ def keyframe_plan(
             )
         if "t2v" not in spec.workflows:
             raise InvalidRequest(
-                f"{spec.name} serves {served}: it needs an input_reference",
+                f"model {spec.name!r} serves {served}: it needs an input_reference",
                 param="input_reference",
             )
-        return Plan("t2v", [])
-    param = "input_reference" if len(files) == 1 else "input_references"
-    if len(files) > 2:
-        raise InvalidRequest(
-            f"{spec.name} takes one or two keyframes ({len(files)} sent)", param=param
-        )
+        return "t2v", []
+    param = "input_reference" if files == 1 else "input_references"
+    if files > 2:
+        raise InvalidRequest(f"{spec.name} takes one or two keyframes ({files} sent)", param=param)
     if indices is None:
-        indices = [0] if len(files) == 1 else [0, -1]
-    if indices not in KEYFRAME_INDICES or len(indices) != len(files):
+        indices = [0] if files == 1 else [0, -1]
+    if indices not in KEYFRAME_INDICES or len(indices) != files:
         raise InvalidRequest(
-            f"frame_indices must be [0] or [0, -1], one per keyframe ({len(files)} sent)",
+            f"frame_indices must be [0] or [0, -1], one per keyframe ({files} sent)",
             param="extra_params.frame_indices",
         )
     if indices == [-1]:
@@ -196,18 +215,20 @@ def keyframe_plan(
         raise InvalidRequest(
             f"model {spec.name!r} does not take {what} (it serves {served})", param=param
         )
-    width, height = size
-    refs = [
-        Reference(
-            "image",
-            reference_frame_png(data, width, height, limits, f"input_references[{i}]"),
-            "image/png",
-            index,
-            (width, height),
-        )
-        for i, (data, index) in enumerate(zip(files, indices, strict=True))
-    ]
-    return Plan(workflow, refs)
+    return workflow, list(indices)
+
+
+def check_workflow(spec: ModelSpec, extra: dict[str, Any], files: int) -> None:
+    """Refuse the request's workflow for ``files`` inputs before any is fetched or read."""
+    if _keyframes_only(spec):
+        keyframe_workflow(spec, extra, files)
+    else:
+        workflow_of(spec, extra, files)
+
+
+def _keyframes_only(spec: ModelSpec) -> bool:
+    """A video model's workflows (Wan): keyframes at 0 and -1, no references."""
+    return bool(spec.workflows) and set(spec.workflows) <= set(VIDEO_WORKFLOWS)
 
 
 def _keyframes(refs: list[Reference], indices: list[int] | None) -> list[Reference]:

@@ -89,7 +89,8 @@ class VideoService(JobService[VideoObject, VideoRequest]):
         checked (a video model's keyframes fitted to the job's size), the canvas
         resolved, then every reference stored with the job."""
         model = self.state.specs[resolved.model]
-        if remote is not None:
+        if remote is not None:  # a request the model refuses fetches nothing
+            references.check_workflow(model, resolved.extra, len(files) + 1)
             files = [await self._fetch(remote, resolved), *files]
         limits = self.settings.limits
         size = (resolved.width, resolved.height)

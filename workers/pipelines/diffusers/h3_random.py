@@ -21,8 +21,6 @@ What differs from the checkpoint, and is reported with every figure made with it
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,6 +40,7 @@ from transformers import (
 )
 
 from workers.pipelines.diffusers.h3_processor import ImageOnlyProcessor
+from workers.pipelines.diffusers.loading import allocated_on
 
 # The special tokens H3's blocks look up by name.
 SPECIAL_TOKENS = [
@@ -83,19 +82,6 @@ class ShallowTextPipeline(MiniMaxH3ModularPipeline):
     @property
     def text_encoder_layer(self) -> int:
         return self._text_layers
-
-
-@contextlib.contextmanager
-def _allocated_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
-    """Modules built in this block are allocated on ``device`` in ``dtype``: no host copy
-    of 33 B parameters first."""
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            yield
-    finally:
-        torch.set_default_dtype(before)
 
 
 # The parts whose configs ``random_config`` may override (a smaller variant; CPU tests).
@@ -218,7 +204,7 @@ def random_pipeline(
     text = text_encoder_config(tok, text_layers, config.get("text_encoder"), config.get("vision"))
     audio = {"latents_mean": [0.0] * 32, "latents_std": [1.0] * 32, **config.get("audio_vae", {})}
     torch.manual_seed(seed)
-    with _allocated_on(torch.device(device), dtype):
+    with allocated_on(torch.device(device), dtype):
         parts: dict[str, Any] = {
             partition: MiniMaxH3Transformer3DModel(**config.get("transformer", {})),
             "text_encoder": Qwen3VLForConditionalGeneration(text),

@@ -1,10 +1,13 @@
 """Loading a diffusers pipeline for an adapter: the dtype names a registry entry may use,
 ``from_pretrained``'s dtype argument, weights copied out of memory-mapped files on the CPU,
-and cancel points between the blocks of the text encoders, VAEs and vocoders."""
+modules built straight on the device (the random-weight builds), and cancel points between
+the blocks of the text encoders, VAEs and vocoders."""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,6 +32,19 @@ def _dtype_kwarg() -> str:
     from diffusers.utils import deprecation_utils
 
     return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
+
+
+@contextlib.contextmanager
+def allocated_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Modules built in this block are allocated on ``device`` in ``dtype``: no host copy
+    of billions of parameters first (``h3_random.py``, ``helios_random.py``)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 _HOOKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()

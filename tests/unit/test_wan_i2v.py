@@ -19,14 +19,18 @@ from diffusers import WanPipeline
 from PIL import Image
 
 from models.catalog import FAMILY_SPECS
-from models.errors import InvalidJobInput
-from models.job_specs import SamplerOptions
+from models.errors import InvalidJobInput, JobLost
+from models.job_specs import LoraSpec, SamplerOptions
 from models.registry import WarmupShape
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
+from tests.unit.job_steps import job_frames
+from tests.unit.lora_fixtures import FFN, SELF_ATTN, write_lora
 from tests.unit.test_diffusers_video import _assert_same, _run
 from tests.unit.wan_i2v_fixtures import WORKFLOWS, Layout, keyframe, tiny_wan_i2v_pipeline
-from workers.pipelines.base import GenerationRequest
+from workers.pipelines.base import GenerationRequest, step_stops
 from workers.pipelines.diffusers.common import to_uint8
+from workers.pipelines.diffusers.compiled import graphs_made
+from workers.pipelines.diffusers.lora import LoraCache
 from workers.pipelines.diffusers.wan import WanAdapter, WanState
 
 
@@ -228,3 +232,71 @@ def test_warm_up_prepares_an_image_job_for_an_image_only_entry(
     state = adapter._prepare(adapter._loaded(), request)
     assert isinstance(state, WanState) and state.workflow == workflow
     assert state.image_embeds is not None and state.condition is not None
+
+
+def test_compiled_blocks_give_the_eager_frames_on_both_image_loops() -> None:
+    """Wan 2.2 I2V A14B's two transformers compiled (dynamo's eager backend): i2v and
+    flf2v frames equal the eager adapter's; a second job of a shape compiles nothing."""
+    torch._dynamo.reset()
+    try:
+        eager = _adapter(tiny_wan_i2v_pipeline("2.2"), "2.2")
+        compiled = _adapter(
+            tiny_wan_i2v_pipeline("2.2"), "2.2", compile="blocks", compile_backend="eager"
+        )
+        reqs = [
+            _request(reference_image=keyframe(1)),
+            _request(reference_image=keyframe(1), last_image=keyframe(2)),
+        ]
+        for req in reqs:
+            np.testing.assert_array_equal(job_frames(compiled, req), job_frames(eager, req))
+        before = graphs_made()
+        job_frames(compiled, reqs[1])
+        assert graphs_made() == before and compiled.last_recompiles == 0
+    finally:
+        torch._dynamo.reset()
+
+
+def test_cancel_inside_an_image_step_lands_before_the_next_block() -> None:
+    adapter = _adapter(tiny_wan_i2v_pipeline("2.1"), "2.1")
+    state = adapter.prepare(_request(reference_image=keyframe(1)))
+    asked: list[int] = []
+
+    def stop(block: int) -> BaseException | None:
+        asked.append(block)
+        return JobLost() if block == 2 else None
+
+    with pytest.raises(JobLost), step_stops(stop):
+        adapter.step(state)
+    adapter.end()
+    assert asked == [1, 2] and state.step_index == 0
+
+
+def test_a_cache_tier_on_an_image_job_leaves_the_next_job_as_a_fresh_adapters() -> None:
+    adapter = _adapter(tiny_wan_i2v_pipeline("ti2v"), "ti2v")
+    req = _request(reference_image=keyframe(1), num_inference_steps=6)
+    fast = job_frames(adapter, _request(reference_image=keyframe(1), num_inference_steps=6,
+                                        quality="fast"))  # fmt: skip
+    lossless = job_frames(adapter, req)
+    fresh = job_frames(_adapter(tiny_wan_i2v_pipeline("ti2v"), "ti2v"), req)
+    np.testing.assert_array_equal(lossless, fresh)
+    assert np.abs(fast - lossless).max() > 1e-4  # the tier skipped blocks
+
+
+def test_lora_on_an_image_job_matches_a_fresh_pipe_with_it_alone(tmp_path: Path) -> None:
+    """Wan 2.1 I2V with a per-request LoRA: the frames of diffusers' own
+    ``load_lora_weights`` + ``set_adapters`` on a fresh pipe."""
+    path = write_lora(tmp_path / "a", SELF_ATTN + FFN, rank=4, seed=1)
+    adapter = WanAdapter(
+        pipe=tiny_wan_i2v_pipeline("2.1"), spec=_spec(["i2v"]), max_sequence_length=TINY_SEQ_LEN
+    )
+    adapter.use_lora(LoraCache(max_rank=4))
+    adapter.load("cpu")
+    lora = LoraSpec(name="a", path=str(path), scale=1.0)
+    got = job_frames(adapter, _request(reference_image=keyframe(1), lora=lora))
+    fresh = tiny_wan_i2v_pipeline("2.1")
+    fresh.load_lora_weights(str(path), adapter_name="only")
+    fresh.set_adapters(["only"], [1.0])
+    want = job_frames(_adapter(fresh, "2.1"), _request(reference_image=keyframe(1)))
+    np.testing.assert_array_equal(got, want)
+    base = job_frames(adapter, _request(reference_image=keyframe(1)))  # parked slot
+    assert np.abs(got - base).max() > 0.01

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Helios world video over WS /v1/realtime/video on the lent GPU machine (issue 31's evidence:
+# benchmarks/gpu/world.py; the 14 B random-weight Helios-Distilled built on the GPU).
+#
+# Here, once: the wheelhouse split in two, as for H3 (each half fits the 64 MiB carry with
+# the tree; both together do not):
+#   .venv/bin/python -m benchmarks.device.wheelhouse      # .wheelhouse/wheels.tar.xz
+#   bash benchmarks/device/world.sh --pack                # = h3.sh --pack:
+#                                                         #   .wheelhouse/h3/, .wheelhouse/servers/
+#
+# On the device, three calls in a row, one part each (a call has 10 minutes; the machine
+# keeps /tmp while it stays warm, ~30 s between calls):
+#   run(command="bash benchmarks/device/world.sh --raw", carry=[".wheelhouse/h3"],
+#       timeout_s=600)
+#   run(command="bash benchmarks/device/world.sh --stack", carry=[".wheelhouse/servers"],
+#       timeout_s=600)
+#   run(command="bash benchmarks/device/world.sh --takeover", timeout_s=600)
+# --raw unpacks the first half to /tmp/world-wheels-all and installs it --no-deps over the
+# image's packages (/tmp/world-site), then runs the raw part in process (no servers needed);
+# --stack adds the servers and the venv of benchmarks/device/venv.sh, then runs the stack
+# part (omniqueue up, one realtime worker); --takeover runs the takeover part (two realtime
+# workers) in the same venv. More arguments go to benchmarks/gpu/world.py.
+# Each call writes $OUT/gpu_world.json with every key measured so far (the parts' keys are
+# carried in /tmp/world-state.json), $OUT/gpu_world_<part>.log and up's log of its part;
+# the last call's gpu_world.json is the evidence: copy it to docs/evidence/.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ "${1:-}" = "--pack" ]; then
+    exec bash benchmarks/device/h3.sh --pack
+fi
+ALL=/tmp/world-wheels-all
+STATE=/tmp/world-state.json
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+part=${1:-}
+shift || true
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
+
+summary() {
+    "$1" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print(json.dumps({k: (v["value"], v["pass"]) for k, v in d["targets"].items()}, indent=1))
+print({k: d.get(k) for k in ("part_seconds", "takeover_note", "up_exit_code")})' \
+        "$OUT/gpu_world.json"
+}
+
+case "$part" in
+--raw)
+    rm -rf "$ALL" "$STATE" && mkdir -p "$ALL"
+    tar -C "$ALL" -xJf .wheelhouse/h3/wheels.tar.xz
+    SITE=/tmp/world-site
+    if [ ! -f "$SITE/.installed" ]; then
+        rm -rf "$SITE"
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$ALL"/*.whl
+        touch "$SITE/.installed"
+    fi
+    export PYTHONPATH="$SITE:$PWD"
+    PY=python3
+    ;;
+--stack | --takeover)
+    [ -d "$ALL" ] || { echo "run --raw first (with .wheelhouse/h3)" >&2; exit 2; }
+    if [ "$part" = --stack ]; then
+        tar -C "$ALL" -xJf .wheelhouse/servers/wheels.tar.xz
+    fi
+    WHEELHOUSE=$ALL
+    # shellcheck source=benchmarks/device/venv.sh
+    source benchmarks/device/venv.sh
+    PY="$VENV/bin/python"
+    ;;
+*)
+    echo "usage: world.sh --pack | --raw | --stack | --takeover [world.py args]" >&2
+    exit 2
+    ;;
+esac
+name=${part#--}
+t0=$(date +%s)
+PYTHONUNBUFFERED=1 OUT="$OUT" "$PY" -m benchmarks.gpu.world --part "$name" --state "$STATE" \
+    --keep-logs "$OUT" "$@" >/dev/null 2> >(tee "$OUT/gpu_world_$name.log" >&2)
+echo "benchmark_s: $(($(date +%s) - t0))"
+summary "$PY"

@@ -1,0 +1,125 @@
+"""The raw half of the world benchmark (``benchmarks/gpu/world.py``): diffusers'
+``HeliosPyramidPipeline`` called directly, in this process, on the random-weight
+Helios-Distilled (``workers/pipelines/diffusers/helios_random.py``) with its denoiser
+blocks compiled as the Helios adapter compiles them on CUDA (``BlockCompiler``; no cancel
+gates, no checkpoints: the pipeline alone).
+
+Keys: ``world_raw_fps`` (frames ``pipe(...)`` returns ÷ its wall time, median of
+``--repeat`` calls of ``--raw-chunks`` chunks, warm), ``raw_compile_s`` (the first,
+one-chunk call: every pyramid stage's shape compiled), ``block_ms`` (the full-resolution
+stage's transformer forward ÷ its blocks: how long a stop may wait for the next block
+gate), ``raw_memory_mib``, ``random_config`` (what the build used: the stack's workers
+build the same; ``block_noise_note`` where the device made ``gamma`` change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from benchmarks.gpu.common import sync_time
+
+PROMPT = "a lighthouse on a cliff at dusk, waves breaking below, gulls circling"
+CHUNK_FRAMES = 33
+
+
+def build(args: argparse.Namespace) -> Any:
+    """The random-weight pipeline on ``args.device``, blocks compiled per ``args.compile``."""
+    from workers.pipelines.diffusers.compiled import BlockCompiler
+    from workers.pipelines.diffusers.helios_random import random_pipeline
+    from workers.pipelines.diffusers.loading import parse_dtype
+
+    pipe = random_pipeline(
+        args.device,
+        parse_dtype(args.dtype),
+        config=args.random_config,
+        max_sequence_length=args.seq_len,
+    )
+    if args.compile == "blocks":
+        BlockCompiler().install(pipe)
+    return pipe
+
+
+def call(pipe: Any, args: argparse.Namespace, chunks: int, seed: int = 0) -> tuple[float, int]:
+    """One ``pipe(...)``: Distilled's 3 steps a chunk ([1, 1, 1]), no CFG. Its wall time
+    and the frames it returned."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
+        warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)
+        start = sync_time()
+        out = pipe(
+            PROMPT,
+            height=args.height,
+            width=args.width,
+            num_frames=CHUNK_FRAMES * chunks,
+            guidance_scale=1.0,
+            pyramid_num_inference_steps_list=[1, 1, 1],
+            max_sequence_length=args.seq_len,
+            generator=torch.Generator().manual_seed(seed),
+            output_type="np",
+        )
+        wall = sync_time() - start
+    return wall, int(out.frames.shape[1])
+
+
+def block_ms(pipe: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """One more one-chunk call with each transformer forward timed (synchronised): the
+    longest (the full-resolution stage) ÷ the number of blocks."""
+    forwards: list[float] = []
+    began: list[float] = []
+    model = pipe.transformer
+    pre = model.register_forward_pre_hook(lambda *_: began.append(sync_time()))
+    post = model.register_forward_hook(lambda *_: forwards.append(sync_time() - began[-1]))
+    try:
+        call(pipe, args, 1)
+    finally:
+        pre.remove()
+        post.remove()
+    blocks = len(model.blocks)
+    return {
+        "block_ms": round(max(forwards) * 1000 / blocks, 2),
+        "forward_ms_per_stage": [round(f * 1000, 1) for f in forwards],
+        "blocks": blocks,
+    }
+
+
+def block_noise(args: argparse.Namespace) -> dict[str, Any]:
+    """Published Helios's ``gamma`` (1/3) where this device factorises the block noise's
+    covariance at it (``helios_random.check_block_noise``); else 0.2, said so: the noise's
+    shape, and so every cost, is the same. The parts after this one build with it too."""
+    from workers.pipelines.diffusers.helios_random import check_block_noise
+
+    scheduler = args.random_config.get("scheduler", {})
+    try:
+        check_block_noise(torch.device(args.device), scheduler.get("gamma", 1 / 3), (1, 2, 2))
+    except ValueError as exc:
+        args.random_config = {**args.random_config, "scheduler": {**scheduler, "gamma": 0.2}}
+        return {"random_config": args.random_config, "block_noise_note": f"{exc}: ran at 0.2"}
+    return {"random_config": args.random_config}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    out = block_noise(args)
+    began = time.perf_counter()
+    pipe = build(args)
+    out["raw_build_s"] = round(time.perf_counter() - began, 1)
+    compile_s, _ = call(pipe, args, args.raw_chunks)
+    out["raw_compile_s"] = round(compile_s, 2)
+    runs = [call(pipe, args, args.raw_chunks, seed=i + 1) for i in range(args.repeat)]
+    out["raw_calls"] = [{"wall_s": round(w, 3), "frames": n} for w, n in runs]
+    out["world_raw_fps"] = round(statistics.median(n / w for w, n in runs), 2)
+    out |= block_ms(pipe, args)
+    if torch.cuda.is_available():
+        out["raw_memory_mib"] = round(torch.cuda.memory_allocated() / 2**20, 1)
+        out["raw_peak_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    del pipe
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return out

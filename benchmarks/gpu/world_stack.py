@@ -1,0 +1,359 @@
+"""The stack half of the world benchmark (``benchmarks/gpu/world.py``): ``omniqueue up``
+serving the random-weight Helios-Distilled as a registry entry, WebSocket clients on
+``/v1/realtime/video`` (``benchmarks/realtime/world_client.py``), and up's log and the
+workers' ``/metrics`` read for what the worker alone knows.
+
+Part ``stack``: one realtime worker, two session slots, the entry's ``max_sessions = 2``
+(the measured capacity would admit only the sessions that keep real time; the two-session
+figure needs both). After a warm-up session (the compiled blocks' graphs for every pyramid
+stage, and the memory baseline):
+
+* a session of ``--chunks`` chunks, unpaced (``extra_params.max_chunks_ahead = 0``), with
+  ``--interactions`` prompt changes, each sent at a random moment after a chunk:
+  ``world_delivered_fps``, ``world_interaction_to_chunk_s`` (median; each one kept);
+* two such sessions at once: ``world_two_sessions_fps_min``, the slower one's rate;
+* ``--stops`` sessions, each closed cleanly at a random moment of its second chunk:
+  ``world_stop_p95_ms``, the close → the worker's ``session …: stopped`` line (logged once
+  the step stopped before its next block and the session's tensors are dropped: the
+  device idle), same clock;
+* ``world_first_chunk_s``: ``session.start`` → the first chunk received, median over the
+  single sessions above (warm), each kept;
+* ``world_memory_after_mib``: the worker's ``omniqueue_gpu_memory_allocated_bytes`` after
+  all that, against the baseline after the warm-up (``/metrics``; none on a CPU worker).
+
+Part ``takeover``: two realtime workers with one slot each, both warmed up (sessions until
+each has served one), then a session whose worker (the holder of its lease) is SIGKILLed
+right after chunk ``--kill-after`` arrives: ``world_takeover_gap_s`` = the kill → the next
+chunk received, on the same socket. None, with the reason, where this tree has no
+takeover (``storage/session_checkpoint.py``) or the session did not survive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import signal
+import statistics
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import pct
+from benchmarks.embedded_stack import Stack, log_time
+from benchmarks.gpu.h3_stack import inline_toml
+from benchmarks.realtime.world_client import (
+    Chunk,
+    SessionRun,
+    close_after,
+    run_session,
+    send_prompt,
+)
+
+MODEL = "BestWishYsh/Helios-Distilled/random"
+PROMPT = "a lighthouse on a cliff at dusk, waves breaking below, gulls circling"
+PROMPTS = ["the same lighthouse in a snow storm", "a ship passing at night", "sunrise, calm"]
+FPS = 24
+CHUNK_FRAMES = 33
+_READY = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*@\S+ ready\.")
+_METRICS = re.compile(r"realtime worker (\d+) (http://\S+/metrics)")
+
+
+def registry_text(args: argparse.Namespace, max_sessions: int) -> str:
+    seq = f"max_sequence_length = {args.seq_len}\n" if args.seq_len != 512 else ""
+    return f"""
+[[model]]
+name = "{MODEL}"
+adapter = "diffusers.helios"
+weights = "random"
+dtype = "{args.dtype}"
+compile = "{args.compile}"
+max_sessions = {max_sessions}
+[model.adapter_options]
+{seq}random_config = {inline_toml(args.random_config)}
+[model.spec]
+default_size = [{args.width}, {args.height}]
+default_steps = 3
+"""
+
+
+def start_event(args: argparse.Namespace, chunks: int, seed: int) -> dict[str, Any]:
+    """Distilled's session: 3 steps a chunk (pyramid [1, 1, 1]), no CFG, unpaced."""
+    return {
+        "type": "session.start",
+        "model": MODEL,
+        "prompt": PROMPT,
+        "width": args.width,
+        "height": args.height,
+        "num_frames": CHUNK_FRAMES * chunks,
+        "fps": FPS,
+        "seed": seed,
+        "num_inference_steps": 3,
+        "guidance_scale": 1.0,
+        "extra_params": {"max_chunks_ahead": 0},
+    }
+
+
+def open_stack(args: argparse.Namespace, work: Path, realtime: int, slots: int) -> Stack:
+    registry = work / f"models-{realtime}.toml"
+    registry.write_text(registry_text(args, max_sessions=slots))
+    env = {
+        "OMNIQ_MODEL_REGISTRY": str(registry),
+        "OMNIQ_MODELS": MODEL,
+        "OMNIQ_WORKER__DEVICE": args.device,
+        "OMNIQ_WORKER__RANDOM_WEIGHTS": "true",
+        "OMNIQ_REALTIME__SLOTS": str(slots),
+        "OMNIQ_REALTIME__CAPACITY_PROBE": "false",
+        # The warm-up session's first chunk compiles every pyramid stage's graph: a step
+        # longer than the 10 s of silence after which the API calls a worker lost (a dead
+        # worker is still found at once, by its lease), and a session placed meanwhile
+        # waits for it instead of being refused.
+        "OMNIQ_REALTIME__LOST_AFTER_S": "600",
+        "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "600",
+    }
+    stack = Stack(workers=0, env=env, args=("--realtime-workers", str(realtime)))
+    stack.start(timeout=600)
+    return stack
+
+
+def wait_ready(stack: Stack, count: int, timeout: float) -> float:
+    """Epoch seconds of the ``count``-th Celery worker's ``… ready.`` line."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = stack.log_path.read_text(errors="replace").splitlines()
+        ready = [log_time(m[1], m[2]) for line in text if (m := _READY.match(line))]
+        if len(ready) >= count:
+            return sorted(ready)[count - 1]
+        time.sleep(0.5)
+    raise RuntimeError(f"{count} worker(s) not ready within {timeout:.0f} s:\n{stack.log_tail()}")
+
+
+def memory_mib(stack: Stack) -> dict[str, float]:
+    """Each realtime worker's ``omniqueue_gpu_memory_allocated_bytes`` in MiB (empty on
+    CPU workers, which serve no such gauge)."""
+    out: dict[str, float] = {}
+    for worker, url in _METRICS.findall(stack.log_path.read_text(errors="replace")):
+        try:
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("omniqueue_gpu_memory_allocated_bytes{"):
+                out[f"realtime worker {worker}"] = round(float(line.split()[-1]) / 2**20, 1)
+    return out
+
+
+def stopped_at(stack: Stack, session_id: str, timeout: float = 60.0) -> float | None:
+    """Epoch seconds of the worker's ``session <id>: stopped`` line."""
+    stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) "
+    pattern = re.compile(stamp + r".*session " + re.escape(session_id) + ": stopped")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in stack.log_path.read_text(errors="replace").splitlines():
+            if m := pattern.match(line):
+                return log_time(m[1], m[2])
+        time.sleep(0.05)
+    return None
+
+
+def kept_log(args: argparse.Namespace, part: str) -> str | None:
+    """Where up's stderr of ``part`` is copied (``--keep-logs DIR``), or None."""
+    return str(Path(args.keep_logs, f"up_{part}.log")) if args.keep_logs else None
+
+
+def ws_url(stack: Stack) -> str:
+    return stack.url.replace("http://", "ws://", 1) + "/v1/realtime/video"
+
+
+def interacting(count: int, rng: random.Random) -> Any:
+    """A hook that sends ``count`` prompt changes, after chunks 3, 6, 9…, each at a
+    random moment of the next chunk's making (the last gap between two chunks)."""
+
+    async def hook(run: SessionRun, ws: Any, chunk: Chunk) -> bool:
+        sent = len(run.tasks)
+        if chunk.index >= 3 and chunk.index % 3 == 0 and sent < count and len(run.chunks) > 1:
+            gap = run.chunks[-1].arrived - run.chunks[-2].arrived
+            prompt = PROMPTS[sent % len(PROMPTS)]
+            send = send_prompt(ws, run, f"p{sent}", prompt, rng.uniform(0, gap * 0.9))
+            run.tasks.append(asyncio.create_task(send))
+        return False
+
+    return hook
+
+
+def part_stack(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    began = time.time()
+    stack = open_stack(args, work, realtime=1, slots=2)
+    try:
+        out["worker_ready_s"] = round(wait_ready(stack, 1, args.ready_timeout) - began, 1)
+        out["memory_after_load_mib"] = memory_mib(stack)
+        asyncio.run(_sessions(args, stack, out))
+    except Exception as exc:  # what was measured before it stands
+        out["stack_error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        out["up_exit_code"] = stack.stop()
+        if out["up_exit_code"] != 0:
+            out["up_log_tail"] = stack.log_tail(4000)
+        stack.remove(keep_log=kept_log(args, "stack"))
+    return out
+
+
+async def _sessions(args: argparse.Namespace, stack: Stack, out: dict[str, Any]) -> None:
+    """The part's measures, each written to ``out`` as it is made."""
+    url, rng = ws_url(stack), random.Random(7)
+    warm = await run_session(url, start_event(args, 2, seed=100))
+    out["warmup_session"] = warm.summary()
+    baseline = memory_mib(stack)
+    main = await run_session(
+        url, start_event(args, args.chunks, seed=1), interacting(args.interactions, rng)
+    )
+    out["session"] = main.summary()
+    out["world_delivered_fps"] = out["session"]["delivered_fps"]
+    latencies = main.interaction_latencies()
+    out["interactions_s"] = {k: None if v is None else round(v, 3) for k, v in latencies.items()}
+    carried = [v for v in latencies.values() if v is not None]
+    out["world_interaction_to_chunk_s"] = round(statistics.median(carried), 3) if carried else None
+    pair = await asyncio.gather(
+        *(run_session(url, start_event(args, args.chunks, seed=10 + i)) for i in range(2))
+    )
+    out["two_sessions"] = [r.summary() for r in pair]
+    rates = [r.delivered_fps() for r in pair]
+    out["world_two_sessions_fps_min"] = (
+        round(min(r for r in rates if r is not None), 2) if None not in rates else None
+    )
+    stops = [await _stopped_session(args, stack, url, rng, i) for i in range(args.stops)]
+    out["stops"] = stops
+    stop_ms = [s["close_to_worker_stopped_ms"] for s in stops]
+    stop_ms = [x for x in stop_ms if x is not None]
+    out["world_stop_p95_ms"] = round(pct(stop_ms, 0.95), 1) if stop_ms else None
+    firsts = [main.first_chunk_s] + [s["first_chunk_s"] for s in stops]
+    firsts = [round(x, 3) for x in firsts if x is not None]
+    out["first_chunks_s"] = firsts
+    out["world_first_chunk_s"] = round(statistics.median(firsts), 3) if firsts else None
+    after = memory_mib(stack)
+    out["world_memory_baseline_mib"] = baseline or None
+    out["world_memory_after_mib"] = after or None
+    if not after:
+        out["memory_note"] = "no omniqueue_gpu_memory_allocated_bytes: not a CUDA worker"
+
+
+async def _stopped_session(
+    args: argparse.Namespace, stack: Stack, url: str, rng: random.Random, i: int
+) -> dict[str, Any]:
+    """A session closed at a random moment of its second chunk (the worker mid-step)."""
+    delay: list[float] = []
+
+    async def hook(run: SessionRun, ws: Any, chunk: Chunk) -> bool:
+        gap = run.first_chunk_s or 1.0
+        delay.append(rng.uniform(0.05, 0.95) * min(gap, CHUNK_FRAMES / FPS))
+        await close_after(ws, run, delay[0])
+        return True
+
+    run = await run_session(url, start_event(args, 4, seed=200 + i), hook)
+    stopped = stopped_at(stack, run.session_id) if run.session_id else None
+    close = run.closed_wall
+    return {
+        "first_chunk_s": run.first_chunk_s,
+        "close_delay_ms": round(delay[0] * 1000, 1) if delay else None,
+        "close_to_worker_stopped_ms": (
+            round((stopped - close) * 1000, 1) if stopped is not None and close else None
+        ),
+        "errors": run.errors,
+    }
+
+
+def takeover_missing() -> str | None:
+    """Why this tree cannot take a world session over, or None."""
+    try:
+        import storage.session_checkpoint  # noqa: F401
+        import workers.world_checkpoint  # noqa: F401
+    except ImportError as exc:
+        return f"no worker takeover in this tree ({exc})"
+    from workers.pipelines.diffusers.helios import HeliosWorldAdapter
+
+    if not hasattr(HeliosWorldAdapter, "snapshot"):
+        return "the Helios adapter takes no snapshots in this tree"
+    return None
+
+
+def part_takeover(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    missing = takeover_missing()
+    if missing is not None:
+        return {"world_takeover_gap_s": None, "takeover_note": missing}
+    out: dict[str, Any] = {}
+    stack = open_stack(args, work, realtime=2, slots=1)
+    try:
+        wait_ready(stack, 2, args.ready_timeout)
+        out |= asyncio.run(_takeover(args, stack))
+    except Exception as exc:  # one measure: the rest of the run stands
+        out = {"world_takeover_gap_s": None, "takeover_note": f"{type(exc).__name__}: {exc}"}
+    finally:
+        code = stack.stop()
+        out["takeover_up_exit_code"] = code
+        stack.remove(keep_log=kept_log(args, "takeover"))
+    return out
+
+
+def _lease_holder_pid(stack: Stack, session_id: str, attempt: int = 1) -> int | None:
+    """The pid in the worker id (``host:pid:name``) holding the session's lease."""
+    import redis
+
+    from storage.constants import session_lease_key
+
+    client = redis.Redis(port=stack.valkey_port())
+    try:
+        holder = client.get(session_lease_key(session_id, attempt))
+    finally:
+        client.close()
+    if not holder:
+        return None
+    text = holder.decode() if isinstance(holder, bytes) else str(holder)
+    return int(text.split(":")[1])
+
+
+async def _takeover(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
+    url = ws_url(stack)
+    served: set[int] = set()
+
+    async def note_pid(run: SessionRun, ws: Any, chunk: Chunk) -> bool:
+        if chunk.index == 0 and run.session_id:
+            pid = await asyncio.to_thread(_lease_holder_pid, stack, run.session_id)
+            if pid is not None:
+                served.add(pid)
+        return False
+
+    rounds = 0
+    while len(served) < 2 and rounds < 4:  # both workers warm (their graphs compiled)
+        rounds += 1
+        starts = [start_event(args, 2, seed=300 + 2 * rounds + i) for i in (0, 1)]
+        await asyncio.gather(*(run_session(url, start, note_pid) for start in starts))
+    out: dict[str, Any] = {"warmup_rounds": rounds, "workers_warmed": len(served)}
+    killed: dict[str, float] = {}
+
+    async def kill(run: SessionRun, ws: Any, chunk: Chunk) -> bool:
+        if chunk.index == args.kill_after and run.session_id and not killed:
+            pid = await asyncio.to_thread(_lease_holder_pid, stack, run.session_id)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed["at"] = time.monotonic()
+                run.notes["killed_pid"] = pid
+        elif killed and "gap" not in killed:
+            killed["gap"] = chunk.arrived - killed["at"]
+            run.notes["next_chunk_index"] = chunk.index
+        return False
+
+    run = await run_session(url, start_event(args, args.kill_after + 4, seed=2), kill)
+    out["takeover_session"] = run.summary()
+    indices = [c.index for c in run.chunks]
+    out["takeover_chunks_in_order"] = indices == list(range(len(indices)))
+    if "gap" in killed and not run.errors:
+        out["world_takeover_gap_s"] = round(killed["gap"], 3)
+    else:
+        out["world_takeover_gap_s"] = None
+        why = "no worker was killed" if not killed else f"the session ended: {run.errors}"
+        out["takeover_note"] = why
+    return out

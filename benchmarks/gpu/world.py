@@ -187,6 +187,8 @@ def main() -> None:
         seconds[part] = round(time.perf_counter() - began, 1)
         if state_path is not None:  # a later part's failure keeps this one's keys
             state_path.write_text(json.dumps(out, indent=2))
+    for key in ("world_delivered_over_raw", "targets"):  # last, over every part's keys
+        out.pop(key, None)
     out["targets"] = targets(out)
     if state_path is not None:
         state_path.write_text(json.dumps(out, indent=2))

@@ -16,6 +16,8 @@ import argparse
 import sys
 from typing import Any
 
+from cli.database import opened
+from cli.help import command
 from storage.settings import get_settings
 
 # (flag, ApiKey column, help)
@@ -41,21 +43,48 @@ def _quota(text: str) -> int | str:
 
 def add_parser(sub: Any) -> None:
     """The ``keys`` command and its subcommands on the top-level ``sub`` parsers."""
-    keys = sub.add_parser("keys", help="manage API keys and their quotas")
-    ksub = keys.add_subparsers(dest="keys_cmd", required=True)
-    kc = ksub.add_parser("create", help="create a key (printed once)")
-    kc.add_argument("--name", required=True)
-    ku = ksub.add_parser("update", help="change a key's quotas")
-    ku.add_argument("key_id")
+    keys = command(
+        sub,
+        "keys",
+        help="manage API keys and their quotas (in the database)",
+        description="""Create, list, update and revoke API keys, straight in the database
+        (OMNIQ_DATABASE__URL; the per-user default of omniqueue up's data dir when unset).
+        A key is printed once and stored hashed. A quota given as N is the key's own (0:
+        unlimited); 'default' follows the server's OMNIQ_QUOTAS__* (docs/limits.md).""",
+    )
+    ksub = keys.add_subparsers(dest="keys_cmd", required=True, title="commands", metavar="COMMAND")
+    kc = command(
+        ksub,
+        "create",
+        help="create a key (printed once)",
+        description="Create a key: the secret on stdout (shown only this once), its id on stderr.",
+    )
+    kc.add_argument("--name", required=True, help="a label for the key (required)")
+    ku = command(ksub, "update", help="change a key's quotas", description="Change a key's quotas.")
+    ku.add_argument("key_id", help="the key's id (key_…, from omniqueue keys list)")
     for parser in (kc, ku):
         for flag, _, what in _QUOTAS:
             parser.add_argument(
-                flag, type=_quota, default=None, help=f"{what}; 0 unlimited, '{DEFAULT}' server's"
+                flag,
+                type=_quota,
+                default=None,
+                help=f"{what}; 0 unlimited, '{DEFAULT}' the server's "
+                f"(default: {'unchanged' if parser is ku else DEFAULT})",
             )
-    ksub.add_parser("list", help="list keys")
-    kr = ksub.add_parser("revoke", help="revoke a key")
-    kr.add_argument("key_id")
-    keys.set_defaults(func=run)
+    command(
+        ksub,
+        "list",
+        help="list keys",
+        description="List every key: id, prefix, active or revoked, name, quotas.",
+    )
+    kr = command(
+        ksub,
+        "revoke",
+        help="revoke a key",
+        description="Revoke a key: requests with it get 401 from then on.",
+    )
+    kr.add_argument("key_id", help="the key's id (key_…)")
+    keys.set_defaults(func=run, uses_database=True)
 
 
 def _given(args: argparse.Namespace) -> dict[str, int | None]:
@@ -77,12 +106,10 @@ def _limits(row: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from storage.db import make_engine, make_sessionmaker
     from storage.keys import ApiKeyStore
 
-    engine = make_engine(get_settings().database)
-    try:
-        store = ApiKeyStore(make_sessionmaker(engine))
+    with opened(get_settings().database) as sessions:
+        store = ApiKeyStore(sessions)
         if args.keys_cmd == "create":
             row, secret = store.create(args.name, **_given(args))
             print(secret)
@@ -94,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             print(f"{updated.id}\t{_limits(updated)}")
         elif args.keys_cmd == "list":
-            for row in store.list():
+            rows = store.list()
+            if not rows:
+                print("no keys (omniqueue keys create --name NAME)", file=sys.stderr)
+            for row in rows:
                 state = "revoked" if row.revoked_at else "active"
                 print(f"{row.id}\t{row.prefix}…\t{state}\t{row.name}\t{_limits(row)}")
         else:
@@ -102,6 +132,4 @@ def run(args: argparse.Namespace) -> int:
                 print(f"no active key {args.key_id}", file=sys.stderr)
                 return 1
             print(f"revoked {args.key_id}", file=sys.stderr)
-    finally:
-        engine.dispose()
     return 0

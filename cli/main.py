@@ -1,19 +1,12 @@
-"""The ``omniqueue`` command: server entry points, key management, the embedded stack and a
-client.
+"""omniqueue runs a queue of generative video and audio jobs: the API, workers and
+their services (up, api, worker, migrate, keys, webhooks, loras), and a client of its
+HTTP API (video, audio, speech, status, list, cancel, download, models).
 
-    omniqueue up [--host] [--port] [--data-dir] [--workers N]   embedded stack, one command
-                 [--api-processes N] [--api-replicas N] [--database-url URL]
-                 [--redis-url URL]
-                 [--worker-devices cuda:0,cuda:1] [--group cuda:2,cuda:3 ...]
-    omniqueue api [--host] [--port]                             the HTTP API
-    omniqueue worker [--name] [--models] [--device]             one GPU worker process
-    omniqueue worker --devices cuda:0,cuda:1                    one job across N GPUs
-    omniqueue migrate                                           alembic upgrade head
-    omniqueue keys create --name NAME | list | revoke KEY_ID    API keys (cli/keys.py)
-    omniqueue keys update KEY_ID --max-active-jobs N ...        a key's quotas
-    omniqueue webhooks serve | add URL [--key] [--events] | list | remove ID | deliveries JOB
-    omniqueue generate "prompt" [...]                           submit, watch, download
-    omniqueue loras                                             the LoRA adapter catalog
+examples:
+  omniqueue up                                        the whole stack on this machine
+  omniqueue video "a red ball bouncing at sunset" --seconds 2 --size 480x272 -o ball.mp4
+  omniqueue list
+  omniqueue keys create --name my-app
 """
 
 from __future__ import annotations
@@ -24,8 +17,12 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
-from cli import keys
+from cli import keys, verbs, webhooks
+from cli.database import DatabaseUnusable, create_sqlite_dir
+from cli.help import HelpFormatter, command
+from cli.paths import default_data_dir, default_database_url, use_default_database
 from storage.settings import Settings, get_settings
 
 
@@ -114,6 +111,7 @@ def _cmd_migrate(_: argparse.Namespace) -> int:
     from migrations.runner import upgrade
 
     settings = get_settings()
+    create_sqlite_dir(settings.database.url)
     upgrade(settings.database.url)
     print("database is at the latest revision", file=sys.stderr)
     return 0
@@ -155,67 +153,45 @@ def _cmd_up(args: argparse.Namespace) -> int:
     )
 
 
-def _cmd_generate(args: argparse.Namespace) -> int:
-    from cli.generate import run_generate
-
-    return run_generate(
-        args.prompt,
-        url=args.url,
-        api_key=args.api_key,
-        seconds=args.seconds,
-        size=args.size,
-        steps=args.steps,
-        seed=args.seed,
-        model=args.model,
-        output=args.output,
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="omniqueue", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = p.add_subparsers(dest="command", required=True)
-
-    up = sub.add_parser(
+def _add_up(sub: Any) -> None:
+    up = command(
+        sub,
         "up",
-        help="run the embedded stack (Valkey, SQLite, S3, API, workers)",
-        description="Run the whole stack on this machine: embedded Valkey, SQLite and S3 "
-        "under --data-dir, the API on --host:--port (the playground at /), job and realtime "
-        "workers. Ctrl-C stops everything.",
+        help="run the whole stack on this machine (Valkey, SQLite, S3, API, workers)",
+        description="""Run the whole stack on this machine: embedded Valkey, SQLite and S3
+        under --data-dir, the API on --host:--port (the playground at /), job and realtime
+        workers and the webhook sender; a process that dies is restarted. Ctrl-C stops
+        everything. Auth is off on loopback.""",
     )
-    up.add_argument(
-        "--host", default="127.0.0.1", help="address the API binds to (default: %(default)s)"
-    )
+    up.add_argument("--host", default="127.0.0.1", help="address the API binds to")
     up.add_argument(
         "--port",
         type=int,
         default=8000,
-        help="the API's port; clients then need --url / OMNIQ_URL http://HOST:PORT "
-        "(default: %(default)s)",
+        help="the API's port; clients then need --url / OMNIQ_URL http://HOST:PORT",
     )
     up.add_argument(
         "--data-dir",
-        default="omniqueue-data",
-        help="where the database, Valkey and S3 files live (default: %(default)s)",
+        default=str(default_data_dir()),
+        help="where the database, Valkey and S3 files live; the default is per user "
+        "($OMNIQ_DATA_DIR, else $XDG_DATA_HOME/omniqueue, else ~/.local/share/omniqueue)",
     )
     up.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="job worker processes on the default device (default: %(default)s)",
+        "--workers", type=int, default=1, help="job worker processes on the default device"
     )
     up.add_argument(
         "--worker-devices",
         default=None,
-        help="one worker per device (cuda:0,cuda:1,…) instead of --workers on one device",
+        help="one worker per device (cuda:0,cuda:1,…) instead of --workers on one device "
+        "(default: none)",
     )
     up.add_argument(
         "--group",
         action="append",
         default=[],
         metavar="DEVICES",
-        help="also a worker group on these devices (cuda:0,cuda:1); repeat for more groups",
+        help="also a worker group on these devices (cuda:0,cuda:1); repeat for more groups "
+        "(default: none)",
     )
     up.add_argument(
         "--realtime-workers",
@@ -238,59 +214,110 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--database-url",
         default=None,
-        help="an existing database (e.g. PostgreSQL) instead of SQLite in the data dir",
+        help="an existing database (e.g. PostgreSQL) instead of SQLite "
+        "(default: omniqueue.db in the data dir)",
     )
     up.add_argument(
         "--redis-url",
         default=None,
-        help="an existing Redis (redis://host:port/db) instead of the embedded Valkey",
+        help="an existing Redis (redis://host:port/db) instead of the embedded Valkey "
+        "(default: none, the embedded one)",
     )
     up.set_defaults(func=_cmd_up)
 
-    api = sub.add_parser("api", help="serve the HTTP API")
-    api.add_argument("--host", default=None)
-    api.add_argument("--port", type=int, default=None)
-    api.set_defaults(func=_cmd_api)
 
-    worker = sub.add_parser("worker", help="run one worker process (one per GPU)")
-    worker.add_argument("--name", default="worker")
-    worker.add_argument("--models", default=None, help="comma-separated served models")
-    worker.add_argument("--device", default=None, help="cpu, cuda, cuda:1, …")
+def _add_server_commands(sub: Any) -> None:
+    """``api``, ``worker``, ``migrate`` and ``loras``: the processes of a deployment."""
+    api = command(
+        sub,
+        "api",
+        help="serve the HTTP API (one process; run several behind a load balancer)",
+        description="""Serve the HTTP API and the playground: the OpenAI-style
+        /v1/videos and /v1/audio/* routes, realtime WebSockets, /metrics. Configured by
+        OMNIQ_* variables (docs/configuration.md); the database must be migrated first
+        (omniqueue migrate). With OMNIQ_AUTH=off it binds only to loopback.""",
+    )
+    api.add_argument(
+        "--host", default=None, help="address to bind (default: $OMNIQ_HOST, else 127.0.0.1)"
+    )
+    api.add_argument(
+        "--port", type=int, default=None, help="port to bind (default: $OMNIQ_PORT, else 8000)"
+    )
+    api.set_defaults(func=_cmd_api, uses_database=True)
+
+    worker = command(
+        sub,
+        "worker",
+        help="run one worker process (one per GPU) that takes jobs off the queue",
+        description="""Run one Celery worker process that takes jobs of its models off
+        the queue and runs them step by step on one device (a solo pool: one job at a
+        time), or, with --devices, one job across several GPUs, or, with --realtime,
+        realtime sessions. Configured by OMNIQ_* variables like the API.""",
+    )
+    worker.add_argument("--name", default="worker", help="the worker's name in logs and metrics")
+    worker.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated models to serve (default: $OMNIQ_WORKER__MODELS, else every "
+        "served model)",
+    )
+    worker.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda, cuda:1, … (default: $OMNIQ_WORKER__DEVICE, else cpu)",
+    )
     worker.add_argument(
         "--devices",
         default=None,
-        help="a worker group: one job across these devices (cuda:0,cuda:1), a process each",
+        help="a worker group: one job across these devices (cuda:0,cuda:1), a process each "
+        "(default: none, one device)",
     )
     worker.add_argument(
         "--realtime",
         action="store_true",
         help="serve realtime sessions of streaming models (OMNIQ_REALTIME__SLOTS threads)",
     )
-    worker.set_defaults(func=_cmd_worker)
+    worker.set_defaults(func=_cmd_worker, uses_database=True)
 
-    mig = sub.add_parser("migrate", help="upgrade the database schema to the latest revision")
-    mig.set_defaults(func=_cmd_migrate)
+    mig = command(
+        sub,
+        "migrate",
+        help="create or upgrade the database schema to the latest revision",
+        description=f"""Create the database's tables, or upgrade them to the latest
+        revision (Alembic), at OMNIQ_DATABASE__URL (default: {default_database_url()}). Run
+        it before the API and workers, and after every upgrade of omniqueue; omniqueue up
+        runs it itself.""",
+    )
+    mig.set_defaults(func=_cmd_migrate, uses_database=True)
 
-    keys.add_parser(sub)
-
-    loras = sub.add_parser("loras", help="list the LoRA adapters of the lora roots")
+    loras = command(
+        sub,
+        "loras",
+        help="list the LoRA adapters of the lora roots",
+        description="""List the LoRA adapters found under OMNIQ_LORA__ROOTS on this
+        machine, a name and its weights file a line: the names a request's lora.name
+        (omniqueue video --lora NAME) may give alone.""",
+    )
     loras.set_defaults(func=_cmd_loras)
 
-    from cli import webhooks
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="omniqueue",
+        description=__doc__,
+        epilog=f"""Data: omniqueue up keeps its files in {default_data_dir()}
+        ($OMNIQ_DATA_DIR, else $XDG_DATA_HOME/omniqueue, else ~/.local/share/omniqueue);
+        the commands that open the database default to its omniqueue.db
+        (OMNIQ_DATABASE__URL overrides). `omniqueue COMMAND --help` describes a command;
+        docs/cli.md all of them.""",
+        formatter_class=HelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    _add_up(sub)
+    verbs.add_parsers(sub)
+    _add_server_commands(sub)
+    keys.add_parser(sub)
     webhooks.add_parser(sub)
-
-    gen = sub.add_parser("generate", help="generate a video and download it")
-    gen.add_argument("prompt")
-    gen.add_argument("--seconds", default=None)
-    gen.add_argument("--size", default=None, help="WIDTHxHEIGHT")
-    gen.add_argument("--steps", type=int, default=None)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--model", default=None)
-    gen.add_argument("-o", "--output", default=None)
-    gen.add_argument("--url", default=None, help="API base URL (env OMNIQ_URL)")
-    gen.add_argument("--api-key", default=None, help="API key (env OMNIQ_API_KEY)")
-    gen.set_defaults(func=_cmd_generate)
     return p
 
 
@@ -299,11 +326,19 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     args = build_parser().parse_args(argv)
+    if getattr(args, "uses_database", False):
+        use_default_database()  # the per-user SQLite file unless OMNIQ_DATABASE__URL says
     try:
         return int(args.func(args))
     except ValueError as exc:  # configuration errors: say what to fix, no traceback
         print(f"omniqueue: {exc}", file=sys.stderr)
         return 2
+    except DatabaseUnusable as exc:  # not migrated, missing, unreachable: what to run
+        print(f"omniqueue: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # stdout closed early (omniqueue list | head): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import json
 import sys
 from typing import Any
 
+from cli.database import opened
+from cli.help import command
 from models.errors import InvalidRequest
 from models.webhooks import ALL_EVENT_TYPES
 from storage.constants import LOCAL_OWNER
@@ -26,22 +28,61 @@ from storage.settings import Settings, get_settings
 
 def add_parser(sub: Any) -> None:
     """The ``webhooks`` command and its subcommands, on ``omniqueue``'s subparsers."""
-    hooks = sub.add_parser("webhooks", help="the webhook sender and per-key endpoints")
-    wsub = hooks.add_subparsers(dest="webhooks_cmd", required=True)
-    wsub.add_parser("serve", help="run the webhook sender (omniqueue up runs one)")
-    add = wsub.add_parser("add", help="send a key's job events to URL")
-    add.add_argument("url")
-    add.add_argument("--key", default=LOCAL_OWNER, help="API key id (default: local)")
-    add.add_argument(
-        "--events", default=None, help=f"comma-separated, default all: {','.join(ALL_EVENT_TYPES)}"
+    hooks = command(
+        sub,
+        "webhooks",
+        help="the webhook sender and per-key webhook endpoints",
+        description="""Run the webhook sender, and manage the endpoints that get an API
+        key's job events (signed, Standard Webhooks; docs/webhooks.md), straight in the
+        database (OMNIQ_DATABASE__URL; the per-user default when unset).""",
     )
-    ls = wsub.add_parser("list", help="list endpoints")
-    ls.add_argument("--key", default=None)
-    rm = wsub.add_parser("remove", help="remove an endpoint")
-    rm.add_argument("endpoint_id")
-    dl = wsub.add_parser("deliveries", help="a job's webhook deliveries and their attempts")
-    dl.add_argument("job_id")
-    hooks.set_defaults(func=run)
+    wsub = hooks.add_subparsers(
+        dest="webhooks_cmd", required=True, title="commands", metavar="COMMAND"
+    )
+    command(
+        wsub,
+        "serve",
+        help="run the webhook sender (omniqueue up runs one)",
+        description="Run the webhook sender: it delivers queued job events and retries "
+        "failed deliveries until they expire.",
+    )
+    add = command(
+        wsub,
+        "add",
+        help="send a key's job events to URL",
+        description="Send the job events of an API key's jobs to URL; prints the endpoint's id.",
+    )
+    add.add_argument("url", help="an absolute http(s) URL the destination guard allows")
+    add.add_argument(
+        "--key", default=LOCAL_OWNER, help="API key id (local: every job while auth is off)"
+    )
+    add.add_argument(
+        "--events",
+        default=None,
+        help=f"comma-separated event types (default: all of {','.join(ALL_EVENT_TYPES)})",
+    )
+    ls = command(
+        wsub,
+        "list",
+        help="list endpoints",
+        description="List endpoints: id, owner, events, URL.",
+    )
+    ls.add_argument("--key", default=None, help="only this API key's (default: every key's)")
+    rm = command(
+        wsub,
+        "remove",
+        help="remove an endpoint",
+        description="Remove an endpoint: its key's job events are no longer sent there.",
+    )
+    rm.add_argument("endpoint_id", help="the endpoint's id (from webhooks list)")
+    dl = command(
+        wsub,
+        "deliveries",
+        help="a job's webhook deliveries and their attempts",
+        description="Print a job's webhook deliveries, one JSON line each, with their attempts.",
+    )
+    dl.add_argument("job_id", help="a job id (video_… or audio_…)")
+    hooks.set_defaults(func=run, uses_database=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,15 +92,9 @@ def run(args: argparse.Namespace) -> int:
 
         return serve(settings)
 
-    from storage.db import make_engine, make_sessionmaker
-
-    engine = make_engine(settings.database)
-    try:
-        sessions = make_sessionmaker(engine)
-        command = {"add": _add, "list": _list, "remove": _remove, "deliveries": _deliveries}
-        return command[args.webhooks_cmd](args, sessions, settings)
-    finally:
-        engine.dispose()
+    with opened(settings.database) as sessions:
+        run_command = {"add": _add, "list": _list, "remove": _remove, "deliveries": _deliveries}
+        return run_command[args.webhooks_cmd](args, sessions, settings)
 
 
 def _add(args: argparse.Namespace, sessions: Any, settings: Settings) -> int:

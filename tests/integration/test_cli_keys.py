@@ -1,4 +1,6 @@
-"""``omniqueue migrate`` and ``omniqueue keys`` on a SQLite database; startup refusals."""
+"""``omniqueue migrate`` and ``omniqueue keys`` on a SQLite database; startup refusals;
+the per-user default database, and one line for a database that is missing or not
+migrated."""
 
 from __future__ import annotations
 
@@ -13,15 +15,18 @@ import pytest
 from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings
+from tests.integration.conftest import new_pg_database
 from tests.integration.stack import REPO
 
 pytestmark = pytest.mark.integration
 
 
-def _omniqueue(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _omniqueue(
+    *args: str, env: dict[str, str], cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cli.main", *args],
-        cwd=REPO,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -119,3 +124,68 @@ def test_keys_quotas_are_set_listed_and_reset(env: dict[str, str]) -> None:
     assert bad.returncode == 2 and "0 (unlimited) or more" in bad.stderr
     missing = _omniqueue("keys", "update", "key_nope", "--max-sessions", "1", env=env)
     assert missing.returncode == 1 and "no key key_nope" in missing.stderr
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment with no database configured and HOME in ``tmp_path``; a working
+    directory elsewhere in it."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("OMNIQ_")}
+    base.pop("XDG_DATA_HOME", None)
+    base.update({"HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)})
+    (tmp_path / "home").mkdir()
+    (tmp_path / "work").mkdir()
+    return base, tmp_path
+
+
+def _one_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1 and result.stdout == "", result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr  # no traceback
+    return lines[0]
+
+
+def test_keys_without_a_database_say_to_migrate_and_create_nothing(
+    home: tuple[dict[str, str], Path],
+) -> None:
+    env, tmp = home
+    for command in (["keys", "list"], ["webhooks", "list"], ["keys", "create", "--name", "x"]):
+        line = _one_line(_omniqueue(*command, env=env, cwd=tmp / "work"))
+        expected = tmp / "home" / ".local" / "share" / "omniqueue" / "omniqueue.db"
+        assert line == (
+            f"omniqueue: no database at {expected}: run `omniqueue migrate` to create it "
+            "(`omniqueue up` does), or set OMNIQ_DATABASE__URL"
+        )
+    # nothing was created: no ./omniqueue-data, no empty per-user directory
+    assert sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*")) == ["home", "work"]
+
+
+def test_the_per_user_database_is_found_from_any_directory(
+    home: tuple[dict[str, str], Path],
+) -> None:
+    env, tmp = home
+    assert _omniqueue("migrate", env=env, cwd=tmp / "work").returncode == 0
+    assert (tmp / "home" / ".local" / "share" / "omniqueue" / "omniqueue.db").is_file()
+    created = _omniqueue("keys", "create", "--name", "anywhere", env=env, cwd=tmp / "work")
+    assert created.returncode == 0, created.stderr
+    listed = _omniqueue("keys", "list", env=env, cwd=tmp)
+    assert "anywhere" in listed.stdout
+    assert sorted(p.name for p in tmp.iterdir()) == ["home", "work"]
+    assert list((tmp / "work").iterdir()) == []
+
+
+def test_a_database_without_its_schema_is_one_line(tmp_path: Path, env: dict[str, str]) -> None:
+    sqlite3.connect(tmp_path / "keys.db").close()  # the file, no tables
+    url = env["OMNIQ_DATABASE__URL"]
+    for command in (["keys", "list"], ["webhooks", "list"], ["webhooks", "deliveries", "video_x"]):
+        line = _one_line(_omniqueue(*command, env=env))
+        assert line.startswith(f"omniqueue: the database at {url} has no schema yet"), line
+        assert line.endswith(": run `omniqueue migrate`"), line
+    with new_pg_database() as pg:
+        line = _one_line(_omniqueue("keys", "list", env={**env, "OMNIQ_DATABASE__URL": pg}))
+        assert 'relation "api_keys" does not exist' in line, line
+        assert line.endswith(": run `omniqueue migrate`"), line
+        missing = pg.rsplit("/", 1)[0] + "/oq_no_such_database"
+        line = _one_line(_omniqueue("keys", "list", env={**env, "OMNIQ_DATABASE__URL": missing}))
+        assert line.startswith("omniqueue: cannot use the database at "), line
+        assert 'database "oq_no_such_database" does not exist' in line, line

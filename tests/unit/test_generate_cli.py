@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cli.generate import run_generate
+from cli.submit import run_generate
 from workers.processes import free_port
 
 VIDEO_ID = "video_0123456789abcdef01234567"
@@ -216,7 +216,7 @@ def test_http_error_prints_the_server_message(
     api = serve(FakeApi(COMPLETING, create_error=(400, body)))
     assert run_generate("a fox", url=api.url, size="huge", sleep=_no_sleep) == 1
     err = capsys.readouterr().err
-    assert "size: must be WIDTHxHEIGHT (invalid_value, HTTP 400)" in err
+    assert "size: must be WIDTHxHEIGHT (param size, invalid_value, HTTP 400)" in err
 
 
 def test_connection_refused_suggests_omniqueue_up(capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,7 +236,7 @@ def test_a_bad_output_path_is_refused_before_the_job_is_created(
     assert api.created == [] and api.polls == 0  # nothing was generated
     err = capsys.readouterr().err
     expected = "does not exist" if where == "missing" else "is a directory"
-    assert "omniqueue generate: " in err and expected in err
+    assert "omniqueue video: " in err and expected in err
 
 
 def test_a_stage_without_steps_shows_a_spinner_with_its_name(
@@ -254,6 +254,7 @@ def test_a_stage_without_steps_shows_a_spinner_with_its_name(
 
 def test_up_help_shows_every_option_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
     from cli.main import build_parser
+    from cli.paths import default_data_dir
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["up", "--help"])
@@ -261,7 +262,7 @@ def test_up_help_shows_every_option_with_its_default(capsys: pytest.CaptureFixtu
     for option, default in (
         ("--host", "127.0.0.1"),
         ("--port", "8000"),
-        ("--data-dir", "omniqueue-data"),
+        ("--data-dir", str(default_data_dir())),
         ("--workers", "1"),
     ):
         found = re.search(rf" {option} [A-Z_]+ (.*?)(?= --[a-z-]+ [A-Z]|$)", options)

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import av
 from PIL import Image
 
-from api.inputs import reference_frame_png
+from api.inputs import reference_frame_png, sniff
 from models.catalog import VIDEO_WORKFLOWS, ModelSpec, Workflow
 from models.errors import InvalidRequest
 from models.job_specs import VideoSpec
@@ -155,7 +155,16 @@ def keyframe_plan(
     size: tuple[int, int],
 ) -> Plan:
     """A video model's keyframes (:func:`keyframe_workflow`), each stored as a PNG of the
-    job's size (cover, centre crop, as a plain ``input_reference``)."""
+    job's size (cover, centre crop, as a plain ``input_reference``); or, for a model that
+    serves ``v2v``, one video file without ``frame_indices``: its source video, checked
+    as a reference clip is and stored as sent."""
+    if _source_video(spec, extra, files):
+        keyframe_workflow(spec, extra, len(files), video=True)
+        longest = spec.max_frames / spec.default_fps
+        source = inspect(files[0], limits, longest, "input_reference")
+        if source.kind != "video":
+            raise InvalidRequest("input_reference has no video stream", param="input_reference")
+        return Plan("v2v", [source])
     workflow, indices = keyframe_workflow(spec, extra, len(files))
     width, height = size
     refs = [
@@ -171,17 +180,31 @@ def keyframe_plan(
     return Plan(workflow, refs)
 
 
+def _source_video(spec: ModelSpec, extra: dict[str, Any], files: list[bytes]) -> bool:
+    """One video file without ``frame_indices``, sent to a model that serves ``v2v``."""
+    one = len(files) == 1 and "frame_indices" not in extra
+    return one and "v2v" in spec.workflows and sniff(files[0]) == "video/mp4"
+
+
 def keyframe_workflow(
-    spec: ModelSpec, extra: dict[str, Any], files: int
+    spec: ModelSpec, extra: dict[str, Any], files: int, video: bool = False
 ) -> tuple[Workflow, list[int]]:
     """A video model's workflow and keyframe anchors from the count of its files: none is
     ``t2v``, ``[0]`` is ``i2v``, ``[0, -1]`` is ``flf2v`` (``frame_indices`` defaults to
     ``[0]`` for one file and ``[0, -1]`` for two). diffusers' Wan pipelines anchor a last
     frame only beside a first one, so ``[-1]`` alone is refused naming
     ``extra_params.frame_indices``; a workflow the model does not serve names the field
-    that asked for it."""
+    that asked for it. ``video``: the one file is a source video (``v2v``), and only
+    ``v2v`` takes ``extra_params.strength``."""
     indices = extra.get("frame_indices")
     served = ", ".join(spec.workflows)
+    if video:
+        return "v2v", []
+    if "strength" in extra:
+        raise InvalidRequest(
+            "strength is v2v's: send one source video (an MP4 input_reference)",
+            param="extra_params.strength",
+        )
     if not files:
         if indices is not None:
             raise InvalidRequest(
@@ -219,8 +242,11 @@ def keyframe_workflow(
 
 
 def check_workflow(spec: ModelSpec, extra: dict[str, Any], files: int) -> None:
-    """Refuse the request's workflow for ``files`` inputs before any is fetched or read."""
+    """Refuse the request's workflow for ``files`` inputs before any is fetched or read (a
+    model that serves ``v2v`` is checked once its one file is read: it may be a video)."""
     if _keyframes_only(spec):
+        if files == 1 and "v2v" in spec.workflows and "frame_indices" not in extra:
+            return
         keyframe_workflow(spec, extra, files)
     else:
         workflow_of(spec, extra, files)

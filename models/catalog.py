@@ -21,10 +21,12 @@ QUALITY_TIERS: tuple[QualityTier, ...] = ("lossless", "high", "fast")
 PipelineKind = Literal["job", "world", "voice"]
 # What a model makes from its inputs. A joint video + audio model (MiniMax-H3): text only,
 # first/last keyframes, or ordered omni-references (images, videos with their sound, audio
-# clips). A video model (Wan): text only, a first frame, or a first and a last frame.
-Workflow = Literal["t2va", "fl2va", "ref2va", "t2v", "i2v", "flf2v"]
-# The video models' workflows: keyframes anchored at frame 0 and/or -1 (api/references.py).
-VIDEO_WORKFLOWS: tuple[Workflow, ...] = ("t2v", "i2v", "flf2v")
+# clips). A video model (Wan): text only, a first frame, a first and a last frame, or a
+# source video to restyle.
+Workflow = Literal["t2va", "fl2va", "ref2va", "t2v", "i2v", "flf2v", "v2v"]
+# The video models' workflows: keyframes anchored at frame 0 and/or -1, or one source
+# video (api/references.py).
+VIDEO_WORKFLOWS: tuple[Workflow, ...] = ("t2v", "i2v", "flf2v", "v2v")
 # Attention kernels a role of the denoiser may run: PyTorch's SDPA (diffusers' dispatch),
 # or video sparse attention (fastvideo-kernel; MiniMax-H3's joint blocks only).
 AttentionBackend = Literal["sdpa", "vsa"]
@@ -102,9 +104,9 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _keyframes_are_image_input(self) -> Self:
-        """A video model that serves an image workflow (``i2v``, ``flf2v``) takes image
-        input (``/v1/models`` lists ``supports_image_input``)."""
-        if {"i2v", "flf2v"} & set(self.workflows):
+        """A video model that serves an image or video workflow (``i2v``, ``flf2v``,
+        ``v2v``) takes input media (``/v1/models`` lists ``supports_image_input``)."""
+        if {"i2v", "flf2v", "v2v"} & set(self.workflows):
             self.supports_image_input = True
         return self
 
@@ -255,9 +257,12 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
             "vae_use_slicing",
         ],
         # Text-to-video (WanPipeline) unless the entry names others: ["i2v"] (Wan 2.1 /
-        # 2.2 I2V), ["i2v", "flf2v"] (Wan 2.1 FLF2V), ["t2v", "i2v"] (Wan 2.2 TI2V-5B);
-        # image workflows load WanImageToVideoPipeline (workers/pipelines/diffusers/wan.py).
-        extra_params={"frame_indices": "ints"},
+        # 2.2 I2V), ["flf2v"] (Wan 2.1 FLF2V), ["i2v", "flf2v"] (Wan 2.2 I2V A14B),
+        # ["t2v", "i2v"] (Wan 2.2 TI2V-5B), ["t2v", "v2v"] (a one-transformer T2V with
+        # WanVideoToVideoPipeline's loop); image workflows load WanImageToVideoPipeline
+        # (workers/pipelines/diffusers/wan.py). strength: v2v's (its __call__ argument).
+        extra_params={"frame_indices": "ints", "strength": "float"},
+        extra_ranges={"strength": (0.0, 1.0)},
         workflows=["t2v"],
     ),
     "diffusers.ltx": ModelSpec(

@@ -6,7 +6,8 @@ name their workflows (Wan 2.1 I2V with its CLIP image encoder: ``i2v``; Wan 2.2 
 ``input_references`` with ``extra_params.frame_indices`` [0, -1]; every value a string)
 and the benchmark client's image-to-video request run end to end; each MP4 decodes to the
 right length and matches the adapter run in-process on the keyframes the API stored, and
-every refusal names its field and stores nothing."""
+every refusal names its field and stores nothing. An entry serving ``v2v`` restyles an
+MP4 sent as ``input_reference``."""
 
 from __future__ import annotations
 
@@ -29,18 +30,20 @@ from storage.settings import LimitSettings
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_entry
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_entry, tiny_wan_pipeline
 from tests.unit.wan_i2v_fixtures import WORKFLOWS, Layout, tiny_wan_i2v_entry, tiny_wan_i2v_pipeline
 from workers.media import encode_mp4
 from workers.pipelines.base import GenerationRequest, Media
 from workers.pipelines.diffusers.common import to_uint8
 from workers.pipelines.diffusers.wan import WanAdapter
+from workers.references import decode_reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 I2V = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"  # layout "2.1": i2v
 A14B = "Wan-AI/Wan2.2-I2V-A14B-Diffusers"  # layout "2.2": i2v, flf2v
 T2V = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+V2V = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers/V2V"  # the same checkpoint: t2v, v2v
 LAYOUTS: dict[str, Layout] = {I2V: "2.1", A14B: "2.2"}
 
 
@@ -50,6 +53,7 @@ def wstack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[S
         tiny_wan_i2v_entry(I2V, module_dir / "wan21_i2v", "2.1"),
         tiny_wan_i2v_entry(A14B, module_dir / "wan22_i2v", "2.2"),
         tiny_wan_entry(T2V, module_dir / "wan_t2v"),
+        tiny_wan_entry(V2V, module_dir / "wan_t2v") + '[model.spec]\nworkflows = ["t2v", "v2v"]\n',
     ]
     registry = module_dir / "models.toml"
     registry.write_text("\n".join(entries))
@@ -169,16 +173,52 @@ def test_benchmark_image_to_video_request_and_a_data_url(wstack: Stack, tmp_path
     _close(again, expected, tmp_path)
 
 
+def _mp4(frames: int = 9, size: tuple[int, int] = (48, 40)) -> bytes:
+    rng = np.random.default_rng(5)
+    video = rng.integers(0, 256, (frames, size[1], size[0], 3), dtype=np.uint8)
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=16)
+        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
+        for frame in video:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode(None))
+    return out.getvalue()
+
+
+def test_v2v_restyles_a_source_video(wstack: Stack, tmp_path: Path) -> None:
+    """One MP4 as ``input_reference`` on an entry that serves ``v2v``: the worker decodes
+    it, and the job equals the adapter in-process on the same decoded frames."""
+    source = _mp4()
+    form = _form(V2V, {"strength": 0.7}, num_inference_steps="3")
+    video = _run(wstack, data=form, files=_files(source, field="input_reference"))
+    decoded = decode_reference("video", source, "input_reference")
+    spec = FAMILY_SPECS["diffusers.wan"].model_copy(update={"workflows": ["t2v", "v2v"]})
+    adapter = WanAdapter(pipe=tiny_wan_pipeline(), spec=spec, max_sequence_length=TINY_SEQ_LEN)
+    adapter.load("cpu")
+    request = GenerationRequest.video(
+        prompt="a red ball", width=32, height=32, num_frames=9, fps=16.0,
+        num_inference_steps=3, seed=42, guidance_scale=4.0, extra={"strength": 0.7},
+        references=[decoded],
+    )  # fmt: skip
+    state = adapter.prepare(request)
+    while not state.done:
+        adapter.step(state)
+    assert state.num_steps == 2  # int(3 * 0.7) of the schedule's steps
+    _close(video, to_uint8(adapter.decode_frames(state)), tmp_path)
+
+
 def test_models_lists_each_entry_s_workflows(wstack: Stack) -> None:
     with wstack.client() as c:
         models = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
-    assert [models[m]["workflows"] for m in (I2V, A14B, T2V)] == [
+    assert [models[m]["workflows"] for m in (I2V, A14B, T2V, V2V)] == [
         ["i2v"],
         ["i2v", "flf2v"],
         ["t2v"],
+        ["t2v", "v2v"],
     ]
-    image_input = [models[m]["limits"]["supports_image_input"] for m in (I2V, A14B, T2V)]
-    assert image_input == [True, True, False]
+    image_input = [models[m]["limits"]["supports_image_input"] for m in (I2V, A14B, T2V, V2V)]
+    assert image_input == [True, True, False, True]
 
 
 @pytest.mark.parametrize(
@@ -194,6 +234,11 @@ def test_models_lists_each_entry_s_workflows(wstack: Stack) -> None:
         (A14B, {"frame_indices": [0, 1]}, 2, "input_references", "extra_params.frame_indices"),
         (A14B, None, 3, "input_references", "input_references"),
         (A14B, {"task": "i2v"}, 1, "input_reference", "extra_params.task"),
+        (A14B, {"strength": 0.5}, 1, "input_reference", "extra_params.strength"),
+        (V2V, {"strength": 0.5}, 1, "input_reference", "extra_params.strength"),  # an image
+        (V2V, None, 1, "input_reference", "input_reference"),  # an image: no i2v here
+        (T2V, None, -1, "input_reference", "input_reference"),  # an MP4 to a t2v model
+        (V2V, None, -2, "input_references", "input_references"),  # two MP4s
     ],
 )
 def test_refusals_name_the_field_and_store_nothing(
@@ -204,7 +249,8 @@ def test_refusals_name_the_field_and_store_nothing(
     field: str,
     param: str,
 ) -> None:
-    files = _files(*(_png(10 + i) for i in range(parts)), field=field)
+    made = [_mp4()] * -parts if parts < 0 else [_png(10 + i) for i in range(parts)]
+    files = _files(*made, field=field)
     with wstack.client() as c:
         _refused(
             wstack,

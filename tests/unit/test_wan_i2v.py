@@ -1,4 +1,5 @@
-"""Wan's image workflows against ``WanImageToVideoPipeline.__call__``, step-executed.
+"""Wan's image and video workflows against ``WanImageToVideoPipeline.__call__`` and
+``WanVideoToVideoPipeline.__call__``, step-executed.
 
 Tiny seeded pipelines of each released layout (tests/unit/wan_i2v_fixtures.py: Wan 2.1
 I2V with its CLIP image encoder, Wan 2.1 FLF2V, Wan 2.2 I2V A14B, Wan 2.2 TI2V-5B), CPU,
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from diffusers import WanPipeline
+from diffusers import WanPipeline, WanVideoToVideoPipeline
 from PIL import Image
 
 from models.catalog import FAMILY_SPECS
@@ -27,7 +28,7 @@ from tests.unit.job_steps import job_frames
 from tests.unit.lora_fixtures import FFN, SELF_ATTN, write_lora
 from tests.unit.test_diffusers_video import _assert_same, _run
 from tests.unit.wan_i2v_fixtures import WORKFLOWS, Layout, keyframe, tiny_wan_i2v_pipeline
-from workers.pipelines.base import GenerationRequest, step_stops
+from workers.pipelines.base import GenerationRequest, MediaReference, step_stops
 from workers.pipelines.diffusers.common import to_uint8
 from workers.pipelines.diffusers.compiled import graphs_made
 from workers.pipelines.diffusers.lora import LoraCache
@@ -189,7 +190,8 @@ def test_a_text_to_video_entry_still_refuses_a_keyframe() -> None:
         ("2.1", ["i2v", "flf2v"], "flf2v needs a first/last-frame transformer"),
         ("flf2v", ["i2v", "flf2v"], "serve flf2v"),
         ("ti2v", ["i2v", "flf2v"], "conditions on a first frame only"),
-        ("2.2", ["i2v", "v2v"], "not v2v"),
+        ("2.2", ["i2v", "v2v"], "v2v needs a text-to-video transformer"),
+        ("2.2", ["i2v", "t2va"], "not t2va"),
     ],
 )
 def test_load_refuses_workflows_the_checkpoint_cannot_serve(
@@ -300,3 +302,74 @@ def test_lora_on_an_image_job_matches_a_fresh_pipe_with_it_alone(tmp_path: Path)
     np.testing.assert_array_equal(got, want)
     base = job_frames(adapter, _request(reference_image=keyframe(1)))  # parked slot
     assert np.abs(got - base).max() > 0.01
+
+
+def _source(frames: int = 9, size: tuple[int, int] = (48, 40)) -> MediaReference:
+    """A decoded source clip as the executor hands it over (another size than the job's)."""
+    video = np.stack([keyframe(30 + i, size) for i in range(frames)])
+    return MediaReference(kind="video", frames=video, fps=16.0)
+
+
+@pytest.mark.parametrize("strength", [0.6, None])
+def test_v2v_equals_the_video_to_video_pipelines_own_call(strength: float | None) -> None:
+    """``t2v`` and ``v2v`` on one text-to-video checkpoint; a v2v job equals
+    ``WanVideoToVideoPipeline(video=…, strength=…)`` over the same modules."""
+    pipe = tiny_wan_pipeline()
+    adapter = WanAdapter(pipe=pipe, spec=_spec(["t2v", "v2v"]), max_sequence_length=TINY_SEQ_LEN)
+    adapter.load("cpu")
+    extra = {} if strength is None else {"strength": strength}
+    req = _request(references=[_source(11)], num_inference_steps=5, extra=extra)
+    frames, media = _run(adapter, req)
+    reference = tiny_wan_pipeline()
+    v2v = WanVideoToVideoPipeline(
+        tokenizer=reference.tokenizer, text_encoder=reference.text_encoder,
+        transformer=reference.transformer, vae=reference.vae, scheduler=reference.scheduler,
+    )  # fmt: skip
+    v2v.set_progress_bar_config(disable=True)
+    source = req.references[0].frames
+    assert source is not None
+    out = v2v(
+        video=[Image.fromarray(f) for f in source[:9]], prompt=req.prompt,
+        negative_prompt=req.negative_prompt, height=32, width=32, num_inference_steps=5,
+        guidance_scale=4.0, generator=torch.Generator().manual_seed(7), output_type="np",
+        max_sequence_length=TINY_SEQ_LEN, **extra,
+    )  # fmt: skip
+    _assert_same(frames, media, out.frames[0])
+    assert media.frames.shape == (9, 32, 32, 3)
+    t2v = _request()  # and a text job on the same adapter, as WanPipeline runs it
+    frames, media = _run(adapter, t2v)
+    _assert_same(frames, media, _call(tiny_wan_pipeline(), t2v))
+
+
+@pytest.mark.parametrize(
+    ("workflows", "fields", "param"),
+    [
+        (["t2v", "v2v"], {"references": [_source(5)]}, "input_reference"),  # too short
+        (["t2v", "v2v"], {"extra": {"strength": 0.1}}, "extra_params.strength"),
+        (["t2v", "v2v"], {"sampler": SamplerOptions(guidance_scale_2=2.0)}, "guidance_scale_2"),
+    ],
+)
+def test_v2v_refusals_name_the_field(
+    workflows: list[str], fields: dict[str, Any], param: str
+) -> None:
+    adapter = WanAdapter(
+        pipe=tiny_wan_pipeline(), spec=_spec(workflows), max_sequence_length=TINY_SEQ_LEN
+    )
+    adapter.load("cpu")
+    fields = {"references": [_source()], **fields}
+    with pytest.raises(InvalidJobInput) as err:
+        adapter.prepare(_request(**fields))
+    assert err.value.param == param
+
+
+def test_v2v_needs_one_text_to_video_transformer() -> None:
+    two = WanAdapter(pipe=tiny_wan_pipeline(two_stage=True), spec=_spec(["t2v", "v2v"]))
+    with pytest.raises(ValueError, match="v2v runs WanVideoToVideoPipeline"):
+        two.load("cpu")
+    ti2v = WanAdapter(pipe=tiny_wan_i2v_pipeline("ti2v"), spec=_spec(["i2v", "v2v"]))
+    with pytest.raises(ValueError, match="v2v runs WanVideoToVideoPipeline"):
+        ti2v.load("cpu")
+    text = WanAdapter(pipe=tiny_wan_pipeline(), max_sequence_length=TINY_SEQ_LEN)
+    text.load("cpu")  # a t2v-only entry refuses a source video
+    with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
+        text.prepare(_request(references=[_source()]))

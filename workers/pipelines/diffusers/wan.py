@@ -56,6 +56,7 @@ from workers.pipelines.diffusers.wan_i2v import (
     keyframes_of,
     text_pipeline,
 )
+from workers.pipelines.diffusers.wan_v2v import SourceVideo, v2v_state
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class WanAdapter(DiffusersAdapter[WanState]):
         self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
         if set(IMAGE_WORKFLOWS) & set(self.workflows):
             self.pipeline_class = WanImageToVideoPipeline
-            self.takes_references = True
+        self.takes_references = bool({*IMAGE_WORKFLOWS, "v2v"} & set(self.workflows))
         # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (load).
         self._text_pipe: Any = None
 
@@ -120,6 +121,8 @@ class WanAdapter(DiffusersAdapter[WanState]):
         """``__call__`` steps 1-5 (``WanPipeline``'s for t2v, else
         ``WanImageToVideoPipeline``'s)."""
         keys = keyframes_of(request, self.spec.name, self.workflows)
+        if isinstance(keys, SourceVideo):  # v2v: WanVideoToVideoPipeline's steps 1-5
+            return v2v_state(WanState, pipe, request, keys, self.max_sequence_length)
         text_pipe = pipe if keys is not None or self._text_pipe is None else self._text_pipe
         opts = request.sampler
         prompt, negative_prompt = request.prompt, request.negative_prompt

@@ -10,6 +10,7 @@ checkpoint can serve, a job's keyframes, and their latent condition, for ``WanAd
   Wan 2.2 I2V A14B.
   diffusers has no last-frame-only conditioning, and TI2V-5B ignores ``last_image``.
 * ``t2v`` beside them (TI2V-5B): ``WanPipeline``'s loop over the same modules.
+* ``v2v`` (wan_v2v.py) beside ``t2v`` on a one-transformer text-to-video checkpoint.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from PIL import Image
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest
+from workers.pipelines.diffusers.wan_v2v import SourceVideo
 
 IMAGE_WORKFLOWS: tuple[Workflow, ...] = ("i2v", "flf2v")
 # The wire field that asks for each workflow (named when a model does not serve it).
@@ -32,6 +34,7 @@ WORKFLOW_FIELDS: dict[str, str] = {
     "t2v": "input_reference",  # a model without t2v needs one
     "i2v": "input_reference",
     "flf2v": "input_references",
+    "v2v": "input_reference",
 }
 
 
@@ -80,12 +83,19 @@ def _image(frame: np.ndarray) -> Image.Image:
 
 def keyframes_of(
     request: GenerationRequest, name: str, workflows: list[Workflow]
-) -> Keyframes | None:
+) -> Keyframes | SourceVideo | None:
     """The job's workflow from its keyframes (a first frame: ``i2v``; and a last one:
-    ``flf2v``; none: ``t2v``, returned as None), refused naming the field that asked for
-    a workflow the model does not serve."""
-    if request.references:
-        raise InvalidJobInput(f"{name} takes keyframes, not references", param="input_references")
+    ``flf2v``; none: ``t2v``, returned as None) or its one source video (``v2v``),
+    refused naming the field that asked for a workflow the model does not serve."""
+    refs = request.references
+    if refs:
+        if len(refs) != 1 or refs[0].kind != "video" or refs[0].frames is None:
+            why = f"{name} takes keyframes or one source video, not references"
+            raise InvalidJobInput(why, param="input_references")
+        if "v2v" not in workflows:
+            served = ", ".join(workflows)
+            raise InvalidJobInput(f"{name} serves {served}, not v2v", param="input_reference")
+        return SourceVideo(refs[0].frames)
     first, last = request.reference_image, request.last_image
     if first is None and last is not None:
         raise InvalidJobInput(
@@ -108,16 +118,21 @@ def check_workflows(name: str, pipe: Any, workflows: list[Workflow]) -> None:
     load, naming the model): t2v on an image-to-video transformer, an image workflow on
     a text-to-video one, Wan 2.1's image features without its image encoder, flf2v where
     the transformer takes one image's features or the checkpoint ignores ``last_image``."""
-    unknown = sorted(set(workflows) - {"t2v", *IMAGE_WORKFLOWS})
+    unknown = sorted(set(workflows) - {"t2v", "v2v", *IMAGE_WORKFLOWS})
     if unknown:
-        raise ValueError(f"{name}: Wan serves t2v, i2v and flf2v, not {', '.join(unknown)}")
+        raise ValueError(f"{name}: Wan serves t2v, i2v, flf2v and v2v, not {', '.join(unknown)}")
     main = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
     channels, z_dim = main.config.in_channels, pipe.vae.config.z_dim
     expand = bool(pipe.config.expand_timesteps)
-    if "t2v" in workflows and channels != z_dim:
+    for text in {"t2v", "v2v"} & set(workflows):
+        if channels != z_dim:
+            raise ValueError(
+                f"{name}: {text} needs a text-to-video transformer; this one takes {channels} "
+                "input channels (an image-to-video checkpoint's)"
+            )
+    if "v2v" in workflows and (expand or pipe.transformer is None or pipe.transformer_2):
         raise ValueError(
-            f"{name}: t2v needs a text-to-video transformer; this one takes {channels} "
-            "input channels (an image-to-video checkpoint's)"
+            f"{name}: v2v runs WanVideoToVideoPipeline: one transformer, no expand_timesteps"
         )
     if not set(IMAGE_WORKFLOWS) & set(workflows):
         return

@@ -11,8 +11,10 @@ de-normalisation, VAE decode, ``postprocess_video``).
 
 The registry entry's ``spec.workflows`` says what a checkpoint serves (wan_i2v.py checks
 it against the loaded components): ``["t2v"]`` (the default: ``WanPipeline``), ``["i2v"]``
-(Wan 2.1 / 2.2 I2V), ``["i2v", "flf2v"]`` (Wan 2.1 FLF2V), ``["t2v", "i2v"]`` (Wan 2.2
-TI2V-5B: one checkpoint, both loops). An image workflow loads the checkpoint as
+(Wan 2.1 / 2.2 I2V), ``["flf2v"]`` (Wan 2.1 FLF2V), ``["i2v", "flf2v"]`` (Wan 2.2 I2V
+A14B), ``["t2v", "i2v"]`` (Wan 2.2 TI2V-5B: one checkpoint, both loops), ``["t2v",
+"v2v"]`` (a one-transformer T2V checkpoint; v2v is ``WanVideoToVideoPipeline``'s steps
+1-5, wan_v2v.py, then the t2v loop). An image workflow loads the checkpoint as
 ``WanImageToVideoPipeline``; its ``t2v`` jobs run ``WanPipeline``'s loop over the same
 modules.
 

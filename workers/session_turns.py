@@ -21,7 +21,8 @@ and every session of a model shares the one loaded pipeline and its device:
   registry entry's ``max_sessions`` fixes the number instead.
 * :class:`SessionStop` watches a session's command stream on a thread of its own, so a
   ``stop`` sent while a step runs stops that step before its next transformer block
-  (``step_stops``): the device is free within one block, not one step.
+  (``step_stops``), and one sent during the chunk's decode stops it at the VAE's next
+  cancel point (``checkpoints``): the device is free within one block, not one step.
 """
 
 from __future__ import annotations
@@ -205,3 +206,9 @@ class SessionStop(StopSignal):
     def reason(self, block: int) -> BaseException | None:
         """The block gates' question: stop before ``block``?"""
         return SessionStopped(f"stopped before block {block}") if self.is_set() else None
+
+    def check(self, min_interval_s: float = 0.0) -> None:
+        """The question of the text encoder's and the VAE's cancel points (``checkpoint()``
+        in a chunk's decode): raises :class:`SessionStopped` once a stop arrived."""
+        if self.poll(min_interval_s):
+            raise SessionStopped("stopped in the decode")

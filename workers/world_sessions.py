@@ -51,7 +51,7 @@ from storage.session_checkpoint import CheckpointStore
 from storage.settings import Settings
 from workers.failpoints import Failpoints
 from workers.fmp4 import FragmentedMP4Writer
-from workers.pipelines.base import WorldConfig, WorldPipeline, step_stops
+from workers.pipelines.base import WorldConfig, WorldPipeline, checkpoints, step_stops
 from workers.pipelines.registry import PipelineRegistry
 from workers.session_slot import SessionSlot, SlotRunner
 from workers.session_turns import (
@@ -255,20 +255,20 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                 wait_ms, between_chunks = None, False
                 with self.turns.turn():
                     began = time.perf_counter()
-                    try:
-                        with step_stops(stop.reason):
+                    try:  # a stop lands before the next block or decoder layer
+                        with step_stops(stop.reason), checkpoints(stop.check):
                             pipe.step(state)
+                            done = pipe.chunk_done(state)
+                            frames = pipe.take_chunk(state) if done else None
                     except SessionStopped:
-                        stopped = True  # inside the step: the device is free now
+                        stopped = True  # inside the step or the decode: the device is free
                         break
-                    done = pipe.chunk_done(state)
-                    frames = pipe.take_chunk(state) if done else None
                     device_s += time.perf_counter() - began
                 if frames is not None:
                     work = _demand(config, world.steps_per_chunk).work(len(frames))
                     self.capacity.measured(config.model, device_s, work)
                     device_s = 0.0
-                    # a stop is read between steps only, so the session is ours here
+                    # the chunk is made and the session ours (a stop ended the loop above)
                     self.failpoints.hit(f"session_chunk:{sent}", lambda: True, slot.attempt)
                     data = writer.write_chunk(frames)
                     begun, active, completed = pipe.events_for_chunk(state)

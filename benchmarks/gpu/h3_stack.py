@@ -230,7 +230,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             out["cancels"] = cancels(client, canceller, logs, args, step_s)
             stopped = [c["cancel_to_worker_stopped_ms"] for c in out["cancels"]]
             stopped = [x for x in stopped if x is not None]
-            out["h3_cancel_p95_ms"] = round(pct(stopped, 95), 1) if stopped else None
+            out["h3_cancel_p95_ms"] = round(pct(stopped, 0.95), 1) if stopped else None
             logs.poll()
             out["h3_memory_after_jobs_mib"] = dict(logs.cuda_allocated_mib)
     finally:

@@ -47,6 +47,8 @@ def test_a_stop_on_the_command_stream_stops_the_running_step_at_its_next_block(
                 assert _wait(watch)
                 with pytest.raises(SessionStopped, match="before block 2"):
                     gate.enter(watch.reason)
+            with pytest.raises(SessionStopped, match="in the decode"):
+                watch.check()  # the VAE's cancel points ask the same
             # the session's own reader still gets every command, the stop included
             read = bus.read_as(COMMANDS, key, "0-0")
             assert [type(e.event).__name__ for e in read] == [

@@ -236,6 +236,14 @@ def test_warm_up_prepares_an_image_job_for_an_image_only_entry(
     assert state.image_embeds is not None and state.condition is not None
 
 
+def test_warm_up_prepares_a_v2v_job_for_a_v2v_only_entry() -> None:
+    adapter = WanAdapter(pipe=tiny_wan_pipeline(), spec=_spec(["v2v"]))
+    adapter.load("cpu")
+    request = adapter._warm_up_request(WarmupShape(width=32, height=32, num_frames=9))
+    state = adapter._prepare(adapter._loaded(), request)
+    assert isinstance(state, WanState) and state.workflow == "v2v"
+
+
 def test_compiled_blocks_give_the_eager_frames_on_both_image_loops() -> None:
     """Wan 2.2 I2V A14B's two transformers compiled (dynamo's eager backend): i2v and
     flf2v frames equal the eager adapter's; a second job of a shape compiles nothing."""

@@ -38,7 +38,7 @@ from diffusers.utils.torch_utils import get_module_execution_device
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from models.registry import WarmupShape
-from workers.pipelines.base import DecodeStream, GenerationRequest, StepState
+from workers.pipelines.base import DecodeStream, GenerationRequest, MediaReference, StepState
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
     DiffusersState,
@@ -110,13 +110,17 @@ class WanAdapter(DiffusersAdapter[WanState]):
             self._text_pipe = text_pipeline(pipe)
 
     def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
-        """The warm-up of the entry's first workflow (grey keyframes for an image one)."""
+        """The warm-up of the entry's first workflow (grey keyframes for an image one, a
+        grey clip for v2v)."""
         request = super()._warm_up_request(shape)
         workflow = self.workflows[0]
+        grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
         if workflow in IMAGE_WORKFLOWS:
-            grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
             request.reference_image = grey
             request.last_image = grey if workflow == "flf2v" else None
+        elif workflow == "v2v":
+            clip = np.repeat(grey[None], shape.num_frames, axis=0)
+            request.references = [MediaReference(kind="video", frames=clip, fps=16.0)]
         return request
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:

@@ -322,3 +322,30 @@ def test_loads_either_pipeline_from_a_local_path(tmp_path: Path) -> None:
         assert type(adapter.pipe) is type(saved)
         state = adapter.start(_config(steps_per_chunk=3))
         assert adapter.num_chunks(state) == 2 and (state.pyramid is None) == (name == "base")
+
+
+def test_warm_up_runs_every_pyramid_stage_of_a_warmup_shape() -> None:
+    """A pyramid checkpoint's warm-up runs one step of each stage (each stage's latents
+    have a size of its own, so each compiles), with the stages' own step list: the
+    3-stage scheduler refuses a session of 2 steps."""
+    from models.registry import WarmupShape
+
+    built = HeliosWorldAdapter(
+        pipe=tiny_helios_pyramid_pipeline(distilled=True),
+        max_sequence_length=SEQ_LEN,
+        compile="blocks",
+        compile_backend="eager",  # torch.compile's cheapest backend: the graphs, no codegen
+        warmup=[WarmupShape(width=SIZE, height=SIZE, num_frames=CHUNK)],
+    )
+    built.load("cpu")
+    stepped: list[int] = []
+    step = built.step
+
+    def counted(state: HeliosState) -> None:
+        stepped.append(state.step_index)
+        step(state)
+
+    built.step = counted  # type: ignore[method-assign]
+    built.warm_up()
+    stages = int(built.pipe.scheduler.config.stages)
+    assert stepped == list(range(stages)) and built.compiler.last_made > 0

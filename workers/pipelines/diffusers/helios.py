@@ -205,9 +205,17 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
 
     def warm_up(self) -> None:
         """Compile the blocks for each registry ``warmup`` shape: one step of a one-chunk
-        session of that shape, thrown away (its RNG and scheduler are its own)."""
+        session of that shape (for the pyramid pipeline one step of each stage, whose
+        latents have a size of their own), thrown away (its RNG and scheduler are its
+        own)."""
         if not self.compiler.enabled:
             return
+        pipe = self._loaded()
+        stages = 1
+        extra: dict[str, Any] = {}
+        if isinstance(pipe, HeliosPyramidPipeline):
+            stages = int(self._loaded().scheduler.config.stages)
+            extra = {"pyramid_num_inference_steps_list": [1] * stages}
         for shape in self.warmup:
             config = WorldConfig(
                 prompt="warm-up",
@@ -216,11 +224,14 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
                 num_frames=self.lattice.first,
                 fps=float(self.spec.default_fps),
                 seed=0,
-                steps_per_chunk=2,
+                steps_per_chunk=stages,
+                extra=extra,
             )
 
             def run(config: WorldConfig = config) -> None:
-                self.step(self.start(config))
+                state = self.start(config)
+                while not self.chunk_done(state):
+                    self.step(state)
 
             self.compiler.ensure((shape.width, shape.height), run, "warmup")
 

@@ -1,18 +1,30 @@
-"""Which job workers are alive, per model: a sorted set per model in Redis, one member
-per worker scored by its lease's expiry (on Redis' clock, one clock for every host).
+"""Which workers are alive, per model, and which could not load it.
 
-A job worker renews its lease every ``OMNIQ_WORKER__HEARTBEAT_S`` and removes it when it
-stops; a worker that was killed drops out once its lease (``heartbeat_timeout_s``) runs
-out. The API reads the count to know how many jobs of a model can run at once, for
+**Presence.** A sorted set per model in Redis, one member per worker scored by its
+lease's expiry (on Redis' clock, one clock for every host). A worker renews its lease for
+the models it loaded every ``OMNIQ_WORKER__HEARTBEAT_S`` and removes it when it stops; a
+worker that was killed drops out once its lease (``heartbeat_timeout_s``) runs out. The
+API reads the count to know how many jobs of a model can run at once, for
 ``estimated_start_at`` and ``Retry-After`` (``api/queue_admission.py``). A worker group
-is one worker: its rank 0 takes the jobs.
+is one worker: its rank 0 takes the jobs. Realtime workers hold leases for their
+streaming models too (nothing counts them for estimates).
+
+**Load failures.** A hash per model, one field per worker that could not load it (its
+``slot``: host and worker name, the same across the worker's restarts), whose value is
+the record's expiry and a one-line reason (``workers/pipelines/load_failure.py``). A
+live worker renews its records with its lease; a worker that loaded nothing and exits
+leaves them for ``OMNIQ_WORKER__LOAD_FAILURE_TTL_S``, so the API goes on saying why; a
+worker that loads the model drops its slot's record. A model is **unavailable**
+(:attr:`Availability.reason`) while it has records and no live worker: the API refuses
+its creates (503 ``model_unavailable``) and the reconciler fails its queued jobs.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -21,12 +33,23 @@ from storage.constants import KEY_PREFIX
 
 log = logging.getLogger(__name__)
 
+# KEYS: (presence, failures) of each served model, then the failures of each failed one.
+# ARGV: lease_s, worker id, slot ('': none), served count, then a reason per failed model.
 _RENEW = """
 local t = redis.call('TIME')
-local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[1])
-for _, key in ipairs(KEYS) do
+local lease = tonumber(ARGV[1])
+local expiry = tonumber(t[1]) + tonumber(t[2]) / 1000000 + lease
+local served = tonumber(ARGV[4])
+for i = 1, served do
+  local key = KEYS[2 * i - 1]
   redis.call('ZADD', key, expiry, ARGV[2])
-  redis.call('EXPIRE', key, math.ceil(tonumber(ARGV[1])))
+  redis.call('EXPIRE', key, math.ceil(lease))
+  if ARGV[3] ~= '' then redis.call('HDEL', KEYS[2 * i], ARGV[3]) end
+end
+for i = 2 * served + 1, #KEYS do
+  local key = KEYS[i]
+  redis.call('HSET', key, ARGV[3], string.format('%.3f', expiry) .. ' ' .. ARGV[4 + i - 2 * served])
+  if redis.call('TTL', key) < lease then redis.call('EXPIRE', key, math.ceil(lease)) end
 end
 return 1
 """
@@ -36,10 +59,56 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return redis.call('ZCARD', KEYS[1])
 """
+# KEYS: (presence, failures) of each model → {live workers, {reasons of live records}}.
+_AVAILABILITY = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local out = {}
+for i = 1, #KEYS, 2 do
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+  local reasons = {}
+  local records = redis.call('HGETALL', KEYS[i + 1])
+  for j = 1, #records, 2 do
+    local until_s, reason = string.match(records[j + 1], '^(%S+) (.*)$')
+    if until_s and tonumber(until_s) > now then
+      table.insert(reasons, reason)
+    else
+      redis.call('HDEL', KEYS[i + 1], records[j])
+    end
+  end
+  table.insert(out, {redis.call('ZCARD', KEYS[i]), reasons})
+end
+return out
+"""
 
 
 def presence_key(model: str) -> str:
     return f"{KEY_PREFIX}workers:{model}"
+
+
+def load_failures_key(model: str) -> str:
+    return f"{KEY_PREFIX}workers:{model}:load-failures"
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    """What the workers say of one model: how many live ones serve it, and the reasons
+    of those that could not load it (live, or gone within the records' keep time)."""
+
+    workers: int
+    failures: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str | None:
+        """Why no live worker can load the model (its distinct reasons, ``; ``-joined,
+        three at most);
+        None while one serves it, or while none has failed to (nothing known: a job waits
+        for a worker, as it always did)."""
+        if self.workers or not self.failures:
+            return None
+        distinct = sorted(set(self.failures))
+        more = f"; and {len(distinct) - 3} more" if len(distinct) > 3 else ""
+        return "; ".join(distinct[:3]) + more
 
 
 class WorkerPresence:
@@ -49,24 +118,62 @@ class WorkerPresence:
         self._redis = redis
         self._renew = redis.register_script(_RENEW)
         self._count = redis.register_script(_COUNT)
+        self._availability = redis.register_script(_AVAILABILITY)
 
-    def renew(self, models: Iterable[str], worker_id: str, lease_s: float) -> None:
-        keys = [presence_key(m) for m in models]
+    def renew(
+        self,
+        models: Iterable[str],
+        worker_id: str,
+        lease_s: float,
+        failed: Mapping[str, str] | None = None,
+        slot: str = "",
+    ) -> None:
+        """Hold ``worker_id``'s lease on ``models`` for ``lease_s`` and, given its
+        ``slot``, drop that slot's load failures of them; record (or keep) ``failed``
+        (model → one-line reason) under ``slot`` for as long."""
+        served = list(models)
+        failed = dict(failed or {})
+        if failed and not slot:
+            raise ValueError("load failures are recorded under a worker's slot")
+        keys = [k for m in served for k in (presence_key(m), load_failures_key(m))]
+        keys += [load_failures_key(m) for m in failed]
         if keys:
-            self._renew(keys=keys, args=[lease_s, worker_id])
+            args = [lease_s, worker_id, slot, len(served), *failed.values()]
+            self._renew(keys=keys, args=args)
 
-    def leave(self, models: Iterable[str], worker_id: str) -> None:
+    def leave(
+        self, models: Iterable[str], worker_id: str, failed: Iterable[str] = (), slot: str = ""
+    ) -> None:
         for model in models:
             self._redis.zrem(presence_key(model), worker_id)
+        for model in failed:
+            self._redis.hdel(load_failures_key(model), slot)
 
     def count(self, model: str) -> int:
         """Workers of ``model`` whose lease has not run out."""
         return int(self._count(keys=[presence_key(model)]))
 
+    def availability(self, models: Iterable[str]) -> dict[str, Availability]:
+        """Each model's live workers and live load-failure records, in one round trip."""
+        names = list(models)
+        if not names:
+            return {}
+        keys = [k for m in names for k in (presence_key(m), load_failures_key(m))]
+        rows = self._availability(keys=keys)
+        return {
+            name: Availability(int(count), tuple(_text(r) for r in reasons))
+            for name, (count, reasons) in zip(names, rows, strict=True)
+        }
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
 
 class PresenceLease:
-    """This worker's lease, renewed every ``every_s`` by a daemon thread until
-    :meth:`stop`, which removes it."""
+    """This worker's lease on the models it loaded, and its records of those it could
+    not load (``failed``, under its ``slot``), renewed every ``every_s`` by a daemon
+    thread until :meth:`stop`, which removes both."""
 
     def __init__(
         self,
@@ -76,26 +183,34 @@ class PresenceLease:
         *,
         every_s: float,
         lease_s: float,
+        failed: Mapping[str, str] | None = None,
+        slot: str = "",
     ) -> None:
         self._stop = threading.Event()
-        self._args = (presence, models, worker_id, every_s, lease_s)
+        self._presence = presence
+        self._models = list(models)
+        self._worker_id = worker_id
+        self._every_s = every_s
+        self._lease_s = lease_s
+        self._failed = dict(failed or {})
+        self._slot = slot
         self._thread = threading.Thread(target=self._loop, name="presence", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        presence, models, worker_id, every_s, lease_s = self._args
         while not self._stop.is_set():
             try:
-                presence.renew(models, worker_id, lease_s)
+                self._presence.renew(
+                    self._models, self._worker_id, self._lease_s, self._failed, self._slot
+                )
             except RedisError:
                 log.warning("could not renew this worker's presence", exc_info=True)
-            self._stop.wait(every_s)
+            self._stop.wait(self._every_s)
 
     def stop(self, timeout: float = 5.0) -> None:
-        presence, models, worker_id, _, _ = self._args
         self._stop.set()
         self._thread.join(timeout)
         try:
-            presence.leave(models, worker_id)
+            self._presence.leave(self._models, self._worker_id, self._failed, self._slot)
         except RedisError:  # its lease runs out on its own
             log.warning("could not remove this worker's presence")

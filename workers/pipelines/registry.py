@@ -11,6 +11,7 @@ a :class:`Pipeline` (:meth:`PipelineRegistry.job`), the session runners for a
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,9 @@ from models.errors import InvalidJobInput
 from models.registry import CatalogError, ServedModel
 from storage.settings import LoraSettings
 from workers.pipelines.base import AnyPipeline, Pipeline, VoicePipeline, WorldPipeline
+from workers.pipelines.load_failure import LoadFailure, load_failure, missing_weights
+
+log = logging.getLogger(__name__)
 
 # Adapter ids of the registry file → "module:Class".
 ADAPTERS: dict[str, str] = {
@@ -160,3 +164,24 @@ class PipelineRegistry:
     def load_all(self) -> None:
         for name in self.models:
             self.get(name)
+
+    def load_each(self) -> dict[str, LoadFailure]:
+        """Load every model on its own. One that cannot load leaves :attr:`models` (this
+        worker does not serve it) and its :class:`LoadFailure` is returned by name, while
+        the others load; missing weights are found before the adapter is imported."""
+        failed: dict[str, LoadFailure] = {}
+        for name, model in list(self.models.items()):
+            failure = missing_weights(model)
+            if failure is None:
+                try:
+                    self.get(name)
+                except Exception as exc:
+                    failure = load_failure(model, exc)
+                    log.error("model %r cannot load: %s", name, failure.reason, exc_info=True)
+            else:
+                log.error("model %r cannot load: %s", name, failure.reason)
+            if failure is not None:
+                failed[name] = failure
+                with self._lock:
+                    del self.models[name]
+        return failed

@@ -101,9 +101,11 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         """Insert ``job`` and enqueue it; the owner's job with the same idempotency key
         (within the window) instead, if there is one. ``before_insert`` stores inputs
         under the job's prefix; whatever fails, nothing is left behind. A ``webhook_url``
-        the URL guard refuses is a 400 before any of it. The key's ``max_active_jobs`` is
-        checked after the idempotency lookup (a retried create gets its job) and before
-        anything is stored, then the model's queue bound (``api/queue_admission.py``)."""
+        the URL guard refuses is a 400 before any of it. After the idempotency lookup (a
+        retried create gets its job) and before anything is stored: the model must be one
+        a live worker can load (503 ``model_unavailable``: ``api/model_availability.py``),
+        then the key's ``max_active_jobs``, then the model's queue bound
+        (``api/queue_admission.py``)."""
         jobs = self.state.jobs
         window = self.settings.idempotency_ttl_s
         prefix = job_prefix(job.kind, job.id)
@@ -114,6 +116,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
             existing = jobs.find_idempotent(job.owner, idempotency_key, window)
             if existing is not None:
                 return _same_kind(existing, job), False
+        self.state.availability.check(job.model)  # 503 model_unavailable
         if self.max_active_jobs:
             self.state.quotas.check_active(jobs, job.owner, self.max_active_jobs)
         self.state.queue_bound.admit(job)  # the model's default ttl; 429 queue_full

@@ -16,12 +16,16 @@ def quality_tiers(spec: ModelSpec) -> list[str]:
 
 
 def model_object(
-    spec: ModelSpec, limits: LimitSettings, loras: list[str] | None = None
+    spec: ModelSpec,
+    limits: LimitSettings,
+    loras: list[str] | None = None,
+    unavailable: str | None = None,
 ) -> ModelObject:
     """``spec`` as listed: job models within the server's limits (the checks of
     ``api/validation.py``); streaming models as they declare (their sessions have their
     own caps, ``docs/streaming.md``). ``loras``: the adapter catalog's names, listed for
-    models that take ``lora``."""
+    models that take ``lora``. ``unavailable``: why no live worker can load it, if so
+    (``api/model_availability.py``)."""
     job = not spec.streaming
     width, height = spec.default_size
     seconds = min(spec.max_seconds or limits.max_seconds, limits.max_seconds)
@@ -36,6 +40,8 @@ def model_object(
         workflows=list(spec.workflows),
         attention=dict(spec.attention) or None,
         vsa_topk=spec.vsa_topk,
+        available=unavailable is None,
+        unavailable_reason=unavailable,
         limits=ModelLimits(
             min_size=spec.min_size,
             max_width=min(spec.max_width, limits.max_width) if job else spec.max_width,

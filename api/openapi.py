@@ -33,7 +33,9 @@ _ERRORS = {
     422: "A query, path or header parameter has the wrong type; `error.param` names it.",
     429: "A quota of the key is used up (`error.param` names it: `creates_per_minute`, "
     "`max_active_jobs`); `Retry-After` says when to try again. Nothing was stored.",
-    503: "A backing service (database, broker, object storage) is unavailable.",
+    503: "A backing service (database, broker, object storage) is unavailable; or, on a "
+    "create, no live worker can load the model (`model_unavailable`, naming why; nothing "
+    "was stored).",
     504: "The job did not finish within the sync timeout; it was cancelled.",
 }
 _BINARY = {"type": "string", "format": "binary"}

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, text
 
 from api.blocking import BlockingPool
 from api.metrics import ApiMetrics, QueueCollector
+from api.model_availability import ModelAvailability
 from api.queue_admission import QueueAdmission, queue_admission
 from api.quotas import Quotas
 from models.catalog import ModelSpec
@@ -34,6 +35,7 @@ from storage.queue import JobQueue, make_celery
 from storage.session_state import SessionStateStore
 from storage.settings import Settings
 from storage.webhooks import WebhookStore
+from storage.worker_presence import WorkerPresence
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -93,6 +95,8 @@ class AppState:
     quotas: Quotas
     # Per-model queue bound, default ttl and estimated starts: api/queue_admission.py.
     queue_bound: QueueAdmission
+    # Models no live worker can load, and why (api/model_availability.py).
+    availability: ModelAvailability
     # Live /v1/realtime sessions of this process by id: a cache in front of session_states
     # (a duplex resume on the replica that serves the session needs no Redis read).
     voice_sessions: dict[str, Any] = field(default_factory=dict)
@@ -102,9 +106,9 @@ class AppState:
     # /ready: one thread per service, and a probe still running is awaited again rather
     # than stacked, so a stalled service holds one thread however often /ready is asked.
     _probe_pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(3, thread_name_prefix="ready")
+        default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="ready")
     )
-    _probes: dict[str, Future[None]] = field(default_factory=dict)
+    _probes: dict[str, Future[Any]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, settings: Settings, *, s3_client: Any | None = None) -> AppState:
@@ -147,6 +151,7 @@ class AppState:
             webhooks=WebhookStore(sessions),
             quotas=Quotas(settings, aredis),
             queue_bound=queue_admission(jobs, bus.redis, served, settings.queue),
+            availability=ModelAvailability(WorkerPresence(bus.redis), list(specs)),
         )
 
     async def aclose(self) -> None:
@@ -189,7 +194,18 @@ class AppState:
                 checks[name] = "ok"
         return checks
 
-    def _probe(self, name: str, fn: Callable[[], None]) -> Future[None]:
+    async def unavailable_models(self) -> dict[str, str]:
+        """``/ready``'s served models that no live worker can load → why
+        (:class:`api.model_availability.ModelAvailability`), read on the probe pool within
+        ``OMNIQ_HTTP__READY_TIMEOUT_S``; the last figures read when it takes longer."""
+        future = asyncio.wrap_future(self._probe("models", self.availability.unavailable))
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        await asyncio.wait([future], timeout=self.settings.http.ready_timeout_s)
+        if future.done() and future.exception() is None:
+            return future.result()
+        return self.availability.last()
+
+    def _probe(self, name: str, fn: Callable[[], T]) -> Future[T]:
         running = self._probes.get(name)
         if running is None or running.done():
             running = self._probes[name] = self._probe_pool.submit(fn)

@@ -150,6 +150,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         api_processes=args.api_processes,
         api_replicas=args.api_replicas,
         redis_url=args.redis_url,
+        drain_timeout=args.drain_timeout,
     )
 
 
@@ -222,6 +223,15 @@ def _add_up(sub: Any) -> None:
         default=None,
         help="an existing Redis (redis://host:port/db) instead of the embedded Valkey "
         "(default: none, the embedded one)",
+    )
+    up.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="on Ctrl-C/SIGTERM, let a running job finish if it ends within S seconds; "
+        "past them, or with 0, it goes back to the queue at once for the next start "
+        "(default: OMNIQ_WORKER__DRAIN_TIMEOUT_S, 0)",
     )
     up.set_defaults(func=_cmd_up)
 

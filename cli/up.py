@@ -273,9 +273,12 @@ def run_up(
     worker_devices: list[str] | None = None,
     groups: list[list[str]] | None = None,
     redis_url: str | None = None,
+    drain_timeout: float | None = None,
 ) -> int:
     """Run the embedded stack until SIGINT/SIGTERM (exit 0), or until a child keeps
-    dying however often it is restarted (exit 1)."""
+    dying however often it is restarted (exit 1). On the way out each worker puts its
+    running job back on the queue, or, with ``drain_timeout`` seconds, lets it finish
+    first if it ends within them (``OMNIQ_WORKER__DRAIN_TIMEOUT_S``, workers/shutdown.py)."""
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     urls = [f"http://{_url_host(host)}:{port + r}" for r in range(max(api_replicas, 1))]
@@ -293,7 +296,14 @@ def run_up(
         _say(f"omniqueue up: {exc}")
         return 1
     # The API drains open requests for shutdown_grace_s; it must not be killed meanwhile.
-    stop_timeout = max(CHILD_STOP_TIMEOUT_S, get_settings().shutdown_grace_s + STOP_MARGIN_S)
+    settings = get_settings()
+    drain = settings.worker.drain_timeout_s if drain_timeout is None else drain_timeout
+    if drain < 0:
+        _say("omniqueue up: --drain-timeout must be at least 0")
+        return 1
+    stop_timeout = max(
+        CHILD_STOP_TIMEOUT_S, settings.shutdown_grace_s + STOP_MARGIN_S, drain + STOP_MARGIN_S
+    )
     # ``redis_url``: an existing Redis (its database is the broker's and the events')
     # instead of the embedded Valkey.
     valkey = None if redis_url else EmbeddedValkey(data_dir / "valkey")
@@ -325,6 +335,7 @@ def run_up(
             f"starting the API on {' '.join(urls)} ({api_processes} process(es) each), "
             f"{workers} worker(s), {realtime_workers} realtime worker(s) and the webhook sender…"
         )
+        env["OMNIQ_WORKER__DRAIN_TIMEOUT_S"] = f"{drain:g}"
         if api_processes > 1:  # they share the port; the kernel spreads connections
             env["OMNIQ_HTTP__REUSE_PORT"] = "true"
         metrics = get_settings().metrics

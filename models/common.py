@@ -184,6 +184,12 @@ class ModelObject(BaseModel):
     attention: dict[str, str] | None = None
     # VSA's key blocks per query block, where a role runs ``vsa``.
     vsa_topk: int | None = None
+    # False while no live worker can load the model: the workers that tried recorded why
+    # (``unavailable_reason``: the path and what is missing there), and none serves it.
+    # Its creates are then refused (503 ``model_unavailable``). True otherwise, also while
+    # no worker has said anything (its jobs wait for one).
+    available: bool = True
+    unavailable_reason: str | None = None
 
 
 class ModelList(BaseModel):
@@ -194,3 +200,6 @@ class ModelList(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     checks: dict[str, str] = {}
+    # ``/ready``: served models that no live worker can load → why (as ``/v1/models``'
+    # ``unavailable_reason``). They do not make the API unready: it serves the others.
+    unavailable_models: dict[str, str] = {}

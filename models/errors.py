@@ -33,8 +33,12 @@
     │   ├── RangeNotSatisfiable       bad byte range      → 416
     │   ├── JobFailed                 /sync job failed    → by job error code
     │   ├── ServiceUnavailable        a backing service is down → 503, code
-    │   │                             storage_error (S3) or broker_error (Redis, down
-    │   │                             or not answering within its bounds)
+    │   │   │                         storage_error (S3) or broker_error (Redis, down
+    │   │   │                         or not answering within its bounds)
+    │   │   └── ModelUnavailable      no live worker can load the model → 503, code
+    │   │                             model_unavailable, param model; the reason names
+    │   │                             the path and what is missing (job code
+    │   │                             ``model_unavailable`` for a job queued for it)
     │   ├── SyncTimeout               /sync waited too long (job cancelled) → 504
     │   └── ProtocolError             the relay or worker drove a world session
     │                                 illegally (a bug) → ``internal_error``
@@ -91,6 +95,8 @@ class ErrorCode(enum.StrEnum):
     INTERNAL_ERROR = "internal_error"
     EXPIRED = "expired"
     TTL_EXPIRED = "ttl_expired"  # still queued when its ttl passed; it never ran
+    # still queued when every worker of its model had failed to load it; it never ran
+    MODEL_UNAVAILABLE = "model_unavailable"
     OUTPUT_INVALID = (
         "output_invalid"  # the encoded file broke its contract (workers/output_check.py)
     )
@@ -237,6 +243,23 @@ class ServiceUnavailable(OmniqueueError):
     default_code = "service_unavailable"
 
 
+class ModelUnavailable(ServiceUnavailable):
+    """No live worker can load the model: the workers that tried recorded why
+    (``storage/worker_presence.py``) and none serves it. Its message names the model and
+    the workers' reasons (a path, what is missing), which are ours by construction
+    (``workers/pipelines/load_failure.py``)."""
+
+    default_code = "model_unavailable"
+
+    def __init__(self, model: str, reason: str) -> None:
+        super().__init__(model_unavailable_message(model, reason), param="model")
+
+
+def model_unavailable_message(model: str, reason: str) -> str:
+    """The message of a create refused, and of a queued job failed, for ``model``."""
+    return f"no live worker can load model {model!r}: {reason}"
+
+
 class SyncTimeout(OmniqueueError):
     status_code = 504
     default_code = "timeout"
@@ -259,6 +282,7 @@ class JobFailed(OmniqueueError):
         "invalid_lora": 400,
         "cancelled": 409,
         "ttl_expired": 503,
+        "model_unavailable": 503,
         "timeout": 504,
     }
 
@@ -295,6 +319,11 @@ class URLFetchError(Exception):
 
 class JobLost(Exception):
     """The job is no longer ours: cancelled, deleted or taken over."""
+
+
+class WorkerStopping(JobLost):
+    """The worker is shutting down (SIGTERM, Ctrl-C of ``up``): the job stops here and
+    goes back to the queue, for the next worker to run from the start."""
 
 
 class SessionTakenOver(Exception):

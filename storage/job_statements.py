@@ -21,6 +21,7 @@ from sqlalchemy import (
     bindparam,
     func,
     insert,
+    null,
     or_,
     select,
     union_all,
@@ -225,6 +226,20 @@ def expire_ttl(by_model: bool) -> Update:
     )
 
 
+# queued → failed ``:error_code`` for every queued job of ``:model`` (its model cannot be
+# loaded by any live worker), returning ``(id, kind, model)`` of each.
+FAIL_QUEUED = (
+    update(JOBS)
+    .where(JOBS.c.status == _QUEUED, JOBS.c.model == bindparam("model"))
+    .values(
+        status=JobStatus.FAILED.value,
+        error_code=param("error_code"),
+        error_message=param("error_message"),
+        completed_at=param("completed_at"),
+    )
+    .returning(JOBS.c.id, JOBS.c.kind, JOBS.c.model)
+)
+
 CLAIM = _claim()
 # Built on its own, not as ``CLAIM.returning(…)``: the copy would keep CLAIM's memoized
 # (empty) ``exported_columns`` once CLAIM has been compiled for a raw statement.
@@ -242,6 +257,14 @@ TAKE_OVER = (
         stage="prepare",
         step=0,
     )
+)
+
+# running → queued for the next worker (its own is shutting down): only while the
+# run's lease holds it. ``attempt`` stays, the fencing token the next claim raises.
+RELEASE = (
+    update(JOBS)
+    .where(*running(owned=True))
+    .values(status=_QUEUED, worker_id=null(), heartbeat_at=null(), stage="queue", step=0)
 )
 
 CANCEL = (

@@ -267,6 +267,21 @@ class JobStore:
             self._ended(job_id, True)
         return rows
 
+    def fail_queued(self, model: str, code: ErrorCode, message: str) -> list[tuple[str, str]]:
+        """Fail every queued job of ``model`` with ``code``; ``(id, kind)`` of each. One
+        conditional UPDATE: a job a worker claimed meanwhile is not touched."""
+        statement = self._statement(("fail_queued",), lambda: sql.FAIL_QUEUED)
+        params = {
+            "model": model,
+            "error_code": code.value,
+            "error_message": message,
+            "completed_at": time.time(),
+        }
+        rows = [(str(i), str(k)) for i, k, _ in statement.all(params, write=True)]
+        for job_id, _ in rows:
+            self._ended(job_id, True)
+        return rows
+
     def cancel(self, job_id: str, message: str = "cancelled by the client") -> bool:
         """Fail a queued or running job with ``cancelled``; False if it had already ended."""
         statement = self._statement(("cancel",), lambda: sql.CANCEL)
@@ -409,6 +424,13 @@ class JobStore:
         statement = self._statement(("running", names), lambda: sql.update_running(names))
         params = {**_plain(values), "job_id": job_id, **lease._asdict()}
         return statement.rowcount({**params, "heartbeat_at": time.time()}) == 1
+
+    def release(self, job_id: str, lease: Lease) -> bool:
+        """in_progress → queued, while ``lease`` holds the job: its worker is shutting
+        down and puts it back for the next one (:data:`storage.job_statements.RELEASE`).
+        False: the job is not that run's any more (cancelled, taken over)."""
+        statement = self._statement(("release",), lambda: sql.RELEASE)
+        return statement.rowcount({"job_id": job_id, **lease._asdict()}) == 1
 
     def record_cancelled_run(
         self, job_id: str, lease: Lease, stage_durations: dict[str, float]

@@ -207,6 +207,10 @@ class WorkerSettings(BaseModel):
     # A job whose owner has not heartbeated for this long is taken over.
     heartbeat_timeout_s: float = 30.0
     max_attempts: int = 3
+    # A worker that could load none of its models exits; its records of why (the API's
+    # ``model_unavailable``: storage/worker_presence.py) outlive it this long (seconds).
+    # A live worker's records last as long as its presence lease.
+    load_failure_ttl_s: float = Field(default=86400.0, gt=0)
     # Minimum interval between two progress writes of one job (seconds).
     progress_interval_s: float = 0.25
     tmp_dir: str | None = None
@@ -218,6 +222,9 @@ class WorkerSettings(BaseModel):
     # put on the broker again by the reconciler (its message was lost: a broker restarted
     # without its data, a message lost in transit); 0: never.
     lost_message_after_s: float = Field(default=30.0, ge=0)
+    # SIGTERM/Ctrl-C: a running job goes back to the queue at its next stop point; with a
+    # drain timeout, only if it is still running that many seconds later (workers/shutdown.py).
+    drain_timeout_s: float = Field(default=0.0, ge=0)
     # Publish a preview JPEG every N denoise steps (0: off; previews cost a decode).
     preview_every: int = 0
     preview_max_side: int = 256

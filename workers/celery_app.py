@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.signals import worker_shutting_down
 
 from models.session_bus import TASKS, JobTask, SessionTask, VoiceSessionConfig
 from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtime_queue
@@ -95,7 +96,12 @@ def serve(
         return CONFIG_ERROR
     context = WorkerContext.build(settings, name=name, realtime=realtime)
     apply_memory_fraction(settings.worker.memory_fraction, model_devices(settings, realtime))
-    context.pipelines.load_all()
+    context.load_models()  # each on its own: one that cannot load is reported, not served
+    if not context.pipelines.models:
+        return context.loaded_none()
+    queues = served_queues(context.pipelines.models, realtime)
+    if realtime and settings.realtime.capacity_probe:
+        context.world_sessions.probe()  # how many sessions of each world model keep real time
     if prepare is not None:
         prepare(context)
     context.start_background()
@@ -105,6 +111,13 @@ def serve(
         # How soon a session thread woken by Redis gets the GIL (docs/PERFORMANCE.md).
         sys.setswitchinterval(settings.realtime.switch_interval_ms / 1000)
     app = create_worker_app(settings, context)
+    if not realtime:  # SIGTERM/SIGINT: the running job goes back to the queue
+        drain = settings.worker.drain_timeout_s
+
+        def stopping(**_: Any) -> None:
+            context.executor.shutdown.request(drain)
+
+        worker_shutting_down.connect(stopping, weak=False)
     # Jobs: one at a time per device (solo). Sessions: one thread per slot.
     pool = (
         ["--pool=threads", f"--concurrency={settings.realtime.slots}"]
@@ -138,5 +151,9 @@ def model_devices(settings: Settings, realtime: bool = False) -> list[str]:
 
 
 def worker_queues(settings: Settings, *, realtime: bool = False) -> list[str]:
-    models = worker_models(settings, realtime=realtime)
+    return served_queues(worker_models(settings, realtime=realtime), realtime)
+
+
+def served_queues(models: Iterable[str], realtime: bool) -> list[str]:
+    """The broker queues of ``models``: their realtime ones, or their job ones."""
     return [(realtime_queue if realtime else job_queue)(m) for m in models]

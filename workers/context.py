@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import redis
@@ -21,11 +23,15 @@ from storage.settings import Settings
 from storage.worker_presence import PresenceLease, WorkerPresence
 from workers.executor import StepExecutor
 from workers.persist import SessionPersister
+from workers.pipelines.load_failure import LoadFailure
 from workers.pipelines.registry import PipelineRegistry
 from workers.reconciler import Reconciler, start_reconciler_thread
+from workers.supervisor import CONFIG_ERROR
 from workers.temp_dirs import TempDirs, temp_root
 from workers.voice_sessions import VoiceSessionRunner
 from workers.world_sessions import WorldSessionRunner
+
+log = logging.getLogger(__name__)
 
 
 def worker_models(settings: Settings, *, realtime: bool = False) -> dict[str, ServedModel]:
@@ -66,6 +72,11 @@ class WorkerContext:
     # thread sweeps the others (workers/temp_dirs.py).
     temp_dirs: TempDirs
     realtime: bool = False
+    # This worker's place, the same across its restarts (host and ``--name``): its
+    # models' load-failure records are kept under it (storage/worker_presence.py).
+    slot: str = ""
+    # The models this worker could not load (:meth:`load_models`), by name.
+    load_failures: dict[str, LoadFailure] = field(default_factory=dict)
     _stop_reconciler: threading.Event | None = None
     _presence: PresenceLease | None = None
 
@@ -96,8 +107,11 @@ class WorkerContext:
             client, ttl_s=settings.events_ttl_s, backoff_s=settings.redis.worker_timeout_s
         )
         temp_dirs = TempDirs(temp_root(settings))
-        executor = StepExecutor(settings, jobs, artifacts, pipelines, worker_id, bus, temp_dirs)
-        reconciler = Reconciler(settings, jobs, artifacts, JobQueue(make_celery(settings)), client)
+        queue = JobQueue(make_celery(settings))
+        executor = StepExecutor(
+            settings, jobs, artifacts, pipelines, worker_id, bus, temp_dirs, queue.enqueue
+        )
+        reconciler = Reconciler(settings, jobs, artifacts, queue, client)
         persist = SessionPersister(settings, jobs, artifacts)
         world_sessions = WorldSessionRunner(settings, pipelines, bus, worker_id, persist)
         voice_sessions = VoiceSessionRunner(settings, pipelines, bus, worker_id)
@@ -114,26 +128,56 @@ class WorkerContext:
             voice_sessions,
             temp_dirs,
             realtime,
+            slot=f"{socket.gethostname()}:{name}",
         )
+
+    def load_models(self) -> dict[str, LoadFailure]:
+        """Load each model on its own (:meth:`PipelineRegistry.load_each`): those that
+        cannot load are not served, and why is recorded with this worker's presence
+        (:meth:`start_background`), or by :meth:`loaded_none`."""
+        self.load_failures = self.pipelines.load_each()
+        return self.load_failures
+
+    def loaded_none(self) -> int:
+        """This worker loaded none of its models: it records why for
+        ``OMNIQ_WORKER__LOAD_FAILURE_TTL_S`` (it exits; the API goes on naming the
+        reason), fails the queued jobs that no live worker can serve, closes, and returns
+        its exit status: :data:`CONFIG_ERROR` when no failure is one a restart could
+        mend (``up`` then leaves it stopped), 1 otherwise (it is restarted)."""
+        failed = self.load_failures
+        lines = "; ".join(f"{name!r}: {f.reason}" for name, f in failed.items())
+        print(f"omniqueue worker: no model could be loaded: {lines}", file=sys.stderr)
+        try:
+            reasons = {name: f.reason for name, f in failed.items()}
+            ttl = self.settings.worker.load_failure_ttl_s
+            presence = WorkerPresence(self.reconciler.redis)
+            presence.renew([], self.worker_id, ttl, reasons, self.slot)
+            self.reconciler.fail_unavailable()
+        except Exception:  # Redis or the database down: nothing more to do on the way out
+            log.warning("could not record this worker's load failures", exc_info=True)
+        finally:
+            self.close()
+        return CONFIG_ERROR if all(f.config for f in failed.values()) else 1
 
     def start_background(self) -> None:
         """Start the reconciler loop (every worker runs one; a lock serializes passes;
-        each pass after a sweep of this machine's job temp directories) and, on a job
-        worker, its presence lease (``storage/worker_presence.py``)."""
+        each pass after a sweep of this machine's job temp directories) and the presence
+        lease on the models it loaded, with the records of those it could not
+        (``storage/worker_presence.py``)."""
         w = self.settings.worker
         if w.reconcile_interval_s > 0:
             self._stop_reconciler = start_reconciler_thread(
                 self.reconciler, w.reconcile_interval_s, self.temp_dirs
             )
-        models = list(worker_models(self.settings))
-        if not self.realtime and models:
-            self._presence = PresenceLease(
-                WorkerPresence(self.reconciler.redis),
-                models,
-                self.worker_id,
-                every_s=w.heartbeat_s,
-                lease_s=w.heartbeat_timeout_s,
-            )
+        self._presence = PresenceLease(
+            WorkerPresence(self.reconciler.redis),
+            list(self.pipelines.models),
+            self.worker_id,
+            every_s=w.heartbeat_s,
+            lease_s=w.heartbeat_timeout_s,
+            failed={name: f.reason for name, f in self.load_failures.items()},
+            slot=self.slot,
+        )
 
     def close(self) -> None:
         if self._stop_reconciler is not None:

@@ -10,7 +10,9 @@ the job's S3 prefix is deleted (multipart uploads are aborted by the store itsel
 The job's typed spec (``models/job_specs.py``, parsed once per run) says what to make:
 a :class:`VideoSpec` becomes an MP4 and a thumbnail (``workers/media.py``); an
 :class:`AudioSpec` one file in the requested format (``workers/audio_media.py``), and, when
-it asks for it, its PCM16 samples as ``chunk`` events right after decoding.
+it asks for it, its PCM16 samples as ``chunk`` events: after each step for an adapter
+whose steps make the audio (``take_audio``, :mod:`workers.pcm_stream`), else right after
+decoding.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import hashlib
 import io
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from PIL import Image
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from models.db import Artifact, Job
-from models.errors import JobLost, JobTimedOut, StorageError, UploadAborted
+from models.errors import JobLost, JobTimedOut, StorageError, UploadAborted, WorkerStopping
 from models.events import DoneEvent, StatusEvent
 from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec
 from storage.artifacts import ArtifactStore
@@ -45,10 +48,12 @@ from workers.job_run import DENOISE_END, STAGE_START, JobRun
 from workers.media import Streamed, decode_streamed, encode_video, finish_video
 from workers.memory import forget_frames, peak_memory_mb, release_after_run
 from workers.output_check import Expected, check_mp4
+from workers.pcm_stream import PcmStream
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, checkpoints, step_stops
 from workers.pipelines.registry import PipelineRegistry
 from workers.references import load_references
 from workers.run_objects import drop_other_attempts, output_prefix, stale_prefix
+from workers.shutdown import Shutdown
 from workers.temp_dirs import TempDirs, temp_root
 
 log = logging.getLogger(__name__)
@@ -67,6 +72,10 @@ class StepExecutor:
     # The worker's job temp directories (the context's, which its sweep shares); by
     # default a set of this executor's own under the configured ``tmp_dir``.
     temp_dirs: TempDirs | None = None
+    # Puts a job id back on its model's broker queue (the worker's JobQueue.enqueue): what
+    # a run released by the worker's shutdown needs.
+    requeue: Callable[[str, str], Any] | None = None
+    shutdown: Shutdown = field(default_factory=Shutdown)  # SIGTERM: workers/shutdown.py
     failpoints: Failpoints = field(init=False)
     claim: JobClaim = field(init=False)  # which job a message runs (workers/job_claim.py)
 
@@ -98,14 +107,18 @@ class StepExecutor:
         outcome = "failed"
         try:
             pipe = self.pipelines.job(job.model)
-            completed = self._execute_on(pipe, run, tmp)
+            with self.shutdown.running(run):
+                completed = self._execute_on(pipe, run, tmp)
             outcome = "completed" if completed else "cancelled"
             if not completed:
                 run.record_cancelled()
         except (JobLost, UploadAborted) as exc:
-            outcome = "cancelled"  # whoever took the job from us recorded why
             forget_frames(exc)  # a stop inside a step: its tensors go with the state
-            run.record_cancelled()
+            if run.stop.cause is WorkerStopping and self._release(run):
+                outcome = "released"  # back on the queue, for the next worker
+            else:
+                outcome = "cancelled"  # whoever took the job from us recorded why
+                run.record_cancelled()
         except (OperationalError, InterfaceError) as exc:
             # The database is out of reach: the row cannot be written (not even failed), so
             # the job is left as it is, for a take-over once its heartbeat lapses.
@@ -128,6 +141,21 @@ class StepExecutor:
             allocated = torch.cuda.memory_allocated() / 2**20
             log.info("job %s: cuda memory allocated %.1f MiB", job_id, allocated)
         return outcome
+
+    def _release(self, run: JobRun) -> bool:
+        """Put the job of a run stopped by the worker's shutdown back on the queue: the
+        row (while the run's lease holds it), a ``queued`` event, a broker message."""
+        job = run.job
+        try:
+            released = self.jobs.release(job.id, run.lease)
+        except (OperationalError, InterfaceError):
+            released = False  # left in progress: the reconciler takes it over later
+        if not released:
+            return False
+        self._publish(job, StatusEvent(status="queued"))
+        if self.requeue is not None:
+            self.requeue(job.id, job.model)
+        return True
 
     def _end(self, pipe: Pipeline, run: JobRun) -> None:
         """``pipe.end()`` after every run, once its outcome is recorded."""
@@ -153,6 +181,9 @@ class StepExecutor:
         preview_every = self.settings.worker.preview_every
         in_step = run.in_step_stop()
         step_seconds = metrics.STEP_SECONDS.labels(job.model)
+        # PCM published as the steps make it (adapters with ``take_audio``).
+        spec = run.spec
+        pcm = PcmStream(run, spec) if isinstance(spec, AudioSpec) and spec.stream_pcm else None
         while not state.done:
             run.failpoint(f"step:{state.step_index}")
             run.blocks = 0
@@ -166,6 +197,8 @@ class StepExecutor:
             span = DENOISE_END - STAGE_START["denoise"]
             progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps
             run.report(progress, force=state.done)
+            if pcm is not None:
+                pcm.feed(pipe.take_audio(state))
             if preview_every and state.step_index % preview_every == 0 and not state.done:
                 run.preview(pipe, state)
 
@@ -188,7 +221,7 @@ class StepExecutor:
             files = finish_video(streamed.middle, tmp)
         elif isinstance(run.spec, AudioSpec):
             assert media is not None
-            files, output = self._encode_audio(run, run.spec, media, tmp)
+            files, output = self._encode_audio(run, run.spec, media, tmp, pcm)
             extra_values["output"] = output.model_dump()
         else:
             assert media is not None
@@ -243,17 +276,21 @@ class StepExecutor:
         return request
 
     def _encode_audio(
-        self, run: JobRun, spec: AudioSpec, media: Media, tmp: Path
+        self, run: JobRun, spec: AudioSpec, media: Media, tmp: Path, pcm: PcmStream | None
     ) -> tuple[list[tuple[str, Path, str]], AudioJobOutput]:
         """Convert to the artifact's rate and channels, stream it as PCM16 chunks when the
-        spec asks for it (before the encode, so listeners need not wait for it), encode."""
+        spec asks for it (before the encode, so listeners need not wait for it), encode.
+        A clip streamed during the steps (``pcm``) is encoded as it was streamed."""
         fmt = spec.response_format
         if media.audio is None or not media.sample_rate:
             raise RuntimeError(f"model {run.job.model} made no audio")
-        rate = output_rate(fmt, media.sample_rate, spec.sample_rate)
-        audio = prepare_audio(media.audio, media.sample_rate, rate=rate, channels=spec.channels)
-        if spec.stream_pcm:
-            run.stream_pcm(audio)
+        if pcm is not None and pcm.started:
+            audio = pcm.finish(media.audio, media.sample_rate)
+        else:
+            rate = output_rate(fmt, media.sample_rate, spec.sample_rate)
+            audio = prepare_audio(media.audio, media.sample_rate, rate=rate, channels=spec.channels)
+            if spec.stream_pcm:
+                run.stream_pcm(audio)
         path = tmp / f"audio.{EXTENSIONS[fmt]}"
         encode_audio(audio, fmt, path)
         output = AudioJobOutput(

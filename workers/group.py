@@ -286,6 +286,7 @@ def _rank_main(
     models = worker_models(settings)
     apply_memory_fraction(worker.memory_fraction, [devices[rank]])  # rank 0's: in serve
     registry = PipelineRegistry(models, devices[rank])
+    registry.load_each()  # a model rank 0 cannot load (the same files) is left out here too
     _follow(rank, _load_group(registry, rank, world), links[0])
 
 

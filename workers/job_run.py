@@ -149,10 +149,12 @@ class JobRun:
         if force:
             if not self._write_progress():
                 raise JobLost
+            if self.stop.is_set():
+                raise self.stop.cause()
             return
         self.dirty.set()
         if self.stop.is_set():
-            raise JobLost
+            raise self.stop.cause()
         self.check()
 
     def preview(self, pipe: Pipeline, state: Any) -> None:
@@ -281,7 +283,7 @@ class JobRun:
                     log.info(
                         "job %s stops in step %d before block %d", self.job.id, self.step, block
                     )
-                return JobLost()
+                return self.stop.cause()
             if time.time() > self.deadline:
                 return self.timed_out()
             return None

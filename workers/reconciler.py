@@ -13,7 +13,11 @@ every change is a conditional UPDATE or an idempotent delete:
 3. **Stale multipart uploads** older than ``stale_upload_s`` are aborted. And a **lost
    message**: a job queued ``lost_message_after_s`` while its model's broker queue is
    empty is put on the broker again.
-4. **Redis keys** of the reconciler itself carry TTLs; nothing else to trim yet.
+4. **Unavailable models.** The queued jobs of a model that no live worker serves and
+   whose workers recorded that they cannot load it (``storage/worker_presence.py``)
+   fail ``model_unavailable`` with the workers' reasons (:meth:`Reconciler.fail_unavailable`;
+   a worker that loaded nothing runs it once on its way out).
+5. **Redis keys** of the reconciler itself carry TTLs; nothing else to trim yet.
 
 Besides, every worker sweeps its own machine's temp directory before each pass
 (:meth:`workers.temp_dirs.TempDirs.sweep`): a worker killed mid-job cannot remove its
@@ -32,7 +36,7 @@ from redis.exceptions import LockError
 
 from models.common import JobError, JobStatus
 from models.db import Job
-from models.errors import ErrorCode
+from models.errors import ErrorCode, model_unavailable_message
 from models.events import DoneEvent
 from storage.artifacts import ArtifactStore, StorageError
 from storage.bus import EventBus
@@ -40,6 +44,7 @@ from storage.constants import KEY_PREFIX, job_events_key, job_prefix, job_queue
 from storage.jobs import JobStore
 from storage.queue import JobQueue
 from storage.settings import Settings
+from storage.worker_presence import WorkerPresence
 from workers.job_claim import expire_queued
 from workers.metrics import job_finished
 from workers.temp_dirs import TempDirs
@@ -59,6 +64,7 @@ class ReconcileReport:
     worker_lost: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     ttl_expired: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
     aborted_uploads: int = 0
 
 
@@ -73,9 +79,11 @@ class Reconciler:
     queue: JobQueue
     redis: Any
     bus: EventBus = field(init=False)
+    presence: WorkerPresence = field(init=False)
 
     def __post_init__(self) -> None:
         self.bus = EventBus(self.redis, ttl_s=self.settings.events_ttl_s)
+        self.presence = WorkerPresence(self.redis)
 
     def run_once(self) -> ReconcileReport | None:
         """One pass, or None when another worker holds the lock."""
@@ -92,6 +100,7 @@ class Reconciler:
             self._lost_messages(report)
             self._lost_workers(report)
             report.ttl_expired = expire_queued(self.jobs, self._publish, self._delete_job)
+            report.unavailable = self.fail_unavailable()
             self._expire(report)
             self._stale_uploads(report)
             return report
@@ -144,6 +153,32 @@ class Reconciler:
         if report.redispatched:
             log.warning("queued with no broker message, put on it again: %s", report.redispatched)
 
+    def fail_unavailable(self) -> list[str]:
+        """Fail ``model_unavailable`` the queued jobs of every model that no live worker
+        serves while workers recorded that they cannot load it (their reasons are the
+        message); the ids. Each model is one conditional UPDATE of its queued jobs: a job
+        claimed meanwhile is not touched. A worker still loading the model when the others
+        have failed it does not count: it serves nothing yet."""
+        queued = list(self.jobs.queue_stats())
+        if not queued:
+            return []
+        failed: list[str] = []
+        for model, availability in self.presence.availability(queued).items():
+            if availability.reason is None:
+                continue
+            message = model_unavailable_message(model, availability.reason)
+            code = ErrorCode.MODEL_UNAVAILABLE
+            error = JobError(code=code.value, message=message)
+            for job_id, kind in self.jobs.fail_queued(model, code, message):
+                job = Job(id=job_id, kind=kind, model=model)
+                job_finished(job, JobStatus.FAILED.value, code.value)
+                self._publish(job, DoneEvent(status="failed", error=error))
+                self._delete_job(job)
+                failed.append(job_id)
+        if failed:
+            log.warning("failed model_unavailable (no live worker can load the model): %s", failed)
+        return failed
+
     def _expire(self, report: ReconcileReport) -> None:
         for job in self.jobs.expired_with_artifacts(time.time()):
             if self._delete(job.kind, job.id):
@@ -192,7 +227,11 @@ def start_reconciler_thread(
             try:
                 report = reconciler.run_once()
                 if report and (
-                    report.requeued or report.worker_lost or report.expired or report.ttl_expired
+                    report.requeued
+                    or report.worker_lost
+                    or report.expired
+                    or report.ttl_expired
+                    or report.unavailable
                 ):
                     log.info("reconciler: %s", report)
             except Exception:

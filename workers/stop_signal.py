@@ -66,13 +66,19 @@ class StopSignal:
 
     def __init__(self, owned: Callable[[], bool] | None = None) -> None:
         self._flag = threading.Event()
+        # What a gate raises once set: JobLost, or WorkerStopping when the worker's own
+        # shutdown set it first (the job then goes back to the queue).
+        self.cause: type[JobLost] = JobLost
         self._owned = owned
         self._polled = -math.inf  # monotonic time of the last row read
         self._closed = threading.Event()  # set: the run ended, the bus watch stops
         self._thread: threading.Thread | None = None  # the bus watch, once started
 
-    def set(self) -> None:
-        """A source found the job no longer ours."""
+    def set(self, cause: type[JobLost] = JobLost) -> None:
+        """A source found the job no longer ours (``cause``: what the gates raise; the
+        first source's stays)."""
+        if not self._flag.is_set():
+            self.cause = cause
         self._flag.set()
 
     def is_set(self) -> bool:
@@ -94,7 +100,7 @@ class StopSignal:
     def check(self, min_interval_s: float = 0.0) -> None:
         """Raise :class:`JobLost` when the job is no longer ours (:meth:`poll`)."""
         if self.poll(min_interval_s):
-            raise JobLost
+            raise self.cause()
 
     def watch(self, bus: EventBus | None, job_id: str, after: str | None) -> StopSignal:
         """Start the bus source: a thread blocked on the job's event stream from entry

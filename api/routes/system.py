@@ -21,7 +21,13 @@ async def list_models(state: StateDep, _owner: CurrentOwner) -> ModelList:
     if any(spec.supports_lora for spec in state.specs.values()):
         entries = await state.blocking(catalog, state.settings.lora)  # a directory listing
         loras = [e.name for e in entries]
-    return ModelList(data=[model_object(spec, limits, loras) for spec in state.specs.values()])
+    unavailable = await state.blocking(state.availability.unavailable)  # Redis, cached
+    return ModelList(
+        data=[
+            model_object(spec, limits, loras, unavailable.get(name))
+            for name, spec in state.specs.items()
+        ]
+    )
 
 
 @router.get("/health", response_model=Health)
@@ -37,8 +43,13 @@ async def health() -> Health:
 )
 async def ready(state: StateDep) -> JSONResponse:
     """Readiness: the database, Redis and S3 answer; 503 naming the service that did not
-    (within ``OMNIQ_HTTP__READY_TIMEOUT_S``, 1.5 s) otherwise."""
+    (within ``OMNIQ_HTTP__READY_TIMEOUT_S``, 1.5 s) otherwise. ``unavailable_models``
+    names the served models no live worker can load, and why; they leave the API ready."""
     checks = await state.readiness()
     ok = all(v == "ok" for v in checks.values())
-    body = Health(status="ok" if ok else "unavailable", checks=checks)
+    # Redis answered: a read on the probe pool, bounded, cached
+    unavailable = await state.unavailable_models() if checks.get("redis") == "ok" else {}
+    body = Health(
+        status="ok" if ok else "unavailable", checks=checks, unavailable_models=unavailable
+    )
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)

@@ -11,6 +11,7 @@ without a TTL, and a worker that goes on to complete the next job.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -399,3 +400,35 @@ def test_job_that_kills_every_worker_fails_with_worker_lost(
     fstack.wait_workers(1)
     assert_clean(fstack, video["id"])
     assert_next_job_completes(fstack, client, None)
+
+
+def test_a_worker_told_to_stop_puts_its_job_back_at_once(
+    fstack: Stack, client: httpx.Client
+) -> None:
+    """SIGTERM (what ``up`` sends on Ctrl-C) mid-job: the worker stops the job at its next
+    stop point, puts it back (``queued`` at once, no stale ``in_progress``, nothing of the
+    run left behind) and exits; the next worker to start runs it to the end."""
+    fstack.set_failpoints({"step:2@attempt1": "pause"})
+    video = _create(client)
+    _wait(client, video["id"], lambda b: b["status"] == "in_progress" and b["progress"] > 0)
+    deadline = time.monotonic() + 30
+    while "failpoint step:2@attempt1: pause" not in fstack.log("w0"):
+        assert time.monotonic() < deadline, fstack.log("w0")
+        time.sleep(0.05)
+    fstack.stop_process("w0", signal.SIGTERM, timeout=20)
+    log = fstack.log("w0")
+    assert f"job {video['id']}: released" in log, log
+    assert "did not stop" not in log and "Cold shutdown" not in log
+    queued = client.get(f"/v1/videos/{video['id']}").json()
+    assert (queued["status"], queued["error"]) == ("queued", None), queued
+    assert _worker_of(fstack, video["id"]) is None
+    assert_clean(fstack, video["id"])  # the stopped run's temp files and objects are gone
+    fstack.set_failpoints({})
+    restarted = time.monotonic()
+    fstack.start_worker("w0")
+    taken = _wait(client, video["id"], lambda b: b["status"] != "queued", timeout=90)
+    print(f"restart → taken again: {time.monotonic() - restarted:.2f} s")  # not asserted
+    assert taken["attempt"] == 2
+    done = _wait(client, video["id"], lambda b: b["status"] in ("completed", "failed"))
+    assert done["status"] == "completed" and done["progress"] == 100, done
+    fstack.wait_workers(1)

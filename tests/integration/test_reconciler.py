@@ -17,10 +17,12 @@ from cli.embedded import EmbeddedS3
 from migrations.runner import upgrade
 from models.db import Artifact, Job
 from storage.artifacts import ArtifactStore, make_s3_client
+from storage.constants import job_events_key
 from storage.db import make_engine, make_sessionmaker
 from storage.jobs import JobStore
 from storage.queue import JobQueue, make_celery
 from storage.settings import Settings
+from storage.worker_presence import WorkerPresence
 from tests.helpers import video_spec
 from tests.integration.conftest import new_pg_database, service_settings
 from workers.reconciler import LOCK_KEY, Reconciler
@@ -128,6 +130,43 @@ def test_lost_worker_jobs_are_requeued_once_then_failed(
     assert retry.id not in (rec.run_once() or report).requeued
     queued = rec.redis.llen("jobs.reference-video")
     assert queued == 1
+
+
+def test_queued_jobs_of_a_model_no_live_worker_can_load_fail_model_unavailable(
+    parts: tuple[Reconciler, JobStore, Settings],
+) -> None:
+    rec, jobs, _ = parts
+    n = time.time_ns()
+    gone = jobs.create(
+        Job.new(video_spec(model="acme/gone"), id=f"video_gone{n}", owner="local"),
+        idempotency_window_s=0,
+    )[0]
+    rec.artifacts.put_bytes(f"videos/{gone.id}/input/reference.png", b"png", "image/png")
+    running = jobs.create(
+        Job.new(video_spec(model="acme/gone"), id=f"video_run{n}", owner="local"),
+        idempotency_window_s=0,
+    )[0]
+    assert jobs.claim(running.id, "w:1:w")  # claimed: no pass of this kind touches it
+    served = jobs.create(
+        Job.new(video_spec(model="acme/served"), id=f"video_srv{n}", owner="local"),
+        idempotency_window_s=0,
+    )[0]
+    presence = WorkerPresence(rec.redis)
+    reason = "path /weights/gone does not exist"
+    presence.renew([], "h:1:w0", 30, {"acme/gone": reason, "acme/served": reason}, "h:w0")
+    presence.renew(["acme/served"], "h:2:w1", 30)  # another worker loaded this one
+    report = rec.run_once()
+    assert report is not None and report.unavailable == [gone.id]
+    ended, claimed, waiting = (jobs.get(j.id) for j in (gone, running, served))
+    assert ended is not None and claimed is not None and waiting is not None
+    assert (ended.status, ended.error_code) == ("failed", "model_unavailable")
+    assert ended.error_message == f"no live worker can load model 'acme/gone': {reason}"
+    assert rec.artifacts.list_keys(f"videos/{gone.id}/") == []
+    assert claimed.status == "in_progress" and waiting.status == "queued"
+    events = rec.redis.xrange(job_events_key(gone.id))
+    assert b'"model_unavailable"' in events[-1][1][b"event"]  # its watchers were told
+    again = rec.run_once()
+    assert again is not None and again.unavailable == []
 
 
 def test_stale_multipart_uploads_are_aborted(parts: tuple[Reconciler, JobStore, Settings]) -> None:

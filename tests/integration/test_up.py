@@ -191,6 +191,41 @@ def _status(c: httpx.Client, video_id: str) -> dict[str, Any]:
 SMALL_JOB = {"prompt": "a red kite", "size": "64x48", "seconds": "0.5", "num_inference_steps": 3}
 
 
+def test_ctrl_c_with_a_job_running_puts_it_back_and_the_next_up_runs_it(tmp_path: Path) -> None:
+    """Ctrl-C of ``up`` mid-job: the worker puts the job back (``queued`` in the database
+    once ``up`` has exited, not a stale ``in_progress``) instead of being killed after the
+    grace; the next ``up`` runs it to the end at once, as attempt 2."""
+    import sqlite3
+
+    data_dir = tmp_path / "data"
+    port = free_port()
+    points = tmp_path / "failpoints.json"
+    points.write_text(json.dumps({"step:1@attempt1": "pause"}))
+    up = Up(data_dir, port, {"OMNIQ_WORKER__FAILPOINTS_FILE": str(points)})
+    try:
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            video = c.post("/v1/videos", json=SMALL_JOB).json()
+            _wait(lambda: _status(c, video["id"])["status"] == "in_progress", "running", up)
+            _wait(lambda: "failpoint step:1@attempt1: pause" in up.log.read_text(), "paused", up)
+    finally:
+        code, _, _ = up.stop(signal.SIGINT)
+    assert code == 0
+    log = up.log.read_text()
+    assert f"job {video['id']}: released" in log and "did not stop within" not in log, log[-4000:]
+    with sqlite3.connect(data_dir / "omniqueue.db") as db:
+        row = db.execute("SELECT status, worker_id FROM jobs WHERE id = ?", (video["id"],))
+        assert row.fetchone() == ("queued", None)
+    points.write_text("{}")
+    again = Up(data_dir, port, {"OMNIQ_WORKER__FAILPOINTS_FILE": str(points)})
+    try:
+        with httpx.Client(base_url=again.url, timeout=30) as c:
+            _wait(lambda: _status(c, video["id"])["status"] == "completed", "completed", again)
+            assert _status(c, video["id"])["attempt"] == 2
+    finally:
+        code, _, _ = again.stop(signal.SIGTERM)
+    assert code == 0
+
+
 def test_a_killed_worker_is_restarted_and_its_job_taken_over(tmp_path: Path) -> None:
     failpoints = tmp_path / "failpoints.json"
     failpoints.write_text(json.dumps({"step:1@attempt1": "pause"}))

@@ -358,9 +358,11 @@ def test_models_health_ready(stack: Stack, client: httpx.Client) -> None:
         "reference/audio",
         "reference/voice",
     ]
+    assert all(m["available"] and m["unavailable_reason"] is None for m in models["data"])
     assert httpx.get(stack.url + "/health").json()["status"] == "ok"
     ready = httpx.get(stack.url + "/ready").json()
-    assert ready == {"status": "ok", "checks": {"database": "ok", "redis": "ok", "s3": "ok"}}
+    checks = {"database": "ok", "redis": "ok", "s3": "ok"}
+    assert ready == {"status": "ok", "checks": checks, "unavailable_models": {}}
 
 
 def test_openai_sdk_works_unchanged(stack: Stack, key: str, tmp_path: Any) -> None:

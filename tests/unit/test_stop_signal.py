@@ -4,13 +4,16 @@ it, and a row read that finds the job no longer ours is a source too."""
 from __future__ import annotations
 
 import threading
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from models.errors import JobLost
+from models.errors import JobLost, WorkerStopping
 from storage.bus import BusEntry
 from storage.constants import job_events_key
+from workers.shutdown import Shutdown
 from workers.stop_signal import StopSignal
 
 
@@ -120,3 +123,32 @@ def test_without_a_bus_or_a_start_entry_nothing_is_watched() -> None:
     StopSignal().watch(None, "video_1", "1-0").close()
     StopSignal().watch(stream, "video_1", None).close()  # type: ignore[arg-type]
     assert stream.reads == []
+
+
+def test_a_shutdown_stops_the_running_job_as_worker_stopping_after_its_drain() -> None:
+    """``Shutdown.request``: at once without a drain, else after it; the gates then raise
+    WorkerStopping (the job goes back to the queue), unless a cancel got there first; a
+    run that starts after the drain is stopped as it starts."""
+
+    def run() -> Any:
+        return SimpleNamespace(stop=StopSignal(), job=SimpleNamespace(id="video_x"))
+
+    now = Shutdown()
+    first = run()
+    with now.running(first):
+        now.request(0)
+        assert first.stop.is_set() and first.stop.cause is WorkerStopping
+        with pytest.raises(WorkerStopping):
+            first.stop.check()
+    late = run()
+    with now.running(late):  # the drain is over: stopped as it starts
+        assert late.stop.cause is WorkerStopping and late.stop.is_set()
+
+    drained = Shutdown()
+    cancelled = run()
+    with drained.running(cancelled):
+        drained.request(0.2)
+        assert not cancelled.stop.is_set()  # the drain: it may still finish
+        cancelled.stop.set()  # a cancel arrives first
+        time.sleep(0.4)
+        assert cancelled.stop.cause is JobLost  # the first cause stays

@@ -1,0 +1,90 @@
+"""Which served models no live worker can load, as the API sees them.
+
+A worker that cannot load a model records why with its presence
+(``storage/worker_presence.py``); a model with such records and no live worker is
+unavailable. The API reads every served model's figures in one Redis round trip, at most
+every ``refresh_s`` per process, and uses them three ways:
+
+- a create for an unavailable model is refused before anything is stored: 503
+  ``model_unavailable``, ``param`` ``model``, the workers' reasons in the message
+  (:meth:`ModelAvailability.check`, run where the job is stored:
+  :meth:`api.jobs_service.JobService.insert`);
+- ``GET /v1/models`` lists it with ``available: false`` and ``unavailable_reason``;
+- ``/ready`` names it in ``unavailable_models`` (and stays 200: the API serves the
+  other models).
+
+A failed read (Redis down) gives the last figures read, or none: a create is then
+never refused for a model, and its job waits for a worker as it did before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from models.errors import ModelUnavailable
+from storage.worker_presence import WorkerPresence
+
+log = logging.getLogger(__name__)
+
+# How long an API process keeps what it read (seconds).
+REFRESH_S = 1.0
+
+
+class ModelAvailability:
+    """Each served model's reason to be unavailable, cached per API process."""
+
+    def __init__(
+        self,
+        presence: WorkerPresence,
+        models: list[str],
+        *,
+        refresh_s: float = REFRESH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._presence = presence
+        self._models = list(models)
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._unavailable: dict[str, str] = {}
+
+    def unavailable(self) -> dict[str, str]:
+        """Served models that no live worker can load → why (blocking: Redis). One
+        thread reads when the figures are stale; the others meanwhile take the previous
+        ones (none before the first read)."""
+        now = self._clock()
+        read_at = self._read_at
+        if read_at is not None and now - read_at < self._refresh_s:
+            return self._unavailable
+        if not self._lock.acquire(blocking=read_at is None):
+            return self._unavailable
+        try:
+            if self._read_at is None or now - self._read_at >= self._refresh_s:
+                self._unavailable = self._read()
+                self._read_at = now
+            return self._unavailable
+        finally:
+            self._lock.release()
+
+    def last(self) -> dict[str, str]:
+        """What the last read found, without reading."""
+        return self._unavailable
+
+    def _read(self) -> dict[str, str]:
+        try:
+            figures = self._presence.availability(self._models)
+        except Exception:  # never worth refusing a create over
+            log.warning("could not read which models the workers can load", exc_info=True)
+            return self._unavailable
+        return {m: a.reason for m, a in figures.items() if a.reason is not None}
+
+    def check(self, model: str) -> None:
+        """Refuse (:class:`ModelUnavailable`) a create for ``model`` when no live worker
+        can load it."""
+        reason = self.unavailable().get(model)
+        if reason is not None:
+            raise ModelUnavailable(model, reason)

@@ -176,8 +176,8 @@ class ModelObject(BaseModel):
     # Models that take ``lora``: the adapters ``lora.name`` may name alone (the server's
     # catalog, ``OMNIQ_LORA__ROOTS``); None for models without LoRA.
     loras: list[str] | None = None
-    # The workflows a joint video + audio model serves (``t2va``, ``fl2va``, ``ref2va``);
-    # empty for the others.
+    # The workflows a model serves: a joint video + audio model's (``t2va``, ``fl2va``,
+    # ``ref2va``), a Wan model's (``t2v``, ``i2v``, ``flf2v``, ``v2v``); empty for the others.
     workflows: list[str] = Field(default_factory=list)
     # The attention kernel of each role of the denoiser (``sdpa`` or ``vsa``), for models
     # whose deployment chooses it (MiniMax-H3: ``blocks``, ``token_refiner``); else None.

@@ -381,3 +381,22 @@ def test_v2v_needs_one_text_to_video_transformer() -> None:
     text.load("cpu")  # a t2v-only entry refuses a source video
     with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
         text.prepare(_request(references=[_source()]))
+
+
+def test_a_ti2v_checkpoint_saved_as_wan_pipeline_serves_both_workflows(tmp_path: Path) -> None:
+    """TI2V-5B's Diffusers checkpoint names ``WanPipeline`` in its model_index; an entry
+    serving ``i2v`` loads it as ``WanImageToVideoPipeline`` (no image encoder)."""
+    tiny = tiny_wan_i2v_pipeline("ti2v")
+    WanPipeline(
+        tokenizer=tiny.tokenizer, text_encoder=tiny.text_encoder, vae=tiny.vae,
+        scheduler=tiny.scheduler, transformer=tiny.transformer, expand_timesteps=True,
+    ).save_pretrained(tmp_path)  # fmt: skip
+    adapter = WanAdapter(
+        str(tmp_path), dtype="float32", spec=_spec(["t2v", "i2v"]),
+        max_sequence_length=TINY_SEQ_LEN,
+    )  # fmt: skip
+    adapter.load("cpu")
+    assert adapter.pipe.image_encoder is None and adapter.pipe.config.expand_timesteps
+    req = _request(reference_image=keyframe(1))
+    frames, media = _run(adapter, req)
+    _assert_same(frames, media, _call(tiny, req))

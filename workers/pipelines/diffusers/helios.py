@@ -46,8 +46,6 @@ import numpy as np
 import torch
 from diffusers import DiffusionPipeline, HeliosPipeline, HeliosPyramidPipeline
 from diffusers.pipelines.helios import pipeline_helios, pipeline_helios_pyramid
-from diffusers.utils.torch_utils import randn_tensor
-from PIL import Image
 
 from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput
@@ -57,6 +55,12 @@ from workers.pipelines.base import ActionBlock, ChunkEvents, WorldConfig, WorldP
 from workers.pipelines.blocks import BlockGate
 from workers.pipelines.diffusers.common import call_default, make_generator, to_uint8
 from workers.pipelines.diffusers.compiled import BlockCompiler
+from workers.pipelines.diffusers.helios_inputs import (
+    check_config,
+    image_latents,
+    latent_stats,
+    pyramid_steps,
+)
 from workers.pipelines.diffusers.helios_session import (
     HeliosState,
     check_event,
@@ -82,11 +86,7 @@ from workers.pipelines.diffusers.loading import (
     parse_dtype,
 )
 from workers.pipelines.snapshots import pack, unpack
-from workers.pipelines.world_rules import check_prompt, check_size
 
-# ``__call__``'s I2V noise on the image latents (``add_noise_to_image_latents``).
-IMAGE_NOISE_SIGMA = (0.111, 0.135)
-FAKE_IMAGE_NOISE_SIGMA = (0.111, 0.135)  # ``video_noise_sigma_min/max``
 # Every ``WorldConfig.extra`` key this adapter reads (FAMILY_SPECS declares the same).
 EXTRA_PARAMS = ("guidance_scale", "pyramid_num_inference_steps_list")
 
@@ -260,7 +260,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         negative = None if negative is None else negative.to(dtype)
         state = self._state(pipe, config, plan, embeds.to(dtype), negative)
         if config.reference_image is not None:
-            state.image_latents, fake = self._image_latents(pipe, config, state.generator)
+            state.image_latents, fake = image_latents(pipe, config, state.generator)
             state.history_latents = torch.cat([state.history_latents[:, :, :-1], fake], dim=2)
         return state
 
@@ -325,7 +325,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         keep = sum(HISTORY_SIZES)
         state.history_latents = torch.cat([state.history_latents, latents], dim=2)[:, :, -keep:]
         vae = pipe.vae
-        mean, inv_std = _latent_stats(vae, latents.device)
+        mean, inv_std = latent_stats(vae, latents.device)
         video = vae.decode(latents.to(vae.dtype) / inv_std + mean, return_dict=False)[0]
         frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
         k = state.chunk_index
@@ -378,10 +378,10 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
 
     def _plan(self, pipe: Any, config: WorldConfig) -> _Plan:
         """Check the config (a pyramid's step list too, before any encoding)."""
-        chunks = self._validate(config)
+        chunks = check_config(self.spec, self.lattice, config)
         steps, pyramid = config.steps_per_chunk, None
         if isinstance(pipe, HeliosPyramidPipeline):
-            pyramid = PyramidStages(self._pyramid_steps(pipe, config))
+            pyramid = PyramidStages(pyramid_steps(pipe, config))
             steps = sum(pyramid.steps)
         scale = float(config.extra.get("guidance_scale", call_default(pipe, "guidance_scale")))
         return _Plan(chunks, steps, pyramid, scale)
@@ -462,93 +462,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
             state.timesteps = state.scheduler.timesteps
         state.chunk_embeds = chunk_embeddings(state, state.chunk_index)
 
-    def _image_latents(
-        self, pipe: Any, config: WorldConfig, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``__call__``'s step 4 for ``image=``: the image and a still video of it encoded,
-        then noised (``add_noise_to_image_latents``)."""
-        device = pipe._execution_device
-        assert config.reference_image is not None
-        image = pipe.video_processor.preprocess(
-            Image.fromarray(config.reference_image), height=config.height, width=config.width
-        )
-        mean, inv_std = _latent_stats(pipe.vae, device)
-        latents, fake = pipe.prepare_image_latents(
-            image,
-            latents_mean=mean,
-            latents_std=inv_std,
-            num_latent_frames_per_chunk=LATENT_FRAMES_PER_CHUNK,
-            dtype=torch.float32,
-            device=device,
-            generator=generator,
-        )
-        lo, hi = IMAGE_NOISE_SIGMA
-        sigma = torch.rand(1, device=device, generator=generator) * (hi - lo) + lo
-        noise = randn_tensor(latents.shape, generator=generator, device=device)
-        latents = sigma * noise + (1 - sigma) * latents
-        lo, hi = FAKE_IMAGE_NOISE_SIGMA
-        sigma = torch.rand(1, device=device, generator=generator) * (hi - lo) + lo
-        noise = randn_tensor(fake.shape, generator=generator, device=device)
-        return latents, sigma * noise + (1 - sigma) * fake
-
-    def _pyramid_steps(self, pipe: Any, config: WorldConfig) -> list[int]:
-        """``pyramid_num_inference_steps_list``: from ``extra``, else ``steps_per_chunk``
-        shared evenly by the scheduler's stages (3 steps: [1, 1, 1])."""
-        stages = int(pipe.scheduler.config.stages)
-        given = config.extra.get("pyramid_num_inference_steps_list")
-        if given is None:
-            if config.steps_per_chunk % stages:
-                raise InvalidJobInput(
-                    f"steps_per_chunk must be a multiple of {stages} (one share per pyramid "
-                    f"stage), got {config.steps_per_chunk}"
-                )
-            return [config.steps_per_chunk // stages] * stages
-        if (
-            not isinstance(given, list | tuple)
-            or len(given) != stages
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in given)
-        ):
-            raise InvalidJobInput(
-                f"pyramid_num_inference_steps_list must be {stages} integers >= 1, got {given!r}"
-            )
-        return list(given)
-
     def _seq_len(self, pipe: Any) -> int:
         if self.max_sequence_length is not None:
             return self.max_sequence_length
         return int(call_default(pipe, "max_sequence_length"))
-
-    def _validate(self, config: WorldConfig) -> int:
-        """Check the config; return its number of chunks (``num_frames`` rounded down to
-        whole chunks)."""
-        spec = self.spec
-        check_prompt(config.prompt)
-        if config.camera_action_script is not None:
-            raise InvalidJobInput(f"camera_action_script: {spec.name} has no camera conditioning")
-        check_size(spec, config.width, config.height)
-        chunks = self.lattice.chunks_for_frames(config.num_frames)
-        if chunks < 1:
-            raise InvalidJobInput(
-                f"num_frames must be at least {self.lattice.first} (one chunk), "
-                f"got {config.num_frames}"
-            )
-        if not spec.min_steps <= config.steps_per_chunk <= spec.max_steps:
-            raise InvalidJobInput(
-                f"steps_per_chunk must be in [{spec.min_steps}, {spec.max_steps}], "
-                f"got {config.steps_per_chunk}"
-            )
-        img, shape = config.reference_image, (config.height, config.width, 3)
-        if img is not None and (img.dtype != np.uint8 or img.shape != shape):
-            raise InvalidJobInput(
-                f"reference_image must be uint8 {shape}, got {img.dtype} {img.shape}"
-            )
-        return chunks
-
-
-def _latent_stats(vae: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``latents_mean`` and ``1 / latents_std`` of the VAE, shaped as ``__call__`` makes
-    them (its ``latents_std`` is the inverse)."""
-    shape = (1, vae.config.z_dim, 1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean).view(shape).to(device, vae.dtype)
-    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(device, vae.dtype)
-    return mean, inv_std

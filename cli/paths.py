@@ -15,27 +15,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
-from pathlib import Path
 
-DATA_DIR_ENV = "OMNIQ_DATA_DIR"
-DATABASE_URL_ENV = "OMNIQ_DATABASE__URL"
-DATABASE_FILE = "omniqueue.db"
+from storage.paths import (
+    DATA_DIR_ENV,
+    DATABASE_FILE,
+    DATABASE_URL_ENV,
+    default_data_dir,
+    default_database_url,
+)
 
-
-def default_data_dir(env: MutableMapping[str, str] | None = None) -> Path:
-    """The absolute per-user data directory (module docstring); nothing is created."""
-    env = os.environ if env is None else env
-    if env.get(DATA_DIR_ENV):
-        return Path(env[DATA_DIR_ENV]).expanduser().resolve()
-    xdg = env.get("XDG_DATA_HOME", "")
-    home = Path(env["HOME"]) if env.get("HOME") else Path.home()
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else home / ".local" / "share"
-    return base / "omniqueue"
-
-
-def default_database_url(env: MutableMapping[str, str] | None = None) -> str:
-    """The SQLite file in :func:`default_data_dir`, as a SQLAlchemy URL."""
-    return f"sqlite:///{default_data_dir(env) / DATABASE_FILE}"
+__all__ = [
+    "DATABASE_FILE",
+    "DATABASE_URL_ENV",
+    "DATA_DIR_ENV",
+    "default_data_dir",
+    "default_database_url",
+    "use_default_database",
+]
 
 
 def use_default_database(env: MutableMapping[str, str] | None = None) -> None:
@@ -45,9 +41,9 @@ def use_default_database(env: MutableMapping[str, str] | None = None) -> None:
     settings read them). Through the environment, not a settings object, so that the
     processes this one starts (a worker group's ranks, Alembic) read the same database.
 
-    The settings object's own default (``storage/settings.py``) is a path relative to the
-    working directory; every ``omniqueue`` command that opens the database calls this
-    first, so that default is never used from the command line.
+    The settings object's own default is the same file (``storage/paths.py``); setting it
+    in the environment makes the processes this one starts agree even if their ``HOME``
+    or ``XDG_DATA_HOME`` differ.
     """
     env = os.environ if env is None else env
     if any(name.upper() in (DATABASE_URL_ENV, "OMNIQ_DATABASE") for name in env):

@@ -16,13 +16,15 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from models.registry import ServedModel, parse_registry, served_models
+from storage.paths import default_data_dir, default_database_url
 from storage.realtime_settings import RealtimeSettings as RealtimeSettings
 
 PLACEHOLDER_SECRETS = {"", "changeme", "change-me", "minioadmin", "omniqueue", "secret"}
 
 
 class DatabaseSettings(BaseModel):
-    url: str = "sqlite:///omniqueue-data/omniqueue.db"
+    # The SQLite file in the per-user data directory (storage/paths.py), absolute.
+    url: str = Field(default_factory=default_database_url)
     echo: bool = False
     pool_size: int = 10
     # A pooled server connection idle longer than this is pinged before it is used, and
@@ -361,7 +363,7 @@ class Settings(BaseSettings):
 
     # ``embedded`` is what ``omniqueue up`` runs: local services, placeholder secrets allowed.
     mode: Literal["embedded", "production"] = "production"
-    data_dir: Path = Path("omniqueue-data")
+    data_dir: Path = Field(default_factory=default_data_dir)  # OMNIQ_DATA_DIR
     host: str = "127.0.0.1"
     port: int = 8000
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from models.catalog import ModelSpec
-from models.common import ModelLimits, ModelObject
+from models.common import AudioLimits, ModelLimits, ModelObject
 from storage.settings import LimitSettings
 
 
@@ -29,20 +29,19 @@ def model_object(
     job = not spec.streaming
     width, height = spec.default_size
     seconds = min(spec.max_seconds or limits.max_seconds, limits.max_seconds)
-    return ModelObject(
-        id=spec.name,
-        owned_by=spec.owned_by,
-        modality=spec.modality,
-        kind=spec.kind,
-        description=spec.description,
-        quality_tiers=quality_tiers(spec),
-        loras=(loras or []) if spec.supports_lora else None,
-        workflows=list(spec.workflows),
-        attention=dict(spec.attention) or None,
-        vsa_topk=spec.vsa_topk,
-        available=unavailable is None,
-        unavailable_reason=unavailable,
-        limits=ModelLimits(
+    steps = min(spec.max_steps, limits.max_steps) if job else spec.max_steps
+    kind_limits: ModelLimits | AudioLimits
+    if spec.modality == "audio":  # a clip's length and steps only
+        kind_limits = AudioLimits(
+            default_seconds=spec.default_seconds,
+            max_seconds=seconds if job else spec.max_seconds,
+            min_steps=spec.min_steps,
+            max_steps=steps,
+            default_steps=spec.default_steps,
+            supports_image_input=spec.supports_image_input,
+        )
+    else:
+        kind_limits = ModelLimits(
             min_size=spec.min_size,
             max_width=min(spec.max_width, limits.max_width) if job else spec.max_width,
             max_height=min(spec.max_height, limits.max_height) if job else spec.max_height,
@@ -57,9 +56,23 @@ def model_object(
             default_seconds=spec.default_seconds,
             max_seconds=seconds if job else spec.max_seconds,
             min_steps=spec.min_steps,
-            max_steps=min(spec.max_steps, limits.max_steps) if job else spec.max_steps,
+            max_steps=steps,
             default_steps=spec.default_steps,
             supports_image_input=spec.supports_image_input,
             has_audio=spec.has_audio,
-        ),
+        )
+    return ModelObject(
+        id=spec.name,
+        owned_by=spec.owned_by,
+        modality=spec.modality,
+        kind=spec.kind,
+        description=spec.description,
+        quality_tiers=quality_tiers(spec),
+        loras=(loras or []) if spec.supports_lora else None,
+        workflows=list(spec.workflows),
+        attention=dict(spec.attention) or None,
+        vsa_topk=spec.vsa_topk,
+        available=unavailable is None,
+        unavailable_reason=unavailable,
+        limits=kind_limits,
     )

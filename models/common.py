@@ -159,6 +159,19 @@ class ModelLimits(BaseModel):
     has_audio: bool
 
 
+class AudioLimits(BaseModel):
+    """:class:`ModelLimits` of an audio model: the clip's length and the steps (a size,
+    frames or fps would mean nothing for it)."""
+
+    default_seconds: float
+    max_seconds: float | None
+    min_steps: int
+    max_steps: int
+    default_steps: int
+    supports_image_input: bool = False
+    has_audio: bool = True
+
+
 class ModelObject(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -169,7 +182,8 @@ class ModelObject(BaseModel):
     # (WS /v1/realtime/video) or ``voice`` (WS /v1/realtime).
     kind: Literal["job", "world", "voice"] = "job"
     description: str = ""
-    limits: ModelLimits | None = None
+    # A video model's (ModelLimits) or an audio model's (AudioLimits): only its kind's.
+    limits: ModelLimits | AudioLimits | None = None
     # The ``quality`` tiers a video create may ask for ("lossless" always; empty for
     # models that are not video job models).
     quality_tiers: list[str] = Field(default_factory=list)

@@ -41,12 +41,14 @@ function applyModel(model) {
     const wanted = label.dataset.for;
     label.hidden = wanted === "reference" ? !lim.supports_image_input : wanted !== kind;
   }
-  const size = $("job-size");
-  size.placeholder = lim.default_size;
-  const fits = ([w, h]) => w <= lim.max_width && h <= lim.max_height &&
-    w % lim.size_multiple === 0 && h % lim.size_multiple === 0;
-  const sizes = [lim.default_size, ...SIZES.filter(fits).map(([w, h]) => `${w}x${h}`)];
-  $("job-sizes").replaceChildren(...[...new Set(sizes)].map((s) => el("option", { value: s })));
+  if (kind === "video") { // an audio model's limits have no size (its field is hidden)
+    const size = $("job-size");
+    size.placeholder = lim.default_size;
+    const fits = ([w, h]) => w <= lim.max_width && h <= lim.max_height &&
+      w % lim.size_multiple === 0 && h % lim.size_multiple === 0;
+    const sizes = [lim.default_size, ...SIZES.filter(fits).map(([w, h]) => `${w}x${h}`)];
+    $("job-sizes").replaceChildren(...[...new Set(sizes)].map((s) => el("option", { value: s })));
+  }
   const seconds = $("job-seconds");
   seconds.min = "0.05";
   seconds.max = lim.max_seconds ?? "";

@@ -27,3 +27,23 @@ def test_streaming_models_say_which_socket_serves_them() -> None:
     assert (world.limits.frame_offset, world.limits.frame_multiple) == (9, 12)
     assert world.limits.max_seconds is None
     assert model_object(REFERENCE_VOICE, LimitSettings()).kind == "voice"
+
+
+def test_an_audio_model_lists_only_the_limits_of_a_clip() -> None:
+    """No size, frames or fps for an audio model (issue 34 §8): its clip's length and
+    steps, and the JSON a client reads has no video keys."""
+    audio = model_object(REFERENCE_AUDIO, LimitSettings(max_seconds=20, max_steps=50))
+    assert audio.limits is not None
+    listed = audio.model_dump(mode="json")["limits"]
+    assert set(listed) == {
+        "default_seconds",
+        "max_seconds",
+        "min_steps",
+        "max_steps",
+        "default_steps",
+        "supports_image_input",
+        "has_audio",
+    }
+    assert (listed["max_seconds"], listed["max_steps"], listed["has_audio"]) == (20, 50, True)
+    voice = model_object(REFERENCE_VOICE, LimitSettings()).model_dump(mode="json")["limits"]
+    assert "default_size" not in voice and "max_fps" not in voice

@@ -186,6 +186,13 @@ def speech_seconds(text: str, speed: float) -> float:
     return (_SPEECH_LEAD_S + _SECONDS_PER_WORD * words) / speed
 
 
+def speech_model(specs: dict[str, ModelSpec]) -> str:
+    """``/v1/audio/speech``'s default: the first served text-to-speech model, else the
+    first served audio model ("" if none)."""
+    speakers = (n for n, s in specs.items() if s.text_to_speech and not s.streaming)
+    return next(speakers, "") or default_model(specs, "audio")
+
+
 def parse_speech(raw: dict[str, Any]) -> SpeechCreate:
     """JSON or multipart fields of ``POST /v1/audio/speech`` → :class:`SpeechCreate`."""
     if "voice" in raw and "speaker" in raw:
@@ -211,7 +218,7 @@ def resolve_speech(
         )
     if body.instructions and len(body.instructions) > settings.limits.max_prompt_chars:
         raise InvalidRequest("instructions is too long", param="instructions")
-    model = body.model or default_model(specs, "audio")
+    model = body.model or speech_model(specs)
     spec = specs.get(model)
     options = {"speed": speed, "voice": voice, "instructions": body.instructions}
     seconds = speech_seconds(body.input, speed)
@@ -222,6 +229,7 @@ def resolve_speech(
         seconds = body.duration_seconds
     req = _generation(
         body,
+        model=model or None,
         seconds=seconds,
         response_format=fmt,
         sample_rate=body.sample_rate or 24_000,

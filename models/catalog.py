@@ -98,6 +98,9 @@ class ModelSpec(BaseModel):
     # ``extra_params.camera_action_script``, ``session.interaction``'s ``event.camera``);
     # a world model without it refuses both, naming the field.
     camera_control: bool = False
+    # A text-to-speech model: it speaks its prompt. ``/v1/audio/speech`` without ``model``
+    # uses the first served one (other audio jobs: the first served audio model).
+    text_to_speech: bool = False
     # A world model's blend of a prompt change when neither the interaction nor the
     # session's start sets ``transition_chunks``: over this many chunks (0: a cut).
     default_transition_chunks: int = Field(default=1, ge=0)
@@ -224,11 +227,29 @@ REFERENCE_AUDIO = ModelSpec(
     extra_ranges={"bpm": (30.0, 300.0)},
 )
 
+REFERENCE_SPEECH = ModelSpec(
+    name="reference/speech",
+    modality="audio",
+    description=(
+        "Built-in text-to-speech: eSpeak NG (the 'speech' extra, or espeak-ng on PATH) speaks "
+        "the input phrase by phrase, one step per phrase, so PCM streams as it is spoken. "
+        "CPU, no weights, deterministic."
+    ),
+    text_to_speech=True,
+    default_seconds=5.0,
+    max_seconds=120.0,
+    min_steps=1,
+    max_steps=200,
+    default_steps=1,  # unused: a job has one step per phrase of its input
+    parameters=["speed", "voice"],
+)
+
 BUILTIN_SPECS: dict[str, ModelSpec] = {
     REFERENCE_VIDEO.name: REFERENCE_VIDEO,
     REFERENCE_WORLD.name: REFERENCE_WORLD,
     REFERENCE_VOICE.name: REFERENCE_VOICE,
     REFERENCE_AUDIO.name: REFERENCE_AUDIO,
+    REFERENCE_SPEECH.name: REFERENCE_SPEECH,
 }
 
 

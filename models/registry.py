@@ -14,6 +14,7 @@ from models.catalog import (
     DEFAULT_VSA_TOPK,
     FAMILY_SPECS,
     REFERENCE_AUDIO,
+    REFERENCE_SPEECH,
     REFERENCE_VIDEO,
     REFERENCE_VOICE,
     REFERENCE_WORLD,
@@ -117,7 +118,13 @@ BUILTIN_MODELS: dict[str, ServedModel] = {
     spec.name: ServedModel(
         name=spec.name, adapter=spec.name.replace("/", "."), dtype="float32", spec=spec
     )
-    for spec in (REFERENCE_VIDEO, REFERENCE_WORLD, REFERENCE_AUDIO, REFERENCE_VOICE)
+    for spec in (
+        REFERENCE_VIDEO,
+        REFERENCE_WORLD,
+        REFERENCE_AUDIO,
+        REFERENCE_SPEECH,
+        REFERENCE_VOICE,
+    )
 }
 
 

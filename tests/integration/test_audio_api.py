@@ -20,6 +20,7 @@ from openai import BadRequestError, OpenAI
 from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack, assert_not_found
+from tests.speech_measures import median_f0, syllabic_peak_hz
 from workers.audio_media import decode_audio
 
 pytestmark = pytest.mark.integration
@@ -378,7 +379,66 @@ def test_speech_sse_stream(astack: AudioStack, client: httpx.Client) -> None:
     assert events[-1]["type"] == "speech.audio.done"
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
     pcm = b"".join(base64.b64decode(e["audio"]) for e in deltas)
-    assert len(pcm) == 2 * round(1.5 * 24_000)
+    # reference/speech (the default) speaks the three words: about a second
+    assert 2 * 0.5 * 24_000 < len(pcm) < 2 * 2.0 * 24_000
+    assert np.abs(np.frombuffer(pcm, dtype="<i2")).max() > 5_000
+
+
+SPEECH_TEXT = "Hello there, this is the built in speech model. It speaks every word of its input."
+
+
+def _speech(client: httpx.Client, text: str, **fields: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """``POST /v1/audio/speech`` without ``model``: the decoded mono samples and the job."""
+    resp = client.post("/v1/audio/speech", json={"input": text, **fields}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    samples, rate = decode_audio(io.BytesIO(resp.content))
+    assert (samples.shape[0], rate) == (1, 24_000)
+    job = client.get(f"/v1/audio/generations/{resp.headers['x-request-id']}").json()
+    return samples[0], job
+
+
+def test_speech_speaks_the_input(astack: AudioStack, client: httpx.Client) -> None:
+    """The default speech model is reference/speech (eSpeak NG from the speech extra,
+    nothing installed by hand): its clip is as long as the words take, its loudness has
+    the syllable rhythm, the same text gives the same samples, the voice sets the pitch;
+    /v1/audio/generations keeps reference/audio."""
+    long, job = _speech(client, SPEECH_TEXT, voice="echo", response_format="wav")
+    assert job["model"] == "reference/speech" and job["status"] == "completed"
+    short, _ = _speech(client, "Hello there.", voice="echo", response_format="wav")
+    assert 3.0 < len(long) / 24_000 < 9.0 and len(short) < len(long) / 3
+    peak, share = syllabic_peak_hz(long, 24_000)
+    assert 2 <= peak <= 8 and share > 0.5, (peak, share)
+    again, _ = _speech(client, SPEECH_TEXT, voice="echo", response_format="wav")
+    assert np.array_equal(again, long)
+    nova, _ = _speech(client, SPEECH_TEXT, voice="nova", response_format="wav")
+    assert median_f0(nova, 24_000) > 1.3 * median_f0(long, 24_000)
+    mp3, _ = _speech(client, SPEECH_TEXT, voice="echo")  # OpenAI's default format
+    assert abs(len(mp3) - len(long)) < 0.05 * 24_000
+    music = _create(client)
+    assert music["model"] == "reference/audio"
+    assert astack.wait_audio(client, music["id"])["status"] == "completed"
+
+
+def test_speech_pcm_streams_while_the_job_speaks(astack: AudioStack, client: httpx.Client) -> None:
+    """The first PCM bytes arrive while the job is still in its step loop: paused before
+    its second phrase, the first one has been streamed (leaving cancels the job)."""
+    astack.set_failpoints({"step:1": "pause"})
+    try:
+        body = {"input": SPEECH_TEXT, "voice": "echo", "response_format": "pcm"}
+        with client.stream("POST", "/v1/audio/speech", json=body, timeout=30) as resp:
+            assert resp.status_code == 200 and resp.headers["content-type"] == "audio/pcm"
+            job_id = resp.headers["x-request-id"]
+            pieces, first = resp.iter_bytes(), b""  # not left (that would disconnect)
+            while len(first) < 2 * 9_600:  # 0.4 s of the first phrase, "Hello there,"
+                first += next(pieces)
+            job = client.get(f"/v1/audio/generations/{job_id}").json()
+            assert job["status"] == "in_progress" and job["stage"] == "denoise", job
+            assert job["progress"] < 85
+            assert np.abs(np.frombuffer(first[: len(first) // 2 * 2], "<i2")).max() > 5_000
+    finally:
+        astack.set_failpoints({})
+    job = astack.wait_audio(client, job_id)
+    assert job["status"] == "failed" and job["error"]["code"] == "cancelled", job
 
 
 # vLLM-Omni's examples/online_serving/qwen3_tts/openai_speech_client.py builds this body
@@ -540,7 +600,7 @@ def test_sync_client_disconnect_cancels_the_job(astack: AudioStack, client: http
             client.stream(
                 "POST",
                 "/v1/audio/speech",
-                json={"input": "abandoned speech", "response_format": "pcm"},
+                json={"input": "abandoned speech, for nobody", "response_format": "pcm"},
                 timeout=httpx.Timeout(30, read=1.5),
             ) as resp,
         ):

@@ -12,6 +12,7 @@ import pytest
 
 from models.registry import BUILTIN_MODELS
 from tests.unit.reference_fixtures import loaded
+from workers.pipelines import espeak
 from workers.pipelines.base import VoiceChunk, VoicePipeline, VoiceTurn
 from workers.pipelines.reference_voice import (
     BASE_PITCH_HZ,
@@ -166,15 +167,17 @@ sys.stdout.buffer.write(out.getvalue())
 
 
 def test_espeak_speech_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``speech="espeak-ng"`` speaks the transcript through the espeak-ng command line
-    (a fake binary here: the real one is optional): arguments, 24 kHz resampling, whole
-    40 ms steps, words revealed over the audio."""
+    """``speech="espeak-ng"`` without the bundled library speaks the transcript through
+    the espeak-ng command line (a fake binary here: the real one is optional): arguments,
+    24 kHz resampling, whole 40 ms steps, words revealed over the audio."""
     fake = tmp_path / "espeak-ng"
     fake.write_text(FAKE_ESPEAK.replace("{python}", sys.executable))
     fake.chmod(0o755)
     log = tmp_path / "args.jsonl"
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_ESPEAK_LOG", str(log))
+    monkeypatch.setattr(espeak, "has_library", lambda: False)  # the binary, not the library
+    monkeypatch.setattr(espeak, "_library", None)
     pipe = ReferenceVoicePipeline(speech="espeak-ng")
     pipe.load("cpu")
     turn = VoiceTurn(

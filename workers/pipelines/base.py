@@ -204,6 +204,15 @@ class Pipeline(Adapter):
         """A cheap uint8 H×W×3 estimate of the current result, or None."""
         return None
 
+    def take_audio(self, state: StepState) -> tuple[np.ndarray, int] | None:
+        """The audio the steps have made since the last call, as float32 (channels, n)
+        and its sample rate; None (the default) when the clip comes out of ``decode``
+        only. The executor calls it after every step of a job that streams PCM and
+        publishes what it gets at once. An adapter whose steps make the clip piece by
+        piece (``reference/speech``: a phrase per step) returns each new piece, and its
+        ``decode`` audio must be exactly these pieces joined."""
+        return None
+
     def decode_stream(self, state: StepState) -> DecodeStream | None:
         """What ``decode`` makes, as a :class:`DecodeStream` (the frames chunk by chunk,
         so the executor encodes one while the next decodes, and the soundtrack first); or

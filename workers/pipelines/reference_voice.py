@@ -187,7 +187,10 @@ class ReferenceVoicePipeline(NoWeights, VoicePipeline[VoiceState | SpokenState])
         """Nothing to load: numpy on the CPU whatever the worker's device (espeak-ng must
         be on PATH when it is asked for)."""
         if self.speech == "espeak-ng" and not espeak.available():
-            raise RuntimeError("reference/voice speech='espeak-ng' needs espeak-ng on PATH")
+            raise RuntimeError(
+                "reference/voice speech='espeak-ng' needs eSpeak NG: pip install "
+                "'omniqueue[speech]' or put espeak-ng on PATH"
+            )
 
     @property
     def step_samples(self) -> int:

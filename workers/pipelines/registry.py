@@ -31,6 +31,7 @@ ADAPTERS: dict[str, str] = {
     "reference.world": "workers.pipelines.reference_world:ReferenceWorldPipeline",
     "reference.voice": "workers.pipelines.reference_voice:ReferenceVoicePipeline",
     "reference.audio": "workers.pipelines.reference_audio:ReferenceAudioPipeline",
+    "reference.speech": "workers.pipelines.reference_speech:ReferenceSpeechPipeline",
     "diffusers.wan": "workers.pipelines.diffusers.wan:WanAdapter",
     "diffusers.ltx": "workers.pipelines.diffusers.ltx:LTXAdapter",
     "diffusers.cogvideox": "workers.pipelines.diffusers.cogvideox:CogVideoXAdapter",

@@ -311,6 +311,7 @@ class VideoErrorCode(enum.StrEnum):
     SESSION_EXPIRED = "session_expired"  # ran past realtime.max_session_s
     # reported by the worker side
     RESOURCE_EXHAUSTED = "resource_exhausted"
+    MODEL_UNAVAILABLE = "model_unavailable"  # no live worker can load the model
     WORKER_LOST = "worker_lost"
     INTERACTION_FAILED = "interaction_failed"
     # an interaction that no chunk is left to apply to (sent after the last chunk was

@@ -37,7 +37,9 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from api.model_availability import ModelAvailability
 from api.realtime.broker import BROKER_ERRORS, bounded
+from models.errors import model_unavailable_message
 from models.session_bus import OUTPUTS, KeepaliveCommand, SessionConfig, SessionOutput
 from realtime.session_snapshot import RelayPosition
 from realtime.worker_watch import WORKER_LOST, WorkerWatch
@@ -81,6 +83,9 @@ class SessionHost(Protocol):
     @property
     def detached_world_sessions(self) -> dict[str, Any]: ...
 
+    @property
+    def availability(self) -> ModelAvailability: ...
+
 
 class RelayTarget(Protocol):
     """The session as the relay drives it."""
@@ -117,6 +122,7 @@ class Relay:
         stood (it goes on after the last output that replica applied)."""
         self.id = session_id
         self.bus, self.queue = host.abus, host.queue
+        self.availability = host.availability
         self.settings: RealtimeSettings = host.settings.realtime
         self.target = target
         self.inbox, self.outbox = session_in_key(session_id), session_out_key(session_id)
@@ -137,7 +143,14 @@ class Relay:
 
     async def place(self, config: SessionConfig) -> None:
         """Put the session on a worker of its model's realtime queue, then relay. Raises
-        one of ``BROKER_ERRORS`` when the broker is gone (the caller ends the session)."""
+        one of ``BROKER_ERRORS`` when the broker is gone (the caller ends the session).
+        A model no live worker can load ends it at once with ``model_unavailable`` and the
+        workers' reasons (``api/model_availability.py``), not after the admission timeout."""
+        reasons = await run_in_threadpool(self.availability.unavailable)
+        if config.model in reasons:
+            message = model_unavailable_message(config.model, reasons[config.model])
+            await self.target.worker_gone("model_unavailable", message)
+            return
         self.placed = True
         await self.command(KeepaliveCommand())  # creates the in stream with its TTL
         placed = run_in_threadpool(

@@ -13,6 +13,7 @@ still runs jobs. The records themselves are checked on a real Redis first.
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
 from storage.worker_presence import Availability, WorkerPresence, load_failures_key
@@ -134,6 +136,14 @@ def test_a_model_that_cannot_load_is_named_and_refused_and_the_rest_serves(ustac
         rt_log = ustack.log("rt0")
         assert f"'{WORLD_MODEL}': path {weights / 'Helios-Distilled'} does not exist" in rt_log
         assert "neither a valid local path" not in ustack.log("w0")  # no diffusers' words
+        # a session for it is ended at once, not after the admission timeout
+        ws_url = ustack.url.replace("http://", "ws://") + "/v1/realtime/video"
+        with connect(ws_url) as ws:
+            start = {"type": "session.start", "model": WORLD_MODEL, "prompt": "a lighthouse"}
+            ws.send(json.dumps(start))
+            error = json.loads(ws.recv(timeout=5))
+        assert (error["type"], error["code"]) == ("error", "model_unavailable"), error
+        assert f"path {weights / 'Helios-Distilled'} does not exist" in error["message"]
 
         # the queued job fails, its reference deleted
         failed = ustack.wait_for(c, job["id"], timeout=30)

@@ -23,6 +23,7 @@ import redis
 import redis.asyncio
 from pydantic import BaseModel
 
+from api.model_availability import ModelAvailability
 from api.realtime.relay import Relay
 from models.session_bus import (
     AcceptedOutput,
@@ -52,6 +53,7 @@ from storage.bus import AsyncEventBus, BusMessage, EventBus
 from storage.constants import job_queue, realtime_queue
 from storage.queue import JobQueue, make_celery
 from storage.settings import RealtimeSettings, RedisSettings, Settings
+from storage.worker_presence import WorkerPresence
 from tests.helpers import world_session_config
 from workers.celery_app import run_task
 from workers.session_slot import SessionSlot
@@ -158,13 +160,17 @@ class _Host:
     settings: Settings
     abus: AsyncEventBus
     queue: JobQueue
+    availability: ModelAvailability
     voice_sessions: dict[str, Any] = field(default_factory=dict)
 
 
 def _relay(session_id: str, redis_url: str, target: Any) -> tuple[Relay, Any]:
     client = redis.asyncio.Redis.from_url(redis_url)
     settings = Settings(redis=RedisSettings(url=redis_url))
-    host = _Host(settings, AsyncEventBus(client, ttl_s=60), JobQueue(make_celery(settings)))
+    served = ModelAvailability(WorkerPresence(redis.Redis.from_url(redis_url)), [])
+    host = _Host(
+        settings, AsyncEventBus(client, ttl_s=60), JobQueue(make_celery(settings)), served
+    )
     return Relay(session_id, host, target), client
 
 

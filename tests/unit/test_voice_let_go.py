@@ -66,6 +66,7 @@ class Host:
         self.voice_sessions: dict[str, Any] = {}
         self.abus = self.queue = None
         self.detached_world_sessions: dict[str, Any] = {}
+        self.availability = None  # never asked: these sessions are placed already
 
 
 def _session() -> tuple[VoiceSession, Host, Socket]:

@@ -87,3 +87,30 @@ def opened(settings: DatabaseSettings) -> Iterator[sessionmaker[Session]]:
         raise DatabaseUnusable(message) from None
     finally:
         engine.dispose()
+
+
+def schema_missing(settings: DatabaseSettings) -> str | None:
+    """What ``omniqueue api`` and ``worker`` check before they start: one line when the
+    database has no schema (a SQLite file that does not exist, or no ``jobs`` table);
+    None when it has one, and also when it cannot be reached now (the process starts and
+    retries, as a worker cut off from its database does)."""
+    from sqlalchemy import text
+
+    from storage.db import make_engine
+
+    path = sqlite_file(settings.url)
+    if path is not None and not path.is_file():
+        return (
+            f"no database at {path}: run `omniqueue migrate` to create it "
+            "(`omniqueue up` does), or set OMNIQ_DATABASE__URL"
+        )
+    engine = make_engine(settings)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1 FROM jobs WHERE 1 = 0"))
+    except exc.DBAPIError as error:
+        message = explain(error, settings.url)
+        return message if message is not None and "run `omniqueue migrate`" in message else None
+    finally:
+        engine.dispose()
+    return None

@@ -39,8 +39,20 @@ def _metrics_mode(settings: Settings, *, api: bool) -> None:
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
 
+def _schema_missing(command: str, settings: Any) -> bool:
+    """Say so in one line (and return True) when the database has no schema yet."""
+    from cli.database import schema_missing
+
+    message = schema_missing(settings.database)
+    if message is not None:
+        print(f"omniqueue {command}: {message}", file=sys.stderr)
+    return message is not None
+
+
 def _cmd_api(args: argparse.Namespace) -> int:
     settings = get_settings()
+    if _schema_missing("api", settings):
+        return 1
     _metrics_mode(settings, api=True)
     import uvicorn
 
@@ -84,6 +96,8 @@ def _shared_socket(host: str, port: int) -> socket.socket:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     settings = get_settings()
+    if _schema_missing("worker", settings):
+        return 1
     _metrics_mode(settings, api=False)
     update: dict[str, object] = {}
     if args.models:

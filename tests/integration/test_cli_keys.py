@@ -189,3 +189,21 @@ def test_a_database_without_its_schema_is_one_line(tmp_path: Path, env: dict[str
         line = _one_line(_omniqueue("keys", "list", env={**env, "OMNIQ_DATABASE__URL": missing}))
         assert line.startswith("omniqueue: cannot use the database at "), line
         assert 'database "oq_no_such_database" does not exist' in line, line
+
+
+def test_api_and_worker_without_a_schema_say_to_migrate(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """``omniqueue api`` and ``worker`` check the schema before they start: a missing
+    SQLite file or a database without its tables is one line, exit 1, nothing created."""
+    for command in (["api", "--port", "1"], ["worker"]):
+        line = _one_line(_omniqueue(*command, env=env))
+        assert line == (
+            f"omniqueue {command[0]}: no database at {tmp_path / 'keys.db'}: run "
+            "`omniqueue migrate` to create it (`omniqueue up` does), or set OMNIQ_DATABASE__URL"
+        )
+    assert not (tmp_path / "keys.db").exists()
+    with new_pg_database() as pg:
+        line = _one_line(_omniqueue("worker", env={**env, "OMNIQ_DATABASE__URL": pg}))
+        assert line.startswith("omniqueue worker: the database at ") and "no schema yet" in line
+        assert line.endswith(": run `omniqueue migrate`"), line

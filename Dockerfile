@@ -74,7 +74,7 @@ RUN pip install --index-url "${TORCH_INDEX}" "${TORCH_SPEC}"
 COPY --from=source /app /app
 # torch is already satisfied, so this only adds the rest of the dependencies.
 RUN set -eux; \
-    pip install '.[worker,diffusers]'; \
+    pip install '.[worker,speech,diffusers]'; \
     rm -rf build ./*.egg-info; \
     python -c "import torch; print('torch', torch.__version__)"
 

@@ -163,6 +163,7 @@ def test_models(omniqueue: Any) -> None:
     rows = {line.split()[0]: line for line in stdout.splitlines()[1:]}
     assert "omniqueue video" in rows["reference/video"] and "--image" in rows["reference/video"]
     assert "omniqueue audio | speech" in rows["reference/audio"]
+    assert "omniqueue audio | speech" in rows["reference/speech"]
     assert "WS /v1/realtime/video" in rows["reference/world"]
     code, stdout, _ = omniqueue("models", "--json")
     assert {json.loads(line)["id"] for line in stdout.splitlines()} >= set(rows)
@@ -222,7 +223,7 @@ def test_ctrl_c_on_speech_closes_the_connection_and_the_job_is_cancelled(
         c.headers["Authorization"] = f"Bearer {key}"
         stack.set_failpoints({"step:1": "pause"})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "speech", "interrupt me", "-o", "x.mp3"],
+            [sys.executable, "-m", "cli.main", "speech", "interrupt me, please", "-o", "x.mp3"],
             cwd=tmp_path,
             env=env,
             stderr=subprocess.PIPE,
@@ -231,7 +232,7 @@ def test_ctrl_c_on_speech_closes_the_connection_and_the_job_is_cancelled(
         deadline = time.monotonic() + 60
         job: dict[str, Any] = {}
         while time.monotonic() < deadline and not (
-            job.get("prompt") == "interrupt me" and job.get("step") == 1
+            job.get("prompt") == "interrupt me, please" and job.get("step") == 1
         ):
             time.sleep(0.05)
             page = c.get("/v1/audio/generations", params={"limit": 1}).json()["data"]

@@ -356,6 +356,7 @@ def test_models_health_ready(stack: Stack, client: httpx.Client) -> None:
         "reference/video",
         "reference/world",
         "reference/audio",
+        "reference/speech",
         "reference/voice",
     ]
     assert all(m["available"] and m["unavailable_reason"] is None for m in models["data"])

@@ -113,7 +113,8 @@ def test_phrases() -> None:
     ]
     long = " ".join(f"w{i}" for i in range(2 * MAX_WORDS + 1))
     assert [len(p.split()) for p in phrases(long)] == [MAX_WORDS, MAX_WORDS, 1]
-    assert phrases(" ... !? ") == []
+    assert phrases(" $5 ... !? ") == ["$5 ...", "!?"]
+    assert phrases(" \n ") == []
 
 
 def test_one_step_per_phrase_and_the_pieces_are_the_clip(pipe: ReferenceSpeechPipeline) -> None:
@@ -158,7 +159,7 @@ def test_the_clip_is_cut_at_max_seconds() -> None:
 
 def test_bad_input_is_refused(pipe: ReferenceSpeechPipeline) -> None:
     with pytest.raises(InvalidJobInput, match="nothing to speak"):
-        pipe.prepare(_request("?!"))
+        pipe.prepare(_request(" \n "))
     with pytest.raises(InvalidJobInput, match="bpm"):
         pipe.prepare(
             GenerationRequest.audio(

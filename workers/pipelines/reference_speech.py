@@ -88,7 +88,7 @@ def phrases(text: str) -> list[str]:
     for match in _PHRASE.finditer(text):
         words = match.group(0).split()
         out += [" ".join(words[i : i + MAX_WORDS]) for i in range(0, len(words), MAX_WORDS)]
-    return [p for p in out if any(c.isalnum() for c in p)]
+    return [p for p in out if p]  # symbols too: espeak says "$" as "dollar"
 
 
 class ReferenceSpeechPipeline(NoWeights, Pipeline):

@@ -198,6 +198,19 @@ def test_espeak_speech_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert np.abs(pcm[: int(0.08 * RATE)]).max() < 200 and np.abs(pcm).max() > 6000
 
 
+@pytest.mark.skipif(not espeak.has_library(), reason="needs the speech extra")
+def test_espeak_speech_option_with_the_bundled_library() -> None:
+    """With the ``speech`` extra the same option speaks through libespeak-ng: real speech,
+    the same bytes for the same turn."""
+    pipe = ReferenceVoicePipeline(speech="espeak-ng")
+    pipe.load("cpu")
+    turn = _turn(text="what is the weather like today", voice="echo")
+    first = b"".join(c.pcm16 for c in _run(pipe, turn)[1])
+    assert b"".join(c.pcm16 for c in _run(pipe, turn)[1]) == first
+    pcm = np.frombuffer(first, "<i2")
+    assert len(pcm) > RATE and np.abs(pcm).max() > 6000
+
+
 def test_speech_option_is_checked() -> None:
     with pytest.raises(ValueError, match="speech"):
         ReferenceVoicePipeline(speech="festival")

@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import threading
 import wave
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import util
 from pathlib import Path
@@ -193,30 +193,27 @@ def _collect(parts: list[np.ndarray]) -> _Sink:
     return sink
 
 
-def speak(text: str, voice: Voice, wpm: int, *, block: int = 2205) -> Iterator[np.ndarray]:
-    """``text`` spoken, as int16 blocks at 22.05 kHz. The library engine runs synchronously
-    under the lock and yields once it returns; the blocks are the callback's (about
-    ``block`` samples each, espeak's own buffering). Prefer :func:`speak_all` unless the
-    blocks matter."""
+def speak(text: str, voice: Voice, wpm: int, *, block: int = 2205) -> list[np.ndarray]:
+    """``text`` spoken, as int16 blocks at 22.05 kHz: the library's callback blocks (its
+    own buffering), or the binary's output cut into ``block`` samples."""
     parts: list[np.ndarray] = []
-    lib = _get_library()
-    if lib is not None:
-        with _LOCK:
+    with _LOCK:  # the library is one per process, and so is its loader
+        lib = _get_library()
+        if lib is not None:
             lib.speak(text, voice, wpm, _collect(parts))
-    elif has_binary():
-        whole = _binary(text, voice, wpm)
-        parts = [whole[i : i + block] for i in range(0, len(whole), block)]
-    else:
+            return parts
+    if not has_binary():
         raise RuntimeError(
             "eSpeak NG is not installed: pip install 'omniqueue[speech]' (espeakng-loader) "
             "or put espeak-ng on PATH"
         )
-    yield from parts
+    whole = _binary(text, voice, wpm)
+    return [whole[i : i + block] for i in range(0, len(whole), block)]
 
 
 def speak_all(text: str, voice: Voice, wpm: int) -> np.ndarray:
     """``text`` spoken, as one int16 array at 22.05 kHz."""
-    parts = list(speak(text, voice, wpm))
+    parts = speak(text, voice, wpm)
     return np.concatenate(parts) if parts else np.zeros(0, np.int16)
 
 

@@ -168,6 +168,17 @@ def test_bad_input_is_refused(pipe: ReferenceSpeechPipeline) -> None:
         )
 
 
+def test_a_dead_helper_is_started_again(pipe: ReferenceSpeechPipeline) -> None:
+    """The library runs in a helper process; if it dies, the next call starts another and
+    the speech is the same."""
+    before = _speak(pipe, "Hello there.")
+    lib = espeak._get_library()
+    assert lib is not None and lib.proc is not None
+    lib.proc.kill()
+    lib.proc.wait()
+    assert np.array_equal(_speak(pipe, "Hello there."), before)
+
+
 def test_the_library_and_the_binary_speak_alike_when_both_exist() -> None:
     """The binary is optional here; where it is installed it must make speech of the
     same length (the same engine)."""

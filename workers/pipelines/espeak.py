@@ -5,13 +5,14 @@ Two engines, the first one found wins:
 
 * **the library** of the ``espeakng-loader`` package (the ``speech`` extra: a wheel that
   bundles ``libespeak-ng.so`` and ``espeak-ng-data``), called through ``ctypes`` in
-  synchronous mode with a synth callback that gets the samples as they are made, loaded
-  afresh for each call (:class:`_Library` says why). libespeak-ng is a process-wide
-  singleton and not thread-safe: every call holds :data:`_LOCK`.
+  synchronous mode with a synth callback, in a helper process that forks a child per
+  call (:class:`_Library` says why). libespeak-ng is a process-wide singleton and not
+  thread-safe, and the helper answers one request at a time: every call holds
+  :data:`_LOCK`.
 * **the binary** ``espeak-ng`` on PATH (``--stdout`` writes a WAV).
 
-eSpeak NG is GPL-3.0-or-later. It is an optional dependency loaded at run time (dlopen of
-the bundled library, or a separate process); omniqueue links nothing against it.
+eSpeak NG is GPL-3.0-or-later. It is an optional dependency run in a separate process (the
+helper that loads the bundled library, or the binary); omniqueue links nothing against it.
 
 Both speak at 22.05 kHz mono. Rate follows ``speed`` (175 words/min at 1.0); pitch is
 espeak's 0–99 (50: the variant's normal).
@@ -19,15 +20,14 @@ espeak's 0–99 (50: the variant's normal).
 
 from __future__ import annotations
 
-import _ctypes
-import atexit
-import ctypes
 import io
+import json
 import math
 import os
 import shutil
+import struct
 import subprocess
-import tempfile
+import sys
 import threading
 import wave
 from collections.abc import Callable
@@ -42,16 +42,9 @@ import numpy as np
 ESPEAK_RATE = 22_050
 FEMALE = frozenset({"coral", "sage", "shimmer", "marin"})
 TIMEOUT_S = 10.0
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_CHARS_UTF8 = 1
-_POS_CHARACTER = 1
-_RATE, _PITCH, _RANGE = 1, 3, 4
 _LOCK = threading.Lock()
 # Gets each block of int16 samples as espeak makes it; True stops the synthesis.
 _Sink = Callable[[np.ndarray], bool]
-_CALLBACK = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
-)
 
 
 @dataclass(frozen=True)
@@ -85,71 +78,76 @@ def espeak_pitch(user_f0_hz: float | None, base_hz: float) -> int:
 
 
 class _Library:
-    """libespeak-ng from the espeakng-loader wheel, loaded afresh for every synthesis.
+    """libespeak-ng from the espeakng-loader wheel, in a helper process
+    (``espeak_server.py``) that initialises it once and forks a child per call.
 
     The library keeps synthesis state in C statics that nothing resets (the pitch
-    flutter's phase and the like; ``espeak_Terminate`` leaves them), so the same text
-    spoken twice in one process differs by a few samples. Each :meth:`speak` therefore
-    ``dlopen``s a private copy of the library (a copy: another user of the wheel's file
-    would keep it loaded), initialises it, speaks, terminates it and ``dlclose``s it:
-    the same text, voice and rate give the same samples, whatever was spoken before. It
-    costs about 3 ms per call.
+    flutter's phase, ``espeak_Terminate`` leaves it), so in one process the same text
+    spoken twice differs; a fresh library per call leaked a few KB each. Each child
+    speaks from the state the helper had after initialising, with a fixed seed for the
+    noise (initialisation seeds it with the time), and then exits: the same text, voice
+    and rate give the same samples whatever was spoken before, and nothing accumulates.
+    The helper also keeps the GPL library out of the worker process. A call costs a fork
+    (about 1 ms) on top of the synthesis; the helper starts with :func:`start` or on first
+    use (about 50 ms) and ends when its stdin closes (this process exited).
     """
 
     def __init__(self) -> None:
         import espeakng_loader
 
-        self.tmp = Path(tempfile.mkdtemp(prefix="omniq-espeak-"))
-        self.path = str(self.tmp / "libespeak-ng.so")
-        shutil.copyfile(espeakng_loader.get_library_path(), self.path)
-        atexit.register(_remove, self.tmp, os.getpid())
-        self.data = espeakng_loader.get_data_path().encode()
+        self.argv = [
+            sys.executable,
+            "-I",
+            str(Path(__file__).with_name("espeak_server.py")),
+            espeakng_loader.get_library_path(),
+            espeakng_loader.get_data_path(),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid = os.getpid()
+
+    def start(self) -> None:
+        self._helper()
+
+    def _helper(self) -> subprocess.Popen[bytes]:
+        if self.proc is None or self.proc.poll() is not None or self.pid != os.getpid():
+            self.pid = os.getpid()  # a forked copy of this process starts its own
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+            )
+        return self.proc
 
     def speak(self, text: str, voice: Voice, wpm: int, sink: _Sink) -> None:
-        """Synthesise ``text``; ``sink`` gets each block of samples as it is made and
-        returns True to stop. The caller holds :data:`_LOCK`."""
-        lib = ctypes.CDLL(self.path, mode=os.RTLD_LOCAL)
-        try:
-            _declare(lib)
-            rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, self.data, 0)
-            if rate != ESPEAK_RATE:
-                raise RuntimeError(f"libespeak-ng did not initialise (it answered {rate})")
-
-            def on_samples(wav: Any, count: int, _events: Any) -> int:
-                if not wav or count <= 0:
-                    return 0
-                return 1 if sink(np.ctypeslib.as_array(wav, shape=(count,)).copy()) else 0
-
-            callback = _CALLBACK(on_samples)  # alive until espeak_Synth returns
-            lib.espeak_SetSynthCallback(callback)
-            if lib.espeak_SetVoiceByName(voice.name.encode()) != 0:
-                raise ValueError(f"espeak has no voice {voice.name!r}")
-            lib.espeak_SetParameter(_RATE, wpm, 0)
-            lib.espeak_SetParameter(_PITCH, voice.pitch, 0)
-            lib.espeak_SetParameter(_RANGE, voice.pitch_range, 0)
-            raw = text.encode() + b"\0"
-            err = lib.espeak_Synth(raw, len(raw), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
-            if err not in (0, 1):  # EE_OK, or EE_INTERNAL_ERROR after the sink stopped it
-                raise RuntimeError(f"espeak_Synth failed with {err}")
-        finally:
-            lib.espeak_Terminate()
-            _ctypes.dlclose(lib._handle)
+        """Synthesise ``text``; ``sink`` gets the samples. The caller holds
+        :data:`_LOCK`. A helper that died is started again once."""
+        req = {"text": text, "voice": voice.name, "rate": wpm, "pitch": voice.pitch,
+               "range": voice.pitch_range}  # fmt: skip
+        line = json.dumps(req).encode() + b"\n"
+        for attempt in (1, 2):
+            proc = self._helper()
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                proc.stdin.write(line)
+                status, length = struct.unpack("<ii", _read(proc.stdout, 8))
+                body = _read(proc.stdout, length)
+                break
+            except (OSError, EOFError, struct.error):
+                proc.kill()
+                proc.wait()
+                if attempt == 2:
+                    raise RuntimeError("the eSpeak NG helper process died") from None
+        if status != 0:
+            raise RuntimeError(f"eSpeak NG: {body.decode(errors='replace')}")
+        sink(np.frombuffer(body, "<i2").copy())
 
 
-def _remove(tmp: Path, pid: int) -> None:
-    if os.getpid() == pid:  # not from a forked child: the parent still uses it
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    lib.espeak_Initialize.restype = ctypes.c_int
-    lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-    lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-    lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    lib.espeak_Synth.argtypes = [
-        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int, ctypes.c_uint,
-        ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-    ]  # fmt: skip
+def _read(stream: Any, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = stream.read(n - len(out))
+        if not chunk:
+            raise EOFError("the eSpeak NG helper closed its output")
+        out += chunk
+    return out
 
 
 _library: _Library | None = None
@@ -160,6 +158,15 @@ def _get_library() -> _Library | None:
     if _library is None and has_library():
         _library = _Library()
     return _library
+
+
+def start() -> None:
+    """Start the library's helper process now (a worker's ``load``), so the first request
+    does not wait for it; nothing without the library."""
+    with _LOCK:
+        lib = _get_library()
+        if lib is not None:
+            lib.start()
 
 
 def has_library() -> bool:

@@ -105,6 +105,7 @@ class ReferenceSpeechPipeline(NoWeights, Pipeline):
                 "reference/speech needs eSpeak NG: pip install 'omniqueue[speech]' "
                 "(espeakng-loader) or put espeak-ng on PATH"
             )
+        espeak.start()
 
     def prepare(self, request: GenerationRequest) -> SpeechState:
         for key in request.extra:

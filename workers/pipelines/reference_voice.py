@@ -191,6 +191,8 @@ class ReferenceVoicePipeline(NoWeights, VoicePipeline[VoiceState | SpokenState])
                 "reference/voice speech='espeak-ng' needs eSpeak NG: pip install "
                 "'omniqueue[speech]' or put espeak-ng on PATH"
             )
+        if self.speech == "espeak-ng":
+            espeak.start()
 
     @property
     def step_samples(self) -> int:

@@ -168,9 +168,7 @@ def _relay(session_id: str, redis_url: str, target: Any) -> tuple[Relay, Any]:
     client = redis.asyncio.Redis.from_url(redis_url)
     settings = Settings(redis=RedisSettings(url=redis_url))
     served = ModelAvailability(WorkerPresence(redis.Redis.from_url(redis_url)), [])
-    host = _Host(
-        settings, AsyncEventBus(client, ttl_s=60), JobQueue(make_celery(settings)), served
-    )
+    host = _Host(settings, AsyncEventBus(client, ttl_s=60), JobQueue(make_celery(settings)), served)
     return Relay(session_id, host, target), client
 
 

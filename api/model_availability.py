@@ -77,8 +77,8 @@ class ModelAvailability:
     def _read(self) -> dict[str, str]:
         try:
             figures = self._presence.availability(self._models)
-        except Exception:  # never worth refusing a create over
-            log.warning("could not read which models the workers can load", exc_info=True)
+        except Exception as exc:  # never worth refusing a create over (nor a traceback)
+            log.warning("could not read which models the workers can load: %r", exc)
             return self._unavailable
         return {m: a.reason for m, a in figures.items() if a.reason is not None}
 

@@ -51,8 +51,6 @@ def _schema_missing(command: str, settings: Any) -> bool:
 
 def _cmd_api(args: argparse.Namespace) -> int:
     settings = get_settings()
-    if _schema_missing("api", settings):
-        return 1
     _metrics_mode(settings, api=True)
     import uvicorn
 
@@ -63,6 +61,9 @@ def _cmd_api(args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port or settings.port
     settings.check_auth_binding(host)
+    settings.check_secrets()  # create_app checks them too; a configuration error comes first
+    if _schema_missing("api", settings):
+        return 1
     # h11 with deadlines for receiving headers and body (slow clients are closed)
     http = deadline_protocol(settings.http.header_timeout_s, settings.http.body_timeout_s)
     config = uvicorn.Config(
@@ -96,8 +97,6 @@ def _shared_socket(host: str, port: int) -> socket.socket:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     settings = get_settings()
-    if _schema_missing("worker", settings):
-        return 1
     _metrics_mode(settings, api=False)
     update: dict[str, object] = {}
     if args.models:
@@ -109,6 +108,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     worker = settings.worker.model_copy(update=update)
     settings = settings.model_copy(update={"worker": worker})
     settings.check_secrets()
+    if _schema_missing("worker", settings):
+        return 1
     if settings.worker.group_size > 1:
         if args.realtime:
             print("omniqueue worker: --realtime runs on one device, not --devices", file=sys.stderr)

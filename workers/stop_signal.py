@@ -151,6 +151,8 @@ class StopSignal:
             try:
                 entries = read(after)
             except Exception:
+                if self._closed.is_set():  # the run ended meanwhile (its worker may be
+                    return  # shutting down its connections): nothing left to watch
                 log.warning("stop watch of %s: bus read failed", key, exc_info=True)
                 self._closed.wait(BLOCK_MS / 1000)
                 continue

@@ -40,7 +40,7 @@ EOF
         "$VENV/bin/python" - "$@" <<'EOF'
 import re, sys, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-skip = {"psycopg"}
+skip = {"psycopg", "espeakng-loader"}
 out, todo = (list(project["dependencies"]) if sys.argv[1] == "base" else []), sys.argv[2:]
 while todo:
     for req in project["optional-dependencies"][todo.pop()]:

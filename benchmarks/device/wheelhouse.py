@@ -25,6 +25,9 @@ brought it under (docs/PERFORMANCE.md gives the size of the build the evidence r
 Left out: psycopg and psycopg-binary (pyproject's psycopg[binary], ~3.5 MB more): only a
 PostgreSQL --database-url uses them, never the embedded stack's SQLite. The device script
 installs the project with --no-deps and its requirements from pyproject minus psycopg.
+Left out too: espeakng-loader (the `speech` extra, ~10 MB): ``reference/speech`` and the
+espeak voice need it, and no GPU benchmark serves them (a worker that cannot load a model
+reports it and serves the others).
 
 What PINS must hold (``--check`` says, without network; tests/unit/test_device_wheelhouse.py
 runs it): every
@@ -57,7 +60,8 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / ".wheelhouse"  # ignored: add it to .git/info/exclude
 REQUIRES = Path(__file__).with_name("wheelhouse_requires.json")  # written by build()
-SKIP = {"psycopg"}  # left out of the wheelhouse and of device_venv.sh's install (see above)
+# left out of the wheelhouse and of device_venv.sh's install (see above)
+SKIP = {"psycopg", "espeakng-loader"}
 # The device image's packages (nvidia-h200 'cuda' image, /opt/torch/.venv, Python 3.12.3):
 # the names are KINDS.md's list "as last read on a machine running it on 2026-11-17"
 # (/work/.library/device/KINDS.md, "Python packages already there"); the versions are that

@@ -222,7 +222,8 @@ def test_the_page_asks_for_the_key_once_and_fits_a_phone(browser: Browser, up: U
         expect(dialog).to_contain_text("needs an API key")
         dialog.get_by_label("Key").fill(up.key)
         dialog.get_by_role("button", name="Use key").click()
-        expect(page.locator("#job-model option")).to_have_count(2)  # the job models
+        # the job models: reference/video, reference/audio, reference/speech
+        expect(page.locator("#job-model option")).to_have_count(3)
         page.get_by_role("link", name="World").click()
         expect(page.locator("#world-model option")).to_have_count(1)
         expect(dialog).to_be_hidden()  # asked once

@@ -33,7 +33,9 @@ class Shutdown:
     """The worker process's shutdown, as its job runs see it."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: request() runs in a signal handler, on the main thread, which may be
+        # inside running() holding it at that moment.
+        self._lock = threading.RLock()
         self._run: JobRun | None = None
         self._requested = False
         self._stopping = False  # the drain is over: a running job stops

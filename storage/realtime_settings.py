@@ -16,10 +16,10 @@ class RealtimeSettings(BaseModel):
     admission_timeout_s: float = 10.0
     # Session slots of one realtime worker process (threads).
     slots: int = 2
-    # A world model takes as many sessions at once as keep real time: floor(headroom /
-    # load), the load being device seconds per second of its video, measured by a probe
-    # chunk at start-up (capacity_probe) and then by every chunk served; a registry
-    # entry's max_sessions fixes the number instead (docs/streaming.md).
+    # A world session is admitted while the loads of its model's sessions (device seconds
+    # per second of video, from the cost per pixel x step measured by a probe chunk at
+    # start-up, capacity_probe, then by every chunk) sum to at most the headroom; a
+    # registry entry's max_sessions fixes a count instead (docs/streaming.md).
     capacity_headroom: float = Field(0.9, gt=0, le=1)
     capacity_probe: bool = True
     # Worker ↔ API keep-alives on the session streams, and when silence means "lost".

@@ -83,10 +83,13 @@ def resolve_audio(
     stream_pcm: bool | None = None,
     prompt_param: str = "prompt",
     seconds_param: str = "seconds",
+    seconds_given: bool = True,
 ) -> AudioSpec:
     """Check a parsed request against the named audio model and the server's limits.
     ``options`` are speech options (speed, voice, instructions), kept for models that
-    declare them in ``ModelSpec.parameters``."""
+    declare them in ``ModelSpec.parameters``; so is ``duration_seconds``, the length the
+    client gave (``seconds_given``: not speech's word-count estimate), for models that
+    otherwise size the clip themselves (LongCat estimates it from the text)."""
     limits = settings.limits
     model = req.model or default_model(specs, "audio")
     spec = specs.get(model)
@@ -139,6 +142,8 @@ def resolve_audio(
     for name, value in (options or {}).items():
         if value is not None and name in spec.parameters:
             kept[name] = value
+    if seconds_given and req.seconds is not None and "duration_seconds" in spec.parameters:
+        kept["duration_seconds"] = seconds
 
     return AudioSpec(
         **job_fields(req, model, spec, limits, steps=steps, options=kept),
@@ -244,6 +249,7 @@ def resolve_speech(
         stream_pcm=fmt == "pcm",  # PCM always streams as it is produced
         prompt_param="input",
         seconds_param="seconds" if body.duration_seconds is None else "duration_seconds",
+        seconds_given=body.duration_seconds is not None,
     )
 
 

@@ -30,6 +30,8 @@ VIDEO_WORKFLOWS: tuple[Workflow, ...] = ("t2v", "i2v", "flf2v", "v2v")
 # Attention kernels a role of the denoiser may run: PyTorch's SDPA (diffusers' dispatch),
 # or video sparse attention (fastvideo-kernel; MiniMax-H3's joint blocks only).
 AttentionBackend = Literal["sdpa", "vsa"]
+# The most outputs one video create may ask for (``n``; vLLM-Omni's clients send 1-4).
+MAX_OUTPUTS = 4
 # VSA's default key blocks per query block: the reference deployment's.
 DEFAULT_VSA_TOPK = 64
 
@@ -65,7 +67,9 @@ class ModelSpec(BaseModel):
     # Serves realtime sessions (WS /v1/realtime/video), not /v1/videos jobs.
     streaming: bool = False
     supports_image_input: bool = False
-    max_outputs: int = 1
+    # The most outputs (``n``) one video create may ask for: a job makes them one after
+    # another, output k from seed ``seed + k`` (audio and realtime models make one).
+    max_outputs: int = Field(default=MAX_OUTPUTS, ge=1, le=MAX_OUTPUTS)
     # Optional request fields the pipeline uses (others are accepted and ignored).
     parameters: list[str] = Field(default_factory=list)
     # Keys allowed inside ``extra_params`` (anything else is rejected).
@@ -414,6 +418,23 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # num_frames / fps. 47.55 s is stable-audio-open-1.0's maximum.
         extra_params={"audio_start_in_s": "float", "audio_end_in_s": "float"},
         extra_ranges={"audio_start_in_s": (0.0, 47.55), "audio_end_in_s": (0.0, 47.55)},
+    ),
+    "diffusers.longcat_audio": ModelSpec(
+        name="diffusers.longcat_audio",
+        modality="audio",
+        description=(
+            "LongCat-AudioDiT: text-to-speech by a DiT over audio-VAE latents, conditioned on "
+            "UMT5 text embeddings; the clip's length is estimated from the text."
+        ),
+        text_to_speech=True,  # /v1/audio/speech picks it before any other audio model
+        # LongCatAudioDiTPipeline's own: num_inference_steps 16, max_wav_duration 30 s.
+        default_steps=16,
+        max_steps=100,
+        default_seconds=5.0,
+        max_seconds=30.0,
+        # ``speed`` stretches the estimated duration; ``duration_seconds`` (speech) or
+        # ``seconds`` (generations) replaces it. No speaker input: ``voice`` is not read.
+        parameters=["guidance_scale", "negative_prompt", "speed", "duration_seconds"],
     ),
     "diffusers.helios": ModelSpec(
         name="diffusers.helios",

@@ -37,6 +37,7 @@ ADAPTERS: dict[str, str] = {
     "diffusers.cogvideox": "workers.pipelines.diffusers.cogvideox:CogVideoXAdapter",
     "diffusers.ltx2": "workers.pipelines.diffusers.ltx2:LTX2Adapter",
     "diffusers.stable_audio": "workers.pipelines.diffusers.stable_audio:StableAudioAdapter",
+    "diffusers.longcat_audio": "workers.pipelines.diffusers.longcat_audio:LongCatAudioAdapter",
     "diffusers.minimax_h3": "workers.pipelines.diffusers.minimax_h3:MiniMaxH3Adapter",
     "diffusers.helios": "workers.pipelines.diffusers.helios:HeliosWorldAdapter",
 }

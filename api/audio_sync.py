@@ -17,7 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from api.audio_service import AudioService, audio_spec
 from api.job_stream import BUS_ERROR, follow
 from api.sync_wait import cancel_quietly, file_when_done
-from models.audio import SpeechAudioDelta, SpeechAudioDone, SpeechUsage
+from models.audio import SpeechAudioDelta, SpeechAudioDone
 from models.common import JobError
 from models.db import JobView
 from models.errors import JobFailed, ServiceUnavailable, SyncTimeout
@@ -100,10 +100,10 @@ def _sse_delta(data: bytes) -> bytes:
 
 
 def _sse_done(done: dict[str, Any]) -> bytes:
-    """``speech.audio.done`` (usage is not counted in tokens here), or an ``error`` event
+    """``speech.audio.done`` (without ``usage``: nothing here counts tokens), or an ``error`` event
     when the job failed after audio had been sent."""
     ended = DoneEvent.model_validate(done)
     if ended.status == "failed":
         error = ended.error or JobError(code="internal_error", message="the job failed")
         return f"data: {StreamErrorEvent(error=error).model_dump_json()}\n\n".encode()
-    return f"data: {SpeechAudioDone(usage=SpeechUsage()).model_dump_json()}\n\n".encode()
+    return f"data: {SpeechAudioDone().model_dump_json()}\n\n".encode()

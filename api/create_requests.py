@@ -33,13 +33,31 @@ class VideoRequest:
 
 def parse_video(raw: dict[str, Any], uploads: list[bytes]) -> VideoRequest:
     """A video create body; an ``input_reference`` given as text (a URL, or OpenAI's
-    ``{"image_url": …}``) counts when no file was uploaded."""
+    ``{"image_url": …}``) counts when no file was uploaded. OpenAI's other reference,
+    ``{"file_id": …}``, names a file of a Files API this server does not have: refused,
+    as is an object with neither key."""
     fields = dict(raw)
     value = fields.pop("input_reference", None)
     if isinstance(value, dict):
-        value = value.get("image_url")
+        value = _image_url(value)
     url = str(value) if not uploads and value else None
     return VideoRequest(parse_create(fields), tuple(uploads), url)
+
+
+def _image_url(reference: dict[str, Any]) -> Any:
+    """The URL of an ``input_reference`` object (``{"image_url": …}``)."""
+    if "image_url" in reference:
+        return reference["image_url"]
+    if "file_id" in reference:
+        raise InvalidRequest(
+            "input_reference.file_id names an uploaded file, and this server has no Files "
+            'API: send the image as a file part, a data: URL or {"image_url": …}',
+            param="input_reference.file_id",
+        )
+    raise InvalidRequest(
+        'input_reference must be a file, a URL or an object with an "image_url"',
+        param="input_reference",
+    )
 
 
 def parse_audio(raw: dict[str, Any], uploads: list[bytes]) -> AudioCreate:

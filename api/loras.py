@@ -6,7 +6,7 @@ Adapters come only from the allow-listed roots of ``OMNIQ_LORA__ROOTS``: directo
 as JSON text in multipart forms), :class:`~models.videos.LoraRequest`, which has checked
 the types and the keys by the time it gets here::
 
-    {"name": "style", "local_path": "/loras/style.safetensors", "scale": 0.8, "int_id": 3}
+    {"name": "style", "local_path": "/loras/style.safetensors", "scale": 0.8, "int_id": null}
 
 Rules (each refusal an :class:`InvalidRequest` naming its parameter, raised before
 anything is stored):
@@ -21,7 +21,10 @@ anything is stored):
   directory directly under a directory root, named by its stem; the first root wins).
   With ``local_path``, ``name`` is only a label.
 * ``scale``: a finite number, within ``[-max_scale, max_scale]``; default 1.
-* ``int_id``: a non-negative integer, recorded (0 or null: not set).
+* ``int_id``: 0 or null only (vLLM's "not set"). In vLLM it is the adapter's key in
+  the engine's LoRA cache; here an adapter is known by its path and its content (the S3
+  ETag, or the file's size and mtime: the worker's cache key), so an id could neither
+  select nor pin one, and any other value is refused rather than recorded unused.
 
 Blocking (stat, S3): the API calls :func:`resolve_lora` on a thread.
 """
@@ -79,6 +82,12 @@ def resolve_lora(lora: LoraRequest, settings: LoraSettings, s3_client: Any = Non
     """Resolve where a request's adapter is and check its scale (see the module
     docstring); ``s3_client`` checks that an ``s3://`` adapter exists."""
     name, local_path = (lora.name or "").strip(), (lora.local_path or "").strip()
+    if lora.int_id:
+        raise InvalidRequest(
+            "lora.int_id cannot act here: an adapter is known by its name or local_path and "
+            "its content, not by a cache id; leave it out (or 0 / null)",
+            param="lora.int_id",
+        )
     scale = _scale(lora.scale, settings)
     if not settings.roots:
         param = "lora.local_path" if local_path else "lora.name"
@@ -102,8 +111,7 @@ def resolve_lora(lora: LoraRequest, settings: LoraSettings, s3_client: Any = Non
         path, label = entry.path, name
     else:
         raise InvalidRequest("lora needs a name or a local_path", param="lora.name")
-    int_id = lora.int_id or None
-    return LoraSpec(name=label, path=path, scale=scale, int_id=int_id, version=version)
+    return LoraSpec(name=label, path=path, scale=scale, version=version)
 
 
 def _scale(value: float | None, settings: LoraSettings) -> float:

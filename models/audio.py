@@ -165,12 +165,9 @@ class SpeechAudioDelta(BaseModel):
     audio: str
 
 
-class SpeechUsage(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    total_tokens: int = 0
-
-
 class SpeechAudioDone(BaseModel):
+    """OpenAI's end of a ``stream_format="sse"`` stream. OpenAI's event also has ``usage``
+    (tokens of its token-based TTS models); no model here counts tokens, so the event
+    leaves it out rather than say 0."""
+
     type: Literal["speech.audio.done"] = "speech.audio.done"
-    usage: SpeechUsage = Field(default_factory=SpeechUsage)

@@ -123,7 +123,7 @@ def test_lora_jobs_run_through_the_queue(lstack: Stack, tmp_path: Path) -> None:
         assert listed[MODEL] == ["cross", "link", "misfit", "style"]
         # By path (JSON), then none, then by catalog name as vLLM-Omni's ComfyUI node
         # sends it (multipart, JSON text, nulls for what is not set), then from S3.
-        lora = {"name": "style", "local_path": str(root / "style"), "scale": 1.0, "int_id": 7}
+        lora = {"name": "style", "local_path": str(root / "style"), "scale": 1.0, "int_id": 0}
         with_a = _video(lstack, c, c.post("/v1/videos", json={**JOB, "lora": lora}))
         plain = _video(lstack, c, c.post("/v1/videos", json=JOB))
         node = {"local_path": None, "name": "style", "scale": 1.0, "int_id": None}
@@ -166,6 +166,7 @@ def test_lora_jobs_run_through_the_queue(lstack: Stack, tmp_path: Path) -> None:
         ({"scale": 1.0}, "lora.name"),
         ({"name": "style", "weights": 1}, "lora.weights"),
         ({"name": "style", "int_id": -1}, "lora.int_id"),
+        ({"name": "style", "int_id": 7}, "lora.int_id"),  # a cache id cannot act here
     ],
 )
 def test_bad_lora_is_refused_and_stores_nothing(

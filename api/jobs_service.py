@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from api.metrics import JOBS_CREATED
 from api.payload import storable
 from api.state import AppState
+from models.applied import applied_params
 from models.common import JobError, StageDurations
 from models.db import Artifact, Job, JobStatus, JobView, job_spec
 from models.errors import (
@@ -268,7 +269,13 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
             "stage_durations": StageDurations(**(job.stage_durations or {})),
             "peak_memory_mb": job.peak_memory_mb,
             "attempt": job.attempt,
+            "applied_params": applied_params(job.spec, self._parameters(job.model)),
         }
+
+    def _parameters(self, model: str) -> list[str] | None:
+        """The declared optional fields of a served model (None: not served now)."""
+        spec = self.state.specs.get(model)
+        return None if spec is None else spec.parameters
 
     # ---- cancel / delete --------------------------------------------------------
 
@@ -344,7 +351,10 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         if job.expires_at is not None and job.expires_at <= time.time():
             raise Gone(f"the content of {self.noun} {job_id} has expired", param=self.id_param)
         if artifact is None:
-            raise NotFound(f"{self.noun} {job_id} has no {variant!r} variant", param="variant")
+            kind, _, index = variant.partition(".")
+            if index:  # output k of a job of fewer outputs (models.job_specs.output_variant)
+                raise NotFound(f"{self.noun} {job_id} has no output {index}", param="index")
+            raise NotFound(f"{self.noun} {job_id} has no {kind!r} variant", param="variant")
         return artifact
 
 

@@ -60,6 +60,7 @@ def model_object(
             default_steps=spec.default_steps,
             supports_image_input=spec.supports_image_input,
             has_audio=spec.has_audio,
+            max_outputs=spec.max_outputs,
         )
     return ModelObject(
         id=spec.name,

@@ -127,7 +127,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
     fps, num_frames = _resolve_timing(req, spec, settings)
 
     steps = resolve_steps(req.num_inference_steps, spec, limits)
-    if req.n > spec.max_outputs or req.n < 1:
+    if not 1 <= req.n <= spec.max_outputs:
         raise InvalidRequest(f"n must be between 1 and {spec.max_outputs} for {model}", param="n")
     if req.lora is not None and not spec.supports_lora:
         raise InvalidRequest(f"model {model!r} does not support LoRA", param="lora")
@@ -145,8 +145,12 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
         if value is not None and name in spec.parameters:
             options[name] = value
 
+    fields = job_fields(req, model, spec, limits, steps=steps, options=SamplerOptions(**options))
+    if fields["seed"] + req.n > 2**63:
+        raise InvalidRequest(f"seed must be below 2**63 - {req.n - 1} for n={req.n}", param="seed")
     return VideoSpec(
-        **job_fields(req, model, spec, limits, steps=steps, options=SamplerOptions(**options)),
+        **fields,
+        n=req.n,
         width=width,
         height=height,
         fps=fps,

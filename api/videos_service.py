@@ -18,7 +18,7 @@ from api.validation import resolve
 from models.db import Job, JobView
 from models.errors import InvalidRequest
 from models.job_specs import ReferenceInput, VideoSpec, video_seconds
-from models.videos import VideoObject, VideoPage
+from models.videos import VideoObject, VideoOutput, VideoPage
 from storage.constants import job_prefix, new_job_id
 
 REFERENCE_KEY = "input/reference.png"
@@ -175,8 +175,9 @@ class VideoService(JobService[VideoObject, VideoRequest]):
     # ---- wire -------------------------------------------------------------------
 
     def to_wire(self, job: JobView, queue_position: int | None = None) -> VideoObject:
-        # Columns only: a status read parses no spec.
+        # Columns and the spec's JSON: a status read parses no spec.
         fps, num_frames = job.fps or 0.0, job.num_frames or 0
+        n = int(job.spec.get("n", 1))
         return VideoObject(
             **self.wire_fields(job, queue_position),
             size=f"{job.width}x{job.height}",
@@ -185,10 +186,14 @@ class VideoService(JobService[VideoObject, VideoRequest]):
             num_frames=num_frames,
             has_audio=job.has_audio,
             quality=job.spec.get("quality", "lossless"),
+            n=n,
+            outputs=[VideoOutput(index=k, seed=job.seed + k) for k in range(n)],
         )
 
     def content_headers(self, job: JobView) -> dict[str, str]:
         return {}
 
     def filename(self, job: JobView, variant: str) -> str:
-        return f"{job.id}.{'mp4' if variant == 'video' else 'jpg'}"
+        """``{id}.mp4`` / ``{id}.jpg``; output k's ``{id}-k.mp4`` (k > 0)."""
+        kind, _, index = variant.partition(".")
+        return f"{job.id}{'-' + index if index else ''}.{'mp4' if kind == 'video' else 'jpg'}"

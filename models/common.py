@@ -97,6 +97,9 @@ class JobObject(BaseModel):
     stage_durations: StageDurations = Field(default_factory=StageDurations)
     peak_memory_mb: float | None = None
     attempt: int = 0
+    # The optional request fields that reached the model (``models/applied.py``): a field
+    # the request sent that is not here was accepted and not used by this model.
+    applied_params: list[str] = Field(default_factory=list)
 
 
 Item = TypeVar("Item")
@@ -157,6 +160,8 @@ class ModelLimits(BaseModel):
     default_steps: int
     supports_image_input: bool
     has_audio: bool
+    # The most outputs one create may ask for (``n``).
+    max_outputs: int = 1
 
 
 class AudioLimits(BaseModel):

@@ -36,7 +36,8 @@ class LoraSpec(BaseModel):
     ``s3://bucket/key`` under an allow-listed S3 root. ``version`` names that file's
     content for the worker's adapter cache (the S3 ETag; None for a local file, whose
     size and mtime the worker reads itself). ``scale`` multiplies the adapter's own
-    ``alpha / r``; ``int_id`` is vLLM-Omni's adapter id, recorded, not used."""
+    ``alpha / r``. ``int_id`` (vLLM-Omni's adapter id) is None in every spec written since
+    a set id is refused (``api/loras.py``); older rows may hold one, never used."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -123,11 +124,25 @@ class VideoSpec(_Spec):
     session_id: str | None = None
     # A per-request LoRA adapter (models that list ``lora`` in their parameters).
     lora: LoraSpec | None = None
+    # Outputs of the job (the create's ``n``): output k is the clip of seed ``seed + k``,
+    # as an ``n = 1`` job with that seed makes it.
+    n: int = Field(default=1, ge=1)
+
+    def output(self, index: int) -> VideoSpec:
+        """The spec of output ``index`` alone: seed ``seed + index``, one output."""
+        return self.model_copy(update={"seed": self.seed + index, "n": 1})
 
     @property
     def seconds(self) -> str:
         """The clip length as the wire reports it (``"4"``, ``"2.5"``)."""
         return video_seconds(self.num_frames, self.fps)
+
+
+def output_variant(variant: str, index: int) -> str:
+    """The artifact variant of output ``index`` of a job (``video``, ``thumbnail``, …):
+    the variant itself for output 0 (as every job of one output has it), else
+    ``{variant}.{index}``."""
+    return variant if index == 0 else f"{variant}.{index}"
 
 
 class AudioSpec(_Spec):

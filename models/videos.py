@@ -45,7 +45,9 @@ class LoraRequest(BaseModel):
         default=None, description="The adapter's weight; 1 when left out."
     )
     int_id: Annotated[int, Strict(), Field(ge=0, lt=2**63)] | None = Field(
-        default=None, description="vLLM-Omni's adapter id, recorded (0 or null: not set)."
+        default=None,
+        description="vLLM-Omni's adapter cache id: 0 or null only (an adapter is known "
+        "by its name or local_path here; another value is refused).",
     )
 
     @model_validator(mode="before")
@@ -95,6 +97,14 @@ class VideoCreate(JobRequestOptions):
     input_reference_url: str | None = None
 
 
+class VideoOutput(BaseModel):
+    """One output of a video job: ``GET /v1/videos/{id}/content?index={index}`` (and its
+    ``variant=thumbnail``) once the job completed."""
+
+    index: int
+    seed: int  # the job's seed + index: an n = 1 job of this seed makes the same clip
+
+
 class VideoObject(JobObject):
     object: Literal["video"] = "video"
     size: str
@@ -105,6 +115,9 @@ class VideoObject(JobObject):
     has_audio: bool = False
     # The cache tier the job runs with (``quality`` of the create; "lossless" by default).
     quality: QualityTier = "lossless"
+    # The create's ``n``: the job makes its outputs one after another, listed here.
+    n: int = 1
+    outputs: list[VideoOutput] = Field(default_factory=list)
 
 
 class VideoPage(ListPage[VideoObject]):

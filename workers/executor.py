@@ -17,6 +17,7 @@ decoding.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import logging
@@ -34,7 +35,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from models.db import Artifact, Job
 from models.errors import JobLost, JobTimedOut, StorageError, UploadAborted, WorkerStopping
 from models.events import DoneEvent, StatusEvent
-from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec
+from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec, output_variant
 from storage.artifacts import ArtifactStore
 from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
@@ -167,12 +168,64 @@ class StepExecutor:
     # ---- the pipeline -----------------------------------------------------------
 
     def _execute_on(self, pipe: Pipeline, run: JobRun, tmp: Path) -> bool:
-        job = run.job
+        """Make the job's outputs one after another (a video job's ``n``: output k as an
+        ``n = 1`` job of seed ``seed + k`` makes it), then upload them all and complete."""
+        job, spec = run.job, run.spec
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        started = time.monotonic()
+        inputs = self._request(spec)  # the conditioning inputs, fetched once
+        count = spec.n if isinstance(spec, VideoSpec) else 1
+        files: list[tuple[str, Path, str]] = []
+        extra_values: dict[str, Any] = {}
+        inference_time = 0.0
+        for index in range(count):
+            out = tmp if index == 0 else tmp / f"output{index}"
+            out.mkdir(exist_ok=True)
+            if index:
+                self._end(pipe, run)  # between outputs as between jobs
+                run.begin_output(index, count)
+            request = inputs
+            if index and isinstance(spec, VideoSpec):
+                request = dataclasses.replace(inputs, spec=spec.output(index))
+            made, values, seconds = self._generate(pipe, run, request, out, index)
+            files += [(output_variant(variant, index), path, ct) for variant, path, ct in made]
+            extra_values.update(values)
+            inference_time += seconds
+        del inputs
 
-        request = self._request(run.spec)
+        run.enter("upload")
+        run.failpoint("upload")
+        artifacts = self._upload(run, files, tmp)
+        run.end_stage()
+        run.failpoint("complete")
+
+        now = time.time()
+        done = self.jobs.complete(
+            job.id,
+            run.lease,
+            artifacts,
+            **extra_values,
+            progress=100,
+            step=job.num_inference_steps,
+            stage="done",
+            completed_at=now,
+            expires_at=now + self.settings.artifact_ttl_s,
+            stage_durations=run.durations,
+            inference_time_s=round(inference_time, 4),
+            peak_memory_mb=peak_memory_mb(),
+        )
+        if done:
+            self._publish(job, DoneEvent(status="completed"))
+            self._drop_other_attempts(run)
+        return done
+
+    def _generate(
+        self, pipe: Pipeline, run: JobRun, request: GenerationRequest, out: Path, index: int
+    ) -> tuple[list[tuple[str, Path, str]], dict[str, Any], float]:
+        """One output: prepare → step × N → decode → encode into ``out`` (its MP4 checked
+        against the spec); its files, the row's extra values and its inference seconds."""
+        job, spec = run.job, run.spec
+        started = time.monotonic()
         run.failpoint("prepare")
         with checkpoints(run.stop_point()):
             state = pipe.prepare(request)
@@ -182,7 +235,6 @@ class StepExecutor:
         in_step = run.in_step_stop()
         step_seconds = metrics.STEP_SECONDS.labels(job.model)
         # PCM published as the steps make it (adapters with ``take_audio``).
-        spec = run.spec
         pcm = PcmStream(run, spec) if isinstance(spec, AudioSpec) and spec.stream_pcm else None
         while not state.done:
             run.failpoint(f"step:{state.step_index}")
@@ -208,8 +260,8 @@ class StepExecutor:
         # The raw frames' SHA-256, when logged (``worker.log_frame_digests``).
         frames_digest = hashlib.sha256() if self.settings.worker.log_frame_digests else None
         with checkpoints(run.stop_point()):
-            if isinstance(run.spec, VideoSpec):
-                streamed = decode_streamed(pipe, state, run.spec.fps, tmp, frames_digest)
+            if isinstance(spec, VideoSpec):
+                streamed = decode_streamed(pipe, state, spec.fps, out, frames_digest)
             media = pipe.decode(state) if streamed is None else None
         del state
         inference_time = time.monotonic() - started
@@ -218,49 +270,25 @@ class StepExecutor:
         run.failpoint("encode")
         extra_values: dict[str, Any] = {}
         if streamed is not None:
-            files = finish_video(streamed.middle, tmp)
-        elif isinstance(run.spec, AudioSpec):
+            files = finish_video(streamed.middle, out)
+        elif isinstance(spec, AudioSpec):
             assert media is not None
-            files, output = self._encode_audio(run, run.spec, media, tmp, pcm)
+            files, output = self._encode_audio(run, spec, media, out, pcm)
             extra_values["output"] = output.model_dump()
         else:
             assert media is not None
-            files = encode_video(media, tmp, frames_digest)
-        if isinstance(run.spec, VideoSpec):
+            files = encode_video(media, out, frames_digest)
+        if isinstance(spec, VideoSpec):
             if streamed is not None:
                 made_sound = streamed.has_audio
             else:
                 made_sound = media is not None and media.audio is not None
-            check_mp4(tmp / "video.mp4", Expected.of(run.spec, audio=made_sound))
+            check_mp4(out / "video.mp4", Expected.of(spec, audio=made_sound))
         del media
-        if frames_digest is not None and isinstance(run.spec, VideoSpec):
-            log.info("job %s: frames sha256 %s", job.id, frames_digest.hexdigest())
-
-        run.enter("upload")
-        run.failpoint("upload")
-        artifacts = self._upload(run, files)
-        run.end_stage()
-        run.failpoint("complete")
-
-        now = time.time()
-        done = self.jobs.complete(
-            job.id,
-            run.lease,
-            artifacts,
-            **extra_values,
-            progress=100,
-            step=job.num_inference_steps,
-            stage="done",
-            completed_at=now,
-            expires_at=now + self.settings.artifact_ttl_s,
-            stage_durations=run.durations,
-            inference_time_s=round(inference_time, 4),
-            peak_memory_mb=peak_memory_mb(),
-        )
-        if done:
-            self._publish(job, DoneEvent(status="completed"))
-            self._drop_other_attempts(run)
-        return done
+        if frames_digest is not None and isinstance(spec, VideoSpec):
+            which = "" if index == 0 else f" output {index}"
+            log.info("job %s:%s frames sha256 %s", job.id, which, frames_digest.hexdigest())
+        return files, extra_values, inference_time
 
     def _request(self, spec: VideoSpec | AudioSpec) -> GenerationRequest:
         """What the adapter gets: the spec, with its reference frame or its keyframes and
@@ -298,12 +326,14 @@ class StepExecutor:
         )
         return [("audio", path, MEDIA_TYPES[fmt])], output
 
-    def _upload(self, run: JobRun, files: list[tuple[str, Path, str]]) -> list[Artifact]:
+    def _upload(self, run: JobRun, files: list[tuple[str, Path, str]], tmp: Path) -> list[Artifact]:
+        """Each file under the run's prefix, at its path in ``tmp`` (``video.mp4``, an
+        output k's ``output{k}/video.mp4``)."""
         job = run.job
         prefix = output_prefix(job, run.lease.attempt)
         out = []
         for variant, path, ctype in files:
-            key = prefix + path.name
+            key = prefix + path.relative_to(tmp).as_posix()
             size = self.artifacts.upload_file(key, path, ctype, should_continue=run.next_part)
             run.check()
             out.append(

@@ -84,6 +84,10 @@ class JobRun:
     # Set once the job is no longer ours to run: its sources and gates are listed in
     # workers/stop_signal.py.
     stop: StopSignal = field(init=False)
+    # (index, count) of the output being made: a job of n outputs makes them one after
+    # another, and its progress runs once from 0 to 100 over all of them.
+    output: tuple[int, int] = (0, 1)
+    _stage_base: float = 0.0  # the stage's time in the outputs before this one
     blocks: int = 0  # block gates passed in the current step
     in_step: bool = False  # inside ``pipe.step`` (what an out-of-memory line names)
     _heartbeat_done: threading.Event = field(default_factory=threading.Event, init=False)
@@ -115,7 +119,9 @@ class JobRun:
         return JobTimedOut(f"the job passed its {self.timeout_s:g} s deadline")
 
     def end_stage(self) -> None:
-        self.durations[self.stage] = round(time.monotonic() - self.stage_started, 4)
+        """The current stage's time (summed over the job's outputs) into ``durations``."""
+        elapsed = time.monotonic() - self.stage_started
+        self.durations[self.stage] = round(self._stage_base + elapsed, 4)
 
     def record_cancelled(self) -> None:
         """After a stop: the run's stage times onto its job's row, if a cancel ended the
@@ -135,8 +141,26 @@ class JobRun:
     def enter(self, stage: str) -> None:
         self.end_stage()
         self.stage = stage
+        self._stage_base = self.durations.get(stage, 0.0)
         self.stage_started = time.monotonic()
         self.report(STAGE_START[stage], force=True)
+
+    def begin_output(self, index: int, count: int) -> None:
+        """Start output ``index`` of ``count`` (after the first): its prepare, steps from
+        0 again (their events too), progress from where the last output left it."""
+        self.output = (index, count)
+        self.step = 0
+        self.published_step = -1
+        self.enter("prepare")
+
+    def _overall(self, progress: int) -> int:
+        """A stage's progress within one output → the job's: each output has an equal
+        share of 0..95 (the upload, of all of them at once, keeps 95..100)."""
+        index, count = self.output
+        top = STAGE_START["upload"]
+        if count == 1 or progress >= top:
+            return progress
+        return (index * top + progress) // count
 
     def report(self, progress: int, *, force: bool = False) -> None:
         """Check deadline and ownership; record progress. A forced report (a stage change)
@@ -145,7 +169,7 @@ class JobRun:
         couple of blocks (``workers/pipelines/blocks.py``), it would idle meanwhile."""
         if time.time() > self.deadline:
             raise self.timed_out()
-        self.progress = max(self.progress, progress)
+        self.progress = max(self.progress, self._overall(progress))
         if force:
             if not self._write_progress():
                 raise JobLost

@@ -17,7 +17,9 @@ from api.openapi import VIDEO_MEDIA_TYPES, binary, create_body, errors
 from api.routes.jobs import job_router
 from api.sync_wait import file_when_done
 from api.videos_service import VideoService
+from models.catalog import MAX_OUTPUTS
 from models.errors import InvalidRequest
+from models.job_specs import output_variant
 from models.videos import VideoCreate, VideoDeleted, VideoObject, VideoPage
 
 _VARIANTS = ("video", "thumbnail", "spritesheet")
@@ -25,12 +27,26 @@ _VARIANTS = ("video", "thumbnail", "spritesheet")
 
 def _variant(
     variant: Annotated[str, Query(json_schema_extra={"enum": list(_VARIANTS)})] = "video",
+    index: Annotated[
+        str | None,
+        Query(
+            description="Which output of a job of `n` outputs (0 to n - 1; default 0).",
+            json_schema_extra={"type": "integer", "minimum": 0, "maximum": MAX_OUTPUTS - 1},
+        ),
+    ] = None,
 ) -> str:
-    """``?variant=``; another value is a 400 naming it, as for every other bad parameter
-    (a ``Literal`` here made it FastAPI's 422)."""
+    """``?variant=`` of output ``?index=``: the artifact's stored variant. Another value
+    is a 400 naming it, as for every other bad parameter (a ``Literal`` or an ``int`` here
+    made it FastAPI's 422)."""
     if variant not in _VARIANTS:
         raise InvalidRequest(f"variant must be one of {', '.join(_VARIANTS)}", param="variant")
-    return variant
+    if index is None:
+        return variant
+    if not index.isascii() or not index.isdigit() or int(index) >= MAX_OUTPUTS:
+        raise InvalidRequest(
+            f"index must be an output's index, 0 to {MAX_OUTPUTS - 1}", param="index"
+        )
+    return output_variant(variant, int(index))
 
 
 VIDEOS = JobKind(

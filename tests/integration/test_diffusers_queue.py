@@ -298,3 +298,28 @@ def test_quality_tiers_through_the_queue(dstack: Stack) -> None:
             assert dstack.wait_for(c2, vid, timeout=30)["error"]["code"] == "cancelled"
             dstack.set_failpoints({})
         assert _video_frames(dstack, c, {**job, "quality": "lossless"})[1] == alone["lossless"]
+
+
+def test_n_outputs_of_a_diffusers_job_equal_one_output_jobs(dstack: Stack) -> None:
+    """``n = 2`` on tiny Wan with a cache tier (issue 32 §2): output k's raw frames are
+    those of an ``n = 1`` job of seed ``seed + k`` (the tier's state does not leak from
+    output 0 into output 1), and both outputs are served."""
+    job = {
+        "model": "tiny/wan",
+        "prompt": PROMPT,
+        "size": "32x32",
+        "num_frames": 9,
+        "num_inference_steps": 4,
+        "quality": "fast",
+    }
+    with dstack.client() as c:
+        both, first = _video_frames(dstack, c, {**job, "seed": 30, "n": 2})
+        logs = "".join((dstack.work / f"{n}.log").read_text(errors="replace") for n in dstack.procs)
+        second = re.findall(rf"job {both['id']}: output 1 frames sha256 ([0-9a-f]{{64}})", logs)
+        assert both["outputs"] == [{"index": 0, "seed": 30}, {"index": 1, "seed": 31}]
+        assert first == _video_frames(dstack, c, {**job, "seed": 30})[1]
+        assert second == [_video_frames(dstack, c, {**job, "seed": 31})[1]]
+        assert first != second[0]
+        for k in (0, 1):
+            resp = c.get(f"/v1/videos/{both['id']}/content", params={"index": k})
+            assert resp.status_code == 200 and _decode(resp.content)[0].shape[0] == 9

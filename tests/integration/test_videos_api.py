@@ -161,7 +161,7 @@ def test_image_to_video_starts_from_the_reference(stack: Stack, client: httpx.Cl
         ({"num_inference_steps": 0}, 400, "num_inference_steps"),
         ({"num_inference_steps": 201}, 400, "num_inference_steps"),
         ({"model": "no/such-model"}, 400, "model"),
-        ({"n": 4}, 400, "n"),
+        ({"n": 5}, 400, "n"),
         ({"prompt": ""}, 400, "prompt"),
         ({"prompt": "x" * 5000}, 400, "prompt"),
         ({"extra_params": {"bogus": 1}}, 400, "extra_params.bogus"),

@@ -187,9 +187,11 @@ def run_download(
     api_key: str | None = None,
     output: str | Path | None = None,
     thumbnail: bool = False,
+    index: int = 0,
 ) -> int:
     """Download a completed job's file (a video's MP4 or JPEG thumbnail, an audio job's
-    file in its format) to ``output``, default ``<id>.<extension>``."""
+    file in its format; of a video's output ``index``) to ``output``, default
+    ``<id>.<extension>`` (``<id>-<index>.<extension>`` for an output after the first)."""
     if output is not None and (problem := check_output(Path(output))) is not None:
         say(f"omniqueue download: {problem}")
         return 1
@@ -200,9 +202,14 @@ def run_download(
                 raise CliError(f"{job_id} is not a video: only videos have a thumbnail")
             if job.get("status") == "failed":
                 raise CliError(failure(job))
+            if index and job.get("object") != "video":
+                raise CliError(f"{job_id} is not a video: only videos have several outputs")
             ext = "jpg" if thumbnail else extension(job)
-            path = Path(output) if output is not None else Path(f"{job_id}.{ext}")
-            params = {"variant": "thumbnail"} if thumbnail else None
+            name = f"{job_id}-{index}.{ext}" if index else f"{job_id}.{ext}"
+            path = Path(output) if output is not None else Path(name)
+            params = {"variant": "thumbnail"} if thumbnail else {}
+            if index:
+                params["index"] = str(index)
             size = download(client, f"{job_path(job_id)}/content", path, params)
         except (CliError, OSError) as error:
             say(f"omniqueue download: {error}")

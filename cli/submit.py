@@ -203,14 +203,24 @@ def run_job(
                 say(failure(job))
                 return 1
             path = Path(output) if output is not None else Path(f"{job_id}.{extension(job)}")
-            size = download(client, f"{job_path(job_id)}/content", path)
+            saved, content = [], f"{job_path(job_id)}/content"
+            for index, target in enumerate(output_paths(path, int(job.get("n") or 1))):
+                params = {"index": str(index)} if index else None
+                saved.append((target, download(client, content, target, params)))
         except KeyboardInterrupt:
             return cancel_on_interrupt(client, job_id)
         except (CliError, OSError) as error:
             say(f"{command}: {error}")
             return 1
-    print(f"{path} ({size} bytes)", flush=True)
+    for target, size in saved:
+        print(f"{target} ({size} bytes)", flush=True)
     return 0
+
+
+def output_paths(path: Path, count: int) -> list[Path]:
+    """Where a job's ``count`` outputs go: ``path`` for the first, then ``<stem>-k<suffix>``
+    beside it (the name a presigned download of output k gets)."""
+    return [path] + [path.with_name(f"{path.stem}-{k}{path.suffix}") for k in range(1, count)]
 
 
 def run_generate(

@@ -132,8 +132,8 @@ def _add_video(sub: Any, common: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="outputs for the prompt (the request's n); the server refuses more than the "
-        "model makes (default: the server's, 1)",
+        help="outputs for the prompt (the request's n, up to the model's max_outputs): "
+        "saved as <file>, <file stem>-1.mp4, … (default: the server's, 1)",
     )
     video.add_argument(
         "--model", default=None, help="a served video model (default: the server's first)"
@@ -272,6 +272,13 @@ def _add_reads(sub: Any, common: argparse.ArgumentParser) -> None:
     download.add_argument("job_id", metavar="ID", help="a job id (video_… or audio_…)")
     _output(download, "<id>.mp4, <id>.jpg or <id>.<format> in the current directory")
     download.add_argument("--thumbnail", action="store_true", help="a video's JPEG thumbnail")
+    download.add_argument(
+        "--index",
+        type=int,
+        default=0,
+        metavar="K",
+        help="which output of a video job made with --n (0 to n - 1; default: 0)",
+    )
     download.set_defaults(func=_download)
 
     models = command(
@@ -379,7 +386,13 @@ def _cancel(args: argparse.Namespace) -> int:
 def _download(args: argparse.Namespace) -> int:
     from cli.jobs import run_download
 
-    return run_download(args.job_id, **_server(args), output=args.output, thumbnail=args.thumbnail)
+    return run_download(
+        args.job_id,
+        **_server(args),
+        output=args.output,
+        thumbnail=args.thumbnail,
+        index=args.index,
+    )
 
 
 def _models(args: argparse.Namespace) -> int:

@@ -112,6 +112,27 @@ def test_generate_without_waiting_then_status_waits_and_download_names_the_file(
     assert (tmp_path / f"{video_id}.mp4").read_bytes()[4:8] == b"ftyp"
 
 
+def test_video_with_n_saves_every_output_and_download_takes_an_index(
+    omniqueue: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "kites.mp4"
+    code, stdout, err = omniqueue("video", "two kites", *TINY, "--n", "2", "-o", str(out))
+    assert code == 0, err
+    second = tmp_path / "kites-1.mp4"
+    assert stdout.splitlines() == [
+        f"{out} ({out.stat().st_size} bytes)",
+        f"{second} ({second.stat().st_size} bytes)",
+    ]
+    assert out.read_bytes() != second.read_bytes()
+    video_id = err.split("created ", 1)[1].split()[0]
+    again = tmp_path / "again.mp4"
+    code, _, err = omniqueue("download", video_id, "--index", "1", "-o", str(again))
+    assert code == 0, err
+    assert again.read_bytes() == second.read_bytes()
+    code, _, err = omniqueue("download", video_id, "--index", "2", "-o", str(again))
+    assert code == 1 and "has no output 2" in _one_line(err)
+
+
 def test_video_from_an_image(omniqueue: Any, tmp_path: Path) -> None:
     """--image goes up as multipart ``input_reference``: its colour is the first frame."""
     image = tmp_path / "red.png"

@@ -27,6 +27,7 @@ from models.audio import (
     MAX_SAMPLE_RATE,
     MIN_SAMPLE_RATE,
     SAMPLE_RATES,
+    SPEECH_LANGUAGES,
     AudioCreate,
     AudioGenerate,
     SpeechCreate,
@@ -52,7 +53,7 @@ _OUTPUT_FIELDS = {
     "word_timestamps": "per-word timestamps",
 }
 # Hints a model may ignore without changing what the client asked for.
-_HINT_FIELDS = ("language", "max_new_tokens", "initial_codec_chunk_frames", "non_streaming_mode")
+_HINT_FIELDS = ("initial_codec_chunk_frames", "non_streaming_mode")
 _INT64_MAX = 2**63 - 1
 # Speech: seconds per word and a fixed lead, at speed 1 (see speech_seconds).
 _SECONDS_PER_WORD = 0.4
@@ -221,6 +222,7 @@ def resolve_speech(
         raise InvalidRequest(
             "stream_format 'sse' sends PCM16: use response_format 'pcm'", param="stream_format"
         )
+    stream = _stream(body, fmt)
     if body.instructions and len(body.instructions) > settings.limits.max_prompt_chars:
         raise InvalidRequest("instructions is too long", param="instructions")
     model = body.model or speech_model(specs)
@@ -246,20 +248,72 @@ def resolve_speech(
         specs,
         settings,
         options=options,
-        stream_pcm=fmt == "pcm",  # PCM always streams as it is produced
+        stream_pcm=stream,
         prompt_param="input",
         seconds_param="seconds" if body.duration_seconds is None else "duration_seconds",
         seconds_given=body.duration_seconds is not None,
     )
 
 
+def _stream(body: SpeechCreate, fmt: str) -> bool:
+    """Whether the PCM goes out as it is decoded. ``pcm`` streams unless the body says
+    ``"stream": false`` (then the whole clip comes at once); vLLM-Omni's ``"stream": true``
+    asks for exactly that stream, so it needs ``pcm`` (and ``sse`` needs a stream)."""
+    if body.stream and fmt != "pcm":
+        raise InvalidRequest(
+            "stream sends PCM16 as it is decoded: use response_format 'pcm'", param="stream"
+        )
+    if "stream" in body.model_fields_set and not body.stream:
+        if body.stream_format == "sse":
+            raise InvalidRequest(
+                "stream_format 'sse' is a stream: drop stream=false", param="stream"
+            )
+        return False
+    return fmt == "pcm"
+
+
+def _language(value: str | None, spec: ModelSpec) -> dict[str, str]:
+    """``language``: the option of a model that declares it (an ISO 639-1 code of
+    :data:`SPEECH_LANGUAGES`); for another model, only its own language (English, or
+    "Auto") is taken, as what it does anyway. Anything else is a 400 naming it."""
+    if value is None or value.strip().lower() in ("", "auto"):
+        return {}
+    code = SPEECH_LANGUAGES.get(value.strip().lower())
+    if "language" in spec.parameters:
+        if code is None:
+            names = "English, Chinese, Japanese, Korean, French, German, Spanish, Italian, "
+            raise InvalidRequest(
+                f"language {value!r} is not one of {names}Portuguese, Russian or Auto",
+                param="language",
+            )
+        return {"language": code}
+    if code != "en":
+        raise InvalidRequest(
+            f"model {spec.name!r} speaks English only: language {value!r} cannot act "
+            "(omit it, or send 'English' or 'Auto')",
+            param="language",
+        )
+    return {}
+
+
 def _speech_extensions(body: SpeechCreate, spec: ModelSpec) -> dict[str, Any]:
     """vLLM-Omni's speech fields → options for ``spec``. A field that would change the
-    output is refused (400 naming it) unless the model declares it in ``parameters``;
-    hints (``language``, ``max_new_tokens`` as an upper bound, …) are checked, then kept
-    only for models that declare them and otherwise ignored."""
+    output is refused (400 naming it) unless the model declares it in ``parameters``:
+    ``max_new_tokens`` (a cap on generated codec tokens, which no token-free model has),
+    ``instructions``, a ``duration_seconds`` for a text-to-speech model that sizes the
+    clip by its text, a ``language`` the model does not speak (:func:`_language`). The
+    remaining hints (``initial_codec_chunk_frames``, ``non_streaming_mode``) are checked,
+    then kept only for models that declare them."""
     if body.max_new_tokens is not None and not 1 <= body.max_new_tokens <= _INT64_MAX:
         raise InvalidRequest("max_new_tokens must be a positive integer", param="max_new_tokens")
+    refused = {
+        "max_new_tokens": body.max_new_tokens is not None,
+        "instructions": bool(body.instructions),
+        "duration_seconds": body.duration_seconds is not None and spec.text_to_speech,
+    }
+    for name, asked in refused.items():
+        if asked and name not in spec.parameters:
+            raise InvalidRequest(f"{name} cannot act on model {spec.name!r}", param=name)
     frames = body.initial_codec_chunk_frames
     if frames is not None and not 0 <= frames <= _INT64_MAX:
         raise InvalidRequest(
@@ -280,7 +334,8 @@ def _speech_extensions(body: SpeechCreate, spec: ModelSpec) -> dict[str, Any]:
             raise InvalidRequest(
                 f"{name} ({what}) is not supported by model {spec.name!r}", param=name
             )
-    return {name: getattr(body, name) for name in (*_HINT_FIELDS, *_OUTPUT_FIELDS, "task_type")}
+    fields = (*_HINT_FIELDS, *_OUTPUT_FIELDS, "task_type", "max_new_tokens")
+    return {name: getattr(body, name) for name in fields} | _language(body.language, spec)
 
 
 # ---- vLLM-Omni generate -----------------------------------------------------------------

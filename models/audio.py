@@ -58,6 +58,25 @@ SAMPLE_RATES: dict[str, tuple[int, ...] | None] = {
 }
 # What a request may ask for; the model's own rate may be anything (it is converted).
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8000, 192_000
+# A speech request's ``language`` (vLLM-Omni's names, "English", …, or ISO 639-1 codes,
+# any case) → the ISO 639-1 code a model that declares ``language`` gets. "Auto" (or no
+# language) leaves the model's own: English for every built-in model.
+SPEECH_LANGUAGES = {
+    name: code
+    for code, names in {
+        "en": ("english", "en", "en-us", "en-gb"),
+        "zh": ("chinese", "mandarin", "zh", "zh-cn", "cmn"),
+        "ja": ("japanese", "ja"),
+        "ko": ("korean", "ko"),
+        "fr": ("french", "fr"),
+        "de": ("german", "de"),
+        "es": ("spanish", "es"),
+        "it": ("italian", "it"),
+        "pt": ("portuguese", "pt"),
+        "ru": ("russian", "ru"),
+    }.items()
+    for name in names
+}
 
 
 class AudioCreate(JobRequestOptions):

@@ -245,7 +245,8 @@ REFERENCE_SPEECH = ModelSpec(
     min_steps=1,
     max_steps=200,
     default_steps=1,  # unused: a job has one step per phrase of its input
-    parameters=["speed", "voice"],
+    # language: eSpeak NG's voice of that language (workers/pipelines/reference_speech.py).
+    parameters=["speed", "voice", "language"],
 )
 
 BUILTIN_SPECS: dict[str, ModelSpec] = {

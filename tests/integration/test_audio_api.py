@@ -442,8 +442,10 @@ def test_speech_pcm_streams_while_the_job_speaks(astack: AudioStack, client: htt
 
 
 # vLLM-Omni's examples/online_serving/qwen3_tts/openai_speech_client.py builds this body
-# (CustomVoice with an emotion instruction, --language and --max-new-tokens given); only
-# "model" differs: its Qwen3-TTS name is not served here.
+# (CustomVoice with an emotion instruction, --language given); only "model" differs: its
+# Qwen3-TTS name is not served here. Its --max-new-tokens caps codec tokens, which no
+# model here has: refused below (issue 32 §4: no field silently ignored).
+SPEECH = "reference/speech"
 VLLM_OMNI_TTS_BODY: dict[str, Any] = {
     "model": "reference/audio",
     "input": "I'm so happy!",
@@ -452,7 +454,6 @@ VLLM_OMNI_TTS_BODY: dict[str, Any] = {
     "instructions": "Speak with excitement",
     "task_type": "CustomVoice",
     "language": "English",
-    "max_new_tokens": 2048,
 }
 # Every other field of vLLM-Omni's OpenAICreateSpeechRequest, at a value that asks for
 # nothing this model cannot do.
@@ -516,6 +517,12 @@ def test_vllm_omni_tts_client_body_is_served(astack: AudioStack, client: httpx.C
         ({"x_vector_only_mode": True}, "x_vector_only_mode"),
         ({"ambient_sound": "ocean waves"}, "ambient_sound"),
         ({"word_timestamps": True}, "word_timestamps"),
+        ({"max_new_tokens": 2048}, "max_new_tokens"),  # no codec tokens to cap
+        ({"language": "Chinese"}, "language"),  # reference/audio reads English words
+        ({"stream": True}, "stream"),  # a PCM stream, asked for with response_format wav
+        ({"model": SPEECH, "instructions": "whisper"}, "instructions"),
+        ({"model": SPEECH, "instructions": None, "duration_seconds": 2}, "duration_seconds"),
+        ({"model": SPEECH, "instructions": None, "language": "Klingon"}, "language"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"max_new_tokens": True}, "max_new_tokens"),
         ({"max_new_tokens": 2**63}, "max_new_tokens"),
@@ -549,7 +556,6 @@ def test_openai_sdk_speech_with_vllm_omni_extra_body(astack: AudioStack, key: st
         extra_body={
             "language": "Auto",
             "task_type": "CustomVoice",
-            "max_new_tokens": 512,
             "duration_seconds": 0.75,
         },
     )

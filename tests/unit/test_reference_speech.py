@@ -188,3 +188,18 @@ def test_the_library_and_the_binary_speak_alike_when_both_exist() -> None:
     lib = espeak.speak_all("Hello there, friend.", voice, 175)
     binary = espeak._binary("Hello there, friend.", voice, 175)
     assert abs(len(lib) - len(binary)) < 0.1 * len(lib)
+
+
+def test_language_speaks_with_espeak_s_voice_of_that_language(
+    pipe: ReferenceSpeechPipeline,
+) -> None:
+    """``language`` (the API's ISO code) picks eSpeak NG's voice of that language: French
+    says "bonjour" otherwise than English, which is also what no language says."""
+    english = _speak(pipe, "bonjour madame", voice="alloy")
+    assert np.array_equal(_speak(pipe, "bonjour madame", voice="alloy", language="en"), english)
+    french = _speak(pipe, "bonjour madame", voice="alloy", language="fr")
+    assert french.shape != english.shape or not np.array_equal(french, english)
+    state = pipe.prepare(_request("ni hao", voice="alloy", language="zh"))
+    assert state.voice.name == "cmn+" + voice_of("alloy").variant
+    with pytest.raises(InvalidJobInput, match="language 'xx'"):
+        pipe.prepare(_request("hi", language="xx"))

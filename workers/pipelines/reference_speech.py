@@ -7,7 +7,8 @@ It is the default model of ``/v1/audio/speech``: it speaks the request's ``input
 * ``prepare`` splits the input into phrases (at ``, ; : . ! ?`` and line breaks, a phrase
   of more than :data:`MAX_WORDS` words into pieces of that many) and picks the espeak voice
   (:data:`VOICES`: each OpenAI voice name is a variant and a pitch; any other name one of
-  them by its hash) and the rate (175 words/min × ``speed``).
+  them by its hash), in the request's ``language`` (:data:`LANGUAGES`; English when none),
+  and the rate (175 words/min × ``speed``).
 * ``step`` speaks one phrase (espeak adds its own pause after the punctuation), so
   progress, cancel and the PCM stream advance phrase by phrase; ``take_audio`` hands out
   what the steps made since it was last asked.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -72,6 +73,22 @@ class SpeechState(StepState):
         return (joined.astype(np.float32) / 32768.0)[None, :]
 
 
+# A request's ``language`` (the API's ISO 639-1 code, models.audio.SPEECH_LANGUAGES) →
+# eSpeak NG's voice language: its data bundles every one of these dictionaries.
+LANGUAGES = {
+    "en": "en-us",
+    "zh": "cmn",
+    "ja": "ja",
+    "ko": "ko",
+    "fr": "fr",
+    "de": "de",
+    "es": "es",
+    "it": "it",
+    "pt": "pt",
+    "ru": "ru",
+}
+
+
 def voice_of(name: str | None) -> espeak.Voice:
     """The espeak voice of an OpenAI voice name; another name picks one by its hash."""
     name = (name or DEFAULT_VOICE).strip().lower()
@@ -114,13 +131,18 @@ class ReferenceSpeechPipeline(NoWeights, Pipeline):
         if not spoken:
             raise InvalidJobInput("input has nothing to speak")
         opts = request.options
-        voice = opts.get("voice")
+        voice = voice_of(opts["voice"] if isinstance(opts.get("voice"), str) else None)
+        language = opts.get("language")
+        if language is not None:
+            if language not in LANGUAGES:
+                raise InvalidJobInput(f"language {language!r} is not spoken here")
+            voice = replace(voice, language=LANGUAGES[language])
         speed = float(opts.get("speed") or 1.0)
         top = self.spec.max_seconds or REFERENCE_SPEECH.max_seconds or 120.0
         return SpeechState(
             num_steps=len(spoken),
             phrases=spoken,
-            voice=voice_of(voice if isinstance(voice, str) else None),
+            voice=voice,
             words_per_minute=espeak.words_per_minute(speed),
             max_samples=round(top * SAMPLE_RATE),
         )

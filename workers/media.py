@@ -28,6 +28,7 @@ from av.container import OutputContainer
 from PIL import Image
 
 from workers.pipelines.base import Media, Pipeline
+from workers.spritesheet import spritesheet
 
 if TYPE_CHECKING:
     import torch
@@ -382,19 +383,27 @@ VideoFiles = list[tuple[str, Path, str]]  # (variant, path, content type)
 
 
 def encode_video(media: Media, tmp: Path, digest: Any = None) -> VideoFiles:
-    """A video job's files in ``tmp``: the MP4 and its thumbnail (the middle frame).
-    ``digest`` (a ``hashlib`` object), when given, is fed the raw uint8 frames."""
+    """A video job's files in ``tmp``: the MP4, its thumbnail (the middle frame) and its
+    spritesheet. ``digest`` (a ``hashlib`` object), when given, is fed the raw uint8
+    frames."""
     if digest is not None:
         digest.update(np.ascontiguousarray(media.frames).data)
     encode_mp4(media, tmp / "video.mp4")
-    return finish_video(np.asarray(media.frames[len(media.frames) // 2]), tmp)
+    frames = np.asarray(media.frames)
+    return finish_video(frames[len(frames) // 2], tmp, frames)
 
 
-def finish_video(middle: np.ndarray, tmp: Path) -> VideoFiles:
-    """The files of a video whose MP4 is written: add the thumbnail."""
+def finish_video(middle: np.ndarray, tmp: Path, frames: np.ndarray | None = None) -> VideoFiles:
+    """The files of a video whose MP4 is written: add the thumbnail and the spritesheet
+    (of ``frames``, the clip's uint8 frames; None: read back from the MP4, as after a
+    streamed decode that kept none)."""
     thumb_path = tmp / "thumbnail.jpg"
     encode_thumbnail(middle, thumb_path)
-    return [("video", tmp / "video.mp4", "video/mp4"), ("thumbnail", thumb_path, "image/jpeg")]
+    return [
+        ("video", tmp / "video.mp4", "video/mp4"),
+        ("thumbnail", thumb_path, "image/jpeg"),
+        spritesheet(tmp, frames),
+    ]
 
 
 @dataclass(frozen=True)

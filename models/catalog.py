@@ -340,8 +340,11 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         has_audio=True,
         parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
         # LTX2Pipeline.__call__ arguments of the same names (its defaults apply when absent);
-        # stg_blocks: comma-separated transformer block indices ("" turns STG off).
+        # stg_blocks: comma-separated transformer block indices ("" turns STG off);
+        # image_crf: the keyframes' H.264 re-compression (i2v / flf2v; 0: none).
         extra_params={
+            "frame_indices": "ints",
+            "image_crf": "int",
             "stg_scale": "float",
             "modality_scale": "float",
             "guidance_rescale": "float",
@@ -366,7 +369,12 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
             "motion_speed": (0.05, 10.0),
             "decode_timestep": (0.0, 1.0),
             "decode_noise_scale": (0.0, 1.0),
+            "image_crf": (0, 51),
         },
+        # Text-to-video (LTX2Pipeline) unless the entry names more: "i2v" (a first frame:
+        # LTX2ImageToVideoPipeline), "flf2v" (first and last: LTX2ConditionPipeline); every
+        # LTX-2 checkpoint serves all three (workers/pipelines/diffusers/ltx2_i2v.py).
+        workflows=["t2v"],
     ),
     "diffusers.minimax_h3": ModelSpec(
         name="diffusers.minimax_h3",

@@ -30,7 +30,6 @@ the shared transformer would mix jobs that are interleaved step by step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,19 +42,47 @@ from diffusers.pipelines.ltx2.pipeline_ltx2 import (
 )
 from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 
+from models.catalog import Workflow
 from models.errors import InvalidJobInput
+from models.registry import WarmupShape
 from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.common import (
     call_default,
     cfg_batch,
     decode_video,
+    grey_preview,
     guidance_scale,
     job_scheduler,
     make_generator,
     sampling,
     to_uint8,
 )
-from workers.pipelines.diffusers.packed import PackedLatentsAdapter, PackedState
+from workers.pipelines.diffusers.ltx2_i2v import (
+    IMAGE_WORKFLOWS,
+    check_keyframes,
+    check_workflows,
+    condition_latents,
+    image_crf,
+    image_latents,
+    keyframes_of,
+    loaded_class,
+    model_timesteps,
+    next_video_latents,
+    workflow_pipelines,
+)
+from workers.pipelines.diffusers.ltx2_state import (
+    LTX2ConditionState,
+    LTX2ImageState,
+    LTX2State,
+)
+from workers.pipelines.diffusers.packed import PackedLatentsAdapter
+
+# The state class of each workflow's jobs.
+STATES: dict[Workflow, type[LTX2State]] = {
+    "t2v": LTX2State,
+    "i2v": LTX2ImageState,
+    "flf2v": LTX2ConditionState,
+}
 
 _KNOBS = (
     "stg_scale",
@@ -74,50 +101,43 @@ EXTRA_PARAMS = (
     "motion_speed",
     "decode_timestep",
     "decode_noise_scale",
+    "image_crf",  # i2v / flf2v (ltx2_i2v.py)
+    "frame_indices",  # read by the API: which keyframe is first or last
 )
 
 
-@dataclass(kw_only=True)
-class LTX2State(PackedState):
-    """One LTX-2 job. ``latents`` (video) and ``audio_latents`` are packed B×tokens×C;
-    ``embeds``/``audio_embeds``/``attention_mask``/coords hold the [negative, positive]
-    batch under CFG, the ``guide_*`` fields what the STG / modality passes use."""
-
-    audio_scheduler: Any
-    audio_latents: torch.Tensor
-    # dtype of the text encoder's prompt embeddings: __call__ casts model inputs to it.
-    dtype: torch.dtype
-    scales: dict[str, float]
-    stg_blocks: list[int] | None
-    use_cross_timestep: bool
-    embeds: torch.Tensor
-    audio_embeds: torch.Tensor
-    attention_mask: torch.Tensor
-    video_coords: torch.Tensor
-    audio_coords: torch.Tensor
-    guide_embeds: torch.Tensor
-    guide_audio_embeds: torch.Tensor
-    guide_attention_mask: torch.Tensor
-    guide_video_coords: torch.Tensor
-    guide_audio_coords: torch.Tensor
-    conditioning_fps: float
-    audio_num_frames: int
-    latent_mel_bins: int
-
-    @property
-    def do_stg(self) -> bool:
-        return self.scales["stg_scale"] > 0.0 or self.scales["audio_stg_scale"] > 0.0
-
-    @property
-    def do_modality(self) -> bool:
-        return self.scales["modality_scale"] > 1.0 or self.scales["audio_modality_scale"] > 1.0
-
-
 class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
-    """``LTX2Pipeline`` (Lightricks LTX-2 text-to-video with sound)."""
+    """``LTX2Pipeline`` (Lightricks LTX-2 text-to-video with sound) and, for an entry
+    serving ``i2v`` / ``flf2v``, ``LTX2ImageToVideoPipeline`` / ``LTX2ConditionPipeline``
+    (ltx2_i2v.py)."""
 
     family = "diffusers.ltx2"
-    pipeline_class = LTX2Pipeline
+    pipeline_class: Any = LTX2Pipeline
+
+    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
+        self.pipeline_class = loaded_class(self.workflows)
+        self.takes_references = bool(set(IMAGE_WORKFLOWS) & set(self.workflows))
+        # Each served workflow's pipeline over the loaded modules (load).
+        self._pipes: dict[Workflow, Any] = {}
+
+    def load(self, device: str) -> None:
+        """``DiffusersAdapter.load``, then the served workflows checked against the
+        loaded components (refusing to start on a mismatch) and their pipelines built."""
+        super().load(device)
+        pipe = self._loaded()
+        check_workflows(self.spec.name, pipe, self.workflows)
+        self._pipes = workflow_pipelines(pipe, self.workflows)
+
+    def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
+        """The warm-up of the entry's first workflow (grey keyframes for an image one)."""
+        request = super()._warm_up_request(shape)
+        if self.workflows[0] in IMAGE_WORKFLOWS:
+            grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
+            request.reference_image = grey
+            request.last_image = grey if self.workflows[0] == "flf2v" else None
+        return request
 
     def _scales(self, request: GenerationRequest) -> dict[str, float]:
         """Guidance knobs: request.extra, else ``__call__``'s defaults; ``audio_* or video``."""
@@ -144,6 +164,10 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         return blocks or None
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> LTX2State:
+        """Everything before the loop of the ``__call__`` of the job's workflow's pipeline
+        (``LTX2Pipeline`` for t2v; the keyframes' part: ltx2_i2v.py)."""
+        keys = keyframes_of(request, self.spec.name, self.workflows)
+        pipe = self._pipes["t2v" if keys is None else keys.workflow]
         height, width = request.height, request.width
         num_frames, fps, extra = request.num_frames, request.fps, request.extra
         scales = self._scales(request)
@@ -151,6 +175,9 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         cross = extra.get("use_cross_timestep", call_default(pipe, "use_cross_timestep"))
         motion_speed = float(extra.get("motion_speed", call_default(pipe, "motion_speed")))
         cond_fps = conditioning_frame_rate(fps, motion_speed)
+        image: dict[str, Any] = {}
+        if keys is not None and keys.workflow == "i2v":
+            image = {"image": keys.first, "image_crf": image_crf(request)}
         pipe.check_inputs(
             prompt=request.prompt,
             height=height,
@@ -159,31 +186,49 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             stg_scale=scales["stg_scale"],
             audio_stg_scale=scales["audio_stg_scale"],
             num_frames=num_frames,
+            **image,
         )
+        check_keyframes(pipe, keys, request)
         do_cfg = scales["guidance_scale"] > 1.0 or scales["audio_guidance_scale"] > 1.0
         device = pipe._execution_device
 
         # Prompt encoding ([negative, positive] under CFG), then the text connectors.
         embeds, mask = self._prompt_batch(pipe, request, do_cfg, device)
-        padding_side = getattr(pipe.tokenizer, "padding_side", "left")
+        if keys is not None and keys.workflow == "flf2v":
+            padding_side = pipe.tokenizer_padding_side
+        else:
+            padding_side = getattr(pipe.tokenizer, "padding_side", "left")
         video_embeds, audio_embeds, conn_mask = pipe.connectors(
             embeds, mask, padding_side=padding_side
         )
 
-        # Video then audio latents, both from the job's generator (noise_scale 0).
+        # Video then audio latents, both from the job's generator (noise_scale 0; the
+        # keyframe conditions' 1, all noise unless a token is conditioned).
         generator = make_generator(request.seed)
         grid = self._latent_grid(pipe, request)
-        latents = pipe.prepare_latents(
-            1,
-            pipe.transformer.config.in_channels,
-            height,
-            width,
-            num_frames,
-            0.0,
-            torch.float32,
-            device,
-            generator,
-        )
+        keyed: dict[str, Any] = {}
+        keyframe_coords = None
+        if keys is None:
+            latents = pipe.prepare_latents(
+                1,
+                pipe.transformer.config.in_channels,
+                height,
+                width,
+                num_frames,
+                0.0,
+                torch.float32,
+                device,
+                generator,
+            )
+        elif keys.workflow == "i2v":
+            latents, cond_mask = image_latents(pipe, keys, request, embeds.dtype, device, generator)
+            keyed["conditioning_mask"] = cfg_batch(cond_mask, do_cfg)
+        else:
+            latents, cond_mask, clean, keyframe_coords = condition_latents(
+                pipe, keys, request, cond_fps, device, generator
+            )
+            keyed["conditioning_mask"] = cfg_batch(cond_mask, do_cfg)
+            keyed["clean_latents"] = clean
         audio_per_second = (
             pipe.audio_sampling_rate
             / pipe.audio_hop_length
@@ -197,13 +242,14 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             num_channels_latents=pipe.audio_vae.config.latent_channels,
             audio_latent_length=audio_num_frames,
             num_mel_bins=num_mel_bins,
-            noise_scale=0.0,
+            noise_scale=0.0 if keys is None or keys.workflow == "i2v" else 1.0,
             dtype=torch.float32,
             device=device,
             generator=generator,
         )
 
-        # Timesteps on two private scheduler copies (video, audio).
+        # Timesteps on two private scheduler copies (video, audio: LTX2ConditionPipeline's
+        # own audio_scheduler where it has one); only LTX2Pipeline sets a begin index.
         steps = request.num_inference_steps
         sigmas: Any = np.linspace(1.0, 1 / steps, steps)
         config = pipe.scheduler.config
@@ -214,13 +260,22 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             config.get("base_shift", 0.95),
             config.get("max_shift", 2.05),
         )
-        scheduler, audio_scheduler = job_scheduler(pipe.scheduler), job_scheduler(pipe.scheduler)
-        retrieve_timesteps(audio_scheduler, steps, device, None, sigmas=sigmas, mu=mu)
+        audio_base = pipe.scheduler
+        if keys is not None and keys.workflow == "flf2v" and pipe.audio_scheduler is not None:
+            audio_base = pipe.audio_scheduler
+        scheduler, audio_scheduler = job_scheduler(pipe.scheduler), job_scheduler(audio_base)
+        audio_timesteps, _ = retrieve_timesteps(
+            audio_scheduler, steps, device, None, sigmas=sigmas, mu=mu
+        )
         timesteps, _ = retrieve_timesteps(scheduler, steps, device, None, sigmas=sigmas, mu=mu)
-        scheduler.set_begin_index(0)
-        audio_scheduler.set_begin_index(0)
+        if keys is None:
+            scheduler.set_begin_index(0)
+            audio_scheduler.set_begin_index(0)
+        elif keys.workflow == "flf2v":
+            keyed["audio_timesteps"] = audio_timesteps
 
-        # RoPE coordinates; the guidance passes use the positive half of the batch.
+        # RoPE coordinates (and the appended keyframe's); the guidance passes use the
+        # positive half of the batch.
         video_coords = pipe.transformer.rope.prepare_video_coords(
             latents.shape[0],
             grid.num_frames,
@@ -232,6 +287,8 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         audio_coords = pipe.transformer.audio_rope.prepare_audio_coords(
             audio_latents.shape[0], audio_num_frames, audio_latents.device
         )
+        if keyframe_coords is not None:
+            video_coords = torch.cat([video_coords, keyframe_coords], dim=2)
         guide = (video_embeds, audio_embeds, conn_mask, video_coords, audio_coords)
         if do_cfg:
             video_coords = video_coords.repeat((2,) + (1,) * (video_coords.ndim - 1))
@@ -243,10 +300,12 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
                 video_coords.chunk(2, dim=0)[0],
                 audio_coords.chunk(2, dim=0)[0],
             )
-        return LTX2State(
+        state_class = STATES["t2v" if keys is None else keys.workflow]
+        return state_class(
             **sampling(
                 request, generator, scheduler, timesteps, latents, scales["guidance_scale"], do_cfg
             ),
+            **keyed,
             audio_scheduler=audio_scheduler,
             audio_latents=audio_latents,
             dtype=embeds.dtype,
@@ -274,13 +333,14 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         s: LTX2State,
         video: torch.Tensor,
         audio: torch.Tensor,
-        timestep: torch.Tensor,
+        times: tuple[torch.Tensor, ...],
         *,
         guide: bool,
         isolate: bool = False,
         stg: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One transformer call with the loop's arguments; float32 velocity predictions."""
+        """One transformer call with the loop's arguments (``times``: ``model_timesteps``);
+        float32 velocity predictions."""
         pipe = self._loaded()
         dtype = s.dtype
         embeds = (
@@ -298,8 +358,10 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             audio_hidden_states=audio.to(dtype),
             encoder_hidden_states=embeds[0],
             audio_encoder_hidden_states=embeds[1],
-            timestep=timestep,
-            sigma=timestep,
+            timestep=times[0],
+            audio_timestep=times[1],
+            sigma=times[2],
+            audio_sigma=times[3],
             encoder_attention_mask=embeds[2],
             audio_encoder_attention_mask=embeds[2],
             **s.grid.transformer_kwargs(),
@@ -318,7 +380,7 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
 
     def _step(self, pipe: Any, s: LTX2State) -> None:
         """One loop iteration: CFG / STG / modality guidance in x0 space, both schedulers."""
-        i, t, sc = s.step_index, s.timesteps[s.step_index], s.scales
+        i, sc = s.step_index, s.scales
         latents, audio_latents = s.latents, s.audio_latents
         video_sched, audio_sched = s.scheduler, s.audio_scheduler
 
@@ -326,9 +388,9 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             return pipe.convert_velocity_to_x0(sample, v, i, sched)
 
         video_in, audio_in = cfg_batch(latents, s.do_cfg), cfg_batch(audio_latents, s.do_cfg)
-        timestep = t.expand(video_in.shape[0])
+        times = model_timesteps(s, video_in.shape[0])
         with pipe.transformer.cache_context("cond_uncond"):
-            pred_v, pred_a = self._forward(s, video_in, audio_in, timestep, guide=False)
+            pred_v, pred_a = self._forward(s, video_in, audio_in, times, guide=False)
         # Deltas that are off stay 0, as in __call__ (``x + 0`` is exact).
         cfg_v: torch.Tensor | float = 0.0
         cfg_a: torch.Tensor | float = 0.0
@@ -344,7 +406,7 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             pred_a = x0(audio_latents, pred_a, audio_sched)
             uncond_a = x0(audio_latents, uncond_a, audio_sched)
             cfg_a = (sc["audio_guidance_scale"] - 1) * (pred_a - uncond_a)
-            timestep = timestep.chunk(2, dim=0)[0]
+            times = tuple(x.chunk(2, dim=0)[0] for x in times)
         else:
             pred_v = x0(latents, pred_v, video_sched)
             pred_a = x0(audio_latents, pred_a, audio_sched)
@@ -352,14 +414,14 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         if s.do_stg:
             with pipe.transformer.cache_context("uncond_stg"):
                 stg_pv, stg_pa = self._forward(
-                    s, latents, audio_latents, timestep, guide=True, stg=s.stg_blocks
+                    s, latents, audio_latents, times, guide=True, stg=s.stg_blocks
                 )
             stg_v = sc["stg_scale"] * (pred_v - x0(latents, stg_pv, video_sched))
             stg_a = sc["audio_stg_scale"] * (pred_a - x0(audio_latents, stg_pa, audio_sched))
         if s.do_modality:
             with pipe.transformer.cache_context("uncond_modality"):
                 mod_pv, mod_pa = self._forward(
-                    s, latents, audio_latents, timestep, guide=True, isolate=True
+                    s, latents, audio_latents, times, guide=True, isolate=True
                 )
             mod_v = (sc["modality_scale"] - 1) * (pred_v - x0(latents, mod_pv, video_sched))
             mod_a = (sc["audio_modality_scale"] - 1) * (
@@ -374,16 +436,17 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             guided_a = rescale_noise_cfg(
                 guided_a, pred_a, guidance_rescale=sc["audio_guidance_rescale"]
             )
-        velocity_v = pipe.convert_x0_to_velocity(latents, guided_v, i, video_sched)
         velocity_a = pipe.convert_x0_to_velocity(audio_latents, guided_a, i, audio_sched)
-        s.latents = video_sched.step(velocity_v, t, latents, return_dict=False)[0]
+        s.latents = next_video_latents(pipe, s, guided_v)
+        t = s.timesteps[i]
         s.audio_latents = audio_sched.step(velocity_a, t, audio_latents, return_dict=False)[0]
 
     def _decode_frames(self, pipe: Any, s: LTX2State) -> np.ndarray:
-        """Video tail of ``__call__``: unpack, decode-timestep noise (timestep-conditioned
-        VAEs, drawn from the job's generator as ``__call__`` does), de-normalise, decode."""
+        """Video tail of ``__call__``: the appended keyframe tokens dropped (flf2v), unpack,
+        decode-timestep noise (timestep-conditioned VAEs, drawn from the job's generator as
+        ``__call__`` does), de-normalise, decode."""
         vae = pipe.vae
-        latents = self._unpacked(s.latents, s).to(s.dtype)
+        latents = self._unpacked(s.latents[:, : s.grid.tokens], s).to(s.dtype)
         timestep: torch.Tensor | None = None
         if vae.config.timestep_conditioning:
             latents, timestep = self._decode_noise(latents, s.request.extra, s.generator)
@@ -407,6 +470,12 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         mel = audio_vae.decode(latents.to(audio_vae.dtype), return_dict=False)[0]
         audio: torch.Tensor = pipe.vocoder(mel)
         return audio
+
+    def preview(self, state: StepState) -> np.ndarray | None:
+        """Grey middle latent frame of the grid's video latents (B×C×F×h×w)."""
+        s = self._state(state)
+        latents = self._unpacked(s.latents[:, : s.grid.tokens], s)
+        return grey_preview(latents, channel_dim=1, frame_dim=2)
 
     def decode(self, state: StepState) -> Media:
         """uint8 frames at the request's fps plus float32 (channels, samples) audio at the

@@ -114,6 +114,10 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         random_config: dict[str, dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
+        # Blocks not compiled unless the entry asks (``compile = "blocks"``): every clip
+        # length is a new sequence length, so a new graph for the compiled blocks.
+        if kwargs.get("compile") is None:
+            kwargs["compile"] = "off"
         super().__init__(path, **kwargs)
         # ``weights = "random"`` (longcat_random.py): per-part config overrides.
         self.random_config = dict(random_config or {})

@@ -1,0 +1,229 @@
+"""LongCat-AudioDiT text-to-speech through the whole stack on one GPU: ``omniqueue up``
+(Valkey, SQLite, SeaweedFS, the API, ``--workers`` GPU job workers on that one GPU)
+serving a ``diffusers.longcat_audio`` entry, and ``--concurrency`` clients each sending
+``POST /v1/audio/speech`` with ``response_format: "pcm"`` (the PCM16 stream) at once.
+
+    python -m benchmarks.gpu.longcat_speech [--concurrency 8] [--rounds 3] [--workers 8]
+    python -m benchmarks.gpu.longcat_speech --tiny     # the toy model on this CPU
+
+The entry (written to a temporary registry file) has ``weights = "random"``: LongCat-
+AudioDiT-1B's configs (a 24-block 1536-wide DiT, umt5-base, the 2048x audio VAE) with a
+seeded random init on the GPU (workers/pipelines/diffusers/longcat_random.py: the
+tokenizer is character-level), allowed by ``OMNIQ_WORKER__RANDOM_WEIGHTS``; blocks not
+compiled (the family's default: every clip length would be a new graph). Each worker
+holds its own copy (about 4 GB in bfloat16), so ``--workers`` requests run side by side.
+
+Each round sends ``--concurrency`` requests together (the same paragraph, a different
+seed each; the clip's length follows the text, so every clip is as long); one warm-up
+round first is not counted. Per request, from just before it is sent:
+
+* ``ttfa_ms``: the first PCM byte of the body (the API answers a PCM stream at its first
+  chunk). The adapter decodes the clip whole (its VAE is not chunk-exact), so the first
+  audio comes once the job has denoised and decoded: this is the job's latency, queue
+  included;
+* ``total_ms``: the body's end; ``audio_s``: the clip's length (PCM16 mono 24 kHz);
+* ``rtf``: ``total_ms / 1000 / audio_s`` (below 1: faster than real time).
+
+Keys of the JSON (also ``$OUT/gpu_longcat_speech.json``): ``ttfa_ms``, ``total_ms``,
+``rtf`` (n, mean, p50, p95, p99, max over every counted request), ``aggregate_rtf`` (a
+round's wall time over the audio it made, median over rounds), ``worker_ready_s``,
+``stage_seconds`` (medians of the jobs' ``stage_durations``), ``up_exit_code``, and the
+comparison point: vLLM-Omni's ~2 s to the first chunk (vllm-omni #1635).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import summary
+from benchmarks.embedded_stack import Stack, git_state, log_time, say
+from benchmarks.gpu.common import emit
+from benchmarks.gpu.h3_stack import inline_toml, stage_medians
+
+MODEL = "meituan-longcat/LongCat-AudioDiT-1B/random"
+TEXT = (
+    "The quick brown fox jumps over the lazy dog, and then it runs into the forest. "
+    "Nobody saw where it went, but the birds were singing all afternoon."
+)
+RATE = 24_000  # the speech route's PCM16 rate (mono)
+VLLM_OMNI_FIRST_CHUNK_S = 2.0  # vllm-omni #1635
+
+
+def registry_text(args: argparse.Namespace) -> str:
+    options = f"random_config = {inline_toml(args.random_config)}\n" if args.random_config else ""
+    return f"""
+[[model]]
+name = "{MODEL}"
+adapter = "diffusers.longcat_audio"
+weights = "random"
+dtype = "{args.dtype}"
+compile = "off"
+[model.adapter_options]
+{options}
+[model.spec]
+default_steps = {args.steps}
+"""
+
+
+def wait_ready(stack: Stack, workers: int, timeout: float) -> float:
+    """Epoch seconds of the last of the ``workers`` Celery workers' ``… ready.`` lines."""
+    pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*@\S+ ready\.")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = stack.log_path.read_text(errors="replace").splitlines()
+        found = [log_time(m.group(1), m.group(2)) for x in lines if (m := pattern.match(x))]
+        if len(found) >= workers:
+            return max(found)
+        time.sleep(0.5)
+    raise RuntimeError(f"the workers were not ready within {timeout:.0f} s:\n{stack.log_tail()}")
+
+
+def one(client: Any, seed: int, text: str) -> dict[str, Any]:
+    """One speech request, its PCM stream read to the end."""
+    body = {"model": MODEL, "input": text, "response_format": "pcm", "seed": seed}
+    started = time.perf_counter()
+    first: float | None = None
+    size = 0
+    with client.stream("POST", "/v1/audio/speech", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"speech: {resp.status_code} {resp.read()!r}")
+        job = resp.headers.get("x-request-id")
+        for piece in resp.iter_bytes():
+            if first is None and piece:
+                first = time.perf_counter()
+            size += len(piece)
+    ended = time.perf_counter()
+    if first is None:
+        raise RuntimeError("speech: an empty body")
+    audio_s = size / 2 / RATE
+    return {
+        "job": job,
+        "ttfa_ms": (first - started) * 1000,
+        "total_ms": (ended - started) * 1000,
+        "audio_s": audio_s,
+        "rtf": (ended - started) / audio_s,
+    }
+
+
+def rounds(client: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[float]]:
+    """``--rounds`` rounds of ``--concurrency`` requests sent together (after a warm-up
+    round): every request, and each round's wall time over its audio."""
+    found: list[dict[str, Any]] = []
+    aggregate: list[float] = []
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        for r in range(args.rounds + 1):
+            started = time.perf_counter()
+            seeds = [1000 * r + i for i in range(args.concurrency)]
+            runs = list(pool.map(lambda seed: one(client, seed, args.text), seeds))
+            wall = time.perf_counter() - started
+            if r == 0:
+                say(f"warm-up round: {wall:.2f} s")
+                continue
+            found += runs
+            aggregate.append(wall / sum(x["audio_s"] for x in runs))
+            p95 = max(x["ttfa_ms"] for x in runs)
+            say(f"round {r}: {wall:.2f} s, slowest first audio {p95:.0f} ms")
+    return found, aggregate
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import httpx
+
+    registry = work / "models.toml"
+    registry.write_text(registry_text(args))
+    env = {
+        "OMNIQ_MODEL_REGISTRY": str(registry),
+        "OMNIQ_MODELS": MODEL,
+        "OMNIQ_WORKER__DEVICE": args.device,
+        "OMNIQ_WORKER__RANDOM_WEIGHTS": "true",
+        "OMNIQ_WORKER__PREVIEW_EVERY": "0",
+    }
+    devices = ("--worker-devices", ",".join([args.device] * args.workers))
+    stack = Stack(workers=args.workers, env=env, args=("--realtime-workers", "0", *devices))
+    out: dict[str, Any] = {}
+    started = time.time()
+    stack.start(timeout=900)
+    try:
+        ready = wait_ready(stack, args.workers, args.ready_timeout)
+        out["worker_ready_s"] = round(ready - started, 1)
+        limits = httpx.Limits(max_connections=args.concurrency + 2)
+        with httpx.Client(base_url=stack.url, timeout=900, limits=limits) as client:
+            runs, aggregate = rounds(client, args)
+            out |= {key: summary([x[key] for x in runs], 3) for key in ("ttfa_ms", "total_ms")}
+            out["rtf"] = summary([x["rtf"] for x in runs], 3)
+            out["audio_s"] = summary([x["audio_s"] for x in runs], 3)
+            out["aggregate_rtf"] = round(statistics.median(aggregate), 3)
+            rows = [client.get(f"/v1/audio/generations/{x['job']}").json() for x in runs]
+            out["stage_seconds"] = stage_medians(
+                [r["stage_durations"] for r in rows if r.get("stage_durations")]
+            )
+            out["requests"] = [
+                {k: round(v, 3) if isinstance(v, float) else v for k, v in x.items()} for x in runs
+            ]
+    finally:
+        out["up_exit_code"] = stack.stop()
+        if out["up_exit_code"] != 0:
+            out["up_log_tail"] = stack.log_tail(4000)
+        stack.remove(keep_log=args.keep_log)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--concurrency", type=int, default=8, help="requests sent together")
+    p.add_argument("--rounds", type=int, default=3, help="counted rounds (after a warm-up)")
+    p.add_argument("--workers", type=int, default=8, help="job workers on the one GPU")
+    p.add_argument("--steps", type=int, default=16, help="denoise steps (__call__'s 16)")
+    p.add_argument("--text", default=TEXT)
+    p.add_argument("--ready-timeout", type=float, default=600.0)
+    p.add_argument("--keep-log", default=None, help="copy up's stderr here")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="longcat_random.TINY_CONFIG on the CPU (float32, 1 worker, 1 round of 2, "
+        "2 steps): checks this script",
+    )
+    args = p.parse_args()
+    args.random_config = {}
+    if args.tiny:
+        from workers.pipelines.diffusers.longcat_random import TINY_CONFIG
+
+        args.random_config = TINY_CONFIG
+        args.device, args.dtype = "cpu", "float32"
+        args.workers, args.concurrency, args.rounds, args.steps = 1, 2, 1, 2
+
+    out: dict[str, Any] = {
+        "benchmark": "gpu_longcat_speech",
+        "date": time.strftime("%Y-%m-%d"),
+        **git_state(),
+        "model": MODEL,
+        "weights": f"seeded random init from the {'tiny' if args.tiny else 'LongCat-AudioDiT-1B'}"
+        f" configs, {args.dtype}, built on {args.device} (registry weights = 'random')",
+        "concurrency": args.concurrency,
+        "workers": args.workers,
+        "steps": args.steps,
+        "text_chars": len(args.text),
+        "compare": {"vllm_omni_first_chunk_s": VLLM_OMNI_FIRST_CHUNK_S},
+    }
+    if not args.tiny:
+        import torch
+
+        out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    with tempfile.TemporaryDirectory() as tmp:
+        out |= run(args, Path(tmp))
+    emit(out, "gpu_longcat_speech")
+
+
+if __name__ == "__main__":
+    main()

@@ -302,17 +302,26 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         default_seconds=5.0,
         default_steps=50,
         parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
-        # LTXPipeline.__call__ arguments of the same names (used by timestep-conditioned VAEs).
+        # LTXPipeline.__call__ arguments of the same names (used by timestep-conditioned
+        # VAEs); frame_indices places keyframes; strength: v2v's (LTXConditionPipeline's
+        # conditioning strength of the source clip: 1 holds it, the reverse of Wan's).
         extra_params={
             "decode_timestep": "float",
             "decode_noise_scale": "float",
             "guidance_rescale": "float",
+            "frame_indices": "ints",
+            "strength": "float",
         },
         extra_ranges={
             "decode_timestep": (0.0, 1.0),
             "decode_noise_scale": (0.0, 1.0),
             "guidance_rescale": (0.0, 1.0),
+            "strength": (0.0, 1.0),
         },
+        # Text-to-video (LTXPipeline) unless the entry names others: ["t2v", "i2v"]
+        # (LTXImageToVideoPipeline), any list with flf2v or v2v (LTXConditionPipeline,
+        # LTX-Video 0.9.5+); workers/pipelines/diffusers/ltx_i2v.py.
+        workflows=["t2v"],
     ),
     "diffusers.cogvideox": ModelSpec(
         name="diffusers.cogvideox",

@@ -385,8 +385,10 @@ def test_family_specs_declare_what_the_adapters_read() -> None:
     for spec in (wan, ltx, cog):
         assert {"guidance_scale", "vae_use_tiling", "vae_use_slicing"} <= set(spec.parameters)
         assert not spec.supports_image_input
-    assert set(ltx.extra_params) == set(CASES["ltx"].extra)
-    assert set(cog.extra_params) == set(CASES["cogvideox"].extra)
+    # LTX's workflow extras (keyframe anchors, v2v's strength) are test_ltx_i2v.py's
+    assert set(ltx.extra_params) == set(CASES["ltx"].extra) | {"frame_indices", "strength"}
+    # CogVideoX's workflow extras (i2v's keyframe anchor, v2v's strength): test_cogvideox_i2v.py
+    assert set(cog.extra_params) == set(CASES["cogvideox"].extra) | {"frame_indices", "strength"}
 
 
 def test_wan_decode_stream_is_the_whole_decode_chunk_by_chunk(tmp_path: Path) -> None:

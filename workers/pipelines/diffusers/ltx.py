@@ -1,32 +1,44 @@
-"""LTX-Video text-to-video (``diffusers.LTXPipeline``) run one denoise step at a time.
+"""LTX-Video text-, image-, first/last-frame- and video-to-video, one denoise step at a time.
 
-Mirrors ``LTXPipeline.__call__`` (diffusers 0.42): ``prepare`` = steps 1-6 (checks,
-prompt encoding with the [negative, positive] CFG batch, packed latents, the
-resolution-dependent ``mu`` shift of the sigma schedule, RoPE interpolation scale from the
-frame rate = ``request.fps``), ``step`` = one iteration of step 7, ``decode`` = unpack,
+Text-to-video (``t2v``) mirrors ``LTXPipeline.__call__`` (diffusers 0.42): ``prepare`` =
+steps 1-6 (checks, prompt encoding with the [negative, positive] CFG batch, packed latents,
+the resolution-dependent ``mu`` shift of the sigma schedule, RoPE interpolation scale from
+the frame rate = ``request.fps``), ``step`` = one iteration of step 7, ``decode`` = unpack,
 de-normalise, the timestep-conditioned VAE's ``decode_timestep``/``decode_noise_scale``
 noise (drawn from the job's generator, as ``__call__`` does after its loop), VAE decode.
 
+The registry entry's ``spec.workflows`` says what a checkpoint serves and so which
+pipeline loads (ltx_i2v.py): ``["t2v"]`` (the default) ``LTXPipeline``; ``i2v`` (with or
+without ``t2v``) ``LTXImageToVideoPipeline``, whose loop is ltx_i2v.py's and whose ``t2v``
+jobs run ``LTXPipeline``'s loop over the same modules; ``flf2v`` or ``v2v`` in the list
+``LTXConditionPipeline`` (LTX-Video 0.9.5+), which runs every workflow of the entry with
+its own loop (ltx_condition.py). The decode noise of ``LTXImageToVideoPipeline`` is
+``torch.randn`` on the execution device in ``__call__``; here it is drawn on the job's CPU
+generator and moved (the same numbers on CPU, where they are compared).
+
 Request options: ``vae_use_tiling`` / ``vae_use_slicing``; extras (``request.extra``):
 ``decode_timestep`` (default 0.0), ``decode_noise_scale`` (default: = decode_timestep),
-``guidance_rescale`` (default 0.0) — the ``__call__`` arguments of the same names.
+``guidance_rescale`` (default 0.0) — the ``__call__`` arguments of the same names — and,
+for ``v2v``, ``strength`` (ltx_condition.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from diffusers import LTXPipeline
+from diffusers import LTXConditionPipeline, LTXImageToVideoPipeline, LTXPipeline
 from diffusers.pipelines.ltx.pipeline_ltx import (
     calculate_shift,
     rescale_noise_cfg,
     retrieve_timesteps,
 )
 
-from workers.pipelines.base import GenerationRequest
+from models.catalog import Workflow
+from models.registry import WarmupShape
+from workers.pipelines.base import GenerationRequest, MediaReference, StepState
 from workers.pipelines.diffusers.common import (
     batched_prediction,
     call_default,
@@ -34,36 +46,102 @@ from workers.pipelines.diffusers.common import (
     cfg_batch,
     clone_generator,
     decode_video,
+    grey_preview,
     guidance_scale,
     job_scheduler,
     make_generator,
     sampling,
 )
+from workers.pipelines.diffusers.ltx_condition import condition_fields, condition_step
+from workers.pipelines.diffusers.ltx_i2v import (
+    check_workflows,
+    image_latents,
+    image_step,
+    pipeline_for,
+    text_pipeline,
+)
 from workers.pipelines.diffusers.packed import PackedLatentsAdapter, PackedState
+from workers.pipelines.diffusers.wan_i2v import Keyframes, keyframes_of
+from workers.pipelines.diffusers.wan_v2v import SourceVideo
+
+Loop = Literal["text", "image", "condition"]
 
 
 @dataclass(kw_only=True)
 class LTXState(PackedState):
-    """One LTX job. ``latents`` are packed (B×tokens×C); ``prompt_embeds`` and
-    ``prompt_attention_mask`` hold the [negative, positive] batch when CFG is on."""
+    """One LTX job. ``latents`` are packed (B×tokens×C; the conditioned loop's extra
+    tokens first); ``prompt_embeds`` and ``prompt_attention_mask`` hold the [negative,
+    positive] batch when CFG is on."""
 
     prompt_embeds: torch.Tensor
     prompt_attention_mask: torch.Tensor
     guidance_rescale: float
-    rope_interpolation_scale: tuple[float, float, float]
+    # ``LTXPipeline`` / ``LTXImageToVideoPipeline``'s micro-condition (None: the
+    # conditioned loop, which passes ``video_coords`` instead).
+    rope_interpolation_scale: tuple[float, float, float] | None = None
+    workflow: Workflow = "t2v"
+    loop: Loop = "text"
+    # image: 1 on the first latent frame's tokens (doubled under CFG); condition: each
+    # token's conditioning strength (None without conditions).
+    conditioning_mask: torch.Tensor | None = None
+    # The conditioned loop (ltx_condition.py): coordinates, the conditioned latents the
+    # hard-conditioning noise starts from, the count of extra (appended) condition tokens.
+    video_coords: torch.Tensor | None = None
+    init_latents: torch.Tensor | None = None
+    extra_tokens: int = 0
+    image_cond_noise_scale: float = 0.0
 
 
 class LTXAdapter(PackedLatentsAdapter[LTXState]):
-    """``LTXPipeline`` (LTX-Video 0.9.x text-to-video)."""
+    """``LTXPipeline`` (LTX-Video 0.9.x text-to-video) and, for an entry serving other
+    workflows, ``LTXImageToVideoPipeline`` or ``LTXConditionPipeline`` (ltx_i2v.py)."""
 
     family = "diffusers.ltx"
-    pipeline_class = LTXPipeline
+    pipeline_class: Any = LTXPipeline
+
+    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
+        self.pipeline_class = pipeline_for(self.workflows)
+        self.takes_references = bool({"i2v", "flf2v", "v2v"} & set(self.workflows))
+        # t2v jobs of LTXImageToVideoPipeline: LTXPipeline over its modules (load).
+        self._text_pipe: Any = None
+
+    def load(self, device: str) -> None:
+        """``DiffusersAdapter.load``, then the served workflows checked against the
+        loaded components (refusing to start on a mismatch)."""
+        super().load(device)
+        pipe = self._loaded()
+        check_workflows(self.spec.name, pipe, self.workflows)
+        if isinstance(pipe, LTXImageToVideoPipeline):
+            self._text_pipe = text_pipeline(pipe)
+
+    def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
+        """The warm-up of the entry's first workflow (grey keyframes for an image one, a
+        grey clip for v2v)."""
+        request = super()._warm_up_request(shape)
+        workflow = self.workflows[0]
+        grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
+        if workflow in ("i2v", "flf2v"):
+            request.reference_image = grey
+            request.last_image = grey if workflow == "flf2v" else None
+        elif workflow == "v2v":
+            clip = np.repeat(grey[None], shape.num_frames, axis=0)
+            request.references = [MediaReference(kind="video", frames=clip, fps=request.fps)]
+        return request
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> LTXState:
-        """``__call__`` steps 1-6."""
+        """``__call__``'s steps before its loop: ``LTXConditionPipeline``'s for every
+        workflow of a conditioned entry (ltx_condition.py), else ``LTXPipeline``'s steps
+        1-6 (t2v) or ``LTXImageToVideoPipeline``'s (i2v: a first frame)."""
+        keys = keyframes_of(request, self.spec.name, self.workflows)
         height, width, num_frames = request.height, request.width, request.num_frames
-        # 1. Check inputs.
-        pipe.check_inputs(prompt=request.prompt, height=height, width=width)
+        conditioned = isinstance(pipe, LTXConditionPipeline)
+        image = keys if isinstance(keys, Keyframes) and not conditioned else None
+        text_pipe = self._text_pipe if self._text_pipe is not None and image is None else pipe
+        # 1. Check inputs (the conditioned pipeline's in condition_fields).
+        if not conditioned:
+            text_pipe.check_inputs(prompt=request.prompt, height=height, width=width)
         scale = guidance_scale(pipe, request)
         do_cfg = scale > 1.0
         extra = request.extra
@@ -72,22 +150,45 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
 
         # 3. Prepare text embeddings ([negative, positive] batch under CFG).
         embeds, mask = self._prompt_batch(pipe, request, do_cfg, device)
-
-        # 4. Prepare latent variables (packed into tokens).
         generator = make_generator(request.seed)
-        latents = pipe.prepare_latents(
-            1,
-            pipe.transformer.config.in_channels,
-            height,
-            width,
-            num_frames,
-            torch.float32,
-            device,
-            generator,
-        )
+        grid = self._latent_grid(pipe, request)
+        workflow: Workflow = "t2v"
+        if isinstance(keys, SourceVideo):
+            workflow = "v2v"
+        elif keys is not None:
+            workflow = keys.workflow
+        common: dict[str, Any] = {
+            "prompt_embeds": embeds,
+            "prompt_attention_mask": mask,
+            "guidance_rescale": rescale,
+            "grid": grid,
+            "workflow": workflow,
+        }
+        if conditioned:
+            fields = condition_fields(pipe, request, keys, device, generator, do_cfg)
+            scheduler, timesteps = fields.pop("scheduler"), fields.pop("timesteps")
+            latents = fields.pop("latents")
+            return LTXState(
+                **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
+                **common,
+                **fields,
+                loop="condition",
+            )
+
+        # 4. Prepare latent variables (packed into tokens; i2v: the image's first frame).
+        conditioning_mask = None
+        if image is None:
+            latents = text_pipe.prepare_latents(
+                1, pipe.transformer.config.in_channels, height, width, num_frames,
+                torch.float32, device, generator,
+            )  # fmt: skip
+        else:
+            latents, conditioning_mask = image_latents(
+                pipe, image.first, height, width, num_frames, embeds.dtype, device, generator,
+                do_cfg,
+            )  # fmt: skip
 
         # 5. Prepare timesteps: sigmas 1 → 1/N shifted by mu(video sequence length).
-        grid = self._latent_grid(pipe, request)
         steps = request.num_inference_steps
         scheduler = job_scheduler(pipe.scheduler)
         config = scheduler.config
@@ -109,15 +210,21 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
         )
         return LTXState(
             **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
-            prompt_embeds=embeds,
-            prompt_attention_mask=mask,
-            guidance_rescale=rescale,
-            grid=grid,
+            **common,
             rope_interpolation_scale=rope_scale,
+            loop="text" if image is None else "image",
+            conditioning_mask=conditioning_mask,
         )
 
     def _step(self, pipe: Any, s: LTXState) -> None:
-        """One iteration of ``__call__``'s step 7 (batched CFG, optional rescale)."""
+        """One iteration of the job's loop: ``LTXPipeline``'s step 7 (batched CFG,
+        optional rescale), or ltx_i2v.py's / ltx_condition.py's."""
+        if s.loop == "image":
+            image_step(pipe, s)
+            return
+        if s.loop == "condition":
+            condition_step(pipe, s)
+            return
         t = s.timesteps[s.step_index]
         latents = s.latents
         latent_model_input = cfg_batch(latents, s.do_cfg).to(s.prompt_embeds.dtype)
@@ -140,9 +247,10 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
         s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
 
     def _decode_frames(self, pipe: Any, s: LTXState) -> np.ndarray:
-        """The tail of ``__call__``: unpack, de-normalise, decode-timestep noise, decode."""
+        """The tail of ``__call__``: the condition tokens dropped, unpack, de-normalise,
+        decode-timestep noise, decode."""
         vae = pipe.vae
-        latents = self._unpacked(s.latents, s)
+        latents = self._unpacked(s.latents[:, s.extra_tokens :], s)
         latents = pipe._denormalize_latents(
             latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
         )
@@ -153,3 +261,9 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
             generator = clone_generator(s.generator)
             latents, timestep = self._decode_noise(latents, s.request.extra, generator)
         return decode_video(pipe, s.request, latents.to(vae.dtype), timestep)
+
+    def preview(self, state: StepState) -> np.ndarray | None:
+        """Grey middle latent frame of the video's latents (the condition tokens left out)."""
+        s = self._state(state)
+        latents = self._unpacked(s.latents[:, s.extra_tokens :], s)
+        return grey_preview(latents, channel_dim=1, frame_dim=2)

@@ -1,0 +1,285 @@
+"""LTX-Video's image, first/last-frame and video workflows against the diffusers
+pipelines' own ``__call__``, step-executed.
+
+Tiny seeded pipelines (tests/unit/ltx_i2v_fixtures.py), CPU, float32, offline.
+``LTXAdapter`` serving an entry's ``workflows`` loads ``LTXImageToVideoPipeline`` for
+``["t2v", "i2v"]`` and ``LTXConditionPipeline`` for an entry with ``flf2v`` / ``v2v``;
+every workflow, run one step at a time, gives exactly the frames of ``pipe(...)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from diffusers import LTXPipeline
+from diffusers.pipelines.ltx.pipeline_ltx_condition import LTXVideoCondition
+from PIL import Image
+
+from models.catalog import FAMILY_SPECS
+from models.errors import InvalidJobInput, JobLost
+from models.registry import WarmupShape
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN
+from tests.unit.job_steps import job_frames
+from tests.unit.ltx_i2v_fixtures import WORKFLOWS, Kind, tiny_ltx
+from tests.unit.test_diffusers_video import _run
+from tests.unit.wan_i2v_fixtures import keyframe
+from workers.pipelines.base import GenerationRequest, MediaReference, step_stops
+from workers.pipelines.diffusers.compiled import graphs_made
+from workers.pipelines.diffusers.ltx import LTXAdapter, LTXState
+
+# LTXConditionPipeline.__call__ hands its timesteps tensor to the scheduler's np.array()
+# (numpy 2 deprecates that for a tensor); the adapter passes an ndarray of the same values.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
+)
+EXTRA = {"decode_timestep": 0.05, "decode_noise_scale": 0.025, "guidance_rescale": 0.3}
+
+
+def _spec(workflows: list[str]) -> Any:
+    base = FAMILY_SPECS["diffusers.ltx"]
+    return base.model_construct(**{**base.__dict__, "workflows": workflows})
+
+
+def _adapter(pipe: Any, kind: Kind, **kw: Any) -> LTXAdapter:
+    workflows = kw.pop("workflows", WORKFLOWS[kind])
+    adapter = LTXAdapter(pipe=pipe, spec=_spec(workflows), max_sequence_length=TINY_SEQ_LEN, **kw)
+    adapter.load("cpu")
+    return adapter
+
+
+def _request(**overrides: Any) -> GenerationRequest:
+    fields: dict[str, Any] = {
+        "prompt": "red ball",
+        "negative_prompt": "blurry",
+        "width": 32,
+        "height": 32,
+        "num_frames": 9,
+        "fps": 25.0,
+        "num_inference_steps": 3,
+        "seed": 7,
+        "guidance_scale": 4.0,
+        "extra": dict(EXTRA),
+    }
+    fields.update(overrides)
+    return GenerationRequest.video(**fields)
+
+
+def _source(frames: int = 9, size: tuple[int, int] = (48, 40)) -> MediaReference:
+    """A decoded source clip as the executor hands it over (another size than the job's)."""
+    video = np.stack([keyframe(30 + i, size) for i in range(frames)])
+    return MediaReference(kind="video", frames=video, fps=25.0)
+
+
+def _call(pipe: Any, req: GenerationRequest) -> np.ndarray:
+    """``pipe(...)`` with the request's settings and inputs, as a user would call it: an
+    image-to-video pipeline takes ``image``; the condition pipeline ``conditions``."""
+    kwargs: dict[str, Any] = {
+        "prompt": req.prompt,
+        "negative_prompt": req.negative_prompt,
+        "height": req.height,
+        "width": req.width,
+        "num_frames": req.num_frames,
+        "frame_rate": int(req.fps),
+        "num_inference_steps": req.num_inference_steps,
+        "guidance_scale": req.guidance_scale,
+        "output_type": "np",
+        "generator": torch.Generator().manual_seed(req.seed),
+        "max_sequence_length": TINY_SEQ_LEN,
+        **{k: v for k, v in req.extra.items() if k != "strength"},
+    }
+    first = None if req.reference_image is None else Image.fromarray(req.reference_image)
+    if type(pipe).__name__ == "LTXImageToVideoPipeline":
+        kwargs["image"] = first
+    elif type(pipe).__name__ == "LTXConditionPipeline":
+        conditions = []
+        if first is not None:
+            conditions.append(LTXVideoCondition(image=first, frame_index=0))
+        if req.last_image is not None:
+            last = Image.fromarray(req.last_image)
+            conditions.append(LTXVideoCondition(image=last, frame_index=req.num_frames - 1))
+        if req.references:
+            source = req.references[0].frames
+            assert source is not None
+            clip = [Image.fromarray(f) for f in source[: req.num_frames]]
+            strength = req.extra.get("strength", 1.0)
+            conditions.append(LTXVideoCondition(video=clip, frame_index=0, strength=strength))
+        kwargs["conditions"] = conditions or None
+    pipe.set_progress_bar_config(disable=True)
+    frames: np.ndarray = pipe(**kwargs).frames[0]
+    return frames
+
+
+def _same(adapter: LTXAdapter, pipe: Any, req: GenerationRequest) -> None:
+    frames, media = _run(adapter, req)
+    assert media.frames.shape == (req.num_frames, 32, 32, 3)
+    np.testing.assert_array_equal(frames, _call(pipe, req))
+
+
+CASES: list[tuple[Kind, dict[str, Any]]] = [
+    ("i2v", {"reference_image": keyframe(1)}),
+    ("i2v", {"reference_image": keyframe(1), "guidance_scale": 1.0, "extra": {}}),  # no CFG
+    ("condition", {}),  # t2v
+    ("condition", {"reference_image": keyframe(1)}),
+    ("condition", {"reference_image": keyframe(1), "last_image": keyframe(2)}),
+    ("condition", {"references": [_source(11)], "extra": {**EXTRA, "strength": 0.6}}),
+    ("condition", {"references": [_source(6)], "guidance_scale": 1.0, "extra": {}}),
+]
+
+
+@pytest.mark.parametrize(("kind", "overrides"), CASES)
+def test_step_executed_equals_the_pipelines_own_call(kind: Kind, overrides: dict[str, Any]) -> None:
+    pipe = tiny_ltx(kind)
+    _same(_adapter(pipe, kind), pipe, _request(**overrides))
+
+
+def test_an_image_entry_runs_t2v_with_ltx_pipelines_loop() -> None:
+    """``["t2v", "i2v"]`` loads ``LTXImageToVideoPipeline``; a job without a keyframe runs
+    ``LTXPipeline``'s loop over the same modules, and an i2v job after it its own."""
+    pipe = tiny_ltx("i2v")
+    adapter = _adapter(pipe, "i2v")
+    text = LTXPipeline(
+        scheduler=pipe.scheduler, vae=pipe.vae, text_encoder=pipe.text_encoder,
+        tokenizer=pipe.tokenizer, transformer=pipe.transformer,
+    )  # fmt: skip
+    _same(adapter, text, _request())
+    _same(adapter, pipe, _request(reference_image=keyframe(3), seed=9))
+
+
+def test_interleaved_workflows_equal_separate_runs() -> None:
+    """Jobs of three workflows stepped in turn on one conditioned adapter: each as if
+    alone (per-job scheduler and generator; the loop draws noise every step)."""
+    adapter = _adapter(tiny_ltx("condition"), "condition")
+    reqs = [
+        _request(reference_image=keyframe(1)),
+        _request(reference_image=keyframe(3), last_image=keyframe(4), seed=9),
+        _request(seed=5),
+    ]
+    alone = [_run(adapter, r)[0] for r in reqs]
+    states = [adapter.prepare(r) for r in reqs]
+    while not all(s.done for s in states):
+        for s in states:
+            if not s.done:
+                adapter.step(s)
+    for state, expected in zip(states, alone, strict=True):
+        np.testing.assert_array_equal(adapter.decode_frames(state), expected)
+        assert adapter.preview(state) is not None
+    # The last frame conditions the video: flf2v is not i2v of its first frame.
+    i2v = _run(adapter, _request(reference_image=keyframe(3), seed=9))[0]
+    assert np.abs(i2v - alone[1]).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("kind", "fields", "param"),
+    [
+        ("i2v", {"reference_image": keyframe(1), "last_image": keyframe(2)}, "input_references"),
+        ("i2v", {"last_image": keyframe(2)}, "extra_params.frame_indices"),  # last only
+        ("i2v", {"references": [_source()]}, "input_reference"),  # no v2v
+        ("condition", {"references": [_source()], "extra": {"strength": 0.0}},
+         "extra_params.strength"),
+    ],
+)  # fmt: skip
+def test_a_workflow_the_model_does_not_serve_is_refused_naming_the_field(
+    kind: Kind, fields: dict[str, Any], param: str
+) -> None:
+    adapter = _adapter(tiny_ltx(kind), kind)
+    with pytest.raises(InvalidJobInput) as err:
+        adapter.prepare(_request(**fields))
+    assert err.value.param == param
+
+
+def test_an_image_only_entry_refuses_a_text_job_and_a_text_entry_a_keyframe() -> None:
+    image_only = _adapter(tiny_ltx("i2v"), "i2v", workflows=["i2v"])
+    with pytest.raises(InvalidJobInput) as err:
+        image_only.prepare(_request())
+    assert err.value.param == "input_reference"
+    text = LTXAdapter(pipe=tiny_ltx("t2v"), max_sequence_length=TINY_SEQ_LEN)
+    text.load("cpu")
+    assert text.workflows == ["t2v"] and not text.takes_references
+    with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
+        text.prepare(_request(reference_image=keyframe(1)))
+
+
+@pytest.mark.parametrize(
+    ("kind", "workflows", "error"),
+    [
+        ("i2v", ["t2v", "i2v", "t2va"], "not t2va"),
+        ("t2v", ["t2v", "i2v"], "LTXImageToVideoPipeline"),  # the wrong class
+        ("i2v", ["i2v", "flf2v"], "LTXConditionPipeline"),
+    ],
+)
+def test_load_refuses_what_the_pipeline_cannot_run(
+    kind: Kind, workflows: list[str], error: str
+) -> None:
+    adapter = LTXAdapter(pipe=tiny_ltx(kind), spec=_spec(workflows))
+    with pytest.raises((ValueError, TypeError), match=error):
+        adapter.load("cpu")
+
+
+def test_a_conditioned_entry_refuses_a_resolution_shifting_scheduler() -> None:
+    """An LTX-Video 0.9.0/0.9.1 scheduler (use_dynamic_shifting) cannot take
+    LTXConditionPipeline's schedule: load says so, naming the model."""
+    pipe = tiny_ltx("condition")
+    pipe.scheduler = tiny_ltx("t2v").scheduler
+    spec = _spec(["t2v", "flf2v"]).model_construct(
+        **{**_spec(["t2v", "flf2v"]).__dict__, "name": "ltx-0.9.1"}
+    )
+    with pytest.raises(ValueError, match=r"ltx-0\.9\.1: .*use_dynamic_shifting"):
+        LTXAdapter(pipe=pipe, spec=spec).load("cpu")
+
+
+@pytest.mark.parametrize(("workflow", "loop"), [("flf2v", "condition"), ("v2v", "condition")])
+def test_warm_up_prepares_a_job_of_the_entrys_first_workflow(workflow: str, loop: str) -> None:
+    adapter = _adapter(tiny_ltx("condition"), "condition", workflows=[workflow])
+    request = adapter._warm_up_request(WarmupShape(width=32, height=32, num_frames=9))
+    state = adapter._prepare(adapter._loaded(), request)
+    assert isinstance(state, LTXState) and state.workflow == workflow and state.loop == loop
+    assert state.conditioning_mask is not None
+
+
+def test_compiled_blocks_give_the_eager_frames_on_the_conditioned_loop() -> None:
+    """The transformer's blocks compiled (dynamo's eager backend): flf2v frames (per-token
+    timesteps, video coordinates, extra tokens) equal the eager adapter's; a second job of
+    the shape compiles nothing. (One loop only: dynamo's tracing is the cost here.)"""
+    torch._dynamo.reset()
+    try:
+        req = _request(reference_image=keyframe(1), last_image=keyframe(2))
+        eager = _adapter(tiny_ltx("condition"), "condition")
+        compiled = _adapter(
+            tiny_ltx("condition"), "condition", compile="blocks", compile_backend="eager"
+        )
+        np.testing.assert_array_equal(job_frames(compiled, req), job_frames(eager, req))
+        before = graphs_made()
+        job_frames(compiled, req)
+        assert graphs_made() == before and compiled.last_recompiles == 0
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", ["i2v", "condition"])
+def test_cancel_inside_an_image_step_lands_between_blocks(kind: Kind) -> None:
+    """The tiny transformer has one block: the gate before it stops the step."""
+    adapter = _adapter(tiny_ltx(kind), kind)
+    state = adapter.prepare(_request(reference_image=keyframe(1)))
+    asked: list[int] = []
+
+    def stop(block: int) -> BaseException | None:
+        asked.append(block)
+        return JobLost() if block == 1 else None
+
+    with pytest.raises(JobLost), step_stops(stop):
+        adapter.step(state)
+    adapter.end()
+    assert asked == [1] and state.step_index == 0
+
+
+def test_a_cache_tier_on_an_image_job_leaves_the_next_job_as_a_fresh_adapters() -> None:
+    adapter = _adapter(tiny_ltx("condition"), "condition")
+    req = _request(reference_image=keyframe(1), num_inference_steps=6)
+    fast = job_frames(adapter, _request(reference_image=keyframe(1), num_inference_steps=6,
+                                        quality="fast"))  # fmt: skip
+    lossless = job_frames(adapter, req)
+    fresh = job_frames(_adapter(tiny_ltx("condition"), "condition"), req)
+    np.testing.assert_array_equal(lossless, fresh)
+    assert np.abs(fast - lossless).max() > 1e-4  # the tier skipped work

@@ -334,7 +334,15 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         default_seconds=6.0,
         default_steps=50,
         parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
-        extra_params={"use_dynamic_cfg": "bool"},  # CogVideoXPipeline.__call__ argument
+        # use_dynamic_cfg: the pipelines' __call__ argument; frame_indices places i2v's
+        # keyframe ([0]); strength: v2v's (CogVideoXVideoToVideoPipeline's, default 0.8).
+        extra_params={"use_dynamic_cfg": "bool", "frame_indices": "ints", "strength": "float"},
+        extra_ranges={"strength": (0.0, 1.0)},
+        # Text-to-video (CogVideoXPipeline) unless the entry names others: ["i2v"]
+        # (CogVideoX-5b-I2V, 1.5 I2V: CogVideoXImageToVideoPipeline), ["t2v", "v2v"] (a
+        # T2V checkpoint, CogVideoXVideoToVideoPipeline's steps); no flf2v pipeline exists
+        # (workers/pipelines/diffusers/cogvideox.py).
+        workflows=["t2v"],
     ),
     "diffusers.ltx2": ModelSpec(
         name="diffusers.ltx2",

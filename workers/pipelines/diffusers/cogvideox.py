@@ -1,15 +1,26 @@
-"""CogVideoX text-to-video (``diffusers.CogVideoXPipeline``) run one denoise step at a time.
+"""CogVideoX text-, image- and video-to-video, one denoise step at a time.
 
-Mirrors ``CogVideoXPipeline.__call__`` (diffusers 0.42): ``prepare`` = steps 1-7 (checks,
-prompt encoding with the [negative, positive] CFG batch, timesteps, latents B×F×C×h×w
-scaled by ``init_noise_sigma`` — with CogVideoX 1.5's latent-frame padding to a multiple
-of ``patch_size_t`` —, extra step kwargs, 3D rotary embeddings), ``step`` = one iteration
-of step 8 (``use_dynamic_cfg`` guidance, DDIM or DPM-solver step carrying
+Text-to-video (``t2v``) mirrors ``CogVideoXPipeline.__call__`` (diffusers 0.42),
+image-to-video (``i2v``) ``CogVideoXImageToVideoPipeline.__call__`` and video-to-video
+(``v2v``) ``CogVideoXVideoToVideoPipeline.__call__``: ``prepare`` = steps 1-7 (checks,
+prompt encoding with the [negative, positive] CFG batch, timesteps — cut by ``strength``
+for v2v —, latents B×F×C×h×w scaled by ``init_noise_sigma`` — with CogVideoX 1.5's
+latent-frame padding to a multiple of ``patch_size_t``; i2v: the image's latents beside
+them; v2v: the source's, noised —, extra step kwargs, 3D rotary embeddings, 1.5 I2V's
+``ofs``), ``step`` = one iteration of step 8 (i2v's image latents concatenated on the
+channels, ``use_dynamic_cfg`` guidance, DDIM or DPM-solver step carrying
 ``old_pred_original_sample``), ``decode`` = drop padding frames, ``decode_latents``,
 ``postprocess_video``.
 
+The registry entry's ``spec.workflows`` says what a checkpoint serves (cogvideox_i2v.py
+checks it against the loaded components): ``["t2v"]`` (the default: ``CogVideoXPipeline``),
+``["i2v"]`` (CogVideoX-5b-I2V, CogVideoX 1.5 5B I2V: loads
+``CogVideoXImageToVideoPipeline``), ``["t2v", "v2v"]`` or ``["v2v"]`` (a text-to-video
+checkpoint; v2v runs a per-job ``CogVideoXVideoToVideoPipeline`` over its modules).
+
 Request options: ``vae_use_tiling`` / ``vae_use_slicing``; extras (``request.extra``):
-``use_dynamic_cfg`` (bool, default False) — the ``__call__`` argument of that name.
+``use_dynamic_cfg`` (bool, default False) — the ``__call__`` argument of that name;
+``strength`` (v2v only; its ``__call__`` default 0.8 when absent).
 """
 
 from __future__ import annotations
@@ -20,11 +31,24 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers import CogVideoXDPMScheduler, CogVideoXPipeline
+from diffusers import CogVideoXDPMScheduler, CogVideoXImageToVideoPipeline, CogVideoXPipeline
 from diffusers.pipelines.cogvideo.pipeline_cogvideox import retrieve_timesteps
 from diffusers.utils.torch_utils import randn_tensor
 
-from workers.pipelines.base import GenerationRequest, StepState
+from models.catalog import Workflow
+from models.errors import InvalidJobInput
+from models.registry import WarmupShape
+from workers.pipelines.base import GenerationRequest, MediaReference, StepState
+from workers.pipelines.diffusers.cogvideox_i2v import (
+    Start,
+    check_components,
+    check_names,
+    check_size,
+    i2v_start,
+    v2v_source,
+    v2v_start,
+    v2v_view,
+)
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
     DiffusersState,
@@ -40,6 +64,8 @@ from workers.pipelines.diffusers.common import (
     sampling,
     vae_options,
 )
+from workers.pipelines.diffusers.wan_i2v import keyframes_of
+from workers.pipelines.diffusers.wan_v2v import SourceVideo
 
 
 @dataclass(kw_only=True)
@@ -48,26 +74,107 @@ class CogVideoXState(DiffusersState):
 
     prompt_embeds: torch.Tensor
     image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None
+    # prepare_extra_step_kwargs; its "generator" (the DPM step draws noise) is replaced
+    # by the state's own at each step, so a trial step on a copy (compiled blocks) draws
+    # from the copy's clone, never from the job's RNG.
     extra_step_kwargs: dict[str, Any]
     use_dynamic_cfg: bool
     num_inference_steps: int
     additional_frames: int
     is_dpm: bool  # CogVideoXDPMScheduler: its step carries old_pred_original_sample
     old_pred_original_sample: torch.Tensor | None = None
+    workflow: Workflow = "t2v"
+    # i2v: the image's latents (zero frames after it), concatenated on the channels.
+    image_latents: torch.Tensor | None = None
+    # CogVideoX 1.5 I2V (``ofs_embed_dim``): the ofs value __call__ passes (2.0).
+    ofs: torch.Tensor | None = None
+
+
+def _text_start(
+    pipe: Any, request: GenerationRequest, scheduler: Any, generator: torch.Generator,
+    dtype: torch.dtype, device: torch.device,
+) -> Start:  # fmt: skip
+    """``CogVideoXPipeline.__call__`` steps 4-5: the schedule, the latents (CogVideoX 1.5
+    pads latent frames to a multiple of ``patch_size_t``) scaled by the job scheduler's
+    ``init_noise_sigma``."""
+    timesteps, steps = retrieve_timesteps(scheduler, request.num_inference_steps, device)
+    num_frames = request.num_frames
+    latent_frames = (num_frames - 1) // pipe.vae_scale_factor_temporal + 1
+    config = pipe.transformer.config
+    additional_frames = 0
+    if config.patch_size_t is not None and latent_frames % config.patch_size_t != 0:
+        additional_frames = config.patch_size_t - latent_frames % config.patch_size_t
+        num_frames += additional_frames * pipe.vae_scale_factor_temporal
+    shape = (
+        1,
+        (num_frames - 1) // pipe.vae_scale_factor_temporal + 1,
+        config.in_channels,
+        request.height // pipe.vae_scale_factor_spatial,
+        request.width // pipe.vae_scale_factor_spatial,
+    )
+    latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+    latents = latents * scheduler.init_noise_sigma  # prepare_latents, job scheduler
+    return Start(timesteps, steps, latents, additional_frames)
 
 
 class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
-    """``CogVideoXPipeline`` (CogVideoX 2b/5b, CogVideoX 1.5 5b text-to-video)."""
+    """``CogVideoXPipeline`` (CogVideoX 2b/5b, CogVideoX 1.5 5b text-to-video, and
+    ``CogVideoXVideoToVideoPipeline``'s v2v over them) and, for an entry serving ``i2v``,
+    ``CogVideoXImageToVideoPipeline`` (CogVideoX-5b-I2V, CogVideoX 1.5 5B I2V)."""
 
     family = "diffusers.cogvideox"
-    pipeline_class = CogVideoXPipeline
+    pipeline_class: Any = CogVideoXPipeline
+
+    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
+        if "i2v" in self.workflows:
+            self.pipeline_class = CogVideoXImageToVideoPipeline
+        self.takes_references = bool({"i2v", "v2v"} & set(self.workflows))
+
+    def load(self, device: str) -> None:
+        """The served workflows' names checked (before any weight loads), then
+        ``DiffusersAdapter.load`` and the workflows checked against the loaded components
+        (refusing to start on a mismatch)."""
+        check_names(self.spec.name, self.workflows)
+        super().load(device)
+        check_components(self.spec.name, self._loaded(), self.workflows)
+
+    def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
+        """The warm-up of the entry's first workflow (a grey image for i2v, a grey clip
+        for v2v)."""
+        request = super()._warm_up_request(shape)
+        grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
+        if self.workflows[0] == "i2v":
+            request.reference_image = grey
+        elif self.workflows[0] == "v2v":
+            clip = np.repeat(grey[None], shape.num_frames, axis=0)
+            request.references = [MediaReference(kind="video", frames=clip, fps=8.0)]
+        return request
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> CogVideoXState:
-        """``__call__`` steps 1-7."""
-        height, width, num_frames = request.height, request.width, request.num_frames
+        """``__call__`` steps 1-7 of the job's workflow's pipeline (``CogVideoXPipeline``,
+        ``CogVideoXImageToVideoPipeline`` or ``CogVideoXVideoToVideoPipeline``)."""
+        keys = keyframes_of(request, self.spec.name, self.workflows)
+        prompt, negative_prompt = request.prompt, request.negative_prompt
+        height, width = request.height, request.width
+        scheduler = job_scheduler(pipe.scheduler)
+        v2v = isinstance(keys, SourceVideo)
+        view = v2v_view(pipe, scheduler) if v2v else pipe
+        if "strength" in request.extra and not v2v:
+            why = "strength is v2v's: send one source video (an MP4 input_reference)"
+            raise InvalidJobInput(why, param="extra_params.strength")
+
         # 1. Check inputs.
-        pipe.check_inputs(request.prompt, height, width, request.negative_prompt, None)
-        scale = guidance_scale(pipe, request)
+        if isinstance(keys, SourceVideo):
+            video, strength = v2v_source(view, request, keys)
+            view.check_inputs(prompt, height, width, strength, negative_prompt, None, video)
+        elif keys is not None:
+            pipe.check_inputs(keys.first, prompt, height, width, negative_prompt, None)
+        else:
+            pipe.check_inputs(prompt, height, width, negative_prompt, None)
+        check_size(pipe, height, width)
+        scale = guidance_scale(view, request)
         do_cfg = scale > 1.0
         device = pipe._execution_device
         transformer_config = pipe.transformer.config
@@ -76,8 +183,8 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
         # max_text_seq_length (226 in every released model = __call__'s default).
         seq_len = self._seq_len(transformer_config.max_text_seq_length)
         embeds, neg_embeds = pipe.encode_prompt(
-            request.prompt,
-            request.negative_prompt,
+            prompt,
+            negative_prompt,
             do_cfg,
             num_videos_per_prompt=1,
             max_sequence_length=seq_len,
@@ -86,57 +193,57 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
         if do_cfg:
             embeds = torch.cat([neg_embeds, embeds], dim=0)
 
-        # 4. Prepare timesteps (on this job's scheduler copy).
-        scheduler = job_scheduler(pipe.scheduler)
-        timesteps, steps = retrieve_timesteps(scheduler, request.num_inference_steps, device)
-
-        # 5. Prepare latents (CogVideoX 1.5 pads latent frames to a multiple of patch_size_t).
-        latent_frames = (num_frames - 1) // pipe.vae_scale_factor_temporal + 1
-        patch_size_t = transformer_config.patch_size_t
-        additional_frames = 0
-        if patch_size_t is not None and latent_frames % patch_size_t != 0:
-            additional_frames = patch_size_t - latent_frames % patch_size_t
-            num_frames += additional_frames * pipe.vae_scale_factor_temporal
+        # 4./5. Timesteps (on this job's scheduler copy) and latents.
         generator = make_generator(request.seed)
-        shape = (
-            1,
-            (num_frames - 1) // pipe.vae_scale_factor_temporal + 1,
-            transformer_config.in_channels,
-            height // pipe.vae_scale_factor_spatial,
-            width // pipe.vae_scale_factor_spatial,
-        )
-        latents = randn_tensor(shape, generator=generator, device=device, dtype=embeds.dtype)
-        latents = latents * scheduler.init_noise_sigma  # prepare_latents, job scheduler
+        if isinstance(keys, SourceVideo):
+            start = v2v_start(view, request, video, strength, generator, embeds.dtype, device)
+        elif keys is not None:
+            first = keys.first
+            start = i2v_start(pipe, request, first, scheduler, generator, embeds.dtype, device)
+        else:
+            start = _text_start(pipe, request, scheduler, generator, embeds.dtype, device)
+        latents = start.latents
 
-        # 6./7. Extra step kwargs (eta = __call__'s default), rotary embeddings.
-        step_kwargs = extra_step_kwargs(scheduler, generator, call_default(pipe, "eta"))
+        # 6./7. Extra step kwargs (eta = __call__'s default), rotary embeddings; 8. ofs.
+        step_kwargs = extra_step_kwargs(scheduler, generator, call_default(view, "eta"))
         rotary = (
             pipe._prepare_rotary_positional_embeddings(height, width, latents.size(1), device)
             if transformer_config.use_rotary_positional_embeddings
             else None
         )
+        ofs = None
+        if keys is not None and not v2v and transformer_config.ofs_embed_dim is not None:
+            ofs = latents.new_full((1,), fill_value=2.0)
         return CogVideoXState(
-            **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
+            **sampling(request, generator, scheduler, start.timesteps, latents, scale, do_cfg),
             prompt_embeds=embeds,
             image_rotary_emb=rotary,
             extra_step_kwargs=step_kwargs,
             use_dynamic_cfg=bool(request.extra.get("use_dynamic_cfg", False)),
-            num_inference_steps=steps,
-            additional_frames=additional_frames,
+            num_inference_steps=start.num_inference_steps,
+            additional_frames=start.additional_frames,
             is_dpm=isinstance(scheduler, CogVideoXDPMScheduler),
+            workflow="v2v" if v2v else "t2v" if keys is None else "i2v",
+            image_latents=start.image_latents,
+            ofs=ofs,
         )
 
     def _step(self, pipe: Any, s: CogVideoXState) -> None:
-        """One iteration of ``__call__``'s step 8."""
+        """One iteration of ``__call__``'s step 8 (the same in all three pipelines, but
+        for i2v's image latents and ``ofs``)."""
         i = s.step_index
         t = s.timesteps[i]
         latents = s.latents
         latent_model_input = s.scheduler.scale_model_input(cfg_batch(latents, s.do_cfg), t)
+        if s.image_latents is not None:  # i2v: the image's latents as more channels
+            image_input = cfg_batch(s.image_latents, s.do_cfg)
+            latent_model_input = torch.cat([latent_model_input, image_input], dim=2)
         noise_pred = batched_prediction(
             pipe,
             latent_model_input,
             t,
             encoder_hidden_states=s.prompt_embeds,
+            ofs=s.ofs,
             image_rotary_emb=s.image_rotary_emb,
         )
         scale = s.guidance_scale
@@ -149,10 +256,11 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
         if s.do_cfg:
             noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
             noise_pred = cfg(noise_pred_uncond, noise_pred_text, scale)
+        step_kwargs = dict(s.extra_step_kwargs)
+        if "generator" in step_kwargs:
+            step_kwargs["generator"] = s.generator
         if not s.is_dpm:
-            latents = s.scheduler.step(
-                noise_pred, t, latents, **s.extra_step_kwargs, return_dict=False
-            )[0]
+            latents = s.scheduler.step(noise_pred, t, latents, **step_kwargs, return_dict=False)[0]
         else:
             latents, s.old_pred_original_sample = s.scheduler.step(
                 noise_pred,
@@ -160,7 +268,7 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
                 t,
                 s.timesteps[i - 1] if i > 0 else None,
                 latents,
-                **s.extra_step_kwargs,
+                **step_kwargs,
                 return_dict=False,
             )
         s.latents = latents.to(s.prompt_embeds.dtype)

@@ -19,8 +19,9 @@ import torch
 from diffusers import CogVideoXPipeline, CogVideoXVideoToVideoPipeline
 from PIL import Image
 
-from models.catalog import FAMILY_SPECS
-from models.errors import InvalidJobInput, JobLost
+from api.references import keyframe_workflow
+from models.catalog import FAMILY_SPECS, ModelSpec
+from models.errors import InvalidJobInput, InvalidRequest, JobLost
 from models.job_specs import LoraSpec
 from models.registry import WarmupShape
 from tests.unit.cogvideox_i2v_fixtures import Layout, keyframe, tiny_cogvideox_i2v_pipeline
@@ -316,3 +317,28 @@ def test_lora_on_an_i2v_job_matches_a_fresh_pipe_with_it_alone(tmp_path: Path) -
     np.testing.assert_array_equal(got, want)
     base = job_frames(adapter, _request(reference_image=keyframe(1)))  # parked slot
     assert np.abs(got - base).max() > 0.01
+
+
+def test_the_api_maps_vllm_omnis_wire_to_the_entrys_workflows() -> None:
+    """api/references.py for CogVideoX entries (validated as the registry builds them):
+    one keyframe is i2v, one source video v2v; two keyframes (flf2v) and a workflow the
+    entry does not serve are 400s naming the field, before anything is stored."""
+    family = FAMILY_SPECS["diffusers.cogvideox"].model_dump()
+    i2v = ModelSpec.model_validate({**family, "workflows": ["i2v"]})
+    v2v = ModelSpec.model_validate({**family, "workflows": ["t2v", "v2v"]})
+    assert i2v.supports_image_input and v2v.supports_image_input
+    assert not FAMILY_SPECS["diffusers.cogvideox"].supports_image_input
+    assert keyframe_workflow(i2v, {}, 1) == ("i2v", [0])
+    assert keyframe_workflow(v2v, {}, 1, video=True) == ("v2v", [])
+    assert keyframe_workflow(v2v, {}, 0) == ("t2v", [])
+    refusals = [
+        (i2v, {}, 2, "input_references"),  # no first/last-frame pipeline
+        (i2v, {}, 0, "input_reference"),  # an I2V checkpoint serves no t2v
+        (i2v, {"frame_indices": [-1]}, 1, "extra_params.frame_indices"),
+        (v2v, {}, 1, "input_reference"),  # a keyframe to a t2v + v2v entry
+        (i2v, {"strength": 0.5}, 1, "extra_params.strength"),
+    ]
+    for spec, extra, files, param in refusals:
+        with pytest.raises(InvalidRequest) as err:
+            keyframe_workflow(spec, extra, files)
+        assert err.value.param == param

@@ -1,7 +1,7 @@
 """A tiny random-weight ``LongCatAudioDiTPipeline``, built offline from configs in code.
 
 The sizes are ``longcat_random.TINY_CONFIG`` (a 2-block 32-wide DiT, a 2-layer 32-wide
-UMT5, an 8-channel VAE of 256 samples a latent frame) with the character-level tokenizer;
+UMT5, an 8-channel VAE of 256 samples a latent frame at 8 kHz) with the character-level tokenizer;
 float32, eval mode, CPU. A fresh ``LongCatAudioDiTTransformer`` zero-initialises its
 output layers (its prediction is then 0 whatever the input), so the fixture refills every
 transformer weight from a seeded normal: the steps, the guidance and the text then change

@@ -22,7 +22,7 @@ from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
 from api.audio_validation import resolve_audio, resolve_speech
 from models.audio import AudioCreate, SpeechCreate
 from models.catalog import FAMILY_SPECS
-from models.errors import InvalidJobInput
+from models.errors import InvalidJobInput, InvalidRequest
 from storage.settings import Settings
 from tests.unit.longcat_fixtures import tiny_longcat_pipeline
 from workers.pipelines.base import GenerationRequest, Media
@@ -65,7 +65,7 @@ def _run(adapter: LongCatAudioAdapter, req: GenerationRequest) -> Media:
 def _audio(media: Media) -> torch.Tensor:
     assert media.frames.shape == (0, 0, 0, 3)
     assert media.audio is not None and media.audio.dtype == np.float32
-    assert media.sample_rate == 24000
+    assert media.sample_rate == 8000  # TINY_CONFIG's
     return torch.from_numpy(media.audio)
 
 
@@ -141,7 +141,7 @@ def test_a_given_length_replaces_the_estimate(longcat: LongCatAudioAdapter, pipe
     req = _request(options={"speed": 1.0, "duration_seconds": 0.9})
     audio = _audio(_run(longcat, req))
     assert torch.equal(audio, _reference(pipe, req, seconds=0.9))
-    assert audio.shape[1] == int(0.9 * 24000 // 256) * 256
+    assert audio.shape[1] == int(0.9 * 8000 // 256) * 256
 
 
 def test_refusals_name_their_field(longcat: LongCatAudioAdapter) -> None:
@@ -189,3 +189,6 @@ def test_speech_hands_longcat_its_fields() -> None:
     assert timed.options == {"speed": 1.0, "duration_seconds": 2.5}
     generated = resolve_audio(AudioCreate(prompt=TEXT, model="longcat", seconds=4), specs, settings)
     assert generated.options == {"duration_seconds": 4.0}
+    with pytest.raises(InvalidRequest) as too_long:
+        resolve_speech(SpeechCreate(input=TEXT, duration_seconds=31), specs, settings)
+    assert too_long.value.param == "duration_seconds"

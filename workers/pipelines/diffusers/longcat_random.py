@@ -83,7 +83,7 @@ VAE: dict[str, Any] = {
 }
 
 # A toy LongCat as ``random_config`` (the benchmark's ``--tiny`` CPU check): the sizes of
-# tests/unit/longcat_fixtures.py.
+# tests/unit/longcat_fixtures.py; 8 kHz, so a second of speech is 31 latent frames.
 TINY_CONFIG: dict[str, dict[str, Any]] = {
     "transformer": {
         "dit_dim": 32,
@@ -108,6 +108,7 @@ TINY_CONFIG: dict[str, dict[str, Any]] = {
         "latent_dim": 8,
         "encoder_latent_dim": 16,
         "downsampling_ratio": 256,
+        "sample_rate": 8000,
     },
 }
 

@@ -21,7 +21,8 @@ Phases, all on the same GPU, one after the other:
    ``POST /v1/videos/{id}/cancel`` at a random moment of a random denoise step: cancel →
    the worker's ``job …: cancelled`` line (logged after its cleanup: temp files, objects,
    tensors, the device idle), where it stopped (step, block), and the worker's
-   ``memory_allocated()`` after every job.
+   ``memory_allocated()`` after every job. With ``--outputs N``, jobs of ``n = N``
+   against ``n = 1`` (``n_outputs_wall_ratio``; issue 32 asks N = 4 at 832x480x33).
 
 Prints one JSON object (also written to ``$OUT/gpu_stack.json`` when ``OUT`` is set), with
 the keys of the multi-GPU issue at its top level; the rows that need two GPUs are null.
@@ -212,6 +213,8 @@ def stack_phase(registry: Path, args: argparse.Namespace, step_s: float) -> dict
                 vid = resp.json()["id"]
                 cancels.append(cancel_in_step(client, canceller, logs, vid, target, delay))
             out["cancels"] = cancels
+            if args.outputs > 1:
+                out["outputs"] = outputs_phase(client, body, args)
             logs.poll()
             out["cuda_allocated_mib_after_each_job"] = dict(logs.cuda_allocated_mib)
     finally:
@@ -220,6 +223,27 @@ def stack_phase(registry: Path, args: argparse.Namespace, step_s: float) -> dict
             out["up_log_tail"] = stack.log_tail(4000)
         stack.remove()
     return out
+
+
+def outputs_phase(client: Any, body: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """``n = --outputs`` jobs against ``n = 1`` jobs of the same shape, alternated (issue
+    32 §2): each timed from the POST to its last MP4 downloaded; the ratio of medians
+    (the outputs are made one after another: never above n, less by what they share)."""
+    n = args.outputs
+    many, one, stages = [], [], []
+    for i in range(args.jobs):
+        wall, vid, _ = completed_job(client, json={**body, "seed": 100 + i, "n": n})
+        many.append(wall)
+        stages.append(client.get(f"/v1/videos/{vid}").json().get("stage_durations"))
+        one.append(completed_job(client, json={**body, "seed": 100 + i})[0])
+    ratio = statistics.median(many) / statistics.median(one)
+    return {
+        "n": n,
+        "wall_s": [round(w, 3) for w in many],
+        "stage_durations": stages,
+        "one_output_wall_s": [round(w, 3) for w in one],
+        "ratio": round(ratio, 4),
+    }
 
 
 def load_and_time_raw(
@@ -263,6 +287,9 @@ def main() -> int:
     p.add_argument("--cancels", type=int, default=10)
     p.add_argument("--gate-rounds", type=int, default=4)
     p.add_argument("--stop-trials", type=int, default=12)
+    p.add_argument(
+        "--outputs", type=int, default=1, help="also time jobs of n = OUTPUTS against n = 1"
+    )
     p.add_argument("--skip-stack", action="store_true", help="phases 1 and 2 only")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script")
     args = p.parse_args()
@@ -285,6 +312,8 @@ def main() -> int:
     for key in ("scaleout_2_workers", "multi_gpu_step_speedup_2", "multi_gpu_strategy"):
         out.setdefault(key, None)  # one GPU: not measured here
     out.setdefault("max_abs_frame_diff", None)
+    outputs = out.get("stack", {}).get("outputs")
+    out["n_outputs_wall_ratio"] = outputs["ratio"] if outputs else None
     emit(out, "gpu_stack")
     return 0
 

@@ -356,7 +356,8 @@ def test_killed_worker_job_is_taken_over(fstack: Stack, client: httpx.Client) ->
             ).get("Contents", [])
         ]
         assert sorted(keys) == [
-            f"videos/{video['id']}/output/2/thumbnail.jpg",  # the attempt that completed
+            f"videos/{video['id']}/output/2/spritesheet.jpg",  # the attempt that completed
+            f"videos/{video['id']}/output/2/thumbnail.jpg",
             f"videos/{video['id']}/output/2/video.mp4",
         ]
     finally:

@@ -156,7 +156,11 @@ def test_a_zombie_attempt_writes_no_row_object_or_event(
     # The objects: attempt 2's output only, whole, and what the artifact rows name.
     keys = successor.artifacts.list_keys(f"videos/{job.id}/")
     prefix = output_prefix(job, 2)
-    assert sorted(keys) == [prefix + "thumbnail.jpg", prefix + "video.mp4"]
+    assert sorted(keys) == [
+        prefix + "spritesheet.jpg",
+        prefix + "thumbnail.jpg",
+        prefix + "video.mp4",
+    ]
     art = successor.jobs.artifact(job.id, "video")
     assert art is not None and art.key == prefix + "video.mp4"
     assert successor.artifacts.size(art.key) == art.size_bytes

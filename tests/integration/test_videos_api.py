@@ -93,6 +93,7 @@ def test_video_job_end_to_end(stack: Stack, client: httpx.Client) -> None:
     assert httpx.get(redirect.headers["location"]).content == data
 
     assert sorted(stack.objects("videos", created["id"])) == [
+        f"videos/{created['id']}/output/1/spritesheet.jpg",
         f"videos/{created['id']}/output/1/thumbnail.jpg",
         f"videos/{created['id']}/output/1/video.mp4",
     ]

@@ -5,8 +5,8 @@ Tiny seeded pipelines (tests/unit/cogvideox_i2v_fixtures.py: the CogVideoX-5b-I2
 with its learned positional embeddings, the CogVideoX 1.5 I2V layout with ``ofs``,
 ``patch_size_t`` and ``invert_scale_latents``; tests/unit/diffusers_fixtures.py's
 text-to-video ones for v2v), CPU, float32, offline. ``CogVideoXAdapter`` serving an
-entry's ``workflows`` runs each one step at a time; its frames equal the pipeline's own
-call's, as test_diffusers_video.py holds them for t2v."""
+entry's ``workflows`` runs each one step at a time; its frames are bit-equal
+(``np.array_equal``) to the pipeline's own call's."""
 
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ from tests.unit.cogvideox_i2v_fixtures import Layout, keyframe, tiny_cogvideox_i
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_cogvideox_pipeline
 from tests.unit.job_steps import job_frames
 from tests.unit.lora_fixtures import write_lora
-from tests.unit.test_diffusers_video import _assert_same, _run
-from workers.pipelines.base import GenerationRequest, MediaReference, step_stops
+from tests.unit.test_diffusers_video import _run
+from workers.pipelines.base import GenerationRequest, Media, MediaReference, step_stops
 from workers.pipelines.diffusers.cogvideox import CogVideoXAdapter, CogVideoXState
+from workers.pipelines.diffusers.common import to_uint8
 from workers.pipelines.diffusers.compiled import graphs_made
 from workers.pipelines.diffusers.lora import LoraCache
 
@@ -61,6 +62,12 @@ def _request(**overrides: Any) -> GenerationRequest:
     }
     fields.update(overrides)
     return GenerationRequest.video(**fields)
+
+
+def _assert_same(frames: np.ndarray, media: Media, ref: np.ndarray) -> None:
+    """Bit-equal float frames, and the uint8 media those frames make."""
+    np.testing.assert_array_equal(frames, ref)
+    np.testing.assert_array_equal(media.frames, to_uint8(ref))
 
 
 def _call(pipe: Any, req: GenerationRequest, **kwargs: Any) -> np.ndarray:

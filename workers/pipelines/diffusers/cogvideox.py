@@ -149,7 +149,8 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
             request.reference_image = grey
         elif self.workflows[0] == "v2v":
             clip = np.repeat(grey[None], shape.num_frames, axis=0)
-            request.references = [MediaReference(kind="video", frames=clip, fps=8.0)]
+            fps = float(self.spec.default_fps)
+            request.references = [MediaReference(kind="video", frames=clip, fps=fps)]
         return request
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> CogVideoXState:

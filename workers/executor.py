@@ -270,7 +270,7 @@ class StepExecutor:
         run.failpoint("encode")
         extra_values: dict[str, Any] = {}
         if streamed is not None:
-            files = finish_video(streamed.middle, out)
+            files = finish_video(streamed.middle, out, streamed.sprites)
         elif isinstance(spec, AudioSpec):
             assert media is not None
             files, output = self._encode_audio(run, spec, media, out, pcm)

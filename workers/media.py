@@ -28,7 +28,7 @@ from av.container import OutputContainer
 from PIL import Image
 
 from workers.pipelines.base import Media, Pipeline
-from workers.spritesheet import spritesheet
+from workers.spritesheet import sprite_indices, spritesheet
 
 if TYPE_CHECKING:
     import torch
@@ -395,8 +395,8 @@ def encode_video(media: Media, tmp: Path, digest: Any = None) -> VideoFiles:
 
 def finish_video(middle: np.ndarray, tmp: Path, frames: np.ndarray | None = None) -> VideoFiles:
     """The files of a video whose MP4 is written: add the thumbnail and the spritesheet
-    (of ``frames``, the clip's uint8 frames; None: read back from the MP4, as after a
-    streamed decode that kept none)."""
+    (of ``frames``: the clip's uint8 frames, or the ones a streamed decode picked for it,
+    ``Streamed.sprites``; None: read back from the MP4)."""
     thumb_path = tmp / "thumbnail.jpg"
     encode_thumbnail(middle, thumb_path)
     return [
@@ -408,11 +408,13 @@ def finish_video(middle: np.ndarray, tmp: Path, frames: np.ndarray | None = None
 
 @dataclass(frozen=True)
 class Streamed:
-    """A video written while it decoded: its middle frame (the thumbnail's) and whether
-    the MP4 carries a soundtrack."""
+    """A video written while it decoded: its middle frame (the thumbnail's), the frames
+    of its spritesheet (``workers.spritesheet.sprite_indices``) and whether the MP4
+    carries a soundtrack."""
 
     middle: np.ndarray
     has_audio: bool
+    sprites: np.ndarray | None = None
 
 
 def decode_streamed(
@@ -459,12 +461,18 @@ def decode_streamed(
         ", ".join(f"{name} {seconds:.3f} s" for name, seconds in marks.items()),
         gc.get_stats()[2]["collections"] - full_collections,
     )
-    middle = mp4.frames // 2
-    for chunk in kept:
-        if middle < len(chunk):
-            return Streamed(_host(chunk[middle]), has_audio=stream.audio is not None)
-        middle -= len(chunk)
-    raise RuntimeError("the decode stream made no frames")
+    picked = [_frame(kept, k) for k in (mp4.frames // 2, *sprite_indices(mp4.frames))]
+    sprites = np.stack(picked[1:])
+    return Streamed(picked[0], has_audio=stream.audio is not None, sprites=sprites)
+
+
+def _frame(chunks: list[np.ndarray | torch.Tensor], index: int) -> np.ndarray:
+    """Frame ``index`` of a clip kept as its decoded chunks, on the host."""
+    for chunk in chunks:
+        if index < len(chunk):
+            return _host(chunk[index])
+        index -= len(chunk)
+    raise RuntimeError("the decode stream made no such frame")
 
 
 def _host(frames: np.ndarray | torch.Tensor) -> np.ndarray:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
 
-from workers.media import encode_video
-from workers.pipelines.base import Media
+from workers.media import decode_streamed, encode_video, finish_video
+from workers.pipelines.base import DecodeStream, Media
 from workers.spritesheet import SPRITE_COLUMNS, sprite_indices, spritesheet
 
 # 12 frames of 48x32, frame k a flat grey of level 20 * k: each tile tells its frame.
@@ -61,3 +62,25 @@ def test_the_encode_step_lists_it_and_the_mp4_gives_the_same_sheet(tmp_path: Pat
 def test_a_short_clip_shows_every_frame(tmp_path: Path) -> None:
     _, path, _ = spritesheet(tmp_path, FRAMES[:3])
     assert np.allclose(_tiles(path, 3), [0, 20, 40], atol=3)
+
+
+class _Streaming:
+    """A stand-in adapter whose decode streams FRAMES in two chunks, the second a torch
+    tensor (as a chunk left on the decoding device is)."""
+
+    def decode_stream(self, state: object) -> DecodeStream:
+        return DecodeStream(chunks=iter([FRAMES[:5], torch.from_numpy(FRAMES[5:].copy())]))
+
+
+def test_a_streamed_decode_keeps_the_sheet_s_frames(tmp_path: Path) -> None:
+    """After a streamed decode the executor has no frames: decode_streamed picks the
+    sheet's from its chunks, so the MP4 is not decoded back."""
+    streamed = decode_streamed(_Streaming(), None, 8.0, tmp_path)  # type: ignore[arg-type]
+    assert streamed is not None and streamed.sprites is not None
+    assert np.array_equal(streamed.middle, FRAMES[6])
+    assert np.array_equal(streamed.sprites, FRAMES[sprite_indices(12)])
+    files = finish_video(streamed.middle, tmp_path, streamed.sprites)
+    assert [variant for variant, _, _ in files] == ["video", "thumbnail", "spritesheet"]
+    assert np.allclose(
+        _tiles(tmp_path / "spritesheet.jpg", 10), [20 * k for k in sprite_indices(12)], atol=3
+    )

@@ -10,7 +10,7 @@
 #
 # On the device, two calls in a row (the machine keeps /tmp while it stays warm):
 #   run(command="bash benchmarks/device/longcat.sh --stage", carry=[".wheelhouse/h3"])
-#   run(command="bash benchmarks/device/longcat.sh [longcat_speech.py args]",
+#   run(command="bash benchmarks/device/longcat.sh [longcat_speech.py args, e.g. --sse]",
 #       carry=[".wheelhouse/servers"])
 #   --stage unpacks the first half to /tmp/h3-wheels-all (the directory h3.sh --stage
 #   fills: either script's stage serves both); the second call adds the servers, installs

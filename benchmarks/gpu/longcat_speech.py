@@ -1,7 +1,8 @@
 """LongCat-AudioDiT text-to-speech through the whole stack on one GPU: ``omniqueue up``
 (Valkey, SQLite, SeaweedFS, the API, ``--workers`` GPU job workers on that one GPU)
 serving a ``diffusers.longcat_audio`` entry, and ``--concurrency`` clients each sending
-``POST /v1/audio/speech`` with ``response_format: "pcm"`` (the PCM16 stream) at once.
+``POST /v1/audio/speech`` with ``response_format: "pcm"`` (the PCM16 stream; ``--sse``:
+its ``stream_format: "sse"`` events) at once.
 
     python -m benchmarks.gpu.longcat_speech [--concurrency 8] [--rounds 3] [--workers 8]
     python -m benchmarks.gpu.longcat_speech --tiny     # the toy model on this CPU
@@ -34,6 +35,8 @@ comparison point: vLLM-Omni's ~2 s to the first chunk (vllm-omni #1635).
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import re
 import statistics
 import tempfile
@@ -85,9 +88,12 @@ def wait_ready(stack: Stack, workers: int, timeout: float) -> float:
     raise RuntimeError(f"the workers were not ready within {timeout:.0f} s:\n{stack.log_tail()}")
 
 
-def one(client: Any, seed: int, text: str) -> dict[str, Any]:
-    """One speech request, its PCM stream read to the end."""
+def one(client: Any, seed: int, text: str, sse: bool) -> dict[str, Any]:
+    """One speech request, its PCM stream (raw, or ``speech.audio.delta`` events) read to
+    the end."""
     body = {"model": MODEL, "input": text, "response_format": "pcm", "seed": seed}
+    if sse:
+        body["stream_format"] = "sse"
     started = time.perf_counter()
     first: float | None = None
     size = 0
@@ -95,7 +101,12 @@ def one(client: Any, seed: int, text: str) -> dict[str, Any]:
         if resp.status_code != 200:
             raise RuntimeError(f"speech: {resp.status_code} {resp.read()!r}")
         job = resp.headers.get("x-request-id")
-        for piece in resp.iter_bytes():
+        pieces = resp.iter_lines() if sse else resp.iter_bytes()
+        for piece in pieces:
+            if sse:
+                if not (piece.startswith("data: ") and '"speech.audio.delta"' in piece):
+                    continue
+                piece = base64.b64decode(json.loads(piece[6:])["audio"])
             if first is None and piece:
                 first = time.perf_counter()
             size += len(piece)
@@ -121,7 +132,7 @@ def rounds(client: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]],
         for r in range(args.rounds + 1):
             started = time.perf_counter()
             seeds = [1000 * r + i for i in range(args.concurrency)]
-            runs = list(pool.map(lambda seed: one(client, seed, args.text), seeds))
+            runs = list(pool.map(lambda seed: one(client, seed, args.text, args.sse), seeds))
             wall = time.perf_counter() - started
             if r == 0:
                 say(f"warm-up round: {wall:.2f} s")
@@ -145,8 +156,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "OMNIQ_WORKER__RANDOM_WEIGHTS": "true",
         "OMNIQ_WORKER__PREVIEW_EVERY": "0",
     }
-    devices = ("--worker-devices", ",".join([args.device] * args.workers))
-    stack = Stack(workers=args.workers, env=env, args=("--realtime-workers", "0", *devices))
+    stack = Stack(workers=args.workers, env=env, args=("--realtime-workers", "0"))
     out: dict[str, Any] = {}
     started = time.time()
     stack.start(timeout=900)
@@ -184,6 +194,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=8, help="job workers on the one GPU")
     p.add_argument("--steps", type=int, default=16, help="denoise steps (__call__'s 16)")
     p.add_argument("--text", default=TEXT)
+    p.add_argument("--sse", action="store_true", help='stream_format "sse" instead of raw PCM')
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--keep-log", default=None, help="copy up's stderr here")
     p.add_argument("--device", default="cuda")
@@ -210,6 +221,7 @@ def main() -> None:
         "model": MODEL,
         "weights": f"seeded random init from the {'tiny' if args.tiny else 'LongCat-AudioDiT-1B'}"
         f" configs, {args.dtype}, built on {args.device} (registry weights = 'random')",
+        "stream": "sse" if args.sse else "pcm",
         "concurrency": args.concurrency,
         "workers": args.workers,
         "steps": args.steps,

@@ -317,3 +317,22 @@ def test_lora_on_a_conditioned_job_matches_a_fresh_pipe_with_it_alone(tmp_path: 
     np.testing.assert_array_equal(got, job_frames(_adapter(fresh, "condition"), req))
     base = job_frames(adapter, req)  # the parked slot: the base model
     assert np.abs(got - base).max() > 0.01
+
+
+def test_a_checkpoint_saved_as_ltx_pipeline_loads_for_its_workflows(tmp_path: Path) -> None:
+    """A checkpoint whose model_index names ``LTXPipeline`` loads, from its path, as the
+    class the entry's workflows pick (here ``LTXConditionPipeline``: the same five
+    components), and its flf2v job equals that pipeline's ``__call__``."""
+    tiny = tiny_ltx("condition")
+    LTXPipeline(
+        scheduler=tiny.scheduler, vae=tiny.vae, text_encoder=tiny.text_encoder,
+        tokenizer=tiny.tokenizer, transformer=tiny.transformer,
+    ).save_pretrained(tmp_path)  # fmt: skip
+    adapter = LTXAdapter(
+        str(tmp_path), dtype="float32", spec=_spec(["t2v", "flf2v"]),
+        max_sequence_length=TINY_SEQ_LEN,
+    )  # fmt: skip
+    adapter.load("cpu")
+    assert type(adapter.pipe).__name__ == "LTXConditionPipeline"
+    req = _request(reference_image=keyframe(1), last_image=keyframe(2))
+    _same(adapter, tiny, req)

@@ -18,8 +18,9 @@ from diffusers import LTXPipeline
 from diffusers.pipelines.ltx.pipeline_ltx_condition import LTXVideoCondition
 from PIL import Image
 
-from models.catalog import FAMILY_SPECS
-from models.errors import InvalidJobInput, JobLost
+from api.references import keyframe_workflow
+from models.catalog import FAMILY_SPECS, ModelSpec
+from models.errors import InvalidJobInput, InvalidRequest, JobLost
 from models.job_specs import LoraSpec
 from models.registry import WarmupShape
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN
@@ -336,3 +337,27 @@ def test_a_checkpoint_saved_as_ltx_pipeline_loads_for_its_workflows(tmp_path: Pa
     assert type(adapter.pipe).__name__ == "LTXConditionPipeline"
     req = _request(reference_image=keyframe(1), last_image=keyframe(2))
     _same(adapter, tiny, req)
+
+
+def test_the_api_maps_an_ltx_entrys_inputs_to_its_workflows() -> None:
+    """The generic keyframe wire (api/references.py) on LTX entries: what each entry takes,
+    and what it refuses naming the field, before anything is stored."""
+    family = FAMILY_SPECS["diffusers.ltx"].model_dump()
+    assert family["workflows"] == ["t2v"] and not family["supports_image_input"]
+    text = ModelSpec.model_validate(family)
+    image = ModelSpec.model_validate({**family, "workflows": ["t2v", "i2v"]})
+    full = ModelSpec.model_validate({**family, "workflows": WORKFLOWS["condition"]})
+    assert image.supports_image_input and full.supports_image_input
+    assert keyframe_workflow(image, {}, 1) == ("i2v", [0])
+    assert keyframe_workflow(full, {}, 2) == ("flf2v", [0, -1])
+    assert keyframe_workflow(full, {"strength": 0.5}, 1, video=True) == ("v2v", [])
+    refusals = [
+        (text, {}, 1, "input_reference"),
+        (image, {}, 2, "input_references"),  # LTXImageToVideoPipeline has no last frame
+        (full, {"frame_indices": [-1]}, 1, "extra_params.frame_indices"),
+        (full, {"strength": 0.5}, 1, "extra_params.strength"),  # strength is v2v's
+    ]
+    for spec, extra, files, param in refusals:
+        with pytest.raises(InvalidRequest) as err:
+            keyframe_workflow(spec, extra, files)
+        assert err.value.param == param

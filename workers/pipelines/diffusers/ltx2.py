@@ -1,6 +1,12 @@
-"""LTX-2 joint video + audio (``diffusers.LTX2Pipeline``) one denoise step at a time.
+"""LTX-2 joint video + audio, text-, image- and first/last-frame-to-video, one denoise
+step at a time.
 
-Mirrors ``LTX2Pipeline.__call__`` (diffusers 0.42) for one prompt and one video:
+The entry's ``spec.workflows`` (default ``["t2v"]``) say which loops it serves: ``t2v``
+mirrors ``LTX2Pipeline.__call__``, ``i2v`` ``LTX2ImageToVideoPipeline.__call__``
+(``image=``), ``flf2v`` ``LTX2ConditionPipeline.__call__`` (``conditions=`` a first frame
+at index 0 and a last one at -1); what the keyframe loops do differently is in
+ltx2_i2v.py, their state classes in ltx2_state.py. Each job runs the loop of its
+keyframes (none, a first, a first and a last). For ``t2v`` (diffusers 0.42):
 ``prepare`` = everything before its denoising loop (``check_inputs``, Gemma prompt
 encoding with the [negative, positive] CFG batch, the text connectors, packed video and
 audio latents drawn from the job's generator in that order, sigmas ``1 → 1/N`` shifted by
@@ -20,16 +26,19 @@ defaults: ``stg_scale`` (1.0), ``modality_scale`` (3.0), ``guidance_rescale`` (0
 ``decode_timestep`` (0.0), ``decode_noise_scale`` (= decode_timestep), plus
 ``stg_blocks``: comma-separated block indices for ``spatio_temporal_guidance_blocks``
 (default "28"; "" disables STG). As in ``__call__``, an ``audio_*`` value of 0 falls back
-to the video value. Options: ``vae_use_tiling`` / ``vae_use_slicing``.
+to the video value. Options: ``vae_use_tiling`` / ``vae_use_slicing``. Keyframe jobs:
+``image_crf`` (the keyframes' H.264 re-compression; default the model's, 0 skips it).
 
 Not supported (``__call__`` features outside this adapter): prompt enhancement, the
 duration head's automatic ``num_frames``, input latents and ``noise_scale`` (only used
-with them), ``num_videos_per_prompt`` > 1. A diffusers cache hook (FirstBlockCache …) on
+with them), ``num_videos_per_prompt`` > 1, ``LTX2ConditionPipeline`` conditions beyond a
+first and a last keyframe at strength 1 (video clips, other indices). A diffusers cache hook (FirstBlockCache …) on
 the shared transformer would mix jobs that are interleaved step by step.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -61,13 +70,12 @@ from workers.pipelines.diffusers.ltx2_i2v import (
     IMAGE_WORKFLOWS,
     check_keyframes,
     check_workflows,
-    condition_latents,
     image_crf,
-    image_latents,
     keyframes_of,
     loaded_class,
     model_timesteps,
     next_video_latents,
+    video_start,
     workflow_pipelines,
 )
 from workers.pipelines.diffusers.ltx2_state import (
@@ -129,6 +137,13 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         pipe = self._loaded()
         check_workflows(self.spec.name, pipe, self.workflows)
         self._pipes = workflow_pipelines(pipe, self.workflows)
+        if self.compiler.enabled:
+            # dynamo's recompile_limit (8) counts every graph of the blocks' one forward:
+            # LTX-2 makes 3 per workflow and shape (its guidance passes differ in batch
+            # and flags), so a few shapes of three workflows would pass it and fail a job.
+            room = 3 * len(self.workflows) * (len(self.warmup) + 2)
+            limit = torch._dynamo.config.recompile_limit
+            torch._dynamo.config.recompile_limit = max(limit, room)
 
     def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
         """The warm-up of the entry's first workflow (grey keyframes for an image one)."""
@@ -138,6 +153,13 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             request.reference_image = grey
             request.last_image = grey if self.workflows[0] == "flf2v" else None
         return request
+
+    def _compile_for(self, state: LTX2State, why: str) -> None:
+        """``DiffusersAdapter._compile_for`` on a copy whose audio scheduler is its own
+        too (the trial step advances both schedulers' step index)."""
+        trial = copy.copy(state)
+        trial.audio_scheduler = copy.deepcopy(state.audio_scheduler)
+        super()._compile_for(trial, why)
 
     def _scales(self, request: GenerationRequest) -> dict[str, float]:
         """Guidance knobs: request.extra, else ``__call__``'s defaults; ``audio_* or video``."""
@@ -206,29 +228,8 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         # keyframe conditions' 1, all noise unless a token is conditioned).
         generator = make_generator(request.seed)
         grid = self._latent_grid(pipe, request)
-        keyed: dict[str, Any] = {}
-        keyframe_coords = None
-        if keys is None:
-            latents = pipe.prepare_latents(
-                1,
-                pipe.transformer.config.in_channels,
-                height,
-                width,
-                num_frames,
-                0.0,
-                torch.float32,
-                device,
-                generator,
-            )
-        elif keys.workflow == "i2v":
-            latents, cond_mask = image_latents(pipe, keys, request, embeds.dtype, device, generator)
-            keyed["conditioning_mask"] = cfg_batch(cond_mask, do_cfg)
-        else:
-            latents, cond_mask, clean, keyframe_coords = condition_latents(
-                pipe, keys, request, cond_fps, device, generator
-            )
-            keyed["conditioning_mask"] = cfg_batch(cond_mask, do_cfg)
-            keyed["clean_latents"] = clean
+        start = video_start(pipe, keys, request, do_cfg, embeds.dtype, cond_fps, device, generator)
+        latents, keyed = start.latents, dict[str, Any](start.keyed)
         audio_per_second = (
             pipe.audio_sampling_rate
             / pipe.audio_hop_length
@@ -287,8 +288,8 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         audio_coords = pipe.transformer.audio_rope.prepare_audio_coords(
             audio_latents.shape[0], audio_num_frames, audio_latents.device
         )
-        if keyframe_coords is not None:
-            video_coords = torch.cat([video_coords, keyframe_coords], dim=2)
+        if start.keyframe_coords is not None:
+            video_coords = torch.cat([video_coords, start.keyframe_coords], dim=2)
         guide = (video_embeds, audio_embeds, conn_mask, video_coords, audio_coords)
         if do_cfg:
             video_coords = video_coords.repeat((2,) + (1,) * (video_coords.ndim - 1))

@@ -41,6 +41,7 @@ from PIL import Image
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest
+from workers.pipelines.diffusers.common import cfg_batch
 from workers.pipelines.diffusers.ltx2_state import LTX2ConditionState, LTX2ImageState, LTX2State
 
 SERVED: tuple[Workflow, ...] = ("t2v", "i2v", "flf2v")
@@ -223,6 +224,46 @@ def condition_latents(
         latents=None,
     )
     return out
+
+
+@dataclass(frozen=True)
+class VideoStart:
+    """What a workflow's step 4 leaves its loop: the packed video latents, the fields of
+    its state class (``LTX2ImageState`` / ``LTX2ConditionState``) and the appended
+    keyframe tokens' coordinates (flf2v)."""
+
+    latents: torch.Tensor
+    keyed: dict[str, torch.Tensor]
+    keyframe_coords: torch.Tensor | None = None
+
+
+def video_start(
+    pipe: Any,
+    keys: Keyframes | None,
+    request: GenerationRequest,
+    do_cfg: bool,
+    dtype: torch.dtype,
+    conditioning_fps: float,
+    device: torch.device,
+    generator: torch.Generator,
+) -> VideoStart:
+    """Step 4's video latents of the job's workflow's ``__call__``, from ``generator``
+    (t2v's ``prepare_latents``; the keyframes': ``image_latents`` / ``condition_latents``),
+    the conditioning mask doubled for the CFG batch as ``__call__`` does."""
+    if keys is None:
+        latents = pipe.prepare_latents(
+            1, pipe.transformer.config.in_channels, request.height, request.width,
+            request.num_frames, 0.0, torch.float32, device, generator,
+        )  # fmt: skip
+        return VideoStart(latents, {})
+    if keys.workflow == "i2v":
+        latents, mask = image_latents(pipe, keys, request, dtype, device, generator)
+        return VideoStart(latents, {"conditioning_mask": cfg_batch(mask, do_cfg)})
+    latents, mask, clean, coords = condition_latents(
+        pipe, keys, request, conditioning_fps, device, generator
+    )
+    keyed = {"conditioning_mask": cfg_batch(mask, do_cfg), "clean_latents": clean}
+    return VideoStart(latents, keyed, coords)
 
 
 def model_timesteps(s: LTX2State, batch: int) -> tuple[torch.Tensor, ...]:

@@ -52,7 +52,8 @@ _OUTPUT_FIELDS = {
     "ambient_sound": "ambient sound synthesis",
     "word_timestamps": "per-word timestamps",
 }
-# Hints a model may ignore without changing what the client asked for.
+# vLLM-Omni's codec hints, kept for models that declare them; their defaults (no first
+# chunk size, the whole text at once) are what every model here does.
 _HINT_FIELDS = ("initial_codec_chunk_frames", "non_streaming_mode")
 _INT64_MAX = 2**63 - 1
 # Speech: seconds per word and a fixed lead, at speed 1 (see speech_seconds).
@@ -301,25 +302,28 @@ def _speech_extensions(body: SpeechCreate, spec: ModelSpec) -> dict[str, Any]:
     output is refused (400 naming it) unless the model declares it in ``parameters``:
     ``max_new_tokens`` (a cap on generated codec tokens, which no token-free model has),
     ``instructions``, a ``duration_seconds`` for a text-to-speech model that sizes the
-    clip by its text, a ``language`` the model does not speak (:func:`_language`). The
-    remaining hints (``initial_codec_chunk_frames``, ``non_streaming_mode``) are checked,
-    then kept only for models that declare them."""
+    clip by its text, a ``language`` the model does not speak (:func:`_language`), a first
+    codec chunk size (``initial_codec_chunk_frames`` above 0) and ``non_streaming_mode:
+    false`` (text streamed into the model: every model here takes the whole text, which
+    ``true`` asks for)."""
     if body.max_new_tokens is not None and not 1 <= body.max_new_tokens <= _INT64_MAX:
         raise InvalidRequest("max_new_tokens must be a positive integer", param="max_new_tokens")
-    refused = {
-        "max_new_tokens": body.max_new_tokens is not None,
-        "instructions": bool(body.instructions),
-        "duration_seconds": body.duration_seconds is not None and spec.text_to_speech,
-    }
-    for name, asked in refused.items():
-        if asked and name not in spec.parameters:
-            raise InvalidRequest(f"{name} cannot act on model {spec.name!r}", param=name)
     frames = body.initial_codec_chunk_frames
     if frames is not None and not 0 <= frames <= _INT64_MAX:
         raise InvalidRequest(
             "initial_codec_chunk_frames must be a non-negative integer",
             param="initial_codec_chunk_frames",
         )
+    refused = {
+        "max_new_tokens": body.max_new_tokens is not None,
+        "instructions": bool(body.instructions),
+        "duration_seconds": body.duration_seconds is not None and spec.text_to_speech,
+        "initial_codec_chunk_frames": bool(frames),
+        "non_streaming_mode": body.non_streaming_mode is False,
+    }
+    for name, asked in refused.items():
+        if asked and name not in spec.parameters:
+            raise InvalidRequest(f"{name} cannot act on model {spec.name!r}", param=name)
     task = body.task_type
     if task not in (None, "CustomVoice") and "task_type" not in spec.parameters:
         what = "voice design" if task == "VoiceDesign" else "voice cloning"
@@ -362,6 +366,8 @@ def resolve_generate(
     extra = dict(body.extra_params)
     model = body.model or default_model(specs, "audio")
     spec = specs.get(model)
+    if speed != 1.0 and spec is not None and "speed" not in spec.parameters:
+        raise InvalidRequest(f"speed cannot act on model {model!r}", param="speed")
     if start and spec is not None:
         if "audio_start_in_s" not in spec.extra_params:
             raise InvalidRequest(f"model {model!r} does not take audio_start", param="audio_start")

@@ -523,6 +523,8 @@ def test_vllm_omni_tts_client_body_is_served(astack: AudioStack, client: httpx.C
         ({"model": SPEECH, "instructions": "whisper"}, "instructions"),
         ({"model": SPEECH, "instructions": None, "duration_seconds": 2}, "duration_seconds"),
         ({"model": SPEECH, "instructions": None, "language": "Klingon"}, "language"),
+        ({"initial_codec_chunk_frames": 4}, "initial_codec_chunk_frames"),  # no codec
+        ({"non_streaming_mode": False}, "non_streaming_mode"),  # the text is taken whole
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"max_new_tokens": True}, "max_new_tokens"),
         ({"max_new_tokens": 2**63}, "max_new_tokens"),

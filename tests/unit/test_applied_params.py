@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import pytest
 
-from api.audio_validation import parse_generation, parse_speech, resolve_audio, resolve_speech
+from api.audio_validation import (
+    parse_generate,
+    parse_generation,
+    parse_speech,
+    resolve_audio,
+    resolve_generate,
+    resolve_speech,
+)
 from api.validation import parse_create, resolve
 from models.applied import applied_params
 from models.catalog import BUILTIN_SPECS, FAMILY_SPECS, ModelSpec
+from models.errors import InvalidRequest
 from storage.settings import Settings
 
 # What the node's diffusion sampling params and the benchmark's extra body send (strings,
@@ -123,3 +131,17 @@ def test_audio_jobs_list_their_options(settings: Settings) -> None:
         "guidance_scale",
         "negative_prompt",
     ]
+
+
+def test_generate_refuses_a_speed_the_model_cannot_take(settings: Settings) -> None:
+    """vLLM-Omni's /v1/audio/generate: ``speed`` reaches reference/audio (it declares it);
+    Stable Audio has none, so a speed other than 1 is a 400 naming it, not dropped."""
+    specs = _specs()
+    kept = resolve_generate(parse_generate({"input": "rain", "speed": 1.5}), specs, settings)
+    assert applied_params(kept.model_dump(mode="json"), None) == ["speed"]
+    same = parse_generate({"input": "rain", "model": "diffusers.stable_audio", "speed": 1.0})
+    assert applied_params(resolve_generate(same, specs, settings).model_dump(), None) == []
+    fast = parse_generate({"input": "rain", "model": "diffusers.stable_audio", "speed": 1.5})
+    with pytest.raises(InvalidRequest) as refused:
+        resolve_generate(fast, specs, settings)
+    assert refused.value.param == "speed"

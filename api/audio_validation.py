@@ -15,6 +15,7 @@ from typing import Any
 
 from api.payload import loads
 from api.validation import (
+    check_negative_prompt,
     check_prompts,
     default_model,
     job_fields,
@@ -110,6 +111,7 @@ def resolve_audio(
         raise InvalidRequest(f"model {model!r} serves realtime sessions only", param="model")
 
     check_prompts(req.prompt, req.negative_prompt, limits, prompt_param)
+    check_negative_prompt(req.negative_prompt, spec)
 
     fmt = req.response_format.strip().lower()
     if fmt not in AUDIO_FORMATS:

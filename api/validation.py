@@ -137,6 +137,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
             f"{model} runs without classifier-free guidance: guidance_scale must be at most 1",
             param="guidance_scale",
         )
+    check_negative_prompt(req.negative_prompt, spec)
     options: dict[str, Any] = {}
     for name in PIPELINE_OPTIONS:
         value = getattr(req, name)
@@ -171,6 +172,18 @@ def resolve_quality(requested: str | None, spec: ModelSpec) -> QualityTier:
             param="quality",
         )
     return cast(QualityTier, requested)
+
+
+def check_negative_prompt(negative_prompt: str | None, spec: ModelSpec) -> None:
+    """A negative prompt acts only on a model that declares it (classifier-free guidance
+    with a negative branch): for another (MiniMax-H3, guidance-distilled) it is a 400,
+    not dropped. Clients send it only when the user typed one."""
+    if negative_prompt and "negative_prompt" not in spec.parameters:
+        raise InvalidRequest(
+            f"model {spec.name!r} takes no negative_prompt (it runs without a negative "
+            "guidance branch)",
+            param="negative_prompt",
+        )
 
 
 def check_prompts(

@@ -76,7 +76,13 @@ def test_video_families_apply_what_they_declare(
     settings: Settings, model: str, applied: list[str]
 ) -> None:
     specs = _specs()
-    spec = resolve(parse_create({"prompt": "a cat", "model": model, **SAMPLER}), specs, settings)
+    sent = {"prompt": "a cat", "model": model, **SAMPLER}
+    if "negative_prompt" not in applied:  # sent only when typed: refused, not dropped
+        with pytest.raises(InvalidRequest) as refused:
+            resolve(parse_create(sent), specs, settings)
+        assert refused.value.param == "negative_prompt"
+        del sent["negative_prompt"]
+    spec = resolve(parse_create(sent), specs, settings)
     stored = spec.model_dump(mode="json")
     assert applied_params(stored, specs[model].parameters) == applied
     assert "true_cfg_scale" not in applied  # no family's pipeline takes it
@@ -131,6 +137,10 @@ def test_audio_jobs_list_their_options(settings: Settings) -> None:
         "guidance_scale",
         "negative_prompt",
     ]
+    spoken = parse_generation({"prompt": "hi", "model": "reference/speech", "negative_prompt": "x"})
+    with pytest.raises(InvalidRequest) as refused:
+        resolve_audio(spoken, specs, settings)
+    assert refused.value.param == "negative_prompt"
 
 
 def test_generate_refuses_a_speed_the_model_cannot_take(settings: Settings) -> None:

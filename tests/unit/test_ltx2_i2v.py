@@ -26,8 +26,10 @@ from diffusers import (
 from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
 from PIL import Image
 
-from models.catalog import FAMILY_SPECS
-from models.errors import InvalidJobInput, JobLost
+from api.references import keyframe_workflow
+from api.validation import check_extra
+from models.catalog import FAMILY_SPECS, ModelSpec
+from models.errors import InvalidJobInput, InvalidRequest, JobLost
 from models.job_specs import LoraSpec
 from models.registry import WarmupShape
 from tests.unit.diffusers_fixtures_av import LTX2_REQUEST
@@ -177,6 +179,7 @@ def test_three_workflows_interleaved_on_one_adapter(reference: dict[str, Output]
         (ALL, "t2v", {"last_image": keyframe(2)}, "extra_params.frame_indices"),  # last only
         (ALL, "t2v", {"references": [MediaReference(kind="image")]}, "input_references"),
         (ALL, "flf2v", {"num_frames": 1}, "num_frames"),  # no latent frame for the last
+        (ALL, "t2v", {"extra": {"image_crf": 0}}, "extra_params.image_crf"),  # no keyframe
     ],
 )
 def test_a_job_the_entry_cannot_serve_is_refused_naming_the_field(
@@ -307,3 +310,32 @@ def test_lora_on_an_image_job_matches_a_fresh_pipe_with_it_alone(
     _assert_same(got, _run(_adapter(["i2v"], pipe=fresh), _request("i2v")))
     assert np.abs(got[0] - reference["i2v"][0]).max() > 0.01
     _assert_same(_run(adapter, _request("i2v")), reference["i2v"])  # the slot parked
+
+
+def test_the_api_maps_an_ltx2_entrys_inputs_to_its_workflows() -> None:
+    """The generic keyframe wire (api/references.py) and extra_params checks on LTX-2
+    entries: what each takes, and what it refuses naming the field, before anything is
+    stored."""
+    family = FAMILY_SPECS["diffusers.ltx2"].model_dump()
+    assert family["workflows"] == ["t2v"] and not family["supports_image_input"]
+    text = ModelSpec.model_validate(family)
+    image = ModelSpec.model_validate({**family, "workflows": ["t2v", "i2v"]})
+    full = ModelSpec.model_validate({**family, "workflows": ALL})
+    assert image.supports_image_input and full.supports_image_input
+    assert keyframe_workflow(image, {}, 1) == ("i2v", [0])
+    assert keyframe_workflow(full, {}, 2) == ("flf2v", [0, -1])
+    assert keyframe_workflow(full, {"frame_indices": [0]}, 1) == ("i2v", [0])
+    assert check_extra({"image_crf": 18, "frame_indices": [0, -1]}, full)["image_crf"] == 18
+    refusals = [
+        (text, {}, 1, "input_reference"),
+        (image, {}, 2, "input_references"),
+        (full, {"frame_indices": [-1]}, 1, "extra_params.frame_indices"),
+        (full, {"strength": 0.5}, 1, "extra_params.strength"),  # no v2v on LTX-2
+    ]
+    for spec, extra, files, param in refusals:
+        with pytest.raises(InvalidRequest) as err:
+            keyframe_workflow(spec, extra, files)
+        assert err.value.param == param
+    with pytest.raises(InvalidRequest) as err:
+        check_extra({"image_crf": 52}, full)
+    assert err.value.param == "extra_params.image_crf"

@@ -144,9 +144,14 @@ def keyframes_of(
 
 
 def check_keyframes(pipe: Any, keys: Keyframes | None, request: GenerationRequest) -> None:
-    """What the loops need of a keyframe job beyond ``check_inputs``: ``flf2v`` a second
-    latent frame for the last keyframe (with one, ``index=-1`` is latent frame 0 and
-    ``LTX2ConditionPipeline`` would overwrite the first keyframe with the last)."""
+    """What the loops need of a job beyond ``check_inputs``: ``image_crf`` only with
+    keyframes (it would act on nothing); ``flf2v`` a second latent frame for the last
+    keyframe (with one, ``index=-1`` is latent frame 0 and ``LTX2ConditionPipeline`` would
+    overwrite the first keyframe with the last)."""
+    if keys is None and "image_crf" in request.extra:
+        raise InvalidJobInput(
+            "image_crf re-compresses keyframes, and none was sent", param="extra_params.image_crf"
+        )
     if keys is None or keys.workflow != "flf2v":
         return
     temporal = pipe.vae_temporal_compression_ratio

@@ -153,6 +153,8 @@ class DiffusersState(StepState):
     latents: torch.Tensor
     guidance_scale: float
     do_cfg: bool
+    # Other input shapes at the same latents (LTX's per-token timesteps): blocks of its own.
+    compile_variant: str = ""
 
 
 def sampling(
@@ -386,7 +388,8 @@ class DiffusersAdapter(Pipeline, Generic[S]):
     def _compile_for(self, state: S, why: str) -> None:
         """Compile the blocks for ``state``'s input shapes unless done: one step of a copy
         of the state (its own scheduler and RNG, so the job's are untouched)."""
-        key = (type(state).__name__, tuple(state.latents.shape), state.do_cfg)
+        name = type(state).__name__ + state.compile_variant
+        key = (name, tuple(state.latents.shape), state.do_cfg)
         pipe = self._loaded()
 
         def run() -> None:

@@ -113,7 +113,7 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
         super().load(device)
         pipe = self._loaded()
         check_workflows(self.spec.name, pipe, self.workflows)
-        if isinstance(pipe, LTXImageToVideoPipeline):
+        if "t2v" in self.workflows and isinstance(pipe, LTXImageToVideoPipeline):
             self._text_pipe = text_pipeline(pipe)
 
     def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
@@ -168,11 +168,14 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
             fields = condition_fields(pipe, request, keys, device, generator, do_cfg)
             scheduler, timesteps = fields.pop("scheduler"), fields.pop("timesteps")
             latents = fields.pop("latents")
+            per_token = fields["conditioning_mask"] is not None
             return LTXState(
                 **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
                 **common,
                 **fields,
                 loop="condition",
+                # timesteps per token, or one per sample: blocks compiled for each
+                compile_variant="/per-token" if per_token else "",
             )
 
         # 4. Prepare latent variables (packed into tokens; i2v: the image's first frame).
@@ -214,6 +217,7 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
             rope_interpolation_scale=rope_scale,
             loop="text" if image is None else "image",
             conditioning_mask=conditioning_mask,
+            compile_variant="" if image is None else "/per-token",
         )
 
     def _step(self, pipe: Any, s: LTXState) -> None:

@@ -246,12 +246,12 @@ def test_compiled_blocks_give_the_eager_output_and_compile_in_prepare(
     room in dynamo's recompile limit for 3 graphs per workflow and shape (the full
     guidance's passes; 8 by default would fail the ninth). The trial step that compiles
     leaves the job's audio scheduler where it was."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 8)
     torch._dynamo.reset()
     try:
         shapes = [WarmupShape(width=32, height=32, num_frames=5)]
         compiled = _adapter(ALL, compile="blocks", compile_backend="eager", warmup=shapes)
-        assert torch._dynamo.config.recompile_limit >= 3 * 3 * 3
+        assert torch._dynamo.config.recompile_limit >= 3 * 3 * 3  # cache_size_limit's new name
         eager = _adapter(ALL)
         off = {"stg_blocks": "", "stg_scale": 0.0, "audio_stg_scale": 0.0,
                "modality_scale": 1.0, "audio_modality_scale": 1.0}  # fmt: skip

@@ -32,8 +32,9 @@ to the video value. Options: ``vae_use_tiling`` / ``vae_use_slicing``. Keyframe 
 Not supported (``__call__`` features outside this adapter): prompt enhancement, the
 duration head's automatic ``num_frames``, input latents and ``noise_scale`` (only used
 with them), ``num_videos_per_prompt`` > 1, ``LTX2ConditionPipeline`` conditions beyond a
-first and a last keyframe at strength 1 (video clips, other indices). A diffusers cache hook (FirstBlockCache …) on
-the shared transformer would mix jobs that are interleaved step by step.
+first and a last keyframe at strength 1 (video clips, other indices). A diffusers cache
+hook (FirstBlockCache …) on the shared transformer would mix jobs that are interleaved
+step by step.
 """
 
 from __future__ import annotations
@@ -138,12 +139,13 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         check_workflows(self.spec.name, pipe, self.workflows)
         self._pipes = workflow_pipelines(pipe, self.workflows)
         if self.compiler.enabled:
-            # dynamo's recompile_limit (8) counts every graph of the blocks' one forward:
+            # dynamo's recompile limit (8) counts every graph of the blocks' one forward:
             # LTX-2 makes 3 per workflow and shape (its guidance passes differ in batch
             # and flags), so a few shapes of three workflows would pass it and fail a job.
+            # (``cache_size_limit``: torch 2.4's name, an alias of ``recompile_limit`` since.)
             room = 3 * len(self.workflows) * (len(self.warmup) + 2)
-            limit = torch._dynamo.config.recompile_limit
-            torch._dynamo.config.recompile_limit = max(limit, room)
+            limit = torch._dynamo.config.cache_size_limit
+            torch._dynamo.config.cache_size_limit = max(limit, room)
 
     def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
         """The warm-up of the entry's first workflow (grey keyframes for an image one)."""

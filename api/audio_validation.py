@@ -277,8 +277,9 @@ def _stream(body: SpeechCreate, fmt: str) -> bool:
 
 def _language(value: str | None, spec: ModelSpec) -> dict[str, str]:
     """``language``: the option of a model that declares it (an ISO 639-1 code of
-    :data:`SPEECH_LANGUAGES`); for another model, only its own language (English, or
-    "Auto") is taken, as what it does anyway. Anything else is a 400 naming it."""
+    :data:`SPEECH_LANGUAGES`); for another model, only the languages it speaks from its
+    text (``ModelSpec.spoken_languages``: English, and Chinese for LongCat), or "Auto",
+    are taken, as what it does anyway. Anything else is a 400 naming it."""
     if value is None or value.strip().lower() in ("", "auto"):
         return {}
     code = SPEECH_LANGUAGES.get(value.strip().lower())
@@ -290,10 +291,11 @@ def _language(value: str | None, spec: ModelSpec) -> dict[str, str]:
                 param="language",
             )
         return {"language": code}
-    if code != "en":
+    if code not in spec.spoken_languages:
+        spoken = ", ".join(spec.spoken_languages)
         raise InvalidRequest(
-            f"model {spec.name!r} speaks English only: language {value!r} cannot act "
-            "(omit it, or send 'English' or 'Auto')",
+            f"model {spec.name!r} speaks {spoken} only (from its text): language {value!r} "
+            "cannot act (omit it, or send one of those, or 'Auto')",
             param="language",
         )
     return {}

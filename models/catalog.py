@@ -105,6 +105,10 @@ class ModelSpec(BaseModel):
     # A text-to-speech model: it speaks its prompt. ``/v1/audio/speech`` without ``model``
     # uses the first served one (other audio jobs: the first served audio model).
     text_to_speech: bool = False
+    # The languages (ISO 639-1) a speech model speaks from its text alone, with no
+    # ``language`` input: a request's ``language`` among them is taken as what the model
+    # does anyway; another is refused (a model that declares ``language`` takes its list).
+    spoken_languages: list[str] = Field(default_factory=lambda: ["en"])
     # A world model's blend of a prompt change when neither the interaction nor the
     # session's start sets ``transition_chunks``: over this many chunks (0: a cut).
     default_transition_chunks: int = Field(default=1, ge=0)
@@ -461,6 +465,8 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # ``speed`` stretches the estimated duration; ``duration_seconds`` (speech) or
         # ``seconds`` (generations) replaces it. No speaker input: ``voice`` is not read.
         parameters=["guidance_scale", "negative_prompt", "speed", "duration_seconds"],
+        # LongCat-AudioDiT is trained on Chinese and English speech: it reads either text.
+        spoken_languages=["en", "zh"],
     ),
     "diffusers.helios": ModelSpec(
         name="diffusers.helios",

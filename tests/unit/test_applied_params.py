@@ -155,3 +155,27 @@ def test_generate_refuses_a_speed_the_model_cannot_take(settings: Settings) -> N
     with pytest.raises(InvalidRequest) as refused:
         resolve_generate(fast, specs, settings)
     assert refused.value.param == "speed"
+
+
+@pytest.mark.parametrize(
+    ("model", "language", "ok"),
+    [
+        ("diffusers.longcat_audio", "Chinese", True),  # it reads Chinese text as it is
+        ("diffusers.longcat_audio", "en", True),
+        ("diffusers.longcat_audio", "French", False),
+        ("reference/audio", "Chinese", False),
+    ],
+)
+def test_a_language_the_model_speaks_from_its_text_is_taken(
+    settings: Settings, model: str, language: str, ok: bool
+) -> None:
+    """A model without a ``language`` input takes a hint of a language it speaks anyway
+    (``spoken_languages``), sending nothing to it; another is a 400 naming ``language``."""
+    body = parse_speech({"model": model, "input": "你好，世界。", "language": language})
+    if ok:
+        spec = resolve_speech(body, _specs(), settings)
+        assert "language" not in spec.options
+        return
+    with pytest.raises(InvalidRequest) as info:
+        resolve_speech(body, _specs(), settings)
+    assert info.value.param == "language"

@@ -199,6 +199,11 @@ def keyframe_workflow(
     indices = extra.get("frame_indices")
     served = ", ".join(spec.workflows)
     if video:
+        if extra.get("strength", 1.0) <= 0:  # no family runs a v2v job of strength 0
+            raise InvalidRequest(
+                "strength must be above 0 (0 would keep nothing of the job)",
+                param="extra_params.strength",
+            )
         return "v2v", []
     if "strength" in extra:
         raise InvalidRequest(

@@ -239,6 +239,7 @@ def test_models_lists_each_entry_s_workflows(wstack: Stack) -> None:
         (V2V, None, 1, "input_reference", "input_reference"),  # an image: no i2v here
         (T2V, None, -1, "input_reference", "input_reference"),  # an MP4 to a t2v model
         (V2V, None, -2, "input_references", "input_references"),  # two MP4s
+        (V2V, {"strength": 0}, -1, "input_reference", "extra_params.strength"),  # keeps none
     ],
 )
 def test_refusals_name_the_field_and_store_nothing(

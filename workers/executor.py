@@ -8,17 +8,14 @@ removed, per-request tensors are dropped, and unless the job completed every obj
 the job's S3 prefix is deleted (multipart uploads are aborted by the store itself).
 
 The job's typed spec (``models/job_specs.py``, parsed once per run) says what to make:
-a :class:`VideoSpec` becomes an MP4 and a thumbnail (``workers/media.py``); an
-:class:`AudioSpec` one file in the requested format (``workers/audio_media.py``), and, when
-it asks for it, its PCM16 samples as ``chunk`` events: after each step for an adapter
-whose steps make the audio (``take_audio``, :mod:`workers.pcm_stream`), else right after
-decoding.
+its outputs (a video job's ``n``), each made by :func:`workers.output_run.make_output`
+(the step loop, the decode and the encode) into the job's temp directory, then uploaded
+together.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import logging
 import time
@@ -35,22 +32,19 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from models.db import Artifact, Job
 from models.errors import JobLost, JobTimedOut, StorageError, UploadAborted, WorkerStopping
 from models.events import DoneEvent, StatusEvent
-from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec, output_variant
+from models.job_specs import AudioSpec, VideoSpec, output_variant
 from storage.artifacts import ArtifactStore
 from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
 from storage.jobs import JobStore, Lease
 from storage.settings import Settings
 from workers import metrics
-from workers.audio_media import EXTENSIONS, MEDIA_TYPES, encode_audio, output_rate, prepare_audio
 from workers.failpoints import Failpoints
 from workers.job_claim import JobClaim
-from workers.job_run import DENOISE_END, STAGE_START, JobRun
-from workers.media import Streamed, decode_streamed, encode_video, finish_video
+from workers.job_run import JobRun
 from workers.memory import forget_frames, peak_memory_mb, release_after_run
-from workers.output_check import Expected, check_mp4
-from workers.pcm_stream import PcmStream
-from workers.pipelines.base import GenerationRequest, Media, Pipeline, checkpoints, step_stops
+from workers.output_run import Files, make_output
+from workers.pipelines.base import GenerationRequest, Pipeline
 from workers.pipelines.registry import PipelineRegistry
 from workers.references import load_references
 from workers.run_objects import drop_other_attempts, output_prefix, stale_prefix
@@ -175,7 +169,7 @@ class StepExecutor:
             torch.cuda.reset_peak_memory_stats()
         inputs = self._request(spec)  # the conditioning inputs, fetched once
         count = spec.n if isinstance(spec, VideoSpec) else 1
-        files: list[tuple[str, Path, str]] = []
+        files: Files = []
         extra_values: dict[str, Any] = {}
         inference_time = 0.0
         for index in range(count):
@@ -187,7 +181,7 @@ class StepExecutor:
             request = inputs
             if index and isinstance(spec, VideoSpec):
                 request = dataclasses.replace(inputs, spec=spec.output(index))
-            made, values, seconds = self._generate(pipe, run, request, out, index)
+            made, values, seconds = make_output(pipe, run, request, out, index)
             files += [(output_variant(variant, index), path, ct) for variant, path, ct in made]
             extra_values.update(values)
             inference_time += seconds
@@ -219,77 +213,6 @@ class StepExecutor:
             self._drop_other_attempts(run)
         return done
 
-    def _generate(
-        self, pipe: Pipeline, run: JobRun, request: GenerationRequest, out: Path, index: int
-    ) -> tuple[list[tuple[str, Path, str]], dict[str, Any], float]:
-        """One output: prepare → step × N → decode → encode into ``out`` (its MP4 checked
-        against the spec); its files, the row's extra values and its inference seconds."""
-        job, spec = run.job, run.spec
-        started = time.monotonic()
-        run.failpoint("prepare")
-        with checkpoints(run.stop_point()):
-            state = pipe.prepare(request)
-        del request
-        run.enter("denoise")
-        preview_every = self.settings.worker.preview_every
-        in_step = run.in_step_stop()
-        step_seconds = metrics.STEP_SECONDS.labels(job.model)
-        # PCM published as the steps make it (adapters with ``take_audio``).
-        pcm = PcmStream(run, spec) if isinstance(spec, AudioSpec) and spec.stream_pcm else None
-        while not state.done:
-            run.failpoint(f"step:{state.step_index}")
-            run.blocks = 0
-            step_started = time.monotonic()
-            run.in_step = True
-            with step_stops(in_step):
-                pipe.step(state)
-            run.in_step = False
-            step_seconds.observe(time.monotonic() - step_started)
-            run.step = state.step_index
-            span = DENOISE_END - STAGE_START["denoise"]
-            progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps
-            run.report(progress, force=state.done)
-            if pcm is not None:
-                pcm.feed(pipe.take_audio(state))
-            if preview_every and state.step_index % preview_every == 0 and not state.done:
-                run.preview(pipe, state)
-
-        run.enter("decode")
-        run.failpoint("decode")
-        streamed: Streamed | None = None  # the MP4 written while it decoded
-        # The raw frames' SHA-256, when logged (``worker.log_frame_digests``).
-        frames_digest = hashlib.sha256() if self.settings.worker.log_frame_digests else None
-        with checkpoints(run.stop_point()):
-            if isinstance(spec, VideoSpec):
-                streamed = decode_streamed(pipe, state, spec.fps, out, frames_digest)
-            media = pipe.decode(state) if streamed is None else None
-        del state
-        inference_time = time.monotonic() - started
-
-        run.enter("encode")
-        run.failpoint("encode")
-        extra_values: dict[str, Any] = {}
-        if streamed is not None:
-            files = finish_video(streamed.middle, out, streamed.sprites)
-        elif isinstance(spec, AudioSpec):
-            assert media is not None
-            files, output = self._encode_audio(run, spec, media, out, pcm)
-            extra_values["output"] = output.model_dump()
-        else:
-            assert media is not None
-            files = encode_video(media, out, frames_digest)
-        if isinstance(spec, VideoSpec):
-            if streamed is not None:
-                made_sound = streamed.has_audio
-            else:
-                made_sound = media is not None and media.audio is not None
-            check_mp4(out / "video.mp4", Expected.of(spec, audio=made_sound))
-        del media
-        if frames_digest is not None and isinstance(spec, VideoSpec):
-            which = "" if index == 0 else f" output {index}"
-            log.info("job %s:%s frames sha256 %s", job.id, which, frames_digest.hexdigest())
-        return files, extra_values, inference_time
-
     def _request(self, spec: VideoSpec | AudioSpec) -> GenerationRequest:
         """What the adapter gets: the spec, with its reference frame or its keyframes and
         references fetched and decoded."""
@@ -303,30 +226,7 @@ class StepExecutor:
             request.reference_image, request.last_image, request.references = first, last, refs
         return request
 
-    def _encode_audio(
-        self, run: JobRun, spec: AudioSpec, media: Media, tmp: Path, pcm: PcmStream | None
-    ) -> tuple[list[tuple[str, Path, str]], AudioJobOutput]:
-        """Convert to the artifact's rate and channels, stream it as PCM16 chunks when the
-        spec asks for it (before the encode, so listeners need not wait for it), encode.
-        A clip streamed during the steps (``pcm``) is encoded as it was streamed."""
-        fmt = spec.response_format
-        if media.audio is None or not media.sample_rate:
-            raise RuntimeError(f"model {run.job.model} made no audio")
-        if pcm is not None and pcm.started:
-            audio = pcm.finish(media.audio, media.sample_rate)
-        else:
-            rate = output_rate(fmt, media.sample_rate, spec.sample_rate)
-            audio = prepare_audio(media.audio, media.sample_rate, rate=rate, channels=spec.channels)
-            if spec.stream_pcm:
-                run.stream_pcm(audio)
-        path = tmp / f"audio.{EXTENSIONS[fmt]}"
-        encode_audio(audio, fmt, path)
-        output = AudioJobOutput(
-            sample_rate=audio.sample_rate, channels=audio.channels, num_samples=audio.num_samples
-        )
-        return [("audio", path, MEDIA_TYPES[fmt])], output
-
-    def _upload(self, run: JobRun, files: list[tuple[str, Path, str]], tmp: Path) -> list[Artifact]:
+    def _upload(self, run: JobRun, files: Files, tmp: Path) -> list[Artifact]:
         """Each file under the run's prefix, at its path in ``tmp`` (``video.mp4``, an
         output k's ``output{k}/video.mp4``)."""
         job = run.job

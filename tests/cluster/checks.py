@@ -85,7 +85,7 @@ def check_jobs(cluster: Cluster, job_ids: list[str]) -> dict[str, Any]:
         if row.status == "completed":
             # exactly the artifacts its row lists, whole: nothing missing, nothing extra
             names = sorted(key.rsplit("/", 1)[-1] for key in objects)
-            assert names == ["thumbnail.jpg", "video.mp4"], (job_id, objects)
+            assert names == ["spritesheet.jpg", "thumbnail.jpg", "video.mp4"], (job_id, objects)
             assert artifacts.get(job_id) == objects, (job_id, artifacts.get(job_id), objects)
             (video,) = (key for key in objects if key.endswith("/video.mp4"))
             mp4 = s3.get_object(Bucket=bucket, Key=video)["Body"].read()

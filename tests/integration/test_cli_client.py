@@ -278,7 +278,7 @@ def test_ctrl_c_on_speech_closes_the_connection_and_the_job_is_cancelled(
             ["video", "a ball", *TINY, "--quality", "fast"],
             "(param quality, invalid_value, HTTP 400)",
         ),
-        (["video", "a ball", *TINY, "--n", "2"], "(param n, invalid_value, HTTP 400)"),
+        (["video", "a ball", *TINY, "--n", "5"], "(param n, invalid_value, HTTP 400)"),
         (["video", "a ball", *TINY, "--lora", "style"], "(param lora"),
         (["audio", "a song", "--seconds", "-1"], "(param seconds, invalid_value, HTTP 400)"),
         (["speech", "hi", "--speed", "9"], "(param speed, invalid_value, HTTP 400)"),

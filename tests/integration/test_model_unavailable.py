@@ -78,7 +78,7 @@ def ustack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[S
         '[[model]]\nname = "reference/video"\nadapter = "reference.video"\ndtype = "float32"\n'
         f'[[model]]\nname = "{JOB_MODEL}"\nadapter = "diffusers.ltx"\n'
         f'path = "{weights / "LTX-Video-0.9.5"}"\n'
-        "[model.spec]\nsupports_image_input = true\n"
+        '[model.spec]\nworkflows = ["t2v", "i2v"]\n'  # takes the keyframe _create sends
         f'[[model]]\nname = "{WORLD_MODEL}"\nadapter = "diffusers.helios"\n'
         f'path = "{weights / "Helios-Distilled"}"\n'
     )

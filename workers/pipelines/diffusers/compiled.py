@@ -34,14 +34,21 @@ from workers.pipelines.blocks import denoiser_blocks
 
 log = logging.getLogger(__name__)
 
-# Raised by dynamo/inductor when a graph cannot be made (not by the model's own code).
+# Raised by dynamo/inductor when a graph cannot be made (not by the model's own code),
+# or when a block met dynamo's recompile limit: with ``fullgraph`` that is an error
+# (``FailOnRecompileLimitHit``), not dynamo's silent eager fallback.
 _COMPILE_ERRORS: tuple[type[BaseException], ...] = ()
 try:  # the names moved between torch releases; take those this one has
     from torch._dynamo import exc as _dynamo_exc
 
     _COMPILE_ERRORS = tuple(
         getattr(_dynamo_exc, name)
-        for name in ("BackendCompilerFailed", "Unsupported", "InternalTorchDynamoError")
+        for name in (
+            "BackendCompilerFailed",
+            "Unsupported",
+            "InternalTorchDynamoError",
+            "FailOnRecompileLimitHit",
+        )
         if hasattr(_dynamo_exc, name)
     )
 except ImportError:  # pragma: no cover - torch without dynamo

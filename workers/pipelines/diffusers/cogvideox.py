@@ -38,7 +38,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from models.registry import WarmupShape
-from workers.pipelines.base import GenerationRequest, MediaReference, StepState
+from workers.pipelines.base import GenerationRequest, StepState
 from workers.pipelines.diffusers.cogvideox_i2v import (
     Start,
     check_components,
@@ -64,8 +64,13 @@ from workers.pipelines.diffusers.common import (
     sampling,
     vae_options,
 )
-from workers.pipelines.diffusers.wan_i2v import keyframes_of
-from workers.pipelines.diffusers.wan_v2v import SourceVideo
+from workers.pipelines.diffusers.keyframes import (
+    SourceVideo,
+    job_workflow,
+    keyframes_of,
+    takes_references,
+    warm_up_inputs,
+)
 
 
 @dataclass(kw_only=True)
@@ -130,7 +135,7 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
         self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
         if "i2v" in self.workflows:
             self.pipeline_class = CogVideoXImageToVideoPipeline
-        self.takes_references = bool({"i2v", "v2v"} & set(self.workflows))
+        self.takes_references = takes_references(self.workflows)
 
     def load(self, device: str) -> None:
         """The served workflows' names checked (before any weight loads), then
@@ -143,15 +148,7 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
     def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
         """The warm-up of the entry's first workflow (a grey image for i2v, a grey clip
         for v2v)."""
-        request = super()._warm_up_request(shape)
-        grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
-        if self.workflows[0] == "i2v":
-            request.reference_image = grey
-        elif self.workflows[0] == "v2v":
-            clip = np.repeat(grey[None], shape.num_frames, axis=0)
-            fps = float(self.spec.default_fps)
-            request.references = [MediaReference(kind="video", frames=clip, fps=fps)]
-        return request
+        return warm_up_inputs(super()._warm_up_request(shape), self.workflows[0])
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> CogVideoXState:
         """``__call__`` steps 1-7 of the job's workflow's pipeline (``CogVideoXPipeline``,
@@ -224,7 +221,7 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
             num_inference_steps=start.num_inference_steps,
             additional_frames=start.additional_frames,
             is_dpm=isinstance(scheduler, CogVideoXDPMScheduler),
-            workflow="v2v" if v2v else "t2v" if keys is None else "i2v",
+            workflow=job_workflow(keys),
             image_latents=start.image_latents,
             ofs=ofs,
         )

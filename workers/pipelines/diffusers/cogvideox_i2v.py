@@ -25,7 +25,7 @@ from PIL import Image
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.wan_v2v import SourceVideo, v2v_inputs
+from workers.pipelines.diffusers.keyframes import SourceVideo, pipeline_over, v2v_inputs
 
 SERVED: tuple[Workflow, ...] = ("t2v", "i2v", "v2v")
 
@@ -129,20 +129,14 @@ def i2v_start(
 def v2v_view(pipe: Any, scheduler: Any) -> Any:
     """``CogVideoXVideoToVideoPipeline`` over ``pipe``'s modules with the job's
     ``scheduler`` (its ``prepare_latents`` noises with ``self.scheduler``)."""
-    return CogVideoXVideoToVideoPipeline(
-        tokenizer=pipe.tokenizer,
-        text_encoder=pipe.text_encoder,
-        vae=pipe.vae,
-        transformer=pipe.transformer,
-        scheduler=scheduler,
-    )
+    return pipeline_over(CogVideoXVideoToVideoPipeline, pipe, scheduler)
 
 
 def v2v_source(
     view: Any, request: GenerationRequest, source: SourceVideo
 ) -> tuple[list[Image.Image], float]:
     """(the source's first ``num_frames`` frames, ``strength``) as ``__call__`` takes
-    them (wan_v2v.py's checks: a clip shorter than the job or a strength that runs no
+    them (keyframes.py's checks: a clip shorter than the job or a strength that runs no
     step is refused), and CogVideoX 1.5's: its latent frames must divide into
     ``patch_size_t`` (``__call__`` pads none), refused naming ``num_frames``."""
     video, strength = v2v_inputs(view, request, source)

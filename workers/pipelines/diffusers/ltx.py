@@ -32,17 +32,15 @@ import torch
 from diffusers import LTXConditionPipeline, LTXImageToVideoPipeline, LTXPipeline
 from diffusers.pipelines.ltx.pipeline_ltx import (
     calculate_shift,
-    rescale_noise_cfg,
     retrieve_timesteps,
 )
 
 from models.catalog import Workflow
 from models.registry import WarmupShape
-from workers.pipelines.base import GenerationRequest, MediaReference, StepState
+from workers.pipelines.base import GenerationRequest, StepState
 from workers.pipelines.diffusers.common import (
     batched_prediction,
     call_default,
-    cfg,
     cfg_batch,
     clone_generator,
     decode_video,
@@ -52,17 +50,23 @@ from workers.pipelines.diffusers.common import (
     make_generator,
     sampling,
 )
+from workers.pipelines.diffusers.keyframes import (
+    Keyframes,
+    job_workflow,
+    keyframes_of,
+    takes_references,
+    warm_up_inputs,
+)
 from workers.pipelines.diffusers.ltx_condition import condition_fields, condition_step
 from workers.pipelines.diffusers.ltx_i2v import (
     check_workflows,
+    guided,
     image_latents,
     image_step,
     pipeline_for,
     text_pipeline,
 )
 from workers.pipelines.diffusers.packed import PackedLatentsAdapter, PackedState
-from workers.pipelines.diffusers.wan_i2v import Keyframes, keyframes_of
-from workers.pipelines.diffusers.wan_v2v import SourceVideo
 
 Loop = Literal["text", "image", "condition"]
 
@@ -103,7 +107,7 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
         super().__init__(path, **kwargs)
         self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
         self.pipeline_class = pipeline_for(self.workflows)
-        self.takes_references = bool({"i2v", "flf2v", "v2v"} & set(self.workflows))
+        self.takes_references = takes_references(self.workflows)
         # t2v jobs of LTXImageToVideoPipeline: LTXPipeline over its modules (load).
         self._text_pipe: Any = None
 
@@ -119,16 +123,7 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
     def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
         """The warm-up of the entry's first workflow (grey keyframes for an image one, a
         grey clip for v2v)."""
-        request = super()._warm_up_request(shape)
-        workflow = self.workflows[0]
-        grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
-        if workflow in ("i2v", "flf2v"):
-            request.reference_image = grey
-            request.last_image = grey if workflow == "flf2v" else None
-        elif workflow == "v2v":
-            clip = np.repeat(grey[None], shape.num_frames, axis=0)
-            request.references = [MediaReference(kind="video", frames=clip, fps=request.fps)]
-        return request
+        return warm_up_inputs(super()._warm_up_request(shape), self.workflows[0])
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> LTXState:
         """``__call__``'s steps before its loop: ``LTXConditionPipeline``'s for every
@@ -152,17 +147,12 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
         embeds, mask = self._prompt_batch(pipe, request, do_cfg, device)
         generator = make_generator(request.seed)
         grid = self._latent_grid(pipe, request)
-        workflow: Workflow = "t2v"
-        if isinstance(keys, SourceVideo):
-            workflow = "v2v"
-        elif keys is not None:
-            workflow = keys.workflow
         common: dict[str, Any] = {
             "prompt_embeds": embeds,
             "prompt_attention_mask": mask,
             "guidance_rescale": rescale,
             "grid": grid,
-            "workflow": workflow,
+            "workflow": job_workflow(keys),
         }
         if conditioned:
             fields = condition_fields(pipe, request, keys, device, generator, do_cfg)
@@ -241,13 +231,7 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
             **s.grid.transformer_kwargs(),
             rope_interpolation_scale=s.rope_interpolation_scale,
         )
-        if s.do_cfg:
-            noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
-            noise_pred = cfg(noise_pred_uncond, noise_pred_text, s.guidance_scale)
-            if s.guidance_rescale > 0:
-                noise_pred = rescale_noise_cfg(
-                    noise_pred, noise_pred_text, guidance_rescale=s.guidance_rescale
-                )
+        noise_pred = guided(noise_pred, s)
         s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
 
     def _decode_frames(self, pipe: Any, s: LTXState) -> np.ndarray:

@@ -67,12 +67,17 @@ from workers.pipelines.diffusers.common import (
     sampling,
     to_uint8,
 )
+from workers.pipelines.diffusers.keyframes import (
+    SourceVideo,
+    job_workflow,
+    keyframes_of,
+    takes_references,
+    warm_up_inputs,
+)
 from workers.pipelines.diffusers.ltx2_i2v import (
-    IMAGE_WORKFLOWS,
     check_keyframes,
     check_workflows,
     image_crf,
-    keyframes_of,
     loaded_class,
     model_timesteps,
     next_video_latents,
@@ -127,7 +132,7 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         super().__init__(path, **kwargs)
         self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
         self.pipeline_class = loaded_class(self.workflows)
-        self.takes_references = bool(set(IMAGE_WORKFLOWS) & set(self.workflows))
+        self.takes_references = takes_references(self.workflows)
         # Each served workflow's pipeline over the loaded modules (load).
         self._pipes: dict[Workflow, Any] = {}
 
@@ -149,12 +154,7 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
 
     def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
         """The warm-up of the entry's first workflow (grey keyframes for an image one)."""
-        request = super()._warm_up_request(shape)
-        if self.workflows[0] in IMAGE_WORKFLOWS:
-            grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
-            request.reference_image = grey
-            request.last_image = grey if self.workflows[0] == "flf2v" else None
-        return request
+        return warm_up_inputs(super()._warm_up_request(shape), self.workflows[0])
 
     def _compile_for(self, state: LTX2State, why: str) -> None:
         """``DiffusersAdapter._compile_for`` on a copy whose audio scheduler is its own
@@ -191,7 +191,8 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
         """Everything before the loop of the ``__call__`` of the job's workflow's pipeline
         (``LTX2Pipeline`` for t2v; the keyframes' part: ltx2_i2v.py)."""
         keys = keyframes_of(request, self.spec.name, self.workflows)
-        pipe = self._pipes["t2v" if keys is None else keys.workflow]
+        assert not isinstance(keys, SourceVideo)  # LTX-2 serves no v2v (check_workflows)
+        pipe = self._pipes[job_workflow(keys)]
         height, width = request.height, request.width
         num_frames, fps, extra = request.num_frames, request.fps, request.extra
         scales = self._scales(request)
@@ -303,7 +304,7 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
                 video_coords.chunk(2, dim=0)[0],
                 audio_coords.chunk(2, dim=0)[0],
             )
-        state_class = STATES["t2v" if keys is None else keys.workflow]
+        state_class = STATES[job_workflow(keys)]
         return state_class(
             **sampling(
                 request, generator, scheduler, timesteps, latents, scales["guidance_scale"], do_cfg

@@ -1,7 +1,7 @@
-"""LTX-2's keyframe workflows: which ones a loaded checkpoint serves, a job's keyframes,
-what ``__call__`` of ``LTX2ImageToVideoPipeline`` / ``LTX2ConditionPipeline`` does with
-them before its loop and after each step's guidance, for ``LTX2Adapter`` (ltx2.py), which
-runs all three workflows in its own step loop.
+"""LTX-2's keyframe workflows: which ones a loaded checkpoint serves and, for a job's
+keyframes (keyframes.py), what ``__call__`` of ``LTX2ImageToVideoPipeline`` /
+``LTX2ConditionPipeline`` does with them before its loop and after each step's guidance,
+for ``LTX2Adapter`` (ltx2.py), which runs all three workflows in its own step loop.
 
 * ``t2v``: ``LTX2Pipeline`` (no keyframe).
 * ``i2v``: a first frame, as ``LTX2ImageToVideoPipeline(image=…)``: the keyframe
@@ -42,6 +42,7 @@ from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.common import cfg_batch
+from workers.pipelines.diffusers.keyframes import Keyframes
 from workers.pipelines.diffusers.ltx2_state import LTX2ConditionState, LTX2ImageState, LTX2State
 
 SERVED: tuple[Workflow, ...] = ("t2v", "i2v", "flf2v")
@@ -51,12 +52,6 @@ PIPELINES: dict[Workflow, Any] = {
     "t2v": LTX2Pipeline,
     "i2v": LTX2ImageToVideoPipeline,
     "flf2v": LTX2ConditionPipeline,
-}
-# The wire field that asks for each workflow (named when a model does not serve it).
-_FIELDS: dict[Workflow, str] = {
-    "t2v": "input_reference",  # a model without t2v needs one
-    "i2v": "input_reference",
-    "flf2v": "input_references",
 }
 
 
@@ -105,42 +100,6 @@ def check_workflows(name: str, pipe: Any, workflows: list[Workflow]) -> None:
             f"{name}: {' and '.join(images)} need a transformer with patch_size 1 and "
             f"patch_size_t 1 (this one: {config.patch_size}, {config.patch_size_t})"
         )
-
-
-@dataclass(frozen=True)
-class Keyframes:
-    """A job's keyframes as ``__call__`` takes them (``image``; or the conditions)."""
-
-    workflow: Workflow
-    first: Image.Image
-    last: Image.Image | None = None
-
-
-def keyframes_of(
-    request: GenerationRequest, name: str, workflows: list[Workflow]
-) -> Keyframes | None:
-    """The job's workflow from its keyframes (a first frame: ``i2v``; and a last one:
-    ``flf2v``; none: ``t2v``, returned as None), refused naming the field that asked for
-    a workflow the model does not serve. A last frame alone names no workflow (the API
-    refuses ``frame_indices`` ``[-1]`` first)."""
-    if request.references:
-        raise InvalidJobInput(f"{name} takes keyframes, not references", param="input_references")
-    first, last = request.reference_image, request.last_image
-    if first is None and last is not None:
-        raise InvalidJobInput(
-            f"{name} anchors a last frame only beside a first one",
-            param="extra_params.frame_indices",
-        )
-    workflow: Workflow = "t2v" if first is None else "i2v" if last is None else "flf2v"
-    if workflow not in workflows:
-        served = ", ".join(workflows)
-        raise InvalidJobInput(f"{name} serves {served}, not {workflow}", param=_FIELDS[workflow])
-    if first is None:
-        return None
-    image = Image.fromarray(np.ascontiguousarray(first))
-    return Keyframes(
-        workflow, image, None if last is None else Image.fromarray(np.ascontiguousarray(last))
-    )
 
 
 def check_keyframes(pipe: Any, keys: Keyframes | None, request: GenerationRequest) -> None:

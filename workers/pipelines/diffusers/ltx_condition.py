@@ -31,20 +31,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from diffusers.pipelines.ltx.pipeline_ltx_condition import (
     linear_quadratic_schedule,
-    rescale_noise_cfg,
     retrieve_timesteps,
 )
-from PIL import Image
 
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.common import call_default, cfg, cfg_batch, job_scheduler
-from workers.pipelines.diffusers.wan_i2v import Keyframes
-from workers.pipelines.diffusers.wan_v2v import SourceVideo
+from workers.pipelines.diffusers.common import call_default, cfg_batch, job_scheduler
+from workers.pipelines.diffusers.keyframes import Keyframes, SourceVideo
+from workers.pipelines.diffusers.ltx_i2v import guided
 
 if TYPE_CHECKING:
     from workers.pipelines.diffusers.ltx import LTXState
@@ -66,8 +63,7 @@ def condition_tensors(
             raise InvalidJobInput(
                 f"strength {strength:g} is not in (0, 1]", param="extra_params.strength"
             )
-        frames = keys.frames[:num_frames]
-        video = [[Image.fromarray(np.ascontiguousarray(f)) for f in frames]]
+        video = [keys.images(num_frames)]
         indices = [0]
     elif keys is not None:
         image = [keys.first] if keys.last is None else [keys.first, keys.last]
@@ -158,14 +154,9 @@ def condition_step(pipe: Any, s: LTXState) -> None:
             attention_kwargs=None,
             return_dict=False,
         )[0]
+    noise_pred = guided(noise_pred, s)
     if s.do_cfg:
-        noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
-        noise_pred = cfg(noise_pred_uncond, noise_pred_text, s.guidance_scale)
         timestep, _ = timestep.chunk(2)
-        if s.guidance_rescale > 0:
-            noise_pred = rescale_noise_cfg(
-                noise_pred, noise_pred_text, guidance_rescale=s.guidance_rescale
-            )
     denoised = s.scheduler.step(
         -noise_pred, t, latents, per_token_timesteps=timestep, return_dict=False
     )[0]

@@ -1,6 +1,7 @@
 """LTX-Video's workflows: which pipeline an entry's ``spec.workflows`` loads, what the
-loaded components can serve, and ``LTXImageToVideoPipeline``'s image-to-video loop, for
-``LTXAdapter`` (ltx.py), which runs every workflow in its own step loop.
+loaded components can serve, ``LTXImageToVideoPipeline``'s image-to-video loop and the
+guidance every LTX loop shares (:func:`guided`), for ``LTXAdapter`` (ltx.py), which runs
+every workflow in its own step loop.
 
 Which pipeline serves which workflow (the entry's ``workflows`` decide):
 
@@ -35,6 +36,7 @@ from PIL import Image
 
 from models.catalog import VIDEO_WORKFLOWS, Workflow
 from workers.pipelines.diffusers.common import cfg, cfg_batch
+from workers.pipelines.diffusers.keyframes import pipeline_over
 
 if TYPE_CHECKING:
     from workers.pipelines.diffusers.ltx import LTXState
@@ -87,13 +89,23 @@ def check_workflows(name: str, pipe: Any, workflows: list[Workflow]) -> None:
 def text_pipeline(pipe: Any) -> LTXPipeline:
     """``LTXPipeline`` over the modules of an image-to-video pipeline (its ``t2v`` jobs):
     the same weights, hooks and compiled blocks, ``LTXPipeline``'s own checks and noise."""
-    return LTXPipeline(
-        scheduler=pipe.scheduler,
-        vae=pipe.vae,
-        text_encoder=pipe.text_encoder,
-        tokenizer=pipe.tokenizer,
-        transformer=pipe.transformer,
-    )
+    return pipeline_over(LTXPipeline, pipe, pipe.scheduler)
+
+
+def guided(noise_pred: torch.Tensor, s: LTXState) -> torch.Tensor:
+    """The guidance of every LTX ``__call__``'s loop (the same in all three pipelines):
+    under CFG the [negative, positive] batch's predictions combined at
+    ``guidance_scale``, then rescaled (``rescale_noise_cfg``) where ``guidance_rescale``
+    is above 0; without CFG the prediction as it is."""
+    if not s.do_cfg:
+        return noise_pred
+    noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
+    noise_pred = cfg(noise_pred_uncond, noise_pred_text, s.guidance_scale)
+    if s.guidance_rescale > 0:
+        noise_pred = rescale_noise_cfg(
+            noise_pred, noise_pred_text, guidance_rescale=s.guidance_rescale
+        )
+    return noise_pred
 
 
 def image_latents(
@@ -143,14 +155,7 @@ def image_step(pipe: Any, s: LTXState) -> None:
             attention_kwargs=None,
             return_dict=False,
         )[0]
-    noise_pred = noise_pred.float()
-    if s.do_cfg:
-        noise_pred_uncond, noise_pred_text = noise_pred.chunk(2)
-        noise_pred = cfg(noise_pred_uncond, noise_pred_text, s.guidance_scale)
-        if s.guidance_rescale > 0:
-            noise_pred = rescale_noise_cfg(
-                noise_pred, noise_pred_text, guidance_rescale=s.guidance_rescale
-            )
+    noise_pred = guided(noise_pred.float(), s)
     sizes = (grid.num_frames, grid.height, grid.width)
     patch, patch_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size
     noise_pred = pipe._unpack_latents(noise_pred, *sizes, patch, patch_t)

@@ -38,7 +38,7 @@ from diffusers.utils.torch_utils import get_module_execution_device
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from models.registry import WarmupShape
-from workers.pipelines.base import DecodeStream, GenerationRequest, MediaReference, StepState
+from workers.pipelines.base import DecodeStream, GenerationRequest, StepState
 from workers.pipelines.diffusers.common import (
     DiffusersAdapter,
     DiffusersState,
@@ -52,13 +52,20 @@ from workers.pipelines.diffusers.common import (
     sampling,
     to_uint8,
 )
+from workers.pipelines.diffusers.keyframes import (
+    SourceVideo,
+    job_workflow,
+    keyframes_of,
+    takes_references,
+    warm_up_inputs,
+)
 from workers.pipelines.diffusers.wan_i2v import (
     IMAGE_WORKFLOWS,
     check_workflows,
-    keyframes_of,
+    keyframe_latents,
     text_pipeline,
 )
-from workers.pipelines.diffusers.wan_v2v import SourceVideo, v2v_state
+from workers.pipelines.diffusers.wan_v2v import v2v_state
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +103,7 @@ class WanAdapter(DiffusersAdapter[WanState]):
         self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
         if set(IMAGE_WORKFLOWS) & set(self.workflows):
             self.pipeline_class = WanImageToVideoPipeline
-        self.takes_references = bool({*IMAGE_WORKFLOWS, "v2v"} & set(self.workflows))
+        self.takes_references = takes_references(self.workflows)
         # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (load).
         self._text_pipe: Any = None
 
@@ -112,16 +119,7 @@ class WanAdapter(DiffusersAdapter[WanState]):
     def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
         """The warm-up of the entry's first workflow (grey keyframes for an image one, a
         grey clip for v2v)."""
-        request = super()._warm_up_request(shape)
-        workflow = self.workflows[0]
-        grey = np.full((shape.height, shape.width, 3), 128, dtype=np.uint8)
-        if workflow in IMAGE_WORKFLOWS:
-            request.reference_image = grey
-            request.last_image = grey if workflow == "flf2v" else None
-        elif workflow == "v2v":
-            clip = np.repeat(grey[None], shape.num_frames, axis=0)
-            request.references = [MediaReference(kind="video", frames=clip, fps=16.0)]
-        return request
+        return warm_up_inputs(super()._warm_up_request(shape), self.workflows[0])
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:
         """``__call__`` steps 1-5 (``WanPipeline``'s for t2v, else
@@ -205,8 +203,8 @@ class WanAdapter(DiffusersAdapter[WanState]):
                 generator,
             )  # fmt: skip
         else:
-            latents, condition, first_frame_mask = keys.latents(
-                pipe, height, width, num_frames, device, generator
+            latents, condition, first_frame_mask = keyframe_latents(
+                pipe, keys, height, width, num_frames, device, generator
             )
         scheduler.set_begin_index(0)
         boundary = (
@@ -221,7 +219,7 @@ class WanAdapter(DiffusersAdapter[WanState]):
             guidance_scale_2=scale if scale_2 is None else float(scale_2),
             boundary_timestep=boundary,
             transformer_dtype=transformer_dtype,
-            workflow="t2v" if keys is None else keys.workflow,
+            workflow=job_workflow(keys),
             condition=condition,
             first_frame_mask=first_frame_mask,
             image_embeds=image_embeds,

@@ -1,6 +1,6 @@
 """Wan's image workflows (``WanImageToVideoPipeline``): which workflows a loaded
-checkpoint can serve, a job's keyframes, and their latent condition, for ``WanAdapter``
-(wan.py), which runs them in its own step loop.
+checkpoint can serve and the keyframes' latent condition, for ``WanAdapter`` (wan.py),
+which runs them in its own step loop (a job's keyframes: keyframes.py).
 
 * ``i2v``: a first frame. Wan 2.1 I2V (its transformer also takes the CLIP image
   encoder's features), Wan 2.2 I2V A14B (two transformers, no image encoder), Wan 2.2
@@ -15,102 +15,46 @@ checkpoint can serve, a job's keyframes, and their latent condition, for ``WanAd
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, cast
 
-import numpy as np
 import torch
 from diffusers import WanImageToVideoPipeline, WanPipeline
-from PIL import Image
 
 from models.catalog import Workflow
-from models.errors import InvalidJobInput
-from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.wan_v2v import SourceVideo
+from workers.pipelines.diffusers.keyframes import Keyframes, pipeline_over
 
 IMAGE_WORKFLOWS: tuple[Workflow, ...] = ("i2v", "flf2v")
-# The wire field that asks for each workflow (named when a model does not serve it).
-WORKFLOW_FIELDS: dict[str, str] = {
-    "t2v": "input_reference",  # a model without t2v needs one
-    "i2v": "input_reference",
-    "flf2v": "input_references",
-    "v2v": "input_reference",
-}
 
 
-@dataclass(frozen=True)
-class Keyframes:
-    """A job's keyframes as ``__call__`` takes them (``image``, ``last_image``)."""
-
-    workflow: Workflow
-    first: Image.Image
-    last: Image.Image | None = None
-
-    def latents(
-        self,
-        pipe: Any,
-        height: int,
-        width: int,
-        num_frames: int,
-        device: torch.device,
-        generator: torch.Generator,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """``__call__``'s step 5: the keyframes preprocessed to the canvas, then
-        ``prepare_latents`` (the noise from ``generator``, the keyframes' VAE condition);
-        (latents, condition, TI2V-5B's first-frame mask or None)."""
-        processor = pipe.video_processor
-        image = processor.preprocess(self.first, height=height, width=width)
-        image = image.to(device, dtype=torch.float32)
-        last = None
-        if self.last is not None:
-            last = processor.preprocess(self.last, height=height, width=width)
-            last = last.to(device, dtype=torch.float32)
-        channels = pipe.vae.config.z_dim
-        out = pipe.prepare_latents(
-            image, 1, channels, height, width, num_frames, torch.float32, device, generator,
-            None, last,
-        )  # fmt: skip
-        if pipe.config.expand_timesteps:
-            latents, condition, mask = out
-            return latents, condition, mask
-        latents, condition = out
-        return latents, condition, None
-
-
-def _image(frame: np.ndarray) -> Image.Image:
-    return Image.fromarray(np.ascontiguousarray(frame))
-
-
-def keyframes_of(
-    request: GenerationRequest, name: str, workflows: list[Workflow]
-) -> Keyframes | SourceVideo | None:
-    """The job's workflow from its keyframes (a first frame: ``i2v``; and a last one:
-    ``flf2v``; none: ``t2v``, returned as None) or its one source video (``v2v``),
-    refused naming the field that asked for a workflow the model does not serve."""
-    refs = request.references
-    if refs:
-        if len(refs) != 1 or refs[0].kind != "video" or refs[0].frames is None:
-            why = f"{name} takes keyframes or one source video, not references"
-            raise InvalidJobInput(why, param="input_references")
-        if "v2v" not in workflows:
-            served = ", ".join(workflows)
-            raise InvalidJobInput(f"{name} serves {served}, not v2v", param="input_reference")
-        return SourceVideo(refs[0].frames)
-    first, last = request.reference_image, request.last_image
-    if first is None and last is not None:
-        raise InvalidJobInput(
-            f"{name} anchors a last frame only beside a first one",
-            param="extra_params.frame_indices",
-        )
-    workflow: Workflow = "t2v" if first is None else "i2v" if last is None else "flf2v"
-    if workflow not in workflows:
-        served = ", ".join(workflows)
-        raise InvalidJobInput(
-            f"{name} serves {served}, not {workflow}", param=WORKFLOW_FIELDS[workflow]
-        )
-    if first is None:
-        return None
-    return Keyframes(workflow, _image(first), None if last is None else _image(last))
+def keyframe_latents(
+    pipe: Any,
+    keys: Keyframes,
+    height: int,
+    width: int,
+    num_frames: int,
+    device: torch.device,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``__call__``'s step 5: the keyframes preprocessed to the canvas, then
+    ``prepare_latents`` (the noise from ``generator``, the keyframes' VAE condition);
+    (latents, condition, TI2V-5B's first-frame mask or None)."""
+    processor = pipe.video_processor
+    image = processor.preprocess(keys.first, height=height, width=width)
+    image = image.to(device, dtype=torch.float32)
+    last = None
+    if keys.last is not None:
+        last = processor.preprocess(keys.last, height=height, width=width)
+        last = last.to(device, dtype=torch.float32)
+    channels = pipe.vae.config.z_dim
+    out = pipe.prepare_latents(
+        image, 1, channels, height, width, num_frames, torch.float32, device, generator,
+        None, last,
+    )  # fmt: skip
+    if pipe.config.expand_timesteps:
+        latents, condition, mask = out
+        return latents, condition, mask
+    latents, condition = out
+    return latents, condition, None
 
 
 def check_workflows(name: str, pipe: Any, workflows: list[Workflow]) -> None:
@@ -166,12 +110,10 @@ def check_workflows(name: str, pipe: Any, workflows: list[Workflow]) -> None:
 def text_pipeline(pipe: Any) -> WanPipeline:
     """``WanPipeline`` over the modules of an image-to-video pipeline (TI2V-5B's t2v):
     the same weights, hooks and compiled blocks, ``WanPipeline``'s own checks and noise."""
-    return WanPipeline(
-        tokenizer=pipe.tokenizer,
-        text_encoder=pipe.text_encoder,
-        vae=pipe.vae,
-        scheduler=pipe.scheduler,
-        transformer=pipe.transformer,
+    return pipeline_over(
+        WanPipeline,
+        pipe,
+        pipe.scheduler,
         transformer_2=pipe.transformer_2,
         boundary_ratio=pipe.config.boundary_ratio,
         expand_timesteps=pipe.config.expand_timesteps,

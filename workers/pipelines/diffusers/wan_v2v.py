@@ -11,13 +11,10 @@ copy stands in for it in a per-job ``WanVideoToVideoPipeline`` over the loaded m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from diffusers import WanVideoToVideoPipeline
-from PIL import Image
 
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest
@@ -28,49 +25,10 @@ from workers.pipelines.diffusers.common import (
     make_generator,
     sampling,
 )
+from workers.pipelines.diffusers.keyframes import SourceVideo, pipeline_over, v2v_inputs
 
 if TYPE_CHECKING:
     from workers.pipelines.diffusers.wan import WanState
-
-
-@dataclass(frozen=True)
-class SourceVideo:
-    """A v2v job's source clip: uint8 T×H×W×3 frames at the client's size."""
-
-    frames: np.ndarray
-
-
-def v2v_view(pipe: Any, scheduler: Any) -> Any:
-    """``WanVideoToVideoPipeline`` over ``pipe``'s modules with the job's ``scheduler``."""
-    return WanVideoToVideoPipeline(
-        tokenizer=pipe.tokenizer,
-        text_encoder=pipe.text_encoder,
-        transformer=pipe.transformer,
-        vae=pipe.vae,
-        scheduler=scheduler,
-    )
-
-
-def v2v_inputs(
-    view: Any, request: GenerationRequest, source: SourceVideo
-) -> tuple[list[Image.Image], float]:
-    """(the source's first ``num_frames`` frames, ``strength``: the request's, else
-    ``__call__``'s default) as ``__call__`` takes them; a clip shorter than the job, or a
-    strength that leaves no step, is refused."""
-    frames = source.frames
-    if len(frames) < request.num_frames:
-        raise InvalidJobInput(
-            f"input_reference has {len(frames)} frames; the job makes {request.num_frames}",
-            param="input_reference",
-        )
-    strength = float(request.extra.get("strength", call_default(view, "strength")))
-    if int(request.num_inference_steps * strength) < 1:
-        raise InvalidJobInput(
-            f"strength {strength:g} runs none of {request.num_inference_steps} steps",
-            param="extra_params.strength",
-        )
-    video = [Image.fromarray(np.ascontiguousarray(f)) for f in frames[: request.num_frames]]
-    return video, strength
 
 
 def v2v_state(
@@ -84,7 +42,7 @@ def v2v_state(
         param = "guidance_scale_2" if opts.guidance_scale_2 is not None else "boundary_ratio"
         raise InvalidJobInput("v2v runs one transformer (no Wan 2.2 stages)", param=param)
     scheduler = job_scheduler(pipe.scheduler, opts.flow_shift)
-    view = v2v_view(pipe, scheduler)
+    view: Any = pipeline_over(WanVideoToVideoPipeline, pipe, scheduler)
     video, strength = v2v_inputs(view, request, source)
     height, width = request.height, request.width
     scale = guidance_scale(view, request)

@@ -11,7 +11,6 @@ Use ``max_sequence_length=TINY_SEQ_LEN`` with the adapters and in ``pipe(...)`` 
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,6 @@ from diffusers import (
     WanPipeline,
     WanTransformer3DModel,
 )
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import (
     PreTrainedTokenizerFast,
     T5Config,
@@ -40,33 +38,29 @@ from transformers import (
     UMT5EncoderModel,
 )
 
+from workers.pipelines.diffusers.random_parts import TINY_UMT5, character_tokenizer
+
 TINY_SEQ_LEN = 16  # text tokens (characters + </s>) the tiny pipelines are run with
-TEXT_DIM = 32  # d_model of the tiny text encoders
-_SPECIALS = ["<pad>", "</s>", "<unk>"]
-_CHARS = sorted(set(string.ascii_lowercase + string.digits + string.punctuation))
+TEXT_DIM = 32  # d_model of the tiny text encoders (TINY_UMT5's)
+# A video request's fields the tiny pipelines' tests share (with their family's ``fps``
+# and ``num_inference_steps``): 9 frames of 32x32, CFG 4 against a negative prompt.
+TINY_VIDEO: dict[str, Any] = {
+    "prompt": "red ball", "negative_prompt": "blurry", "width": 32, "height": 32,
+    "num_frames": 9, "seed": 7, "guidance_scale": 4.0,
+}
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Character-level T5-style tokenizer: lowercase, split on whitespace, one token per
-    character (BPE without merges), ``</s>`` appended, ``<pad>`` = 0. Vocabulary: 3 + 68."""
-    vocab = {tok: i for i, tok in enumerate(_SPECIALS + _CHARS)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-        model_max_length=512,
-    )
+    """The character-level T5-style tokenizer of the random-weights loading modes
+    (``random_parts.character_tokenizer``): one token per character, ``</s>`` appended,
+    ``<pad>`` = 0. Vocabulary: 3 + 68."""
+    return character_tokenizer()
 
 
 def _t5_kwargs() -> dict[str, Any]:
     return {
-        "vocab_size": 128, "d_model": TEXT_DIM, "d_kv": 8, "d_ff": 37, "num_layers": 2,
-        "num_heads": 4, "relative_attention_num_buckets": 8, "dropout_rate": 0.0,
-        "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0,
+        **TINY_UMT5, "dropout_rate": 0.0, "pad_token_id": 0, "eos_token_id": 1,
+        "decoder_start_token_id": 0,
     }
 
 

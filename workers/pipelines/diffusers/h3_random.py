@@ -41,6 +41,7 @@ from transformers import (
 
 from workers.pipelines.diffusers.h3_processor import ImageOnlyProcessor
 from workers.pipelines.diffusers.loading import allocated_on
+from workers.pipelines.diffusers.random_parts import checked_config
 
 # The special tokens H3's blocks look up by name.
 SPECIAL_TOKENS = [
@@ -194,12 +195,9 @@ def random_pipeline(
     """The H3 pipeline from default configs with seeded random weights, on ``device``:
     the transformer as ``partition`` (``transformer`` or ``transformer_ref``). ``config``
     overrides the default config of each part named in :data:`PARTS`."""
-    config = dict(config or {})
     if text_layers < 1:
         raise ValueError(f"random_text_layers must be at least 1, got {text_layers}")
-    unknown = sorted(set(config) - set(PARTS))
-    if unknown:
-        raise ValueError(f"random_config: no part {', '.join(unknown)} (parts: {', '.join(PARTS)})")
+    config = checked_config(config, PARTS)
     tok = character_tokenizer()
     text = text_encoder_config(tok, text_layers, config.get("text_encoder"), config.get("vision"))
     audio = {"latents_mean": [0.0] * 32, "latents_std": [1.0] * 32, **config.get("audio_vae", {})}

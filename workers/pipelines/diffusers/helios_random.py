@@ -27,8 +27,8 @@ What is Helios-Distilled's, as far as configs go:
 What differs, and is reported with every figure made with it:
 
 * the weights are random: the video is noise, the cost is the shapes';
-* the tokenizer is character-level (:func:`character_tokenizer`; no sentencepiece
-  model offline): a prompt is as many tokens as it has characters, padded to
+* the tokenizer is character-level (``random_parts.character_tokenizer``; no
+  sentencepiece model offline): a prompt is as many tokens as it has characters, padded to
   ``max_sequence_length`` (512) as the real one pads, so the text encoder's cost is the
   same;
 * the VAE is in the entry's dtype (the published example loads it in float32; the
@@ -48,37 +48,24 @@ rounds away. CUDA's factorisation has been seen to accept it, CPU LAPACK refuses
 
 from __future__ import annotations
 
-import string
 import warnings
 from typing import Any
 
 import torch
 from diffusers import AutoencoderKLWan, HeliosPyramidPipeline, HeliosTransformer3DModel
 from diffusers.schedulers import HeliosDMDScheduler
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+from transformers import UMT5Config, UMT5EncoderModel
 
 from workers.pipelines.diffusers.loading import allocated_on
+from workers.pipelines.diffusers.random_parts import (
+    TINY_UMT5,
+    UMT5_XXL,
+    character_tokenizer,
+    checked_config,
+)
 
 # The parts whose configs ``random_config`` may override (a smaller variant; CPU tests).
 PARTS = ("transformer", "text_encoder", "vae", "scheduler")
-
-# umt5-xxl's published config (Wan's and Helios's text encoder).
-UMT5_XXL: dict[str, Any] = {
-    "vocab_size": 256384,
-    "d_model": 4096,
-    "d_kv": 64,
-    "d_ff": 10240,
-    "num_layers": 24,
-    "num_heads": 64,
-    "relative_attention_num_buckets": 32,
-    "relative_attention_max_distance": 128,
-    "feed_forward_proj": "gated-gelu",
-    "layer_norm_epsilon": 1e-6,
-    "pad_token_id": 0,
-    "eos_token_id": 1,
-    "decoder_start_token_id": 0,
-}
 
 # A tiny Helios-Distilled as ``random_config``: the sizes of tests/unit/helios_fixtures.py
 # (two 24-wide blocks, a 32-wide two-layer UMT5, a 3-channel VAE). ``gamma`` 0.2: CPU
@@ -92,15 +79,7 @@ TINY_CONFIG: dict[str, dict[str, Any]] = {
         "num_layers": 2,
         "rope_dim": [4, 4, 4],
     },
-    "text_encoder": {
-        "vocab_size": 128,
-        "d_model": 32,
-        "d_kv": 8,
-        "d_ff": 37,
-        "num_layers": 2,
-        "num_heads": 4,
-        "relative_attention_num_buckets": 8,
-    },
+    "text_encoder": TINY_UMT5,
     "vae": {
         "base_dim": 3,
         "dim_mult": [1, 1, 1, 1],
@@ -109,28 +88,6 @@ TINY_CONFIG: dict[str, dict[str, Any]] = {
     },
     "scheduler": {"gamma": 0.2},
 }
-
-_SPECIALS = ["<pad>", "</s>", "<unk>"]  # T5's ids 0, 1, 2
-_CHARS = sorted(set(string.ascii_lowercase + string.digits + string.punctuation))
-
-
-def character_tokenizer(max_length: int = 512) -> PreTrainedTokenizerFast:
-    """A T5-style tokenizer built offline: lowercase, split on whitespace, one token per
-    character (BPE without merges), ``</s>`` appended, ``<pad>`` = 0."""
-    vocab = {tok: i for i, tok in enumerate(_SPECIALS + _CHARS)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        model_max_length=max_length,
-    )
 
 
 def check_block_noise(device: torch.device, gamma: float, patch: tuple[int, ...]) -> None:
@@ -168,10 +125,7 @@ def random_pipeline(
 ) -> HeliosPyramidPipeline:
     """Helios-Distilled from its configs with seeded random weights, on ``device`` in
     ``dtype``. ``config`` overrides the config of each part named in :data:`PARTS`."""
-    config = dict(config or {})
-    unknown = sorted(set(config) - set(PARTS))
-    if unknown:
-        raise ValueError(f"random_config: no part {', '.join(unknown)} (parts: {', '.join(PARTS)})")
+    config = checked_config(config, PARTS)
     device = torch.device(device)
     with warnings.catch_warnings():
         # HeliosDMDScheduler.__init__ passes torch tensors to np.linspace (diffusers 0.42).

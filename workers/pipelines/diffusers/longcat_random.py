@@ -26,7 +26,7 @@ What differs, and is reported with every figure made with it:
 * the weights are random: the audio is noise, the cost is the shapes'. The transformer's
   output layers keep their zero init (as a fresh ``LongCatAudioDiTTransformer`` has them),
   which changes no kernel's cost;
-* the tokenizer is character-level (``helios_random.character_tokenizer``; no
+* the tokenizer is character-level (``random_parts.character_tokenizer``; no
   sentencepiece model offline) and pads to the longest prompt as the real one does, so a
   prompt is as many tokens as it has characters: more than umt5's sentencepiece makes
   (about 4 characters a token in English), so the text encoder and cross-attention cost
@@ -47,28 +47,16 @@ from diffusers import (
 )
 from transformers import UMT5Config, UMT5EncoderModel
 
-from workers.pipelines.diffusers.helios_random import character_tokenizer
 from workers.pipelines.diffusers.loading import allocated_on
+from workers.pipelines.diffusers.random_parts import (
+    TINY_UMT5,
+    UMT5_BASE,
+    character_tokenizer,
+    checked_config,
+)
 
 # The parts whose configs ``random_config`` may override (a smaller variant; CPU tests).
 PARTS = ("transformer", "text_encoder", "vae")
-
-# umt5-base's published config (LongCat-AudioDiT's text encoder).
-UMT5_BASE: dict[str, Any] = {
-    "vocab_size": 256384,
-    "d_model": 768,
-    "d_kv": 64,
-    "d_ff": 2048,
-    "num_layers": 12,
-    "num_heads": 12,
-    "relative_attention_num_buckets": 32,
-    "relative_attention_max_distance": 128,
-    "feed_forward_proj": "gated-gelu",
-    "layer_norm_epsilon": 1e-6,
-    "pad_token_id": 0,
-    "eos_token_id": 1,
-    "decoder_start_token_id": 0,
-}
 
 # The released model's VAE (diffusers' class defaults but for the strides).
 VAE: dict[str, Any] = {
@@ -92,15 +80,7 @@ TINY_CONFIG: dict[str, dict[str, Any]] = {
         "dit_text_dim": 32,
         "latent_dim": 8,
     },
-    "text_encoder": {
-        "vocab_size": 128,
-        "d_model": 32,
-        "d_kv": 8,
-        "d_ff": 37,
-        "num_layers": 2,
-        "num_heads": 4,
-        "relative_attention_num_buckets": 8,
-    },
+    "text_encoder": TINY_UMT5,
     "vae": {
         "channels": 8,
         "c_mults": [1, 2],
@@ -122,10 +102,7 @@ def random_pipeline(
 ) -> LongCatAudioDiTPipeline:
     """LongCat-AudioDiT-1B from its configs with seeded random weights, on ``device`` in
     ``dtype``. ``config`` overrides the config of each part named in :data:`PARTS`."""
-    config = dict(config or {})
-    unknown = sorted(set(config) - set(PARTS))
-    if unknown:
-        raise ValueError(f"random_config: no part {', '.join(unknown)} (parts: {', '.join(PARTS)})")
+    config = checked_config(config, PARTS)
     torch.manual_seed(seed)
     with allocated_on(torch.device(device), dtype):
         transformer: Any = LongCatAudioDiTTransformer(**config.get("transformer", {}))

@@ -37,7 +37,6 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
-from models.registry import WarmupShape
 from workers.pipelines.base import GenerationRequest, StepState
 from workers.pipelines.diffusers.cogvideox_i2v import (
     Start,
@@ -50,7 +49,6 @@ from workers.pipelines.diffusers.cogvideox_i2v import (
     v2v_view,
 )
 from workers.pipelines.diffusers.common import (
-    DiffusersAdapter,
     DiffusersState,
     batched_prediction,
     call_default,
@@ -64,13 +62,8 @@ from workers.pipelines.diffusers.common import (
     sampling,
     vae_options,
 )
-from workers.pipelines.diffusers.keyframes import (
-    SourceVideo,
-    job_workflow,
-    keyframes_of,
-    takes_references,
-    warm_up_inputs,
-)
+from workers.pipelines.diffusers.keyframes import SourceVideo, job_workflow, keyframes_of
+from workers.pipelines.diffusers.workflow_adapter import WorkflowAdapter
 
 
 @dataclass(kw_only=True)
@@ -122,7 +115,7 @@ def _text_start(
     return Start(timesteps, steps, latents, additional_frames)
 
 
-class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
+class CogVideoXAdapter(WorkflowAdapter[CogVideoXState]):
     """``CogVideoXPipeline`` (CogVideoX 2b/5b, CogVideoX 1.5 5b text-to-video, and
     ``CogVideoXVideoToVideoPipeline``'s v2v over them) and, for an entry serving ``i2v``,
     ``CogVideoXImageToVideoPipeline`` (CogVideoX-5b-I2V, CogVideoX 1.5 5B I2V)."""
@@ -130,25 +123,21 @@ class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
     family = "diffusers.cogvideox"
     pipeline_class: Any = CogVideoXPipeline
 
-    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
-        super().__init__(path, **kwargs)
-        self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
-        if "i2v" in self.workflows:
-            self.pipeline_class = CogVideoXImageToVideoPipeline
-        self.takes_references = takes_references(self.workflows)
+    @staticmethod
+    def _pipeline_for(workflows: list[Workflow]) -> Any:
+        """``CogVideoXImageToVideoPipeline`` for an ``i2v`` entry, else
+        ``CogVideoXPipeline`` (v2v runs a per-job ``CogVideoXVideoToVideoPipeline``)."""
+        return CogVideoXImageToVideoPipeline if "i2v" in workflows else CogVideoXPipeline
 
     def load(self, device: str) -> None:
         """The served workflows' names checked (before any weight loads), then
-        ``DiffusersAdapter.load`` and the workflows checked against the loaded components
-        (refusing to start on a mismatch)."""
+        ``WorkflowAdapter.load``."""
         check_names(self.spec.name, self.workflows)
         super().load(device)
-        check_components(self.spec.name, self._loaded(), self.workflows)
 
-    def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
-        """The warm-up of the entry's first workflow (a grey image for i2v, a grey clip
-        for v2v)."""
-        return warm_up_inputs(super()._warm_up_request(shape), self.workflows[0])
+    def _load_workflows(self, pipe: Any) -> None:
+        """cogvideox_i2v.py's ``check_components``."""
+        check_components(self.spec.name, pipe, self.workflows)
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> CogVideoXState:
         """``__call__`` steps 1-7 of the job's workflow's pipeline (``CogVideoXPipeline``,

@@ -36,7 +36,6 @@ from diffusers.pipelines.ltx.pipeline_ltx import (
 )
 
 from models.catalog import Workflow
-from models.registry import WarmupShape
 from workers.pipelines.base import GenerationRequest, StepState
 from workers.pipelines.diffusers.common import (
     batched_prediction,
@@ -50,13 +49,7 @@ from workers.pipelines.diffusers.common import (
     make_generator,
     sampling,
 )
-from workers.pipelines.diffusers.keyframes import (
-    Keyframes,
-    job_workflow,
-    keyframes_of,
-    takes_references,
-    warm_up_inputs,
-)
+from workers.pipelines.diffusers.keyframes import Keyframes, job_workflow, keyframes_of
 from workers.pipelines.diffusers.ltx_condition import condition_fields, condition_step
 from workers.pipelines.diffusers.ltx_i2v import (
     check_workflows,
@@ -102,28 +95,16 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
 
     family = "diffusers.ltx"
     pipeline_class: Any = LTXPipeline
+    _pipeline_for = staticmethod(pipeline_for)
+    # t2v jobs of LTXImageToVideoPipeline: LTXPipeline over its modules (load).
+    _text_pipe: Any = None
 
-    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
-        super().__init__(path, **kwargs)
-        self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
-        self.pipeline_class = pipeline_for(self.workflows)
-        self.takes_references = takes_references(self.workflows)
-        # t2v jobs of LTXImageToVideoPipeline: LTXPipeline over its modules (load).
-        self._text_pipe: Any = None
-
-    def load(self, device: str) -> None:
-        """``DiffusersAdapter.load``, then the served workflows checked against the
-        loaded components (refusing to start on a mismatch)."""
-        super().load(device)
-        pipe = self._loaded()
+    def _load_workflows(self, pipe: Any) -> None:
+        """ltx_i2v.py's ``check_workflows``, and ``LTXPipeline`` over an image-to-video
+        pipeline's modules for its t2v jobs."""
         check_workflows(self.spec.name, pipe, self.workflows)
         if "t2v" in self.workflows and isinstance(pipe, LTXImageToVideoPipeline):
             self._text_pipe = text_pipeline(pipe)
-
-    def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
-        """The warm-up of the entry's first workflow (grey keyframes for an image one, a
-        grey clip for v2v)."""
-        return warm_up_inputs(super()._warm_up_request(shape), self.workflows[0])
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> LTXState:
         """``__call__``'s steps before its loop: ``LTXConditionPipeline``'s for every

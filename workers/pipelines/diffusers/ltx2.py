@@ -54,7 +54,6 @@ from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
-from models.registry import WarmupShape
 from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.common import (
     call_default,
@@ -67,13 +66,7 @@ from workers.pipelines.diffusers.common import (
     sampling,
     to_uint8,
 )
-from workers.pipelines.diffusers.keyframes import (
-    SourceVideo,
-    job_workflow,
-    keyframes_of,
-    takes_references,
-    warm_up_inputs,
-)
+from workers.pipelines.diffusers.keyframes import SourceVideo, job_workflow, keyframes_of
 from workers.pipelines.diffusers.ltx2_i2v import (
     check_keyframes,
     check_workflows,
@@ -127,20 +120,16 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
 
     family = "diffusers.ltx2"
     pipeline_class: Any = LTX2Pipeline
+    _pipeline_for = staticmethod(loaded_class)
 
     def __init__(self, path: str | None = None, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
-        self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
-        self.pipeline_class = loaded_class(self.workflows)
-        self.takes_references = takes_references(self.workflows)
         # Each served workflow's pipeline over the loaded modules (load).
         self._pipes: dict[Workflow, Any] = {}
 
-    def load(self, device: str) -> None:
-        """``DiffusersAdapter.load``, then the served workflows checked against the
-        loaded components (refusing to start on a mismatch) and their pipelines built."""
-        super().load(device)
-        pipe = self._loaded()
+    def _load_workflows(self, pipe: Any) -> None:
+        """ltx2_i2v.py's ``check_workflows``, each served workflow's pipeline built, and
+        dynamo's recompile limit made room for every workflow's graphs."""
         check_workflows(self.spec.name, pipe, self.workflows)
         self._pipes = workflow_pipelines(pipe, self.workflows)
         if self.compiler.enabled:
@@ -151,10 +140,6 @@ class LTX2Adapter(PackedLatentsAdapter[LTX2State]):
             room = 3 * len(self.workflows) * (len(self.warmup) + 2)
             limit = torch._dynamo.config.cache_size_limit
             torch._dynamo.config.cache_size_limit = max(limit, room)
-
-    def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
-        """The warm-up of the entry's first workflow (grey keyframes for an image one)."""
-        return warm_up_inputs(super()._warm_up_request(shape), self.workflows[0])
 
     def _compile_for(self, state: LTX2State, why: str) -> None:
         """``DiffusersAdapter._compile_for`` on a copy whose audio scheduler is its own

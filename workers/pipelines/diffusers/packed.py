@@ -11,12 +11,8 @@ import torch
 from diffusers.utils.torch_utils import randn_tensor
 
 from workers.pipelines.base import GenerationRequest, StepState
-from workers.pipelines.diffusers.common import (
-    DiffusersAdapter,
-    DiffusersState,
-    call_default,
-    grey_preview,
-)
+from workers.pipelines.diffusers.common import DiffusersState, call_default, grey_preview
+from workers.pipelines.diffusers.workflow_adapter import WorkflowAdapter
 
 
 @dataclass(frozen=True)
@@ -47,7 +43,7 @@ class PackedState(DiffusersState):
 P = TypeVar("P", bound=PackedState)
 
 
-class PackedLatentsAdapter(DiffusersAdapter[P]):
+class PackedLatentsAdapter(WorkflowAdapter[P]):
     """What LTX and LTX-2 share: Gemma/T5 prompt batches with attention masks, and latents
     packed into tokens (unpacked for decode and previews)."""
 

@@ -37,10 +37,8 @@ from diffusers.utils.torch_utils import get_module_execution_device
 
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
-from models.registry import WarmupShape
 from workers.pipelines.base import DecodeStream, GenerationRequest, StepState
 from workers.pipelines.diffusers.common import (
-    DiffusersAdapter,
     DiffusersState,
     call_default,
     cfg,
@@ -52,13 +50,7 @@ from workers.pipelines.diffusers.common import (
     sampling,
     to_uint8,
 )
-from workers.pipelines.diffusers.keyframes import (
-    SourceVideo,
-    job_workflow,
-    keyframes_of,
-    takes_references,
-    warm_up_inputs,
-)
+from workers.pipelines.diffusers.keyframes import SourceVideo, job_workflow, keyframes_of
 from workers.pipelines.diffusers.wan_i2v import (
     IMAGE_WORKFLOWS,
     check_workflows,
@@ -66,6 +58,7 @@ from workers.pipelines.diffusers.wan_i2v import (
     text_pipeline,
 )
 from workers.pipelines.diffusers.wan_v2v import v2v_state
+from workers.pipelines.diffusers.workflow_adapter import WorkflowAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +82,7 @@ class WanState(DiffusersState):
     image_embeds: torch.Tensor | None = None
 
 
-class WanAdapter(DiffusersAdapter[WanState]):
+class WanAdapter(WorkflowAdapter[WanState]):
     """``WanPipeline`` (T2V 1.3B/14B, Wan 2.2 A14B with ``transformer_2``, TI2V-5B) and,
     for an entry serving ``i2v`` / ``flf2v``, ``WanImageToVideoPipeline`` (Wan 2.1 I2V and
     FLF2V, Wan 2.2 I2V A14B, TI2V-5B)."""
@@ -97,29 +90,21 @@ class WanAdapter(DiffusersAdapter[WanState]):
     family = "diffusers.wan"
     pipeline_class: Any = WanPipeline
     cfg_parallel = True
+    # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (load).
+    _text_pipe: Any = None
 
-    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
-        super().__init__(path, **kwargs)
-        self.workflows: list[Workflow] = list(self.spec.workflows or ["t2v"])
-        if set(IMAGE_WORKFLOWS) & set(self.workflows):
-            self.pipeline_class = WanImageToVideoPipeline
-        self.takes_references = takes_references(self.workflows)
-        # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (load).
-        self._text_pipe: Any = None
+    @staticmethod
+    def _pipeline_for(workflows: list[Workflow]) -> Any:
+        """``WanImageToVideoPipeline`` for an entry serving an image workflow, else
+        ``WanPipeline``."""
+        return WanImageToVideoPipeline if set(IMAGE_WORKFLOWS) & set(workflows) else WanPipeline
 
-    def load(self, device: str) -> None:
-        """``DiffusersAdapter.load``, then the served workflows checked against the
-        loaded components (refusing to start on a mismatch)."""
-        super().load(device)
-        pipe = self._loaded()
+    def _load_workflows(self, pipe: Any) -> None:
+        """wan_i2v.py's ``check_workflows``, and ``WanPipeline`` over an image-to-video
+        pipeline's modules for its t2v jobs."""
         check_workflows(self.spec.name, pipe, self.workflows)
         if "t2v" in self.workflows and isinstance(pipe, WanImageToVideoPipeline):
             self._text_pipe = text_pipeline(pipe)
-
-    def _warm_up_request(self, shape: WarmupShape) -> GenerationRequest:
-        """The warm-up of the entry's first workflow (grey keyframes for an image one, a
-        grey clip for v2v)."""
-        return warm_up_inputs(super()._warm_up_request(shape), self.workflows[0])
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:
         """``__call__`` steps 1-5 (``WanPipeline``'s for t2v, else

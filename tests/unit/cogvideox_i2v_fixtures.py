@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from diffusers import (
     AutoencoderKLCogVideoX,
@@ -63,9 +62,3 @@ def tiny_cogvideox_i2v_pipeline(
         tokenizer=tiny_tokenizer(), text_encoder=tiny_t5(), vae=vae, transformer=transformer,
         scheduler=scheduler,
     )  # fmt: skip
-
-
-def keyframe(seed: int, size: tuple[int, int] = (32, 32)) -> np.ndarray:
-    """A random uint8 H×W×3 image of ``size`` (width, height)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)

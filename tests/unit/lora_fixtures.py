@@ -1,7 +1,7 @@
-"""Tiny random LoRA adapters for the tiny Wan of ``diffusers_fixtures``, written in code
-as diffusers' ``save_lora_weights`` writes them (``pytorch_lora_weights.safetensors``,
-keys ``transformer.<module>.lora_{A,B}.weight``). ``lora_B`` is random and non-zero, so
-an adapter changes the output."""
+"""Tiny random LoRA adapters for the tiny Wan of ``diffusers_fixtures`` (or another tiny
+transformer named), written in code as diffusers' ``save_lora_weights`` writes them
+(``pytorch_lora_weights.safetensors``, keys ``transformer.<module>.lora_{A,B}.weight``).
+``lora_B`` is random and non-zero, so an adapter changes the output."""
 
 from __future__ import annotations
 
@@ -31,13 +31,23 @@ def _shape(module: str) -> tuple[int, int]:
 
 
 def lora_weights(
-    targets: Sequence[str], *, rank: int, seed: int, std: float = 0.2
+    targets: Sequence[str],
+    *,
+    rank: int,
+    seed: int,
+    std: float = 0.2,
+    transformer: torch.nn.Module | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Random LoRA pairs (module-relative keys) for ``targets`` of the tiny Wan."""
+    """Random LoRA pairs (module-relative keys) for the linear layers ``targets`` of
+    ``transformer`` (the tiny Wan's unless given)."""
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for module in targets:
-        n_out, n_in = _shape(module)
+        if transformer is None:
+            n_out, n_in = _shape(module)
+        else:
+            layer = transformer.get_submodule(module)
+            n_out, n_in = layer.out_features, layer.in_features
         out[f"{module}.lora_A.weight"] = torch.randn(rank, n_in, generator=gen) * std
         out[f"{module}.lora_B.weight"] = torch.randn(n_out, rank, generator=gen) * std
     return out
@@ -51,14 +61,18 @@ def write_lora(
     seed: int,
     alpha: float | None = None,
     weights: dict[str, torch.Tensor] | None = None,
+    transformer: torch.nn.Module | None = None,
 ) -> Path:
-    """An adapter directory (diffusers' layout); with ``alpha``, its LoRA metadata says
-    ``lora_alpha`` (scaling ``alpha / rank``), else diffusers' default (scaling 1)."""
-    layers = weights if weights is not None else lora_weights(targets, rank=rank, seed=seed)
+    """An adapter directory (diffusers' layout) of ``weights``, or of random pairs for
+    ``targets`` of ``transformer`` (the tiny Wan's unless given); with ``alpha``, its LoRA
+    metadata says ``lora_alpha`` (scaling ``alpha / rank``), else diffusers' default
+    (scaling 1)."""
+    if weights is None:
+        weights = lora_weights(targets, rank=rank, seed=seed, transformer=transformer)
     meta = None
     if alpha is not None:
         meta = {"r": rank, "lora_alpha": alpha, "target_modules": list(targets)}
     WanPipeline.save_lora_weights(
-        directory, transformer_lora_layers=layers, transformer_lora_adapter_metadata=meta
+        directory, transformer_lora_layers=weights, transformer_lora_adapter_metadata=meta
     )
     return directory / "pytorch_lora_weights.safetensors"

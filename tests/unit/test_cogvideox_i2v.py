@@ -21,19 +21,31 @@ from PIL import Image
 
 from api.references import keyframe_workflow
 from models.catalog import FAMILY_SPECS, ModelSpec
-from models.errors import InvalidJobInput, InvalidRequest, JobLost
+from models.errors import InvalidJobInput
 from models.job_specs import LoraSpec
-from models.registry import WarmupShape
-from tests.unit.cogvideox_i2v_fixtures import Layout, keyframe, tiny_cogvideox_i2v_pipeline
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_cogvideox_pipeline
+from tests.unit.cogvideox_i2v_fixtures import Layout, tiny_cogvideox_i2v_pipeline
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, TINY_VIDEO, tiny_cogvideox_pipeline
 from tests.unit.job_steps import job_frames
 from tests.unit.lora_fixtures import write_lora
 from tests.unit.test_diffusers_video import _run
-from workers.pipelines.base import GenerationRequest, Media, MediaReference, step_stops
+from tests.unit.video_workflows import (
+    assert_keyframe_refusals,
+    assert_refused,
+    assert_same_frames,
+    assert_tier_leaves_no_trace,
+    blocks_asked_before_cancel,
+    fresh_dynamo,
+    keyframe,
+    source_clip,
+    warm_up_state,
+    with_lora_alone,
+)
+from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.cogvideox import CogVideoXAdapter, CogVideoXState
-from workers.pipelines.diffusers.common import to_uint8
 from workers.pipelines.diffusers.compiled import graphs_made
 from workers.pipelines.diffusers.lora import LoraCache
+
+FPS = 8.0
 
 
 def _spec(workflows: list[str]) -> Any:
@@ -49,25 +61,9 @@ def _adapter(pipe: Any, workflows: list[str], **kw: Any) -> CogVideoXAdapter:
 
 
 def _request(**overrides: Any) -> GenerationRequest:
-    fields: dict[str, Any] = {
-        "prompt": "red ball",
-        "negative_prompt": "blurry",
-        "width": 32,
-        "height": 32,
-        "num_frames": 9,
-        "fps": 8.0,
-        "num_inference_steps": 2,
-        "seed": 7,
-        "guidance_scale": 4.0,
-    }
-    fields.update(overrides)
-    return GenerationRequest.video(**fields)
-
-
-def _assert_same(frames: np.ndarray, media: Media, ref: np.ndarray) -> None:
-    """Bit-equal float frames, and the uint8 media those frames make."""
-    np.testing.assert_array_equal(frames, ref)
-    np.testing.assert_array_equal(media.frames, to_uint8(ref))
+    return GenerationRequest.video(
+        **TINY_VIDEO | {"fps": FPS, "num_inference_steps": 2} | overrides
+    )
 
 
 def _call(pipe: Any, req: GenerationRequest, **kwargs: Any) -> np.ndarray:
@@ -99,13 +95,7 @@ def test_i2v_equals_the_image_to_video_pipelines_own_call(
     frames, media = _run(adapter, req)
     assert media.frames.shape == (9, 32, 32, 3)
     image = Image.fromarray(keyframe(1))
-    _assert_same(frames, media, _call(pipe, req, image=image, num_frames=9))
-
-
-def _source(frames: int = 9, size: tuple[int, int] = (48, 40)) -> MediaReference:
-    """A decoded source clip as the executor hands it over (another size than the job's)."""
-    video = np.stack([keyframe(30 + i, size) for i in range(frames)])
-    return MediaReference(kind="video", frames=video, fps=8.0)
+    assert_same_frames(frames, media, _call(pipe, req, image=image, num_frames=9))
 
 
 def _v2v_call(pipe: Any, req: GenerationRequest) -> np.ndarray:
@@ -132,21 +122,23 @@ def test_v2v_equals_the_video_to_video_pipelines_own_call(
     (strength absent: its default 0.8), and a t2v job after it ``CogVideoXPipeline``'s."""
     adapter = _adapter(tiny_cogvideox_pipeline(patch_size_t=patch_size_t), ["t2v", "v2v"])
     req = _request(
-        references=[_source(11)], num_frames=num_frames, num_inference_steps=4, extra=extra
+        references=[source_clip(FPS, 11)], num_frames=num_frames, num_inference_steps=4, extra=extra
     )
     frames, media = _run(adapter, req)
     # 1.5: two latent frames (__call__ pads none) decode to 8 frames, as diffusers' do.
     assert media.frames.shape == (9 if patch_size_t is None else 8, 32, 32, 3)
-    _assert_same(frames, media, _v2v_call(tiny_cogvideox_pipeline(patch_size_t=patch_size_t), req))
+    assert_same_frames(
+        frames, media, _v2v_call(tiny_cogvideox_pipeline(patch_size_t=patch_size_t), req)
+    )
     t2v = _request(num_frames=num_frames)
     frames, media = _run(adapter, t2v)
     reference = tiny_cogvideox_pipeline(patch_size_t=patch_size_t)
-    _assert_same(frames, media, _call(reference, t2v, num_frames=num_frames))
+    assert_same_frames(frames, media, _call(reference, t2v, num_frames=num_frames))
 
 
 FIRST = {"reference_image": keyframe(1)}
 BOTH = {**FIRST, "last_image": keyframe(2)}
-CLIP = {"references": [_source()]}
+CLIP = {"references": [source_clip(FPS)]}
 
 
 @pytest.mark.parametrize(
@@ -159,7 +151,7 @@ CLIP = {"references": [_source()]}
         ("i2v", ["i2v"], {**FIRST, "width": 48}, "size"),  # learned positional embeddings
         ("i2v", ["i2v"], {**FIRST, "extra": {"strength": 0.5}}, "extra_params.strength"),
         ("t2v", ["t2v", "v2v"], FIRST, "input_reference"),
-        ("t2v", ["t2v", "v2v"], {"references": [_source(5)]}, "input_reference"),  # short
+        ("t2v", ["t2v", "v2v"], {"references": [source_clip(FPS, 5)]}, "input_reference"),  # short
         ("t2v", ["t2v", "v2v"], {**CLIP, "extra": {"strength": 0.1}}, "extra_params.strength"),
         ("t2v1.5", ["v2v"], CLIP, "num_frames"),  # 3 latent frames, patch_size_t 2
     ],
@@ -173,15 +165,13 @@ def test_a_job_the_entry_does_not_serve_is_refused_naming_the_field(
         "t2v1.5": lambda: tiny_cogvideox_pipeline(patch_size_t=2),
     }[pipe]
     adapter = _adapter(build(), workflows)
-    with pytest.raises(InvalidJobInput) as err:
-        adapter.prepare(_request(**fields))
-    assert err.value.param == param
+    assert_refused(adapter, _request(**fields), param)
 
 
 def test_a_text_to_video_entry_still_refuses_an_input_reference() -> None:
     adapter = _adapter(tiny_cogvideox_pipeline(), ["t2v"])
     assert not adapter.takes_references
-    for fields in ({"reference_image": keyframe(1)}, {"references": [_source()]}):
+    for fields in ({"reference_image": keyframe(1)}, {"references": [source_clip(FPS)]}):
         with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
             adapter.prepare(_request(**fields))
 
@@ -233,7 +223,9 @@ def test_saved_i2v_checkpoint_loads_from_its_path(tmp_path: Path) -> None:
     adapter.load("cpu")
     req = _request(reference_image=keyframe(1))
     frames, media = _run(adapter, req)
-    _assert_same(frames, media, _call(pipe, req, image=Image.fromarray(keyframe(1)), num_frames=9))
+    assert_same_frames(
+        frames, media, _call(pipe, req, image=Image.fromarray(keyframe(1)), num_frames=9)
+    )
 
 
 @pytest.mark.parametrize(("workflows", "workflow"), [(["i2v"], "i2v"), (["v2v", "t2v"], "v2v")])
@@ -242,8 +234,7 @@ def test_warm_up_prepares_a_job_of_the_entrys_first_workflow(
 ) -> None:
     pipe = tiny_cogvideox_i2v_pipeline() if workflow == "i2v" else tiny_cogvideox_pipeline()
     adapter = _adapter(pipe, workflows)
-    request = adapter._warm_up_request(WarmupShape(width=32, height=32, num_frames=9))
-    state = adapter._prepare(adapter._loaded(), request)
+    state = warm_up_state(adapter)
     assert isinstance(state, CogVideoXState) and state.workflow == workflow
     assert (state.image_latents is not None) == (workflow == "i2v")
 
@@ -251,8 +242,7 @@ def test_warm_up_prepares_a_job_of_the_entrys_first_workflow(
 def test_compiled_blocks_give_the_eager_frames_on_the_i2v_loop() -> None:
     """The 1.5 I2V transformer's blocks compiled (dynamo's eager backend): frames equal
     the eager adapter's; a second job of the shape compiles nothing."""
-    torch._dynamo.reset()
-    try:
+    with fresh_dynamo():
         eager = _adapter(tiny_cogvideox_i2v_pipeline("1.5"), ["i2v"])
         compiled = _adapter(
             tiny_cogvideox_i2v_pipeline("1.5"), ["i2v"], compile="blocks", compile_backend="eager"
@@ -262,54 +252,40 @@ def test_compiled_blocks_give_the_eager_frames_on_the_i2v_loop() -> None:
         before = graphs_made()
         job_frames(compiled, _request(reference_image=keyframe(3), seed=9))
         assert graphs_made() == before and compiled.last_recompiles == 0
-    finally:
-        torch._dynamo.reset()
 
 
 def test_cancel_inside_an_i2v_step_lands_before_the_next_block() -> None:
     adapter = _adapter(tiny_cogvideox_i2v_pipeline(num_layers=2), ["i2v"])
     state = adapter.prepare(_request(reference_image=keyframe(1)))
     before = state.latents.clone()
-    asked: list[int] = []
-
-    def stop(block: int) -> BaseException | None:
-        asked.append(block)
-        return JobLost() if block == 2 else None
-
-    with pytest.raises(JobLost), step_stops(stop):
-        adapter.step(state)
-    adapter.end()
-    assert asked == [1, 2] and state.step_index == 0
+    assert blocks_asked_before_cancel(adapter, state, 2) == [1, 2] and state.step_index == 0
     assert torch.equal(state.latents, before)
 
 
 def test_a_cache_tier_on_a_v2v_job_leaves_the_next_job_as_a_fresh_adapters() -> None:
-    adapter = _adapter(tiny_cogvideox_pipeline(), ["t2v", "v2v"])
-    req = _request(references=[_source()], num_inference_steps=6, extra={"strength": 1.0})
-    fast = job_frames(adapter, _request(references=[_source()], num_inference_steps=6,
-                                        extra={"strength": 1.0}, quality="fast"))  # fmt: skip
-    lossless = job_frames(adapter, req)
-    fresh = job_frames(_adapter(tiny_cogvideox_pipeline(), ["t2v", "v2v"]), req)
-    np.testing.assert_array_equal(lossless, fresh)
-    assert np.abs(fast - lossless).max() > 1e-4  # the tier skipped blocks
+    def adapter() -> CogVideoXAdapter:
+        return _adapter(tiny_cogvideox_pipeline(), ["t2v", "v2v"])
 
-
-def _lora_layers(pipe: Any, rank: int, seed: int) -> dict[str, torch.Tensor]:
-    """Random LoRA pairs for the attention projections of the tiny CogVideoX blocks."""
-    gen = torch.Generator().manual_seed(seed)
-    out: dict[str, torch.Tensor] = {}
-    for name, mod in pipe.transformer.named_modules():
-        if name.startswith("transformer_blocks.") and name.endswith(("to_q", "to_k", "to_v")):
-            out[f"{name}.lora_A.weight"] = torch.randn(rank, mod.in_features, generator=gen) * 0.2
-            out[f"{name}.lora_B.weight"] = torch.randn(mod.out_features, rank, generator=gen) * 0.2
-    return out
+    job: dict[str, Any] = {
+        "references": [source_clip(FPS)],
+        "num_inference_steps": 6,
+        "extra": {"strength": 1.0},
+    }
+    assert_tier_leaves_no_trace(
+        adapter(), adapter, _request(**job), _request(**job, quality="fast")
+    )
 
 
 def test_lora_on_an_i2v_job_matches_a_fresh_pipe_with_it_alone(tmp_path: Path) -> None:
     """CogVideoX-5b-I2V with a per-request LoRA: the frames of diffusers' own
     ``load_lora_weights`` + ``set_adapters`` on a fresh pipe."""
-    layers = _lora_layers(tiny_cogvideox_i2v_pipeline(), rank=4, seed=1)
-    path = write_lora(tmp_path / "a", list(layers), rank=4, seed=1, weights=layers)
+    transformer = tiny_cogvideox_i2v_pipeline().transformer
+    targets = [  # the blocks' attention projections
+        name
+        for name, _ in transformer.named_modules()
+        if name.startswith("transformer_blocks.") and name.endswith(("to_q", "to_k", "to_v"))
+    ]
+    path = write_lora(tmp_path / "a", targets, rank=4, seed=1, transformer=transformer)
     adapter = CogVideoXAdapter(
         pipe=tiny_cogvideox_i2v_pipeline(), spec=_spec(["i2v"]), max_sequence_length=TINY_SEQ_LEN
     )
@@ -317,9 +293,7 @@ def test_lora_on_an_i2v_job_matches_a_fresh_pipe_with_it_alone(tmp_path: Path) -
     adapter.load("cpu")
     lora = LoraSpec(name="a", path=str(path), scale=1.0)
     got = job_frames(adapter, _request(reference_image=keyframe(1), lora=lora))
-    fresh = tiny_cogvideox_i2v_pipeline()
-    fresh.load_lora_weights(str(path), adapter_name="only")
-    fresh.set_adapters(["only"], [1.0])
+    fresh = with_lora_alone(tiny_cogvideox_i2v_pipeline(), path)
     want = job_frames(_adapter(fresh, ["i2v"]), _request(reference_image=keyframe(1)))
     np.testing.assert_array_equal(got, want)
     base = job_frames(adapter, _request(reference_image=keyframe(1)))  # parked slot
@@ -345,7 +319,4 @@ def test_the_api_maps_vllm_omnis_wire_to_the_entrys_workflows() -> None:
         (v2v, {}, 1, "input_reference"),  # a keyframe to a t2v + v2v entry
         (i2v, {"strength": 0.5}, 1, "extra_params.strength"),
     ]
-    for spec, extra, files, param in refusals:
-        with pytest.raises(InvalidRequest) as err:
-            keyframe_workflow(spec, extra, files)
-        assert err.value.param == param
+    assert_keyframe_refusals(refusals)

@@ -25,18 +25,18 @@ from models.job_specs import SamplerOptions
 from models.registry import ServedModel
 from tests.unit.diffusers_fixtures import (
     TINY_SEQ_LEN,
+    TINY_VIDEO,
     tiny_cogvideox_pipeline,
     tiny_ltx_pipeline,
     tiny_wan_pipeline,
 )
+from tests.unit.video_workflows import call_frames
 from workers.pipelines.base import GenerationRequest, Media
 from workers.pipelines.diffusers.cogvideox import CogVideoXAdapter
 from workers.pipelines.diffusers.common import DiffusersAdapter, DiffusersState, to_uint8
 from workers.pipelines.diffusers.ltx import LTXAdapter
 from workers.pipelines.diffusers.wan import WanAdapter
 from workers.pipelines.registry import ADAPTERS, build_adapter
-
-PROMPT = "red ball"
 
 
 @dataclass
@@ -77,20 +77,12 @@ def _request(case: Case, **overrides: Any) -> GenerationRequest:
     """The case's request; ``options=`` (a dict) sets its sampler settings."""
     options = overrides.pop("options", case.options)
     fields: dict[str, Any] = {
-        "prompt": PROMPT,
-        "negative_prompt": "blurry",
-        "width": 32,
-        "height": 32,
-        "num_frames": 9,
         "fps": case.fps,
         "num_inference_steps": 3,
-        "seed": 7,
-        "guidance_scale": 4.0,
         "sampler": SamplerOptions(**options),
         "extra": dict(case.extra),
     }
-    fields.update(overrides)
-    return GenerationRequest.video(**fields)
+    return GenerationRequest.video(**TINY_VIDEO | fields | overrides)
 
 
 def _adapter(case: Case, pipe: Any) -> DiffusersAdapter:
@@ -101,27 +93,8 @@ def _adapter(case: Case, pipe: Any) -> DiffusersAdapter:
 
 def _reference(pipe: Any, req: GenerationRequest) -> np.ndarray:
     """``pipe(...)`` with the request's settings, the way a user would call it."""
-    kwargs: dict[str, Any] = {
-        "prompt": req.prompt,
-        "negative_prompt": req.negative_prompt,
-        "height": req.height,
-        "width": req.width,
-        "num_frames": req.num_frames,
-        "num_inference_steps": req.num_inference_steps,
-        "output_type": "np",
-        "generator": torch.Generator().manual_seed(req.seed),
-        "max_sequence_length": TINY_SEQ_LEN,
-        **req.extra,
-    }
-    if req.guidance_scale is not None:
-        kwargs["guidance_scale"] = req.guidance_scale
-    if req.sampler.guidance_scale_2 is not None:
-        kwargs["guidance_scale_2"] = req.sampler.guidance_scale_2
-    if isinstance(pipe, LTXPipeline):
-        kwargs["frame_rate"] = req.fps
-    pipe.set_progress_bar_config(disable=True)
-    frames: np.ndarray = pipe(**kwargs).frames[0]
-    return frames
+    fps = {"frame_rate": req.fps} if isinstance(pipe, LTXPipeline) else {}
+    return call_frames(pipe, req, **req.extra, **fps)
 
 
 def _run(adapter: DiffusersAdapter, req: GenerationRequest) -> tuple[np.ndarray, Media]:

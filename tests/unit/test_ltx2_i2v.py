@@ -29,14 +29,23 @@ from PIL import Image
 from api.references import keyframe_workflow
 from api.validation import check_extra
 from models.catalog import FAMILY_SPECS, ModelSpec
-from models.errors import InvalidJobInput, InvalidRequest, JobLost
+from models.errors import InvalidJobInput, InvalidRequest
 from models.job_specs import LoraSpec
 from models.registry import WarmupShape
 from tests.unit.diffusers_fixtures_av import LTX2_REQUEST
 from tests.unit.lora_fixtures import write_lora
 from tests.unit.ltx2_i2v_fixtures import CLASSES, tiny_ltx2_as
-from tests.unit.wan_i2v_fixtures import keyframe
-from workers.pipelines.base import GenerationRequest, MediaReference, step_stops
+from tests.unit.video_workflows import (
+    assert_keyframe_refusals,
+    assert_refused,
+    blocks_asked_before_cancel,
+    fresh_dynamo,
+    keyframe,
+    step_in_turn,
+    warm_up_state,
+    with_lora_alone,
+)
+from workers.pipelines.base import GenerationRequest, MediaReference
 from workers.pipelines.diffusers.compiled import graphs_made
 from workers.pipelines.diffusers.lora import LoraCache
 from workers.pipelines.diffusers.ltx2 import LTX2Adapter
@@ -157,13 +166,9 @@ def test_three_workflows_interleaved_on_one_adapter(reference: dict[str, Output]
     Stepped in turn, each job equals its pipeline's own call."""
     adapter = _adapter(ALL)
     assert isinstance(adapter.pipe, LTX2ConditionPipeline)
-    states = {w: adapter.prepare(_request(w)) for w in ALL}
+    states = dict(zip(ALL, step_in_turn(adapter, [_request(w) for w in ALL]), strict=True))
     assert isinstance(states["i2v"], LTX2ImageState)
     assert isinstance(states["flf2v"], LTX2ConditionState)
-    while not all(s.done for s in states.values()):
-        for s in states.values():
-            if not s.done:
-                adapter.step(s)
     for workflow, s in states.items():
         got = adapter.decode_frames(s), adapter.decode_audio(s)[0]
         _assert_same(got, reference[workflow])
@@ -186,9 +191,7 @@ def test_a_job_the_entry_cannot_serve_is_refused_naming_the_field(
     workflows: list[str], workflow: str, fields: dict[str, Any], param: str
 ) -> None:
     adapter = _adapter(workflows)
-    with pytest.raises(InvalidJobInput) as err:
-        adapter.prepare(_request(workflow, **fields))
-    assert err.value.param == param
+    assert_refused(adapter, _request(workflow, **fields), param)
 
 
 def test_a_text_to_video_entry_still_refuses_a_keyframe() -> None:
@@ -232,8 +235,7 @@ def test_warm_up_prepares_an_image_job_for_an_image_only_entry(
     workflow: str, state_class: type
 ) -> None:
     adapter = _adapter([workflow])
-    request = adapter._warm_up_request(WarmupShape(width=32, height=32, num_frames=5))
-    assert isinstance(adapter._prepare(adapter._loaded(), request), state_class)
+    assert isinstance(warm_up_state(adapter, num_frames=5), state_class)
 
 
 def test_compiled_blocks_give_the_eager_output_and_compile_in_prepare(
@@ -247,8 +249,7 @@ def test_compiled_blocks_give_the_eager_output_and_compile_in_prepare(
     guidance's passes; 8 by default would fail the ninth). The trial step that compiles
     leaves the job's audio scheduler where it was."""
     monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 8)
-    torch._dynamo.reset()
-    try:
+    with fresh_dynamo():
         shapes = [WarmupShape(width=32, height=32, num_frames=5)]
         compiled = _adapter(ALL, compile="blocks", compile_backend="eager", warmup=shapes)
         assert torch._dynamo.config.recompile_limit >= 3 * 3 * 3  # cache_size_limit's new name
@@ -260,23 +261,12 @@ def test_compiled_blocks_give_the_eager_output_and_compile_in_prepare(
             before = graphs_made()
             _assert_same(_run(compiled, req), _run(eager, req))  # audio too: its scheduler
             assert graphs_made() > before and compiled.last_recompiles == 0
-    finally:
-        torch._dynamo.reset()
 
 
 def test_cancel_inside_an_image_step_lands_before_the_next_block() -> None:
     adapter = _adapter(ALL)
     state = adapter.prepare(_request("flf2v"))
-    asked: list[int] = []
-
-    def stop(block: int) -> BaseException | None:
-        asked.append(block)
-        return JobLost() if block == 2 else None
-
-    with pytest.raises(JobLost), step_stops(stop):
-        adapter.step(state)
-    adapter.end()
-    assert asked == [1, 2] and state.step_index == 0
+    assert blocks_asked_before_cancel(adapter, state, 2) == [1, 2] and state.step_index == 0
 
 
 def test_lora_on_an_image_job_matches_a_fresh_pipe_with_it_alone(
@@ -290,13 +280,7 @@ def test_lora_on_an_image_job_matches_a_fresh_pipe_with_it_alone(
         for name, module in pipe.transformer.named_modules()
         if isinstance(module, torch.nn.Linear) and ".attn1." in name
     ]
-    gen = torch.Generator().manual_seed(1)
-    weights = {}
-    for name in targets:
-        layer = pipe.transformer.get_submodule(name)
-        weights[f"{name}.lora_A.weight"] = torch.randn(4, layer.in_features, generator=gen) / 5
-        weights[f"{name}.lora_B.weight"] = torch.randn(layer.out_features, 4, generator=gen) / 5
-    path = write_lora(tmp_path / "a", targets, rank=4, seed=1, weights=weights)
+    path = write_lora(tmp_path / "a", targets, rank=4, seed=1, transformer=pipe.transformer)
     parameters = [*FAMILY_SPECS["diffusers.ltx2"].parameters, "lora"]
     adapter = LTX2Adapter(
         pipe=pipe, spec=_spec(["i2v"], parameters=parameters), max_sequence_length=SEQ_LEN
@@ -304,9 +288,7 @@ def test_lora_on_an_image_job_matches_a_fresh_pipe_with_it_alone(
     adapter.use_lora(LoraCache(max_rank=4))
     adapter.load("cpu")
     got = _run(adapter, _request("i2v", lora=LoraSpec(name="a", path=str(path), scale=1.0)))
-    fresh = tiny_ltx2_as(LTX2ImageToVideoPipeline)
-    fresh.load_lora_weights(str(path), adapter_name="only")
-    fresh.set_adapters(["only"], [1.0])
+    fresh = with_lora_alone(tiny_ltx2_as(LTX2ImageToVideoPipeline), path)
     _assert_same(got, _run(_adapter(["i2v"], pipe=fresh), _request("i2v")))
     assert np.abs(got[0] - reference["i2v"][0]).max() > 0.01
     _assert_same(_run(adapter, _request("i2v")), reference["i2v"])  # the slot parked
@@ -332,10 +314,7 @@ def test_the_api_maps_an_ltx2_entrys_inputs_to_its_workflows() -> None:
         (full, {"frame_indices": [-1]}, 1, "extra_params.frame_indices"),
         (full, {"strength": 0.5}, 1, "extra_params.strength"),  # no v2v on LTX-2
     ]
-    for spec, extra, files, param in refusals:
-        with pytest.raises(InvalidRequest) as err:
-            keyframe_workflow(spec, extra, files)
-        assert err.value.param == param
+    assert_keyframe_refusals(refusals)
     with pytest.raises(InvalidRequest) as err:
         check_extra({"image_crf": 52}, full)
     assert err.value.param == "extra_params.image_crf"

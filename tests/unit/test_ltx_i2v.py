@@ -13,23 +13,33 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from diffusers import LTXPipeline
 from diffusers.pipelines.ltx.pipeline_ltx_condition import LTXVideoCondition
 from PIL import Image
 
 from api.references import keyframe_workflow
 from models.catalog import FAMILY_SPECS, ModelSpec
-from models.errors import InvalidJobInput, InvalidRequest, JobLost
+from models.errors import InvalidJobInput
 from models.job_specs import LoraSpec
-from models.registry import WarmupShape
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, TINY_VIDEO
 from tests.unit.job_steps import job_frames
 from tests.unit.lora_fixtures import write_lora
 from tests.unit.ltx_i2v_fixtures import WORKFLOWS, Kind, tiny_ltx
 from tests.unit.test_diffusers_video import _run
-from tests.unit.wan_i2v_fixtures import keyframe
-from workers.pipelines.base import GenerationRequest, MediaReference, step_stops
+from tests.unit.video_workflows import (
+    assert_keyframe_refusals,
+    assert_refused,
+    assert_tier_leaves_no_trace,
+    blocks_asked_before_cancel,
+    call_frames,
+    fresh_dynamo,
+    keyframe,
+    source_clip,
+    step_in_turn,
+    warm_up_state,
+    with_lora_alone,
+)
+from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.lora import LoraCache
 from workers.pipelines.diffusers.ltx import LTXAdapter, LTXState
 
@@ -39,6 +49,7 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
 )
 EXTRA = {"decode_timestep": 0.05, "decode_noise_scale": 0.025, "guidance_rescale": 0.3}
+FPS = 25.0
 
 
 def _spec(workflows: list[str]) -> Any:
@@ -54,45 +65,15 @@ def _adapter(pipe: Any, kind: Kind, **kw: Any) -> LTXAdapter:
 
 
 def _request(**overrides: Any) -> GenerationRequest:
-    fields: dict[str, Any] = {
-        "prompt": "red ball",
-        "negative_prompt": "blurry",
-        "width": 32,
-        "height": 32,
-        "num_frames": 9,
-        "fps": 25.0,
-        "num_inference_steps": 2,
-        "seed": 7,
-        "guidance_scale": 4.0,
-        "extra": dict(EXTRA),
-    }
-    fields.update(overrides)
-    return GenerationRequest.video(**fields)
-
-
-def _source(frames: int = 9, size: tuple[int, int] = (48, 40)) -> MediaReference:
-    """A decoded source clip as the executor hands it over (another size than the job's)."""
-    video = np.stack([keyframe(30 + i, size) for i in range(frames)])
-    return MediaReference(kind="video", frames=video, fps=25.0)
+    ltx = {"fps": FPS, "num_inference_steps": 2, "extra": dict(EXTRA)}
+    return GenerationRequest.video(**TINY_VIDEO | ltx | overrides)
 
 
 def _call(pipe: Any, req: GenerationRequest) -> np.ndarray:
     """``pipe(...)`` with the request's settings and inputs, as a user would call it: an
     image-to-video pipeline takes ``image``; the condition pipeline ``conditions``."""
-    kwargs: dict[str, Any] = {
-        "prompt": req.prompt,
-        "negative_prompt": req.negative_prompt,
-        "height": req.height,
-        "width": req.width,
-        "num_frames": req.num_frames,
-        "frame_rate": int(req.fps),
-        "num_inference_steps": req.num_inference_steps,
-        "guidance_scale": req.guidance_scale,
-        "output_type": "np",
-        "generator": torch.Generator().manual_seed(req.seed),
-        "max_sequence_length": TINY_SEQ_LEN,
-        **{k: v for k, v in req.extra.items() if k != "strength"},
-    }
+    kwargs: dict[str, Any] = {k: v for k, v in req.extra.items() if k != "strength"}
+    kwargs["frame_rate"] = int(req.fps)
     first = None if req.reference_image is None else Image.fromarray(req.reference_image)
     if type(pipe).__name__ == "LTXImageToVideoPipeline":
         kwargs["image"] = first
@@ -110,9 +91,7 @@ def _call(pipe: Any, req: GenerationRequest) -> np.ndarray:
             strength = req.extra.get("strength", 1.0)
             conditions.append(LTXVideoCondition(video=clip, frame_index=0, strength=strength))
         kwargs["conditions"] = conditions or None
-    pipe.set_progress_bar_config(disable=True)
-    frames: np.ndarray = pipe(**kwargs).frames[0]
-    return frames
+    return call_frames(pipe, req, **kwargs)
 
 
 def _same(adapter: LTXAdapter, pipe: Any, req: GenerationRequest) -> None:
@@ -127,8 +106,8 @@ CASES: list[tuple[Kind, dict[str, Any]]] = [
     ("condition", {}),  # t2v
     ("condition", {"reference_image": keyframe(1)}),
     ("condition", {"reference_image": keyframe(1), "last_image": keyframe(2)}),
-    ("condition", {"references": [_source(11)], "extra": {**EXTRA, "strength": 0.6}}),
-    ("condition", {"references": [_source(6)], "guidance_scale": 1.0, "extra": {}}),
+    ("condition", {"references": [source_clip(FPS, 11)], "extra": {**EXTRA, "strength": 0.6}}),
+    ("condition", {"references": [source_clip(FPS, 6)], "guidance_scale": 1.0, "extra": {}}),
 ]
 
 
@@ -162,12 +141,7 @@ def test_interleaved_workflows_equal_separate_runs() -> None:
         _request(seed=5),
     ]
     alone = [_run(adapter, r)[0] for r in reqs]
-    states = [adapter.prepare(r) for r in reqs]
-    while not all(s.done for s in states):
-        for s in states:
-            if not s.done:
-                adapter.step(s)
-    for state, expected in zip(states, alone, strict=True):
+    for state, expected in zip(step_in_turn(adapter, reqs), alone, strict=True):
         np.testing.assert_array_equal(adapter.decode_frames(state), expected)
         assert adapter.preview(state) is not None
     # The last frame conditions the video: flf2v is not i2v of its first frame.
@@ -179,8 +153,8 @@ def test_interleaved_workflows_equal_separate_runs() -> None:
     [
         ("i2v", {"reference_image": keyframe(1), "last_image": keyframe(2)}, "input_references"),
         ("i2v", {"last_image": keyframe(2)}, "extra_params.frame_indices"),  # last only
-        ("i2v", {"references": [_source()]}, "input_reference"),  # no v2v
-        ("condition", {"references": [_source()], "extra": {"strength": 0.0}},
+        ("i2v", {"references": [source_clip(FPS)]}, "input_reference"),  # no v2v
+        ("condition", {"references": [source_clip(FPS)], "extra": {"strength": 0.0}},
          "extra_params.strength"),
     ],
 )  # fmt: skip
@@ -188,16 +162,12 @@ def test_a_workflow_the_model_does_not_serve_is_refused_naming_the_field(
     kind: Kind, fields: dict[str, Any], param: str
 ) -> None:
     adapter = _adapter(tiny_ltx(kind), kind)
-    with pytest.raises(InvalidJobInput) as err:
-        adapter.prepare(_request(**fields))
-    assert err.value.param == param
+    assert_refused(adapter, _request(**fields), param)
 
 
 def test_an_image_only_entry_refuses_a_text_job_and_a_text_entry_a_keyframe() -> None:
     image_only = _adapter(tiny_ltx("i2v"), "i2v", workflows=["i2v"])
-    with pytest.raises(InvalidJobInput) as err:
-        image_only.prepare(_request())
-    assert err.value.param == "input_reference"
+    assert_refused(image_only, _request(), "input_reference")
     text = LTXAdapter(pipe=tiny_ltx("t2v"), max_sequence_length=TINY_SEQ_LEN)
     text.load("cpu")
     assert text.workflows == ["t2v"] and not text.takes_references
@@ -236,8 +206,7 @@ def test_a_conditioned_entry_refuses_a_resolution_shifting_scheduler() -> None:
 @pytest.mark.parametrize(("workflow", "loop"), [("flf2v", "condition"), ("v2v", "condition")])
 def test_warm_up_prepares_a_job_of_the_entrys_first_workflow(workflow: str, loop: str) -> None:
     adapter = _adapter(tiny_ltx("condition"), "condition", workflows=[workflow])
-    request = adapter._warm_up_request(WarmupShape(width=32, height=32, num_frames=9))
-    state = adapter._prepare(adapter._loaded(), request)
+    state = warm_up_state(adapter)
     assert isinstance(state, LTXState) and state.workflow == workflow and state.loop == loop
     assert state.conditioning_mask is not None
 
@@ -247,8 +216,7 @@ def test_compiled_blocks_give_the_eager_frames_on_the_conditioned_loop() -> None
     timesteps, video coordinates, extra tokens) equal the eager adapter's; then a t2v and
     an i2v job (the same latents, timesteps per sample or per token) each compile at
     prepare, never while they denoise."""
-    torch._dynamo.reset()
-    try:
+    with fresh_dynamo():
         req = _request(reference_image=keyframe(1), last_image=keyframe(2))
         eager = _adapter(tiny_ltx("condition"), "condition")
         compiled = _adapter(
@@ -259,8 +227,6 @@ def test_compiled_blocks_give_the_eager_frames_on_the_conditioned_loop() -> None
         for other in (_request(), _request(reference_image=keyframe(1))):
             job_frames(compiled, other)
             assert compiled.last_recompiles == 0
-    finally:
-        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("kind", ["i2v", "condition"])
@@ -268,54 +234,37 @@ def test_cancel_inside_an_image_step_lands_between_blocks(kind: Kind) -> None:
     """The tiny transformer has one block: the gate before it stops the step."""
     adapter = _adapter(tiny_ltx(kind), kind)
     state = adapter.prepare(_request(reference_image=keyframe(1)))
-    asked: list[int] = []
-
-    def stop(block: int) -> BaseException | None:
-        asked.append(block)
-        return JobLost() if block == 1 else None
-
-    with pytest.raises(JobLost), step_stops(stop):
-        adapter.step(state)
-    adapter.end()
-    assert asked == [1] and state.step_index == 0
+    assert blocks_asked_before_cancel(adapter, state, 1) == [1] and state.step_index == 0
 
 
 def test_a_cache_tier_on_an_image_job_leaves_the_next_job_as_a_fresh_adapters() -> None:
-    adapter = _adapter(tiny_ltx("condition"), "condition")
-    req = _request(reference_image=keyframe(1), num_inference_steps=6)
-    fast = job_frames(adapter, _request(reference_image=keyframe(1), num_inference_steps=6,
-                                        quality="fast"))  # fmt: skip
-    lossless = job_frames(adapter, req)
-    fresh = job_frames(_adapter(tiny_ltx("condition"), "condition"), req)
-    np.testing.assert_array_equal(lossless, fresh)
-    assert np.abs(fast - lossless).max() > 1e-4  # the tier skipped work
+    def condition() -> LTXAdapter:
+        return _adapter(tiny_ltx("condition"), "condition")
+
+    job: dict[str, Any] = {"reference_image": keyframe(1), "num_inference_steps": 6}
+    assert_tier_leaves_no_trace(
+        condition(), condition, _request(**job), _request(**job, quality="fast")
+    )
 
 
 def test_lora_on_a_conditioned_job_matches_a_fresh_pipe_with_it_alone(tmp_path: Path) -> None:
     """A per-request LoRA on an flf2v job: the frames of diffusers' own
     ``load_lora_weights`` + ``set_adapters`` on a fresh ``LTXConditionPipeline``."""
-    gen = torch.Generator().manual_seed(1)
     block = "transformer_blocks.0"
-    shapes = {f"{block}.attn1.{p}": (32, 32) for p in ("to_q", "to_k", "to_v", "to_out.0")}
-    shapes |= {f"{block}.ff.net.0.proj": (128, 32), f"{block}.ff.net.2": (32, 128)}
-    weights: dict[str, torch.Tensor] = {}
-    for module, (n_out, n_in) in shapes.items():
-        weights[f"{module}.lora_A.weight"] = torch.randn(4, n_in, generator=gen) * 0.2
-        weights[f"{module}.lora_B.weight"] = torch.randn(n_out, 4, generator=gen) * 0.2
-    path = write_lora(tmp_path / "a", list(shapes), rank=4, seed=1, weights=weights)
+    targets = [f"{block}.attn1.{p}" for p in ("to_q", "to_k", "to_v", "to_out.0")]
+    targets += [f"{block}.ff.net.0.proj", f"{block}.ff.net.2"]
+    pipe = tiny_ltx("condition")
+    path = write_lora(tmp_path / "a", targets, rank=4, seed=1, transformer=pipe.transformer)
     adapter = LTXAdapter(
-        pipe=tiny_ltx("condition"), spec=_spec(WORKFLOWS["condition"]),
-        max_sequence_length=TINY_SEQ_LEN,
-    )  # fmt: skip
+        pipe=pipe, spec=_spec(WORKFLOWS["condition"]), max_sequence_length=TINY_SEQ_LEN
+    )
     adapter.use_lora(LoraCache(max_rank=4))
     adapter.load("cpu")
     keys: dict[str, Any] = {"reference_image": keyframe(1), "last_image": keyframe(2)}
     req = _request(**keys, num_inference_steps=2)
     lora = LoraSpec(name="a", path=str(path), scale=1.0)
     got = job_frames(adapter, _request(**keys, num_inference_steps=2, lora=lora))
-    fresh = tiny_ltx("condition")
-    fresh.load_lora_weights(str(path), adapter_name="only")
-    fresh.set_adapters(["only"], [1.0])
+    fresh = with_lora_alone(tiny_ltx("condition"), path)
     np.testing.assert_array_equal(got, job_frames(_adapter(fresh, "condition"), req))
     base = job_frames(adapter, req)  # the parked slot: the base model
     assert np.abs(got - base).max() > 0.01
@@ -358,7 +307,4 @@ def test_the_api_maps_an_ltx_entrys_inputs_to_its_workflows() -> None:
         (full, {"frame_indices": [-1]}, 1, "extra_params.frame_indices"),
         (full, {"strength": 0.5}, 1, "extra_params.strength"),  # strength is v2v's
     ]
-    for spec, extra, files, param in refusals:
-        with pytest.raises(InvalidRequest) as err:
-            keyframe_workflow(spec, extra, files)
-        assert err.value.param == param
+    assert_keyframe_refusals(refusals)

@@ -20,19 +20,33 @@ from diffusers import WanPipeline, WanVideoToVideoPipeline
 from PIL import Image
 
 from models.catalog import FAMILY_SPECS
-from models.errors import InvalidJobInput, JobLost
+from models.errors import InvalidJobInput
 from models.job_specs import LoraSpec, SamplerOptions
-from models.registry import WarmupShape
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, TINY_VIDEO, tiny_wan_pipeline
 from tests.unit.job_steps import job_frames
 from tests.unit.lora_fixtures import FFN, SELF_ATTN, write_lora
-from tests.unit.test_diffusers_video import _assert_same, _run
-from tests.unit.wan_i2v_fixtures import WORKFLOWS, Layout, keyframe, tiny_wan_i2v_pipeline
-from workers.pipelines.base import GenerationRequest, MediaReference, step_stops
+from tests.unit.test_diffusers_video import _run
+from tests.unit.video_workflows import (
+    assert_refused,
+    assert_same_frames,
+    assert_tier_leaves_no_trace,
+    blocks_asked_before_cancel,
+    call_frames,
+    fresh_dynamo,
+    keyframe,
+    source_clip,
+    step_in_turn,
+    warm_up_state,
+    with_lora_alone,
+)
+from tests.unit.wan_i2v_fixtures import WORKFLOWS, Layout, tiny_wan_i2v_pipeline
+from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.common import to_uint8
 from workers.pipelines.diffusers.compiled import graphs_made
 from workers.pipelines.diffusers.lora import LoraCache
 from workers.pipelines.diffusers.wan import WanAdapter, WanState
+
+FPS = 16.0
 
 
 def _spec(workflows: list[str]) -> Any:
@@ -47,44 +61,19 @@ def _adapter(pipe: Any, layout: Layout, **kw: Any) -> WanAdapter:
 
 
 def _request(**overrides: Any) -> GenerationRequest:
-    fields: dict[str, Any] = {
-        "prompt": "red ball",
-        "negative_prompt": "blurry",
-        "width": 32,
-        "height": 32,
-        "num_frames": 9,
-        "fps": 16.0,
-        "num_inference_steps": 3,
-        "seed": 7,
-        "guidance_scale": 4.0,
-    }
-    fields.update(overrides)
-    return GenerationRequest.video(**fields)
+    return GenerationRequest.video(
+        **TINY_VIDEO | {"fps": FPS, "num_inference_steps": 3} | overrides
+    )
 
 
 def _call(pipe: Any, req: GenerationRequest) -> np.ndarray:
     """``pipe(...)`` with the request's settings and keyframes, as a user would call it."""
-    kwargs: dict[str, Any] = {
-        "prompt": req.prompt,
-        "negative_prompt": req.negative_prompt,
-        "height": req.height,
-        "width": req.width,
-        "num_frames": req.num_frames,
-        "num_inference_steps": req.num_inference_steps,
-        "guidance_scale": req.guidance_scale,
-        "output_type": "np",
-        "generator": torch.Generator().manual_seed(req.seed),
-        "max_sequence_length": TINY_SEQ_LEN,
-    }
-    if req.sampler.guidance_scale_2 is not None:
-        kwargs["guidance_scale_2"] = req.sampler.guidance_scale_2
+    keyframes: dict[str, Any] = {}
     if req.reference_image is not None:
-        kwargs["image"] = Image.fromarray(req.reference_image)
+        keyframes["image"] = Image.fromarray(req.reference_image)
     if req.last_image is not None:
-        kwargs["last_image"] = Image.fromarray(req.last_image)
-    pipe.set_progress_bar_config(disable=True)
-    frames: np.ndarray = pipe(**kwargs).frames[0]
-    return frames
+        keyframes["last_image"] = Image.fromarray(req.last_image)
+    return call_frames(pipe, req, **keyframes)
 
 
 CASES: list[tuple[Layout, str, dict[str, Any]]] = [
@@ -106,7 +95,7 @@ def test_step_executed_equals_the_pipelines_own_call(
     req = _request(reference_image=keyframe(1), last_image=last, **overrides)
     frames, media = _run(_adapter(pipe, layout), req)
     assert media.frames.shape == (9, 32, 32, 3)
-    _assert_same(frames, media, _call(pipe, req))
+    assert_same_frames(frames, media, _call(pipe, req))
 
 
 def test_ti2v_serves_t2v_with_wan_pipelines_loop() -> None:
@@ -120,10 +109,10 @@ def test_ti2v_serves_t2v_with_wan_pipelines_loop() -> None:
         tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae,
         scheduler=pipe.scheduler, transformer=pipe.transformer, expand_timesteps=True,
     )  # fmt: skip
-    _assert_same(frames, media, _call(text, req))
+    assert_same_frames(frames, media, _call(text, req))
     image = _request(reference_image=keyframe(1))  # and an i2v job after it, on one adapter
     frames, media = _run(adapter, image)
-    _assert_same(frames, media, _call(pipe, image))
+    assert_same_frames(frames, media, _call(pipe, image))
 
 
 def test_interleaved_workflows_equal_separate_runs() -> None:
@@ -135,12 +124,7 @@ def test_interleaved_workflows_equal_separate_runs() -> None:
         _request(reference_image=keyframe(3), last_image=keyframe(4), seed=9),
     ]
     alone = [_run(adapter, r)[0] for r in reqs]
-    states = [adapter.prepare(r) for r in reqs]
-    while not all(s.done for s in states):
-        for s in states:
-            if not s.done:
-                adapter.step(s)
-    for state, expected in zip(states, alone, strict=True):
+    for state, expected in zip(step_in_turn(adapter, reqs), alone, strict=True):
         np.testing.assert_array_equal(adapter.decode_frames(state), expected)
 
 
@@ -170,9 +154,7 @@ def test_a_workflow_the_model_does_not_serve_is_refused_naming_the_field(
     layout: Layout, fields: dict[str, Any], param: str
 ) -> None:
     adapter = _adapter(tiny_wan_i2v_pipeline(layout), layout)
-    with pytest.raises(InvalidJobInput) as err:
-        adapter.prepare(_request(**fields))
-    assert err.value.param == param
+    assert_refused(adapter, _request(**fields), param)
 
 
 def test_a_text_to_video_entry_still_refuses_a_keyframe() -> None:
@@ -222,7 +204,7 @@ def test_saved_checkpoint_loads_from_its_path(tmp_path: Path) -> None:
     adapter.load("cpu")
     req = _request(reference_image=keyframe(1), last_image=keyframe(2))
     frames, media = _run(adapter, req)
-    _assert_same(frames, media, _call(pipe, req))
+    assert_same_frames(frames, media, _call(pipe, req))
 
 
 @pytest.mark.parametrize(("layout", "workflow"), [("2.1", "i2v"), ("flf2v", "flf2v")])
@@ -230,8 +212,7 @@ def test_warm_up_prepares_an_image_job_for_an_image_only_entry(
     layout: Layout, workflow: str
 ) -> None:
     adapter = _adapter(tiny_wan_i2v_pipeline(layout), layout)
-    request = adapter._warm_up_request(WarmupShape(width=32, height=32, num_frames=9))
-    state = adapter._prepare(adapter._loaded(), request)
+    state = warm_up_state(adapter)
     assert isinstance(state, WanState) and state.workflow == workflow
     assert state.image_embeds is not None and state.condition is not None
 
@@ -239,16 +220,14 @@ def test_warm_up_prepares_an_image_job_for_an_image_only_entry(
 def test_warm_up_prepares_a_v2v_job_for_a_v2v_only_entry() -> None:
     adapter = WanAdapter(pipe=tiny_wan_pipeline(), spec=_spec(["v2v"]))
     adapter.load("cpu")
-    request = adapter._warm_up_request(WarmupShape(width=32, height=32, num_frames=9))
-    state = adapter._prepare(adapter._loaded(), request)
+    state = warm_up_state(adapter)
     assert isinstance(state, WanState) and state.workflow == "v2v"
 
 
 def test_compiled_blocks_give_the_eager_frames_on_both_image_loops() -> None:
     """Wan 2.2 I2V A14B's two transformers compiled (dynamo's eager backend): i2v and
     flf2v frames equal the eager adapter's; a second job of a shape compiles nothing."""
-    torch._dynamo.reset()
-    try:
+    with fresh_dynamo():
         eager = _adapter(tiny_wan_i2v_pipeline("2.2"), "2.2")
         compiled = _adapter(
             tiny_wan_i2v_pipeline("2.2"), "2.2", compile="blocks", compile_backend="eager"
@@ -262,34 +241,20 @@ def test_compiled_blocks_give_the_eager_frames_on_both_image_loops() -> None:
         before = graphs_made()
         job_frames(compiled, reqs[1])
         assert graphs_made() == before and compiled.last_recompiles == 0
-    finally:
-        torch._dynamo.reset()
 
 
 def test_cancel_inside_an_image_step_lands_before_the_next_block() -> None:
     adapter = _adapter(tiny_wan_i2v_pipeline("2.1"), "2.1")
     state = adapter.prepare(_request(reference_image=keyframe(1)))
-    asked: list[int] = []
-
-    def stop(block: int) -> BaseException | None:
-        asked.append(block)
-        return JobLost() if block == 2 else None
-
-    with pytest.raises(JobLost), step_stops(stop):
-        adapter.step(state)
-    adapter.end()
-    assert asked == [1, 2] and state.step_index == 0
+    assert blocks_asked_before_cancel(adapter, state, 2) == [1, 2] and state.step_index == 0
 
 
 def test_a_cache_tier_on_an_image_job_leaves_the_next_job_as_a_fresh_adapters() -> None:
-    adapter = _adapter(tiny_wan_i2v_pipeline("ti2v"), "ti2v")
-    req = _request(reference_image=keyframe(1), num_inference_steps=6)
-    fast = job_frames(adapter, _request(reference_image=keyframe(1), num_inference_steps=6,
-                                        quality="fast"))  # fmt: skip
-    lossless = job_frames(adapter, req)
-    fresh = job_frames(_adapter(tiny_wan_i2v_pipeline("ti2v"), "ti2v"), req)
-    np.testing.assert_array_equal(lossless, fresh)
-    assert np.abs(fast - lossless).max() > 1e-4  # the tier skipped blocks
+    def ti2v() -> WanAdapter:
+        return _adapter(tiny_wan_i2v_pipeline("ti2v"), "ti2v")
+
+    job: dict[str, Any] = {"reference_image": keyframe(1), "num_inference_steps": 6}
+    assert_tier_leaves_no_trace(ti2v(), ti2v, _request(**job), _request(**job, quality="fast"))
 
 
 def test_lora_on_an_image_job_matches_a_fresh_pipe_with_it_alone(tmp_path: Path) -> None:
@@ -303,19 +268,11 @@ def test_lora_on_an_image_job_matches_a_fresh_pipe_with_it_alone(tmp_path: Path)
     adapter.load("cpu")
     lora = LoraSpec(name="a", path=str(path), scale=1.0)
     got = job_frames(adapter, _request(reference_image=keyframe(1), lora=lora))
-    fresh = tiny_wan_i2v_pipeline("2.1")
-    fresh.load_lora_weights(str(path), adapter_name="only")
-    fresh.set_adapters(["only"], [1.0])
+    fresh = with_lora_alone(tiny_wan_i2v_pipeline("2.1"), path)
     want = job_frames(_adapter(fresh, "2.1"), _request(reference_image=keyframe(1)))
     np.testing.assert_array_equal(got, want)
     base = job_frames(adapter, _request(reference_image=keyframe(1)))  # parked slot
     assert np.abs(got - base).max() > 0.01
-
-
-def _source(frames: int = 9, size: tuple[int, int] = (48, 40)) -> MediaReference:
-    """A decoded source clip as the executor hands it over (another size than the job's)."""
-    video = np.stack([keyframe(30 + i, size) for i in range(frames)])
-    return MediaReference(kind="video", frames=video, fps=16.0)
 
 
 @pytest.mark.parametrize("strength", [0.6, None])
@@ -326,7 +283,7 @@ def test_v2v_equals_the_video_to_video_pipelines_own_call(strength: float | None
     adapter = WanAdapter(pipe=pipe, spec=_spec(["t2v", "v2v"]), max_sequence_length=TINY_SEQ_LEN)
     adapter.load("cpu")
     extra = {} if strength is None else {"strength": strength}
-    req = _request(references=[_source(11)], num_inference_steps=5, extra=extra)
+    req = _request(references=[source_clip(FPS, 11)], num_inference_steps=5, extra=extra)
     frames, media = _run(adapter, req)
     reference = tiny_wan_pipeline()
     v2v = WanVideoToVideoPipeline(
@@ -342,17 +299,17 @@ def test_v2v_equals_the_video_to_video_pipelines_own_call(strength: float | None
         guidance_scale=4.0, generator=torch.Generator().manual_seed(7), output_type="np",
         max_sequence_length=TINY_SEQ_LEN, **extra,
     )  # fmt: skip
-    _assert_same(frames, media, out.frames[0])
+    assert_same_frames(frames, media, out.frames[0])
     assert media.frames.shape == (9, 32, 32, 3)
     t2v = _request()  # and a text job on the same adapter, as WanPipeline runs it
     frames, media = _run(adapter, t2v)
-    _assert_same(frames, media, _call(tiny_wan_pipeline(), t2v))
+    assert_same_frames(frames, media, _call(tiny_wan_pipeline(), t2v))
 
 
 @pytest.mark.parametrize(
     ("workflows", "fields", "param"),
     [
-        (["t2v", "v2v"], {"references": [_source(5)]}, "input_reference"),  # too short
+        (["t2v", "v2v"], {"references": [source_clip(FPS, 5)]}, "input_reference"),  # too short
         (["t2v", "v2v"], {"extra": {"strength": 0.1}}, "extra_params.strength"),
         (["t2v", "v2v"], {"sampler": SamplerOptions(guidance_scale_2=2.0)}, "guidance_scale_2"),
     ],
@@ -364,10 +321,8 @@ def test_v2v_refusals_name_the_field(
         pipe=tiny_wan_pipeline(), spec=_spec(workflows), max_sequence_length=TINY_SEQ_LEN
     )
     adapter.load("cpu")
-    fields = {"references": [_source()], **fields}
-    with pytest.raises(InvalidJobInput) as err:
-        adapter.prepare(_request(**fields))
-    assert err.value.param == param
+    fields = {"references": [source_clip(FPS)], **fields}
+    assert_refused(adapter, _request(**fields), param)
 
 
 def test_v2v_needs_one_text_to_video_transformer() -> None:
@@ -380,7 +335,7 @@ def test_v2v_needs_one_text_to_video_transformer() -> None:
     text = WanAdapter(pipe=tiny_wan_pipeline(), max_sequence_length=TINY_SEQ_LEN)
     text.load("cpu")  # a t2v-only entry refuses a source video
     with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
-        text.prepare(_request(references=[_source()]))
+        text.prepare(_request(references=[source_clip(FPS)]))
 
 
 def test_a_ti2v_checkpoint_saved_as_wan_pipeline_serves_both_workflows(tmp_path: Path) -> None:
@@ -399,4 +354,4 @@ def test_a_ti2v_checkpoint_saved_as_wan_pipeline_serves_both_workflows(tmp_path:
     assert adapter.pipe.image_encoder is None and adapter.pipe.config.expand_timesteps
     req = _request(reference_image=keyframe(1))
     frames, media = _run(adapter, req)
-    _assert_same(frames, media, _call(tiny, req))
+    assert_same_frames(frames, media, _call(tiny, req))

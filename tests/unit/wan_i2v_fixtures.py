@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from diffusers import (
     AutoencoderKLWan,
@@ -84,12 +83,6 @@ def tiny_wan_i2v_pipeline(layout: Layout = "2.1") -> Any:
         transformer_2=transformer_2, boundary_ratio=boundary_ratio,
         expand_timesteps=layout == "ti2v",
     )  # fmt: skip
-
-
-def keyframe(seed: int, size: tuple[int, int] = (32, 32)) -> np.ndarray:
-    """A random uint8 H×W×3 keyframe of ``size`` (width, height)."""
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
 
 
 def tiny_wan_i2v_entry(name: str, path: Path, layout: Layout = "2.2") -> str:

@@ -26,13 +26,16 @@ from safetensors.torch import save_file
 from transformers import (
     Qwen2Tokenizer,
     Qwen2VLImageProcessor,
-    Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
 )
 
 from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.h3_processor import ImageOnlyProcessor
-from workers.pipelines.diffusers.h3_random import TOY_CONFIG, character_tokenizer
+from workers.pipelines.diffusers.h3_random import (
+    TOY_CONFIG,
+    character_tokenizer,
+    text_encoder_config,
+)
 
 WIDTH = HIDDEN = 32
 
@@ -42,37 +45,25 @@ def tiny_tokenizer() -> Qwen2Tokenizer:
     return character_tokenizer()
 
 
+# The tiny conditioner's vision tower (two blocks, 4-pixel patches merged 2x2).
+VISION: dict[str, Any] = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "out_hidden_size": HIDDEN,
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "deepstack_visual_indexes": [0, 1],
+    "num_position_embeddings": 64,
+}
+
+
 def tiny_text_encoder(tok: Qwen2Tokenizer) -> Qwen3VLForConditionalGeneration:
-    ids = tok.convert_tokens_to_ids
-    config = Qwen3VLConfig(
-        text_config={
-            "vocab_size": len(tok),
-            "hidden_size": HIDDEN,
-            "intermediate_size": 64,
-            "num_hidden_layers": 51,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "head_dim": 16,
-            "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3]},
-            "max_position_embeddings": 4096,
-        },
-        vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": HIDDEN,
-            "patch_size": 4,
-            "temporal_patch_size": 2,
-            "spatial_merge_size": 2,
-            "deepstack_visual_indexes": [0, 1],
-            "num_position_embeddings": 64,
-        },
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
-    )
+    """The random-weights mode's conditioner at the toy width, all 51 layers deep (H3
+    reads ``hidden_states[50]``)."""
+    config = text_encoder_config(tok, 50, TOY_CONFIG["text_encoder"], VISION)
     return Qwen3VLForConditionalGeneration(config).eval()
 
 
@@ -138,17 +129,6 @@ def tiny_h3_lora(path: Path, seed: int = 1) -> str:
     state = get_peft_model_state_dict(transformer)
     save_file({f"transformer.{k}": v.contiguous() for k, v in state.items()}, str(path))
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def run_to_media(adapter: Any, request: Any) -> Any:
-    """One job through a pipeline adapter, step by step: its decoded media."""
-    state = adapter.prepare(request)
-    try:
-        while not state.done:
-            adapter.step(state)
-        return adapter.decode(state)
-    finally:
-        adapter.end()
 
 
 def h3_request(**kw: Any) -> GenerationRequest:

@@ -15,7 +15,8 @@ import pytest
 from models.catalog import FAMILY_SPECS
 from models.job_specs import LoraSpec
 from models.registry import CatalogError
-from tests.unit.h3_fixtures import h3_request, run_to_media, tiny_h3_lora, tiny_h3_pipe
+from tests.unit.h3_fixtures import h3_request, tiny_h3_lora, tiny_h3_pipe
+from tests.unit.job_steps import run_job
 from workers.pipelines.diffusers.common import make_generator, to_uint8
 from workers.pipelines.diffusers.h3_inputs import call_inputs
 from workers.pipelines.diffusers.lora import LoraCache
@@ -45,7 +46,7 @@ def _adapter(pipe: Any, **options: Any) -> MiniMaxH3Adapter:
 
 def _frames(adapter: MiniMaxH3Adapter, lora: LoraSpec | None) -> np.ndarray:
     request = h3_request(lora=lora)
-    return np.asarray(run_to_media(adapter, request).frames)
+    return np.asarray(run_job(adapter, request).frames)
 
 
 def _fresh(path: Path | None, scale: float = 1.0) -> np.ndarray:

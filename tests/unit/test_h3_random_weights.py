@@ -12,7 +12,8 @@ import torch
 
 from models.registry import CatalogError, parse_registry
 from storage.settings import Settings
-from tests.unit.h3_fixtures import h3_request, run_to_media
+from tests.unit.h3_fixtures import h3_request
+from tests.unit.job_steps import run_job
 from workers.pipelines.diffusers.h3_random import TOY_CONFIG, random_pipeline
 from workers.pipelines.registry import PipelineRegistry
 
@@ -38,7 +39,7 @@ def _registry(**kw: Any) -> PipelineRegistry:
 
 
 def _job(registry: PipelineRegistry) -> Any:
-    return run_to_media(registry.job(NAME), h3_request())
+    return run_job(registry.job(NAME), h3_request())
 
 
 def test_a_random_weights_entry_is_refused_unless_the_worker_allows_it() -> None:

@@ -31,7 +31,8 @@ pytest.importorskip("torchvision", reason="Qwen3-VL's video processor needs torc
 from transformers import Qwen3VLProcessor, Qwen3VLVideoProcessor
 
 from models.catalog import FAMILY_SPECS
-from tests.unit.h3_fixtures import h3_request, run_to_media, tiny_h3_pipe
+from tests.unit.h3_fixtures import h3_request, tiny_h3_pipe
+from tests.unit.job_steps import run_job
 from workers.pipelines.base import MediaReference
 from workers.pipelines.diffusers.common import make_generator, to_uint8
 from workers.pipelines.diffusers.h3_inputs import call_inputs
@@ -75,10 +76,10 @@ def test_ref2va_with_a_video_and_its_soundtrack_is_bit_equal(with_image: bool) -
         image = np.random.default_rng(6).integers(0, 256, (64, 64, 3), dtype=np.uint8)
         refs.insert(0, MediaReference(kind="image", frames=image))
     request = h3_request(references=refs)
-    media = run_to_media(adapter, request)
+    media = run_job(adapter, request)
     out = pipe(**call_inputs(request, make_generator(request.seed), 32000), output_type="np")
     assert np.array_equal(media.frames, to_uint8(np.asarray(out.get("videos")[0])))
     assert np.array_equal(media.audio, out.get("audio")[0].float().numpy())
     if not with_image:  # the video's content reaches the result
-        other = run_to_media(adapter, h3_request(references=[_clip(seed=7)]))
+        other = run_job(adapter, h3_request(references=[_clip(seed=7)]))
         assert not np.array_equal(other.frames, media.frames)

@@ -16,7 +16,8 @@ from models.catalog import FAMILY_SPECS
 from models.errors import InvalidJobInput, InvalidRequest
 from models.job_specs import SamplerOptions
 from storage.settings import Settings
-from tests.unit.h3_fixtures import h3_request, run_to_media, tiny_h3_lora, tiny_h3_pipe
+from tests.unit.h3_fixtures import h3_request, tiny_h3_lora, tiny_h3_pipe
+from tests.unit.job_steps import run_job
 from workers.pipelines.base import GenerationRequest, Media, MediaReference
 from workers.pipelines.diffusers.common import make_generator, to_uint8
 from workers.pipelines.diffusers.h3_inputs import call_inputs, shifts_of
@@ -44,7 +45,7 @@ def _adapter(pipe: Any, partition: str = "transformer") -> MiniMaxH3Adapter:
 
 
 def _run(adapter: MiniMaxH3Adapter, request: GenerationRequest) -> Media:
-    media: Media = run_to_media(adapter, request)
+    media: Media = run_job(adapter, request)
     return media
 
 

@@ -41,7 +41,7 @@ from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.common import call_default, cfg_batch, job_scheduler
 from workers.pipelines.diffusers.keyframes import Keyframes, SourceVideo
-from workers.pipelines.diffusers.ltx_i2v import guided
+from workers.pipelines.diffusers.ltx_i2v import guided, transformer_pass
 
 if TYPE_CHECKING:
     from workers.pipelines.diffusers.ltx import LTXState
@@ -144,16 +144,9 @@ def condition_step(pipe: Any, s: LTXState) -> None:
     timestep = t.expand(latent_model_input.shape[0]).unsqueeze(-1).float()
     if mask is not None:
         timestep = torch.min(timestep, (1 - cfg_batch(mask, s.do_cfg)) * 1000.0)
-    with pipe.transformer.cache_context("cond_uncond"):
-        noise_pred = pipe.transformer(
-            hidden_states=latent_model_input,
-            encoder_hidden_states=s.prompt_embeds,
-            timestep=timestep,
-            encoder_attention_mask=s.prompt_attention_mask,
-            video_coords=s.video_coords,
-            attention_kwargs=None,
-            return_dict=False,
-        )[0]
+    noise_pred = transformer_pass(
+        pipe, s, latent_model_input, timestep, video_coords=s.video_coords
+    )
     noise_pred = guided(noise_pred, s)
     if s.do_cfg:
         timestep, _ = timestep.chunk(2)

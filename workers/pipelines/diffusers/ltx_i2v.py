@@ -1,6 +1,7 @@
 """LTX-Video's workflows: which pipeline an entry's ``spec.workflows`` loads, what the
-loaded components can serve, ``LTXImageToVideoPipeline``'s image-to-video loop and the
-guidance every LTX loop shares (:func:`guided`), for ``LTXAdapter`` (ltx.py), which runs
+loaded components can serve, ``LTXImageToVideoPipeline``'s image-to-video loop, its
+transformer call (:func:`transformer_pass`, also the conditioned loop's) and the guidance
+every LTX loop shares (:func:`guided`), for ``LTXAdapter`` (ltx.py), which runs
 every workflow in its own step loop.
 
 Which pipeline serves which workflow (the entry's ``workflows`` decide):
@@ -108,6 +109,28 @@ def guided(noise_pred: torch.Tensor, s: LTXState) -> torch.Tensor:
     return noise_pred
 
 
+def transformer_pass(
+    pipe: Any, s: LTXState, latent_model_input: torch.Tensor, timestep: torch.Tensor,
+    **positions: Any,
+) -> torch.Tensor:  # fmt: skip
+    """The transformer call of the per-token-timestep loops (image, condition) as their
+    ``__call__`` makes it: the step's model input (the CFG batch: the ``"cond_uncond"``
+    cache context) with the prompt batch, ``timestep`` and ``positions`` (the latent
+    grid's RoPE or ``video_coords``); the prediction in the transformer's dtype (only the
+    image loop casts it to float32)."""
+    with pipe.transformer.cache_context("cond_uncond"):
+        prediction: torch.Tensor = pipe.transformer(
+            hidden_states=latent_model_input,
+            encoder_hidden_states=s.prompt_embeds,
+            timestep=timestep,
+            encoder_attention_mask=s.prompt_attention_mask,
+            **positions,
+            attention_kwargs=None,
+            return_dict=False,
+        )[0]
+    return prediction
+
+
 def image_latents(
     pipe: Any,
     image: Image.Image,
@@ -144,17 +167,10 @@ def image_step(pipe: Any, s: LTXState) -> None:
     latent_model_input = cfg_batch(s.latents, s.do_cfg).to(s.prompt_embeds.dtype)
     timestep = t.expand(latent_model_input.shape[0])
     timestep = timestep.unsqueeze(-1) * (1 - s.conditioning_mask)
-    with pipe.transformer.cache_context("cond_uncond"):
-        noise_pred = pipe.transformer(
-            hidden_states=latent_model_input,
-            encoder_hidden_states=s.prompt_embeds,
-            timestep=timestep,
-            encoder_attention_mask=s.prompt_attention_mask,
-            **grid.transformer_kwargs(),
-            rope_interpolation_scale=s.rope_interpolation_scale,
-            attention_kwargs=None,
-            return_dict=False,
-        )[0]
+    noise_pred = transformer_pass(
+        pipe, s, latent_model_input, timestep, **grid.transformer_kwargs(),
+        rope_interpolation_scale=s.rope_interpolation_scale,
+    )  # fmt: skip
     noise_pred = guided(noise_pred.float(), s)
     sizes = (grid.num_frames, grid.height, grid.width)
     patch, patch_t = pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from models.job_specs import VideoSpec
 from models.session_bus import WorldSessionConfig
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 
 def video_spec(**overrides: Any) -> VideoSpec:
@@ -55,6 +59,53 @@ def world_session_start(num_frames: int) -> dict[str, Any]:
         "fps": 16,
         "seed": 7,
     }
+
+
+def node_form(model: str, extra: dict[str, Any] | None = None, **fields: str) -> dict[str, str]:
+    """``POST /v1/videos``'s form as the ComfyUI node sends it: every value a string,
+    ``extra_params`` as JSON text; ``fields`` over what the node always sends (a prompt,
+    seed 42, ``n`` 1, tiling off)."""
+    base = {
+        "model": model,
+        "prompt": "a red ball",
+        "seed": "42",
+        "n": "1",
+        "vae_use_tiling": "false",
+    }
+    if extra is not None:
+        base["extra_params"] = json.dumps(extra)
+    return {**base, **fields}
+
+
+async def next_pair(ws: ClientConnection) -> tuple[dict[str, Any], bytes | None]:
+    """``/v1/realtime/video``'s next text frame, with the binary frame after it if it
+    announces a chunk (``video.chunk_metadata``, its ``byte_length`` checked)."""
+    message = await asyncio.wait_for(ws.recv(), 60)
+    assert isinstance(message, str), "expected a JSON text frame"
+    event = dict(json.loads(message))
+    if event["type"] != "video.chunk_metadata":
+        return event, None
+    data = await asyncio.wait_for(ws.recv(), 60)
+    assert isinstance(data, bytes) and len(data) == event["byte_length"]
+    return event, data
+
+
+def tts_benchmark_body(**overrides: Any) -> dict[str, Any]:
+    """vLLM-Omni's TTS benchmark body for a default-voice run (Qwen3-TTS-CustomVoice's
+    config: voice Vivian, English) of the reference speech model, streaming raw PCM,
+    seed 7; ``overrides`` in place of its fields."""
+    body: dict[str, Any] = {
+        "model": "reference/speech",
+        "input": "Hello there. How are you today?",
+        "stream": True,
+        "stream_format": "audio",
+        "response_format": "pcm",
+        "voice": "Vivian",
+        "language": "English",
+        "task_type": "CustomVoice",
+        "seed": 7,
+    }
+    return body | overrides
 
 
 def write_failpoints(path: Path, points: dict[str, str]) -> None:

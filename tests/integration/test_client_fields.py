@@ -48,6 +48,7 @@ import pytest
 from PIL import Image
 
 from cli.embedded import EmbeddedS3
+from tests.helpers import tts_benchmark_body
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
@@ -94,17 +95,7 @@ APPLIED = ["guidance_scale", "negative_prompt", "extra_params.motion"]
 UNUSED = {"true_cfg_scale", "vae_use_slicing", "vae_use_tiling", "flow_shift"}
 
 # The TTS benchmark's body for a default-voice run (Qwen3-TTS-CustomVoice's config).
-TTS_BENCH: dict[str, Any] = {
-    "model": SPEECH,
-    "input": "Hello there. How are you today?",
-    "stream": True,
-    "stream_format": "audio",
-    "response_format": "pcm",
-    "voice": "Vivian",
-    "language": "English",
-    "task_type": "CustomVoice",
-    "seed": 7,
-}
+TTS_BENCH = tts_benchmark_body(model=SPEECH)
 
 
 @pytest.fixture(scope="module")

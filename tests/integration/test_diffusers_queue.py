@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROMPT = "a red ball"
 AUDIO_MODEL = "tiny/stable-audio"
+# A tiny Wan job of 9 frames of 32x32; the tests add its steps and seed or tier.
+WAN_JOB: dict[str, Any] = {"model": "tiny/wan", "prompt": PROMPT, "size": "32x32", "num_frames": 9}
 
 
 # name → (builder, family, frames, fps, spec overrides)
@@ -191,14 +193,7 @@ def test_cancel_stops_a_diffusers_job_inside_a_step(dstack: Stack) -> None:
     """A cancel lands between two transformer blocks of a step, not at the step's end: the
     worker is held inside step 1 before its second block (a failpoint sleep), the client
     cancels, and the job stops right there; the worker goes on to the next job."""
-    job = {
-        "model": "tiny/wan",
-        "prompt": PROMPT,
-        "size": "32x32",
-        "num_frames": 9,
-        "num_inference_steps": 4,
-        "seed": 3,
-    }
+    job = {**WAN_JOB, "num_inference_steps": 4, "seed": 3}
     with dstack.client_without_failpoints() as c:
         dstack.set_failpoints({"block:1:2": "sleep:3"})
         vid = c.post("/v1/videos", json=job).json()["id"]
@@ -250,14 +245,7 @@ def test_quality_tiers_through_the_queue(dstack: Stack) -> None:
     a cached tier's computed step leaves the next job as on a fresh worker. A model
     without tiers refuses ``quality``, storing nothing; ``/v1/models`` lists the tiers;
     the job object records the tier."""
-    job = {
-        "model": "tiny/wan",
-        "prompt": PROMPT,
-        "size": "32x32",
-        "num_frames": 9,
-        "num_inference_steps": 6,
-        "seed": 11,
-    }
+    job = {**WAN_JOB, "num_inference_steps": 6, "seed": 11}
     order = ["fast", "lossless", "high", "fast", "lossless"]
     with dstack.client() as c:
         listed = {m["id"]: m["quality_tiers"] for m in c.get("/v1/models").json()["data"]}
@@ -304,14 +292,7 @@ def test_n_outputs_of_a_diffusers_job_equal_one_output_jobs(dstack: Stack) -> No
     """``n = 2`` on tiny Wan with a cache tier (issue 32 §2): output k's raw frames are
     those of an ``n = 1`` job of seed ``seed + k`` (the tier's state does not leak from
     output 0 into output 1), and both outputs are served."""
-    job = {
-        "model": "tiny/wan",
-        "prompt": PROMPT,
-        "size": "32x32",
-        "num_frames": 9,
-        "num_inference_steps": 4,
-        "quality": "fast",
-    }
+    job = {**WAN_JOB, "num_inference_steps": 4, "quality": "fast"}
     with dstack.client() as c:
         both, first = _video_frames(dstack, c, {**job, "seed": 30, "n": 2})
         logs = "".join((dstack.work / f"{n}.log").read_text(errors="replace") for n in dstack.procs)

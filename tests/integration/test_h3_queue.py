@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from cli.embedded import EmbeddedS3
 from models.catalog import FAMILY_SPECS
 from models.job_specs import SamplerOptions
+from tests.helpers import node_form
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
@@ -113,20 +114,10 @@ def _wav(seconds: float = 1.0, rate: int = 16000) -> bytes:
 
 
 def _form(model: str, extra: dict[str, Any] | None = None, **fields: str) -> dict[str, str]:
-    """The node's fields: every value a string, extra_params as JSON text."""
-    base = {
-        "model": model,
-        "prompt": "a red ball",
-        "seconds": "5",
-        "num_inference_steps": "3",
-        "seed": "42",
-        "guidance_scale": "1.0",  # the node always sends these; H3 ignores them
-        "vae_use_tiling": "false",
-        "n": "1",
-    }
-    if extra is not None:
-        base["extra_params"] = json.dumps(extra)
-    return {**base, **fields}
+    """The node's form for a 5 s H3 job of 3 steps (the node always sends a guidance
+    scale; H3 ignores it)."""
+    h3 = {"seconds": "5", "num_inference_steps": "3", "guidance_scale": "1.0"}
+    return node_form(model, extra, **h3 | fields)
 
 
 def _files(*parts: bytes, field: str = "input_references") -> list[tuple[str, Any]]:

@@ -22,7 +22,7 @@ from cli.embedded import EmbeddedS3
 from models.catalog import FAMILY_SPECS
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
-from tests.unit.helios_fixtures import SEQ_LEN, tiny_helios_pipeline
+from tests.unit.helios_fixtures import SEQ_LEN, SESSION_START, tiny_helios_pipeline
 from workers.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import WorldConfig
 from workers.pipelines.diffusers.helios import HeliosWorldAdapter
@@ -31,17 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MODEL = "Helios/tiny"
 ONE = "Helios/tiny-one-session"  # the same, with max_sessions = 1
-START = {
-    "type": "session.start",
-    "model": MODEL,
-    "prompt": "a red ball at sunset",
-    "width": 64,
-    "height": 64,
-    "num_frames": 66,  # two chunks of 33
-    "fps": 24,
-    "seed": 3,
-    "num_inference_steps": 2,
-}
+START = {**SESSION_START, "model": MODEL, "num_frames": 66}  # two chunks of 33
 
 
 @pytest.fixture(scope="module")

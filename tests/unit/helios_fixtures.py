@@ -7,6 +7,7 @@ Sizes: multiples of 64 (the long history is patched 4x(1, 2, 2) over an 8x VAE).
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from diffusers import (
@@ -21,6 +22,19 @@ from tests.unit.diffusers_fixtures import TEXT_DIM, TINY_SEQ_LEN, tiny_tokenizer
 
 SEQ_LEN = TINY_SEQ_LEN  # text tokens the tiny pipeline is run with
 SIZE = 64  # height and width of the test videos
+# A ``/v1/realtime/video`` session.start of the tiny Helios served as "Helios/tiny" (the
+# integration tests' registry entry): 64x64 at 24 fps, seed 3, 2 steps a chunk; the
+# tests add its ``num_frames``.
+SESSION_START: dict[str, Any] = {
+    "type": "session.start",
+    "model": "Helios/tiny",
+    "prompt": "a red ball at sunset",
+    "width": SIZE,
+    "height": SIZE,
+    "fps": 24,
+    "seed": 3,
+    "num_inference_steps": 2,
+}
 
 
 def tiny_helios_transformer(seed: int = 0) -> HeliosTransformer3DModel:

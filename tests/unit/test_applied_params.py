@@ -20,6 +20,7 @@ from models.applied import applied_params
 from models.catalog import BUILTIN_SPECS, FAMILY_SPECS, ModelSpec
 from models.errors import InvalidRequest
 from storage.settings import Settings
+from tests.helpers import tts_benchmark_body
 
 # What the node's diffusion sampling params and the benchmark's extra body send (strings,
 # as multipart forms carry them), with a negative prompt.
@@ -114,17 +115,7 @@ def test_an_old_row_answers_from_its_spec_alone() -> None:
 def test_audio_jobs_list_their_options(settings: Settings) -> None:
     specs = _specs()
     # vLLM-Omni's TTS benchmark body (default_voice of Qwen3-TTS-CustomVoice's config).
-    body = {
-        "model": "reference/speech",
-        "input": "Hello there.",
-        "stream": True,
-        "stream_format": "audio",
-        "response_format": "pcm",
-        "voice": "Vivian",
-        "language": "English",
-        "task_type": "CustomVoice",
-        "seed": 7,
-    }
+    body = tts_benchmark_body(input="Hello there.")
     spec = resolve_speech(parse_speech(body), specs, settings)
     assert spec.stream_pcm and spec.options["language"] == "en"
     assert applied_params(spec.model_dump(mode="json"), None) == ["speed", "voice", "language"]

@@ -25,9 +25,10 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from cli.embedded import EmbeddedS3
 from models.catalog import FAMILY_SPECS
+from tests.helpers import next_pair
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
-from tests.unit.helios_fixtures import SEQ_LEN, tiny_helios_pipeline
+from tests.unit.helios_fixtures import SEQ_LEN, SESSION_START, tiny_helios_pipeline
 from workers.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import WorldConfig
 from workers.pipelines.diffusers.helios import HeliosWorldAdapter
@@ -38,15 +39,9 @@ MODEL = "Helios/tiny"
 CHUNKS = 4
 KILLED_AT = 2  # the first worker dies once chunk 2 is made, before it is sent
 START = {
-    "type": "session.start",
+    **SESSION_START,
     "model": MODEL,
-    "prompt": "a red ball at sunset",
-    "width": 64,
-    "height": 64,
     "num_frames": 33 * CHUNKS,
-    "fps": 24,
-    "seed": 3,
-    "num_inference_steps": 2,
     "extra_params": {"persist": True},  # the taker stores the whole video, not its part
 }
 LOST_AFTER_S = 30.0  # the silence clock: the lease must find the dead worker long before
@@ -74,18 +69,6 @@ def stack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[St
 
 async def _ws(st: Stack) -> ClientConnection:
     return await connect(st.url.replace("http://", "ws://") + "/v1/realtime/video", max_size=2**24)
-
-
-async def _pair(ws: ClientConnection) -> tuple[dict[str, Any], bytes | None]:
-    """The next text frame, with the binary frame after it if it announces a chunk."""
-    message = await asyncio.wait_for(ws.recv(), 60)
-    assert isinstance(message, str), "expected a JSON text frame"
-    event = dict(json.loads(message))
-    if event["type"] != "video.chunk_metadata":
-        return event, None
-    data = await asyncio.wait_for(ws.recv(), 60)
-    assert isinstance(data, bytes) and len(data) == event["byte_length"]
-    return event, data
 
 
 def _uninterrupted(event_at: int) -> list[bytes]:
@@ -128,7 +111,7 @@ def test_a_session_outlives_its_worker_killed_between_chunks(stack: Stack, tmp_p
         seen: list[dict[str, Any]] = []  # every text frame of both sockets
 
         async def take(ws: ClientConnection) -> tuple[dict[str, Any], bytes | None]:
-            event, data = await _pair(ws)
+            event, data = await next_pair(ws)
             seen.append(event)
             if event["type"] == "video.chunk_metadata" and event["kind"] == "media":
                 assert data is not None and event["generation_chunk_index"] not in got

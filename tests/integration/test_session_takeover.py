@@ -27,7 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from models.realtime_video_chunks import frames_in_chunk
-from tests.helpers import world_session_start
+from tests.helpers import next_pair, world_session_start
 from tests.integration.test_up import Up, _alive, _api_pids, _listening_ports
 from workers.ports import free_port, reserve_ports
 
@@ -250,31 +250,19 @@ async def _world_ws(url: str) -> ClientConnection:
     )
 
 
-async def _pair(ws: ClientConnection) -> tuple[dict[str, Any], bytes | None]:
-    """The next text frame, with the binary frame after it if it announces a chunk."""
-    message = await asyncio.wait_for(ws.recv(), 60)
-    assert isinstance(message, str), "expected a JSON text frame"
-    event = dict(json.loads(message))
-    if event["type"] != "video.chunk_metadata":
-        return event, None
-    data = await asyncio.wait_for(ws.recv(), 60)
-    assert isinstance(data, bytes) and len(data) == event["byte_length"]
-    return event, data
-
-
 async def _resume_world(url: str, start: dict[str, Any], last: int) -> ClientConnection:
     ws = await _world_ws(url)
     await _send_resume(
         ws, start["session_id"], start["resume_token"], last_generation_chunk_index=last
     )
-    resumed, _ = await _pair(ws)
+    resumed, _ = await next_pair(ws)
     assert resumed == {
         "type": "session.resumed",
         "request_id": start["request_id"],
         "session_id": start["session_id"],
         "next_generation_chunk_index": last + 1,
     }
-    init, data = await _pair(ws)
+    init, data = await next_pair(ws)
     assert init["kind"] == "init" and init["transport_chunk_index"] == 0 and data
     assert data[4:8] == b"ftyp"
     return ws
@@ -293,12 +281,12 @@ def test_world_session_dropped_after_two_chunks_resumes_on_another_replica(
     async def run() -> dict[str, Any]:
         first = await _world_ws(a)
         await first.send(json.dumps(WORLD_START))
-        start, _ = await _pair(first)
+        start, _ = await next_pair(first)
         assert start["type"] == "video.start" and start["session_id"] and start["resume_token"]
         chunks = start["config"]["chunks"]
         got: dict[int, bytes] = {}  # every media chunk the client received, by index
         while len(got) < 2:
-            meta, data = await _pair(first)
+            meta, data = await next_pair(first)
             assert meta["kind"] == "media" and data is not None
             got[meta["generation_chunk_index"]] = data
         assert first.transport is not None
@@ -307,14 +295,14 @@ def test_world_session_dropped_after_two_chunks_resumes_on_another_replica(
         # on replica B, from chunk 2 on
         second = await _resume_world(b, start, 1)
         while len(got) < 4:
-            meta, data = await _pair(second)
+            meta, data = await next_pair(second)
             assert meta["kind"] == "media" and data is not None
             assert meta["generation_chunk_index"] not in got
             got[meta["generation_chunk_index"]] = data
         # a third socket (on A again) takes the session over from B's socket
         third = await _resume_world(a, start, max(got))
         while True:
-            event, _ = await _pair(second)
+            event, _ = await next_pair(second)
             if event["type"] == "error":
                 break
         assert event["code"] == "session_taken_over"
@@ -322,7 +310,7 @@ def test_world_session_dropped_after_two_chunks_resumes_on_another_replica(
         assert second.close_code == 1008
         trailer = b""
         while True:
-            meta, data = await _pair(third)
+            meta, data = await next_pair(third)
             if meta["type"] == "session.done":
                 break
             assert data is not None

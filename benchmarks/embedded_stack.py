@@ -37,6 +37,7 @@ _STOP_RE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO workers\.executor: "
     r"job (\S+) stops in step (\d+) before block (\d+)"
 )
+_READY_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*@\S+ ready\.")
 _MEMORY_RE = re.compile(r"INFO workers\.executor: job (\S+): cuda memory allocated ([\d.]+) MiB")
 _SKIP_RE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO celery\.app\.trace: "
@@ -145,6 +146,20 @@ class Stack:
             )
         self.url = m.group(1)
         say(f"up at {self.url} (data {self.data_dir})")
+
+    def workers_ready(self, count: int, timeout: float) -> float:
+        """Epoch seconds of the ``count``-th Celery worker's ``… ready.`` line in up's log
+        (job and realtime workers alike); RuntimeError after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+            ready = [log_time(m[1], m[2]) for line in lines if (m := _READY_RE.match(line))]
+            if len(ready) >= count:
+                return sorted(ready)[count - 1]
+            time.sleep(0.2)
+        raise RuntimeError(
+            f"{count} worker(s) not ready within {timeout:.0f} s:\n{self.log_tail()}"
+        )
 
     def log_tail(self, size: int = 3000) -> str:
         with contextlib.suppress(OSError):
@@ -256,6 +271,14 @@ class Stack:
         out["up_exit_ok"] = code == 0
         self.remove(keep_log)
         return code
+
+    def close(self, out: dict[str, Any], keep_log: str | None = None) -> None:
+        """Stop up, its exit code in ``out`` (and its log's tail when it failed), remove
+        the data (up's stderr copied to ``keep_log`` first, if given)."""
+        out["up_exit_code"] = self.stop()
+        if out["up_exit_code"] != 0:
+            out["up_log_tail"] = self.log_tail(4000)
+        self.remove(keep_log)
 
     def remove(self, keep_log: str | None = None) -> None:
         if keep_log:

@@ -58,28 +58,21 @@ PY
     ls -la .wheelhouse/h3 .wheelhouse/servers
     exit 0
 fi
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
-
 if [ "${1:-}" = "--stack" ]; then
     shift
     [ -d "$ALL" ] || { echo "run --stage first (with .wheelhouse/h3), then --stack" >&2; exit 2; }
     tar -C "$ALL" -xJf .wheelhouse/servers/wheels.tar.xz
     WHEELHOUSE=$ALL
-    # shellcheck source=benchmarks/device/venv.sh
-    source benchmarks/device/venv.sh
-    t0=$(date +%s)
-    PYTHONUNBUFFERED=1 OUT="$OUT" "$VENV/bin/python" -m benchmarks.gpu.h3_stack "$@" >/dev/null \
-        2> >(tee "$OUT/gpu_h3_stack.log" >&2)
-    echo "benchmark_s: $(($(date +%s) - t0))"
-    "$VENV/bin/python" -c 'import json, sys
-d = json.load(open(sys.argv[1]))
-keys = ("worker_ready_s", "fasth3_first_job_s", "fasth3_warm_e2e_s", "h3_cancel_p95_ms",
-        "h3_memory_after_jobs_mib", "encode_note", "up_exit_code")
-print({k: d.get(k) for k in keys})' "$OUT/gpu_h3_stack.json"
+    # shellcheck source=benchmarks/device/bench.sh
+    source benchmarks/device/bench.sh
+    run_bench gpu.h3_stack "$@"
+    summary gpu_h3_stack worker_ready_s fasth3_first_job_s fasth3_warm_e2e_s h3_cancel_p95_ms \
+        h3_memory_after_jobs_mib encode_note up_exit_code
     exit 0
 fi
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
 
 only=0
 if [ "${1:-}" = "--stage" ]; then

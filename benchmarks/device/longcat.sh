@@ -14,7 +14,7 @@
 #       carry=[".wheelhouse/servers"])
 #   --stage unpacks the first half to /tmp/h3-wheels-all (the directory h3.sh --stage
 #   fills: either script's stage serves both); the second call adds the servers, installs
-#   the venv of benchmarks/device/venv.sh and runs the benchmark.
+#   the venv of benchmarks/device/venv.sh and runs the benchmark (bench.sh's run_bench).
 # JSON to $OUT/gpu_longcat_speech.json, stderr to $OUT/gpu_longcat_speech.log; copy the
 # JSON to docs/evidence/.
 set -euo pipefail
@@ -28,18 +28,9 @@ if [ "${1:-}" = "--stage" ]; then
 fi
 [ -d "$ALL" ] || { echo "run --stage first (with .wheelhouse/h3), then this" >&2; exit 2; }
 tar -C "$ALL" -xJf .wheelhouse/servers/wheels.tar.xz
-OUT=${OUT:-$PWD/device-out}
-mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
 WHEELHOUSE=$ALL
-# shellcheck source=benchmarks/device/venv.sh
-source benchmarks/device/venv.sh
-t0=$(date +%s)
-PYTHONUNBUFFERED=1 OUT="$OUT" "$VENV/bin/python" -m benchmarks.gpu.longcat_speech "$@" >/dev/null \
-    2> >(tee "$OUT/gpu_longcat_speech.log" >&2)
-echo "benchmark_s: $(($(date +%s) - t0))"
-"$VENV/bin/python" -c 'import json, sys
-d = json.load(open(sys.argv[1]))
-keys = ("gpu", "worker_ready_s", "ttfa_ms", "rtf", "aggregate_rtf", "audio_s", "stage_seconds",
-        "up_exit_code")
-print({k: d.get(k) for k in keys})' "$OUT/gpu_longcat_speech.json"
+# shellcheck source=benchmarks/device/bench.sh
+source benchmarks/device/bench.sh
+run_bench gpu.longcat_speech "$@"
+summary gpu_longcat_speech gpu worker_ready_s ttfa_ms rtf aggregate_rtf audio_s stage_seconds \
+    up_exit_code

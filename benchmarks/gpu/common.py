@@ -1,7 +1,8 @@
 """What the GPU benchmark scripts share: the job shape's arguments, the run's header, the
 raw ``pipe(...)`` call, the saved random-weight Wan pipeline (``random_wan.py``) and its
 registry entry, the job as the adapter and as the API take it, one job timed in process,
-a job followed on its event stream, and the JSON at the end."""
+a job followed on its event stream, a stack serving random weights, and the JSON at the
+end."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.embedded_stack import git_state
+from benchmarks.embedded_stack import Stack, git_state
 from benchmarks.gpu.random_wan import build_pipeline
 
 MODEL = "wan-1.3b-random"
@@ -247,3 +248,19 @@ def emit(out: dict[str, Any], name: str) -> None:
     print(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], f"{name}.json").write_text(text)
+
+
+def random_weights_stack(work: Path, registry: str, model: str, device: str, workers: int) -> Stack:
+    """``omniqueue up`` (not started yet) serving ``model`` of the registry text
+    ``registry`` (written to ``work``) with random weights (``OMNIQ_WORKER__RANDOM_WEIGHTS``):
+    ``workers`` job workers on ``device``, no realtime worker, no previews."""
+    path = work / "models.toml"
+    path.write_text(registry)
+    env = {
+        "OMNIQ_MODEL_REGISTRY": str(path),
+        "OMNIQ_MODELS": model,
+        "OMNIQ_WORKER__DEVICE": device,
+        "OMNIQ_WORKER__RANDOM_WEIGHTS": "true",
+        "OMNIQ_WORKER__PREVIEW_EVERY": "0",
+    }
+    return Stack(workers=workers, env=env, args=("--realtime-workers", "0"))

@@ -38,7 +38,6 @@ import argparse
 import hashlib
 import json
 import random
-import re
 import statistics
 import tempfile
 import time
@@ -48,8 +47,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import pct
-from benchmarks.embedded_stack import LogWatcher, Stack, git_state, log_time
-from benchmarks.gpu.common import cancel_in_step, completed_job, emit
+from benchmarks.embedded_stack import LogWatcher, git_state
+from benchmarks.gpu.common import cancel_in_step, completed_job, emit, random_weights_stack
 
 MODEL = "MiniMaxAI/MiniMax-H3/FastH3"
 PROMPT = "a red kite over a green hill at dusk, wind in the grass, a dog barks once"[:70]
@@ -135,18 +134,6 @@ def node_form(args: argparse.Namespace, seed: int) -> dict[str, str]:
     }
 
 
-def wait_ready(stack: Stack, timeout: float) -> float:
-    """Epoch seconds of the Celery worker's ``… ready.`` line in up's log."""
-    pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*@\S+ ready\.")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in stack.log_path.read_text(errors="replace").splitlines():
-            if m := pattern.match(line):
-                return log_time(m.group(1), m.group(2))
-        time.sleep(0.2)
-    raise RuntimeError(f"the worker was not ready within {timeout:.0f} s:\n{stack.log_tail()}")
-
-
 def encode_comparison(args: argparse.Namespace, frames: int) -> dict[str, float]:
     """x264 + AAC time of a noise clip (what random weights decode to) and of a smooth
     one, same shape and audio."""
@@ -182,21 +169,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "made_s": round(time.perf_counter() - t, 1),
         }
     }
-    registry = work / "models.toml"
-    registry.write_text(registry_text(args, lora, sha256))
-    env = {
-        "OMNIQ_MODEL_REGISTRY": str(registry),
-        "OMNIQ_MODELS": MODEL,
-        "OMNIQ_WORKER__DEVICE": args.device,
-        "OMNIQ_WORKER__RANDOM_WEIGHTS": "true",
-        "OMNIQ_WORKER__PREVIEW_EVERY": "0",
-    }
-    stack = Stack(workers=1, env=env, args=("--realtime-workers", "0"))
+    stack = random_weights_stack(work, registry_text(args, lora, sha256), MODEL, args.device, 1)
     started = time.time()
     stack.start(timeout=900)
     logs = LogWatcher(stack.log_path)
     try:
-        ready = wait_ready(stack, args.ready_timeout)
+        ready = stack.workers_ready(1, args.ready_timeout)
         out["worker_ready_s"] = round(ready - started, 1)
         with (
             httpx.Client(base_url=stack.url, timeout=900) as client,
@@ -234,10 +212,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             logs.poll()
             out["h3_memory_after_jobs_mib"] = dict(logs.cuda_allocated_mib)
     finally:
-        out["up_exit_code"] = stack.stop()
-        if out["up_exit_code"] != 0:
-            out["up_log_tail"] = stack.log_tail(4000)
-        stack.remove(keep_log=args.keep_log)
+        stack.close(out, args.keep_log)
     return out
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import re
 import statistics
 import tempfile
 import time
@@ -46,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import summary
-from benchmarks.embedded_stack import Stack, git_state, log_time, say
-from benchmarks.gpu.common import emit
+from benchmarks.embedded_stack import git_state, say
+from benchmarks.gpu.common import emit, random_weights_stack
 from benchmarks.gpu.h3_stack import inline_toml, stage_medians
 
 MODEL = "meituan-longcat/LongCat-AudioDiT-1B/random"
@@ -73,19 +72,6 @@ compile = "off"
 [model.spec]
 default_steps = {args.steps}
 """
-
-
-def wait_ready(stack: Stack, workers: int, timeout: float) -> float:
-    """Epoch seconds of the last of the ``workers`` Celery workers' ``… ready.`` lines."""
-    pattern = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*@\S+ ready\.")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = stack.log_path.read_text(errors="replace").splitlines()
-        found = [log_time(m.group(1), m.group(2)) for x in lines if (m := pattern.match(x))]
-        if len(found) >= workers:
-            return max(found)
-        time.sleep(0.5)
-    raise RuntimeError(f"the workers were not ready within {timeout:.0f} s:\n{stack.log_tail()}")
 
 
 def one(client: Any, seed: int, text: str, sse: bool) -> dict[str, Any]:
@@ -147,21 +133,12 @@ def rounds(client: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]],
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import httpx
 
-    registry = work / "models.toml"
-    registry.write_text(registry_text(args))
-    env = {
-        "OMNIQ_MODEL_REGISTRY": str(registry),
-        "OMNIQ_MODELS": MODEL,
-        "OMNIQ_WORKER__DEVICE": args.device,
-        "OMNIQ_WORKER__RANDOM_WEIGHTS": "true",
-        "OMNIQ_WORKER__PREVIEW_EVERY": "0",
-    }
-    stack = Stack(workers=args.workers, env=env, args=("--realtime-workers", "0"))
+    stack = random_weights_stack(work, registry_text(args), MODEL, args.device, args.workers)
     out: dict[str, Any] = {}
     started = time.time()
     stack.start(timeout=900)
     try:
-        ready = wait_ready(stack, args.workers, args.ready_timeout)
+        ready = stack.workers_ready(args.workers, args.ready_timeout)
         out["worker_ready_s"] = round(ready - started, 1)
         limits = httpx.Limits(max_connections=args.concurrency + 2)
         with httpx.Client(base_url=stack.url, timeout=900, limits=limits) as client:
@@ -178,10 +155,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 {k: round(v, 3) if isinstance(v, float) else v for k, v in x.items()} for x in runs
             ]
     finally:
-        out["up_exit_code"] = stack.stop()
-        if out["up_exit_code"] != 0:
-            out["up_log_tail"] = stack.log_tail(4000)
-        stack.remove(keep_log=args.keep_log)
+        stack.close(out, args.keep_log)
     return out
 
 

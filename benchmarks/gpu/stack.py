@@ -218,10 +218,7 @@ def stack_phase(registry: Path, args: argparse.Namespace, step_s: float) -> dict
             logs.poll()
             out["cuda_allocated_mib_after_each_job"] = dict(logs.cuda_allocated_mib)
     finally:
-        out["up_exit_code"] = stack.stop()
-        if out["up_exit_code"] != 0:
-            out["up_log_tail"] = stack.log_tail(4000)
-        stack.remove()
+        stack.close(out)
     return out
 
 

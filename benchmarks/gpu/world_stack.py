@@ -58,7 +58,6 @@ PROMPT = "a lighthouse on a cliff at dusk, waves breaking below, gulls circling"
 PROMPTS = ["the same lighthouse in a snow storm", "a ship passing at night", "sunrise, calm"]
 FPS = 24
 CHUNK_FRAMES = 33
-_READY = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*@\S+ ready\.")
 _METRICS = re.compile(r"realtime worker (\d+) (http://\S+/metrics)")
 
 
@@ -119,18 +118,6 @@ def open_stack(args: argparse.Namespace, work: Path, realtime: int, slots: int) 
     return stack
 
 
-def wait_ready(stack: Stack, count: int, timeout: float) -> float:
-    """Epoch seconds of the ``count``-th Celery worker's ``… ready.`` line."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = stack.log_path.read_text(errors="replace").splitlines()
-        ready = [log_time(m[1], m[2]) for line in text if (m := _READY.match(line))]
-        if len(ready) >= count:
-            return sorted(ready)[count - 1]
-        time.sleep(0.5)
-    raise RuntimeError(f"{count} worker(s) not ready within {timeout:.0f} s:\n{stack.log_tail()}")
-
-
 def memory_mib(stack: Stack) -> dict[str, float]:
     """Each realtime worker's ``omniqueue_gpu_memory_allocated_bytes`` in MiB (empty on
     CPU workers, which serve no such gauge)."""
@@ -189,16 +176,13 @@ def part_stack(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     began = time.time()
     stack = open_stack(args, work, realtime=1, slots=2)
     try:
-        out["worker_ready_s"] = round(wait_ready(stack, 1, args.ready_timeout) - began, 1)
+        out["worker_ready_s"] = round(stack.workers_ready(1, args.ready_timeout) - began, 1)
         out["memory_after_load_mib"] = memory_mib(stack)
         asyncio.run(_sessions(args, stack, out))
     except Exception as exc:  # what was measured before it stands
         out["stack_error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        out["up_exit_code"] = stack.stop()
-        if out["up_exit_code"] != 0:
-            out["up_log_tail"] = stack.log_tail(4000)
-        stack.remove(keep_log=kept_log(args, "stack"))
+        stack.close(out, kept_log(args, "stack"))
     return out
 
 
@@ -287,7 +271,7 @@ def part_takeover(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     stack = open_stack(args, work, realtime=2, slots=1)
     try:
-        wait_ready(stack, 2, args.ready_timeout)
+        stack.workers_ready(2, args.ready_timeout)
         out |= asyncio.run(_takeover(args, stack))
     except Exception as exc:  # one measure: the rest of the run stands
         out = {"world_takeover_gap_s": None, "takeover_note": f"{type(exc).__name__}: {exc}"}

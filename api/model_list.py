@@ -60,7 +60,7 @@ def model_object(
             default_steps=spec.default_steps,
             supports_image_input=spec.supports_image_input,
             has_audio=spec.has_audio,
-            max_outputs=spec.max_outputs,
+            max_outputs=spec.max_outputs if job else 1,  # a session makes one stream
         )
     return ModelObject(
         id=spec.name,

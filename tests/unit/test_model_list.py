@@ -15,6 +15,7 @@ def test_job_models_list_their_limits_within_the_servers() -> None:
     assert (video.limits.max_width, video.limits.max_height) == (640, 1280)
     assert (video.limits.max_seconds, video.limits.max_steps) == (8, 50)
     assert video.limits.default_size == "832x480" and video.limits.supports_image_input
+    assert video.limits.max_outputs == 4  # a create's n
     audio = model_object(REFERENCE_AUDIO, LimitSettings(max_seconds=120))
     assert audio.limits is not None and audio.limits.max_seconds == 60  # the model's own cap
 
@@ -26,6 +27,7 @@ def test_streaming_models_say_which_socket_serves_them() -> None:
     assert (world.limits.max_width, world.limits.max_frames) == (1280, 957)
     assert (world.limits.frame_offset, world.limits.frame_multiple) == (9, 12)
     assert world.limits.max_seconds is None
+    assert world.limits.max_outputs == 1  # a session makes one stream
     assert model_object(REFERENCE_VOICE, LimitSettings()).kind == "voice"
 
 

@@ -52,7 +52,6 @@ from tests.helpers import tts_benchmark_body
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
-from workers.pipelines import espeak
 
 pytestmark = pytest.mark.integration
 
@@ -175,7 +174,6 @@ def test_an_openai_file_id_reference_is_refused(fstack: Stack) -> None:
         _refused(fstack, lambda: c.post("/v1/videos", json=body), "input_reference.file_id")
 
 
-@pytest.mark.skipif(not espeak.available(), reason="needs the speech extra")
 def test_the_tts_benchmark_s_fields(fstack: Stack) -> None:
     with fstack.client() as c:
         with c.stream("POST", "/v1/audio/speech", json=TTS_BENCH) as resp:
@@ -200,7 +198,6 @@ def test_the_tts_benchmark_s_fields(fstack: Stack) -> None:
         _refused(fstack, lambda: c.post("/v1/audio/speech", json=wav), "stream")
 
 
-@pytest.mark.skipif(not espeak.available(), reason="needs the speech extra")
 def test_the_comfyui_tts_node_s_fields(fstack: Stack) -> None:
     node = {"model": SPEECH, "input": "Good morning to you.", "voice": "Vivian"}
     node |= {"response_format": "wav", "speed": 1.0}

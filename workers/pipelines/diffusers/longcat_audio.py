@@ -179,23 +179,20 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         latents = s.latents
         curr_t = (t / s.scheduler.config.num_train_timesteps).expand(1)
         curr_t = curr_t.to(dtype=s.prompt_embeds.dtype)
-        pred = pipe.transformer(
-            hidden_states=latents,
-            encoder_hidden_states=s.prompt_embeds,
-            encoder_attention_mask=s.text_mask,
-            timestep=curr_t,
-            attention_mask=s.mask,
-            latent_cond=s.latent_cond,
-        ).sample
-        if s.do_cfg:
-            null_pred = pipe.transformer(
+
+        def predict(embeds: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
+            return pipe.transformer(
                 hidden_states=latents,
-                encoder_hidden_states=s.negative_prompt_embeds,
-                encoder_attention_mask=s.negative_text_mask,
+                encoder_hidden_states=embeds,
+                encoder_attention_mask=text_mask,
                 timestep=curr_t,
                 attention_mask=s.mask,
                 latent_cond=s.latent_cond,
             ).sample
+
+        pred = predict(s.prompt_embeds, s.text_mask)
+        if s.do_cfg:
+            null_pred = predict(s.negative_prompt_embeds, s.negative_text_mask)
             pred = null_pred + (pred - null_pred) * s.guidance_scale
         s.latents = s.scheduler.step(pred, t, latents, return_dict=False)[0]
 

@@ -5,6 +5,8 @@ and its names live in ``models/model_spec.py`` and are re-exported here.
 
 from __future__ import annotations
 
+from typing import Any
+
 from models.model_spec import (
     DEFAULT_VSA_TOPK,
     MAX_OUTPUTS,
@@ -149,21 +151,37 @@ BUILTIN_SPECS: dict[str, ModelSpec] = {
 }
 
 
+def _diffusers_video(name: str, **spec: Any) -> ModelSpec:
+    """The spec of a diffusers video family: what they all share, then its own ``spec``.
+
+    Every one has a ``1 + k × frame_multiple`` frame lattice (a first frame, then the
+    VAE's temporal chunks), takes CFG with a negative prompt and the VAE's tiling and
+    slicing switches, and runs text-to-video unless its registry entry names other
+    workflows; unless its ``spec`` says otherwise it makes 5 s clips in 50 steps and
+    offers the "high" and "fast" cache tiers.
+    """
+    shared: dict[str, Any] = {
+        "quality_tiers": ["high", "fast"],
+        "frame_offset": 1,
+        "default_seconds": 5.0,
+        "default_steps": 50,
+        "parameters": ["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
+        "workflows": ["t2v"],
+    }
+    return ModelSpec(**{**shared, **spec, "name": name})
+
+
 # Defaults per adapter family: a served model from the registry file starts from its
 # family's spec, then applies the overrides given there. Values follow each pipeline's
 # own constraints in diffusers (VAE/patch size → size multiple, temporal compression →
 # frame lattice) and its documented defaults.
 FAMILY_SPECS: dict[str, ModelSpec] = {
-    "diffusers.wan": ModelSpec(
-        name="diffusers.wan",
-        quality_tiers=["high", "fast"],
+    "diffusers.wan": _diffusers_video(
+        "diffusers.wan",
         size_multiple=16,
         default_size=(832, 480),
         frame_multiple=4,
-        frame_offset=1,
         default_fps=16,
-        default_seconds=5.0,
-        default_steps=50,
         # Wan 2.2 (two transformers) also takes guidance_scale_2 and boundary_ratio: add
         # them in the registry entry's [model.spec] parameters.
         parameters=[
@@ -180,19 +198,13 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # (workers/pipelines/diffusers/wan.py). strength: v2v's (its __call__ argument).
         extra_params={"frame_indices": "ints", "strength": "float"},
         extra_ranges={"strength": (0.0, 1.0)},
-        workflows=["t2v"],
     ),
-    "diffusers.ltx": ModelSpec(
-        name="diffusers.ltx",
-        quality_tiers=["high", "fast"],
+    "diffusers.ltx": _diffusers_video(
+        "diffusers.ltx",
         size_multiple=32,
         default_size=(704, 480),
         frame_multiple=8,
-        frame_offset=1,
         default_fps=25,
-        default_seconds=5.0,
-        default_steps=50,
-        parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
         # LTXPipeline.__call__ arguments of the same names (used by timestep-conditioned
         # VAEs); frame_indices places keyframes; strength: v2v's (LTXConditionPipeline's
         # conditioning strength of the source clip: 1 holds it, the reverse of Wan's).
@@ -212,19 +224,14 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # Text-to-video (LTXPipeline) unless the entry names others: ["t2v", "i2v"]
         # (LTXImageToVideoPipeline), any list with flf2v or v2v (LTXConditionPipeline,
         # LTX-Video 0.9.5+); workers/pipelines/diffusers/ltx_i2v.py.
-        workflows=["t2v"],
     ),
-    "diffusers.cogvideox": ModelSpec(
-        name="diffusers.cogvideox",
-        quality_tiers=["high", "fast"],
+    "diffusers.cogvideox": _diffusers_video(
+        "diffusers.cogvideox",
         size_multiple=16,
         default_size=(720, 480),
         frame_multiple=4,
-        frame_offset=1,
         default_fps=8,
         default_seconds=6.0,
-        default_steps=50,
-        parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
         # use_dynamic_cfg: the pipelines' __call__ argument; frame_indices places i2v's
         # keyframe ([0]); strength: v2v's (CogVideoXVideoToVideoPipeline's, default 0.8).
         extra_params={"use_dynamic_cfg": "bool", "frame_indices": "ints", "strength": "float"},
@@ -233,20 +240,19 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # (CogVideoX-5b-I2V, 1.5 I2V: CogVideoXImageToVideoPipeline), ["t2v", "v2v"] (a
         # T2V checkpoint, CogVideoXVideoToVideoPipeline's steps); no flf2v pipeline exists
         # (workers/pipelines/diffusers/cogvideox.py).
-        workflows=["t2v"],
     ),
-    "diffusers.ltx2": ModelSpec(
-        name="diffusers.ltx2",
+    "diffusers.ltx2": _diffusers_video(
+        "diffusers.ltx2",
+        # "lossless" only: its audio branch has its own output projection, which the lite
+        # TaylorSeer forecast does not cover (docs/adapters.md, "Cache tiers").
+        quality_tiers=[],
         min_size=32,
         size_multiple=32,
         default_size=(768, 512),
         frame_multiple=8,
-        frame_offset=1,
         default_fps=24,
-        default_seconds=5.0,
         default_steps=30,
         has_audio=True,
-        parameters=["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
         # LTX2Pipeline.__call__ arguments of the same names (its defaults apply when absent);
         # stg_blocks: comma-separated transformer block indices ("" turns STG off);
         # image_crf: the keyframes' H.264 re-compression (i2v / flf2v; 0: none).
@@ -282,7 +288,6 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # Text-to-video (LTX2Pipeline) unless the entry names more: "i2v" (a first frame:
         # LTX2ImageToVideoPipeline), "flf2v" (first and last: LTX2ConditionPipeline); every
         # LTX-2 checkpoint serves all three (workers/pipelines/diffusers/ltx2_i2v.py).
-        workflows=["t2v"],
     ),
     "diffusers.minimax_h3": ModelSpec(
         name="diffusers.minimax_h3",

@@ -198,19 +198,22 @@ class ConversationItemCreateEvent(ClientEvent):
     previous_item_id: str | None = None
 
 
-class ConversationItemRetrieveEvent(ClientEvent):
+class _ItemRefEvent(ClientEvent):
+    """A client event about one conversation item, named by ``item_id``."""
+
+    item_id: str
+
+
+class ConversationItemRetrieveEvent(_ItemRefEvent):
     type: Literal["conversation.item.retrieve"]
-    item_id: str
 
 
-class ConversationItemDeleteEvent(ClientEvent):
+class ConversationItemDeleteEvent(_ItemRefEvent):
     type: Literal["conversation.item.delete"]
-    item_id: str
 
 
-class ConversationItemTruncateEvent(ClientEvent):
+class ConversationItemTruncateEvent(_ItemRefEvent):
     type: Literal["conversation.item.truncate"]
-    item_id: str
     content_index: int = Field(ge=0)
     audio_end_ms: int = Field(ge=0)
 
@@ -299,14 +302,20 @@ class ErrorEvent(ServerEvent):
     error: RealtimeError
 
 
-class SessionCreatedEvent(ServerEvent):
+# Server events that come in pairs (created/updated, added/done) carry the same payload:
+# each pair shares a base that declares it, and each event names only its ``type``.
+
+
+class _SessionPayload(ServerEvent):
+    session: RealtimeSession
+
+
+class SessionCreatedEvent(_SessionPayload):
     type: Literal["session.created"] = "session.created"
-    session: RealtimeSession
 
 
-class SessionUpdatedEvent(ServerEvent):
+class SessionUpdatedEvent(_SessionPayload):
     type: Literal["session.updated"] = "session.updated"
-    session: RealtimeSession
 
 
 class InputAudioBufferCommittedEvent(ServerEvent):
@@ -338,16 +347,17 @@ class TimeoutTriggeredEvent(ServerEvent):
     item_id: str
 
 
-class ItemAddedEvent(ServerEvent):
+class _ItemPayload(ServerEvent):
+    previous_item_id: str | None = None
+    item: ConversationItem
+
+
+class ItemAddedEvent(_ItemPayload):
     type: Literal["conversation.item.added"] = "conversation.item.added"
-    previous_item_id: str | None = None
-    item: ConversationItem
 
 
-class ItemDoneEvent(ServerEvent):
+class ItemDoneEvent(_ItemPayload):
     type: Literal["conversation.item.done"] = "conversation.item.done"
-    previous_item_id: str | None = None
-    item: ConversationItem
 
 
 class ItemRetrievedEvent(ServerEvent):
@@ -367,28 +377,30 @@ class ItemTruncatedEvent(ServerEvent):
     audio_end_ms: int
 
 
-class ResponseCreatedEvent(ServerEvent):
+class _ResponsePayload(ServerEvent):
+    response: RealtimeResponse
+
+
+class ResponseCreatedEvent(_ResponsePayload):
     type: Literal["response.created"] = "response.created"
-    response: RealtimeResponse
 
 
-class ResponseDoneEvent(ServerEvent):
+class ResponseDoneEvent(_ResponsePayload):
     type: Literal["response.done"] = "response.done"
-    response: RealtimeResponse
 
 
-class OutputItemAddedEvent(ServerEvent):
+class _OutputItemPayload(ServerEvent):
+    response_id: str
+    output_index: int
+    item: ConversationItem
+
+
+class OutputItemAddedEvent(_OutputItemPayload):
     type: Literal["response.output_item.added"] = "response.output_item.added"
-    response_id: str
-    output_index: int
-    item: ConversationItem
 
 
-class OutputItemDoneEvent(ServerEvent):
+class OutputItemDoneEvent(_OutputItemPayload):
     type: Literal["response.output_item.done"] = "response.output_item.done"
-    response_id: str
-    output_index: int
-    item: ConversationItem
 
 
 class _PartRef(ServerEvent):
@@ -398,14 +410,16 @@ class _PartRef(ServerEvent):
     content_index: int
 
 
-class ContentPartAddedEvent(_PartRef):
+class _PartPayload(_PartRef):
+    part: ContentPart
+
+
+class ContentPartAddedEvent(_PartPayload):
     type: Literal["response.content_part.added"] = "response.content_part.added"
-    part: ContentPart
 
 
-class ContentPartDoneEvent(_PartRef):
+class ContentPartDoneEvent(_PartPayload):
     type: Literal["response.content_part.done"] = "response.content_part.done"
-    part: ContentPart
 
 
 class AudioDeltaEvent(_PartRef):

@@ -20,10 +20,10 @@ never refused for a model, and its job waits for a worker as it did before.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
+from api.refreshed import Refreshed
 from models.errors import ModelUnavailable
 from storage.worker_presence import WorkerPresence
 
@@ -46,40 +46,24 @@ class ModelAvailability:
     ) -> None:
         self._presence = presence
         self._models = list(models)
-        self._refresh_s = refresh_s
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._read_at: float | None = None
-        self._unavailable: dict[str, str] = {}
+        self._reasons = Refreshed(self._read, refresh_s, clock)
 
     def unavailable(self) -> dict[str, str]:
         """Served models that no live worker can load → why (blocking: Redis). One
         thread reads when the figures are stale; the others meanwhile take the previous
         ones (none before the first read)."""
-        now = self._clock()
-        read_at = self._read_at
-        if read_at is not None and now - read_at < self._refresh_s:
-            return self._unavailable
-        if not self._lock.acquire(blocking=read_at is None):
-            return self._unavailable
-        try:
-            if self._read_at is None or now - self._read_at >= self._refresh_s:
-                self._unavailable = self._read()
-                self._read_at = now
-            return self._unavailable
-        finally:
-            self._lock.release()
+        return self._reasons.get()
 
     def last(self) -> dict[str, str]:
         """What the last read found, without reading."""
-        return self._unavailable
+        return self._reasons.last() or {}
 
-    def _read(self) -> dict[str, str]:
+    def _read(self, _now: float) -> dict[str, str]:
         try:
             figures = self._presence.availability(self._models)
         except Exception as exc:  # never worth refusing a create over (nor a traceback)
             log.warning("could not read which models the workers can load: %r", exc)
-            return self._unavailable
+            return self.last()
         return {m: a.reason for m, a in figures.items() if a.reason is not None}
 
     def check(self, model: str) -> None:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from api.refreshed import Refreshed
 from models.db import Job, job_spec
 from models.errors import QueueFull
 from models.registry import ServedModel
@@ -102,25 +103,22 @@ class QueueEstimates:
         self._presence = presence
         self._settings = settings
         self._clock = clock
-        self._figures: dict[str, QueueFigures] = {}
-        self._lock = threading.Lock()
+        self._figures: dict[str, Refreshed[QueueFigures]] = {}
+        self._lock = threading.Lock()  # every model's figures are read one at a time
 
     def figures(self, model: str) -> QueueFigures | None:
         """The model's figures, re-read when older than ``eta_refresh_s``. One thread
-        reads; the others meanwhile take the previous figures (None before the first)."""
-        now = self._clock()
-        found = self._figures.get(model)
-        if found is not None and now - found.read_at < self._settings.eta_refresh_s:
-            return found
-        if not self._lock.acquire(blocking=found is None):
-            return found
-        try:
-            found = self._figures.get(model)
-            if found is None or now - found.read_at >= self._settings.eta_refresh_s:
-                found = self._read(model, now)
-            return found
-        finally:
-            self._lock.release()
+        reads; the others meanwhile take the previous figures (:class:`Refreshed`)."""
+        refreshed = self._figures.get(model)
+        if refreshed is None:
+            refreshed = Refreshed(
+                lambda now: self._read(model, now),
+                self._settings.eta_refresh_s,
+                self._clock,
+                self._lock,
+            )
+            refreshed = self._figures.setdefault(model, refreshed)
+        return refreshed.get()
 
     def _read(self, model: str, now: float) -> QueueFigures:
         """Fresh figures; after a failed read the previous ones (or none: no estimate),
@@ -131,14 +129,11 @@ class QueueEstimates:
             workers = self._presence.count(model)
         except Exception:  # an estimate is never worth failing a read over
             log.warning("could not read the queue figures of %s", model, exc_info=True)
-            before = self._figures.get(model)
+            before = self._figures[model].last()
             figures = QueueFigures(now, 0, (), None) if before is None else before
-            figures = dataclasses.replace(figures, read_at=now)
-        else:
-            run_s = sum(runs) / len(runs) if runs else None
-            figures = QueueFigures(now, workers, tuple(starts), run_s)
-        self._figures[model] = figures
-        return figures
+            return dataclasses.replace(figures, read_at=now)
+        run_s = sum(runs) / len(runs) if runs else None
+        return QueueFigures(now, workers, tuple(starts), run_s)
 
     def estimated_start_at(self, model: str, position: int | None) -> int | None:
         """When the queued job at ``position`` should start (unix seconds)."""

@@ -200,6 +200,15 @@ def check_output(output: Path) -> str | None:
     return None
 
 
+def refuse_output(command: str, output: str | Path | None) -> bool:
+    """Say why ``-o`` ``output`` could not be written (:func:`check_output`), as a line
+    of ``command``; True then, and the command exits 1 before asking anything."""
+    problem = None if output is None else check_output(Path(output))
+    if problem is not None:
+        say(f"{command}: {problem}")
+    return problem is not None
+
+
 def save(resp: httpx.Response, output: Path) -> int:
     """Stream an open response's body to ``output`` through a ``.part`` file, with a byte
     progress bar on stderr (its total from ``Content-Length`` when there is one); the

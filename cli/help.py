@@ -5,7 +5,8 @@
 the server's, the model's, an environment variable) states it in its own help text,
 which then already contains ``(default: …)``. Descriptions are filled to the terminal's
 width paragraph by paragraph; a paragraph whose lines are indented (examples) is kept as
-written (its other lines indented). :func:`command` adds a subcommand with both.
+written (its other lines indented). :func:`command` adds a subcommand with both,
+:func:`command_group` one with subcommands of its own.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 
@@ -46,3 +48,21 @@ def command(sub: Any, name: str, help: str, description: str, **kwargs: Any) -> 
     return sub.add_parser(
         name, help=help, description=description, formatter_class=HelpFormatter, **kwargs
     )
+
+
+def command_group(
+    sub: Any,
+    name: str,
+    help: str,
+    description: str,
+    *,
+    dest: str,
+    func: Callable[[argparse.Namespace], int],
+    uses_database: bool,
+) -> Any:
+    """A :func:`command` of subcommands (``omniqueue NAME COMMAND``), all run by ``func``,
+    which finds the one given in ``dest``; its ``add_subparsers`` action, for
+    :func:`command` to add them to."""
+    group = command(sub, name, help=help, description=description)
+    group.set_defaults(func=func, uses_database=uses_database)
+    return group.add_subparsers(dest=dest, required=True, title="commands", metavar="COMMAND")

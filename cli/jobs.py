@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,12 @@ from cli.client import (
     CliError,
     call,
     cancel,
-    check_output,
     connect,
     download,
     extension,
     failure,
     job_path,
+    refuse_output,
     say,
     watch,
 )
@@ -108,6 +108,20 @@ def run_status(
     return 1 if wait and job.get("status") == "failed" else 0
 
 
+def _json_lines(objects: list[dict[str, Any]]) -> None:
+    """``--json``: the server's objects as they are, one a line."""
+    for obj in objects:
+        print(json.dumps(obj))
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
+    """Rows under their header row, columns padded to their widest cell (the last, free
+    text, not)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
+
+
 def _page(client: httpx.Client, path: str, limit: int) -> list[dict[str, Any]]:
     page = call(client, "GET", path, params={"limit": limit, "order": "desc"})
     return list(page.get("data") or [])
@@ -139,8 +153,7 @@ def run_list(
     jobs.sort(key=lambda j: j.get("created_at") or 0, reverse=True)
     jobs = jobs[:limit]
     if as_json:
-        for job in jobs:
-            print(json.dumps(job))
+        _json_lines(jobs)
         return 0
     if not jobs:
         say("no jobs")
@@ -157,9 +170,7 @@ def run_list(
         )
         for j in jobs
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    _table(rows)
     return 0
 
 
@@ -192,8 +203,7 @@ def run_download(
     """Download a completed job's file (a video's MP4 or JPEG thumbnail, an audio job's
     file in its format; of a video's output ``index``) to ``output``, default
     ``<id>.<extension>`` (``<id>-<index>.<extension>`` for an output after the first)."""
-    if output is not None and (problem := check_output(Path(output))) is not None:
-        say(f"omniqueue download: {problem}")
+    if refuse_output("omniqueue download", output):
         return 1
     with connect(url, api_key) as client:
         try:
@@ -254,12 +264,9 @@ def run_models(*, url: str | None = None, api_key: str | None = None, as_json: b
             say(f"omniqueue models: {error}")
             return 1
     if as_json:
-        for model in models:
-            print(json.dumps(model))
+        _json_lines(models)
         return 0
     rows = [("MODEL", "MODALITY", "USE WITH", "DEFAULTS")]
     rows += [(str(m["id"]), str(m.get("modality")), _verb(m), _defaults(m)) for m in models]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])
+    _table(rows)
     return 0

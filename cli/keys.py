@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from cli.database import opened
-from cli.help import command
+from cli.help import command, command_group
 from storage.settings import get_settings
 
 # (flag, ApiKey column, help)
@@ -43,7 +43,7 @@ def _quota(text: str) -> int | str:
 
 def add_parser(sub: Any) -> None:
     """The ``keys`` command and its subcommands on the top-level ``sub`` parsers."""
-    keys = command(
+    ksub = command_group(
         sub,
         "keys",
         help="manage API keys and their quotas (in the database)",
@@ -51,8 +51,10 @@ def add_parser(sub: Any) -> None:
         (OMNIQ_DATABASE__URL; the per-user default of omniqueue up's data dir when unset).
         A key is printed once and stored hashed. A quota given as N is the key's own (0:
         unlimited); 'default' follows the server's OMNIQ_QUOTAS__* (docs/limits.md).""",
+        dest="keys_cmd",
+        func=run,
+        uses_database=True,
     )
-    ksub = keys.add_subparsers(dest="keys_cmd", required=True, title="commands", metavar="COMMAND")
     kc = command(
         ksub,
         "create",
@@ -84,7 +86,6 @@ def add_parser(sub: Any) -> None:
         description="Revoke a key: requests with it get 401 from then on.",
     )
     kr.add_argument("key_id", help="the key's id (key_…)")
-    keys.set_defaults(func=run, uses_database=True)
 
 
 def _given(args: argparse.Namespace) -> dict[str, int | None]:

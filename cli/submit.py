@@ -31,13 +31,13 @@ from cli.client import (
     CliError,
     call,
     cancel_on_interrupt,
-    check_output,
     connect,
     download,
     error_message,
     extension,
     failure,
     job_path,
+    refuse_output,
     save,
     say,
     transport_error,
@@ -180,8 +180,7 @@ def run_job(
     ``sleep`` runs between polls; tests pass one that raises ``KeyboardInterrupt``.
     """
     command = f"omniqueue {request.label}"
-    if output is not None and (problem := check_output(Path(output))) is not None:
-        say(f"{command}: {problem}")
+    if refuse_output(command, output):
         return 1
     with connect(url, api_key) as client:
         try:
@@ -293,8 +292,7 @@ def run_speech(
 ) -> int:
     """Speak ``text`` (``POST /v1/audio/speech``) into ``output`` (default
     ``<job id>.<format>``). Exit code: 0, 1 on failure, 130 on Ctrl-C."""
-    if output is not None and (problem := check_output(Path(output))) is not None:
-        say(f"omniqueue speech: {problem}")
+    if refuse_output("omniqueue speech", output):
         return 1
     fields = {
         "input": text,

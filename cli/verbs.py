@@ -6,6 +6,7 @@ description and every option's default (``cli/help.py``). They run in
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from cli.client import DEFAULT_URL, KEY_ENV, URL_ENV
@@ -32,6 +33,19 @@ def _client_options() -> argparse.ArgumentParser:
         f"(default: ${KEY_ENV}, else none)",
     )
     return common
+
+
+def _verb(
+    sub: Any,
+    common: argparse.ArgumentParser,
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    **kwargs: Any,
+) -> Any:
+    """A client verb: :func:`command` with the ``common`` options, run by ``func``."""
+    parser = command(sub, name, parents=[common], **kwargs)
+    parser.set_defaults(func=func)
+    return parser
 
 
 def _limit(text: str) -> int:
@@ -63,6 +77,24 @@ def _no_wait(parser: argparse.ArgumentParser, kind: str) -> None:
     )
 
 
+def _model(parser: argparse.ArgumentParser, modality: str) -> None:
+    parser.add_argument(
+        "--model", default=None, help=f"a served {modality} model (default: the server's first)"
+    )
+
+
+def _audio_format(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--format", choices=AUDIO_FORMATS, default=default, help="file format")
+
+
+def _job_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job_id", metavar="ID", help="a job id (video_… or audio_…)")
+
+
+def _json_lines(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
 def _job_options(parser: argparse.ArgumentParser) -> None:
     """What video and audio jobs share."""
     parser.add_argument(
@@ -81,11 +113,12 @@ def _job_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_video(sub: Any, common: argparse.ArgumentParser) -> None:
-    video = command(
+    video = _verb(
         sub,
+        common,
         "video",
+        _video,
         aliases=["generate"],
-        parents=[common],
         help="generate a video: submit, watch with a progress bar, download",
         description="""Create a video job (POST /v1/videos), watch it with a progress bar
         (stage, denoise step, ETA) and download the MP4. Ctrl-C after the job exists
@@ -135,19 +168,17 @@ def _add_video(sub: Any, common: argparse.ArgumentParser) -> None:
         help="outputs for the prompt (the request's n, up to the model's max_outputs): "
         "saved as <file>, <file stem>-1.mp4, … (default: the server's, 1)",
     )
-    video.add_argument(
-        "--model", default=None, help="a served video model (default: the server's first)"
-    )
+    _model(video, "video")
     _output(video, "<video id>.mp4 in the current directory")
     _no_wait(video, "video")
-    video.set_defaults(func=_video)
 
 
 def _add_audio(sub: Any, common: argparse.ArgumentParser) -> None:
-    audio = command(
+    audio = _verb(
         sub,
+        common,
         "audio",
-        parents=[common],
+        _audio,
         help="generate audio (music, sound) from a prompt: submit, watch, download",
         description="""Create an audio job (POST /v1/audio/generations), watch it with a
         progress bar and download the file. Ctrl-C after the job exists cancels it.
@@ -158,7 +189,7 @@ def _add_audio(sub: Any, common: argparse.ArgumentParser) -> None:
     audio.add_argument("prompt", help="what the audio sounds like")
     audio.add_argument("--seconds", type=float, default=None, help=f"length in seconds {_MODEL}")
     _job_options(audio)
-    audio.add_argument("--format", choices=AUDIO_FORMATS, default="wav", help="file format")
+    _audio_format(audio, "wav")
     audio.add_argument(
         "--sample-rate",
         type=int,
@@ -172,19 +203,17 @@ def _add_audio(sub: Any, common: argparse.ArgumentParser) -> None:
         default=None,
         help="1 mono, 2 stereo (default: the model's)",
     )
-    audio.add_argument(
-        "--model", default=None, help="a served audio model (default: the server's first)"
-    )
+    _model(audio, "audio")
     _output(audio, "<audio id>.<format> in the current directory")
     _no_wait(audio, "audio job")
-    audio.set_defaults(func=_audio)
 
 
 def _add_speech(sub: Any, common: argparse.ArgumentParser) -> None:
-    speech = command(
+    speech = _verb(
         sub,
+        common,
         "speech",
-        parents=[common],
+        _speech,
         help="speak a text (OpenAI text-to-speech) into a file",
         description="""Speak TEXT through POST /v1/audio/speech, OpenAI's text-to-speech
         request: the server answers with the file once the job is done (a spinner
@@ -209,35 +238,33 @@ def _add_speech(sub: Any, common: argparse.ArgumentParser) -> None:
         default=None,
         help="the clip's length (duration_seconds) (default: from the text's word count)",
     )
-    speech.add_argument("--format", choices=AUDIO_FORMATS, default="mp3", help="file format")
+    _audio_format(speech, "mp3")
     speech.add_argument("--sample-rate", type=int, default=None, help="Hz (default: 24000)")
     speech.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
-    speech.add_argument(
-        "--model", default=None, help="a served audio model (default: the server's first)"
-    )
+    _model(speech, "audio")
     _output(speech, "<audio id>.<format> in the current directory")
-    speech.set_defaults(func=_speech)
 
 
 def _add_reads(sub: Any, common: argparse.ArgumentParser) -> None:
-    status = command(
+    status = _verb(
         sub,
+        common,
         "status",
-        parents=[common],
+        _status,
         help="show a job's state (progress, stage, error, …)",
         description="""Show a video or audio job's state: status, progress, stage and
         step, queue position and estimated start, settings, times, error. --wait watches
         it to its end with a progress bar (Ctrl-C stops watching; the job goes on).""",
     )
-    status.add_argument("job_id", metavar="ID", help="a job id (video_… or audio_…)")
+    _job_id(status)
     status.add_argument("--json", action="store_true", help="print the server's JSON object")
     status.add_argument("--wait", action="store_true", help="watch the job until it ends first")
-    status.set_defaults(func=_status)
 
-    listing = command(
+    listing = _verb(
         sub,
+        common,
         "list",
-        parents=[common],
+        _list,
         help="list your latest jobs, newest first",
         description="""List the latest jobs of the API key (every job while auth is off),
         newest first: id, status, progress, model, creation time and prompt.""",
@@ -246,30 +273,30 @@ def _add_reads(sub: Any, common: argparse.ArgumentParser) -> None:
         "--kind", choices=("all", "video", "audio"), default="all", help="which jobs"
     )
     listing.add_argument("--limit", type=_limit, default=20, help="how many, 1 to 100")
-    listing.add_argument("--json", action="store_true", help="one JSON object per line")
-    listing.set_defaults(func=_list)
+    _json_lines(listing)
 
-    cancel = command(
+    cancel = _verb(
         sub,
+        common,
         "cancel",
-        parents=[common],
+        _cancel,
         help="cancel jobs",
         description="""Cancel queued or running jobs. A running job stops at its worker's
         next check (between denoise steps) and leaves nothing stored; a job that ended
         already is left as it is. The job's record stays (omniqueue status ID).""",
     )
     cancel.add_argument("job_ids", nargs="+", metavar="ID", help="job ids (video_… or audio_…)")
-    cancel.set_defaults(func=_cancel)
 
-    download = command(
+    download = _verb(
         sub,
+        common,
         "download",
-        parents=[common],
+        _download,
         help="download a completed job's file",
         description="""Download what a completed job made: a video's MP4 (or its JPEG
         thumbnail), an audio job's file in its format; with a progress bar.""",
     )
-    download.add_argument("job_id", metavar="ID", help="a job id (video_… or audio_…)")
+    _job_id(download)
     _output(download, "<id>.mp4, <id>.jpg or <id>.<format> in the current directory")
     download.add_argument("--thumbnail", action="store_true", help="a video's JPEG thumbnail")
     download.add_argument(
@@ -279,20 +306,19 @@ def _add_reads(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="K",
         help="which output of a video job made with --n (0 to n - 1; default: 0)",
     )
-    download.set_defaults(func=_download)
 
-    models = command(
+    models = _verb(
         sub,
+        common,
         "models",
-        parents=[common],
+        _models,
         help="list the served models and their defaults",
         description="""List the models the server serves (GET /v1/models): modality, which
         command or endpoint uses each, and a job model's defaults (size, seconds, steps)
         and options (--image, --quality tiers, --lora). The first of a modality is the
         default.""",
     )
-    models.add_argument("--json", action="store_true", help="one JSON object per line")
-    models.set_defaults(func=_models)
+    _json_lines(models)
 
 
 def add_parsers(sub: Any) -> None:

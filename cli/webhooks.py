@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from cli.database import opened
-from cli.help import command
+from cli.help import command, command_group
 from models.errors import InvalidRequest
 from models.webhooks import ALL_EVENT_TYPES
 from storage.constants import LOCAL_OWNER
@@ -28,16 +28,16 @@ from storage.settings import Settings, get_settings
 
 def add_parser(sub: Any) -> None:
     """The ``webhooks`` command and its subcommands, on ``omniqueue``'s subparsers."""
-    hooks = command(
+    wsub = command_group(
         sub,
         "webhooks",
         help="the webhook sender and per-key webhook endpoints",
         description="""Run the webhook sender, and manage the endpoints that get an API
         key's job events (signed, Standard Webhooks; docs/webhooks.md), straight in the
         database (OMNIQ_DATABASE__URL; the per-user default when unset).""",
-    )
-    wsub = hooks.add_subparsers(
-        dest="webhooks_cmd", required=True, title="commands", metavar="COMMAND"
+        dest="webhooks_cmd",
+        func=run,
+        uses_database=True,
     )
     command(
         wsub,
@@ -82,7 +82,6 @@ def add_parser(sub: Any) -> None:
         description="Print a job's webhook deliveries, one JSON line each, with their attempts.",
     )
     dl.add_argument("job_id", help="a job id (video_… or audio_…)")
-    hooks.set_defaults(func=run, uses_database=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ Sizes: multiples of 64 (the long history is patched 4x(1, 2, 2) over an 8x VAE).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,20 +66,27 @@ def _tiny_vae() -> AutoencoderKLWan:
     ).eval()
 
 
-def tiny_helios_pipeline() -> HeliosPipeline:
-    """Helios-Base's shape in miniature: UniPC ``HeliosScheduler`` with one stage and
-    resolution-dependent shifting (as the published scheduler config)."""
+def _components(scheduler: Callable[[], HeliosScheduler | HeliosDMDScheduler]) -> dict[str, Any]:
+    """A tiny pipeline's modules, built (and seeded) in the order they always were."""
     vae = _tiny_vae()
     with warnings.catch_warnings():
         # HeliosScheduler.__init__ passes torch tensors to np.linspace (diffusers 0.42).
         warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
-        scheduler = HeliosScheduler(stages=1, use_dynamic_shifting=True, shift=1.0)
+        made = scheduler()
+    return {
+        "tokenizer": tiny_tokenizer(),
+        "text_encoder": tiny_umt5(),
+        "vae": vae,
+        "scheduler": made,
+        "transformer": tiny_helios_transformer(),
+    }
+
+
+def tiny_helios_pipeline() -> HeliosPipeline:
+    """Helios-Base's shape in miniature: UniPC ``HeliosScheduler`` with one stage and
+    resolution-dependent shifting (as the published scheduler config)."""
     return HeliosPipeline(
-        tokenizer=tiny_tokenizer(),
-        text_encoder=tiny_umt5(),
-        vae=vae,
-        scheduler=scheduler,
-        transformer=tiny_helios_transformer(),
+        **_components(lambda: HeliosScheduler(stages=1, use_dynamic_shifting=True, shift=1.0))
     )
 
 
@@ -89,19 +97,8 @@ def tiny_helios_pyramid_pipeline(*, distilled: bool) -> HeliosPyramidPipeline:
     transformer's non-contiguous output).
     ``gamma`` 0.2: at the default 1/3 the block-noise covariance of a 2x2 patch is
     singular, and its Cholesky factorisation fails on CPU float32."""
-    vae = _tiny_vae()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
-        scheduler: HeliosScheduler | HeliosDMDScheduler = (
-            HeliosDMDScheduler(stages=3, use_dynamic_shifting=True, shift=1.0, gamma=0.2)
-            if distilled
-            else HeliosScheduler(stages=3, use_dynamic_shifting=True, shift=1.0, gamma=0.2)
-        )
+    kind = HeliosDMDScheduler if distilled else HeliosScheduler
     return HeliosPyramidPipeline(
-        tokenizer=tiny_tokenizer(),
-        text_encoder=tiny_umt5(),
-        vae=vae,
-        scheduler=scheduler,
-        transformer=tiny_helios_transformer(),
+        **_components(lambda: kind(stages=3, use_dynamic_shifting=True, shift=1.0, gamma=0.2)),
         is_distilled=distilled,
     )

@@ -24,11 +24,12 @@ from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput
 from models.job_specs import LoraSpec
 from tests.unit.cogvideox_i2v_fixtures import Layout, tiny_cogvideox_i2v_pipeline
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, TINY_VIDEO, tiny_cogvideox_pipeline
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_cogvideox_pipeline
 from tests.unit.job_steps import job_frames
 from tests.unit.lora_fixtures import write_lora
 from tests.unit.test_diffusers_video import _run
 from tests.unit.video_workflows import (
+    TinyEntry,
     assert_keyframe_refusals,
     assert_refused,
     assert_same_frames,
@@ -46,24 +47,8 @@ from workers.pipelines.diffusers.compiled import graphs_made
 from workers.pipelines.diffusers.lora import LoraCache
 
 FPS = 8.0
-
-
-def _spec(workflows: list[str]) -> Any:
-    return FAMILY_SPECS["diffusers.cogvideox"].model_copy(update={"workflows": workflows})
-
-
-def _adapter(pipe: Any, workflows: list[str], **kw: Any) -> CogVideoXAdapter:
-    adapter = CogVideoXAdapter(
-        pipe=pipe, spec=_spec(workflows), max_sequence_length=TINY_SEQ_LEN, **kw
-    )
-    adapter.load("cpu")
-    return adapter
-
-
-def _request(**overrides: Any) -> GenerationRequest:
-    return GenerationRequest.video(
-        **TINY_VIDEO | {"fps": FPS, "num_inference_steps": 2} | overrides
-    )
+COGVIDEOX = TinyEntry(CogVideoXAdapter, "diffusers.cogvideox", fps=FPS, steps=2)
+_spec, _adapter, _request = COGVIDEOX.spec, COGVIDEOX.adapter, COGVIDEOX.request
 
 
 def _call(pipe: Any, req: GenerationRequest, **kwargs: Any) -> np.ndarray:

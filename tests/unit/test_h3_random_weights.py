@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from models.registry import CatalogError, parse_registry
-from storage.settings import Settings
+from models.registry import parse_registry
 from tests.unit.h3_fixtures import h3_request
 from tests.unit.job_steps import run_job
+from tests.unit.random_weights import assert_refused_by_default, random_registry
 from workers.pipelines.diffusers.h3_random import TOY_CONFIG, random_pipeline
 from workers.pipelines.registry import PipelineRegistry
 
@@ -32,10 +32,8 @@ canvas_max_pixels = 8192
 
 def _registry(**kw: Any) -> PipelineRegistry:
     """The entry at the toy sizes (``random_config``), its text read after layer 2."""
-    (model,) = parse_registry(REGISTRY).values()
     options = {"random_text_layers": 2, "random_config": TOY_CONFIG}
-    model = model.model_copy(update={"adapter_options": options})
-    return PipelineRegistry({NAME: model}, "cpu", **kw)
+    return random_registry(REGISTRY, options, **kw)
 
 
 def _job(registry: PipelineRegistry) -> Any:
@@ -43,11 +41,8 @@ def _job(registry: PipelineRegistry) -> Any:
 
 
 def test_a_random_weights_entry_is_refused_unless_the_worker_allows_it() -> None:
-    assert Settings().worker.random_weights is False
     registry = _registry()
-    with pytest.raises(CatalogError, match="OMNIQ_WORKER__RANDOM_WEIGHTS"):
-        registry.job(NAME)
-    assert registry._loaded == {}
+    assert_refused_by_default(registry, lambda: registry.job(NAME))
 
 
 def test_an_allowed_random_entry_builds_seeded_weights_and_runs_a_job() -> None:

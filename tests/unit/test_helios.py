@@ -89,16 +89,18 @@ def _solo(adapter: HeliosWorldAdapter, name: str, **over: Any) -> list[np.ndarra
     return _SOLO[name]
 
 
-def _reference(pipe: HeliosPipeline, frames: int, **kwargs: Any) -> np.ndarray:
+def _reference(pipe: Any, frames: int, i2v: bool, **kwargs: Any) -> np.ndarray:
+    """``pipe(...)``'s video for a session's prompt, size and seed (``image=`` for I2V)."""
+    keyframe = {"image": Image.fromarray(IMAGE)} if i2v else {}
     out = pipe(
         "a red ball",
         num_frames=frames,
         height=SIZE,
         width=SIZE,
-        num_inference_steps=STEPS,
         generator=torch.Generator().manual_seed(3),
         output_type="np",
         max_sequence_length=SEQ_LEN,
+        **keyframe,
         **kwargs,
     )
     return to_uint8(out.frames[0])
@@ -120,7 +122,7 @@ def test_session_frames_are_helios_pipelines_bit_for_bit(
     )
     assert [c.shape for c in got_chunks] == [(CHUNK, SIZE, SIZE, 3)] * chunks
     assert all(c.dtype == np.uint8 for c in got_chunks)
-    expected = _reference(pipe, frames, **({"image": Image.fromarray(IMAGE)} if i2v else {}))
+    expected = _reference(pipe, frames, i2v, num_inference_steps=STEPS)
     got = np.concatenate(got_chunks)
     assert len(expected) == (frames - 1) // 4 * 4 + 1 == len(got) - (chunks - 1) % 4
     np.testing.assert_array_equal(got[: len(expected)], expected)
@@ -144,19 +146,9 @@ def test_pyramid_session_frames_are_helios_pyramid_pipelines_bit_for_bit(
     over: dict[str, Any] = {"reference_image": IMAGE} if i2v else {}
     state = adapter.start(_config(steps_per_chunk=sum(steps), extra=extra, **over))
     got = np.concatenate(_run(adapter, state))
-    out = pipe(
-        "a red ball",
-        num_frames=FRAMES,
-        height=SIZE,
-        width=SIZE,
-        guidance_scale=guidance,
-        pyramid_num_inference_steps_list=steps,
-        generator=torch.Generator().manual_seed(3),
-        output_type="np",
-        max_sequence_length=SEQ_LEN,
-        **({"image": Image.fromarray(IMAGE)} if i2v else {}),
+    expected = _reference(
+        pipe, FRAMES, i2v, guidance_scale=guidance, pyramid_num_inference_steps_list=steps
     )
-    expected = to_uint8(out.frames[0])
     assert len(got) == FRAMES and len(expected) == FRAMES - 1
     np.testing.assert_array_equal(got[: len(expected)], expected)
     # Without the list, steps_per_chunk is shared evenly by the stages.

@@ -16,8 +16,7 @@ import torch
 from diffusers import HeliosPyramidPipeline, HeliosTransformer3DModel
 from transformers import UMT5Config, UMT5EncoderModel
 
-from models.registry import CatalogError, parse_registry
-from storage.settings import Settings
+from tests.unit.random_weights import assert_refused_by_default, random_registry
 from workers.pipelines.base import WorldConfig
 from workers.pipelines.diffusers.common import to_uint8
 from workers.pipelines.diffusers.helios import HeliosWorldAdapter
@@ -45,10 +44,8 @@ PROMPT = "a red ball at sunset"
 
 
 def _registry(**kw: Any) -> PipelineRegistry:
-    (model,) = parse_registry(REGISTRY).values()
     options = {"random_config": TINY_CONFIG, "max_sequence_length": SEQ_LEN}
-    model = model.model_copy(update={"adapter_options": options})
-    return PipelineRegistry({NAME: model}, "cpu", **kw)
+    return random_registry(REGISTRY, options, **kw)
 
 
 def _chunk(adapter: Any) -> np.ndarray:
@@ -65,11 +62,8 @@ def _chunk(adapter: Any) -> np.ndarray:
 
 
 def test_a_random_helios_entry_is_refused_unless_the_worker_allows_it() -> None:
-    assert Settings().worker.random_weights is False
     registry = _registry()
-    with pytest.raises(CatalogError, match="OMNIQ_WORKER__RANDOM_WEIGHTS"):
-        registry.world(NAME)
-    assert registry._loaded == {}
+    assert_refused_by_default(registry, lambda: registry.world(NAME))
 
 
 def test_an_allowed_entry_builds_a_seeded_distilled_pipeline_that_runs_a_session() -> None:

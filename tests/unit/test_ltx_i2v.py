@@ -21,12 +21,13 @@ from api.references import keyframe_workflow
 from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput
 from models.job_specs import LoraSpec
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, TINY_VIDEO
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN
 from tests.unit.job_steps import job_frames
 from tests.unit.lora_fixtures import write_lora
 from tests.unit.ltx_i2v_fixtures import WORKFLOWS, Kind, tiny_ltx
 from tests.unit.test_diffusers_video import _run
 from tests.unit.video_workflows import (
+    TinyEntry,
     assert_keyframe_refusals,
     assert_refused,
     assert_tier_leaves_no_trace,
@@ -50,23 +51,12 @@ pytestmark = pytest.mark.filterwarnings(
 )
 EXTRA = {"decode_timestep": 0.05, "decode_noise_scale": 0.025, "guidance_rescale": 0.3}
 FPS = 25.0
-
-
-def _spec(workflows: list[str]) -> Any:
-    base = FAMILY_SPECS["diffusers.ltx"]
-    return base.model_construct(**{**base.__dict__, "workflows": workflows})
+LTX = TinyEntry(LTXAdapter, "diffusers.ltx", fps=FPS, steps=2, defaults={"extra": EXTRA})
+_spec, _request = LTX.spec, LTX.request
 
 
 def _adapter(pipe: Any, kind: Kind, **kw: Any) -> LTXAdapter:
-    workflows = kw.pop("workflows", WORKFLOWS[kind])
-    adapter = LTXAdapter(pipe=pipe, spec=_spec(workflows), max_sequence_length=TINY_SEQ_LEN, **kw)
-    adapter.load("cpu")
-    return adapter
-
-
-def _request(**overrides: Any) -> GenerationRequest:
-    ltx = {"fps": FPS, "num_inference_steps": 2, "extra": dict(EXTRA)}
-    return GenerationRequest.video(**TINY_VIDEO | ltx | overrides)
+    return LTX.adapter(pipe, kw.pop("workflows", WORKFLOWS[kind]), **kw)
 
 
 def _call(pipe: Any, req: GenerationRequest) -> np.ndarray:
@@ -196,9 +186,7 @@ def test_a_conditioned_entry_refuses_a_resolution_shifting_scheduler() -> None:
     LTXConditionPipeline's schedule: load says so, naming the model."""
     pipe = tiny_ltx("condition")
     pipe.scheduler = tiny_ltx("t2v").scheduler
-    spec = _spec(["t2v", "flf2v"]).model_construct(
-        **{**_spec(["t2v", "flf2v"]).__dict__, "name": "ltx-0.9.1"}
-    )
+    spec = _spec(["t2v", "flf2v"], name="ltx-0.9.1")
     with pytest.raises(ValueError, match=r"ltx-0\.9\.1: .*use_dynamic_shifting"):
         LTXAdapter(pipe=pipe, spec=spec).load("cpu")
 

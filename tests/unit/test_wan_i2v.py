@@ -19,14 +19,14 @@ import torch
 from diffusers import WanPipeline, WanVideoToVideoPipeline
 from PIL import Image
 
-from models.catalog import FAMILY_SPECS
 from models.errors import InvalidJobInput
 from models.job_specs import LoraSpec, SamplerOptions
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, TINY_VIDEO, tiny_wan_pipeline
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 from tests.unit.job_steps import job_frames
 from tests.unit.lora_fixtures import FFN, SELF_ATTN, write_lora
 from tests.unit.test_diffusers_video import _run
 from tests.unit.video_workflows import (
+    TinyEntry,
     assert_refused,
     assert_same_frames,
     assert_tier_leaves_no_trace,
@@ -47,23 +47,12 @@ from workers.pipelines.diffusers.lora import LoraCache
 from workers.pipelines.diffusers.wan import WanAdapter, WanState
 
 FPS = 16.0
-
-
-def _spec(workflows: list[str]) -> Any:
-    return FAMILY_SPECS["diffusers.wan"].model_copy(update={"workflows": workflows})
+WAN = TinyEntry(WanAdapter, "diffusers.wan", fps=FPS, steps=3)
+_spec, _request = WAN.spec, WAN.request
 
 
 def _adapter(pipe: Any, layout: Layout, **kw: Any) -> WanAdapter:
-    workflows = kw.pop("workflows", WORKFLOWS[layout])
-    adapter = WanAdapter(pipe=pipe, spec=_spec(workflows), max_sequence_length=TINY_SEQ_LEN, **kw)
-    adapter.load("cpu")
-    return adapter
-
-
-def _request(**overrides: Any) -> GenerationRequest:
-    return GenerationRequest.video(
-        **TINY_VIDEO | {"fps": FPS, "num_inference_steps": 3} | overrides
-    )
+    return WAN.adapter(pipe, kw.pop("workflows", WORKFLOWS[layout]), **kw)
 
 
 def _call(pipe: Any, req: GenerationRequest) -> np.ndarray:
@@ -180,10 +169,7 @@ def test_load_refuses_workflows_the_checkpoint_cannot_serve(
     layout: Layout, workflows: list[str], error: str
 ) -> None:
     pipe = tiny_wan_i2v_pipeline(layout)
-    spec = FAMILY_SPECS["diffusers.wan"].model_construct(
-        **{**FAMILY_SPECS["diffusers.wan"].__dict__, "workflows": workflows}
-    )
-    adapter = WanAdapter(pipe=pipe, spec=spec, max_sequence_length=TINY_SEQ_LEN)
+    adapter = WanAdapter(pipe=pipe, spec=_spec(workflows), max_sequence_length=TINY_SEQ_LEN)
     with pytest.raises(ValueError, match=error):
         adapter.load("cpu")
 

@@ -54,8 +54,7 @@ from tests.unit.world_session_client import (
 )  # fmt: skip
 def test_bad_start_is_refused_with_a_code_and_closed(fields: dict[str, Any], code: str) -> None:
     p = new_session(models=frozenset({"reference/world"}))
-    p.receive_text(start_json(**fields), 0.0)
-    error = error_event(p)
+    error = _refused(p, **fields)
     assert error["code"] == code and error["message"]
     assert "request_id" not in error
     assert p.state is State.FAILED and p.close_code == CLOSE_POLICY
@@ -119,6 +118,12 @@ def test_start_timeout() -> None:
 WORLD = StartLimits(max_width=1280, max_height=1280, max_frames=957, max_fps=60)
 
 
+def _refused(p: WorldSessionProtocol, **fields: Any) -> dict[str, Any]:
+    """The error event a start of these fields gets."""
+    p.receive_text(start_json(**fields), 0.0)
+    return error_event(p)
+
+
 def _capped(**options: Any) -> WorldSessionProtocol:
     limits = {"reference/world": WORLD}
     return new_session(models=frozenset(limits), model_limits=limits, **options)
@@ -129,8 +134,7 @@ def test_a_server_with_no_world_model_says_so_naming_model(model: str | None) ->
     """A registry without a streaming video model (``omniqueue up`` then starts no realtime
     worker): every start is refused at once, saying which kind of model is missing."""
     p = new_session(models=frozenset())
-    p.receive_text(start_json(model=model), 0.0)
-    error = error_event(p)
+    error = _refused(p, model=model)
     assert (error["code"], error["param"]) == ("model_not_found", "model")
     assert "serves no world model" in error["message"]
     assert p.events_received() == [] and p.close_code == CLOSE_POLICY
@@ -151,8 +155,7 @@ def test_rollout_beyond_the_models_max_frames_is_refused_before_placement(
     fields: dict[str, Any], param: str
 ) -> None:
     p = _capped()
-    p.receive_text(start_json(**{**fields, "extra_params": {}}), 0.0)
-    error = error_event(p)
+    error = _refused(p, **{**fields, "extra_params": {}})
     assert (error["code"], error["param"]) == ("invalid_num_frames", param), error
     assert p.events_received() == [] and p.close_code == CLOSE_POLICY
     assert p.config is None
@@ -168,8 +171,7 @@ def test_model_max_frames_is_accepted_and_one_chunk_more_is_not() -> None:
 def test_the_session_time_limit_bounds_num_frames_over_fps() -> None:
     # 10 s at 16 fps: 160 frames → 13 whole chunks (153 frames); 14 chunks are refused
     p = _capped(max_session_s=10.0)
-    p.receive_text(start_json(num_frames=165, fps=16, extra_params={}), 0.0)
-    error = error_event(p)
+    error = _refused(p, num_frames=165, fps=16, extra_params={})
     assert (error["code"], error["param"]) == ("invalid_num_frames", "num_frames")
     assert "at most 153" in error["message"] and p.events_received() == []
     p = _capped(max_session_s=10.0)
@@ -205,8 +207,7 @@ def test_a_start_without_model_gets_the_default_models_caps() -> None:
 )
 def test_huge_numbers_and_booleans_are_param_errors(fields: dict[str, Any], param: str) -> None:
     p = _capped()
-    p.receive_text(start_json(**fields), 0.0)
-    error = error_event(p)
+    error = _refused(p, **fields)
     assert error["param"] == param, error
     assert p.events_received() == [] and p.close_code == CLOSE_POLICY
 
@@ -328,10 +329,7 @@ def test_steps_per_chunk_are_the_start_s_or_the_model_s_default_within_its_range
     assert steps.num_inference_steps == 3
     p = _served(HELIOS_LIKE)
     too_many = HELIOS_LIKE.max_steps + 1
-    p.receive_text(
-        start_json(model="helios-like", num_inference_steps=too_many, extra_params={}), 0.0
-    )
-    error = error_event(p)
+    error = _refused(p, model="helios-like", num_inference_steps=too_many, extra_params={})
     assert (error["code"], error["param"]) == ("invalid_request", "num_inference_steps")
     assert f"[1, {HELIOS_LIKE.max_steps}]" in error["message"] and p.events_received() == []
 
@@ -339,17 +337,13 @@ def test_steps_per_chunk_are_the_start_s_or_the_model_s_default_within_its_range
 def test_num_frames_rounds_down_to_the_model_s_chunks() -> None:
     config = _start(_served(HELIOS_LIKE), model="helios-like", num_frames=100, extra_params={})
     assert (config.num_frames, config.chunks) == (99, 3)
-    p = _served(HELIOS_LIKE)
-    p.receive_text(start_json(model="helios-like", num_frames=32, extra_params={}), 0.0)
-    error = error_event(p)
+    error = _refused(_served(HELIOS_LIKE), model="helios-like", num_frames=32, extra_params={})
     assert (error["code"], error["param"]) == ("invalid_num_frames", "num_frames")
     assert "at least 33" in error["message"]
 
 
 def test_the_size_lattice_is_the_model_s() -> None:
-    p = _served(HELIOS_LIKE)
-    p.receive_text(start_json(model="helios-like", width=656, extra_params={}), 0.0)
-    error = error_event(p)
+    error = _refused(_served(HELIOS_LIKE), model="helios-like", width=656, extra_params={})
     assert (error["code"], error["param"]) == ("invalid_size", "width")
     assert "multiples of 32" in error["message"]
 
@@ -357,8 +351,7 @@ def test_the_size_lattice_is_the_model_s() -> None:
 def test_a_camera_script_for_a_model_without_camera_is_refused_naming_it() -> None:
     p = _served(HELIOS_LIKE, REFERENCE_WORLD)
     script = {"camera_action_script": [[["w"], ["w"], ["w"]]]}
-    p.receive_text(start_json(model="helios-like", num_frames=33, extra_params=script), 0.0)
-    error = error_event(p)
+    error = _refused(p, model="helios-like", num_frames=33, extra_params=script)
     assert error["code"] == "invalid_camera_action_script"
     assert error["param"] == "extra_params.camera_action_script"
     assert "no camera" in error["message"] and p.events_received() == []

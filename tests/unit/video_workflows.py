@@ -3,26 +3,61 @@ keyframe workflows' test_wan_i2v.py, test_ltx_i2v.py, test_ltx2_i2v.py,
 test_cogvideox_i2v.py): the pipeline's own call for a request, keyframes and source clips
 as the executor hands them over, bit-equal frames, the warm-up job, jobs stepped in turn,
 a cancel inside a step, the cache-tier check, a fresh pipe with one LoRA, and the worker's
-and the API's refusals."""
+and the API's refusals; and a family's entry over the tiny pipelines."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pytest
 import torch
 
 from api.references import keyframe_workflow
-from models.catalog import ModelSpec
+from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput, InvalidRequest, JobLost
 from models.registry import WarmupShape
-from tests.unit.diffusers_fixtures import TINY_SEQ_LEN
+from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, TINY_VIDEO
 from tests.unit.job_steps import job_frames
 from workers.pipelines.base import GenerationRequest, Media, MediaReference, StepState, step_stops
 from workers.pipelines.diffusers.common import DiffusersAdapter, to_uint8
+
+A = TypeVar("A", bound="DiffusersAdapter[Any]")
+
+
+@dataclass(frozen=True)
+class TinyEntry(Generic[A]):
+    """A family's registry entry over the tiny pipelines, as a test module builds it: the
+    adapter class, the catalog family, and its jobs' fps, steps and other defaults."""
+
+    adapter_class: type[A]
+    family: str
+    fps: float
+    steps: int
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    def spec(self, workflows: list[str], **update: Any) -> Any:
+        """The family's catalog spec as an entry serving ``workflows``."""
+        return FAMILY_SPECS[self.family].model_copy(update={"workflows": workflows, **update})
+
+    def adapter(self, pipe: Any, workflows: list[str], **options: Any) -> A:
+        """The adapter over ``pipe`` serving ``workflows`` at ``TINY_SEQ_LEN``, loaded on
+        the CPU."""
+        spec = self.spec(workflows)
+        adapter = self.adapter_class(
+            pipe=pipe, spec=spec, max_sequence_length=TINY_SEQ_LEN, **options
+        )
+        adapter.load("cpu")
+        return adapter
+
+    def request(self, **overrides: Any) -> GenerationRequest:
+        """A job of the ``TINY_VIDEO`` shape with the entry's defaults."""
+        own = {"fps": self.fps, "num_inference_steps": self.steps, **copy.deepcopy(self.defaults)}
+        return GenerationRequest.video(**TINY_VIDEO | own | overrides)
 
 
 def call_frames(pipe: Any, req: GenerationRequest, **more: Any) -> np.ndarray:

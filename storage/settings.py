@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from models.registry import ServedModel, parse_registry, served_models
@@ -66,15 +66,25 @@ def _split_list(value: Any) -> Any:
     return value
 
 
-ModelList = Annotated[list[str], NoDecode]
+# A list setting: a JSON list or ``a,b`` (NoDecode: pydantic-settings hands the variable's
+# text to the validator rather than parse it as JSON first).
+StrList = Annotated[list[str], NoDecode, BeforeValidator(_split_list)]
+
+
+def _empty_is_none(value: Any) -> Any:
+    return value or None
+
+
+# An optional setting that an empty variable leaves unset.
+EmptyIsNone = BeforeValidator(_empty_is_none)
 
 
 class S3Settings(BaseModel):
     # Empty means AWS S3 itself (boto3's default endpoint for the region).
-    endpoint_url: str | None = None
+    endpoint_url: Annotated[str | None, EmptyIsNone] = None
     # Endpoint clients use to follow presigned URLs, when it differs from the one the
     # servers reach (compose: servers use http://minio:9000, browsers http://localhost:9000).
-    public_endpoint_url: str | None = None
+    public_endpoint_url: Annotated[str | None, EmptyIsNone] = None
     bucket: str = "omniqueue"
     region: str = "us-east-1"
     access_key_id: str | None = None
@@ -95,11 +105,6 @@ class S3Settings(BaseModel):
     # Threads of the API's own S3 pool: content streaming, uploads of inputs and deletes
     # run there, never on the pool that serves database reads.
     api_threads: int = Field(default=16, ge=1)
-
-    @field_validator("endpoint_url", "public_endpoint_url", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return value or None
 
 
 class LimitSettings(BaseModel):
@@ -178,7 +183,7 @@ class LoraSettings(BaseModel):
     # inside one of them; empty: no adapter is accepted. Every ``*.safetensors`` file and
     # adapter directory directly under a directory root is also in the catalog, named by
     # its stem (``GET /v1/models``, ``omniqueue loras``), so ``lora.name`` alone finds it.
-    roots: ModelList = Field(default_factory=list)
+    roots: StrList = Field(default_factory=list)
     # A worker's cache of loaded adapters (already converted, on its device), per model:
     # at most this many, and this many bytes of adapter tensors.
     cache_adapters: int = Field(default=8, ge=1)
@@ -191,19 +196,14 @@ class LoraSettings(BaseModel):
     # ``lora.scale`` must lie within [-max_scale, max_scale].
     max_scale: float = Field(default=4.0, gt=0)
 
-    @field_validator("roots", mode="before")
-    @classmethod
-    def _split_roots(cls, value: Any) -> Any:
-        return _split_list(value)
-
 
 class WorkerSettings(BaseModel):
     # Models this worker serves (comma-separated); empty means every served model.
-    models: ModelList = Field(default_factory=list)
+    models: StrList = Field(default_factory=list)
     device: str = "cpu"
     # A worker group: one job across these devices, one process per rank (``cuda:0,cuda:1``;
     # ``cpu,cpu`` runs a gloo group on CPUs). Empty: a single-device worker on ``device``.
-    devices: ModelList = Field(default_factory=list)
+    devices: StrList = Field(default_factory=list)
     # A worker group's collectives give up after this long: a rank that hangs fails the
     # group (restarted, its job taken over) instead of holding the others forever.
     collective_timeout_s: float = Field(default=300.0, gt=0)
@@ -246,11 +246,6 @@ class WorkerSettings(BaseModel):
     # Benchmarks only: load registry entries with ``weights = "random"`` (seeded random
     # weights built from default configs). Off, such an entry refuses to load.
     random_weights: bool = False
-
-    @field_validator("models", "devices", mode="before")
-    @classmethod
-    def _split_models(cls, value: Any) -> Any:
-        return _split_list(value)
 
     @field_validator("memory_fraction", mode="before")
     @classmethod
@@ -317,15 +312,10 @@ class MetricsSettings(BaseModel):
     # this directory (prometheus-client's multiprocess mode), so a scrape answered by any
     # of them reports them all. Empty: each process counts in memory (one process per
     # port). The directory must be emptied before the first of them starts.
-    multiproc_dir: Path | None = None
+    multiproc_dir: Annotated[Path | None, EmptyIsNone] = None
     # Queue depth and oldest-queued age are one SQL aggregate per scrape, reused for this
     # long, so many scrapers cost one query (seconds).
     queue_cache_s: float = Field(default=1.0, ge=0)
-
-    @field_validator("multiproc_dir", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return value or None
 
 
 class WebhookSettings(BaseModel):
@@ -385,7 +375,7 @@ class Settings(BaseSettings):
 
     # Served models (comma-separated); the first is the default for requests naming none.
     # Unset: every model of the registry file, or ``reference/video`` without one.
-    models: ModelList | None = None
+    models: StrList | None = None
     # TOML file mapping model names to adapters, weights paths, dtype and device.
     model_registry: Path | None = None
     # Artifacts expire this long after the job completes (seconds).
@@ -401,11 +391,6 @@ class Settings(BaseSettings):
     # The API's graceful shutdown: open requests (SSE streams, WebSockets) get this long
     # to finish before they are cancelled (``omniqueue up`` waits 5 s longer than this).
     shutdown_grace_s: int = Field(default=5, ge=0)
-
-    @field_validator("models", mode="before")
-    @classmethod
-    def _split_models(cls, value: Any) -> Any:
-        return _split_list(value)
 
     @model_validator(mode="after")
     def _check_models(self) -> Settings:

@@ -11,16 +11,23 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from models.webhooks import WebhookFields
 
 
-def _not_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a number")
-    return value
+def refuse_bool(message: str) -> BeforeValidator:
+    """A validator for a number field that refuses a boolean with ``message`` (pydantic's
+    lax mode would read ``true`` as 1); each protocol words its own message."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError(message)
+        return value
+
+    return BeforeValidator(check)
 
 
-# Numbers of request fields: pydantic's lax mode would read ``true`` as 1; strings
-# (multipart values) still parse, ASCII digits only.
-Int = Annotated[int, BeforeValidator(_not_bool)]
-Number = Annotated[float, BeforeValidator(_not_bool)]
+# Numbers of request fields: booleans are refused; strings (multipart values) still
+# parse, ASCII digits only.
+_NoBool = refuse_bool("a boolean is not a number")
+Int = Annotated[int, _NoBool]
+Number = Annotated[float, _NoBool]
 
 
 class JobRequestOptions(WebhookFields):

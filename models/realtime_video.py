@@ -20,7 +20,6 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -28,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from models.common import refuse_bool
 from models.realtime_video_chunks import CameraActions, is_camera_block
 
 VideoFormat = Literal["m4s"]
@@ -35,15 +35,9 @@ VideoFormat = Literal["m4s"]
 ChunkKind = Literal["media", "trailer", "init"]
 
 
-def _not_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError("must be a number, not a boolean")
-    return value
-
-
 # Numbers of session.start: booleans are not numbers, and every value is bounded so a
 # 100-digit integer or 1e308 is a param error, never an overflow further on.
-_NoBool = BeforeValidator(_not_bool)
+_NoBool = refuse_bool("must be a number, not a boolean")
 _Side = Annotated[int, _NoBool, Field(ge=1, le=16384)]
 _Count = Annotated[int, _NoBool, Field(ge=0, le=2**53)]
 _Seed = Annotated[int, _NoBool, Field(ge=-(2**63), lt=2**63)]

@@ -121,6 +121,13 @@ class Media:
     audio: np.ndarray | None = None
     sample_rate: int | None = None
 
+    @classmethod
+    def audio_only(cls, audio: np.ndarray, sample_rate: int, fps: float = 0.0) -> Media:
+        """The output of an audio model: ``audio`` at ``sample_rate`` and no frames (shape
+        0×0×0×3)."""
+        frames = np.zeros((0, 0, 0, 3), dtype=np.uint8)
+        return cls(frames=frames, fps=fps, audio=audio, sample_rate=sample_rate)
+
 
 @dataclass
 class DecodeStream:

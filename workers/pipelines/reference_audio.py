@@ -41,7 +41,6 @@ SAMPLE_RATE = 24_000
 POOL = 8  # output samples per latent sample
 _SHIFT = 3.0
 _MAX_SMOOTH = 96  # moving-average width (latent samples) at sigma = 1
-_NO_FRAMES = np.zeros((0, 0, 0, 3), dtype=np.uint8)
 _DARK = {"dark", "sad", "night", "storm", "rain", "gloomy", "minor", "cold", "fear", "lonely",
          "grim", "shadow", "death", "melancholy", "slow", "winter"}  # fmt: skip
 _MAJOR = (0, 2, 4, 5, 7, 9, 11)
@@ -119,7 +118,7 @@ class ReferenceAudioPipeline(NoWeights, Pipeline):
         held = np.repeat(st.latents, POOL, axis=1)[:, :n]
         out = held + detail * (st.target - np.repeat(st.clean, POOL, axis=1)[:, :n])
         audio = np.clip(out, -1.0, 1.0).astype(np.float32)
-        return Media(frames=_NO_FRAMES.copy(), fps=0.0, audio=audio, sample_rate=SAMPLE_RATE)
+        return Media.audio_only(audio, SAMPLE_RATE)
 
 
 def _as_state(state: StepState) -> ReferenceAudioState:

@@ -53,7 +53,6 @@ VOICES: dict[str, espeak.Voice] = {
     "cedar": espeak.Voice("m7", pitch=30),
 }
 _PHRASE = re.compile(r"[^,;:.!?\n]+[,;:.!?]*")
-_NO_FRAMES = np.zeros((0, 0, 0, 3), dtype=np.uint8)
 
 
 @dataclass(kw_only=True)
@@ -166,7 +165,7 @@ class ReferenceSpeechPipeline(NoWeights, Pipeline):
 
     def decode(self, state: StepState) -> Media:
         st = _as_state(state)
-        return Media(frames=_NO_FRAMES.copy(), fps=0.0, audio=st.audio(), sample_rate=SAMPLE_RATE)
+        return Media.audio_only(st.audio(), SAMPLE_RATE)
 
 
 def _as_state(state: StepState) -> SpeechState:

@@ -1,6 +1,6 @@
 """Shared pieces of the diffusers adapters: per-job RNG and scheduler, guidance, VAE
-options, postprocessing, previews, and the adapter base class (loading helpers:
-``loading.py``).
+options, postprocessing, previews, and the adapter base class (its constructor:
+``entry.py``; loading helpers: ``loading.py``).
 
 Every adapter drives a diffusers pipeline with its own step loop: ``prepare`` mirrors what
 the pipeline's ``__call__`` does before its denoising loop, ``step`` one loop iteration,
@@ -17,24 +17,22 @@ import inspect
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, Self, TypeVar, cast, get_args
+from typing import Any, Generic, TypeVar, cast, get_args
 
 import numpy as np
 import torch
 
-from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput, InvalidLora
-from models.registry import CompileMode, ServedModel, WarmupShape
+from models.registry import WarmupShape
 from workers.parallel import Parallel
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
-from workers.pipelines.blocks import BlockGate
 from workers.pipelines.diffusers import cache_tiers
-from workers.pipelines.diffusers.compiled import BlockCompiler, graphs_made
+from workers.pipelines.diffusers.compiled import graphs_made
+from workers.pipelines.diffusers.entry import DiffusersEntry
 from workers.pipelines.diffusers.loading import (
     DTYPE_KWARG,
     install_checkpoints,
     own_weights,
-    parse_dtype,
 )
 from workers.pipelines.diffusers.lora import LoraCache
 
@@ -217,7 +215,7 @@ def decode_video(pipe: Any, request: GenerationRequest, *latents: Any) -> np.nda
 S = TypeVar("S", bound=DiffusersState)
 
 
-class DiffusersAdapter(Pipeline, Generic[S]):
+class DiffusersAdapter(DiffusersEntry, Pipeline, Generic[S]):
     """Common loading and the :class:`Pipeline` calls, run without autograd on the loaded
     pipe and the adapter's own state class; subclasses implement ``_prepare`` (what
     ``__call__`` does before its loop), ``_step`` (one loop iteration, without advancing
@@ -241,67 +239,18 @@ class DiffusersAdapter(Pipeline, Generic[S]):
             if args and isinstance(args[0], type) and issubclass(args[0], DiffusersState):
                 cls.state_class = cast(Any, args[0])
 
-    def __init__(
-        self,
-        path: str | None = None,
-        *,
-        dtype: str = "bfloat16",
-        pipe: Any = None,
-        spec: ModelSpec | None = None,
-        max_sequence_length: int | None = None,
-        compile: CompileMode | None = None,
-        compile_backend: str = "inductor",
-        compile_mode: str | None = None,
-        warmup: list[WarmupShape] | None = None,
-        random_weights: bool = False,
-    ) -> None:
-        if path is None and pipe is None and not random_weights:
-            raise ValueError(f"{type(self).__name__} needs a local path or a pipe")
-        self.path = path
-        # A registry entry's ``weights = "random"`` (benchmarks only: h3_random.py).
-        self.random_weights = random_weights
-        self.dtype = parse_dtype(dtype)
-        self.pipe: Any = pipe
-        self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
-        # None: the pipeline's ``__call__`` default (Wan 512, LTX 128, CogVideoX 226).
-        self.max_sequence_length = max_sequence_length
-        self.device = torch.device("cpu")
-        # Cancel points between the denoiser's blocks (installed by ``load``).
-        self.gate = BlockGate(self.device)
+    def __init__(self, path: str | None = None, **kwargs: Any) -> None:
+        """``DiffusersEntry``'s constructor (entry.py)."""
+        super().__init__(path, **kwargs)
         # This process's share of a step (workers/parallel.py): all of it, unless a
         # worker group's rank.
         self.parallel = Parallel()
-        # Compiled blocks (compiled.py): None = "blocks" on CUDA, "off" elsewhere.
-        self.compile = compile
-        self.warmup = list(warmup or [])
-        self.compiler = BlockCompiler(
-            backend=compile_backend,
-            mode=compile_mode,
-            observe=self._compiled,
-            fell_back=self._compile_failed,
-        )
         # Graphs dynamo had made when the running job's prepare ended (None: no job).
         self._graphs_at_denoise: int | None = None
         self.last_recompiles = 0  # graphs made while the last job denoised
         # Per-request LoRA (workers/pipelines/diffusers/lora.py), for models that list
         # ``lora``: set by ``use_lora`` before ``load``; None refuses a job's adapter.
         self.lora: LoraCache | None = None
-
-    @classmethod
-    def build(cls, model: ServedModel) -> Self:
-        """``cls(path=…, dtype=…, spec=…)`` with the entry's compiled-blocks settings and
-        ``adapter_options``."""
-        return cls(
-            path=model.path,
-            dtype=model.dtype,
-            spec=model.spec,
-            compile=model.compile,
-            compile_backend=model.compile_backend,
-            compile_mode=model.compile_mode,
-            warmup=model.warmup,
-            random_weights=model.weights == "random",
-            **model.adapter_options,
-        )
 
     def use_lora(self, cache: LoraCache) -> None:
         """Serve per-request LoRA through ``cache`` (its slot goes into the pipe at

@@ -56,8 +56,6 @@ from workers.pipelines.diffusers.common import (
     sampling,
 )
 
-_NO_FRAMES = np.zeros((0, 0, 0, 3), dtype=np.uint8)
-
 
 @dataclass(kw_only=True)
 class LongCatAudioState(DiffusersState):
@@ -209,9 +207,5 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         ``sample_rate`` (24 kHz for the released model)."""
         s = self._state(state)
         audio = self.decode_audio(s)[0].float().cpu().numpy()
-        return Media(
-            frames=_NO_FRAMES.copy(),
-            fps=s.request.fps,
-            audio=np.ascontiguousarray(audio, dtype=np.float32),
-            sample_rate=int(self._loaded().sample_rate),
-        )
+        rate = int(self._loaded().sample_rate)
+        return Media.audio_only(np.ascontiguousarray(audio, dtype=np.float32), rate, s.request.fps)

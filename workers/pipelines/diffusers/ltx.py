@@ -60,6 +60,7 @@ from workers.pipelines.diffusers.ltx_i2v import (
     text_pipeline,
 )
 from workers.pipelines.diffusers.packed import PackedLatentsAdapter, PackedState
+from workers.pipelines.diffusers.workflow_adapter import TextOverImage
 
 Loop = Literal["text", "image", "condition"]
 
@@ -89,7 +90,7 @@ class LTXState(PackedState):
     image_cond_noise_scale: float = 0.0
 
 
-class LTXAdapter(PackedLatentsAdapter[LTXState]):
+class LTXAdapter(TextOverImage, PackedLatentsAdapter[LTXState]):
     """``LTXPipeline`` (LTX-Video 0.9.x text-to-video) and, for an entry serving other
     workflows, ``LTXImageToVideoPipeline`` or ``LTXConditionPipeline`` (ltx_i2v.py)."""
 
@@ -97,14 +98,9 @@ class LTXAdapter(PackedLatentsAdapter[LTXState]):
     pipeline_class: Any = LTXPipeline
     _pipeline_for = staticmethod(pipeline_for)
     # t2v jobs of LTXImageToVideoPipeline: LTXPipeline over its modules (load).
-    _text_pipe: Any = None
-
-    def _load_workflows(self, pipe: Any) -> None:
-        """ltx_i2v.py's ``check_workflows``, and ``LTXPipeline`` over an image-to-video
-        pipeline's modules for its t2v jobs."""
-        check_workflows(self.spec.name, pipe, self.workflows)
-        if "t2v" in self.workflows and isinstance(pipe, LTXImageToVideoPipeline):
-            self._text_pipe = text_pipeline(pipe)
+    image_pipeline_class = LTXImageToVideoPipeline
+    _check_workflows = staticmethod(check_workflows)  # ltx_i2v.py
+    _text_pipeline = staticmethod(text_pipeline)
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> LTXState:
         """``__call__``'s steps before its loop: ``LTXConditionPipeline``'s for every

@@ -47,7 +47,6 @@ from workers.pipelines.diffusers.common import (
     sampling,
 )
 
-_NO_FRAMES = np.zeros((0, 0, 0, 3), dtype=np.uint8)
 # Every ``request.extra`` key this adapter reads (FAMILY_SPECS declares the same).
 EXTRA_PARAMS = ("audio_start_in_s", "audio_end_in_s")
 
@@ -177,9 +176,5 @@ class StableAudioAdapter(DiffusersAdapter[StableAudioState]):
         """Audio-only media: no frames (shape 0×0×0×3), float32 (channels, samples)."""
         s = self._state(state)
         audio = self.decode_audio(s)[0].float().cpu().numpy()
-        return Media(
-            frames=_NO_FRAMES.copy(),
-            fps=s.request.fps,
-            audio=np.ascontiguousarray(audio, dtype=np.float32),
-            sample_rate=int(self._loaded().vae.config.sampling_rate),
-        )
+        rate = int(self._loaded().vae.config.sampling_rate)
+        return Media.audio_only(np.ascontiguousarray(audio, dtype=np.float32), rate, s.request.fps)

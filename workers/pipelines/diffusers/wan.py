@@ -58,7 +58,7 @@ from workers.pipelines.diffusers.wan_i2v import (
     text_pipeline,
 )
 from workers.pipelines.diffusers.wan_v2v import v2v_state
-from workers.pipelines.diffusers.workflow_adapter import WorkflowAdapter
+from workers.pipelines.diffusers.workflow_adapter import TextOverImage, WorkflowAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class WanState(DiffusersState):
     image_embeds: torch.Tensor | None = None
 
 
-class WanAdapter(WorkflowAdapter[WanState]):
+class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
     """``WanPipeline`` (T2V 1.3B/14B, Wan 2.2 A14B with ``transformer_2``, TI2V-5B) and,
     for an entry serving ``i2v`` / ``flf2v``, ``WanImageToVideoPipeline`` (Wan 2.1 I2V and
     FLF2V, Wan 2.2 I2V A14B, TI2V-5B)."""
@@ -91,20 +91,15 @@ class WanAdapter(WorkflowAdapter[WanState]):
     pipeline_class: Any = WanPipeline
     cfg_parallel = True
     # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (load).
-    _text_pipe: Any = None
+    image_pipeline_class = WanImageToVideoPipeline
+    _check_workflows = staticmethod(check_workflows)  # wan_i2v.py
+    _text_pipeline = staticmethod(text_pipeline)
 
     @staticmethod
     def _pipeline_for(workflows: list[Workflow]) -> Any:
         """``WanImageToVideoPipeline`` for an entry serving an image workflow, else
         ``WanPipeline``."""
         return WanImageToVideoPipeline if set(IMAGE_WORKFLOWS) & set(workflows) else WanPipeline
-
-    def _load_workflows(self, pipe: Any) -> None:
-        """wan_i2v.py's ``check_workflows``, and ``WanPipeline`` over an image-to-video
-        pipeline's modules for its t2v jobs."""
-        check_workflows(self.spec.name, pipe, self.workflows)
-        if "t2v" in self.workflows and isinstance(pipe, WanImageToVideoPipeline):
-            self._text_pipe = text_pipeline(pipe)
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:
         """``__call__`` steps 1-5 (``WanPipeline``'s for t2v, else

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-from models.catalog import Workflow
+from models.catalog import ModelSpec, Workflow
 from models.registry import WarmupShape
 from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.common import DiffusersAdapter, S
@@ -48,3 +48,32 @@ class WorkflowAdapter(DiffusersAdapter[S]):
         """The warm-up of the entry's first workflow: grey keyframes for an image one, a
         grey clip for v2v."""
         return warm_up_inputs(super()._warm_up_request(shape), self.workflows[0])
+
+
+class TextOverImage(abc.ABC):
+    """Mixed in before ``WorkflowAdapter`` by the families (Wan, LTX) whose image-to-video
+    pipeline also serves an entry's ``t2v`` jobs: those run the family's text-to-video
+    pipeline over the loaded pipe's modules (``_text_pipe``, built by ``load``)."""
+
+    spec: ModelSpec
+    workflows: list[Workflow]
+    # The family's image-to-video pipeline class.
+    image_pipeline_class: Any = None
+    _text_pipe: Any = None
+
+    @staticmethod
+    @abc.abstractmethod
+    def _check_workflows(name: str, pipe: Any, workflows: list[Workflow]) -> None:
+        """The family's check of the served workflows against the loaded components."""
+
+    @staticmethod
+    @abc.abstractmethod
+    def _text_pipeline(pipe: Any) -> Any:
+        """The family's text-to-video pipeline over an image-to-video pipe's modules."""
+
+    def _load_workflows(self, pipe: Any) -> None:
+        """``_check_workflows``, and ``_text_pipeline`` over an image-to-video pipe for an
+        entry serving ``t2v``."""
+        self._check_workflows(self.spec.name, pipe, self.workflows)
+        if "t2v" in self.workflows and isinstance(pipe, self.image_pipeline_class):
+            self._text_pipe = self._text_pipeline(pipe)

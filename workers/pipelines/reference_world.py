@@ -59,10 +59,12 @@ from workers.pipelines.base import (
 )
 from workers.pipelines.procedural import Scene
 from workers.pipelines.world_rules import (
+    QueuedEvent,
     check_event_id,
     check_prompt,
     check_size,
     check_transition,
+    events_in_chunk,
 )
 
 PAN_SPEED = 0.6  # frame heights per second while "a" or "d" is held
@@ -86,13 +88,9 @@ def chunk_frame_range(chunk: int) -> tuple[int, int]:
 
 
 @dataclass
-class _Event:
-    event_id: str
-    first_chunk: int  # the chunk it takes effect in
-    last_chunk: int  # the chunk in which its transition ends
+class _Event(QueuedEvent):
     prompt: str | None
     camera: _Block | None
-    transition_chunks: int
 
 
 @dataclass
@@ -213,12 +211,7 @@ class ReferenceWorldPipeline(NoWeights, proc.OnDevice, WorldPipeline[WorldState]
         # After the last step the latents equal the encoded render, so the decoded
         # frames are the render itself.
         frames = state.target.permute(0, 2, 3, 1).contiguous().cpu().numpy()
-        k = state.chunk_index
-        state.last_events = (
-            [e.event_id for e in state.events if e.first_chunk == k],
-            [e.event_id for e in state.events if e.first_chunk <= k <= e.last_chunk],
-            [e.event_id for e in state.events if e.last_chunk == k],
-        )
+        state.last_events = events_in_chunk(state.events, state.chunk_index)
         state.target = state.clean = state.mean = state.latents = None
         state.chunk_index += 1
         state.step_index = 0
@@ -264,17 +257,11 @@ class ReferenceWorldPipeline(NoWeights, proc.OnDevice, WorldPipeline[WorldState]
             check_prompt(prompt)
         keys = None if camera is None else _camera_block(camera)
         check_transition(transition_chunks, state.done)
-        first = state.chunk_index + (1 if state.step_index else 0)  # first chunk not begun
-        state.events.append(
-            _Event(
-                event_id=event_id,
-                first_chunk=first,
-                last_chunk=first + max(1, transition_chunks) - 1,
-                prompt=prompt,
-                camera=keys,
-                transition_chunks=transition_chunks,
-            )
+        begun = state.step_index > 0  # a new event waits for the next chunk
+        event = _Event.queued(
+            event_id, state.chunk_index, begun, transition_chunks, prompt=prompt, camera=keys
         )
+        state.events.append(event)
 
     # --- one chunk ---------------------------------------------------------------------
 

@@ -1,14 +1,39 @@
-"""What every world model refuses the same way (``WorldPipeline.start`` and ``interact``):
-one copy for ``reference/world`` and the diffusers world adapters, so a session gets the
-same error, naming the same field, whatever model serves it."""
+"""What every world model refuses the same way (``WorldPipeline.start`` and ``interact``),
+and the chunks an interaction is active in: one copy for ``reference/world`` and the
+diffusers world adapters, so a session gets the same error, naming the same field, and
+the same timing, whatever model serves it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
 
 from models.catalog import ModelSpec
 from models.errors import DuplicateEventError, InvalidJobInput
+from workers.pipelines.base import ChunkEvents
+
+
+@dataclass
+class QueuedEvent:
+    """One ``interact`` call's place in its session (each model adds what it carries)."""
+
+    event_id: str
+    first_chunk: int  # the chunk it takes effect in: the first not begun when queued
+    last_chunk: int  # the chunk its transition ends in
+    transition_chunks: int
+
+    @classmethod
+    def queued(
+        cls, event_id: str, chunk_index: int, begun: bool, transition_chunks: int, **fields: Any
+    ) -> Self:
+        """An event queued now, with its own ``fields``: from the first chunk not yet
+        begun (chunk ``chunk_index`` unless a step of it has run), ``max(1,
+        transition_chunks)`` chunks active. One queued during the last chunk never shows
+        up."""
+        first = chunk_index + (1 if begun else 0)
+        last = first + max(1, transition_chunks) - 1
+        return cls(event_id, first, last, transition_chunks, **fields)
 
 
 def check_prompt(prompt: Any, field: str = "prompt") -> None:
@@ -46,3 +71,12 @@ def check_transition(transition_chunks: Any, done: bool) -> None:
         )
     if done:
         raise RuntimeError("the session has finished")
+
+
+def events_in_chunk(events: Sequence[QueuedEvent], chunk: int) -> ChunkEvents:
+    """(started, active, completed) event ids of ``chunk``, in queue order."""
+    return (
+        [e.event_id for e in events if e.first_chunk == chunk],
+        [e.event_id for e in events if e.first_chunk <= chunk <= e.last_chunk],
+        [e.event_id for e in events if e.last_chunk == chunk],
+    )

@@ -47,14 +47,16 @@ import torch
 from diffusers import DiffusionPipeline, HeliosPipeline, HeliosPyramidPipeline
 from diffusers.pipelines.helios import pipeline_helios, pipeline_helios_pyramid
 
-from models.catalog import FAMILY_SPECS, ModelSpec
 from models.errors import InvalidJobInput
 from models.realtime_video_chunks import ChunkLattice
-from models.registry import CompileMode, ServedModel, WarmupShape
-from workers.pipelines.base import ActionBlock, ChunkEvents, WorldConfig, WorldPipeline
-from workers.pipelines.blocks import BlockGate
+from workers.pipelines.base import (
+    ActionBlock,
+    ChunkEvents,
+    WorldConfig,
+    WorldPipeline,
+)
 from workers.pipelines.diffusers.common import call_default, make_generator, to_uint8
-from workers.pipelines.diffusers.compiled import BlockCompiler
+from workers.pipelines.diffusers.entry import DiffusersEntry
 from workers.pipelines.diffusers.helios_inputs import (
     check_config,
     image_latents,
@@ -65,7 +67,6 @@ from workers.pipelines.diffusers.helios_session import (
     HeliosState,
     check_event,
     chunk_embeddings,
-    chunk_events,
     queue_event,
     restore_session,
     session_snapshot,
@@ -83,9 +84,9 @@ from workers.pipelines.diffusers.loading import (
     DTYPE_KWARG,
     install_checkpoints,
     own_weights,
-    parse_dtype,
 )
 from workers.pipelines.snapshots import pack, unpack
+from workers.pipelines.world_rules import events_in_chunk
 
 # Every ``WorldConfig.extra`` key this adapter reads (FAMILY_SPECS declares the same).
 EXTRA_PARAMS = ("guidance_scale", "pyramid_num_inference_steps_list")
@@ -100,7 +101,7 @@ class _Plan(NamedTuple):
     guidance_scale: float
 
 
-class HeliosWorldAdapter(WorldPipeline[HeliosState]):
+class HeliosWorldAdapter(DiffusersEntry, WorldPipeline[HeliosState]):
     """``HeliosPipeline`` (Helios-Base) or ``HeliosPyramidPipeline`` (Helios-Mid,
     Helios-Distilled) streamed chunk by chunk; one instance is shared by every session of
     a worker.
@@ -116,48 +117,14 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         self,
         path: str | None = None,
         *,
-        dtype: str = "bfloat16",
-        pipe: Any = None,
-        spec: ModelSpec | None = None,
-        max_sequence_length: int | None = None,
-        compile: CompileMode | None = None,
-        compile_backend: str = "inductor",
-        compile_mode: str | None = None,
-        warmup: list[WarmupShape] | None = None,
-        random_weights: bool = False,
         random_config: dict[str, dict[str, Any]] | None = None,
+        **kwargs: Any,
     ) -> None:
-        if path is None and pipe is None and not random_weights:
-            raise ValueError(f"{type(self).__name__} needs a local path or a pipe")
-        self.path = path
-        # A registry entry's ``weights = "random"`` (benchmarks only: helios_random.py).
-        self.random_weights, self.random_config = random_weights, dict(random_config or {})
-        self.dtype = parse_dtype(dtype)
-        self.pipe: Any = pipe
-        self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
+        """``DiffusersEntry``'s constructor (entry.py); ``random_config`` overrides the
+        random-weights mode's part configs (helios_random.py)."""
+        super().__init__(path, **kwargs)
+        self.random_config = dict(random_config or {})
         self.lattice = ChunkLattice(first=self.spec.frame_offset, every=self.spec.frame_multiple)
-        self.max_sequence_length = max_sequence_length  # None: ``__call__``'s 512
-        self.device = torch.device("cpu")
-        self.gate = BlockGate(self.device)
-        self.compile = compile
-        self.warmup = list(warmup or [])
-        self.compiler = BlockCompiler(backend=compile_backend, mode=compile_mode)
-
-    @classmethod
-    def build(cls, model: ServedModel) -> HeliosWorldAdapter:
-        """``cls(path=…, dtype=…, spec=…)`` with the entry's compiled-blocks settings and
-        ``adapter_options``."""
-        return cls(
-            path=model.path,
-            dtype=model.dtype,
-            spec=model.spec,
-            compile=model.compile,
-            compile_backend=model.compile_backend,
-            compile_mode=model.compile_mode,
-            warmup=model.warmup,
-            random_weights=model.weights == "random",
-            **model.adapter_options,
-        )
 
     # --- loading ----------------------------------------------------------------------
 
@@ -328,8 +295,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         mean, inv_std = latent_stats(vae, latents.device)
         video = vae.decode(latents.to(vae.dtype) / inv_std + mean, return_dict=False)[0]
         frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
-        k = state.chunk_index
-        state.last_events = chunk_events(state, k)
+        state.last_events = events_in_chunk(state.events, state.chunk_index)
         state.latents = state.timesteps = state.chunk_embeds = state.history = None
         state.chunk_index += 1
         state.step_index = 0

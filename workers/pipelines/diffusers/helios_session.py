@@ -33,20 +33,20 @@ import torch
 
 from workers.pipelines.base import ChunkEvents, WorldConfig
 from workers.pipelines.snapshots import object_state, set_object_state
-from workers.pipelines.world_rules import check_event_id, check_transition
+from workers.pipelines.world_rules import (
+    QueuedEvent,
+    check_event_id,
+    check_transition,
+)
 
 SNAPSHOT_VERSION = 1  # of session_snapshot's layout
 
 
 @dataclass
-class PromptEvent:
+class PromptEvent(QueuedEvent):
     """One ``interact`` call: the chunks it spans and its prompt's embeddings (encoded
     once, when it was queued; None for an event without a prompt)."""
 
-    event_id: str
-    first_chunk: int  # the first chunk not yet begun when it was queued
-    last_chunk: int  # the chunk its transition ends in
-    transition_chunks: int
     embeds: torch.Tensor | None
 
     def weight(self, chunk: int) -> float:
@@ -109,19 +109,12 @@ def queue_event(
     transition_chunks: int,
     embeds: torch.Tensor | None,
 ) -> None:
-    """Queue an interaction from the first chunk not yet begun (``reference/world``'s
-    rules: ``max(1, transition_chunks)`` chunks active; one queued during the last chunk
-    never shows up)."""
-    first = state.chunk_index + (1 if state.begun else 0)
-    state.events.append(
-        PromptEvent(
-            event_id=event_id,
-            first_chunk=first,
-            last_chunk=first + max(1, transition_chunks) - 1,
-            transition_chunks=transition_chunks,
-            embeds=embeds,
-        )
+    """Queue an interaction over the chunks ``QueuedEvent.queued`` gives it (the rules of
+    ``reference/world``)."""
+    event = PromptEvent.queued(
+        event_id, state.chunk_index, state.begun, transition_chunks, embeds=embeds
     )
+    state.events.append(event)
 
 
 def check_event(state: HeliosState, event_id: Any, transition_chunks: Any) -> None:
@@ -152,15 +145,6 @@ def chunk_embeddings(state: HeliosState, chunk: int) -> torch.Tensor:
         for event in state.events[: settled + 1]:
             event.embeds = None
     return embeds
-
-
-def chunk_events(state: HeliosState, chunk: int) -> ChunkEvents:
-    """(started, active, completed) ids in ``chunk``, in queue order."""
-    return (
-        [e.event_id for e in state.events if e.first_chunk == chunk],
-        [e.event_id for e in state.events if e.first_chunk <= chunk <= e.last_chunk],
-        [e.event_id for e in state.events if e.last_chunk == chunk],
-    )
 
 
 def session_snapshot(state: HeliosState) -> dict[str, Any]:

@@ -46,7 +46,6 @@ from workers.pipelines.diffusers.cogvideox import CogVideoXAdapter, CogVideoXSta
 from workers.pipelines.diffusers.compiled import graphs_made
 from workers.pipelines.diffusers.lora import LoraCache
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FPS = 8.0
 COGVIDEOX = TinyEntry(CogVideoXAdapter, "diffusers.cogvideox", fps=FPS, steps=2)
 _spec, _adapter, _request = COGVIDEOX.spec, COGVIDEOX.adapter, COGVIDEOX.request

@@ -51,7 +51,6 @@ from workers.pipelines.diffusers.lora import LoraCache
 from workers.pipelines.diffusers.ltx2 import LTX2Adapter
 from workers.pipelines.diffusers.ltx2_state import LTX2ConditionState, LTX2ImageState
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SEQ_LEN = 32
 ALL = ["t2v", "i2v", "flf2v"]
 Output = tuple[np.ndarray, torch.Tensor]  # float frames, audio (channels × samples)

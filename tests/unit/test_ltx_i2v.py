@@ -46,12 +46,9 @@ from workers.pipelines.diffusers.ltx import LTXAdapter, LTXState
 
 # LTXConditionPipeline.__call__ hands its timesteps tensor to the scheduler's np.array()
 # (numpy 2 deprecates that for a tensor); the adapter passes an ndarray of the same values.
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
-    ),
-    pytest.mark.usefixtures("one_torch_thread"),
-]
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning"
+)
 EXTRA = {"decode_timestep": 0.05, "decode_noise_scale": 0.025, "guidance_rescale": 0.3}
 FPS = 25.0
 LTX = TinyEntry(LTXAdapter, "diffusers.ltx", fps=FPS, steps=2, defaults={"extra": EXTRA})

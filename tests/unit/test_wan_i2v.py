@@ -46,7 +46,6 @@ from workers.pipelines.diffusers.compiled import graphs_made
 from workers.pipelines.diffusers.lora import LoraCache
 from workers.pipelines.diffusers.wan import WanAdapter, WanState
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FPS = 16.0
 WAN = TinyEntry(WanAdapter, "diffusers.wan", fps=FPS, steps=3)
 _spec, _request = WAN.spec, WAN.request

@@ -11,7 +11,10 @@ that keeps dying soon after each start (``max_fast_failures`` times in a row, ea
 then stops everything. One that ran ``stable_after_s`` before dying starts a fresh count.
 One that exits with :data:`CONFIG_ERROR` said why before it exited (a registry that serves
 it no model, a setting it cannot use): a restart cannot fix that, so it is reported once
-and left stopped while the rest runs on.
+and left stopped while the rest runs on. One that exits 0 was stopped on purpose (a
+SIGTERM sent to that process alone: a worker then puts its job back first): it is
+started again at once and no failure is counted, unless it exits 0 within
+``min_run_s`` of its start, which is a fault like any other exit.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class RestartPolicy:
     max_backoff_s: float = 30.0
     stable_after_s: float = 30.0
     max_fast_failures: int = 5
+    min_run_s: float = 1.0  # an exit 0 sooner than this counts as a failure
 
 
 @dataclass
@@ -84,6 +88,12 @@ class Supervisor:
                         f"code {code}; its reason is above); a restart cannot fix it, so it "
                         "stays stopped and the rest runs on"
                     )
+                elif code == 0 and self._clock() - item.started_at >= self.policy.min_run_s:
+                    self._say(
+                        f"{self._label}: {item.name} stopped (exit code 0: it was told to "
+                        "stop); starting it again"
+                    )
+                    self._restart(item)
                 elif code is not None:
                     self._failed(item, f"exited with code {code}")
             elif self._clock() >= item.restart_at:

@@ -17,9 +17,9 @@ Each round submits a job, waits for that pause, sends the worker process SIGTERM
   included;
 * the job then runs to the end (attempt 2), checked.
 
-``up``'s own restart delay (its supervisor counts the exit as a failure and waits a
-backoff) is not in ``restart_to_taken_s``: with ``omniqueue up`` that wait is the
-supervisor's, elsewhere it is the deployment's.
+* ``stop_to_taken_s``: SIGTERM → the job reads ``in_progress`` again, the whole cycle:
+  the worker exits 0 (it was told to stop), ``up``'s supervisor starts it again in the
+  same tick (a clean stop is no failure: no backoff), and the new process takes the job.
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def _round(stack: Stack, client: httpx.Client) -> dict[str, float]:
         "released_s": round(released - sent, 3),
         "worker_exit_s": round(gone - sent, 3),
         "restart_to_taken_s": round(taken - new.create_time(), 3),
+        "stop_to_taken_s": round(taken - sent, 3),
     }
 
 
@@ -111,7 +112,7 @@ def main() -> int:
             rounds.append(_round(stack, client))
             say(f"round {i + 1}: {rounds[-1]}")
     out["runs"] = rounds
-    for key in ("released_s", "worker_exit_s", "restart_to_taken_s"):
+    for key in ("released_s", "worker_exit_s", "restart_to_taken_s", "stop_to_taken_s"):
         values = [r[key] for r in rounds]
         out[key] = {"median": statistics.median(values), "max": max(values)}
     out["target_restart_to_taken_s"] = 2.0

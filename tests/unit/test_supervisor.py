@@ -107,3 +107,26 @@ def test_a_configuration_error_is_said_once_and_not_restarted_while_the_rest_run
     clock.now += 1
     sup.check()
     assert other.starts == 1  # still supervised
+
+
+def test_a_child_stopped_on_purpose_is_started_again_at_once_and_counts_no_failure() -> None:
+    """Exit code 0 is a child that was sent SIGTERM alone (a worker puts its job back, then
+    exits 0): restarted in the same tick, however often, with no backoff and no give-up.
+    An exit 0 right after a start is a fault like any other."""
+    sup, child, clock, said = _supervisor(
+        RestartPolicy(backoff_s=1, min_run_s=1, max_fast_failures=2)
+    )
+    for round_ in range(5):
+        clock.now += 2
+        child.code = 0
+        sup.check()
+        assert child.starts == round_ + 1 and child.code is None
+    assert said[:2] == [
+        "omniqueue up: worker 0 stopped (exit code 0: it was told to stop); starting it again",
+        "omniqueue up: worker 0 restarted",
+    ]
+    clock.now += 0.5  # exits 0 half a second after its start
+    child.code = 0
+    sup.check()
+    assert child.starts == 5
+    assert "worker 0 exited with code 0; restarting it in 1 s" in said[-1]

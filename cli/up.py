@@ -33,6 +33,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -189,6 +190,20 @@ def child_env(
     if host in LOOPBACK_HOSTS:  # a receiver on this machine is the usual local setup
         env.setdefault("OMNIQ_WEBHOOKS__ALLOW_PRIVATE", "true")
     return env
+
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def cpu_thread_env(environ: Mapping[str, str], processes: int, cores: int) -> dict[str, str]:
+    """torchrun's rule for several torch processes on one host: each gets its share of the
+    cores as its intra-op threads, so that their pools, a thread per core each, do not
+    spin-wait on each other. ``processes``: the worker processes (a group's ranks each
+    count). The variables to add to each worker's environment: none when one is set
+    already (``environ``) or there is one process (torch's default then)."""
+    if processes <= 1 or any(name in environ for name in THREAD_VARS):
+        return {}
+    return dict.fromkeys(THREAD_VARS, str(max(1, cores // processes)))
 
 
 def _cli(*args: str) -> list[str]:
@@ -349,18 +364,23 @@ def run_up(
                 {MULTIPROC_ENV: str(directory)} if directory else None,
             )
         spawned = _worker_commands(workers, worker_devices, groups, realtime_workers)
+        ranks = workers + sum(len(g) for g in groups or []) + realtime_workers
+        threads = cpu_thread_env(env, ranks, len(os.sched_getaffinity(0)))
+        if threads:
+            _say(
+                f"each of the {ranks} worker processes runs torch on "
+                f"{threads['OMP_NUM_THREADS']} CPU thread(s) (OMP_NUM_THREADS: set it to choose)"
+            )
         # the webhook sender: its own process, so a slow receiver holds no worker or API
         spawned.append(("webhook sender", _cli("webhooks", "serve")))
         taken = set(range(port, port + api_replicas))
         ports = worker_metrics_ports(host, len(spawned), metrics, taken)
-        for (name, argv), metrics_port in zip(spawned, ports, strict=True):
-            extra = None
+        for i, ((name, argv), metrics_port) in enumerate(zip(spawned, ports, strict=True)):
+            extra = dict(threads) if i < len(spawned) - 1 else {}  # not the webhook sender
             if metrics_port is not None:
-                extra = {
-                    "OMNIQ_METRICS__WORKER_PORT": str(metrics_port),
-                    "OMNIQ_METRICS__WORKER_HOST": host,
-                }
-            children.spawn(name, argv, extra)
+                extra["OMNIQ_METRICS__WORKER_PORT"] = str(metrics_port)
+                extra["OMNIQ_METRICS__WORKER_HOST"] = host
+            children.spawn(name, argv, extra or None)
         if metrics.enabled:
             scrape = [f"API {u}/metrics" for u in urls]
             scrape += [

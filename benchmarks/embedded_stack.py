@@ -274,7 +274,11 @@ class Stack:
 
     def close(self, out: dict[str, Any], keep_log: str | None = None) -> None:
         """Stop up, its exit code in ``out`` (and its log's tail when it failed), remove
-        the data (up's stderr copied to ``keep_log`` first, if given)."""
+        the data (up's stderr copied to ``keep_log`` first, if given: before up stops too,
+        so that a run killed while up stops still leaves it)."""
+        if keep_log:
+            with contextlib.suppress(OSError):
+                shutil.copyfile(self.log_path, keep_log)
         out["up_exit_code"] = self.stop()
         if out["up_exit_code"] != 0:
             out["up_log_tail"] = self.log_tail(4000)

@@ -15,7 +15,8 @@
 #   --stage unpacks the first half to /tmp/h3-wheels-all (the directory h3.sh --stage
 #   fills: either script's stage serves both); the second call adds the servers, installs
 #   the venv of benchmarks/device/venv.sh and runs the benchmark (bench.sh's run_bench).
-# JSON to $OUT/gpu_longcat_speech.json, stderr to $OUT/gpu_longcat_speech.log; copy the
+# JSON to $OUT/gpu_longcat_speech.json, stderr to $OUT/gpu_longcat_speech.log, up's own log
+# (its workers' lines) to $OUT/longcat_up.log, also when BENCH_TIMEOUT_S stops it; copy the
 # JSON to docs/evidence/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,6 +32,6 @@ tar -C "$ALL" -xJf .wheelhouse/servers/wheels.tar.xz
 WHEELHOUSE=$ALL
 # shellcheck source=benchmarks/device/bench.sh
 source benchmarks/device/bench.sh
-run_bench gpu.longcat_speech "$@"
+run_bench gpu.longcat_speech --keep-log "${OUT:-$PWD/device-out}/longcat_up.log" "$@"
 summary gpu_longcat_speech gpu worker_ready_s ttfa_ms rtf aggregate_rtf audio_s stage_seconds \
     up_exit_code

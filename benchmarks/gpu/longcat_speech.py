@@ -37,7 +37,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import signal
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -136,8 +138,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     stack = random_weights_stack(work, registry_text(args), MODEL, args.device, args.workers)
     out: dict[str, Any] = {}
     started = time.time()
-    stack.start(timeout=900)
     try:
+        stack.start(timeout=900)
         ready = stack.workers_ready(args.workers, args.ready_timeout)
         out["worker_ready_s"] = round(ready - started, 1)
         limits = httpx.Limits(max_connections=args.concurrency + 2)
@@ -206,6 +208,9 @@ def main() -> None:
         import torch
 
         out["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    # bench.sh's BENCH_TIMEOUT_S sends SIGTERM: unwind, so that up is stopped and
+    # --keep-log is written (two GPU runs killed so left no word of where they stood)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     with tempfile.TemporaryDirectory() as tmp:
         out |= run(args, Path(tmp))
     emit(out, "gpu_longcat_speech")

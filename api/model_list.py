@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from models.catalog import ModelSpec
 from models.common import AudioLimits, ModelLimits, ModelObject
 from storage.settings import LimitSettings
@@ -31,18 +29,17 @@ def model_object(
     job = not spec.streaming
     width, height = spec.default_size
     seconds = min(spec.max_seconds or limits.max_seconds, limits.max_seconds)
-    # What audio and video limits both say: the length, the steps and an image input.
-    clip: dict[str, Any] = {
-        "default_seconds": spec.default_seconds,
-        "max_seconds": seconds if job else spec.max_seconds,
-        "min_steps": spec.min_steps,
-        "max_steps": min(spec.max_steps, limits.max_steps) if job else spec.max_steps,
-        "default_steps": spec.default_steps,
-        "supports_image_input": spec.supports_image_input,
-    }
+    steps = min(spec.max_steps, limits.max_steps) if job else spec.max_steps
     kind_limits: ModelLimits | AudioLimits
     if spec.modality == "audio":  # a clip's length and steps only
-        kind_limits = AudioLimits(**clip)
+        kind_limits = AudioLimits(
+            default_seconds=spec.default_seconds,
+            max_seconds=seconds if job else spec.max_seconds,
+            min_steps=spec.min_steps,
+            max_steps=steps,
+            default_steps=spec.default_steps,
+            supports_image_input=spec.supports_image_input,
+        )
     else:
         kind_limits = ModelLimits(
             min_size=spec.min_size,
@@ -56,9 +53,14 @@ def model_object(
             frame_offset=spec.frame_offset,
             default_fps=spec.default_fps,
             max_fps=spec.max_fps,
+            default_seconds=spec.default_seconds,
+            max_seconds=seconds if job else spec.max_seconds,
+            min_steps=spec.min_steps,
+            max_steps=steps,
+            default_steps=spec.default_steps,
+            supports_image_input=spec.supports_image_input,
             has_audio=spec.has_audio,
             max_outputs=spec.max_outputs if job else 1,  # a session makes one stream
-            **clip,
         )
     return ModelObject(
         id=spec.name,

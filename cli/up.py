@@ -364,6 +364,7 @@ def run_up(
                 {MULTIPROC_ENV: str(directory)} if directory else None,
             )
         spawned = _worker_commands(workers, worker_devices, groups, realtime_workers)
+        worker_children = len(spawned)
         ranks = workers + sum(len(g) for g in groups or []) + realtime_workers
         threads = cpu_thread_env(env, ranks, len(os.sched_getaffinity(0)))
         if threads:
@@ -376,7 +377,7 @@ def run_up(
         taken = set(range(port, port + api_replicas))
         ports = worker_metrics_ports(host, len(spawned), metrics, taken)
         for i, ((name, argv), metrics_port) in enumerate(zip(spawned, ports, strict=True)):
-            extra = dict(threads) if i < len(spawned) - 1 else {}  # not the webhook sender
+            extra = dict(threads) if i < worker_children else {}  # the workers' share
             if metrics_port is not None:
                 extra["OMNIQ_METRICS__WORKER_PORT"] = str(metrics_port)
                 extra["OMNIQ_METRICS__WORKER_HOST"] = host

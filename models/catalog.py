@@ -168,6 +168,9 @@ def _diffusers_video(name: str, **spec: Any) -> ModelSpec:
         "parameters": ["guidance_scale", "negative_prompt", "vae_use_tiling", "vae_use_slicing"],
         "workflows": ["t2v"],
     }
+    unknown = sorted(spec.keys() - ModelSpec.model_fields.keys())
+    if unknown:  # ModelSpec ignores what it does not know; a family's spec must not
+        raise TypeError(f"{name}: no ModelSpec field {', '.join(unknown)}")
     return ModelSpec(**{**shared, **spec, "name": name})
 
 

@@ -50,27 +50,21 @@ class StartLimits:
         chunks = max(1, lattice.chunks_for_frames(frames))
         width, height = spec.default_size
         return cls(
-            **{name: getattr(spec, name) for name in _SPEC_FIELDS},
+            max_width=spec.max_width,
+            max_height=spec.max_height,
+            max_frames=spec.max_frames,
+            max_fps=spec.max_fps,
             lattice=lattice,
+            size_multiple=spec.size_multiple,
             default_width=width,
             default_height=height,
             default_fps=float(spec.default_fps),
             default_num_frames=lattice.frames_for_chunks(chunks),
+            camera_control=spec.camera_control,
+            min_steps=spec.min_steps,
+            max_steps=spec.max_steps,
+            default_steps=spec.default_steps,
         )
-
-
-# The StartLimits fields that are the ModelSpec's field of the same name, as they are.
-_SPEC_FIELDS = (
-    "max_width",
-    "max_height",
-    "max_frames",
-    "max_fps",
-    "size_multiple",
-    "camera_control",
-    "min_steps",
-    "max_steps",
-    "default_steps",
-)
 
 
 @dataclass(frozen=True)

@@ -133,3 +133,13 @@ def test_an_unknown_registry_key_is_refused_naming_it_the_file_and_the_closest(
     with pytest.raises(CatalogError) as refused:
         parse_registry(text, "/etc/omniqueue/models.toml")
     assert str(refused.value) == f"/etc/omniqueue/models.toml: {error}"
+
+
+def test_a_family_spec_naming_no_modelspec_field_is_refused() -> None:
+    """ModelSpec ignores unknown keywords; the shared diffusers video spec must not let a
+    misspelt family field pass that way."""
+    from models.catalog import _diffusers_video
+
+    with pytest.raises(TypeError, match=r"diffusers\.x: no ModelSpec field frame_offsett"):
+        _diffusers_video("diffusers.x", frame_offsett=2)
+    assert _diffusers_video("diffusers.x", default_fps=12).default_fps == 12

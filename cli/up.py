@@ -4,7 +4,7 @@ Valkey and SeaweedFS run embedded (:mod:`cli.embedded`), the database is a SQLit
 and the API, the workers and the webhook sender are ``omniqueue api`` / ``omniqueue
 worker`` / ``omniqueue webhooks serve`` child processes configured through ``OMNIQ_``
 environment variables (on loopback, webhooks may go to private and loopback hosts).
-Once up, every one of them is supervised (:mod:`workers.supervisor`): one that dies is
+Once up, every one of them is supervised (:mod:`workers.runtime.supervisor`): one that dies is
 restarted after a backoff, so a killed worker's job is taken over and the API stays up;
 one that keeps dying right after each start stops the whole stack (exit 1). Ctrl-C or
 SIGTERM stops the children first (they may still need Redis and S3 while they finish),
@@ -43,9 +43,9 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from cli.embedded import EmbeddedS3, EmbeddedServiceError, EmbeddedValkey
 from storage.settings import MetricsSettings, get_settings
-from workers.ports import bindable, reserve_port_from
-from workers.processes import child_popen_kwargs, kill_process_group
-from workers.supervisor import GaveUp, Supervisor
+from workers.runtime.ports import bindable, reserve_port_from
+from workers.runtime.processes import child_popen_kwargs, kill_process_group
+from workers.runtime.supervisor import GaveUp, Supervisor
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 CHILD_STOP_TIMEOUT_S = 10.0
@@ -263,7 +263,7 @@ def worker_metrics_ports(
 ) -> list[int | None]:
     """A metrics port for each of ``count`` workers: the free ones from
     ``OMNIQ_METRICS__WORKER_PORT`` up (9400 when it is 0), skipping ``taken``, each
-    reserved (:mod:`workers.ports`) so two ``up`` starting side by side never pick the
+    reserved (:mod:`workers.runtime.ports`) so two ``up`` starting side by side never pick the
     same one; all None when metrics are off."""
     if not metrics.enabled:
         return [None] * count
@@ -293,7 +293,8 @@ def run_up(
     """Run the embedded stack until SIGINT/SIGTERM (exit 0), or until a child keeps
     dying however often it is restarted (exit 1). On the way out each worker puts its
     running job back on the queue, or, with ``drain_timeout`` seconds, lets it finish
-    first if it ends within them (``OMNIQ_WORKER__DRAIN_TIMEOUT_S``, workers/shutdown.py)."""
+    first if it ends within them (``OMNIQ_WORKER__DRAIN_TIMEOUT_S``, workers/runtime/shutdown.py).
+    """
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     urls = [f"http://{_url_host(host)}:{port + r}" for r in range(max(api_replicas, 1))]

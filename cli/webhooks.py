@@ -87,7 +87,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = get_settings()
     if args.webhooks_cmd == "serve":
-        from workers.webhooks import serve
+        from workers.services.webhooks import serve
 
         return serve(settings)
 

@@ -198,7 +198,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # 2.2 I2V), ["flf2v"] (Wan 2.1 FLF2V), ["i2v", "flf2v"] (Wan 2.2 I2V A14B),
         # ["t2v", "i2v"] (Wan 2.2 TI2V-5B), ["t2v", "v2v"] (a one-transformer T2V with
         # WanVideoToVideoPipeline's loop); image workflows load WanImageToVideoPipeline
-        # (workers/pipelines/diffusers/wan.py). strength: v2v's (its __call__ argument).
+        # (workers/pipelines/diffusers/wan/adapter.py). strength: v2v's (its __call__ argument).
         extra_params={"frame_indices": "ints", "strength": "float"},
         extra_ranges={"strength": (0.0, 1.0)},
     ),
@@ -226,7 +226,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         },
         # Text-to-video (LTXPipeline) unless the entry names others: ["t2v", "i2v"]
         # (LTXImageToVideoPipeline), any list with flf2v or v2v (LTXConditionPipeline,
-        # LTX-Video 0.9.5+); workers/pipelines/diffusers/ltx_i2v.py.
+        # LTX-Video 0.9.5+); workers/pipelines/diffusers/ltx/workflows.py.
     ),
     "diffusers.cogvideox": _diffusers_video(
         "diffusers.cogvideox",
@@ -242,7 +242,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # Text-to-video (CogVideoXPipeline) unless the entry names others: ["i2v"]
         # (CogVideoX-5b-I2V, 1.5 I2V: CogVideoXImageToVideoPipeline), ["t2v", "v2v"] (a
         # T2V checkpoint, CogVideoXVideoToVideoPipeline's steps); no flf2v pipeline exists
-        # (workers/pipelines/diffusers/cogvideox.py).
+        # (workers/pipelines/diffusers/cogvideox/adapter.py).
     ),
     "diffusers.ltx2": _diffusers_video(
         "diffusers.ltx2",
@@ -290,7 +290,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         },
         # Text-to-video (LTX2Pipeline) unless the entry names more: "i2v" (a first frame:
         # LTX2ImageToVideoPipeline), "flf2v" (first and last: LTX2ConditionPipeline); every
-        # LTX-2 checkpoint serves all three (workers/pipelines/diffusers/ltx2_i2v.py).
+        # LTX-2 checkpoint serves all three (workers/pipelines/diffusers/ltx2/i2v.py).
     ),
     "diffusers.minimax_h3": ModelSpec(
         name="diffusers.minimax_h3",
@@ -369,7 +369,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
             "Helios: autoregressive video diffusion streamed chunk by chunk over a compressed "
             "history, steered by prompt changes between chunks (no camera control)."
         ),
-        streaming=True,  # a world model (workers/pipelines/diffusers/helios.py)
+        streaming=True,  # a world model (workers/pipelines/diffusers/helios/adapter.py)
         camera_control=False,
         # HeliosPipeline checks multiples of 16; 640x384 is its default and published size.
         size_multiple=16,

@@ -57,16 +57,16 @@
     │                                 canceller already recorded it
     ├── SessionTakenOver              a world session's worker was presumed dead and another
     │                                 took the session over: it ends without a word
-    │                                 (``workers/world_checkpoint.py``)
+    │                                 (``workers/sessions/world_checkpoint.py``)
     └── JobTimedOut                   the job passed its deadline → job code timeout
 
 Not in the tree, on purpose: control flow that never leaves its module (``ClientGone``
-in ``api/sync_wait.py``, ``_Stop`` in ``workers/voice_sessions.py``), the test-only
-``InjectedFault`` (``workers/failpoints.py``, an unclassified error by design), a
+in ``api/sync_wait.py``, ``_Stop`` in ``workers/sessions/voice.py``), the test-only
+``InjectedFault`` (``workers/runtime/failpoints.py``, an unclassified error by design), a
 malformed model registry at startup (``CatalogError``) and the CLI's exit paths.
 
 Each transport maps it once: HTTP in ``api/errors.py`` (status + OpenAI error body);
-jobs and worker sessions through ``workers.failures.classify`` (exception → stable
+jobs and worker sessions through ``workers.runtime.failures.classify`` (exception → stable
 :class:`ErrorCode` + safe message): the executor and both session runners call it, so a
 ``ValueError`` of numpy, PIL, PyAV or torch, or a server misconfiguration, is an
 ``internal_error`` with a fixed message, and only :class:`InvalidJobInput` is an
@@ -98,7 +98,7 @@ class ErrorCode(enum.StrEnum):
     # still queued when every worker of its model had failed to load it; it never ran
     MODEL_UNAVAILABLE = "model_unavailable"
     OUTPUT_INVALID = (
-        "output_invalid"  # the encoded file broke its contract (workers/output_check.py)
+        "output_invalid"  # the encoded file broke its contract (workers/jobs/output_check.py)
     )
 
 

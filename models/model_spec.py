@@ -82,7 +82,7 @@ class ModelSpec(BaseModel):
     extra_ranges: dict[str, tuple[float, float]] = Field(default_factory=dict)
     # Request-scoped cache tiers of the ``quality`` field besides "lossless" (always
     # offered: no cache). The worker maps each to its family's diffusers cache config
-    # (workers/pipelines/diffusers/cache_tiers.py; docs/adapters.md).
+    # (workers/pipelines/diffusers/shared/cache_tiers.py; docs/adapters.md).
     quality_tiers: list[QualityTier] = Field(default_factory=list)
     # The workflows a model serves (empty: a plain text/image-to-video model). A request
     # picks one with ``extra_params.task``, or by its inputs (api/references.py).

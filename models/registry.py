@@ -77,7 +77,7 @@ class ServedModel(BaseModel):
     # (``OMNIQ_QUEUE__MAX_DEPTH``, ``OMNIQ_QUEUE__DEFAULT_TTL_S``); 0: none.
     max_queue_depth: int | None = Field(default=None, ge=0)
     # A world model's sessions on one realtime worker; None: as many as keep real time,
-    # measured (``workers/session_turns.py``), within ``OMNIQ_REALTIME__SLOTS``.
+    # measured (``workers/sessions/turns.py``), within ``OMNIQ_REALTIME__SLOTS``.
     max_sessions: int | None = Field(default=None, ge=1)
     ttl_s: int | None = Field(default=None, ge=0)
     spec: ModelSpec

@@ -103,7 +103,7 @@ class StopCommand(BaseModel):
 class AcceptedOutput(BaseModel):
     """A worker took the session on one of its slots (placement ``attempt``: more than 1
     when it takes over a world session whose worker died). With ``lease_s`` it holds the
-    session's lease of that attempt (``workers/session_lease.py``) while its process
+    session's lease of that attempt (``workers/sessions/lease.py``) while its process
     lives, renewed within ``lease_s``."""
 
     type: Literal["accepted"] = "accepted"

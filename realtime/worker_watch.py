@@ -1,7 +1,7 @@
 """The API's view of the worker running a session, as a clock (sans-I/O): a session not
 admitted by a worker within the admission timeout has no slot (``resource_exhausted``);
 an admitted one whose worker is dead lost it (``worker_lost``). Dead means its lease ran
-out (``workers/session_lease.py``: the caller looks at it when :meth:`lease_check_due`
+out (``workers/sessions/lease.py``: the caller looks at it when :meth:`lease_check_due`
 says, and reports :meth:`lease_gone`), or, for a worker alive but stuck or one without a
 lease, silent for ``lost_after_s``. A session being taken over by another worker
 (``taking_over``) that no worker admits in time lost its worker too.

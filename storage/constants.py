@@ -68,7 +68,7 @@ def session_checkpoint_key(session_id: str) -> str:
 
 def session_lease_key(session_id: str, attempt: int) -> str:
     """Held by the worker process running placement ``attempt`` of a realtime session
-    while it lives (``workers/session_lease.py``): gone, that worker is dead."""
+    while it lives (``workers/sessions/lease.py``): gone, that worker is dead."""
     return f"{KEY_PREFIX}session:{session_id}:lease:{attempt}"
 
 

@@ -7,7 +7,7 @@ method, device, transport, outcome), never a job, session or key id: each label 
 a time series kept for as long as Prometheus keeps data.
 
 Where each metric lives: the API's in :mod:`api.metrics` (``GET /metrics``), the
-workers' in :mod:`workers.metrics` (each worker's own port, ``OMNIQ_METRICS__WORKER_PORT``),
+workers' in :mod:`workers.runtime.metrics` (each worker's own port, ``OMNIQ_METRICS__WORKER_PORT``),
 and here the ones a component of either tier counts. Metric objects are module-level, as
 prometheus-client has them: one per process, registered once. Whether their values live
 in memory or in files of a directory shared by the API processes of one port
@@ -50,7 +50,7 @@ STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 60
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 CANCEL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-# Counted by the webhook sender (``workers/webhooks.py``), one per delivery attempt:
+# Counted by the webhook sender (``workers/services/webhooks.py``), one per delivery attempt:
 # ``delivered`` (2xx), ``retry`` (5xx, 408, 429, a timeout or a connection error: tried
 # again later), ``failed`` (any other answer, or the event grew too old to retry).
 WEBHOOK_DELIVERIES = Counter(

@@ -1,5 +1,5 @@
 """The webhook outbox: one ``webhook_deliveries`` row per ended job and destination URL,
-claimed and marked by the senders (``workers/webhooks.py``), every attempt kept in
+claimed and marked by the senders (``workers/services/webhooks.py``), every attempt kept in
 ``webhook_attempts``.
 
 * **Enqueue** (:meth:`WebhookOutbox.enqueue`) runs right after a job's terminal UPDATE

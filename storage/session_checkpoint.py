@@ -1,5 +1,5 @@
 """World session checkpoints in Redis: what lets another worker take a session over when
-its own dies (issue 31 §5; the worker's half is ``workers/world_checkpoint.py``, the API's
+its own dies (issue 31 §5; the worker's half is ``workers/sessions/world_checkpoint.py``, the API's
 ``api/realtime/relay.py``).
 
 One hash per session (``storage.constants.session_checkpoint_key``), with a TTL::

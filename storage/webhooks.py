@@ -5,7 +5,7 @@ per-key endpoints (``omniqueue webhooks add``) and the per-key secrets
 A destination is checked twice: its shape when it is given (:func:`check_webhook_url`,
 pure) and its host by the URL guard (:func:`check_destination`: every address it resolves
 to must be public unless ``OMNIQ_WEBHOOKS__ALLOW_PRIVATE``), at registration and again at
-each delivery (``workers/webhooks.py`` connects to the address it checked).
+each delivery (``workers/services/webhooks.py`` connects to the address it checked).
 """
 
 from __future__ import annotations

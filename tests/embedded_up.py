@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ it); an admitted worker that is dead (its lease ran out, or silent for ``lost_af
 → ``worker_lost``, unless the session has a checkpoint to go on from (a world session of
 a model that takes snapshots, with a chunk sent): then it is placed again, on any worker
 of its model, which takes it over from the last chunk sent (``storage/session_checkpoint.py``,
-``workers/world_checkpoint.py``), once per chunk. The client sees nothing of it but the
+``workers/sessions/world_checkpoint.py``), once per chunk. The client sees nothing of it but the
 wait; a takeover no worker admits in time ends the session with ``worker_lost``.
 
 Where the relay stands (placed, worker admitted, the last output read) is
@@ -23,7 +23,7 @@ is bounded (``api/realtime/broker.py``); a broker that fails or stalls ends the 
 ``broker_error`` (the target's ``broker_lost``), never a hung socket.
 
 Commands and outputs are the typed models of ``models/session_bus.py``; the worker's half
-is ``workers/session_slot.py``.
+is ``workers/sessions/slot.py``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 #
 # In process (benchmarks/gpu/h3.py; no stack, so no servers needed), one call:
 #   run(command="bash benchmarks/device/h3.sh [h3.py args]", carry=[".wheelhouse/h3"])
-#   (``--decode [h3_decode.py args]`` runs the decode/encode probe, benchmarks/gpu/h3_decode.py,
+#   (``--decode [minimax_h3/decode.py args]`` runs the decode/encode probe, benchmarks/gpu/h3_decode.py,
 #   instead; ``--stage --decode`` stages and runs it in one call; ``--prompts`` likewise runs
 #   the prompt-length probe, benchmarks/gpu/h3_prompts.py)
 #   The wheels go to /tmp/h3-site with --no-deps over the image's own packages.

@@ -141,7 +141,7 @@ def free_memory() -> None:
 
 def timed_job(adapter: Any, request: Any, decode: bool = True) -> dict[str, Any]:
     """One job in process: prepare, the steps (each timed), decode; then ``end``."""
-    from workers.pipelines.diffusers.compiled import graphs_made
+    from workers.pipelines.diffusers.shared.compiled import graphs_made
 
     graphs = graphs_made()
     start = sync_time()

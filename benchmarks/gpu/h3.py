@@ -9,7 +9,7 @@ On the lent H200: bash benchmarks/device/h3.sh (carry .wheelhouse/h3).
 Weights: the 33.1 B transformer cannot be saved next to the wheelhouse on the device's
 64 GiB disk, so every component is built from its default config with a seeded random
 init directly on the GPU in bf16 (the registry's benchmark-only ``weights = "random"``
-mode, workers/pipelines/diffusers/h3_random.py). The Qwen3-VL
+mode, workers/pipelines/diffusers/minimax_h3/random_weights.py). The Qwen3-VL
 text encoder keeps its width (5120) but not its depth: ``--text-layers`` + 1 decoder
 layers, H3's conditioning read after layer ``--text-layers`` instead of layer 50 (it runs
 once per job; the JSON says so). The tokenizer is character-level, so the prompt is as
@@ -80,10 +80,10 @@ def _mib() -> float:
 
 
 def build_pipeline(device: str, tiny: bool, text_layers: int) -> Any:
-    """The H3 pipeline as a ``weights = "random"`` registry entry builds it (h3_random.py):
-    default configs (``--tiny``: TOY_CONFIG), seeded random weights built on the device,
-    H3's conditioning read after ``text_layers`` layers."""
-    from workers.pipelines.diffusers.h3_random import TOY_CONFIG, random_pipeline
+    """The H3 pipeline as a ``weights = "random"`` registry entry builds it
+    (minimax_h3/random_weights.py): default configs (``--tiny``: TOY_CONFIG), seeded random weights
+    built on the device, H3's conditioning read after ``text_layers`` layers."""
+    from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG, random_pipeline
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     config = TOY_CONFIG if tiny else None
@@ -105,8 +105,8 @@ def _request(args: argparse.Namespace, seed: int = 42) -> Any:
 
 
 def _raw(pipe: Any, args: argparse.Namespace, output_type: str = "np") -> float:
-    from workers.pipelines.diffusers.common import make_generator
-    from workers.pipelines.diffusers.h3_inputs import call_inputs
+    from workers.pipelines.diffusers.minimax_h3.inputs import call_inputs
+    from workers.pipelines.diffusers.shared.common import make_generator
 
     request = _request(args)
     start = _sync()
@@ -118,8 +118,8 @@ def _stack(adapter: Any, args: argparse.Namespace, work: Path, stream: bool) -> 
     """One job as the worker runs it, stage by stage (upload aside). ``stream``: as the
     executor does, the MP4 written while the VAE decodes (``decode`` then holds the
     overlapped encode, ``encode`` the thumbnail); else decoded whole, then encoded."""
-    from workers.media import decode_streamed, encode_mp4, finish_video
-    from workers.output_check import Expected, check_mp4
+    from workers.jobs.output_check import Expected, check_mp4
+    from workers.media.mp4 import decode_streamed, encode_mp4, finish_video
 
     stages: dict[str, float] = {}
     t = _sync()
@@ -166,7 +166,7 @@ def _rows(state: Any) -> int:
 def _vsa(adapter: Any, args: argparse.Namespace) -> dict[str, Any]:
     """VSA against SDPA over the qualification job's packed sequence (see the docstring).
     Runs last: it swaps the joint blocks' processors."""
-    from workers.pipelines.diffusers.h3_vsa import (
+    from workers.pipelines.diffusers.minimax_h3.vsa import (
         VSA_BLOCK,
         VsaContext,
         install_vsa,
@@ -302,7 +302,7 @@ def main() -> None:
         args.frames, args.cancels, args.repeat = 124, 3, 2
     from models.catalog import FAMILY_SPECS
     from workers.pipelines.blocks import denoiser_blocks
-    from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
+    from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
 
     spec = FAMILY_SPECS["diffusers.minimax_h3"]
     args.frames = spec.snap_frames(args.frames)

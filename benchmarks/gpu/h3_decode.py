@@ -15,7 +15,7 @@ frames converted by swscale) for each x264 thread count in ``--threads`` (0: x26
 count), ``encode_s`` (encode_mp4 of noise frames, no decode), then the same with the
 decoder compiled (``compiled_*``, and ``compile_s`` for the first call), and
 ``compiled_stream_encode_yuv_s``: the executor's path, yuv420p made on the GPU
-(workers.pixels) and handed to x264 as it is. ``sws_rgb_to_yuv_ms`` is swscale's
+(workers.media.pixels) and handed to x264 as it is. ``sws_rgb_to_yuv_ms`` is swscale's
 conversion of one frame on this host's CPU (one thread, and x264's thread count).
 """
 
@@ -56,11 +56,11 @@ def main() -> None:
     from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import AutoencoderKLMiniMaxH3
 
     from benchmarks.gpu.common import emit
-    from workers.media import Media, Mp4Writer, encode_mp4
-    from workers.pipelines.diffusers.h3_decode import stream_frames
-    from workers.pipelines.diffusers.h3_random import TOY_CONFIG
-    from workers.pipelines.diffusers.minimax_h3 import frames_uint8, pixels_uint8
-    from workers.pixels import yuv420p
+    from workers.media.mp4 import Media, Mp4Writer, encode_mp4
+    from workers.media.pixels import yuv420p
+    from workers.pipelines.diffusers.minimax_h3.adapter import frames_uint8, pixels_uint8
+    from workers.pipelines.diffusers.minimax_h3.decode import stream_frames
+    from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -68,7 +68,7 @@ def main() -> None:
         torch.manual_seed(0)
         vae = AutoencoderKLMiniMaxH3(**TOY_CONFIG["vae"]).eval()
     else:  # as the worker's random-weights entry builds it (float32 parts kept)
-        from workers.pipelines.diffusers.h3_random import random_pipeline
+        from workers.pipelines.diffusers.minimax_h3.random_weights import random_pipeline
 
         small = {"transformer": {"num_layers": 1}}
         built: Any = random_pipeline(device, dtype, text_layers=1, config=small)
@@ -146,7 +146,7 @@ def main() -> None:
         "hooks": args.hooks,
     }
     if args.hooks:
-        from workers.pipelines.diffusers.loading import install_checkpoints
+        from workers.pipelines.diffusers.shared.loading import install_checkpoints
 
         install_checkpoints(type("Pipe", (), {"components": {"vae": vae}})())
     if not args.compiled_only:

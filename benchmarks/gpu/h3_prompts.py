@@ -38,8 +38,8 @@ def main() -> None:
     args = p.parse_args()
     from models.catalog import FAMILY_SPECS
     from workers.pipelines.base import GenerationRequest
-    from workers.pipelines.diffusers.compiled import graphs_made
-    from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
+    from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
+    from workers.pipelines.diffusers.shared.compiled import graphs_made
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size, frames = (64, 124) if args.tiny else ((448, 256), 243)

@@ -7,7 +7,7 @@ sent as vLLM-Omni's ComfyUI node sends them, followed on their event stream and 
 The entry (written to a temporary registry file):
 
 * ``weights = "random"``: the 33.1 B transformer and the rest built from the default configs
-  with a seeded random init on the GPU (workers/pipelines/diffusers/h3_random.py; the
+  with a seeded random init on the GPU (minimax_h3/random_weights.py; the
   device's disk cannot hold the checkpoint), allowed by ``OMNIQ_WORKER__RANDOM_WEIGHTS``;
   the text encoder keeps its width but not its depth (``--text-layers``);
 * FastH3's deployment: a LoRA (rank ``--lora-rank`` on every attention's q/k/v, random,
@@ -137,7 +137,7 @@ def node_form(args: argparse.Namespace, seed: int) -> dict[str, str]:
 def encode_comparison(args: argparse.Namespace, frames: int) -> dict[str, float]:
     """x264 + AAC time of a noise clip (what random weights decode to) and of a smooth
     one, same shape and audio."""
-    from workers.media import encode_mp4
+    from workers.media.mp4 import encode_mp4
     from workers.pipelines.base import Media
 
     rng = np.random.default_rng(0)
@@ -265,7 +265,7 @@ def main() -> None:
     args = p.parse_args()
     args.random_config, args.spec_toml = {}, ""
     if args.toy:
-        from workers.pipelines.diffusers.h3_random import TOY_CONFIG
+        from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG
 
         args.random_config = TOY_CONFIG
         args.spec_toml = "canvas_short_edge = 64\ncanvas_max_pixels = 8192"

@@ -21,7 +21,7 @@ Phases, one after the other on the same GPU (``--skip-*`` leaves one out):
    how it looks).
 5. **LoRA**, compiled: ``--loras`` rank-``--lora-rank`` adapters on every attention and
    feed-forward projection of the transformer, built in code, served through a cache of
-   ``--lora-cache`` (``workers/pipelines/diffusers/lora.py``): swaps among cached adapters
+   ``--lora-cache`` (``workers/pipelines/diffusers/shared/lora.py``): swaps among cached adapters
    timed (``lora_swap_ms_p95``), graphs made while swapping (``lora_recompiles``), device
    memory while cycling all of them through the cache and after (``lora_memory``).
 6. **The stack**, compiled: ``omniqueue up`` with the model's registry entry set to
@@ -114,7 +114,7 @@ def _stops(adapter: Any, request: Any, step_s: float, trials: int) -> list[float
 def lane_phase(pipe: Any, args: argparse.Namespace, raw_median: float) -> dict[str, Any]:
     from models.catalog import FAMILY_SPECS
     from models.registry import WarmupShape
-    from workers.pipelines.diffusers.wan import WanAdapter
+    from workers.pipelines.diffusers.wan.adapter import WanAdapter
 
     spec = FAMILY_SPECS["diffusers.wan"].model_copy(update={"name": MODEL})
     adapter = WanAdapter(

@@ -9,7 +9,7 @@ its ``stream_format: "sse"`` events) at once.
 
 The entry (written to a temporary registry file) has ``weights = "random"``: LongCat-
 AudioDiT-1B's configs (a 24-block 1536-wide DiT, umt5-base, the 2048x audio VAE) with a
-seeded random init on the GPU (workers/pipelines/diffusers/longcat_random.py: the
+seeded random init on the GPU (workers/pipelines/diffusers/longcat_audio/random_weights.py: the
 tokenizer is character-level), allowed by ``OMNIQ_WORKER__RANDOM_WEIGHTS``; blocks not
 compiled (the family's default: every clip length would be a new graph). Each worker
 holds its own copy (about 4 GB in bfloat16), so ``--workers`` requests run side by side.
@@ -184,7 +184,7 @@ def main() -> None:
     args = p.parse_args()
     args.random_config = {}
     if args.tiny:
-        from workers.pipelines.diffusers.longcat_random import TINY_CONFIG
+        from workers.pipelines.diffusers.longcat_audio.random_weights import TINY_CONFIG
 
         args.random_config = TINY_CONFIG
         args.device, args.dtype = "cpu", "float32"

@@ -1,5 +1,5 @@
 """``lane.py``'s LoRA phase: per-request adapters hot-swapped into one slot under
-compiled blocks (``workers/pipelines/diffusers/lora.py``).
+compiled blocks (``workers/pipelines/diffusers/shared/lora.py``).
 
 Adapters are built in code: rank ``--lora-rank`` on every linear layer of the
 transformer's blocks (diffusers' key format), small random weights, one file each. What is
@@ -57,8 +57,8 @@ def _adapters(shapes: dict[str, tuple[int, int]], n: int, rank: int, work: Path)
 
 
 def lora_lane(adapter: Any, args: argparse.Namespace) -> dict[str, Any]:
-    from workers.pipelines.diffusers.compiled import graphs_made
-    from workers.pipelines.diffusers.lora import LoraCache
+    from workers.pipelines.diffusers.shared.compiled import graphs_made
+    from workers.pipelines.diffusers.shared.lora import LoraCache
 
     pipe = adapter.pipe
     out: dict[str, Any] = {}

@@ -100,7 +100,7 @@ def measure(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     from diffusers import WanPipeline
 
     from models.catalog import FAMILY_SPECS
-    from workers.pipelines.diffusers.wan import WanAdapter
+    from workers.pipelines.diffusers.wan.adapter import WanAdapter
 
     cuda = args.device == "cuda"
     pipe = WanPipeline.from_pretrained(model_dir, dtype=torch.bfloat16).to(args.device)

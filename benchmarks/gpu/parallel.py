@@ -5,7 +5,7 @@ strategies, on a Wan2.1-T2V-1.3B-architecture pipeline with random bf16 weights.
     python -m benchmarks.gpu.parallel --device cpu --gpus 2 --layers 2 --height 64 --width 64 \\
         --frames 5 --steps 2                                     # a smoke run on gloo ranks
 
-The ranks run exactly what a worker group's ranks run (``workers/parallel.py``: the
+The ranks run exactly what a worker group's ranks run (``workers/pipelines/parallel.py``: the
 adapter, the strategy applied by ``enable``, the block gates agreeing before every block
 as inside a job), in processes spawned here rather than under the queue, so the step time
 is the denoiser's alone. For each strategy (``cfg``, ``ulysses``, ``ring``; a strategy
@@ -38,7 +38,7 @@ from benchmarks.common import parser
 from benchmarks.embedded_stack import say
 from benchmarks.gpu.common import emit, generation_request, header, save_wan, shape_args
 from benchmarks.gpu.common import sync_time as _sync
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 
 def _run_job(adapter: Any, args: argparse.Namespace, decode: bool) -> tuple[list[float], Any]:
@@ -60,7 +60,7 @@ def _adapter(model_dir: Path, device: str) -> Any:
     from diffusers import WanPipeline
 
     from models.catalog import FAMILY_SPECS
-    from workers.pipelines.diffusers.wan import WanAdapter
+    from workers.pipelines.diffusers.wan.adapter import WanAdapter
 
     pipe = WanPipeline.from_pretrained(model_dir, dtype=torch.bfloat16)
     spec = FAMILY_SPECS["diffusers.wan"]
@@ -74,7 +74,7 @@ def _rank(
 ) -> None:
     import torch.distributed as dist
 
-    from workers.parallel import GroupParallel, enable
+    from workers.pipelines.parallel import GroupParallel, enable
 
     device = f"cuda:{rank}" if args.device == "cuda" else "cpu"
     if args.device == "cuda":

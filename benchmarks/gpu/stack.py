@@ -69,7 +69,7 @@ def gate_phase(pipe: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Step time with the gates idle and active; blocks per step; stop latency."""
     from models.catalog import FAMILY_SPECS
     from workers.pipelines.base import step_stops
-    from workers.pipelines.diffusers.wan import WanAdapter
+    from workers.pipelines.diffusers.wan.adapter import WanAdapter
 
     spec = FAMILY_SPECS["diffusers.wan"].model_copy(update={"name": MODEL})
     adapter = WanAdapter(pipe=pipe, dtype="bfloat16", spec=spec, compile="off")

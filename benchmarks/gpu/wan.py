@@ -85,8 +85,8 @@ def main() -> None:
     from storage.db import make_engine, make_sessionmaker
     from storage.jobs import JobStore
     from storage.settings import Settings
-    from workers.executor import StepExecutor
-    from workers.pipelines.diffusers.wan import WanAdapter
+    from workers.jobs.executor import StepExecutor
+    from workers.pipelines.diffusers.wan.adapter import WanAdapter
     from workers.pipelines.registry import PipelineRegistry
 
     work = Path(tempfile.mkdtemp(prefix="oq-gpu-"))

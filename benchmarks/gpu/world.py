@@ -9,7 +9,7 @@ no CFG, random bf16 weights built on the device) raw and through the whole stack
 ``benchmarks/gpu/``.) On the lent H200: ``benchmarks/device/world.sh``, one part per call
 (each call has 10 minutes), the parts' keys carried from call to call in ``--state``.
 
-Weights: ``workers/pipelines/diffusers/helios_random.py`` (a registry entry's
+Weights: ``workers/pipelines/diffusers/helios/random_weights.py`` (a registry entry's
 ``weights = "random"``), whose docstring lists what is Helios-Distilled's and what is not;
 the JSON repeats it under ``weights``.
 
@@ -83,7 +83,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
             + f", built on {args.device} in {args.dtype} (registry weights = 'random'); "
             "HeliosPyramidPipeline is_distilled, HeliosDMDScheduler 3 stages; the tokenizer "
             "is character-level (prompts padded to max_sequence_length as the real one "
-            "pads); see workers/pipelines/diffusers/helios_random.py"
+            "pads); see workers/pipelines/diffusers/helios/random_weights.py"
         ),
     }
 
@@ -153,7 +153,7 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     args.random_config, args.seq_len = {}, 512
     if args.tiny:
-        from workers.pipelines.diffusers.helios_random import TINY_CONFIG
+        from workers.pipelines.diffusers.helios.random_weights import TINY_CONFIG
 
         args.random_config, args.seq_len = TINY_CONFIG, 16
         args.device, args.dtype, args.compile = "cpu", "float32", "off"

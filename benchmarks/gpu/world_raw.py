@@ -1,6 +1,6 @@
 """The raw half of the world benchmark (``benchmarks/gpu/world.py``): diffusers'
 ``HeliosPyramidPipeline`` called directly, in this process, on the random-weight
-Helios-Distilled (``workers/pipelines/diffusers/helios_random.py``) with its denoiser
+Helios-Distilled (``workers/pipelines/diffusers/helios/random_weights.py``) with its denoiser
 blocks compiled as the Helios adapter compiles them on CUDA (``BlockCompiler``; no cancel
 gates, no checkpoints: the pipeline alone).
 
@@ -31,9 +31,9 @@ CHUNK_FRAMES = 33
 
 def build(args: argparse.Namespace) -> Any:
     """The random-weight pipeline on ``args.device``, blocks compiled per ``args.compile``."""
-    from workers.pipelines.diffusers.compiled import BlockCompiler
-    from workers.pipelines.diffusers.helios_random import random_pipeline
-    from workers.pipelines.diffusers.loading import parse_dtype
+    from workers.pipelines.diffusers.helios.random_weights import random_pipeline
+    from workers.pipelines.diffusers.shared.compiled import BlockCompiler
+    from workers.pipelines.diffusers.shared.loading import parse_dtype
 
     pipe = random_pipeline(
         args.device,
@@ -93,7 +93,7 @@ def block_noise(args: argparse.Namespace) -> dict[str, Any]:
     """Published Helios's ``gamma`` (1/3) where this device factorises the block noise's
     covariance at it (``helios_random.check_block_noise``); else 0.2, said so: the noise's
     shape, and so every cost, is the same. The parts after this one build with it too."""
-    from workers.pipelines.diffusers.helios_random import check_block_noise
+    from workers.pipelines.diffusers.helios.random_weights import check_block_noise
 
     scheduler = args.random_config.get("scheduler", {})
     try:

@@ -254,10 +254,10 @@ def takeover_missing() -> str | None:
     """Why this tree cannot take a world session over, or None."""
     try:
         import storage.session_checkpoint  # noqa: F401
-        import workers.world_checkpoint  # noqa: F401
+        import workers.sessions.world_checkpoint  # noqa: F401
     except ImportError as exc:
         return f"no worker takeover in this tree ({exc})"
-    from workers.pipelines.diffusers.helios import HeliosWorldAdapter
+    from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
 
     if not hasattr(HeliosWorldAdapter, "snapshot"):
         return "the Helios adapter takes no snapshots in this tree"

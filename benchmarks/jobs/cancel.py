@@ -14,7 +14,7 @@ an attempt that missed (reported as ``missed``); the worker writes ``step`` at m
 ``progress_interval_s``, so late denoise steps are often not seen.
 
 Latency is measured from just before the cancel request to the moment the worker
-released the job: the worker logs ``job <id>: cancelled`` (logger ``workers.executor``)
+released the job: the worker logs ``job <id>: cancelled`` (logger ``workers.jobs.executor``)
 after it removed the job's temp directory and S3 objects; ``up`` passes its children's
 stderr through, so the script reads that line (millisecond timestamp, local time) from
 up's stderr. A queued job is never held by a worker: its latency is the cancel request's

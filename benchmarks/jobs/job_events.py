@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from benchmarks.common import ROOT, parser, pct
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 
 async def _watch(client: httpx.AsyncClient, vid: str, lat: list[float]) -> int:

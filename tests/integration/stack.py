@@ -23,7 +23,7 @@ from storage.db import make_engine, make_sessionmaker
 from storage.keys import ApiKeyStore
 from storage.settings import DatabaseSettings
 from tests.helpers import write_failpoints
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,7 +85,8 @@ class Stack:
 
     @property
     def failpoints(self) -> Path:
-        """The workers' failpoints file (workers/failpoints.py); none until a test sets it."""
+        """The workers' failpoints file (workers/runtime/failpoints.py); none until a test
+        sets it."""
         return self.work / "failpoints.json"
 
     def set_failpoints(self, points: dict[str, str]) -> None:

@@ -21,7 +21,7 @@ from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack, assert_not_found
 from tests.speech_measures import median_f0, syllabic_peak_hz
-from workers.audio_media import decode_audio
+from workers.media.audio import decode_audio
 
 pytestmark = pytest.mark.integration
 

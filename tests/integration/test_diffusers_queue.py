@@ -27,8 +27,8 @@ from tests.unit.diffusers_fixtures import (
     tiny_wan_pipeline,
 )
 from tests.unit.diffusers_fixtures_av import tiny_ltx2_pipeline, tiny_stable_audio_pipeline
-from workers.audio_media import decode_audio
-from workers.media import encode_mp4
+from workers.media.audio import decode_audio
+from workers.media.mp4 import encode_mp4
 from workers.pipelines.base import Media
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

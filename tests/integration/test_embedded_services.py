@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 
 from cli.embedded import EmbeddedS3, EmbeddedValkey
 from tests.integration.conftest import running_s3
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 pytestmark = pytest.mark.integration
 

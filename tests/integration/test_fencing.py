@@ -35,9 +35,9 @@ from storage.jobs import JobStore, Lease
 from storage.settings import Settings
 from tests.helpers import s3_settings
 from tests.integration.conftest import RedisDbPool, new_pg_database
-from workers.executor import StepExecutor
+from workers.jobs.executor import StepExecutor
+from workers.jobs.objects import drop_other_attempts, output_prefix, stale_prefix
 from workers.pipelines.registry import PipelineRegistry
-from workers.run_objects import drop_other_attempts, output_prefix, stale_prefix
 
 pytestmark = pytest.mark.integration
 

@@ -28,10 +28,10 @@ from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
 from tests.unit.h3_fixtures import h3_request, tiny_h3_lora, tiny_h3_pipe
-from workers.media import Mp4Writer
+from workers.media.mp4 import Mp4Writer
+from workers.media.pixels import yuv420p
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
-from workers.pixels import yuv420p
+from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -165,7 +165,7 @@ def _in_process(
 
 def _close(video: np.ndarray, expected: np.ndarray, tmp: Path) -> None:
     """The same frames: ``expected`` encoded the same way (yuv420p made as the worker
-    makes it from H3's frames on the device, ``workers.pixels``) decodes (nearly)
+    makes it from H3's frames on the device, ``workers.media.pixels``) decodes (nearly)
     identically. x264's frame threads make its decisions timing-dependent, so a small
     mean difference is allowed; another seed differs by ~50 levels."""
     reference = tmp / "reference.mp4"

@@ -23,9 +23,9 @@ from models.catalog import FAMILY_SPECS
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.unit.helios_fixtures import SEQ_LEN, SESSION_START, tiny_helios_pipeline
-from workers.fmp4 import FragmentedMP4Writer
+from workers.media.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import WorldConfig
-from workers.pipelines.diffusers.helios import HeliosWorldAdapter
+from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_entry, tiny_wan_pipeline
 from tests.unit.lora_fixtures import CROSS_ATTN, FFN, SELF_ATTN, lora_weights, write_lora
-from workers.media import encode_mp4
+from workers.media.mp4 import encode_mp4
 from workers.pipelines.base import Media
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -22,7 +22,7 @@ from websockets.sync.client import connect
 from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -22,7 +22,7 @@ from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_metrics import SMALL, Samples, scrape, value
 from tests.integration.test_up import Up, _api_pids
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

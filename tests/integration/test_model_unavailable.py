@@ -28,7 +28,7 @@ from cli.embedded import EmbeddedS3
 from storage.worker_presence import Availability, WorkerPresence, load_failures_key
 from tests.integration.conftest import RedisDbPool, isolated_stack
 from tests.integration.stack import Stack
-from workers.supervisor import CONFIG_ERROR
+from workers.runtime.supervisor import CONFIG_ERROR
 
 pytestmark = pytest.mark.integration
 

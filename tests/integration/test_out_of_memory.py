@@ -38,7 +38,7 @@ from tests.helpers import s3_settings
 from tests.integration.attention_pipeline import AttentionPipeline
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
-from workers.executor import StepExecutor
+from workers.jobs.executor import StepExecutor
 from workers.pipelines.registry import PipelineRegistry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

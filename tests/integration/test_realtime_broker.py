@@ -24,7 +24,7 @@ from cli.embedded import EmbeddedS3
 from tests.integration.conftest import new_database
 from tests.integration.stack import Stack
 from tests.integration.test_realtime_video import LONG
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -25,8 +25,8 @@ from storage.settings import Settings
 from storage.worker_presence import WorkerPresence
 from tests.helpers import video_spec
 from tests.integration.conftest import new_pg_database, service_settings
-from workers.reconciler import LOCK_KEY, Reconciler
-from workers.temp_dirs import TempDirs
+from workers.jobs.temp_dirs import TempDirs
+from workers.services.reconciler import LOCK_KEY, Reconciler
 
 pytestmark = pytest.mark.integration
 

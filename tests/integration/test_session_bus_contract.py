@@ -1,7 +1,7 @@
 """The contract between the API and a worker, per message type, over a real Redis.
 
 Every ``SessionCommand`` goes out through the API's relay (``api.realtime.relay.Relay``) and
-is read back by the worker's slot helper (``workers.session_slot.SessionSlot``); every
+is read back by the worker's slot helper (``workers.sessions.slot.SessionSlot``); every
 ``SessionOutput`` goes the other way, published by the slot and delivered by the relay
 to its session. Every task payload goes through ``storage.queue.JobQueue`` onto the real
 Celery broker and is handed to the runner by the worker's ``run_task``. Each side parses
@@ -55,8 +55,8 @@ from storage.queue import JobQueue, make_celery
 from storage.settings import RealtimeSettings, RedisSettings, Settings
 from storage.worker_presence import WorkerPresence
 from tests.helpers import world_session_config
-from workers.celery_app import run_task
-from workers.session_slot import SessionSlot
+from workers.runtime.celery_app import run_task
+from workers.sessions.slot import SessionSlot
 
 pytestmark = pytest.mark.integration
 

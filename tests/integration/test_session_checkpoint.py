@@ -2,7 +2,7 @@
 the checkpoint taken after it enter Redis together or not at all; a takeover moves the
 fence on, so the worker presumed dead adds nothing more; one takeover per chunk; a
 lease lives while its worker does (``storage/session_checkpoint.py``,
-``workers/session_lease.py``)."""
+``workers/sessions/lease.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from storage.constants import session_checkpoint_key, session_lease_key, session
 from storage.session_checkpoint import CheckpointStore, claim_takeover
 from tests.helpers import world_session_config
 from tests.integration.conftest import REDIS_BASE_URL, flushed_redis
-from workers.session_lease import SessionLease
+from workers.sessions.lease import SessionLease
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""A stop sent while a world session's step runs (``workers/session_turns.py``'s
+"""A stop sent while a world session's step runs (``workers/sessions/turns.py``'s
 :class:`SessionStop`, on real Redis): the watch sees it on the session's command stream,
 without consuming what the session's own reader reads, and the next transformer block
 of the running step raises."""
@@ -16,7 +16,7 @@ from storage.constants import session_in_key
 from tests.integration.conftest import RedisDbPool, flushed_redis
 from workers.pipelines.base import step_stops
 from workers.pipelines.blocks import BlockGate
-from workers.session_turns import SessionStop, SessionStopped
+from workers.sessions.turns import SessionStop, SessionStopped
 
 pytestmark = pytest.mark.integration
 

@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed
 from models.realtime_video_chunks import frames_in_chunk
 from tests.helpers import next_pair, world_session_start
 from tests.integration.test_up import Up, _alive, _api_pids, _listening_ports
-from workers.ports import free_port, reserve_ports
+from workers.runtime.ports import free_port, reserve_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

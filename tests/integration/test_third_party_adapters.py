@@ -50,8 +50,8 @@ from workers.pipelines.base import (
     WorldPipeline,
 )
 from workers.pipelines.registry import PipelineRegistry
-from workers.voice_sessions import VoiceSessionRunner
-from workers.world_sessions import WorldSessionRunner
+from workers.sessions.voice import VoiceSessionRunner
+from workers.sessions.world import WorldSessionRunner
 
 pytestmark = pytest.mark.integration
 

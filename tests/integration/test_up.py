@@ -21,7 +21,7 @@ from storage.constants import job_events_key
 from storage.worker_presence import presence_key
 from tests.integration.conftest import REDIS_BASE_URL
 from tests.integration.stack import REPO
-from workers.ports import free_port, reserve_ports
+from workers.runtime.ports import free_port, reserve_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

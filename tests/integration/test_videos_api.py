@@ -450,7 +450,7 @@ def test_sync_timeout_cancels_and_unready_services_give_503(
 
 
 def _port(stack: Stack) -> int:
-    from workers.processes import free_port
+    from workers.runtime.processes import free_port
 
     stack.port = free_port()
     return stack.port

@@ -40,7 +40,7 @@ from storage.settings import RealtimeSettings, Settings
 from tests.integration.conftest import REDIS_BASE_URL, flushed_redis
 from workers.pipelines.reference_voice import ReferenceVoicePipeline
 from workers.pipelines.registry import PipelineRegistry
-from workers.voice_sessions import VoiceSessionRunner
+from workers.sessions.voice import VoiceSessionRunner
 
 pytestmark = pytest.mark.integration
 

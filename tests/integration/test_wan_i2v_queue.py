@@ -32,11 +32,11 @@ from tests.integration.stack import Stack
 from tests.integration.test_bad_input import _refused
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_entry, tiny_wan_pipeline
 from tests.unit.wan_i2v_fixtures import WORKFLOWS, Layout, tiny_wan_i2v_entry, tiny_wan_i2v_pipeline
-from workers.media import encode_mp4
+from workers.jobs.references import decode_reference
+from workers.media.mp4 import encode_mp4
 from workers.pipelines.base import GenerationRequest, Media
-from workers.pipelines.diffusers.common import to_uint8
-from workers.pipelines.diffusers.wan import WanAdapter
-from workers.references import decode_reference
+from workers.pipelines.diffusers.shared.common import to_uint8
+from workers.pipelines.diffusers.wan.adapter import WanAdapter
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

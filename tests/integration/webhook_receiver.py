@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 FLAKY_FAILURES = 3
 

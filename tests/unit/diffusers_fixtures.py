@@ -38,7 +38,7 @@ from transformers import (
     UMT5EncoderModel,
 )
 
-from workers.pipelines.diffusers.random_parts import TINY_UMT5, character_tokenizer
+from workers.pipelines.diffusers.shared.random_parts import TINY_UMT5, character_tokenizer
 
 TINY_SEQ_LEN = 16  # text tokens (characters + </s>) the tiny pipelines are run with
 TEXT_DIM = 32  # d_model of the tiny text encoders (TINY_UMT5's)

@@ -30,8 +30,8 @@ from transformers import (
 )
 
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.h3_processor import ImageOnlyProcessor
-from workers.pipelines.diffusers.h3_random import (
+from workers.pipelines.diffusers.minimax_h3.processor import ImageOnlyProcessor
+from workers.pipelines.diffusers.minimax_h3.random_weights import (
     TOY_CONFIG,
     character_tokenizer,
     text_encoder_config,

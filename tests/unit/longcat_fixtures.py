@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from diffusers import LongCatAudioDiTPipeline
 
-from workers.pipelines.diffusers.longcat_random import TINY_CONFIG, random_pipeline
+from workers.pipelines.diffusers.longcat_audio.random_weights import TINY_CONFIG, random_pipeline
 
 
 def tiny_longcat_pipeline(seed: int = 0) -> LongCatAudioDiTPipeline:

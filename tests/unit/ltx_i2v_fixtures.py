@@ -1,5 +1,5 @@
 """Tiny random-weight LTX-Video pipelines of each class an entry's workflows load
-(ltx_i2v.py), over the components of ``tiny_ltx_pipeline`` (diffusers_fixtures.py):
+(ltx/workflows.py), over the components of ``tiny_ltx_pipeline`` (diffusers_fixtures.py):
 
 * ``"t2v"``: ``LTXPipeline`` (LTX-Video 0.9.0/0.9.1's resolution-shifting scheduler);
 * ``"i2v"``: ``LTXImageToVideoPipeline`` over the same components;

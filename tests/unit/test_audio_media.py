@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from models.audio import AUDIO_FORMATS, SAMPLE_RATES
-from workers.audio_media import (
+from workers.media.audio import (
     AudioOut,
     decode_audio,
     encode_audio,

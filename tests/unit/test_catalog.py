@@ -103,7 +103,7 @@ def test_group_entries_are_checked(extra: str, message: str) -> None:
 
 
 def test_workers_serve_only_the_models_of_their_group_size(tmp_path: Path) -> None:
-    from workers.context import worker_models
+    from workers.runtime.context import worker_models
 
     registry = tmp_path / "models.toml"
     registry.write_text(W + "\n" + W.replace("'w'", "'w2'") + "devices = 2\nparallel = 'cfg'\n")

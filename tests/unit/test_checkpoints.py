@@ -133,8 +133,8 @@ def test_a_compiled_module_is_one_graph_and_a_cancel_point_at_each_call() -> Non
     ran half as fast). Its call is the cancel point instead, and still raises."""
     import torch
 
-    from workers.pipelines.diffusers.compiled import BlockCompiler, graphs_made
-    from workers.pipelines.diffusers.loading import install_checkpoints
+    from workers.pipelines.diffusers.shared.compiled import BlockCompiler, graphs_made
+    from workers.pipelines.diffusers.shared.loading import install_checkpoints
 
     class Decoder(torch.nn.Module):
         def __init__(self) -> None:

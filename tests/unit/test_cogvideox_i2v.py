@@ -42,9 +42,9 @@ from tests.unit.video_workflows import (
     with_lora_alone,
 )
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.cogvideox import CogVideoXAdapter, CogVideoXState
-from workers.pipelines.diffusers.compiled import graphs_made
-from workers.pipelines.diffusers.lora import LoraCache
+from workers.pipelines.diffusers.cogvideox.adapter import CogVideoXAdapter, CogVideoXState
+from workers.pipelines.diffusers.shared.compiled import graphs_made
+from workers.pipelines.diffusers.shared.lora import LoraCache
 
 FPS = 8.0
 COGVIDEOX = TinyEntry(CogVideoXAdapter, "diffusers.cogvideox", fps=FPS, steps=2)

@@ -26,8 +26,8 @@ from models.errors import InvalidJobInput, InvalidRequest
 from storage.settings import Settings
 from tests.unit.longcat_fixtures import tiny_longcat_pipeline
 from workers.pipelines.base import GenerationRequest, Media
-from workers.pipelines.diffusers.longcat_audio import LongCatAudioAdapter
-from workers.pipelines.diffusers.longcat_random import TINY_CONFIG
+from workers.pipelines.diffusers.longcat_audio.adapter import LongCatAudioAdapter
+from workers.pipelines.diffusers.longcat_audio.random_weights import TINY_CONFIG
 
 SPEC = FAMILY_SPECS["diffusers.longcat_audio"]
 TEXT = "Hello there, friend."

@@ -32,10 +32,10 @@ from tests.unit.diffusers_fixtures import (
 )
 from tests.unit.video_workflows import call_frames
 from workers.pipelines.base import GenerationRequest, Media
-from workers.pipelines.diffusers.cogvideox import CogVideoXAdapter
-from workers.pipelines.diffusers.common import DiffusersAdapter, DiffusersState, to_uint8
-from workers.pipelines.diffusers.ltx import LTXAdapter
-from workers.pipelines.diffusers.wan import WanAdapter
+from workers.pipelines.diffusers.cogvideox.adapter import CogVideoXAdapter
+from workers.pipelines.diffusers.ltx.adapter import LTXAdapter
+from workers.pipelines.diffusers.shared.common import DiffusersAdapter, DiffusersState, to_uint8
+from workers.pipelines.diffusers.wan.adapter import WanAdapter
 from workers.pipelines.registry import ADAPTERS, build_adapter
 
 
@@ -338,7 +338,7 @@ def test_registry_of_adapters_and_construction_errors() -> None:
 def test_job_scheduler_copies_and_flow_shift() -> None:
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from workers.pipelines.diffusers.common import job_scheduler
+    from workers.pipelines.diffusers.shared.common import job_scheduler
 
     unipc = tiny_wan_pipeline().scheduler
     copy = job_scheduler(unipc)
@@ -368,7 +368,7 @@ def test_wan_decode_stream_is_the_whole_decode_chunk_by_chunk(tmp_path: Path) ->
     """Wan's decode streamed one latent frame at a time gives exactly the frames of the
     whole decode (1 frame, then 4 per latent frame), and the MP4 written from the stream
     while it decodes has every frame; with tiling asked for, there is no stream."""
-    from workers.media import decode_streamed
+    from workers.media.mp4 import decode_streamed
 
     case = CASES["wan"]
     adapter = _adapter(case, case.build())

@@ -9,7 +9,7 @@ import av
 import numpy as np
 import pytest
 
-from workers.fmp4 import FragmentedMP4Writer
+from workers.media.fmp4 import FragmentedMP4Writer
 
 W, H, FPS = 64, 48, 16
 CHUNKS = (9, 12, 12)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cli.submit import run_generate
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 VIDEO_ID = "video_0123456789abcdef01234567"
 CONTENT = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 64

@@ -17,10 +17,10 @@ from models.job_specs import LoraSpec
 from models.registry import CatalogError
 from tests.unit.h3_fixtures import h3_request, tiny_h3_lora, tiny_h3_pipe
 from tests.unit.job_steps import run_job
-from workers.pipelines.diffusers.common import make_generator, to_uint8
-from workers.pipelines.diffusers.h3_inputs import call_inputs
-from workers.pipelines.diffusers.lora import LoraCache
-from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
+from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
+from workers.pipelines.diffusers.minimax_h3.inputs import call_inputs
+from workers.pipelines.diffusers.shared.common import make_generator, to_uint8
+from workers.pipelines.diffusers.shared.lora import LoraCache
 
 RANK = 2  # tiny_h3_lora's
 

@@ -1,6 +1,6 @@
 """The benchmark-only loading mode (``weights = "random"``, workers/pipelines/diffusers/
-h3_random.py) through the real registry: refused unless the worker setting allows it, and
-when allowed, a MiniMax-H3 built from configs on the device, seeded, that runs a job."""
+minimax_h3/random_weights.py) through the real registry: refused unless the worker setting allows
+it, and when allowed, a MiniMax-H3 built from configs on the device, seeded, that runs a job."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from models.registry import parse_registry
 from tests.unit.h3_fixtures import h3_request
 from tests.unit.job_steps import run_job
 from tests.unit.random_weights import assert_refused_by_default, random_registry
-from workers.pipelines.diffusers.h3_random import TOY_CONFIG, random_pipeline
+from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG, random_pipeline
 from workers.pipelines.registry import PipelineRegistry
 
 NAME = "MiniMaxAI/MiniMax-H3"

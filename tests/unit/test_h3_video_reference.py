@@ -34,10 +34,10 @@ from models.catalog import FAMILY_SPECS
 from tests.unit.h3_fixtures import h3_request, tiny_h3_pipe
 from tests.unit.job_steps import run_job
 from workers.pipelines.base import MediaReference
-from workers.pipelines.diffusers.common import make_generator, to_uint8
-from workers.pipelines.diffusers.h3_inputs import call_inputs
-from workers.pipelines.diffusers.h3_processor import takes_video
-from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
+from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
+from workers.pipelines.diffusers.minimax_h3.inputs import call_inputs
+from workers.pipelines.diffusers.minimax_h3.processor import takes_video
+from workers.pipelines.diffusers.shared.common import make_generator, to_uint8
 
 
 def _pipe() -> Any:

@@ -17,7 +17,8 @@ from models.catalog import FAMILY_SPECS
 from models.registry import CatalogError, parse_registry
 from storage.settings import LimitSettings
 from tests.unit.h3_fixtures import h3_request, tiny_h3_pipe
-from workers.pipelines.diffusers.h3_vsa import (
+from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
+from workers.pipelines.diffusers.minimax_h3.vsa import (
     VSA_BLOCK,
     VsaContext,
     install_vsa,
@@ -25,7 +26,6 @@ from workers.pipelines.diffusers.h3_vsa import (
     reference_vsa,
     vsa_layout,
 )
-from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
 
 H3 = "diffusers.minimax_h3"
 

@@ -1,4 +1,4 @@
-"""The Helios world adapter (``workers/pipelines/diffusers/helios.py``) against diffusers'
+"""The Helios world adapter (``workers/pipelines/diffusers/helios/adapter.py``) against diffusers'
 own ``HeliosPipeline``: a tiny random-weight Helios (``helios_fixtures.py``), CPU,
 float32, offline. A session's frames must be the pipeline's, bit for bit; sessions must
 not see each other; steering must touch only chunks not yet begun."""
@@ -28,14 +28,14 @@ from tests.unit.helios_fixtures import (
 )
 from tests.unit.test_checkpoints import BlockStop, Stop
 from workers.pipelines.base import WorldConfig, step_stops
-from workers.pipelines.diffusers import helios as helios_module
-from workers.pipelines.diffusers.common import to_uint8
-from workers.pipelines.diffusers.helios import HeliosWorldAdapter
-from workers.pipelines.diffusers.helios_session import (
+from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
+from workers.pipelines.diffusers.helios.adapter import adapter as helios_module
+from workers.pipelines.diffusers.helios.session import (
     HeliosState,
     chunk_embeddings,
     queue_event,
 )
+from workers.pipelines.diffusers.shared.common import to_uint8
 from workers.pipelines.registry import build_adapter
 
 STEPS = 2  # per chunk

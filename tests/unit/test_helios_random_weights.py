@@ -1,5 +1,5 @@
 """Helios-Distilled's benchmark-only loading mode (``weights = "random"``,
-workers/pipelines/diffusers/helios_random.py) through the real registry: refused unless
+workers/pipelines/diffusers/helios/random_weights.py) through the real registry: refused unless
 the worker setting allows it; allowed, a seeded distilled pyramid pipeline built on the
 device (here the tiny sizes of ``helios_fixtures.py``, CPU, float32) whose session chunk
 is diffusers' own ``HeliosPyramidPipeline`` call on it; and the default configs are the
@@ -18,14 +18,14 @@ from transformers import UMT5Config, UMT5EncoderModel
 
 from tests.unit.random_weights import assert_refused_by_default, random_registry
 from workers.pipelines.base import WorldConfig
-from workers.pipelines.diffusers.common import to_uint8
-from workers.pipelines.diffusers.helios import HeliosWorldAdapter
-from workers.pipelines.diffusers.helios_random import (
+from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
+from workers.pipelines.diffusers.helios.random_weights import (
     TINY_CONFIG,
     check_block_noise,
     random_pipeline,
 )
-from workers.pipelines.diffusers.random_parts import UMT5_XXL
+from workers.pipelines.diffusers.shared.common import to_uint8
+from workers.pipelines.diffusers.shared.random_parts import UMT5_XXL
 from workers.pipelines.registry import PipelineRegistry
 
 NAME = "BestWishYsh/Helios-Distilled"

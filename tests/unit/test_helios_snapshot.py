@@ -17,8 +17,8 @@ from tests.unit.helios_fixtures import (
     tiny_helios_pyramid_pipeline,
 )
 from workers.pipelines.base import WorldConfig
-from workers.pipelines.diffusers.helios import HeliosWorldAdapter
-from workers.pipelines.diffusers.helios_session import HeliosState
+from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
+from workers.pipelines.diffusers.helios.session import HeliosState
 from workers.pipelines.reference_world import ReferenceWorldPipeline
 from workers.pipelines.snapshots import pack, unpack
 

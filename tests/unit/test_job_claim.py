@@ -1,9 +1,9 @@
-"""The rule "job A's message may run job B" (workers/job_claim.py)."""
+"""The rule "job A's message may run job B" (workers/jobs/claim.py)."""
 
 from __future__ import annotations
 
 from models.db import Job
-from workers.job_claim import may_run
+from workers.jobs.claim import may_run
 
 
 def _job(job_id: str, model: str) -> Job:

@@ -1,4 +1,4 @@
-"""One job run (workers/job_run.py) against a fake job row: its stop gates, its
+"""One job run (workers/jobs/run.py) against a fake job row: its stop gates, its
 heartbeat and its failure, without a database, a bus or a pipeline."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from models.errors import ErrorCode, JobLost, JobTimedOut
 from storage.jobs import Lease
 from storage.settings import Settings
 from tests.helpers import video_spec
-from workers.failpoints import Failpoints
-from workers.job_run import STAGE_START, JobRun
+from workers.jobs.run import STAGE_START, JobRun
+from workers.runtime.failpoints import Failpoints
 
 
 class Row:

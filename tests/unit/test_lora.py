@@ -1,4 +1,4 @@
-"""Per-request LoRA on one worker's adapter (``workers/pipelines/diffusers/lora.py``), in
+"""Per-request LoRA on one worker's adapter (``workers/pipelines/diffusers/shared/lora.py``), in
 process on the tiny Wan: the same adapter object runs job after job as the executor
 drives it (``prepare`` / ``step`` / ``decode_frames`` / ``end``), and every job's frames
 are exactly those of a fresh pipe loaded with that job's adapter alone through diffusers'
@@ -19,10 +19,10 @@ from models.errors import ErrorCode, InvalidLora
 from models.job_specs import LoraSpec
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 from tests.unit.lora_fixtures import CROSS_ATTN, FFN, SELF_ATTN, lora_weights, write_lora
-from workers.failures import classify
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.lora import LoraCache
-from workers.pipelines.diffusers.wan import WanAdapter
+from workers.pipelines.diffusers.shared.lora import LoraCache
+from workers.pipelines.diffusers.wan.adapter import WanAdapter
+from workers.runtime.failures import classify
 
 RANK = 4  # the slot's rank (OMNIQ_LORA__MAX_RANK)
 

@@ -46,10 +46,10 @@ from tests.unit.video_workflows import (
     with_lora_alone,
 )
 from workers.pipelines.base import GenerationRequest, MediaReference
-from workers.pipelines.diffusers.compiled import graphs_made
-from workers.pipelines.diffusers.lora import LoraCache
-from workers.pipelines.diffusers.ltx2 import LTX2Adapter
-from workers.pipelines.diffusers.ltx2_state import LTX2ConditionState, LTX2ImageState
+from workers.pipelines.diffusers.ltx2.adapter import LTX2Adapter
+from workers.pipelines.diffusers.ltx2.state import LTX2ConditionState, LTX2ImageState
+from workers.pipelines.diffusers.shared.compiled import graphs_made
+from workers.pipelines.diffusers.shared.lora import LoraCache
 
 SEQ_LEN = 32
 ALL = ["t2v", "i2v", "flf2v"]

@@ -41,8 +41,8 @@ from tests.unit.video_workflows import (
     with_lora_alone,
 )
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.lora import LoraCache
-from workers.pipelines.diffusers.ltx import LTXAdapter, LTXState
+from workers.pipelines.diffusers.ltx.adapter import LTXAdapter, LTXState
+from workers.pipelines.diffusers.shared.lora import LoraCache
 
 # LTXConditionPipeline.__call__ hands its timesteps tensor to the scheduler's np.array()
 # (numpy 2 deprecates that for a tensor); the adapter passes an ndarray of the same values.

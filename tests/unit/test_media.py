@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from workers.media import encode_mp4, encode_thumbnail
+from workers.media.mp4 import encode_mp4, encode_thumbnail
 from workers.pipelines.base import Media
 
 SR = 48_000
@@ -138,7 +138,7 @@ def test_mp4_writer_encodes_chunks_as_they_come_and_stops_cleanly(tmp_path: Path
     """The streaming writer makes the MP4 encode_mp4 makes for the same frames, refuses a
     chunk of another size, and a failure in the caller's loop (a cancel mid-decode) ends
     its thread without a complete file being claimed."""
-    from workers.media import Mp4Writer, encode_mp4
+    from workers.media.mp4 import Mp4Writer, encode_mp4
 
     rng = np.random.default_rng(3)
     frames = rng.integers(0, 255, (9, 32, 48, 3), dtype=np.uint8)
@@ -166,7 +166,7 @@ def test_mp4_writer_interleaves_a_soundtrack_fitted_to_the_video(
 ) -> None:
     """A soundtrack given up front is muxed as encode_mp4 muxes it: the same AAC packets,
     padded or trimmed to the frames' duration, however the frames arrive."""
-    from workers.media import Mp4Writer, encode_mp4
+    from workers.media.mp4 import Mp4Writer, encode_mp4
 
     rng = np.random.default_rng(4)
     frames = rng.integers(0, 255, (9, 32, 48, 3), dtype=np.uint8)

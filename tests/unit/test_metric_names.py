@@ -26,11 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import api.metrics as api_metrics
 import storage.metrics as shared_metrics
-import workers.metrics as worker_metrics
+import workers.runtime.metrics as worker_metrics
 from api.metrics import HttpMetrics, QueueCollector
 from cli.up import api_metrics_dirs, worker_metrics_ports
 from storage.settings import MetricsSettings
-from workers.metrics import SlotsCollector, SlotUsage
+from workers.runtime.metrics import SlotsCollector, SlotUsage
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ("_seconds", "_bytes")
@@ -338,7 +338,7 @@ def test_prometheus_scrapes_the_compose_api_and_worker_ports() -> None:
 
 
 def test_each_webhook_attempt_is_counted_by_outcome() -> None:
-    from workers.webhooks import record_outcome
+    from workers.services.webhooks import record_outcome
 
     before = {
         o: _value("omniqueue_webhook_deliveries_total", outcome=o) for o in ("retry", "failed")

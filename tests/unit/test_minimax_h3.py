@@ -1,4 +1,4 @@
-"""MiniMax-H3 step-executed (workers/pipelines/diffusers/minimax_h3.py) against diffusers'
+"""MiniMax-H3 step-executed (workers/pipelines/diffusers/minimax_h3/adapter.py) against diffusers'
 own modular pipeline call, on the tiny seeded pipeline of h3_fixtures: every workflow's
 frames and soundtrack are bit-equal."""
 
@@ -19,9 +19,9 @@ from storage.settings import Settings
 from tests.unit.h3_fixtures import h3_request, tiny_h3_lora, tiny_h3_pipe
 from tests.unit.job_steps import run_job
 from workers.pipelines.base import GenerationRequest, Media, MediaReference
-from workers.pipelines.diffusers.common import make_generator, to_uint8
-from workers.pipelines.diffusers.h3_inputs import call_inputs, shifts_of
-from workers.pipelines.diffusers.minimax_h3 import MiniMaxH3Adapter
+from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
+from workers.pipelines.diffusers.minimax_h3.inputs import call_inputs, shifts_of
+from workers.pipelines.diffusers.shared.common import make_generator, to_uint8
 
 SIZE = 64
 FRAMES = 124  # 17 * 7 + 5: 5.17 s at 24 fps, the shortest H3 makes
@@ -272,8 +272,8 @@ def test_the_streamed_decode_is_bit_equal_and_muxes_the_soundtrack(
     first) against the whole decode, at two lengths (the VAE's end padding differs)."""
     import av
 
-    from workers.media import decode_streamed
-    from workers.output_check import Expected, check_mp4
+    from workers.jobs.output_check import Expected, check_mp4
+    from workers.media.mp4 import decode_streamed
 
     adapter = _adapter(pipe)
     request = _request(num_frames=num_frames)
@@ -304,7 +304,7 @@ def test_the_streamed_decode_is_bit_equal_and_muxes_the_soundtrack(
 @pytest.mark.parametrize("latent_frames", [23, 24, 37])  # end padding of 4, 3 and 0 latents
 def test_stream_frames_cuts_the_end_padding_as_the_vae_does(latent_frames: int) -> None:
     from tests.unit.h3_fixtures import tiny_h3_components
-    from workers.pipelines.diffusers.h3_decode import stream_frames, streamable
+    from workers.pipelines.diffusers.minimax_h3.decode import stream_frames, streamable
 
     vae = tiny_h3_components()["vae"]
     assert streamable(vae)
@@ -335,7 +335,7 @@ def test_prompt_lengths_share_graphs_compiled_in_prepare_not_in_a_step(pipe: Any
     graphs than dynamo's limit of 8 per code (static graphs hit it at the fifth length
     and ran eager from there), nothing compiles while a job denoises, and the frames are
     the eager adapter's."""
-    from workers.pipelines.diffusers.compiled import graphs_made
+    from workers.pipelines.diffusers.shared.compiled import graphs_made
 
     torch._dynamo.reset()
     compiled = MiniMaxH3Adapter(

@@ -1,4 +1,4 @@
-"""The output contract checked on every encoded video (workers/output_check.py): real
+"""The output contract checked on every encoded video (workers/jobs/output_check.py): real
 MP4s written by encode_mp4, each promise broken once."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from models.errors import ErrorCode, OutputInvalid
-from workers.failures import classify
-from workers.media import encode_mp4
-from workers.output_check import Expected, check_mp4
+from workers.jobs.output_check import Expected, check_mp4
+from workers.media.mp4 import encode_mp4
 from workers.pipelines.base import Media
+from workers.runtime.failures import classify
 
 W, H, N, FPS, RATE = 64, 32, 30, 24.0, 32000
 

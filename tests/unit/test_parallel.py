@@ -15,8 +15,8 @@ from models.registry import ParallelStrategy
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 from tests.unit.reference_fixtures import video_request
 from workers.pipelines.base import step_stops
-from workers.pipelines.diffusers.wan import WanAdapter
-from workers.processes import free_port
+from workers.pipelines.diffusers.wan.adapter import WanAdapter
+from workers.runtime.processes import free_port
 
 REQUEST = video_request(
     width=32, height=32, num_frames=9, fps=16, num_inference_steps=3, seed=4, guidance_scale=5.0
@@ -48,7 +48,7 @@ def _frames(adapter: WanAdapter) -> tuple[np.ndarray, list[int]]:
 def _rank(rank: int, port: int, strategy: ParallelStrategy, out: Any) -> None:
     import torch.distributed as dist
 
-    from workers.parallel import GroupParallel, enable
+    from workers.pipelines.parallel import GroupParallel, enable
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

@@ -10,8 +10,8 @@ import pytest
 
 from models.events import ChunkEvent
 from models.job_specs import AudioSpec
-from workers.audio_media import prepare_audio
-from workers.pcm_stream import PcmStream
+from workers.media.audio import prepare_audio
+from workers.media.pcm_stream import PcmStream
 
 
 class _Run:

@@ -1,4 +1,4 @@
-"""RGB → yuv420p on the decoding device (workers/pixels.py) and the MP4 writer fed with
+"""RGB → yuv420p on the decoding device (workers/media/pixels.py) and the MP4 writer fed with
 those planes: the arithmetic against swscale's and against the BT.601 definition, and the
 MP4 it makes decoded back with PyAV."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from workers.media import Mp4Writer
-from workers.pixels import yuv420p
+from workers.media.mp4 import Mp4Writer
+from workers.media.pixels import yuv420p
 
 
 def _gradient(n: int, h: int, w: int) -> np.ndarray:

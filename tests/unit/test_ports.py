@@ -1,4 +1,4 @@
-"""Reserved ports (workers/ports.py): outside the ephemeral range, never handed out twice,
+"""Reserved ports (workers/runtime/ports.py): outside the ephemeral range, never handed out twice,
 on the machine or in one process, and bindable when handed out."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from workers import ports
-from workers.ports import (
+from workers.runtime import ports
+from workers.runtime.ports import (
     bindable,
     candidate_ports,
     ephemeral_range,

@@ -340,7 +340,7 @@ def test_a_prompt_change_without_transition_chunks_blends_over_the_model_s_defau
     """Neither the interaction nor the start said: the model's default_transition_chunks
     (a blend over one chunk for reference/world, as the protocol doc says), not a cut."""
     from models.session_bus import InteractionCommand
-    from workers.world_sessions import WorldSessionRunner
+    from workers.sessions.world import WorldSessionRunner
 
     pipe = loaded(ReferenceWorldPipeline)
     state = pipe.start(_config(num_frames=45))

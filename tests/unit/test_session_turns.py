@@ -1,4 +1,4 @@
-"""Several world sessions on one device (``workers/session_turns.py``): turns handed out
+"""Several world sessions on one device (``workers/sessions/turns.py``): turns handed out
 first come first served, and the number of sessions a model keeps in real time."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from models.registry import ServedModel
 from storage.bus import EventBus
 from storage.settings import Settings
 from tests.unit.helios_fixtures import SEQ_LEN, SIZE, tiny_helios_pipeline
-from workers.pipelines.diffusers.helios import HeliosWorldAdapter
+from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
 from workers.pipelines.registry import PipelineRegistry
-from workers.session_turns import CapacityExceeded, Demand, FairTurns, RealtimeCapacity
-from workers.world_sessions import WorldSessionRunner
+from workers.sessions.turns import CapacityExceeded, Demand, FairTurns, RealtimeCapacity
+from workers.sessions.world import WorldSessionRunner
 
 
 def test_sessions_that_keep_asking_take_turns_one_step_each() -> None:

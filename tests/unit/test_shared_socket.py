@@ -8,7 +8,7 @@ import asyncio
 import socket
 
 from cli.main import _shared_socket
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 
 def _server_side_nodelay(listener: socket.socket) -> int:

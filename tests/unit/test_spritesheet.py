@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from workers.media import decode_streamed, encode_video, finish_video
+from workers.media.mp4 import decode_streamed, encode_video, finish_video
+from workers.media.spritesheet import SPRITE_COLUMNS, sprite_indices, spritesheet
 from workers.pipelines.base import DecodeStream, Media
-from workers.spritesheet import SPRITE_COLUMNS, sprite_indices, spritesheet
 
 # 12 frames of 48x32, frame k a flat grey of level 20 * k: each tile tells its frame.
 FRAMES = np.stack([np.full((32, 48, 3), 20 * k, np.uint8) for k in range(12)])

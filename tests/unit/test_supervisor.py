@@ -1,11 +1,11 @@
-"""The restart policy of ``omniqueue up`` (:mod:`workers.supervisor`) on a fake clock; the real
-processes are supervised in ``tests/integration/test_up.py``."""
+"""The restart policy of ``omniqueue up`` (:mod:`workers.runtime.supervisor`) on a fake
+clock; the real processes are supervised in ``tests/integration/test_up.py``."""
 
 from __future__ import annotations
 
 import pytest
 
-from workers.supervisor import GaveUp, RestartPolicy, Supervisor
+from workers.runtime.supervisor import GaveUp, RestartPolicy, Supervisor
 
 
 class Child:
@@ -88,7 +88,7 @@ def test_a_configuration_error_is_said_once_and_not_restarted_while_the_rest_run
     """A child that exits with CONFIG_ERROR said why itself (a registry with no model for
     it): restarting it would only repeat that, so it stays stopped, said once, and the
     others are still supervised."""
-    from workers.supervisor import CONFIG_ERROR
+    from workers.runtime.supervisor import CONFIG_ERROR
 
     sup, child, clock, said = _supervisor(RestartPolicy(backoff_s=1, max_fast_failures=2))
     other = Child()

@@ -41,10 +41,10 @@ from tests.unit.video_workflows import (
 )
 from tests.unit.wan_i2v_fixtures import WORKFLOWS, Layout, tiny_wan_i2v_pipeline
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.common import to_uint8
-from workers.pipelines.diffusers.compiled import graphs_made
-from workers.pipelines.diffusers.lora import LoraCache
-from workers.pipelines.diffusers.wan import WanAdapter, WanState
+from workers.pipelines.diffusers.shared.common import to_uint8
+from workers.pipelines.diffusers.shared.compiled import graphs_made
+from workers.pipelines.diffusers.shared.lora import LoraCache
+from workers.pipelines.diffusers.wan.adapter import WanAdapter, WanState
 
 FPS = 16.0
 WAN = TinyEntry(WanAdapter, "diffusers.wan", fps=FPS, steps=3)

@@ -14,7 +14,7 @@ from models.errors import InvalidRequest
 from models.webhooks import JobWebhook, event_type
 from storage.settings import WebhookSettings
 from storage.webhooks import check_destination, new_secret
-from workers.webhooks import backoff_s, judge, signed_headers
+from workers.services.webhooks import backoff_s, judge, signed_headers
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
-"""The world session's pacing clock (``workers.world_sessions.Playback``): a chunk begins only
+"""The world session's pacing clock (``workers.sessions.world.Playback``): a chunk begins only
 while at most ``lead`` chunks of video are ahead of the client's real-time playback."""
 
 from __future__ import annotations
 
 import pytest
 
-from workers.world_sessions import Playback, lead_chunks
+from workers.sessions.world import Playback, lead_chunks
 
 
 def test_nothing_waits_before_the_first_chunk_or_when_unpaced() -> None:

@@ -25,7 +25,7 @@ from realtime.video_protocol import (
 from tests.unit.test_fmp4 import _boxes, _decode, _frames
 from tests.unit.world_session_client import start_json as _start
 from tests.unit.world_session_client import texts as _texts
-from workers.fmp4 import FragmentedMP4Writer
+from workers.media.fmp4 import FragmentedMP4Writer
 
 W, H, FPS = 64, 48, 16
 CONFIG = VideoConfig(width=W, height=H, fps=FPS, num_frames=57, chunks=5)

@@ -10,7 +10,7 @@ from typing import Any
 
 import uvicorn
 
-from workers.processes import free_port
+from workers.runtime.processes import free_port
 
 
 @contextmanager

@@ -4,7 +4,7 @@ A served model's kind follows from its spec (``ModelSpec.kind``), and the regist
 (``workers/pipelines/registry.py``) hands each caller an adapter of that kind's interface:
 
 * ``job`` (:class:`Pipeline`): a video or audio clip for ``/v1/videos`` and
-  ``/v1/audio/generations``, run by the step executor (``workers/executor.py``)::
+  ``/v1/audio/generations``, run by the step executor (``workers/jobs/executor.py``)::
 
       state = pipe.prepare(request)
       while state.step_index < state.num_steps:
@@ -13,9 +13,9 @@ A served model's kind follows from its spec (``ModelSpec.kind``), and the regist
       media = pipe.decode(state)
 
 * ``world`` (:class:`WorldPipeline`): a steerable video stream for ``WS
-  /v1/realtime/video``, run chunk by chunk by ``workers/world_sessions.py``.
+  /v1/realtime/video``, run chunk by chunk by ``workers/sessions/world.py``.
 * ``voice`` (:class:`VoicePipeline`): spoken answers to user turns for ``WS
-  /v1/realtime``, run step by step by ``workers/voice_sessions.py``.
+  /v1/realtime``, run step by step by ``workers/sessions/voice.py``.
 
 An adapter is loaded once per worker process and shared by every job or session it runs,
 so all per-request state (latents, scheduler copy, RNG, embeddings) lives in the state
@@ -43,7 +43,7 @@ from workers.pipelines.request import MediaReference as MediaReference
 if TYPE_CHECKING:
     import torch
 
-    from workers.pipelines.diffusers.lora import LoraCache
+    from workers.pipelines.diffusers.shared.lora import LoraCache
 
 # Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
 _checkpoint: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
@@ -134,7 +134,7 @@ class DecodeStream:
     """A video decoded chunk by chunk (:meth:`Pipeline.decode_stream`): ``chunks`` yields
     uint8 T×H×W×3 in order, each as soon as it is decoded, as a numpy array or as a torch
     tensor left on the device that decoded it (the encoder's pixel format is then made
-    there: ``workers.media.decode_streamed``); ``audio`` (float32 (channels, samples) at
+    there: ``workers.media.mp4.decode_streamed``); ``audio`` (float32 (channels, samples) at
     ``sample_rate``) is its soundtrack, decoded before the first chunk so the writer
     interleaves it with the frames."""
 
@@ -323,7 +323,7 @@ class WorldPipeline(Adapter, Generic[StateT]):
         """The session between two chunks (after ``take_chunk``, before the next
         ``step``) as bytes from which :meth:`restore` on another worker goes on bit for
         bit (``snapshots.pack``); the runner stores it with every chunk it sends, so the
-        session outlives its worker (``workers/world_checkpoint.py``). None (the default):
+        session outlives its worker (``workers/sessions/world_checkpoint.py``). None (the default):
         the model cannot be taken over, and a session whose worker dies ends."""
         return None
 

@@ -25,6 +25,7 @@ from workers.pipelines.load_failure import LoadFailure, load_failure, missing_we
 
 log = logging.getLogger(__name__)
 
+_DIFFUSERS = "workers.pipelines.diffusers"
 # Adapter ids of the registry file → "module:Class".
 ADAPTERS: dict[str, str] = {
     "reference.video": "workers.pipelines.reference_video:ReferenceVideoPipeline",
@@ -32,14 +33,14 @@ ADAPTERS: dict[str, str] = {
     "reference.voice": "workers.pipelines.reference_voice:ReferenceVoicePipeline",
     "reference.audio": "workers.pipelines.reference_audio:ReferenceAudioPipeline",
     "reference.speech": "workers.pipelines.reference_speech:ReferenceSpeechPipeline",
-    "diffusers.wan": "workers.pipelines.diffusers.wan:WanAdapter",
-    "diffusers.ltx": "workers.pipelines.diffusers.ltx:LTXAdapter",
-    "diffusers.cogvideox": "workers.pipelines.diffusers.cogvideox:CogVideoXAdapter",
-    "diffusers.ltx2": "workers.pipelines.diffusers.ltx2:LTX2Adapter",
-    "diffusers.stable_audio": "workers.pipelines.diffusers.stable_audio:StableAudioAdapter",
-    "diffusers.longcat_audio": "workers.pipelines.diffusers.longcat_audio:LongCatAudioAdapter",
-    "diffusers.minimax_h3": "workers.pipelines.diffusers.minimax_h3:MiniMaxH3Adapter",
-    "diffusers.helios": "workers.pipelines.diffusers.helios:HeliosWorldAdapter",
+    "diffusers.wan": f"{_DIFFUSERS}.wan.adapter:WanAdapter",
+    "diffusers.ltx": f"{_DIFFUSERS}.ltx.adapter:LTXAdapter",
+    "diffusers.cogvideox": f"{_DIFFUSERS}.cogvideox.adapter:CogVideoXAdapter",
+    "diffusers.ltx2": f"{_DIFFUSERS}.ltx2.adapter:LTX2Adapter",
+    "diffusers.stable_audio": f"{_DIFFUSERS}.stable_audio.adapter:StableAudioAdapter",
+    "diffusers.longcat_audio": f"{_DIFFUSERS}.longcat_audio.adapter:LongCatAudioAdapter",
+    "diffusers.minimax_h3": f"{_DIFFUSERS}.minimax_h3.adapter:MiniMaxH3Adapter",
+    "diffusers.helios": f"{_DIFFUSERS}.helios.adapter:HeliosWorldAdapter",
 }
 
 # The interface each kind of model is run through.
@@ -122,7 +123,7 @@ class PipelineRegistry:
 
     def _use_lora(self, pipe: AnyPipeline) -> None:
         assert self.lora is not None
-        from workers.pipelines.diffusers.lora import LoraCache
+        from workers.pipelines.diffusers.shared.lora import LoraCache
 
         s = self.lora
         pipe.use_lora(

@@ -1,6 +1,6 @@
 """How a world pipeline packs a session's state at a chunk boundary into bytes and back
 (``WorldPipeline.snapshot`` / ``restore``), so another worker can take the session over
-(``workers/world_checkpoint.py``).
+(``workers/sessions/world_checkpoint.py``).
 
 A snapshot is plain data only: tensors, numbers, strings, None, and lists, tuples and
 dicts of them, written with ``torch.save`` and compressed with zlib (level 1: latents are

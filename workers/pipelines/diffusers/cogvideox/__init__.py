@@ -1,0 +1,1 @@
+"""CogVideoX: text-, image- and video-to-video."""

@@ -1,0 +1,1 @@
+"""Helios: a steerable world session, chunk by chunk."""

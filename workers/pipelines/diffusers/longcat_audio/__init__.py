@@ -1,0 +1,1 @@
+"""LongCat-AudioDiT: text-to-speech."""

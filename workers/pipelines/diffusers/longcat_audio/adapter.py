@@ -1,0 +1,212 @@
+"""LongCat-AudioDiT text-to-speech (``diffusers.LongCatAudioDiTPipeline``) one denoise step
+at a time.
+
+Mirrors ``LongCatAudioDiTPipeline.__call__`` (diffusers 0.42.1) for one prompt:
+``prepare`` = everything before its loop (``check_inputs``, the normalised prompt, the
+duration in latent frames, ``encode_prompt`` with its masks, the zero or encoded negative,
+the zero ``latent_cond``, ``prepare_latents`` and the ``1 → 1/N`` sigma schedule on the
+job's own scheduler), ``step`` = one loop iteration (the conditional pass, the null pass
+when ``guidance_scale > 1`` and the guidance written as ``__call__`` writes it, the
+scheduler step), ``decode`` = ``vae.decode(latents.permute(0, 2, 1))``.
+
+Duration, in latent frames of ``vae.config.downsampling_ratio`` samples:
+
+* ``request.options["duration_seconds"]`` when the request gave a length (speech's
+  ``duration_seconds``, generations' ``seconds``): ``__call__``'s ``audio_duration_s``;
+* otherwise estimated from the text as ``__call__`` does (``_approx_duration_from_text``:
+  0.082 s per Latin character, 0.21 s per CJK one), divided by ``speed`` when the request
+  asks for one other than 1 (the model fills whatever duration it is given, so a longer
+  clip is slower speech): ``__call__`` with ``audio_duration_s = estimate / speed``.
+
+Either way at least one latent frame and at most ``max_wav_duration`` (30 s), as in
+``__call__``. An explicit length with a ``speed`` other than 1 is refused (``speed``): the
+two would contradict each other. The pipeline has no speaker input, so ``voice`` is not
+read (the catalog does not declare it; ``docs/api.md`` says so).
+
+Differences from ``__call__`` (none change the numbers): one prompt, no precomputed
+``latents``, no callbacks; the scheduler is the job's copy (``__call__`` sets timesteps on
+the shared one); an empty ``negative_prompt`` counts as none (the zero embedding).
+
+Streaming: ``decode`` decodes the whole clip at once (see ``docs/adapters.md``: the VAE
+decoder is non-causal and the executor's ``decode_stream`` hook carries video chunks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import LongCatAudioDiTPipeline
+from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
+    _approx_duration_from_text,
+    _lens_to_mask,
+    _normalize_text,
+)
+
+from models.errors import InvalidJobInput
+from workers.pipelines.base import GenerationRequest, Media, StepState
+from workers.pipelines.diffusers.shared.common import (
+    DiffusersAdapter,
+    DiffusersState,
+    guidance_scale,
+    job_scheduler,
+    make_generator,
+    sampling,
+)
+
+
+@dataclass(kw_only=True)
+class LongCatAudioState(DiffusersState):
+    """One LongCat job. ``latents`` are 1×frames×latent_dim; the negative embedding is the
+    zero tensor (no ``negative_prompt``) or the encoded one, with its own mask."""
+
+    prompt_embeds: torch.Tensor
+    text_mask: torch.Tensor
+    negative_prompt_embeds: torch.Tensor
+    negative_text_mask: torch.Tensor
+    mask: torch.Tensor  # the latent frames' attention mask (all true for one prompt)
+    latent_cond: torch.Tensor  # zeros: no audio prompt
+
+
+def clip_seconds(pipe: Any, request: GenerationRequest) -> float | None:
+    """``__call__``'s ``audio_duration_s`` for ``request`` (module docstring); None: the
+    estimate from the text at speed 1, exactly as ``__call__`` without a duration."""
+    options = request.options
+    given = options.get("duration_seconds")
+    speed = float(options.get("speed") or 1.0)
+    if given is not None:
+        if speed != 1.0:
+            raise InvalidJobInput(
+                "speed cannot change a clip whose length is given (duration_seconds)",
+                param="speed",
+            )
+        return float(given)
+    if speed == 1.0:
+        return None
+    text = _normalize_text(request.prompt)
+    return _approx_duration_from_text([text], pipe.max_wav_duration) / speed
+
+
+def duration_frames(pipe: Any, request: GenerationRequest) -> int:
+    """The clip's length in latent frames, as ``__call__`` computes it."""
+    seconds = clip_seconds(pipe, request)
+    if seconds is None:
+        seconds = _approx_duration_from_text([_normalize_text(request.prompt)])
+    duration = int(seconds * pipe.sample_rate // pipe.vae_scale_factor)
+    max_duration = int(pipe.max_wav_duration * pipe.sample_rate // pipe.vae_scale_factor)
+    return max(1, min(duration, max_duration))
+
+
+class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
+    """``LongCatAudioDiTPipeline`` (e.g. meituan-longcat/LongCat-AudioDiT-1B); speech only."""
+
+    family = "diffusers.longcat_audio"
+    pipeline_class = LongCatAudioDiTPipeline
+
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        random_config: dict[str, dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # Blocks not compiled unless the entry asks (``compile = "blocks"``): every clip
+        # length is a new sequence length, so a new graph for the compiled blocks.
+        if kwargs.get("compile") is None:
+            kwargs["compile"] = "off"
+        super().__init__(path, **kwargs)
+        # ``weights = "random"`` (longcat_audio/random_weights.py): per-part config overrides.
+        self.random_config = dict(random_config or {})
+
+    def _random_pipeline(self, device: str) -> Any:
+        """Default configs, seeded random weights, on ``device``
+        (longcat_audio/random_weights.py)."""
+        from workers.pipelines.diffusers.longcat_audio.random_weights import random_pipeline
+
+        return random_pipeline(device, self.dtype, config=self.random_config)
+
+    def _prepare(self, pipe: Any, request: GenerationRequest) -> LongCatAudioState:
+        """Everything ``__call__`` does before its denoising loop."""
+        prompt = [request.prompt]
+        negative_prompt = request.negative_prompt or None
+        pipe.check_inputs(prompt, negative_prompt, "pt", ["latents"])
+        scale = guidance_scale(pipe, request)
+        device = pipe._execution_device
+
+        normalized_prompts = [_normalize_text(text) for text in prompt]
+        duration = duration_frames(pipe, request)
+
+        prompt_embeds, prompt_embeds_len = pipe.encode_prompt(normalized_prompts, device)
+        duration_tensor = torch.full((1,), duration, device=device, dtype=torch.long)
+        mask = _lens_to_mask(duration_tensor)
+        text_mask = _lens_to_mask(prompt_embeds_len, length=prompt_embeds.shape[1])
+        if negative_prompt is None:
+            negative_prompt_embeds = torch.zeros_like(prompt_embeds)
+            negative_text_mask = text_mask
+        else:
+            negative_prompt_embeds, negative_len = pipe.encode_prompt([negative_prompt], device)
+            negative_text_mask = _lens_to_mask(negative_len, length=negative_prompt_embeds.shape[1])
+
+        dtype = prompt_embeds.dtype
+        latent_cond = torch.zeros(1, duration, pipe.latent_dim, device=device, dtype=dtype)
+        generator = make_generator(request.seed)
+        latents = pipe.prepare_latents(1, duration, device, dtype, generator=generator)
+
+        steps = request.num_inference_steps
+        if steps < 1:
+            raise InvalidJobInput("num_inference_steps must be a positive integer")
+        sigmas = torch.linspace(1.0, 1.0 / steps, steps, dtype=torch.float32).tolist()
+        scheduler = job_scheduler(pipe.scheduler)
+        scheduler.set_timesteps(sigmas=sigmas, device=device)
+        scheduler.set_begin_index(0)
+        timesteps = scheduler.timesteps
+        return LongCatAudioState(
+            **sampling(request, generator, scheduler, timesteps, latents, scale, scale > 1.0),
+            prompt_embeds=prompt_embeds,
+            text_mask=text_mask,
+            negative_prompt_embeds=negative_prompt_embeds,
+            negative_text_mask=negative_text_mask,
+            mask=mask,
+            latent_cond=latent_cond,
+        )
+
+    def _step(self, pipe: Any, s: LongCatAudioState) -> None:
+        """One iteration of ``__call__``'s loop: two passes under guidance, not batched."""
+        t = s.timesteps[s.step_index]
+        latents = s.latents
+        curr_t = (t / s.scheduler.config.num_train_timesteps).expand(1)
+        curr_t = curr_t.to(dtype=s.prompt_embeds.dtype)
+
+        def predict(embeds: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
+            return pipe.transformer(
+                hidden_states=latents,
+                encoder_hidden_states=embeds,
+                encoder_attention_mask=text_mask,
+                timestep=curr_t,
+                attention_mask=s.mask,
+                latent_cond=s.latent_cond,
+            ).sample
+
+        pred = predict(s.prompt_embeds, s.text_mask)
+        if s.do_cfg:
+            null_pred = predict(s.negative_prompt_embeds, s.negative_text_mask)
+            pred = null_pred + (pred - null_pred) * s.guidance_scale
+        s.latents = s.scheduler.step(pred, t, latents, return_dict=False)[0]
+
+    @torch.no_grad()
+    def decode_audio(self, state: StepState) -> torch.Tensor:
+        """The audio VAE's decode: 1×1×samples, what ``pipe(..., output_type="pt").audios``
+        returns."""
+        pipe, s = self._loaded(), self._state(state)
+        audio: torch.Tensor = pipe.vae.decode(s.latents.permute(0, 2, 1)).sample
+        return audio
+
+    def decode(self, state: StepState) -> Media:
+        """Audio-only media: no frames (shape 0×0×0×3), float32 (1, samples) at the VAE's
+        ``sample_rate`` (24 kHz for the released model)."""
+        s = self._state(state)
+        audio = self.decode_audio(s)[0].float().cpu().numpy()
+        rate = int(self._loaded().sample_rate)
+        return Media.audio_only(np.ascontiguousarray(audio, dtype=np.float32), rate, s.request.fps)

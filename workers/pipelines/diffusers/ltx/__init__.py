@@ -1,0 +1,1 @@
+"""LTX-Video: text-, image-, first/last-frame- and video-to-video."""

@@ -1,0 +1,86 @@
+"""What a job asks of MiniMax-H3, as the keyword arguments of diffusers' modular
+pipeline: prompt, canvas, keyframes and ordered references (as diffusers' reference
+dataclasses, soundtracks at the audio VAE's rate), and the two sigma shifts. The
+differential tests call ``pipe(...)`` with exactly :func:`call_inputs`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers.modular_pipelines.minimax_h3 import (
+    MiniMaxH3AudioReference,
+    MiniMaxH3ImageReference,
+    MiniMaxH3VideoReference,
+)
+from PIL import Image
+
+from workers.media.audio import prepare_audio
+from workers.pipelines.base import GenerationRequest, MediaReference
+
+
+def shifts_of(request: GenerationRequest) -> tuple[float | None, float | None]:
+    """The (video, audio) sigma shifts a request asks for; None keeps the checkpoint's."""
+    return request.sampler.flow_shift, request.extra.get("audio_flow_shift")
+
+
+def _image(frame: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.ascontiguousarray(frame))
+
+
+def _audio(samples: np.ndarray) -> torch.Tensor:
+    """(channels, samples) float32 → the ``(channels, samples)`` tensor H3's references take."""
+    return torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+
+
+def _at_rate(
+    audio: np.ndarray, rate: int | None, want: int | None
+) -> tuple[np.ndarray, int | None]:
+    """A soundtrack moved to ``want`` Hz with libswresample (PyAV), so diffusers need not
+    resample it (it would need torchaudio); unchanged when the rates agree."""
+    if want is None or rate is None or rate == want:
+        return audio, rate
+    return prepare_audio(audio, rate, rate=want).samples, want
+
+
+def to_h3_reference(ref: MediaReference, audio_rate: int | None = None) -> Any:
+    """One of omniqueue's decoded references as the diffusers dataclass of its modality;
+    soundtracks at ``audio_rate`` (the audio VAE's) when given."""
+    if ref.kind == "image":
+        assert ref.frames is not None
+        return MiniMaxH3ImageReference(image=_image(ref.frames))
+    if ref.kind == "video":
+        assert ref.frames is not None
+        audio, rate = None, None
+        if ref.audio is not None:
+            samples, rate = _at_rate(ref.audio, ref.sample_rate, audio_rate)
+            audio = _audio(samples)
+        return MiniMaxH3VideoReference(
+            frames=[_image(f) for f in ref.frames], fps=ref.fps, audio=audio, sample_rate=rate
+        )
+    assert ref.audio is not None
+    samples, rate = _at_rate(ref.audio, ref.sample_rate, audio_rate)
+    return MiniMaxH3AudioReference(audio=_audio(samples), sample_rate=rate)
+
+
+def call_inputs(
+    request: GenerationRequest, generator: torch.Generator, audio_rate: int | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of ``pipe(...)`` this request stands for (the differential
+    tests call diffusers with exactly these); soundtracks moved to ``audio_rate``."""
+    inputs: dict[str, Any] = {
+        "prompt": request.prompt,
+        "height": request.height,
+        "width": request.width,
+        "num_frames": request.num_frames,
+        "num_inference_steps": request.num_inference_steps,
+        "generator": generator,
+    }
+    if request.references:
+        inputs["references"] = [to_h3_reference(r, audio_rate) for r in request.references]
+    if request.reference_image is not None:
+        inputs["image"] = _image(request.reference_image)
+    if request.last_image is not None:
+        inputs["last_image"] = _image(request.last_image)
+    return inputs

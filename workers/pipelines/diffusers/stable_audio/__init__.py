@@ -1,0 +1,1 @@
+"""Stable Audio: text-to-audio."""

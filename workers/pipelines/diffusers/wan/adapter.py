@@ -1,0 +1,327 @@
+"""Wan 2.1 / 2.2 text-, image- and first/last-frame-to-video, one denoise step at a time.
+
+Text-to-video (``t2v``) mirrors ``WanPipeline.__call__`` (diffusers 0.42), image-to-video
+(``i2v``: a first frame) and first/last-frame-to-video (``flf2v``) mirror
+``WanImageToVideoPipeline.__call__``: ``prepare`` = steps 1-5 (checks, rounding, prompt
+encoding, the image encoder's features for Wan 2.1, timesteps, latents and the keyframes'
+VAE condition), ``step`` = one iteration of step 6 (the denoising loop, including Wan 2.2's
+two-transformer ``boundary_ratio`` switch with ``guidance_scale_2`` and the
+``expand_timesteps`` per-token timesteps of TI2V-5B), ``decode`` = the tail (latent
+de-normalisation, VAE decode, ``postprocess_video``).
+
+The registry entry's ``spec.workflows`` says what a checkpoint serves (wan/i2v.py checks
+it against the loaded components): ``["t2v"]`` (the default: ``WanPipeline``), ``["i2v"]``
+(Wan 2.1 / 2.2 I2V), ``["flf2v"]`` (Wan 2.1 FLF2V), ``["i2v", "flf2v"]`` (Wan 2.2 I2V
+A14B), ``["t2v", "i2v"]`` (Wan 2.2 TI2V-5B: one checkpoint, both loops), ``["t2v",
+"v2v"]`` (a one-transformer T2V checkpoint; v2v is ``WanVideoToVideoPipeline``'s steps
+1-5, wan/v2v.py, then the t2v loop). An image workflow loads the checkpoint as
+``WanImageToVideoPipeline``; its ``t2v`` jobs run ``WanPipeline``'s loop over the same
+modules.
+
+Request options: ``guidance_scale_2``, ``boundary_ratio`` (overrides the pipeline's
+config for this job), ``flow_shift`` (job scheduler built with that shift),
+``vae_use_tiling`` / ``vae_use_slicing``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import WanImageToVideoPipeline, WanPipeline
+from diffusers.utils.torch_utils import get_module_execution_device
+
+from models.catalog import Workflow
+from models.errors import InvalidJobInput
+from workers.pipelines.base import DecodeStream, GenerationRequest, StepState
+from workers.pipelines.diffusers.shared.common import (
+    DiffusersState,
+    call_default,
+    cfg,
+    decode_video,
+    grey_preview,
+    guidance_scale,
+    job_scheduler,
+    make_generator,
+    sampling,
+    to_uint8,
+)
+from workers.pipelines.diffusers.shared.keyframes import SourceVideo, job_workflow, keyframes_of
+from workers.pipelines.diffusers.shared.workflow_adapter import TextOverImage, WorkflowAdapter
+from workers.pipelines.diffusers.wan.i2v import (
+    IMAGE_WORKFLOWS,
+    check_workflows,
+    keyframe_latents,
+    text_pipeline,
+)
+from workers.pipelines.diffusers.wan.v2v import v2v_state
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class WanState(DiffusersState):
+    """One Wan job: embeddings, latents, its scheduler copy and RNG, the stage switch."""
+
+    prompt_embeds: torch.Tensor
+    negative_prompt_embeds: torch.Tensor | None
+    guidance_scale_2: float  # low-noise stage (only read when boundary_timestep is set)
+    boundary_timestep: float | None
+    transformer_dtype: torch.dtype
+    workflow: Workflow = "t2v"
+    # i2v / flf2v: what the loop conditions on (``prepare_latents``' second output: the
+    # frame mask and the keyframes' latents, or TI2V-5B's first-frame latents).
+    condition: torch.Tensor | None = None
+    # TI2V-5B (``expand_timesteps``): 0 on the first latent frame (the keyframe's), else 1.
+    first_frame_mask: torch.Tensor | None = None
+    # Wan 2.1 I2V / FLF2V: the image encoder's features of the keyframes.
+    image_embeds: torch.Tensor | None = None
+
+
+class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
+    """``WanPipeline`` (T2V 1.3B/14B, Wan 2.2 A14B with ``transformer_2``, TI2V-5B) and,
+    for an entry serving ``i2v`` / ``flf2v``, ``WanImageToVideoPipeline`` (Wan 2.1 I2V and
+    FLF2V, Wan 2.2 I2V A14B, TI2V-5B)."""
+
+    family = "diffusers.wan"
+    pipeline_class: Any = WanPipeline
+    cfg_parallel = True
+    # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (load).
+    image_pipeline_class = WanImageToVideoPipeline
+    _check_workflows = staticmethod(check_workflows)  # wan/i2v.py
+    _text_pipeline = staticmethod(text_pipeline)
+
+    @staticmethod
+    def _pipeline_for(workflows: list[Workflow]) -> Any:
+        """``WanImageToVideoPipeline`` for an entry serving an image workflow, else
+        ``WanPipeline``."""
+        return WanImageToVideoPipeline if set(IMAGE_WORKFLOWS) & set(workflows) else WanPipeline
+
+    def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:
+        """``__call__`` steps 1-5 (``WanPipeline``'s for t2v, else
+        ``WanImageToVideoPipeline``'s)."""
+        keys = keyframes_of(request, self.spec.name, self.workflows)
+        if isinstance(keys, SourceVideo):  # v2v: WanVideoToVideoPipeline's steps 1-5
+            return v2v_state(WanState, pipe, request, keys, self.max_sequence_length)
+        text_pipe = pipe if keys is not None or self._text_pipe is None else self._text_pipe
+        opts = request.sampler
+        prompt, negative_prompt = request.prompt, request.negative_prompt
+        height, width, num_frames = request.height, request.width, request.num_frames
+        scale = guidance_scale(pipe, request)
+        scale_2 = opts.guidance_scale_2
+        boundary_ratio = (
+            pipe.config.boundary_ratio if opts.boundary_ratio is None else opts.boundary_ratio
+        )
+
+        # 1. Check inputs (guidance_scale_2 against this job's boundary_ratio).
+        if keys is None:
+            text_pipe.check_inputs(prompt, negative_prompt, height, width)
+        else:
+            pipe.check_inputs(prompt, negative_prompt, keys.first, height, width)
+        if boundary_ratio is None and scale_2 is not None:
+            raise InvalidJobInput(
+                "guidance_scale_2 needs a boundary_ratio (a two-stage Wan 2.2 model)"
+            )
+        if boundary_ratio is not None and pipe.transformer_2 is None:
+            raise InvalidJobInput("boundary_ratio needs a Wan 2.2 model with transformer_2")
+
+        temporal = pipe.vae_scale_factor_temporal
+        if num_frames % temporal != 1:
+            logger.warning("num_frames - 1 has to be divisible by %d; rounding", temporal)
+            num_frames = num_frames // temporal * temporal + 1
+        num_frames = max(num_frames, 1)
+        main = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+        patch_size = main.config.patch_size
+        h_multiple = pipe.vae_scale_factor_spatial * patch_size[1]
+        w_multiple = pipe.vae_scale_factor_spatial * patch_size[2]
+        calc_height = height // h_multiple * h_multiple
+        calc_width = width // w_multiple * w_multiple
+        if (height, width) != (calc_height, calc_width):
+            logger.warning("adjusting (%d, %d) -> (%d, %d)", height, width, calc_height, calc_width)
+            height, width = calc_height, calc_width
+        if boundary_ratio is not None and scale_2 is None:
+            scale_2 = scale
+        do_cfg = scale > 1.0
+        device = pipe._execution_device
+
+        # 3. Encode input prompt.
+        prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
+            prompt=prompt,
+            negative_prompt=negative_prompt,
+            do_classifier_free_guidance=do_cfg,
+            num_videos_per_prompt=1,
+            max_sequence_length=self._seq_len(call_default(pipe, "max_sequence_length")),
+            device=device,
+        )
+        transformer_dtype = main.dtype
+        prompt_embeds = prompt_embeds.to(transformer_dtype)
+        if negative_prompt_embeds is not None:
+            negative_prompt_embeds = negative_prompt_embeds.to(transformer_dtype)
+        # Wan 2.1 I2V / FLF2V: the image encoder's features (only its transformer takes them).
+        image_embeds = None
+        image_dim = None if pipe.transformer is None else pipe.transformer.config.image_dim
+        if keys is not None and image_dim is not None:
+            images = keys.first if keys.last is None else [keys.first, keys.last]
+            image_embeds = pipe.encode_image(images, device).repeat(1, 1, 1)
+            image_embeds = image_embeds.to(transformer_dtype)
+
+        # 4. Prepare timesteps (on this job's scheduler copy).
+        scheduler = job_scheduler(pipe.scheduler, opts.flow_shift)
+        scheduler.set_timesteps(request.num_inference_steps, device=device)
+        timesteps = scheduler.timesteps
+
+        # 5. Prepare latent variables (and, for an image workflow, the keyframes' condition).
+        generator = make_generator(request.seed)
+        condition = first_frame_mask = None
+        if keys is None:
+            latents = text_pipe.prepare_latents(
+                1, main.config.in_channels, height, width, num_frames, torch.float32, device,
+                generator,
+            )  # fmt: skip
+        else:
+            latents, condition, first_frame_mask = keyframe_latents(
+                pipe, keys, height, width, num_frames, device, generator
+            )
+        scheduler.set_begin_index(0)
+        boundary = (
+            None
+            if boundary_ratio is None
+            else float(boundary_ratio) * scheduler.config.num_train_timesteps
+        )
+        return WanState(
+            **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
+            prompt_embeds=prompt_embeds,
+            negative_prompt_embeds=negative_prompt_embeds,
+            guidance_scale_2=scale if scale_2 is None else float(scale_2),
+            boundary_timestep=boundary,
+            transformer_dtype=transformer_dtype,
+            workflow=job_workflow(keys),
+            condition=condition,
+            first_frame_mask=first_frame_mask,
+            image_embeds=image_embeds,
+        )
+
+    def _step(self, pipe: Any, s: WanState) -> None:
+        """One iteration of ``__call__``'s step 6 (the denoising loop)."""
+        i = s.step_index
+        t = s.timesteps[i]
+        if s.boundary_timestep is None or t >= s.boundary_timestep:
+            model, scale = pipe.transformer, s.guidance_scale  # wan2.1 / high-noise stage
+        else:
+            model, scale = pipe.transformer_2, s.guidance_scale_2  # low-noise stage
+        latents, mask = s.latents, s.first_frame_mask
+        if s.condition is None:  # t2v
+            latent_model_input = latents.to(s.transformer_dtype)
+        elif mask is not None:  # TI2V-5B: the keyframe's latents in the first frame
+            latent_model_input = ((1 - mask) * s.condition + mask * latents).to(s.transformer_dtype)
+        else:  # Wan 2.1 / 2.2 I2V: the condition as more channels
+            latent_model_input = torch.cat([latents, s.condition], dim=1).to(s.transformer_dtype)
+        if pipe.config.expand_timesteps:
+            # One timestep per token: mask[0][0][:, ::2, ::2] * t (t2v: an all-ones mask).
+            if mask is None:
+                mask = torch.ones(latents.shape, dtype=torch.float32, device=latents.device)
+            timestep = (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0)
+            timestep = timestep.expand(latents.shape[0], -1)
+        else:
+            timestep = t.expand(latents.shape[0])
+        image = {} if s.image_embeds is None else {"encoder_hidden_states_image": s.image_embeds}
+        cache_kwargs: dict[str, Any] = {
+            "step_index": i,
+            "sigma": float(s.scheduler.sigmas[i]),
+            "num_inference_steps": len(s.timesteps),
+        }
+
+        def predict(cache: str, embeds: torch.Tensor | None) -> torch.Tensor:
+            with model.cache_context(cache, **cache_kwargs):
+                return model(
+                    hidden_states=latent_model_input,
+                    timestep=timestep,
+                    encoder_hidden_states=embeds,
+                    **image,
+                    attention_kwargs=None,
+                    return_dict=False,
+                )[0]
+
+        def cond() -> torch.Tensor:
+            return predict("cond", s.prompt_embeds)
+
+        if s.do_cfg:  # a second pass, not a batch: Wan runs CFG as __call__ does
+            noise_cond, noise_uncond = self.parallel.cfg_pair(
+                cond, lambda: predict("uncond", s.negative_prompt_embeds)
+            )  # in a cfg worker group, on two ranks at once
+            noise_pred = cfg(noise_uncond, noise_cond, scale)
+        else:
+            noise_pred = cond()
+        s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
+
+    def _decode_frames(self, pipe: Any, s: WanState) -> np.ndarray:
+        """The tail of ``__call__``: de-normalise with the VAE's latents_mean/std, decode,
+        ``postprocess_video(output_type="np")``."""
+        return decode_video(pipe, s.request, self._vae_latents(pipe, s))
+
+    @staticmethod
+    def _vae_latents(pipe: Any, s: WanState) -> torch.Tensor:
+        """The final latents (TI2V-5B's with the keyframe's first frame put back)
+        de-normalised with the VAE's latents_mean/std, on its device."""
+        vae = pipe.vae
+        latents, mask = s.latents, s.first_frame_mask
+        if mask is not None and s.condition is not None:
+            latents = (1 - mask) * s.condition + mask * latents
+        latents = latents.to(get_module_execution_device(vae), dtype=vae.dtype)
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
+        std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(
+            latents.device, latents.dtype
+        )
+        return latents / std + mean
+
+    def decode_stream(self, state: StepState) -> DecodeStream | None:
+        """``_decode_frames`` one latent frame at a time (1 video frame, then 4 each):
+        ``AutoencoderKLWan._decode``'s own loop over its causal decoder, with the clamp and
+        ``postprocess_video`` applied per chunk (both work frame by frame), so the chunks
+        are bit-identical to the whole decode. None where that loop is not what
+        ``vae.decode`` would run (tiling asked for or engaged, slicing of a batch, a
+        patched VAE, an offload hook)."""
+        pipe = self._loaded()
+        s = self._state(state)
+        vae = pipe.vae
+        opts = s.request.sampler
+        if (
+            opts.vae_use_tiling
+            or getattr(vae, "use_tiling", False)
+            or vae.config.get("patch_size") is not None
+            or hasattr(vae, "_hf_hook")
+            or not hasattr(vae, "_feat_map")
+        ):
+            return None
+        return DecodeStream(self._stream(pipe, s))
+
+    def _stream(self, pipe: Any, s: WanState) -> Iterator[np.ndarray]:
+        vae = pipe.vae
+        vae.clear_cache()
+        with torch.no_grad():
+            x = vae.post_quant_conv(self._vae_latents(pipe, s))
+        try:
+            for i in range(x.shape[2]):
+                with torch.no_grad():  # per chunk: grad mode is not held across the yield
+                    vae._conv_idx = [0]
+                    first = {"first_chunk": True} if i == 0 else {}
+                    out = vae.decoder(
+                        x[:, :, i : i + 1],
+                        feat_cache=vae._feat_map,
+                        feat_idx=vae._conv_idx,
+                        **first,
+                    )
+                    out = torch.clamp(out, min=-1.0, max=1.0)
+                    frames = pipe.video_processor.postprocess_video(out, output_type="np")[0]
+                yield to_uint8(frames)
+        finally:
+            vae.clear_cache()
+
+    def preview(self, state: StepState) -> np.ndarray | None:
+        """Grey middle latent frame (latents are B×C×F×h×w)."""
+        return grey_preview(self._state(state).latents, channel_dim=1, frame_dim=2)

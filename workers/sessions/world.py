@@ -1,0 +1,310 @@
+"""World sessions on a worker: one thread per session slot.
+
+The API owns the client socket and the protocol; the worker owns the model state. They
+talk over two Redis Streams (``oq:session:{id}:in`` commands, ``…:out`` outputs):
+
+    in  (API → worker): reference_image (+ PNG), interaction, stop, keepalive
+    out (worker → API): accepted, started, chunk (+ fMP4 bytes), finished, failed, keepalive
+
+(``models/session_bus.py``; ``workers/sessions/slot.py`` holds the slot's life and clocks.)
+
+Between any two denoise steps the runner drains commands (a stop or interaction jumps
+ahead of further computation), so ``session.stop`` or a vanished client ends the session
+within one step and frees the slot. If the API falls silent (no command or keep-alive for
+``lost_after_s``), the runner stops on its own.
+
+A session outlives its worker when its model takes snapshots (Helios): each chunk goes
+out together with a checkpoint of the session, and a worker placed again for it
+(``attempt`` > 1, when the API found its worker dead) goes on from the last chunk sent
+(``workers/sessions/world_checkpoint.py``).
+
+Pacing (:class:`Playback`): the client plays the video in real time from the first chunk,
+so a chunk begins only while at most ``max_chunks_ahead`` chunks (the session's
+``extra_params``, else ``realtime.video_lead_chunks``; 0: unpaced) are ahead of that
+clock; an interaction then reaches the screen within about that many chunks. The wait
+is a blocking read of the session's commands, so a stop or an interaction ends it at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from models.errors import InvalidJobInput
+from models.realtime_video_chunks import ChunkLattice
+from models.session_bus import (
+    ChunkOutput,
+    FailedOutput,
+    FinishedOutput,
+    InteractionCommand,
+    ReferenceImageCommand,
+    StartedOutput,
+    StopCommand,
+    WorldSessionConfig,
+)
+from storage.bus import EventBus
+from storage.session_checkpoint import CheckpointStore
+from storage.settings import Settings
+from workers.media.fmp4 import FragmentedMP4Writer
+from workers.pipelines.base import WorldConfig, WorldPipeline, checkpoints, step_stops
+from workers.pipelines.registry import PipelineRegistry
+from workers.runtime.failpoints import Failpoints
+from workers.sessions.slot import SessionSlot, SlotRunner
+from workers.sessions.turns import (
+    CapacityExceeded,
+    Demand,
+    FairTurns,
+    RealtimeCapacity,
+    SessionStop,
+    SessionStopped,
+)
+from workers.sessions.world_checkpoint import SessionCheckpoint
+
+log = logging.getLogger(__name__)
+
+
+class Playback:
+    """The client's playback clock as the worker can know it: real time from the moment
+    the first chunk was sent, against the video time of the chunks sent so far."""
+
+    def __init__(self, fps: float, lead_chunks: int) -> None:
+        self.fps, self.lead = fps, lead_chunks
+        self.began: float | None = None  # when chunk 0 went out
+        self.video_s = 0.0  # video time sent
+        self.chunk_s = 0.0  # the last chunk's length
+
+    def sent(self, frames: int, now: float) -> None:
+        if self.began is None:
+            self.began = now
+        self.chunk_s = frames / self.fps
+        self.video_s += self.chunk_s
+
+    def wait_s(self, now: float) -> float:
+        """How long to wait before beginning the next chunk (0: begin now)."""
+        if not self.lead or self.began is None:
+            return 0.0
+        ahead = self.video_s - (now - self.began)
+        return max(0.0, ahead - self.lead * self.chunk_s)
+
+
+def lead_chunks(default: int, extra: dict[str, Any]) -> int:
+    """The session's pacing bound: ``extra_params.max_chunks_ahead``, else ``default``."""
+    asked = extra.get("max_chunks_ahead")
+    return default if asked is None else int(asked)
+
+
+# What a session's config hands the world pipeline as it is.
+_WORLD_FIELDS = {"prompt", "width", "height", "num_frames", "fps", "seed", "negative_prompt"}
+
+
+class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
+    def __init__(
+        self,
+        settings: Settings,
+        pipelines: PipelineRegistry,
+        bus: EventBus,
+        worker_id: str,
+        persist: Any = None,
+    ) -> None:
+        super().__init__(settings, pipelines, bus, worker_id)
+        # Callable(session_id, config, path) -> artifact id, for extra_params.persist.
+        self.persist = persist
+        self.failpoints = Failpoints(settings.worker.failpoints_file)
+        # Each chunk sent with where its session stands (``workers/sessions/world_checkpoint.py``).
+        self.checkpoints = CheckpointStore(bus, settings.realtime.checkpoint_ttl_s)
+        # The device, one step at a time, for every session of this worker; how many
+        # sessions of each model keep real time (``workers/sessions/turns.py``).
+        self.turns = FairTurns()
+        fixed = {name: m.max_sessions for name, m in pipelines.models.items()}
+        self.capacity = RealtimeCapacity(settings.realtime.capacity_headroom, fixed)
+
+    def serve(self, slot: SessionSlot, config: WorldSessionConfig) -> str:
+        try:
+            with self.capacity.session(config.model, _demand(config)):
+                return self._serve(slot, config)
+        except CapacityExceeded as exc:  # raised on entry only: nothing ran
+            log.info("session %s refused: %s", slot.id, exc)
+            slot.send(FailedOutput(code="resource_exhausted", message=str(exc)))
+            return "resource_exhausted"
+
+    def _serve(self, slot: SessionSlot, config: WorldSessionConfig) -> str:
+        tmp = Path(tempfile.mkdtemp(prefix=f"omniq-{slot.id}-", dir=self.settings.worker.tmp_dir))
+        stop = SessionStop(self.bus, slot.inbox)
+        try:
+            return self._roll_out(slot, config, tmp, stop)
+        finally:
+            stop.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def probe(self) -> None:
+        """Measure each world model whose registry entry fixes no ``max_sessions``: one
+        chunk at its defaults, timed, sets its load (and so how many sessions it takes);
+        without it the first session's chunks do."""
+        for name, model in self.pipelines.models.items():
+            if not model.spec.streaming or model.max_sessions is not None:
+                continue
+            pipe = self.pipelines.get(name)
+            if not isinstance(pipe, WorldPipeline):
+                continue
+            spec = pipe.spec
+            width, height = spec.default_size
+            lattice = ChunkLattice(first=spec.frame_offset, every=spec.frame_multiple)
+            config = WorldConfig(
+                prompt="a capacity probe",
+                width=width,
+                height=height,
+                num_frames=lattice.first,
+                fps=float(spec.default_fps),
+                seed=0,
+                steps_per_chunk=spec.default_steps,
+            )
+            state = pipe.start(config)
+            began = time.perf_counter()
+            while not pipe.chunk_done(state):
+                pipe.step(state)
+            frames = pipe.take_chunk(state)
+            demand = Demand(width, height, config.fps, config.steps_per_chunk)
+            self.capacity.measured(name, time.perf_counter() - began, demand.work(len(frames)))
+            log.info(
+                "%s: a second of video (%s) takes %.3f s of this device: %s sessions of "
+                "it keep real time",
+                name,
+                demand,
+                self.capacity.load(name, demand),
+                self.capacity.limit(name, demand),
+            )
+
+    @staticmethod
+    def _interact(pipe: WorldPipeline[Any], state: Any, cmd: InteractionCommand) -> None:
+        """Queue an interaction; the API already checked its shape and its event id, so
+        a change the model still refuses is logged and the session goes on."""
+        transition = cmd.transition_chunks
+        if transition is None:  # neither the interaction nor the start set one
+            transition = pipe.spec.default_transition_chunks
+        try:
+            pipe.interact(state, cmd.prompt, cmd.camera, int(transition), cmd.event_id)
+        except InvalidJobInput as exc:
+            log.warning("interaction %s ignored: %s", cmd.event_id, exc)
+
+    @staticmethod
+    def _reference_image(slot: SessionSlot) -> Any:
+        """The first frame the API put on the session's ``in`` stream (a PNG already
+        fitted to the session size), as uint8 H×W×3, or None."""
+        for entry in slot.first_commands():
+            if isinstance(entry.event, ReferenceImageCommand) and entry.data:
+                import io
+
+                import numpy as np
+                from PIL import Image
+
+                with Image.open(io.BytesIO(entry.data)) as image:
+                    return np.asarray(image.convert("RGB"), dtype=np.uint8).copy()
+        return None
+
+    def _roll_out(
+        self, slot: SessionSlot, config: WorldSessionConfig, tmp: Path, stop: SessionStop
+    ) -> str:
+        pipe = self.pipelines.world(config.model)
+        extra = config.extra_params
+        world = WorldConfig(
+            **config.model_dump(include=_WORLD_FIELDS),
+            camera_action_script=extra.get("camera_action_script"),
+            extra=dict(extra),
+        )
+        if extra.get("flow_shift"):
+            world.flow_shift = float(extra["flow_shift"])
+        if config.num_inference_steps is not None:
+            world.steps_per_chunk = config.num_inference_steps
+        checkpoint = SessionCheckpoint(self.checkpoints, slot, config, pipe)
+        if checkpoint.taking_over:  # its worker died: from the last chunk it sent
+            state, writer, sent = checkpoint.resume(world)
+        else:
+            world.reference_image = self._reference_image(slot)
+            state = pipe.start(world)
+            writer, sent = FragmentedMP4Writer(world.width, world.height, world.fps), 0
+            slot.send(StartedOutput())
+        total = pipe.num_chunks(state)
+        persisted = open(tmp / "session.mp4", "wb") if extra.get("persist") else None  # noqa: SIM115
+        if persisted is not None and sent:
+            checkpoint.copy_sent(persisted, sent)
+        stopped = False
+        playback = Playback(world.fps, lead_chunks(self.settings.realtime.video_lead_chunks, extra))
+        between_chunks, wait_ms = True, None
+        device_s = 0.0  # the current chunk's time at the device (its turns)
+        try:
+            while sent < total:
+                for entry in slot.commands(block_ms=wait_ms):
+                    if isinstance(entry.event, StopCommand):
+                        stopped = True
+                    elif isinstance(entry.event, InteractionCommand):
+                        self._interact(pipe, state, entry.event)
+                now = time.monotonic()
+                if stopped or slot.api_lost(now):
+                    stopped = True
+                    break
+                slot.keepalive(now)
+                wait = playback.wait_s(now) if between_chunks else 0.0
+                if wait > 0:  # paced: the client has enough to play; read commands meanwhile
+                    beat = max(slot.next_beat_in(now), 0.001)
+                    wait_ms = max(1, round(min(wait, beat) * 1000))
+                    continue
+                wait_ms, between_chunks = None, False
+                with self.turns.turn():
+                    began = time.perf_counter()
+                    try:  # a stop lands before the next block or decoder layer
+                        with step_stops(stop.reason), checkpoints(stop.check):
+                            pipe.step(state)
+                            done = pipe.chunk_done(state)
+                            frames = pipe.take_chunk(state) if done else None
+                    except SessionStopped:
+                        stopped = True  # inside the step or the decode: the device is free
+                        break
+                    device_s += time.perf_counter() - began
+                if frames is not None:
+                    work = _demand(config, world.steps_per_chunk).work(len(frames))
+                    self.capacity.measured(config.model, device_s, work)
+                    device_s = 0.0
+                    # the chunk is made and the session ours (a stop ended the loop above)
+                    self.failpoints.hit(f"session_chunk:{sent}", lambda: True, slot.attempt)
+                    data = writer.write_chunk(frames)
+                    begun, active, completed = pipe.events_for_chunk(state)
+                    if persisted is not None:
+                        persisted.write(data)
+                    chunk = ChunkOutput(
+                        kind="media",
+                        generation_chunk_index=sent,
+                        num_frames=len(frames),
+                        produced_at=time.time(),
+                        started_event_ids=begun,
+                        active_event_ids=active,
+                        completed_event_ids=completed,
+                    )
+                    checkpoint.send(chunk, data, state, writer)  # and where it stands
+                    playback.sent(len(frames), time.monotonic())
+                    between_chunks = True
+                    sent += 1
+            tail = writer.close()
+            if tail and not stopped:
+                if persisted is not None:
+                    persisted.write(tail)
+                slot.send(ChunkOutput(kind="trailer", produced_at=time.time()), tail)
+        finally:
+            if persisted is not None:
+                persisted.close()
+        artifact_id = None
+        if persisted is not None and not stopped and self.persist is not None:
+            artifact_id = self.persist(slot.id, config, tmp / "session.mp4")
+        slot.send(FinishedOutput(stopped=stopped, artifact_id=artifact_id))
+        checkpoint.ended()
+        return "stopped" if stopped else "completed"
+
+
+def _demand(config: WorldSessionConfig, steps: int | None = None) -> Demand:
+    """What ``config`` asks of the device (``steps``: per chunk, where the pipeline's own
+    default replaced a missing ``num_inference_steps``)."""
+    steps = steps or config.num_inference_steps or WorldConfig.steps_per_chunk
+    return Demand(config.width, config.height, config.fps, steps)

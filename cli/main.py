@@ -114,7 +114,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         if args.realtime:
             print("omniqueue worker: --realtime runs on one device, not --devices", file=sys.stderr)
             return 2
-        from workers.pipelines.group import run_group
+        from workers.runtime.group import run_group
 
         return run_group(settings, args.name)
     from workers.runtime.celery_app import serve

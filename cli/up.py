@@ -293,7 +293,7 @@ def run_up(
     """Run the embedded stack until SIGINT/SIGTERM (exit 0), or until a child keeps
     dying however often it is restarted (exit 1). On the way out each worker puts its
     running job back on the queue, or, with ``drain_timeout`` seconds, lets it finish
-    first if it ends within them (``OMNIQ_WORKER__DRAIN_TIMEOUT_S``, workers/runtime/shutdown.py).
+    first if it ends within them (``OMNIQ_WORKER__DRAIN_TIMEOUT_S``, workers/jobs/shutdown.py).
     """
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)

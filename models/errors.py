@@ -62,11 +62,11 @@
 
 Not in the tree, on purpose: control flow that never leaves its module (``ClientGone``
 in ``api/sync_wait.py``, ``_Stop`` in ``workers/sessions/voice.py``), the test-only
-``InjectedFault`` (``workers/runtime/failpoints.py``, an unclassified error by design), a
+``InjectedFault`` (``workers/common/failpoints.py``, an unclassified error by design), a
 malformed model registry at startup (``CatalogError``) and the CLI's exit paths.
 
 Each transport maps it once: HTTP in ``api/errors.py`` (status + OpenAI error body);
-jobs and worker sessions through ``workers.runtime.failures.classify`` (exception → stable
+jobs and worker sessions through ``workers.common.failures.classify`` (exception → stable
 :class:`ErrorCode` + safe message): the executor and both session runners call it, so a
 ``ValueError`` of numpy, PIL, PyAV or torch, or a server misconfiguration, is an
 ``internal_error`` with a fixed message, and only :class:`InvalidJobInput` is an

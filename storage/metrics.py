@@ -7,7 +7,7 @@ method, device, transport, outcome), never a job, session or key id: each label 
 a time series kept for as long as Prometheus keeps data.
 
 Where each metric lives: the API's in :mod:`api.metrics` (``GET /metrics``), the
-workers' in :mod:`workers.runtime.metrics` (each worker's own port, ``OMNIQ_METRICS__WORKER_PORT``),
+workers' in :mod:`workers.common.metrics` (each worker's own port, ``OMNIQ_METRICS__WORKER_PORT``),
 and here the ones a component of either tier counts. Metric objects are module-level, as
 prometheus-client has them: one per process, registered once. Whether their values live
 in memory or in files of a directory shared by the API processes of one port

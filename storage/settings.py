@@ -228,7 +228,7 @@ class WorkerSettings(BaseModel):
     lost_message_after_s: float = Field(default=30.0, ge=0)
     # SIGTERM/Ctrl-C: a running job goes back to the queue at its next stop point; with a
     # drain timeout, only if it is still running that many seconds later
-    # (workers/runtime/shutdown.py).
+    # (workers/jobs/shutdown.py).
     drain_timeout_s: float = Field(default=0.0, ge=0)
     # Publish a preview JPEG every N denoise steps (0: off; previews cost a decode).
     preview_every: int = 0
@@ -237,7 +237,7 @@ class WorkerSettings(BaseModel):
     # request gives the same frames on any worker, which x264's output cannot show. Off by
     # default: hashing is ~25 ms of a 832x480x81 clip's decode stage.
     log_frame_digests: bool = False
-    # Tests only: a JSON file of fault-injection points (see workers/runtime/failpoints.py).
+    # Tests only: a JSON file of fault-injection points (see workers/common/failpoints.py).
     failpoints_file: str | None = None
     # Cap this worker's CUDA memory at this fraction of each of its devices'
     # (``torch.cuda.set_per_process_memory_fraction``, once at start, before the models

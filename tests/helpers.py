@@ -109,7 +109,7 @@ def tts_benchmark_body(**overrides: Any) -> dict[str, Any]:
 
 
 def write_failpoints(path: Path, points: dict[str, str]) -> None:
-    """Replace the workers' failpoints file (``workers/runtime/failpoints.py``) at once: a worker
+    """Replace the workers' failpoints file (``workers/common/failpoints.py``) at once: a worker
     reading it never sees half a file."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(points))

@@ -6,7 +6,7 @@ them (``omniqueue_gpu_memory_allocated_bytes`` and ``_peak_bytes``).
     python -m benchmarks.gpu.metrics        # on a machine with CUDA
 
 Meant for the lent GPU machine, whose image has torch and prometheus-client but not the
-rest of the worker's dependencies: the few modules :mod:`workers.runtime.metrics` imports for its
+rest of the worker's dependencies: the few modules :mod:`workers.common.metrics` imports for its
 job accounting (the ORM, the settings) are stood in for here, so this checks the GPU
 collector and the metrics server only. Prints JSON; exits 1 if a gauge is off.
 """
@@ -25,7 +25,7 @@ MIB = 2**20
 
 
 def _stand_ins() -> None:
-    """Stand-ins for the modules :mod:`workers.runtime.metrics` imports besides prometheus-client
+    """Stand-ins for the modules :mod:`workers.common.metrics` imports besides prometheus-client
     (its job accounting needs them, the GPU gauges do not)."""
 
     class JobStatus(enum.StrEnum):
@@ -61,7 +61,7 @@ def main() -> int:
     _stand_ins()
     from prometheus_client.parser import text_string_to_metric_families
 
-    from workers.runtime.metrics import serve_metrics
+    from workers.common.metrics import serve_metrics
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

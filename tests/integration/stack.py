@@ -85,7 +85,7 @@ class Stack:
 
     @property
     def failpoints(self) -> Path:
-        """The workers' failpoints file (workers/runtime/failpoints.py); none until a test
+        """The workers' failpoints file (workers/common/failpoints.py); none until a test
         sets it."""
         return self.work / "failpoints.json"
 

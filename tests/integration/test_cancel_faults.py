@@ -1,7 +1,7 @@
 """Cancel at every stage and worker faults, through the real queue.
 
 A dedicated deployment (own PostgreSQL database and Redis index, two worker processes)
-with fault-injection points (workers/runtime/failpoints.py) steered through a JSON file, so a
+with fault-injection points (workers/common/failpoints.py) steered through a JSON file, so a
 job can be held at an exact stage while the test cancels it, or made to fail there.
 
 Every case asserts the same invariants: exactly one terminal state, no artifact row, no

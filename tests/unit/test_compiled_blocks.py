@@ -17,11 +17,11 @@ from models.errors import JobLost
 from models.registry import WarmupShape
 from tests.unit.job_steps import job_frames
 from tests.unit.test_diffusers_video import CASES, _reference, _request
+from workers.common import metrics
 from workers.pipelines.base import step_stops
 from workers.pipelines.diffusers.shared.compiled import graphs_made
 from workers.pipelines.diffusers.wan.adapter import WanAdapter
 from workers.pipelines.registry import PipelineRegistry
-from workers.runtime import metrics
 
 STEPS = 4
 CASE = CASES["wan"]

@@ -24,8 +24,8 @@ from models.errors import (
     StorageError,
 )
 from tests.unit.reference_fixtures import loaded, video_request
+from workers.common.failures import INTERNAL_ERROR_MESSAGE, classify
 from workers.pipelines.reference_video import ReferenceVideoPipeline
-from workers.runtime.failures import INTERNAL_ERROR_MESSAGE, classify
 
 
 def _raised(call: Callable[[], object]) -> BaseException:

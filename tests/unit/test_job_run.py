@@ -14,8 +14,8 @@ from models.errors import ErrorCode, JobLost, JobTimedOut
 from storage.jobs import Lease
 from storage.settings import Settings
 from tests.helpers import video_spec
+from workers.common.failpoints import Failpoints
 from workers.jobs.run import STAGE_START, JobRun
-from workers.runtime.failpoints import Failpoints
 
 
 class Row:

@@ -19,10 +19,10 @@ from models.errors import ErrorCode, InvalidLora
 from models.job_specs import LoraSpec
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 from tests.unit.lora_fixtures import CROSS_ATTN, FFN, SELF_ATTN, lora_weights, write_lora
+from workers.common.failures import classify
 from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.shared.lora import LoraCache
 from workers.pipelines.diffusers.wan.adapter import WanAdapter
-from workers.runtime.failures import classify
 
 RANK = 4  # the slot's rank (OMNIQ_LORA__MAX_RANK)
 

@@ -11,8 +11,8 @@ import torch
 from pydantic import ValidationError
 
 from storage.settings import Settings
+from workers.common.memory import apply_memory_fraction, forget_frames
 from workers.runtime.celery_app import model_devices
-from workers.runtime.memory import apply_memory_fraction, forget_frames
 
 GIB = 2**30
 
@@ -62,7 +62,7 @@ def test_each_cuda_device_is_capped_once_and_logged(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     cuda = FakeCuda(monkeypatch)
-    caplog.set_level(logging.INFO, logger="workers.runtime.memory")
+    caplog.set_level(logging.INFO, logger="workers.common.memory")
     caps = apply_memory_fraction(0.3, ["cuda:0", "cuda", "cuda:0"])
     # "cuda" is the current device (1 here); cuda:0 is named twice and capped once
     assert cuda.calls == [(0.3, torch.device("cuda:0")), (0.3, torch.device("cuda:1"))]
@@ -74,7 +74,7 @@ def test_on_cpu_the_fraction_is_ignored_with_a_log_line(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     cuda = FakeCuda(monkeypatch)
-    caplog.set_level(logging.INFO, logger="workers.runtime.memory")
+    caplog.set_level(logging.INFO, logger="workers.common.memory")
     assert apply_memory_fraction(0.5, ["cpu"]) == {}
     assert cuda.calls == []
     assert "memory fraction 0.50 ignored on cpu (CUDA devices only)" in caplog.text

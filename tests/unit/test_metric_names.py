@@ -26,11 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import api.metrics as api_metrics
 import storage.metrics as shared_metrics
-import workers.runtime.metrics as worker_metrics
+import workers.common.metrics as worker_metrics
 from api.metrics import HttpMetrics, QueueCollector
 from cli.up import api_metrics_dirs, worker_metrics_ports
 from storage.settings import MetricsSettings
-from workers.runtime.metrics import SlotsCollector, SlotUsage
+from workers.common.metrics import SlotsCollector, SlotUsage
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = ("_seconds", "_bytes")

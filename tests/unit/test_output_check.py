@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from models.errors import ErrorCode, OutputInvalid
+from workers.common.failures import classify
 from workers.jobs.output_check import Expected, check_mp4
 from workers.media.mp4 import encode_mp4
 from workers.pipelines.base import Media
-from workers.runtime.failures import classify
 
 W, H, N, FPS, RATE = 64, 32, 30, 24.0, 32000
 

@@ -1,4 +1,4 @@
-"""The one stop signal of a job run (workers/runtime/stop_signal.py): sources set it, gates read
+"""The one stop signal of a job run (workers/common/stop_signal.py): sources set it, gates read
 it, and a row read that finds the job no longer ours is a source too."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from models.errors import JobLost, WorkerStopping
 from storage.bus import BusEntry
 from storage.constants import job_events_key
-from workers.runtime.shutdown import Shutdown
-from workers.runtime.stop_signal import StopSignal
+from workers.common.stop_signal import StopSignal
+from workers.jobs.shutdown import Shutdown
 
 
 class Row:

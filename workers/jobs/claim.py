@@ -32,7 +32,7 @@ from models.errors import ErrorCode
 from models.events import DoneEvent
 from storage.jobs import JobStore
 from storage.settings import Settings
-from workers.runtime import metrics
+from workers.common import metrics
 
 log = logging.getLogger(__name__)
 

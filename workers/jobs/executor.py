@@ -38,18 +38,18 @@ from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
 from storage.jobs import JobStore, Lease
 from storage.settings import Settings
+from workers.common import metrics
+from workers.common.failpoints import Failpoints
+from workers.common.memory import forget_frames, peak_memory_mb, release_after_run
 from workers.jobs.claim import JobClaim
 from workers.jobs.objects import drop_other_attempts, output_prefix, stale_prefix
 from workers.jobs.output import Files, make_output
 from workers.jobs.references import load_references
 from workers.jobs.run import JobRun
+from workers.jobs.shutdown import Shutdown
 from workers.jobs.temp_dirs import TempDirs, temp_root
 from workers.pipelines.base import GenerationRequest, Pipeline
 from workers.pipelines.registry import PipelineRegistry
-from workers.runtime import metrics
-from workers.runtime.failpoints import Failpoints
-from workers.runtime.memory import forget_frames, peak_memory_mb, release_after_run
-from workers.runtime.shutdown import Shutdown
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class StepExecutor:
     # Puts a job id back on its model's broker queue (the worker's JobQueue.enqueue): what
     # a run released by the worker's shutdown needs.
     requeue: Callable[[str, str], Any] | None = None
-    shutdown: Shutdown = field(default_factory=Shutdown)  # SIGTERM: workers/runtime/shutdown.py
+    shutdown: Shutdown = field(default_factory=Shutdown)  # SIGTERM: workers/jobs/shutdown.py
     failpoints: Failpoints = field(init=False)
     claim: JobClaim = field(init=False)  # which job a message runs (workers/jobs/claim.py)
 

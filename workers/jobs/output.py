@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec
+from workers.common import metrics
 from workers.jobs.output_check import Expected, check_mp4
 from workers.jobs.run import DENOISE_END, STAGE_START, JobRun
 from workers.media.audio import EXTENSIONS, MEDIA_TYPES, encode_audio, output_rate, prepare_audio
 from workers.media.mp4 import Streamed, decode_streamed, encode_video, finish_video
 from workers.media.pcm_stream import PcmStream
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, checkpoints, step_stops
-from workers.runtime import metrics
 
 log = logging.getLogger(__name__)
 

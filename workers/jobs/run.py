@@ -12,7 +12,7 @@ drives the pipeline; the run is everything the executor asks between two calls:
 * **the heartbeat**: a writer thread that writes the step loop's progress and heartbeats
   besides, so a long stage is not taken for a dead worker;
 * **the stop gates**: where the run asks whether it is still to run (the deadline, and
-  its :class:`~workers.runtime.stop_signal.StopSignal`, whose module lists every source and gate).
+  its :class:`~workers.common.stop_signal.StopSignal`, whose module lists every source and gate).
 
 Its lines log as ``workers.jobs.executor``: one job's story is one logger's (benchmarks and
 operators read them there).
@@ -38,13 +38,13 @@ from models.job_specs import AudioSpec, VideoSpec
 from storage.bus import EventBus
 from storage.jobs import JobStore, Lease
 from storage.settings import Settings
+from workers.common.failpoints import Failpoints
+from workers.common.failures import classify, log_level
+from workers.common.memory import forget_frames
+from workers.common.stop_signal import StopSignal
 from workers.media.audio import AudioOut, pcm16
 from workers.media.mp4 import preview_jpeg
 from workers.pipelines.base import Pipeline, StopReason
-from workers.runtime.failpoints import Failpoints
-from workers.runtime.failures import classify, log_level
-from workers.runtime.memory import forget_frames
-from workers.runtime.stop_signal import StopSignal
 
 log = logging.getLogger("workers.jobs.executor")
 
@@ -82,7 +82,7 @@ class JobRun:
     dirty: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one write at a time
     # Set once the job is no longer ours to run: its sources and gates are listed in
-    # workers/runtime/stop_signal.py.
+    # workers/common/stop_signal.py.
     stop: StopSignal = field(init=False)
     # (index, count) of the output being made: a job of n outputs makes them one after
     # another, and its progress runs once from 0 to 100 over all of them.

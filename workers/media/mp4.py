@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import av
 import numpy as np
@@ -27,8 +27,8 @@ from av.audio.stream import AudioStream
 from av.container import OutputContainer
 from PIL import Image
 
+from workers.media.frames import DecodeStream, Media
 from workers.media.spritesheet import sprite_indices, spritesheet
-from workers.pipelines.base import Media, Pipeline
 
 if TYPE_CHECKING:
     import torch
@@ -417,8 +417,14 @@ class Streamed:
     sprites: np.ndarray | None = None
 
 
+class StreamingDecoder(Protocol):
+    """An adapter that can decode chunk by chunk (``Pipeline.decode_stream``)."""
+
+    def decode_stream(self, state: Any) -> DecodeStream | None: ...
+
+
 def decode_streamed(
-    pipe: Pipeline, state: Any, fps: float, tmp: Path, digest: Any = None
+    pipe: StreamingDecoder, state: Any, fps: float, tmp: Path, digest: Any = None
 ) -> Streamed | None:
     """Decode and encode at once where the adapter streams its decode
     (``Pipeline.decode_stream``): x264 encodes each chunk on the writer's thread while the

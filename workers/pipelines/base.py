@@ -37,12 +37,12 @@ import numpy as np
 
 from models.catalog import ModelSpec
 from models.registry import CatalogError, ServedModel
+from workers.media.frames import DecodeStream as DecodeStream
+from workers.media.frames import Media as Media
 from workers.pipelines.request import GenerationRequest as GenerationRequest
 from workers.pipelines.request import MediaReference as MediaReference
 
 if TYPE_CHECKING:
-    import torch
-
     from workers.pipelines.diffusers.shared.lora import LoraCache
 
 # Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
@@ -110,37 +110,6 @@ class StepState:
     @property
     def done(self) -> bool:
         return self.step_index >= self.num_steps
-
-
-@dataclass
-class Media:
-    """Decoded output: frames uint8 T×H×W×3, optional float32 audio (channels, samples)."""
-
-    frames: np.ndarray
-    fps: float
-    audio: np.ndarray | None = None
-    sample_rate: int | None = None
-
-    @classmethod
-    def audio_only(cls, audio: np.ndarray, sample_rate: int, fps: float = 0.0) -> Media:
-        """The output of an audio model: ``audio`` at ``sample_rate`` and no frames (shape
-        0×0×0×3)."""
-        frames = np.zeros((0, 0, 0, 3), dtype=np.uint8)
-        return cls(frames=frames, fps=fps, audio=audio, sample_rate=sample_rate)
-
-
-@dataclass
-class DecodeStream:
-    """A video decoded chunk by chunk (:meth:`Pipeline.decode_stream`): ``chunks`` yields
-    uint8 T×H×W×3 in order, each as soon as it is decoded, as a numpy array or as a torch
-    tensor left on the device that decoded it (the encoder's pixel format is then made
-    there: ``workers.media.mp4.decode_streamed``); ``audio`` (float32 (channels, samples) at
-    ``sample_rate``) is its soundtrack, decoded before the first chunk so the writer
-    interleaves it with the frames."""
-
-    chunks: Iterator[np.ndarray | torch.Tensor]
-    audio: np.ndarray | None = None
-    sample_rate: int | None = None
 
 
 # --- what every adapter declares ----------------------------------------------------------

@@ -12,7 +12,7 @@ each block the gate
    on the device. With it, a stop leaves at most ``lookahead + 1`` blocks of queued work;
 2. asks the question, and raises its answer (``JobLost``, ``JobTimedOut``).
 
-In a worker group (``workers/pipelines/group.py``) every rank runs the same blocks, and only rank 0
+In a worker group (``workers/runtime/group.py``) every rank runs the same blocks, and only rank 0
 knows whether the job is still to run. The ranks agree before every block with a
 one-element ``all_reduce(MAX)`` of rank 0's answer, so they all stop at the same block and
 no rank is left waiting in a collective the others will never join. On CUDA the agreed

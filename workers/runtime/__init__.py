@@ -1,3 +1,4 @@
-"""The worker process: the Celery app and its tasks, the context it builds, the supervisor of
-``omniqueue up``, shutdown, reserved ports, memory, metrics, failpoints, stop signals,
-and the classification of failures."""
+"""The worker process, the composition root of ``workers``: the Celery app and its tasks,
+the context it builds (every service, the pipelines, the runners), the supervisor of
+``omniqueue up``, child processes and their reserved ports, and worker groups (one job over
+several devices, a process per rank)."""

@@ -14,9 +14,9 @@ from models.session_bus import TASKS, JobTask, SessionTask, VoiceSessionConfig
 from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtime_queue
 from storage.queue import make_celery
 from storage.settings import Settings
+from workers.common.memory import apply_memory_fraction
+from workers.common.metrics import BROKER_RECONNECTS, serve_metrics
 from workers.runtime.context import WorkerContext, worker_models
-from workers.runtime.memory import apply_memory_fraction
-from workers.runtime.metrics import BROKER_RECONNECTS, serve_metrics
 from workers.runtime.supervisor import CONFIG_ERROR
 
 log = logging.getLogger(__name__)

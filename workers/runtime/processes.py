@@ -2,7 +2,7 @@
 (:mod:`workers.runtime.ports`), and children
 in a process group of their own that die with the thread that started them.
 
-Worker groups (:mod:`workers.pipelines.group`) pick their rendezvous port and supervise their
+Worker groups (:mod:`workers.runtime.group`) pick their rendezvous port and supervise their
 ranks with these; ``omniqueue up`` and its embedded services (:mod:`cli.embedded`) start
 and stop their children with them. They live with the workers because the worker image
 installs neither the ``embedded`` extra nor anything ``cli`` alone needs: a worker may

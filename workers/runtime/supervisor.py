@@ -1,5 +1,5 @@
 """Restart what dies: the supervision loop of ``omniqueue up`` (:mod:`cli.up`) and of a
-worker group's ranks (:mod:`workers.pipelines.group`). It lives with the workers, which must not
+worker group's ranks (:mod:`workers.runtime.group`). It lives with the workers, which must not
 import ``cli`` (the worker image installs no ``embedded`` extra).
 
 Every supervised thing (a child process — the API, a worker — or an embedded service —

@@ -45,9 +45,9 @@ from storage.jobs import JobStore
 from storage.queue import JobQueue
 from storage.settings import Settings
 from storage.worker_presence import WorkerPresence
+from workers.common.metrics import job_finished
 from workers.jobs.claim import expire_queued
 from workers.jobs.temp_dirs import TempDirs
-from workers.runtime.metrics import job_finished
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 :func:`run_in_slot` is the life of a session on a slot: a session the API already gave
 up on (``abandoned``) is not started; otherwise ``accepted`` goes out (admission), the
 runner serves it, and any exception becomes one ``failed`` output with a stable code and
-a message safe to show (``workers.runtime.failures.classify``); but a world session taken over by
+a message safe to show (``workers.common.failures.classify``); but a world session taken over by
 another worker meanwhile (``SessionTakenOver``) ends without a word. While it runs, the
 worker holds the session's lease (``workers/sessions/lease.py``). :class:`SessionSlot` is
 what the runner talks through: typed commands in (``models.session_bus.SessionCommand``),
@@ -33,9 +33,9 @@ from models.session_bus import (
 from storage.bus import BusMessage, EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import RealtimeSettings, Settings
+from workers.common.failures import classify, log_level
+from workers.common.metrics import SLOTS
 from workers.pipelines.registry import PipelineRegistry
-from workers.runtime.failures import classify, log_level
-from workers.runtime.metrics import SLOTS
 from workers.sessions.lease import SessionLease
 
 log = logging.getLogger(__name__)

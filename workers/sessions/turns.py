@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from models.session_bus import COMMANDS, StopCommand
 from storage.bus import EventBus
-from workers.runtime.stop_signal import BLOCK_MS, StopSignal
+from workers.common.stop_signal import BLOCK_MS, StopSignal
 
 # Weight of the newest chunk in the moving average of a model's load.
 LOAD_SMOOTHING = 0.3

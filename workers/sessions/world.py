@@ -49,10 +49,10 @@ from models.session_bus import (
 from storage.bus import EventBus
 from storage.session_checkpoint import CheckpointStore
 from storage.settings import Settings
+from workers.common.failpoints import Failpoints
 from workers.media.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import WorldConfig, WorldPipeline, checkpoints, step_stops
 from workers.pipelines.registry import PipelineRegistry
-from workers.runtime.failpoints import Failpoints
 from workers.sessions.slot import SessionSlot, SlotRunner
 from workers.sessions.turns import (
     CapacityExceeded,

@@ -352,12 +352,12 @@ class DiffusersAdapter(DiffusersEntry, Pipeline, Generic[S]):
         self.compiler.ensure(key, run, why)
 
     def _compiled(self, when: str, seconds: float) -> None:
-        from workers.runtime import metrics
+        from workers.common import metrics
 
         metrics.COMPILE_SECONDS.labels(self.spec.name, when).observe(seconds)
 
     def _compile_failed(self, reason: str) -> None:
-        from workers.runtime import metrics
+        from workers.common import metrics
 
         metrics.COMPILE_FALLBACKS.labels(self.spec.name).inc()
 
@@ -411,7 +411,7 @@ class DiffusersAdapter(DiffusersEntry, Pipeline, Generic[S]):
         start, self._graphs_at_denoise = self._graphs_at_denoise, None
         self.last_recompiles = 0 if start is None else graphs_made() - start
         if self.last_recompiles > 0:
-            from workers.runtime import metrics
+            from workers.common import metrics
 
             made = self.last_recompiles
             log.warning("%s: %d graph(s) compiled while a job denoised", self.spec.name, made)

@@ -41,12 +41,12 @@ import torch
 import torch.distributed as dist
 
 from storage.settings import Settings, get_settings
+from workers.common.memory import apply_memory_fraction
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, step_stops
 from workers.pipelines.blocks import StepAborted
 from workers.pipelines.parallel import GroupParallel, enable
 from workers.pipelines.registry import PipelineRegistry
 from workers.runtime.context import WorkerContext, worker_models
-from workers.runtime.memory import apply_memory_fraction
 from workers.runtime.processes import free_port
 from workers.runtime.supervisor import GaveUp, Supervisor
 

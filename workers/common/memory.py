@@ -3,9 +3,9 @@
 **The cap.** ``OMNIQ_WORKER__MEMORY_FRACTION`` limits this process's CUDA caching
 allocator to a fraction of each of its devices (``torch.cuda.set_per_process_memory_fraction``):
 an allocation past it raises ``torch.OutOfMemoryError`` as a full device would, so the
-job fails ``oom`` (``workers/runtime/failures.py``) while other processes keep their share.
+job fails ``oom`` (``workers/common/failures.py``) while other processes keep their share.
 :func:`apply_memory_fraction` sets it once per worker process, before the models load
-(``workers/runtime/celery_app.py``; a worker group's other ranks in ``workers/pipelines/group.py``).
+(``workers/runtime/celery_app.py``; a worker group's other ranks in ``workers/runtime/group.py``).
 
 **What a failure keeps.** An exception's traceback references every frame it passed
 through, and each frame its locals: the failed step's activations, the job's latents and

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -43,3 +43,9 @@ class DecodeStream:
     chunks: Iterator[np.ndarray | torch.Tensor]
     audio: np.ndarray | None = None
     sample_rate: int | None = None
+
+
+class StreamingDecoder(Protocol):
+    """An adapter that can decode chunk by chunk (``Pipeline.decode_stream``)."""
+
+    def decode_stream(self, state: Any) -> DecodeStream | None: ...

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import av
 import numpy as np
@@ -27,7 +27,7 @@ from av.audio.stream import AudioStream
 from av.container import OutputContainer
 from PIL import Image
 
-from workers.media.frames import DecodeStream, Media
+from workers.media.frames import Media, StreamingDecoder
 from workers.media.spritesheet import sprite_indices, spritesheet
 
 if TYPE_CHECKING:
@@ -415,12 +415,6 @@ class Streamed:
     middle: np.ndarray
     has_audio: bool
     sprites: np.ndarray | None = None
-
-
-class StreamingDecoder(Protocol):
-    """An adapter that can decode chunk by chunk (``Pipeline.decode_stream``)."""
-
-    def decode_stream(self, state: Any) -> DecodeStream | None: ...
 
 
 def decode_streamed(

@@ -34,7 +34,7 @@ def dead_link_options(timeout_s: float) -> dict[int, int]:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    """Celery settings as DESIGN.md requires: at-least-once, one job at a time."""
+    """Celery settings as docs/architecture.md rule 8 requires: at-least-once, one job at a time."""
     # Redis redelivers an unacknowledged message after the visibility timeout; keep it
     # above the longest job a client may ask for so a running job is never duplicated.
     visibility = int(settings.limits.max_job_timeout_s * 2 + 600)

@@ -1,4 +1,4 @@
-"""The API tier imports no torch (DESIGN.md, "Tiers install apart"): an API process that
+"""The API tier imports no torch (docs/architecture.md, rule 1): an API process that
 has served a video job (with an image reference), an audio job, a voice session through
 the server VAD and a world session, against real services and real workers,
 has not imported torch or any other part of the GPU stack."""

@@ -1,4 +1,4 @@
-"""The worker tier installs and starts alone (DESIGN.md, "Tiers install apart"): from a
+"""The worker tier installs and starts alone (docs/architecture.md, rule 1): from a
 fresh virtual environment holding what the Dockerfile's ``worker`` target installs
 (torch, then ``.[worker,diffusers]``: no ``api`` and no ``embedded`` extra), a
 single-device worker and a two-rank worker group (``omniqueue worker --devices cpu,cpu``,

@@ -1,4 +1,4 @@
-"""The broker configuration DESIGN.md asks for, and the queue naming."""
+"""The broker configuration docs/architecture.md asks for (rule 8), and the queue naming."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Workers install apart (DESIGN.md, "Tiers install apart"): the worker image has the
+"""Workers install apart (docs/architecture.md, rule 1): the worker image has the
 ``worker`` and ``diffusers`` extras only, so nothing under ``workers/`` may import ``cli``
 (whose embedded services need the ``embedded`` extra) or ``api`` (the ``api`` extra).
 ``tests/integration/test_worker_tier.py`` runs a worker from such an install."""

@@ -16,7 +16,7 @@ the voice model and answers turns. They talk over the session's two Redis Stream
 One response runs at a time (a respond that arrives while one runs waits its turn). Before
 every wake-up's steps (and between two steps of a model slower than real time) the runner
 drains *all* pending commands, so a cancel or stop is handled ahead of further audio
-(STYLE.md item 5): the cancelled response ends at once
+(docs/architecture.md, rule 16): the cancelled response ends at once
 with ``response_finished`` ``cancelled``. Output is paced to real time: at most
 ``realtime.audio_lead_ms`` of audio ahead of the wall clock since the response started;
 the first ``realtime.audio_prebuffer_ms`` go out in one burst, and after them each wake-up

@@ -2,11 +2,12 @@
 delete, and content lookup.
 
 :class:`api.videos_service.VideoService` and :class:`api.audio_service.AudioService` add
-their request resolution and wire objects on top; ``api/routes/jobs.py`` serves either
-through the same routes. A service takes its kind's parsed create request (the route
-parses the body: ``api/create_requests.py``) and knows nothing of HTTP: waiting for a
-``sync`` request's job is ``api/sync_wait.py``. Methods are blocking (database, S3) and
-run in the thread pool, except the ``async`` ones.
+their request resolution and wire objects on top; the routes of either
+(``api/routes/videos.py``, ``api/routes/audio.py``) share their bodies
+(``api/routes/jobs.py``, ``api/routes/job_output.py``). A service takes its kind's
+parsed create request (the route parses the body: ``api/create_requests.py``) and knows
+nothing of HTTP: waiting for a ``sync`` request's job is ``api/sync_wait.py``. Methods
+are blocking (database, S3) and run in the thread pool, except the ``async`` ones.
 """
 
 from __future__ import annotations

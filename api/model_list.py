@@ -15,6 +15,49 @@ def quality_tiers(spec: ModelSpec) -> list[str]:
     return list(spec.offered_tiers)
 
 
+def clip_limits(spec: ModelSpec, limits: LimitSettings) -> AudioLimits:
+    """What every model lists, and all an audio model does: a clip's length and the
+    steps, a job model's within the server's limits, a streaming model's as it declares."""
+    job = not spec.streaming
+    seconds = min(spec.max_seconds or limits.max_seconds, limits.max_seconds)
+    return AudioLimits(
+        default_seconds=spec.default_seconds,
+        max_seconds=seconds if job else spec.max_seconds,
+        min_steps=spec.min_steps,
+        max_steps=min(spec.max_steps, limits.max_steps) if job else spec.max_steps,
+        default_steps=spec.default_steps,
+        supports_image_input=spec.supports_image_input,
+    )
+
+
+def video_limits(spec: ModelSpec, limits: LimitSettings, clip: AudioLimits) -> ModelLimits:
+    """A video model's limits: its sizes, frames and fps (a job model's within the
+    server's limits), and the ``clip`` every model lists (:func:`clip_limits`)."""
+    job = not spec.streaming
+    width, height = spec.default_size
+    return ModelLimits(
+        min_size=spec.min_size,
+        max_width=min(spec.max_width, limits.max_width) if job else spec.max_width,
+        max_height=min(spec.max_height, limits.max_height) if job else spec.max_height,
+        size_multiple=spec.size_multiple,
+        default_size=f"{width}x{height}",
+        min_frames=spec.min_frames,
+        max_frames=min(spec.max_frames, limits.max_frames) if job else spec.max_frames,
+        frame_multiple=spec.frame_multiple,
+        frame_offset=spec.frame_offset,
+        default_fps=spec.default_fps,
+        max_fps=spec.max_fps,
+        default_seconds=clip.default_seconds,
+        max_seconds=clip.max_seconds,
+        min_steps=clip.min_steps,
+        max_steps=clip.max_steps,
+        default_steps=clip.default_steps,
+        supports_image_input=clip.supports_image_input,
+        has_audio=spec.has_audio,
+        max_outputs=spec.max_outputs if job else 1,  # a session makes one stream
+    )
+
+
 def model_object(
     spec: ModelSpec,
     limits: LimitSettings,
@@ -26,42 +69,8 @@ def model_object(
     own caps, ``docs/streaming.md``). ``loras``: the adapter catalog's names, listed for
     models that take ``lora``. ``unavailable``: why no live worker can load it, if so
     (``api/model_availability.py``)."""
-    job = not spec.streaming
-    width, height = spec.default_size
-    seconds = min(spec.max_seconds or limits.max_seconds, limits.max_seconds)
-    steps = min(spec.max_steps, limits.max_steps) if job else spec.max_steps
-    kind_limits: ModelLimits | AudioLimits
-    if spec.modality == "audio":  # a clip's length and steps only
-        kind_limits = AudioLimits(
-            default_seconds=spec.default_seconds,
-            max_seconds=seconds if job else spec.max_seconds,
-            min_steps=spec.min_steps,
-            max_steps=steps,
-            default_steps=spec.default_steps,
-            supports_image_input=spec.supports_image_input,
-        )
-    else:
-        kind_limits = ModelLimits(
-            min_size=spec.min_size,
-            max_width=min(spec.max_width, limits.max_width) if job else spec.max_width,
-            max_height=min(spec.max_height, limits.max_height) if job else spec.max_height,
-            size_multiple=spec.size_multiple,
-            default_size=f"{width}x{height}",
-            min_frames=spec.min_frames,
-            max_frames=min(spec.max_frames, limits.max_frames) if job else spec.max_frames,
-            frame_multiple=spec.frame_multiple,
-            frame_offset=spec.frame_offset,
-            default_fps=spec.default_fps,
-            max_fps=spec.max_fps,
-            default_seconds=spec.default_seconds,
-            max_seconds=seconds if job else spec.max_seconds,
-            min_steps=spec.min_steps,
-            max_steps=steps,
-            default_steps=spec.default_steps,
-            supports_image_input=spec.supports_image_input,
-            has_audio=spec.has_audio,
-            max_outputs=spec.max_outputs if job else 1,  # a session makes one stream
-        )
+    clip = clip_limits(spec, limits)
+    kind_limits = clip if spec.modality == "audio" else video_limits(spec, limits, clip)
     return ModelObject(
         id=spec.name,
         owned_by=spec.owned_by,

@@ -93,9 +93,31 @@ def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionSt
     ``num_frames`` is rounded down to whole chunks; ``rules.model_limits`` of
     ``start.model`` (or ``rules.default_model``) cap it.
     """
+    start = _validated(message)
+    model, limits = _model_limits(start, rules)
+    width, height = _size(start, model, limits, rules)
+    fps = _fps(start, limits, rules)
+    chunks = _chunks(start, fps, limits, rules)
+    _check_camera_script(start, chunks, model, limits)
+    _check_image_reference(start)
+    steps = _steps(start, model, limits, rules)
+    config = VideoConfig(
+        width=width,
+        height=height,
+        fps=fps,
+        num_frames=limits.lattice.frames_for_chunks(chunks),
+        chunks=chunks,
+        num_inference_steps=steps,
+    )
+    return start, config
+
+
+def _validated(message: dict[str, Any]) -> SessionStart:
+    """``message`` against the wire schema; a refusal names the first invalid field,
+    with the ``error.code`` of what it is (format, camera script, image, size, length)."""
     C = VideoErrorCode
     try:
-        start = SessionStart.model_validate(message)
+        return SessionStart.model_validate(message)
     except ValidationError as exc:
         loc, code = exc.errors()[0]["loc"], C.INVALID_REQUEST
         if loc[:1] == ("format",):
@@ -111,16 +133,30 @@ def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionSt
         param = ".".join(str(part) for part in loc) or None
         detail = f"Invalid session.start: {describe_error(exc)}"
         raise StartRejected(code, detail, param) from None
+
+
+def _model_limits(start: SessionStart, rules: StartRules) -> tuple[str | None, StartLimits]:
+    """The model the start names (or the server's default) and its limits; refused when
+    the server serves no world model, or not the one named."""
     if rules.models is not None and not rules.models:  # the server serves none
         detail = (
             "this server serves no world model (a streaming video model, such as "
             "reference/world), so /v1/realtime/video has nothing to run"
         )
-        raise StartRejected(C.MODEL_NOT_FOUND, detail, "model")
+        raise StartRejected(VideoErrorCode.MODEL_NOT_FOUND, detail, "model")
     if rules.models is not None and start.model is not None and start.model not in rules.models:
-        raise StartRejected(C.MODEL_NOT_FOUND, f"unknown model {start.model!r}", "model")
+        detail = f"unknown model {start.model!r}"
+        raise StartRejected(VideoErrorCode.MODEL_NOT_FOUND, detail, "model")
     model = start.model or rules.default_model
-    limits = rules.model_limits.get(model or "", StartLimits())
+    return model, rules.model_limits.get(model or "", StartLimits())
+
+
+def _size(
+    start: SessionStart, model: str | None, limits: StartLimits, rules: StartRules
+) -> tuple[int, int]:
+    """Width and height: ``width`` / ``height``, else ``size``, else the defaults; in
+    multiples of the model's ``size_multiple`` and within its largest."""
+    C = VideoErrorCode
     width, height = start.width, start.height
     size_param = "size"
     if start.size is not None and (width is None or height is None):
@@ -139,9 +175,20 @@ def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionSt
     if width > limits.max_width or height > limits.max_height:
         detail = f"{model} renders at most {limits.max_width}x{limits.max_height}"
         raise StartRejected(C.INVALID_SIZE, detail, size_param)
+    return width, height
+
+
+def _fps(start: SessionStart, limits: StartLimits, rules: StartRules) -> float:
     fps = start.fps or limits.default_fps or rules.default_fps
     if limits.max_fps is not None and fps > limits.max_fps:
-        raise StartRejected(C.INVALID_REQUEST, f"fps must be at most {limits.max_fps:g}", "fps")
+        detail = f"fps must be at most {limits.max_fps:g}"
+        raise StartRejected(VideoErrorCode.INVALID_REQUEST, detail, "fps")
+    return fps
+
+
+def _chunks(start: SessionStart, fps: float, limits: StartLimits, rules: StartRules) -> int:
+    """The rollout's chunks: ``num_frames``, else ``seconds`` at ``fps``, else the
+    defaults, rounded down to whole chunks; at least one, and within every cap."""
     num_frames, frames_param = start.num_frames, "num_frames"
     if num_frames is None and start.seconds is not None:
         num_frames, frames_param = round(start.seconds * fps), "seconds"
@@ -150,46 +197,55 @@ def resolve_start(message: dict[str, Any], rules: StartRules) -> tuple[SessionSt
     chunks = lattice.chunks_for_frames(num_frames)
     if chunks < 1:
         detail = f"num_frames must be at least {lattice.first} (one chunk)"
-        raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
+        raise StartRejected(VideoErrorCode.INVALID_NUM_FRAMES, detail, frames_param)
     top = _max_chunks(rules.max_chunks, limits.max_frames, rules.max_session_s, fps, lattice)
     if top is not None and chunks > top:
         most = lattice.frames_for_chunks(top) if top else 0
         detail = f"num_frames must be at most {most} at {fps:g} fps"
         detail += " (the model's max_frames and the server's session time limit)"
-        raise StartRejected(C.INVALID_NUM_FRAMES, detail, frames_param)
+        raise StartRejected(VideoErrorCode.INVALID_NUM_FRAMES, detail, frames_param)
+    return chunks
+
+
+def _check_camera_script(
+    start: SessionStart, chunks: int, model: str | None, limits: StartLimits
+) -> None:
+    """A ``camera_action_script``: only for a model with camera conditioning, one block
+    of w/a/s/d lists per chunk."""
     script = start.extra_params.camera_action_script
+    if script is None:
+        return
+    code = VideoErrorCode.INVALID_CAMERA_ACTION_SCRIPT
     script_param = "extra_params.camera_action_script"
-    if script is not None and not limits.camera_control:
+    if not limits.camera_control:
         detail = f"{model} takes no camera_action_script: it has no camera conditioning"
-        raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, script_param)
-    if script is not None and len(script) != chunks:
+        raise StartRejected(code, detail, script_param)
+    if len(script) != chunks:
         detail = f"camera_action_script needs one entry per chunk ({chunks}), got {len(script)}"
-        raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, script_param)
-    for index, actions in enumerate(script or ()):
+        raise StartRejected(code, detail, script_param)
+    for index, actions in enumerate(script):
         if not is_camera_block(actions):
             detail = f"camera_action_script[{index}] must be three lists of w/a/s/d"
-            raise StartRejected(C.INVALID_CAMERA_ACTION_SCRIPT, detail, f"{script_param}.{index}")
+            raise StartRejected(code, detail, f"{script_param}.{index}")
+
+
+def _check_image_reference(start: SessionStart) -> None:
     image = start.image_reference
     if image is not None and not image.image_url.startswith(("http://", "https://", "data:")):
         detail = "image_url must be an http(s) or data: URL"
-        raise StartRejected(C.INVALID_IMAGE_REFERENCE, detail, "image_reference.image_url")
+        code = VideoErrorCode.INVALID_IMAGE_REFERENCE
+        raise StartRejected(code, detail, "image_reference.image_url")
+
+
+def _steps(start: SessionStart, model: str | None, limits: StartLimits, rules: StartRules) -> int:
     steps = _first(start.num_inference_steps, limits.default_steps, rules.default_steps)
     if not limits.min_steps <= steps <= limits.max_steps:
         detail = (
             f"num_inference_steps must be in [{limits.min_steps}, {limits.max_steps}] "
             f"for {model}, got {steps}"
         )
-        raise StartRejected(C.INVALID_REQUEST, detail, "num_inference_steps")
-    frames = lattice.frames_for_chunks(chunks)
-    config = VideoConfig(
-        width=width,
-        height=height,
-        fps=fps,
-        num_frames=frames,
-        chunks=chunks,
-        num_inference_steps=steps,
-    )
-    return start, config
+        raise StartRejected(VideoErrorCode.INVALID_REQUEST, detail, "num_inference_steps")
+    return steps
 
 
 def _ascii_digits(text: str) -> bool:

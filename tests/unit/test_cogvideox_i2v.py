@@ -42,7 +42,8 @@ from tests.unit.video_workflows import (
     with_lora_alone,
 )
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.cogvideox.adapter import CogVideoXAdapter, CogVideoXState
+from workers.pipelines.diffusers.cogvideox.adapter import CogVideoXAdapter
+from workers.pipelines.diffusers.cogvideox.state import CogVideoXState
 from workers.pipelines.diffusers.shared.compiled import graphs_made
 from workers.pipelines.diffusers.shared.lora import LoraCache
 

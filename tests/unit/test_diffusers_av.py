@@ -27,10 +27,10 @@ from tests.unit.diffusers_fixtures_av import (
     tiny_stable_audio_pipeline,
 )
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
+from workers.pipelines.diffusers.ltx2 import adapter as ltx2_module
 from workers.pipelines.diffusers.ltx2.adapter import LTX2Adapter
-from workers.pipelines.diffusers.ltx2.adapter import adapter as ltx2_module
+from workers.pipelines.diffusers.stable_audio import adapter as stable_audio_module
 from workers.pipelines.diffusers.stable_audio.adapter import StableAudioAdapter
-from workers.pipelines.diffusers.stable_audio.adapter import adapter as stable_audio_module
 
 SEQ_LEN = 32  # LTX-2 prompt tokens (``__call__`` default 1024; shorter keeps the test fast)
 # STG on block 1 (the default block 28 does not exist in the 2-layer tiny transformer), so

@@ -28,8 +28,8 @@ from tests.unit.helios_fixtures import (
 )
 from tests.unit.test_checkpoints import BlockStop, Stop
 from workers.pipelines.base import WorldConfig, step_stops
+from workers.pipelines.diffusers.helios import adapter as helios_module
 from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
-from workers.pipelines.diffusers.helios.adapter import adapter as helios_module
 from workers.pipelines.diffusers.helios.session import (
     HeliosState,
     chunk_embeddings,

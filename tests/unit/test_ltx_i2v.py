@@ -41,7 +41,8 @@ from tests.unit.video_workflows import (
     with_lora_alone,
 )
 from workers.pipelines.base import GenerationRequest
-from workers.pipelines.diffusers.ltx.adapter import LTXAdapter, LTXState
+from workers.pipelines.diffusers.ltx.adapter import LTXAdapter
+from workers.pipelines.diffusers.ltx.state import LTXState
 from workers.pipelines.diffusers.shared.lora import LoraCache
 
 # LTXConditionPipeline.__call__ hands its timesteps tensor to the scheduler's np.array()

@@ -44,7 +44,8 @@ from workers.pipelines.base import GenerationRequest
 from workers.pipelines.diffusers.shared.common import to_uint8
 from workers.pipelines.diffusers.shared.compiled import graphs_made
 from workers.pipelines.diffusers.shared.lora import LoraCache
-from workers.pipelines.diffusers.wan.adapter import WanAdapter, WanState
+from workers.pipelines.diffusers.wan.adapter import WanAdapter
+from workers.pipelines.diffusers.wan.state import WanState
 
 FPS = 16.0
 WAN = TinyEntry(WanAdapter, "diffusers.wan", fps=FPS, steps=3)

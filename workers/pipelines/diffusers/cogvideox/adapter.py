@@ -26,7 +26,6 @@ Request options: ``vae_use_tiling`` / ``vae_use_slicing``; extras (``request.ext
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, StepState
+from workers.pipelines.diffusers.cogvideox.state import CogVideoXState
 from workers.pipelines.diffusers.cogvideox.workflows import (
     Start,
     check_components,
@@ -49,7 +49,6 @@ from workers.pipelines.diffusers.cogvideox.workflows import (
     v2v_view,
 )
 from workers.pipelines.diffusers.shared.common import (
-    DiffusersState,
     batched_prediction,
     call_default,
     cfg,
@@ -64,28 +63,6 @@ from workers.pipelines.diffusers.shared.common import (
 )
 from workers.pipelines.diffusers.shared.keyframes import SourceVideo, job_workflow, keyframes_of
 from workers.pipelines.diffusers.shared.workflow_adapter import WorkflowAdapter
-
-
-@dataclass(kw_only=True)
-class CogVideoXState(DiffusersState):
-    """One CogVideoX job; ``prompt_embeds`` is the [negative, positive] batch under CFG."""
-
-    prompt_embeds: torch.Tensor
-    image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None
-    # prepare_extra_step_kwargs; its "generator" (the DPM step draws noise) is replaced
-    # by the state's own at each step, so a trial step on a copy (compiled blocks) draws
-    # from the copy's clone, never from the job's RNG.
-    extra_step_kwargs: dict[str, Any]
-    use_dynamic_cfg: bool
-    num_inference_steps: int
-    additional_frames: int
-    is_dpm: bool  # CogVideoXDPMScheduler: its step carries old_pred_original_sample
-    old_pred_original_sample: torch.Tensor | None = None
-    workflow: Workflow = "t2v"
-    # i2v: the image's latents (zero frames after it), concatenated on the channels.
-    image_latents: torch.Tensor | None = None
-    # CogVideoX 1.5 I2V (``ofs_embed_dim``): the ofs value __call__ passes (2.0).
-    ofs: torch.Tensor | None = None
 
 
 def _text_start(

@@ -1,7 +1,7 @@
 """CogVideoX's image and video workflows: which workflows a loaded checkpoint can serve,
 and what ``__call__`` of ``CogVideoXImageToVideoPipeline`` / ``CogVideoXVideoToVideoPipeline``
 does before its loop that ``CogVideoXPipeline``'s does not, for ``CogVideoXAdapter``
-(cogvideox.py), which runs all three in its own step loop.
+(cogvideox/adapter.py), which runs all three in its own step loop.
 
 * ``i2v``: a first frame (``image``). CogVideoX-5b-I2V and CogVideoX 1.5 5B I2V: the
   image's VAE latents, padded with zero frames to the video's length, are concatenated

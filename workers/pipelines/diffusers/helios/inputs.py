@@ -1,4 +1,4 @@
-"""What a Helios session starts from (``helios.py``): its config checked against the
+"""What a Helios session starts from (``helios/adapter.py``): its config checked against the
 model, the pyramid's steps per stage, the reference image's latents (I2V) and the VAE's
 latent statistics, as ``HeliosPipeline.__call__`` and ``HeliosPyramidPipeline.__call__``
 (diffusers 0.42) compute them."""

@@ -1,4 +1,4 @@
-"""The per-session state of the Helios world adapter (``helios.py``) and its steering.
+"""The per-session state of the Helios world adapter (``helios/adapter.py``) and its steering.
 
 Everything a Helios session changes lives here, so one loaded ``HeliosPipeline`` serves
 any number of sessions: the RNG, a private ``HeliosScheduler`` (its UniPC history is

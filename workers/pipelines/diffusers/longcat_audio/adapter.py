@@ -33,7 +33,6 @@ decoder is non-causal and the executor's ``decode_stream`` hook carries video ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,27 +46,14 @@ from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
 
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
+from workers.pipelines.diffusers.longcat_audio.state import LongCatAudioState
 from workers.pipelines.diffusers.shared.common import (
     DiffusersAdapter,
-    DiffusersState,
     guidance_scale,
     job_scheduler,
     make_generator,
     sampling,
 )
-
-
-@dataclass(kw_only=True)
-class LongCatAudioState(DiffusersState):
-    """One LongCat job. ``latents`` are 1×frames×latent_dim; the negative embedding is the
-    zero tensor (no ``negative_prompt``) or the encoded one, with its own mask."""
-
-    prompt_embeds: torch.Tensor
-    text_mask: torch.Tensor
-    negative_prompt_embeds: torch.Tensor
-    negative_text_mask: torch.Tensor
-    mask: torch.Tensor  # the latent frames' attention mask (all true for one prompt)
-    latent_cond: torch.Tensor  # zeros: no audio prompt
 
 
 def clip_seconds(pipe: Any, request: GenerationRequest) -> float | None:

@@ -24,8 +24,7 @@ for ``v2v``, ``strength`` (ltx/condition.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,9 +34,9 @@ from diffusers.pipelines.ltx.pipeline_ltx import (
     retrieve_timesteps,
 )
 
-from models.catalog import Workflow
 from workers.pipelines.base import GenerationRequest, StepState
 from workers.pipelines.diffusers.ltx.condition import condition_fields, condition_step
+from workers.pipelines.diffusers.ltx.state import LTXState
 from workers.pipelines.diffusers.ltx.workflows import (
     check_workflows,
     guided,
@@ -59,35 +58,8 @@ from workers.pipelines.diffusers.shared.common import (
     sampling,
 )
 from workers.pipelines.diffusers.shared.keyframes import Keyframes, job_workflow, keyframes_of
-from workers.pipelines.diffusers.shared.packed import PackedLatentsAdapter, PackedState
+from workers.pipelines.diffusers.shared.packed import PackedLatentsAdapter
 from workers.pipelines.diffusers.shared.workflow_adapter import TextOverImage
-
-Loop = Literal["text", "image", "condition"]
-
-
-@dataclass(kw_only=True)
-class LTXState(PackedState):
-    """One LTX job. ``latents`` are packed (B×tokens×C; the conditioned loop's extra
-    tokens first); ``prompt_embeds`` and ``prompt_attention_mask`` hold the [negative,
-    positive] batch when CFG is on."""
-
-    prompt_embeds: torch.Tensor
-    prompt_attention_mask: torch.Tensor
-    guidance_rescale: float
-    # ``LTXPipeline`` / ``LTXImageToVideoPipeline``'s micro-condition (None: the
-    # conditioned loop, which passes ``video_coords`` instead).
-    rope_interpolation_scale: tuple[float, float, float] | None = None
-    workflow: Workflow = "t2v"
-    loop: Loop = "text"
-    # image: 1 on the first latent frame's tokens (doubled under CFG); condition: each
-    # token's conditioning strength (None without conditions).
-    conditioning_mask: torch.Tensor | None = None
-    # The conditioned loop (ltx/condition.py): coordinates, the conditioned latents the
-    # hard-conditioning noise starts from, the count of extra (appended) condition tokens.
-    video_coords: torch.Tensor | None = None
-    init_latents: torch.Tensor | None = None
-    extra_tokens: int = 0
-    image_cond_noise_scale: float = 0.0
 
 
 class LTXAdapter(TextOverImage, PackedLatentsAdapter[LTXState]):

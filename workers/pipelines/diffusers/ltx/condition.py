@@ -1,6 +1,6 @@
 """LTX-Video 0.9.5+'s conditioned generation (``LTXConditionPipeline``, diffusers 0.42),
-for ``LTXAdapter`` (ltx.py) on an entry that serves ``flf2v`` or ``v2v`` (ltx/workflows.py says
-why those load this pipeline).
+for ``LTXAdapter`` (ltx/adapter.py) on an entry that serves ``flf2v`` or ``v2v``
+(ltx/workflows.py says why those load this pipeline).
 
 A job's conditions are what ``__call__`` takes as ``image`` / ``video`` with
 ``frame_index`` and ``strength``:
@@ -29,7 +29,7 @@ pre-encoded ``latents``) is not offered.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers.pipelines.ltx.pipeline_ltx_condition import (
@@ -39,12 +39,10 @@ from diffusers.pipelines.ltx.pipeline_ltx_condition import (
 
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest
+from workers.pipelines.diffusers.ltx.state import LTXState
 from workers.pipelines.diffusers.ltx.workflows import guided, transformer_pass
 from workers.pipelines.diffusers.shared.common import call_default, cfg_batch, job_scheduler
 from workers.pipelines.diffusers.shared.keyframes import Keyframes, SourceVideo
-
-if TYPE_CHECKING:
-    from workers.pipelines.diffusers.ltx.adapter import LTXState
 
 
 def condition_tensors(

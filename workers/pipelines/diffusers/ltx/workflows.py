@@ -1,7 +1,7 @@
 """LTX-Video's workflows: which pipeline an entry's ``spec.workflows`` loads, what the
 loaded components can serve, ``LTXImageToVideoPipeline``'s image-to-video loop, its
 transformer call (:func:`transformer_pass`, also the conditioned loop's) and the guidance
-every LTX loop shares (:func:`guided`), for ``LTXAdapter`` (ltx.py), which runs
+every LTX loop shares (:func:`guided`), for ``LTXAdapter`` (ltx/adapter.py), which runs
 every workflow in its own step loop.
 
 Which pipeline serves which workflow (the entry's ``workflows`` decide):
@@ -23,7 +23,7 @@ Which pipeline serves which workflow (the entry's ``workflows`` decide):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 from diffusers import (
@@ -36,11 +36,9 @@ from diffusers.pipelines.ltx.pipeline_ltx import rescale_noise_cfg
 from PIL import Image
 
 from models.catalog import VIDEO_WORKFLOWS, Workflow
+from workers.pipelines.diffusers.ltx.state import LTXState
 from workers.pipelines.diffusers.shared.common import cfg, cfg_batch
 from workers.pipelines.diffusers.shared.keyframes import pipeline_over
-
-if TYPE_CHECKING:
-    from workers.pipelines.diffusers.ltx.adapter import LTXState
 
 # The workflows that load LTXConditionPipeline (diffusers runs them nowhere else).
 CONDITION_WORKFLOWS: tuple[Workflow, ...] = ("flf2v", "v2v")

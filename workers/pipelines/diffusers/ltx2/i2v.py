@@ -1,7 +1,7 @@
 """LTX-2's keyframe workflows: which ones a loaded checkpoint serves and, for a job's
 keyframes (keyframes.py), what ``__call__`` of ``LTX2ImageToVideoPipeline`` /
 ``LTX2ConditionPipeline`` does with them before its loop and after each step's guidance,
-for ``LTX2Adapter`` (ltx2.py), which runs all three workflows in its own step loop.
+for ``LTX2Adapter`` (ltx2/adapter.py), which runs all three workflows in its own step loop.
 
 * ``t2v``: ``LTX2Pipeline`` (no keyframe).
 * ``i2v``: a first frame, as ``LTX2ImageToVideoPipeline(image=…)``: the keyframe

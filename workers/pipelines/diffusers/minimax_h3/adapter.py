@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,9 +60,9 @@ from workers.pipelines.base import (
 from workers.pipelines.diffusers.minimax_h3.decode import stream_frames, streamable
 from workers.pipelines.diffusers.minimax_h3.inputs import call_inputs, shifts_of
 from workers.pipelines.diffusers.minimax_h3.processor import load_processor, takes_video
+from workers.pipelines.diffusers.minimax_h3.state import H3State
 from workers.pipelines.diffusers.minimax_h3.vsa import (
     VsaContext,
-    VsaLayout,
     install_vsa,
     kernel_name,
     load_kernel,
@@ -70,7 +70,6 @@ from workers.pipelines.diffusers.minimax_h3.vsa import (
 )
 from workers.pipelines.diffusers.shared.common import (
     DiffusersAdapter,
-    DiffusersState,
     make_generator,
     sampling,
 )
@@ -175,22 +174,6 @@ def pixels_uint8(video: torch.Tensor) -> torch.Tensor:
 def frames_uint8(video: torch.Tensor) -> np.ndarray:
     """:func:`pixels_uint8` on the host (a quarter of the float frames' bytes copied)."""
     return pixels_uint8(video).cpu().numpy()
-
-
-@dataclass(kw_only=True)
-class H3State(DiffusersState):
-    """One H3 job: the blocks' pipeline state, the loop block and its block state (the
-    packed video and audio rows, ``latents`` and ``audio_latents``, live in it)."""
-
-    workflow: Workflow
-    components: Any  # the job's view of the shared pipeline (its own schedulers)
-    pipeline_state: Any
-    loop: Any
-    core: Any
-    block_state: Any
-    stage_inputs: dict[str, Any] = field(default_factory=dict)
-    # The packed sequence's VSA block layout (attention = "vsa"; minimax_h3/vsa.py), else None.
-    vsa_layout: VsaLayout | None = None
 
 
 class MiniMaxH3Adapter(DiffusersAdapter[H3State]):

@@ -24,7 +24,6 @@ keep their noise sampler on the job's scheduler copy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,6 @@ from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.shared.common import (
     DiffusersAdapter,
-    DiffusersState,
     cfg,
     cfg_batch,
     extra_step_kwargs,
@@ -46,21 +44,10 @@ from workers.pipelines.diffusers.shared.common import (
     make_generator,
     sampling,
 )
+from workers.pipelines.diffusers.stable_audio.state import StableAudioState
 
 # Every ``request.extra`` key this adapter reads (FAMILY_SPECS declares the same).
 EXTRA_PARAMS = ("audio_start_in_s", "audio_end_in_s")
-
-
-@dataclass(kw_only=True)
-class StableAudioState(DiffusersState):
-    """One Stable Audio job. ``latents`` are B×C×L audio latents; the embeddings hold the
-    [negative, positive] batch when CFG is on."""
-
-    text_audio_duration_embeds: torch.Tensor
-    audio_duration_embeds: torch.Tensor
-    rotary_embedding: tuple[torch.Tensor, torch.Tensor]
-    step_kwargs: dict[str, Any]
-    window: slice  # the requested samples of the decoded waveform
 
 
 class StableAudioAdapter(DiffusersAdapter[StableAudioState]):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,6 @@ from models.catalog import Workflow
 from models.errors import InvalidJobInput
 from workers.pipelines.base import DecodeStream, GenerationRequest, StepState
 from workers.pipelines.diffusers.shared.common import (
-    DiffusersState,
     call_default,
     cfg,
     decode_video,
@@ -58,28 +56,10 @@ from workers.pipelines.diffusers.wan.i2v import (
     keyframe_latents,
     text_pipeline,
 )
+from workers.pipelines.diffusers.wan.state import WanState
 from workers.pipelines.diffusers.wan.v2v import v2v_state
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True)
-class WanState(DiffusersState):
-    """One Wan job: embeddings, latents, its scheduler copy and RNG, the stage switch."""
-
-    prompt_embeds: torch.Tensor
-    negative_prompt_embeds: torch.Tensor | None
-    guidance_scale_2: float  # low-noise stage (only read when boundary_timestep is set)
-    boundary_timestep: float | None
-    transformer_dtype: torch.dtype
-    workflow: Workflow = "t2v"
-    # i2v / flf2v: what the loop conditions on (``prepare_latents``' second output: the
-    # frame mask and the keyframes' latents, or TI2V-5B's first-frame latents).
-    condition: torch.Tensor | None = None
-    # TI2V-5B (``expand_timesteps``): 0 on the first latent frame (the keyframe's), else 1.
-    first_frame_mask: torch.Tensor | None = None
-    # Wan 2.1 I2V / FLF2V: the image encoder's features of the keyframes.
-    image_embeds: torch.Tensor | None = None
 
 
 class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
@@ -106,7 +86,7 @@ class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
         ``WanImageToVideoPipeline``'s)."""
         keys = keyframes_of(request, self.spec.name, self.workflows)
         if isinstance(keys, SourceVideo):  # v2v: WanVideoToVideoPipeline's steps 1-5
-            return v2v_state(WanState, pipe, request, keys, self.max_sequence_length)
+            return v2v_state(pipe, request, keys, self.max_sequence_length)
         text_pipe = pipe if keys is not None or self._text_pipe is None else self._text_pipe
         opts = request.sampler
         prompt, negative_prompt = request.prompt, request.negative_prompt

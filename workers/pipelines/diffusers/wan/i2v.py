@@ -1,5 +1,5 @@
 """Wan's image workflows (``WanImageToVideoPipeline``): which workflows a loaded
-checkpoint can serve and the keyframes' latent condition, for ``WanAdapter`` (wan.py),
+checkpoint can serve and the keyframes' latent condition, for ``WanAdapter`` (wan/adapter.py),
 which runs them in its own step loop (a job's keyframes: keyframes.py).
 
 * ``i2v``: a first frame. Wan 2.1 I2V (its transformer also takes the CLIP image

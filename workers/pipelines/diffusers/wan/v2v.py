@@ -1,5 +1,5 @@
 """Wan video-to-video (``v2v``): ``WanVideoToVideoPipeline.__call__`` up to its loop, for
-``WanAdapter`` (wan.py), whose text-to-video step runs the loop (the same transformer
+``WanAdapter`` (wan/adapter.py), whose text-to-video step runs the loop (the same transformer
 call, CFG and scheduler step; no image condition).
 
 The job's source video is the client's clip (its first ``num_frames`` frames), resized to
@@ -11,7 +11,7 @@ copy stands in for it in a per-job ``WanVideoToVideoPipeline`` over the loaded m
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers import WanVideoToVideoPipeline
@@ -26,15 +26,12 @@ from workers.pipelines.diffusers.shared.common import (
     sampling,
 )
 from workers.pipelines.diffusers.shared.keyframes import SourceVideo, pipeline_over, v2v_inputs
-
-if TYPE_CHECKING:
-    from workers.pipelines.diffusers.wan.adapter import WanState
+from workers.pipelines.diffusers.wan.state import WanState
 
 
 def v2v_state(
-    state_class: type[WanState], pipe: Any, request: GenerationRequest, source: SourceVideo,
-    max_sequence_length: int | None,
-) -> WanState:  # fmt: skip
+    pipe: Any, request: GenerationRequest, source: SourceVideo, max_sequence_length: int | None
+) -> WanState:
     """``__call__`` steps 1-5: checks, prompt encoding, the schedule cut by ``strength``,
     the source encoded and noised to its first timestep."""
     opts = request.sampler
@@ -81,7 +78,7 @@ def v2v_state(
         pixels, 1, channels, height, width, torch.float32, device, generator, None,
         latent_timestep,
     )  # fmt: skip
-    return state_class(
+    return WanState(
         **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
         prompt_embeds=prompt_embeds,
         negative_prompt_embeds=negative_prompt_embeds,

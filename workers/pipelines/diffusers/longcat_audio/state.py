@@ -1,0 +1,22 @@
+"""One LongCat-AudioDiT job's state (``LongCatAudioAdapter``, longcat_audio/adapter.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workers.pipelines.diffusers.shared.common import DiffusersState
+
+
+@dataclass(kw_only=True)
+class LongCatAudioState(DiffusersState):
+    """One LongCat job. ``latents`` are 1×frames×latent_dim; the negative embedding is the
+    zero tensor (no ``negative_prompt``) or the encoded one, with its own mask."""
+
+    prompt_embeds: torch.Tensor
+    text_mask: torch.Tensor
+    negative_prompt_embeds: torch.Tensor
+    negative_text_mask: torch.Tensor
+    mask: torch.Tensor  # the latent frames' attention mask (all true for one prompt)
+    latent_cond: torch.Tensor  # zeros: no audio prompt

@@ -30,9 +30,13 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+import numpy as np
 
 from models.errors import InvalidJobInput
 from models.realtime_video_chunks import ChunkLattice
@@ -53,6 +57,7 @@ from workers.common.failpoints import Failpoints
 from workers.media.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import WorldConfig, WorldPipeline, checkpoints, step_stops
 from workers.pipelines.registry import PipelineRegistry
+from workers.sessions.delivery import ChunkTimes, DeliveryLane
 from workers.sessions.slot import SessionSlot, SlotRunner
 from workers.sessions.turns import (
     CapacityExceeded,
@@ -72,23 +77,26 @@ class Playback:
     the first chunk was sent, against the video time of the chunks sent so far."""
 
     def __init__(self, fps: float, lead_chunks: int) -> None:
+        self._lock = threading.Lock()  # sent on the delivery lane, read by the device's loop
         self.fps, self.lead = fps, lead_chunks
         self.began: float | None = None  # when chunk 0 went out
         self.video_s = 0.0  # video time sent
         self.chunk_s = 0.0  # the last chunk's length
 
     def sent(self, frames: int, now: float) -> None:
-        if self.began is None:
-            self.began = now
-        self.chunk_s = frames / self.fps
-        self.video_s += self.chunk_s
+        with self._lock:
+            if self.began is None:
+                self.began = now
+            self.chunk_s = frames / self.fps
+            self.video_s += self.chunk_s
 
     def wait_s(self, now: float) -> float:
         """How long to wait before beginning the next chunk (0: begin now)."""
-        if not self.lead or self.began is None:
-            return 0.0
-        ahead = self.video_s - (now - self.began)
-        return max(0.0, ahead - self.lead * self.chunk_s)
+        with self._lock:
+            if not self.lead or self.began is None:
+                return 0.0
+            ahead = self.video_s - (now - self.began)
+            return max(0.0, ahead - self.lead * self.chunk_s)
 
 
 def lead_chunks(default: int, extra: dict[str, Any]) -> int:
@@ -96,6 +104,9 @@ def lead_chunks(default: int, extra: dict[str, Any]) -> int:
     asked = extra.get("max_chunks_ahead")
     return default if asked is None else int(asked)
 
+
+# How often the device's loop looks again at a full delivery lane (reading commands).
+LANE_POLL_S = 0.005
 
 # What a session's config hands the world pipeline as it is.
 _WORLD_FIELDS = {"prompt", "width", "height", "num_frames", "fps", "seed", "negative_prompt"}
@@ -209,16 +220,7 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         self, slot: SessionSlot, config: WorldSessionConfig, tmp: Path, stop: SessionStop
     ) -> str:
         pipe = self.pipelines.world(config.model)
-        extra = config.extra_params
-        world = WorldConfig(
-            **config.model_dump(include=_WORLD_FIELDS),
-            camera_action_script=extra.get("camera_action_script"),
-            extra=dict(extra),
-        )
-        if extra.get("flow_shift"):
-            world.flow_shift = float(extra["flow_shift"])
-        if config.num_inference_steps is not None:
-            world.steps_per_chunk = config.num_inference_steps
+        world = _world_config(config)
         checkpoint = SessionCheckpoint(self.checkpoints, slot, config, pipe)
         if checkpoint.taking_over:  # its worker died: from the last chunk it sent
             state, writer, sent = checkpoint.resume(world)
@@ -227,66 +229,19 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
             state = pipe.start(world)
             writer, sent = FragmentedMP4Writer(world.width, world.height, world.fps), 0
             slot.send(StartedOutput())
-        total = pipe.num_chunks(state)
+        extra = config.extra_params
         persisted = open(tmp / "session.mp4", "wb") if extra.get("persist") else None  # noqa: SIM115
         if persisted is not None and sent:
             checkpoint.copy_sent(persisted, sent)
-        stopped = False
-        playback = Playback(world.fps, lead_chunks(self.settings.realtime.video_lead_chunks, extra))
-        between_chunks, wait_ms = True, None
-        device_s = 0.0  # the current chunk's time at the device (its turns)
+        lead = lead_chunks(self.settings.realtime.video_lead_chunks, extra)
+        rollout = _Rollout(
+            slot, pipe, state, writer, checkpoint, persisted, Playback(world.fps, lead), sent
+        )
         try:
-            while sent < total:
-                for entry in slot.commands(block_ms=wait_ms):
-                    if isinstance(entry.event, StopCommand):
-                        stopped = True
-                    elif isinstance(entry.event, InteractionCommand):
-                        self._interact(pipe, state, entry.event)
-                now = time.monotonic()
-                if stopped or slot.api_lost(now):
-                    stopped = True
-                    break
-                slot.keepalive(now)
-                wait = playback.wait_s(now) if between_chunks else 0.0
-                if wait > 0:  # paced: the client has enough to play; read commands meanwhile
-                    beat = max(slot.next_beat_in(now), 0.001)
-                    wait_ms = max(1, round(min(wait, beat) * 1000))
-                    continue
-                wait_ms, between_chunks = None, False
-                with self.turns.turn():
-                    began = time.perf_counter()
-                    try:  # a stop lands before the next block or decoder layer
-                        with step_stops(stop.reason), checkpoints(stop.check):
-                            pipe.step(state)
-                            done = pipe.chunk_done(state)
-                            frames = pipe.take_chunk(state) if done else None
-                    except SessionStopped:
-                        stopped = True  # inside the step or the decode: the device is free
-                        break
-                    device_s += time.perf_counter() - began
-                if frames is not None:
-                    work = _demand(config, world.steps_per_chunk).work(len(frames))
-                    self.capacity.measured(config.model, device_s, work)
-                    device_s = 0.0
-                    # the chunk is made and the session ours (a stop ended the loop above)
-                    self.failpoints.hit(f"session_chunk:{sent}", lambda: True, slot.attempt)
-                    data = writer.write_chunk(frames)
-                    begun, active, completed = pipe.events_for_chunk(state)
-                    if persisted is not None:
-                        persisted.write(data)
-                    chunk = ChunkOutput(
-                        kind="media",
-                        generation_chunk_index=sent,
-                        num_frames=len(frames),
-                        produced_at=time.time(),
-                        started_event_ids=begun,
-                        active_event_ids=active,
-                        completed_event_ids=completed,
-                    )
-                    checkpoint.send(chunk, data, state, writer)  # and where it stands
-                    playback.sent(len(frames), time.monotonic())
-                    between_chunks = True
-                    sent += 1
+            with DeliveryLane(slot.id) as lane:
+                stopped = self._chunks(rollout, config, world, stop, lane)
+                if not stopped:
+                    lane.drain()  # every chunk made goes out before the session's last words
             tail = writer.close()
             if tail and not stopped:
                 if persisted is not None:
@@ -295,12 +250,140 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         finally:
             if persisted is not None:
                 persisted.close()
+        rollout.times.log_summary(slot.id)
         artifact_id = None
         if persisted is not None and not stopped and self.persist is not None:
             artifact_id = self.persist(slot.id, config, tmp / "session.mp4")
         slot.send(FinishedOutput(stopped=stopped, artifact_id=artifact_id))
         checkpoint.ended()
         return "stopped" if stopped else "completed"
+
+    def _chunks(
+        self,
+        run: _Rollout,
+        config: WorldSessionConfig,
+        world: WorldConfig,
+        stop: SessionStop,
+        lane: DeliveryLane,
+    ) -> bool:
+        """The device's loop: commands, pacing, steps; each chunk made is handed to the
+        delivery lane. Returns whether the session was stopped."""
+        slot, pipe, state = run.slot, run.pipe, run.state
+        total = pipe.num_chunks(state)
+        between_chunks, wait_ms = True, None
+        device_s = denoise_s = 0.0  # the current chunk's time at the device, and denoising
+        while run.made < total:
+            lane.check()  # a failed send (the session taken over) ends the session here
+            for entry in slot.commands(block_ms=wait_ms):
+                if isinstance(entry.event, StopCommand):
+                    return True
+                if isinstance(entry.event, InteractionCommand):
+                    self._interact(pipe, state, entry.event)
+            now = time.monotonic()
+            if slot.api_lost(now):
+                return True
+            slot.keepalive(now)
+            wait = run.playback.wait_s(now) if between_chunks else 0.0
+            if between_chunks and lane.full:  # delivery is behind: let it catch up
+                wait = LANE_POLL_S
+            if wait > 0:  # paced: the client has enough to play; read commands meanwhile
+                beat = max(slot.next_beat_in(now), 0.001)
+                wait_ms = max(1, round(min(wait, beat) * 1000))
+                continue
+            wait_ms, between_chunks = None, False
+            with self.turns.turn():
+                began = time.perf_counter()
+                try:  # a stop lands before the next block or decoder layer
+                    with step_stops(stop.reason), checkpoints(stop.check):
+                        pipe.step(state)
+                        stepped = time.perf_counter()
+                        frames = pipe.take_chunk(state) if pipe.chunk_done(state) else None
+                except SessionStopped:
+                    return True  # inside the step or the decode: the device is free
+                ended = time.perf_counter()
+                device_s += ended - began
+            denoise_s += stepped - began
+            if frames is not None:
+                work = _demand(config, world.steps_per_chunk).work(len(frames))
+                self.capacity.measured(config.model, device_s, work)
+                device = (denoise_s, ended - stepped)  # denoise, decode
+                device_s = denoise_s = 0.0
+                between_chunks = True
+                lane.hand_over(run.made_chunk(frames, device, self.failpoints))
+        return False
+
+
+class _Rollout:
+    """One session's rollout: what the device's loop and the delivery lane share. The
+    loop calls :meth:`made_chunk`; what it returns runs on the lane, in order."""
+
+    def __init__(
+        self,
+        slot: SessionSlot,
+        pipe: WorldPipeline[Any],
+        state: Any,
+        writer: FragmentedMP4Writer,
+        checkpoint: SessionCheckpoint,
+        persisted: IO[bytes] | None,
+        playback: Playback,
+        sent: int,
+    ) -> None:
+        self.slot, self.pipe, self.state, self.writer = slot, pipe, state, writer
+        self.checkpoint, self.persisted, self.playback = checkpoint, persisted, playback
+        self.made = sent  # media chunks made (and handed over) so far
+        self.times = ChunkTimes()
+
+    def made_chunk(
+        self, frames: np.ndarray, device: tuple[float, float], failpoints: Failpoints
+    ) -> Callable[[], None]:
+        """Capture what chunk ``made`` needs of the session now (its events, its
+        checkpoint); the callable returned encodes, checkpoints and sends it. ``device``:
+        the chunk's denoise and decode seconds."""
+        index, self.made = self.made, self.made + 1
+        begun, active, completed = self.pipe.events_for_chunk(self.state)
+        began = time.perf_counter()
+        captured = self.checkpoint.capture(self.state)
+        capture_s = time.perf_counter() - began
+        times = self.times  # the lane's alone
+
+        def deliver() -> None:
+            # the chunk is made and the session ours (a stop ended the loop before it)
+            failpoints.hit(f"session_chunk:{index}", lambda: True, self.slot.attempt)
+            began = time.perf_counter()
+            data = self.writer.write_chunk(frames)
+            encoded = time.perf_counter()
+            if self.persisted is not None:
+                self.persisted.write(data)
+            chunk = ChunkOutput(
+                kind="media",
+                generation_chunk_index=index,
+                num_frames=len(frames),
+                produced_at=time.time(),
+                started_event_ids=begun,
+                active_event_ids=active,
+                completed_event_ids=completed,
+            )
+            self.checkpoint.send(chunk, data, captured, self.writer)  # and where it stands
+            self.playback.sent(len(frames), time.monotonic())
+            sent_s = time.perf_counter() - encoded  # packing the checkpoint, and the send
+            times.add(index, *device, capture_s, encoded - began, sent_s)
+
+        return deliver
+
+
+def _world_config(config: WorldSessionConfig) -> WorldConfig:
+    """What the world pipeline is started with: the session's fields, its extras."""
+    extra = config.extra_params
+    world = WorldConfig(
+        **config.model_dump(include=_WORLD_FIELDS),
+        camera_action_script=extra.get("camera_action_script"),
+        extra=dict(extra),
+    )
+    if extra.get("flow_shift"):
+        world.flow_shift = float(extra["flow_shift"])
+    if config.num_inference_steps is not None:
+        world.steps_per_chunk = config.num_inference_steps
+    return world
 
 
 def _demand(config: WorldSessionConfig, steps: int | None = None) -> Demand:

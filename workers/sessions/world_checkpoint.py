@@ -25,8 +25,9 @@ while it was presumed dead learns it when its next chunk is refused
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any, Protocol, runtime_checkable
 
 from models.errors import SessionTakenOver
 from models.session_bus import OUTPUTS, ChunkOutput, WorldCheckpoint, WorldSessionConfig
@@ -36,6 +37,25 @@ from workers.pipelines.base import WorldConfig, WorldPipeline
 from workers.sessions.slot import SessionSlot
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class SnapshotsLater(Protocol):
+    """A world pipeline whose snapshot is taken in two halves: ``capture_snapshot`` on the
+    device's thread between chunks (cheap: references and device-to-host copies), the
+    callable it returns anywhere later (the packing: serialise and compress)."""
+
+    def capture_snapshot(self, state: Any) -> Callable[[], bytes]: ...
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A chunk's checkpoint as captured when the chunk was made: ``pack`` makes the
+    snapshot's bytes (None: the model takes none), ``commands_after`` is the last command
+    the session had read."""
+
+    pack: Callable[[], bytes] | None
+    commands_after: str
 
 
 class SessionCheckpoint:
@@ -81,13 +101,26 @@ class SessionCheckpoint:
         )
         return state, writer, meta.chunks
 
+    def capture(self, state: Any) -> Captured:
+        """What the checkpoint of the chunk ``take_chunk`` just returned needs from the
+        session, taken now, on the device's thread, before the next chunk moves it on:
+        the snapshot (its tensors copied off the device where the model packs later,
+        :class:`SnapshotsLater`; else packed now) and the last command read."""
+        pack: Callable[[], bytes] | None
+        if isinstance(self.pipe, SnapshotsLater):
+            pack = self.pipe.capture_snapshot(state)
+        else:
+            packed = self.pipe.snapshot(state)
+            pack = None if packed is None else (lambda: packed)
+        return Captured(pack, self.slot.after)
+
     def send(
-        self, chunk: ChunkOutput, data: bytes, state: Any, writer: FragmentedMP4Writer
+        self, chunk: ChunkOutput, data: bytes, captured: Captured, writer: FragmentedMP4Writer
     ) -> None:
         """Send media chunk ``chunk`` (its fMP4 bytes ``data``, just written by ``writer``)
-        with the checkpoint taken after it. Raises ``SessionTakenOver`` when the session
-        is another worker's now."""
-        snapshot = self.pipe.snapshot(state)
+        with the checkpoint ``captured`` after it. Raises ``SessionTakenOver`` when the
+        session is another worker's now."""
+        snapshot = None if captured.pack is None else captured.pack()
         if snapshot is None or writer.init_segment is None:
             self.slot.send(chunk, data)
             return
@@ -97,7 +130,7 @@ class SessionCheckpoint:
             chunks=chunk.generation_chunk_index + 1,
             frames=writer.frames_written,
             fragments=writer.fragments_written,
-            commands_after=self.slot.after,
+            commands_after=captured.commands_after,
         )
         slot = self.slot
         sent = self.store.publish_chunk(

@@ -1,0 +1,95 @@
+"""A world session's chunks are sent beside the device's work (``workers/sessions/world.py``
+with its delivery lane), on real Redis, through the real session runner: while chunk 0 is
+held on its way out (a ``session_chunk:0`` failpoint that sleeps), the device makes the
+next chunks, and the client still gets every chunk once, in order, with its events; a
+stop ends the session without a chunk after ``finished``, and with no gap."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from models.session_bus import FinishedOutput, InteractionCommand, StopCommand
+from tests.helpers import world_session_config
+from tests.integration.test_third_party_adapters import HANG_GUARD_S, WORLD, Api
+from workers.sessions.world import WorldSessionRunner
+
+pytestmark = pytest.mark.integration
+
+HOLD_S = 1.0  # how long chunk 0 is held on the lane
+
+
+def _runner(api: Api, tmp_path: Path, failpoints: dict[str, str]) -> WorldSessionRunner:
+    path = tmp_path / "failpoints.json"
+    path.write_text(json.dumps(failpoints))
+    api.settings.worker.failpoints_file = str(path)
+    return WorldSessionRunner(api.settings, api.registry, api.bus, "test-worker")
+
+
+def _record_steps(api: Api, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float]]:
+    """(chunk, wall-clock time) of every step the device runs."""
+    pipe = api.registry.world(WORLD.name)
+    steps: list[tuple[int, float]] = []
+    step = pipe.step
+
+    def recorded(state: Any) -> None:
+        steps.append((state.chunk, time.time()))
+        step(state)
+
+    monkeypatch.setattr(pipe, "step", recorded)
+    return steps
+
+
+def test_the_device_makes_the_next_chunks_while_one_is_sent(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = Api(redis_url)
+    runner = _runner(api, tmp_path, {"session_chunk:0": f"sleep:{HOLD_S}"})
+    steps = _record_steps(api, monkeypatch)
+    config = world_session_config(model=WORLD.name, prompt="red", num_frames=12)
+    api.send(InteractionCommand(event_id="evt_1", prompt="blue", transition_chunks=2))
+    try:
+        thread = api.run(lambda: runner.run(api.id, config))
+        out = api.read_until(lambda e: e.event.type == "finished")
+        thread.join(HANG_GUARD_S)
+        assert api.outcome == "completed"
+    finally:
+        api.close()
+    chunks = [e for e in out if e.event.type == "chunk"]
+    assert [c.event.generation_chunk_index for c in chunks] == [0, 1, 2]
+    assert [c.event.started_event_ids for c in chunks] == [["evt_1"], [], []]
+    assert [c.event.completed_event_ids for c in chunks] == [[], ["evt_1"], []]
+    assert out[-1].event == FinishedOutput(stopped=False, artifact_id=None)
+    # chunk 1 was under way on the device while chunk 0 was held on its way out
+    sent_0 = chunks[0].event.produced_at
+    assert sent_0 is not None
+    assert any(chunk == 1 and t < sent_0 for chunk, t in steps)
+
+
+def test_a_stop_while_chunks_wait_to_be_sent_ends_the_session_cleanly(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = Api(redis_url)
+    runner = _runner(api, tmp_path, {"session_chunk:0": f"sleep:{HOLD_S}"})
+    steps = _record_steps(api, monkeypatch)
+    config = world_session_config(model=WORLD.name, prompt="red", num_frames=400)
+    try:
+        thread = api.run(lambda: runner.run(api.id, config))
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not any(chunk >= 1 for chunk, _ in steps):  # chunk 0 made, held on the lane
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        api.send(StopCommand(reason="client"))
+        out = api.read_until(lambda e: e.event.type == "finished")
+        thread.join(HANG_GUARD_S)
+        assert api.outcome == "stopped"
+    finally:
+        api.close()
+    assert out[-1].event == FinishedOutput(stopped=True, artifact_id=None)
+    indices = [e.event.generation_chunk_index for e in out if e.event.type == "chunk"]
+    assert indices == list(range(len(indices)))  # in order, no gap, none repeated
+    assert len(indices) < 100  # the stop ended it long before its 100 chunks

@@ -5,6 +5,7 @@ not begun."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -24,7 +25,7 @@ def test_chunks_leave_in_order_while_the_hand_over_returns_at_once() -> None:
     with DeliveryLane("t", depth=3) as lane:
         began = time.monotonic()
         for i in range(3):
-            lane.hand_over(lambda i=i: deliver(i))
+            lane.hand_over(functools.partial(deliver, i))
         assert time.monotonic() - began < 1.0 and sent == []  # the device is not kept
         assert lane.full
         release.set()

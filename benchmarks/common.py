@@ -9,10 +9,26 @@ import json
 import os
 import platform
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def repo_path(path: Path) -> str:
+    """``path`` as a report records it: relative to the repository when inside it (a report
+    names no folder of the machine that ran it), else as given."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def command_line() -> str:
+    """The command line that ran the script, for its report (the script repository-relative:
+    ``python -m`` puts its absolute path in ``sys.argv[0]``)."""
+    return " ".join([repo_path(Path(sys.argv[0])), *sys.argv[1:]])
 
 
 def parser(doc: str | None) -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, emit, machine, parser
+from benchmarks.common import ROOT, command_line, emit, machine, parser
 
 
 class _Route:
@@ -96,7 +96,7 @@ def main() -> None:
             ).stdout
             results[mode] = json.loads(out.strip().splitlines()[-1])
     report = {
-        "command": " ".join(sys.argv),
+        "command": command_line(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
         "requests": args.requests,

@@ -29,7 +29,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 import httpx
 import psutil
 
-from benchmarks.common import emit, parser, summary
+from benchmarks.common import command_line, emit, parser, summary
 from tests.embedded_up import start_up
 
 TINY = {"prompt": "status bench", "size": "64x48", "seconds": "0.5", "fps": 16}
@@ -241,7 +240,7 @@ def main() -> None:
     databases: list[str | None] = [] if args.no_sqlite else [None]
     databases += args.database_url
     result = {
-        "command": " ".join(sys.argv),
+        "command": command_line(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": [bench(db, args, ab) for db in databases],
     }

@@ -86,7 +86,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks.common import emit, machine, parser
+from benchmarks.common import command_line, emit, machine, parser, repo_path
 from benchmarks.embedded_stack import git_state, say
 from benchmarks.load.levels import Run
 from benchmarks.load.target import Target
@@ -171,12 +171,12 @@ def main() -> int:
     started = time.time()
     target = Target(args)
     out: dict[str, Any] = {
-        "command": " ".join(sys.argv),
+        "command": command_line(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git": git_state(),
         "machine": machine(),
         "stack": target.describe(),
-        "workload": {"path": str(args.workload), **workload.describe()},
+        "workload": {"path": repo_path(args.workload), **workload.describe()},
         "profile": args.profile_obj.__dict__,
         "percentile_rule": f"pXX only when n >= {TAIL_SAMPLES}/(1-q): p50>=20, p95>=200, "
         "p99>=1000; null otherwise",
@@ -204,7 +204,7 @@ def main() -> int:
 
                 try:
                     plot(args.png, run.series(), f"omniqueue load: {workload.name}")
-                    out["png"] = str(args.png)
+                    out["png"] = repo_path(args.png)
                 except Exception as exc:  # the figure is a bonus; the JSON is the result
                     out["png_error"] = f"{type(exc).__name__}: {exc}"
         out["generator_cpu_s"] = round(sum(me.cpu_times()[:2]), 1)

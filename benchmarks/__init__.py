@@ -9,8 +9,8 @@ the repository root as ``python -m benchmarks.<subject>.<script> [--help]``:
 - ``realtime``: the realtime voice and video sessions, world-model pacing;
 - ``gpu``: a Wan2.1-1.3B-architecture pipeline with random weights on a CUDA device (in
   process, through the stack, out of memory, several GPUs, the GPU metrics);
-- ``device``: the shell scripts that run those on the lent GPU machine, and the
-  wheelhouse they install from.
+- ``device``: the shell scripts that run those on a GPU host without a package index, and
+  the wheelhouse they install from.
 
 ``common`` and ``embedded_stack`` are what the scripts share. Benchmarks may use test
 helpers (``tests/``); tests never import a benchmark (tests/unit/test_benchmark_layout.py).

@@ -1,2 +1,3 @@
-"""The lent GPU machine: the wheelhouse its venv installs from (``wheelhouse``) and the
-shell scripts (``*.sh``) that run the GPU benchmarks there."""
+"""The GPU benchmarks on a GPU host without a package index: the wheelhouse their venv
+installs from (``wheelhouse``, built where there is an index and copied there) and the
+shell scripts (``*.sh``) that run them there."""

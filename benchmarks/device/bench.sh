@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Sourced by the benchmarks/device/gpu_*.sh scripts from the repository root:
-# `run_bench PKG.NAME [args]` runs `python -m benchmarks.PKG.NAME` on the lent GPU machine in
-# the wheelhouse's venv (venv.sh), its JSON to $OUT/PKG_NAME.json and its stderr to
-# $OUT/PKG_NAME.log (and the terminal). With BENCH_TIMEOUT_S set, the script is killed
-# (SIGTERM, SIGKILL 10 s later) after that long.
+# Sourced by the benchmarks/device/gpu_*.sh scripts from the repository root on the GPU host:
+# `run_bench PKG.NAME [args]` runs `python -m benchmarks.PKG.NAME` in the wheelhouse's venv
+# (venv.sh), its JSON to $OUT/PKG_NAME.json and its stderr to $OUT/PKG_NAME.log (and the
+# terminal); OUT defaults to ./device-out. With BENCH_TIMEOUT_S set, the benchmark is killed
+# (SIGTERM, SIGKILL 10 s later) after that long. The scripts print the GPU first
+# (preflight.sh's gpu_check).
 run_bench() {
     local module=$1
     local name=${module//./_}
     shift
     OUT=${OUT:-$PWD/device-out}
     mkdir -p "$OUT"
-    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
     # shellcheck source=benchmarks/device/venv.sh
     source benchmarks/device/venv.sh
     local t0

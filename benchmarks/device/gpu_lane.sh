@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# benchmarks/gpu/lane.py on the lent GPU machine (compiled blocks, cache tiers, LoRA and the
-# compiled stack on one H200), with the wheelhouse carried:
-# run(command="bash benchmarks/device/gpu_lane.sh [gpu/lane.py args]", carry=[".wheelhouse"]).
-# JSON to $OUT/gpu_lane.json, stderr to $OUT/gpu_lane.log.
+# benchmarks/gpu/lane.py on a GPU host: compiled blocks, cache tiers, LoRA and the compiled
+# stack on one GPU.
+# On a machine with a package index, build the wheelhouse (the wheels the GPU host's python3
+# lacks): `python -m benchmarks.device.wheelhouse` -> .wheelhouse/wheels.tar.xz. Copy the
+# repository with .wheelhouse/ to the GPU host (it needs no package index) and run there
+# from the copy:
+#   bash benchmarks/device/gpu_lane.sh [gpu/lane.py args]
+# JSON to $OUT/gpu_lane.json, stderr to $OUT/gpu_lane.log (OUT: ./device-out unless set).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=benchmarks/device/preflight.sh
+source benchmarks/device/preflight.sh
+gpu_check
 # shellcheck source=benchmarks/device/bench.sh
 source benchmarks/device/bench.sh
 run_bench gpu.lane "$@"

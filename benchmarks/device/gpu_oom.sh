@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# benchmarks/gpu/oom.py on the lent GPU machine (a real out-of-memory under
-# OMNIQ_WORKER__MEMORY_FRACTION on one H200), with the wheelhouse carried:
-# run(command="bash benchmarks/device/gpu_oom.sh [gpu/oom.py args]", carry=[".wheelhouse"],
-# timeout_s=330). JSON to $OUT/gpu_oom.json, stderr to $OUT/gpu_oom.log. The script keeps to
-# its --budget-s (210 s) and is killed at BENCH_TIMEOUT_S (240 s). Exit status 0 only when
-# the JSON says oom_recovered: 1.
+# benchmarks/gpu/oom.py on a GPU host: a real out-of-memory under
+# OMNIQ_WORKER__MEMORY_FRACTION on one GPU.
+# On a machine with a package index, build the wheelhouse (the wheels the GPU host's python3
+# lacks): `python -m benchmarks.device.wheelhouse` -> .wheelhouse/wheels.tar.xz. Copy the
+# repository with .wheelhouse/ to the GPU host (it needs no package index) and run there
+# from the copy:
+#   bash benchmarks/device/gpu_oom.sh [gpu/oom.py args]
+# JSON to $OUT/gpu_oom.json, stderr to $OUT/gpu_oom.log (OUT: ./device-out unless set). The
+# script keeps to its --budget-s (210 s) and is killed at BENCH_TIMEOUT_S (240 s). Exit
+# status 0 only when the JSON says oom_recovered: 1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=benchmarks/device/preflight.sh
+source benchmarks/device/preflight.sh
+gpu_check
 # shellcheck source=benchmarks/device/bench.sh
 source benchmarks/device/bench.sh
 export BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-240}

@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# The GPU soak of issue 23 on the lent H200: benchmarks/load/run.py with the Wan worker
+# The GPU soak of issue 23 on a GPU host: benchmarks/load/run.py with the Wan worker
 # (random-weight Wan2.1-1.3B, benchmarks/load/workloads/wan_h200.toml) at 90 % of its measured
-# saturation for --duration seconds (600). It runs longer than one device command may, so
-# it runs in the background (setsid) and later calls keep the machine and collect it. The
-# machine goes back 30 s after a call ends (status's idle_release_s), killing the run, so
-# the calls must follow each other at once:
+# saturation for --duration seconds (600).
+# On a machine with a package index, build the wheelhouse (the wheels the GPU host's python3
+# lacks): `python -m benchmarks.device.wheelhouse` -> .wheelhouse/wheels.tar.xz. Copy the
+# repository with .wheelhouse/ to the GPU host (it needs no package index) and run there
+# from the copy:
 #
-#   run(command="bash benchmarks/device/gpu_soak.sh start [load/run.py args]", carry=[".wheelhouse"])
-#   run(command="sleep 555; bash benchmarks/device/gpu_soak.sh status", timeout_s=600)
-#   run(command="bash benchmarks/device/gpu_soak.sh collect")   # waits for the JSON; $OUT
+#   bash benchmarks/device/gpu_soak.sh start [load/run.py args]   # returns after a minute
+#   bash benchmarks/device/gpu_soak.sh status                     # any time: the log's tail
+#   bash benchmarks/device/gpu_soak.sh collect                    # waits for the JSON
 #
-# `start --saturation-rps 1.1` skips the saturation phase with a figure measured before
-# (2026-12-02: 1.100 jobs/s), so that the whole run fits in two more calls. The run lives
-# in $SOAK_DIR (/tmp/oq-gpu-soak) on the machine.
+# `start` runs the soak in the background (setsid; ~13 min with the saturation phase) in
+# $SOAK_DIR (/tmp/oq-gpu-soak); `collect` waits up to 3 min for its JSON, then copies
+# gpu_soak.json, .log and .png to $OUT (./device-out unless set); exit status 3 while there
+# is no result yet. `start --saturation-rps 1.1` skips the saturation phase with a figure
+# measured before (2026-12-02: 1.100 jobs/s on an H200).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=benchmarks/device/preflight.sh
+source benchmarks/device/preflight.sh
+gpu_check
 SOAK_DIR=${SOAK_DIR:-/tmp/oq-gpu-soak}
 OUT=${OUT:-$PWD/device-out}
 mode=${1:-start}
@@ -22,11 +28,10 @@ shift || true
 
 case "$mode" in
 start)
-    rm -rf "$SOAK_DIR"
-    mkdir -p "$SOAK_DIR" "$OUT"
-    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
     # shellcheck source=benchmarks/device/venv.sh
     source benchmarks/device/venv.sh
+    rm -rf "$SOAK_DIR"
+    mkdir -p "$SOAK_DIR" "$OUT"
     PYTHONUNBUFFERED=1 "$VENV/bin/python" - "$SOAK_DIR" <<'PY'
 import argparse, sys
 from pathlib import Path

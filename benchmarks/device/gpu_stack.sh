@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# benchmarks/gpu/stack.py on the lent GPU machine (the whole stack on one H200), with the
-# wheelhouse carried: run(command="bash benchmarks/device/gpu_stack.sh [gpu/stack.py args]",
-# carry=[".wheelhouse"]). JSON to $OUT/gpu_stack.json, stderr to $OUT/gpu_stack.log.
+# benchmarks/gpu/stack.py on a GPU host: the whole stack on one GPU.
+# On a machine with a package index, build the wheelhouse (the wheels the GPU host's python3
+# lacks): `python -m benchmarks.device.wheelhouse` -> .wheelhouse/wheels.tar.xz. Copy the
+# repository with .wheelhouse/ to the GPU host (it needs no package index) and run there
+# from the copy:
+#   bash benchmarks/device/gpu_stack.sh [gpu/stack.py args]
+# JSON to $OUT/gpu_stack.json, stderr to $OUT/gpu_stack.log (OUT: ./device-out unless set).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=benchmarks/device/preflight.sh
+source benchmarks/device/preflight.sh
+gpu_check
 # shellcheck source=benchmarks/device/bench.sh
 source benchmarks/device/bench.sh
 run_bench gpu.stack "$@"

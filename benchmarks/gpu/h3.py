@@ -4,7 +4,7 @@ reference deployment's qualification shape (448x256, 24 fps, 10 s, seed 42), Fas
 schedule (5 sigma points: 4 transformer evaluations, no CFG).
 
 Run:  python -m benchmarks.gpu.h3 [--tiny]      (JSON on stdout and in $OUT/gpu_h3.json)
-On the lent H200: bash benchmarks/device/h3.sh (carry .wheelhouse/h3).
+On a GPU host: bash benchmarks/device/h3.sh (with .wheelhouse/h3).
 
 Weights: the 33.1 B transformer cannot be saved next to the wheelhouse on the device's
 64 GiB disk, so every component is built from its default config with a seeded random

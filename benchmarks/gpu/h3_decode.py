@@ -2,7 +2,7 @@
 what chose the executor's decode path (docs/PERFORMANCE.md, "MiniMax-H3").
 
 Run:  python -m benchmarks.gpu.h3_decode [--tiny]     (JSON on stdout, $OUT/gpu_h3_decode.json)
-On the lent H200 (after ``bash benchmarks/device/h3.sh --stage --only``, carry
+On a GPU host (after ``bash benchmarks/device/h3.sh --stage --only``, with
 .wheelhouse/h3): ``PYTHONPATH=/tmp/h3-site:$PWD python3 -m benchmarks.gpu.h3_decode``.
 
 The video VAE is built from its default config with seeded random weights (bf16 on the

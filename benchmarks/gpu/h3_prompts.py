@@ -6,7 +6,7 @@ compiles its blocks with dynamo's automatic dynamic shapes: the warm-up's length
 the second length one graph with the length symbolic, which later lengths reuse.
 
 Run:  python -m benchmarks.gpu.h3_prompts [--tiny]   (JSON on stdout, $OUT/gpu_h3_prompts.json)
-On the lent H200: ``bash benchmarks/device/h3.sh --stage --prompts`` (carry .wheelhouse/h3).
+On a GPU host: ``bash benchmarks/device/h3.sh --stage --prompts`` (with .wheelhouse/h3).
 
 For each prompt (``--lengths`` characters; the benchmark tokenizer is character level, so
 as many text rows): ``prepare_s`` (text encoding, plus the blocks' compile for a length

@@ -5,7 +5,7 @@ them (``omniqueue_gpu_memory_allocated_bytes`` and ``_peak_bytes``).
 
     python -m benchmarks.gpu.metrics        # on a machine with CUDA
 
-Meant for the lent GPU machine, whose image has torch and prometheus-client but not the
+Meant for a GPU host whose python3 has torch and prometheus-client but not the
 rest of the worker's dependencies: the few modules :mod:`workers.common.metrics` imports for its
 job accounting (the ORM, the settings) are stood in for here, so this checks the GPU
 collector and the metrics server only. Prints JSON; exits 1 if a gauge is off.

@@ -6,8 +6,8 @@ no CFG, random bf16 weights built on the device) raw and through the whole stack
     python -m benchmarks.gpu.world --tiny      # the same flow on the CPU, every key
 
 (The issue names it ``benchmarks/gpu_world.py``; the GPU benchmarks live in
-``benchmarks/gpu/``.) On the lent H200: ``benchmarks/device/world.sh``, one part per call
-(each call has 10 minutes), the parts' keys carried from call to call in ``--state``.
+``benchmarks/gpu/``.) On a GPU host: ``benchmarks/device/world.sh``, one part per run
+(each within 10 minutes), the parts' keys kept from run to run in ``--state``.
 
 Weights: ``workers/pipelines/diffusers/helios/random_weights.py`` (a registry entry's
 ``weights = "random"``), whose docstring lists what is Helios-Distilled's and what is not;

@@ -224,7 +224,7 @@ class Stack:
     def start(self, timeout: float = 180.0) -> None:
         self.tmp_dir.mkdir(parents=True)
         env = dict(os.environ)
-        # cli.up.child_env starts from os.environ, so OMNIQ_* settings reach api and workers.
+        # cli.up_children.child_env starts from os.environ: OMNIQ_* settings reach api and workers.
         env["OMNIQ_WORKER__TMP_DIR"] = str(self.tmp_dir)
         env.update(self._extra_env)
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()

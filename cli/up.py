@@ -30,39 +30,40 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
-import sysconfig
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import httpx
-from prometheus_client.multiprocess import mark_process_dead
 
 from cli.embedded import EmbeddedS3, EmbeddedServiceError, EmbeddedValkey
+from cli.up_children import (
+    CHILD_STOP_TIMEOUT_S,
+    MULTIPROC_ENV,
+    STDERR_FD,
+    ProcessGroup,
+    api_children,
+    child_env,
+    cli_argv,
+    say,
+    worker_commands,
+)
 from storage.settings import MetricsSettings, get_settings
 from workers.runtime.ports import bindable, reserve_port_from
-from workers.runtime.processes import child_popen_kwargs, kill_process_group
+from workers.runtime.processes import child_popen_kwargs
 from workers.runtime.supervisor import GaveUp, Supervisor
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-CHILD_STOP_TIMEOUT_S = 10.0
 # A child gets at least this long beyond the API's graceful shutdown before it is killed.
 STOP_MARGIN_S = 5.0
 SUPERVISE_INTERVAL_S = 0.5
 HEALTH_TIMEOUT_S = 60.0
 MIGRATE_TIMEOUT_S = 300.0
-_PROJECT_ROOT = Path(__file__).resolve().parents[1]
-_STDERR_FD = 2
-MULTIPROC_ENV = "OMNIQ_METRICS__MULTIPROC_DIR"
 # The first worker metrics port ``up`` tries when OMNIQ_METRICS__WORKER_PORT is 0.
 WORKER_METRICS_PORT = 9400
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 class _Signalled(BaseException):
@@ -73,123 +74,10 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     raise _Signalled(signum)
 
 
-class ProcessGroup:
-    """Named child processes, each the leader of its own process group.
-
-    Their stdout and stderr go to our stderr, so stdout stays for the "is up" line.
-    """
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self._env = env
-        self._procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._argv: dict[str, list[str]] = {}
-        self._extra: dict[str, dict[str, str]] = {}
-
-    @property
-    def names(self) -> list[str]:
-        return list(self._procs)
-
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        """Start ``name``; ``env``: variables of this child on top of the group's."""
-        self._argv[name] = argv
-        self._extra[name] = env or {}
-        self._procs[name] = subprocess.Popen(
-            argv,
-            env={**self._env, **self._extra[name]},
-            stdin=subprocess.DEVNULL,
-            stdout=_STDERR_FD,
-            stderr=_STDERR_FD,
-            **child_popen_kwargs(signal.SIGTERM),
-        )
-
-    def exit_code(self, name: str) -> int | None:
-        return self._procs[name].poll()
-
-    def respawn(self, name: str) -> None:
-        """Start ``name`` again with the same command line, after what is left of its
-        process group (a dead worker's own children) is killed. A dead API process's
-        live gauges leave its metrics directory (it could not remove them itself)."""
-        pid = self._procs[name].pid
-        kill_process_group(pid)
-        metrics_dir = self._extra[name].get(MULTIPROC_ENV)
-        if metrics_dir:
-            mark_process_dead(pid, metrics_dir)
-        self.spawn(name, self._argv[name], self._extra[name])
-
-    def first_exited(self) -> tuple[str, int] | None:
-        """The name and exit code of a child that has exited, if any."""
-        for name, proc in self._procs.items():
-            code = proc.poll()
-            if code is not None:
-                return name, code
-        return None
-
-    def stop(self, timeout: float = CHILD_STOP_TIMEOUT_S) -> None:
-        """SIGTERM every child's group at once, SIGKILL what is left after ``timeout`` s."""
-        for proc in self._procs.values():
-            if proc.poll() is None:
-                kill_process_group(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for name, proc in self._procs.items():
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _say(f"{name} did not stop within {timeout:.0f} s; killing it")
-                kill_process_group(proc.pid)
-                proc.wait()
-            kill_process_group(proc.pid)  # leftovers in its group
-        self._procs.clear()
-
-
 def _url_host(host: str) -> str:
     """The address a client uses to reach a server bound to ``host``, URL-ready."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     return f"[{host}]" if ":" in host else host
-
-
-def _pythonpath() -> str:
-    """PYTHONPATH for the children: the project root first, unless it is installed."""
-    current = os.environ.get("PYTHONPATH", "")
-    installed = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
-    if str(_PROJECT_ROOT) in installed:
-        return current
-    return os.pathsep.join(p for p in (str(_PROJECT_ROOT), current) if p)
-
-
-def child_env(
-    host: str,
-    port: int,
-    data_dir: Path,
-    redis_url: str,
-    s3: EmbeddedS3,
-    database_url: str | None = None,
-) -> dict[str, str]:
-    """The environment of ``omniqueue api/worker/migrate`` for the embedded stack."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "OMNIQ_MODE": "embedded",
-            "OMNIQ_DATA_DIR": str(data_dir),
-            "OMNIQ_DATABASE__URL": database_url or f"sqlite:///{data_dir / 'omniqueue.db'}",
-            "OMNIQ_REDIS__URL": redis_url,
-            "OMNIQ_S3__ENDPOINT_URL": s3.endpoint_url,
-            "OMNIQ_S3__BUCKET": s3.bucket,
-            "OMNIQ_S3__ACCESS_KEY_ID": s3.access_key,
-            "OMNIQ_S3__SECRET_ACCESS_KEY": s3.secret_key,
-            # Keys are optional on loopback unless asked for (OMNIQ_AUTH=required: per-key
-            # quotas and fair share need callers told apart), required anywhere else.
-            "OMNIQ_AUTH": "off"
-            if host in LOOPBACK_HOSTS and os.environ.get("OMNIQ_AUTH") != "required"
-            else "required",
-            "OMNIQ_HOST": host,
-            "OMNIQ_PORT": str(port),
-            "PYTHONPATH": _pythonpath(),
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    if host in LOOPBACK_HOSTS:  # a receiver on this machine is the usual local setup
-        env.setdefault("OMNIQ_WEBHOOKS__ALLOW_PRIVATE", "true")
-    return env
 
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -204,10 +92,6 @@ def cpu_thread_env(environ: Mapping[str, str], processes: int, cores: int) -> di
     if processes <= 1 or any(name in environ for name in THREAD_VARS):
         return {}
     return dict.fromkeys(THREAD_VARS, str(max(1, cores // processes)))
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli.main", *args]
 
 
 def _wait_healthy(urls: list[str], children: ProcessGroup, timeout: float) -> str | None:
@@ -228,17 +112,6 @@ def _wait_healthy(urls: list[str], children: ProcessGroup, timeout: float) -> st
                 return None
             time.sleep(0.25)
     return f"the API did not answer {waiting[0]}/health within {timeout:.0f} s"
-
-
-def api_children(port: int, replicas: int, processes: int) -> list[tuple[str, int]]:
-    """``(name, port)`` of every API process: replica r listens on ``port + r``, with
-    ``processes`` processes sharing that port. The first replica keeps the names ``api``,
-    ``api 1``, …; the others are ``api :PORT``, ``api :PORT 1``, …"""
-    out = []
-    for r in range(replicas):
-        base = "api" if r == 0 else f"api :{port + r}"
-        out += [(base if i == 0 else f"{base} {i}", port + r) for i in range(processes)]
-    return out
 
 
 def api_metrics_dirs(
@@ -276,6 +149,34 @@ def worker_metrics_ports(
     return ports
 
 
+@dataclass(frozen=True)
+class _Stack:
+    """What ``up`` runs, its request checked (:func:`run_up`)."""
+
+    host: str
+    port: int  # the first API replica's; replica r listens on port + r
+    data_dir: Path
+    api_processes: int
+    api_replicas: int
+    workers: int
+    realtime_workers: int
+    worker_devices: list[str] | None
+    groups: list[list[str]] | None
+    redis_url: str | None  # an existing Redis instead of the embedded Valkey
+    database_url: str | None
+    drain_timeout: float  # the workers' OMNIQ_WORKER__DRAIN_TIMEOUT_S
+    stop_timeout: float  # how long the children get to stop
+
+    @property
+    def urls(self) -> list[str]:
+        """The URL of each API replica."""
+        return [f"http://{_url_host(self.host)}:{self.port + r}" for r in range(self.api_replicas)]
+
+
+class _Refused(Exception):
+    """``up`` cannot go on (exit 1): what to say after ``omniqueue up: ``."""
+
+
 def run_up(
     host: str,
     port: int,
@@ -297,187 +198,223 @@ def run_up(
     """
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    urls = [f"http://{_url_host(host)}:{port + r}" for r in range(max(api_replicas, 1))]
-    url = urls[0]
-    if api_processes < 1 or api_replicas < 1:
-        _say("omniqueue up: --api-processes and --api-replicas must be at least 1")
-        return 1
-    for p in range(port, port + api_replicas):
-        if not bindable(host, p):
-            _say(f"omniqueue up: {host}:{p} is in use (another omniqueue up?); pick --port")
-            return 1
     try:
+        _check_api_ports(host, port, api_processes, api_replicas)
         workers, realtime_workers = _workers_for_the_registry(workers, realtime_workers)
-    except ValueError as exc:  # the registry file or OMNIQ_MODELS
-        _say(f"omniqueue up: {exc}")
+        drain = _drain_timeout(drain_timeout)
+    except _Refused as exc:
+        say(f"omniqueue up: {exc}")
         return 1
     # The API drains open requests for shutdown_grace_s; it must not be killed meanwhile.
+    grace = get_settings().shutdown_grace_s
+    stack = _Stack(
+        host=host,
+        port=port,
+        data_dir=data_dir,
+        api_processes=api_processes,
+        api_replicas=api_replicas,
+        workers=workers,
+        realtime_workers=realtime_workers,
+        worker_devices=worker_devices,
+        groups=groups,
+        redis_url=redis_url,
+        database_url=database_url,
+        drain_timeout=drain,
+        stop_timeout=max(CHILD_STOP_TIMEOUT_S, grace + STOP_MARGIN_S, drain + STOP_MARGIN_S),
+    )
+    return _run(stack)
+
+
+def _check_api_ports(host: str, port: int, api_processes: int, api_replicas: int) -> None:
+    """At least one API replica of at least one process, and each replica's port free."""
+    if api_processes < 1 or api_replicas < 1:
+        raise _Refused("--api-processes and --api-replicas must be at least 1")
+    for p in range(port, port + api_replicas):
+        if not bindable(host, p):
+            raise _Refused(f"{host}:{p} is in use (another omniqueue up?); pick --port")
+
+
+def _drain_timeout(drain_timeout: float | None) -> float:
+    """``--drain-timeout``, else ``OMNIQ_WORKER__DRAIN_TIMEOUT_S``; at least 0."""
     settings = get_settings()
     drain = settings.worker.drain_timeout_s if drain_timeout is None else drain_timeout
     if drain < 0:
-        _say("omniqueue up: --drain-timeout must be at least 0")
-        return 1
-    stop_timeout = max(
-        CHILD_STOP_TIMEOUT_S, settings.shutdown_grace_s + STOP_MARGIN_S, drain + STOP_MARGIN_S
-    )
-    # ``redis_url``: an existing Redis (its database is the broker's and the events')
-    # instead of the embedded Valkey.
-    valkey = None if redis_url else EmbeddedValkey(data_dir / "valkey")
-    s3 = EmbeddedS3(data_dir / "s3", bucket="omniqueue")
+        raise _Refused("--drain-timeout must be at least 0")
+    return drain
+
+
+def _run(stack: _Stack) -> int:
+    """Start the stack, say it is up and supervise it; stop everything on the way out,
+    whichever way that is (a signal: exit 0; a failure or a child that keeps dying: 1)."""
+    valkey = None if stack.redis_url else EmbeddedValkey(stack.data_dir / "valkey")
+    s3 = EmbeddedS3(stack.data_dir / "s3", bucket="omniqueue")
     children: ProcessGroup | None = None
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if valkey is not None:
-            _say(f"starting valkey… (data in {valkey.data_dir})")
-            valkey.start()
-        _say(f"starting S3 (SeaweedFS)… (data in {s3.data_dir})")
-        s3.start()
-        redis = redis_url or valkey.url  # type: ignore[union-attr]
-        env = child_env(host, port, data_dir, redis, s3, database_url)
-        _say("migrating the database…")
-        migrate = subprocess.run(
-            _cli("migrate"),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=_STDERR_FD,
-            timeout=MIGRATE_TIMEOUT_S,
-            check=False,
-            **child_popen_kwargs(signal.SIGTERM),
-        )
-        if migrate.returncode != 0:
-            _say(f"omniqueue up: migration failed with code {migrate.returncode}")
-            return 1
-        _say(
-            f"starting the API on {' '.join(urls)} ({api_processes} process(es) each), "
-            f"{workers} worker(s), {realtime_workers} realtime worker(s) and the webhook sender…"
-        )
-        env["OMNIQ_WORKER__DRAIN_TIMEOUT_S"] = f"{drain:g}"
-        if api_processes > 1:  # they share the port; the kernel spreads connections
-            env["OMNIQ_HTTP__REUSE_PORT"] = "true"
-        metrics = get_settings().metrics
-        metrics_dirs = api_metrics_dirs(data_dir, port, api_replicas, api_processes, metrics)
-        children = ProcessGroup(env)
-        for name, api_port in api_children(port, api_replicas, api_processes):
-            directory = metrics_dirs.get(api_port)
-            children.spawn(
-                name,
-                _cli("api", "--host", host, "--port", str(api_port)),
-                {MULTIPROC_ENV: str(directory)} if directory else None,
-            )
-        spawned = _worker_commands(workers, worker_devices, groups, realtime_workers)
-        worker_children = len(spawned)
-        ranks = workers + sum(len(g) for g in groups or []) + realtime_workers
-        threads = cpu_thread_env(env, ranks, len(os.sched_getaffinity(0)))
-        if threads:
-            _say(
-                f"each of the {ranks} worker processes runs torch on "
-                f"{threads['OMP_NUM_THREADS']} CPU thread(s) (OMP_NUM_THREADS: set it to choose)"
-            )
-        # the webhook sender: its own process, so a slow receiver holds no worker or API
-        spawned.append(("webhook sender", _cli("webhooks", "serve")))
-        taken = set(range(port, port + api_replicas))
-        ports = worker_metrics_ports(host, len(spawned), metrics, taken)
-        for i, ((name, argv), metrics_port) in enumerate(zip(spawned, ports, strict=True)):
-            extra = dict(threads) if i < worker_children else {}  # the workers' share
-            if metrics_port is not None:
-                extra["OMNIQ_METRICS__WORKER_PORT"] = str(metrics_port)
-                extra["OMNIQ_METRICS__WORKER_HOST"] = host
-            children.spawn(name, argv, extra or None)
-        if metrics.enabled:
-            scrape = [f"API {u}/metrics" for u in urls]
-            scrape += [
-                f"{name} http://{_url_host(host)}:{p}/metrics"
-                for (name, _), p in zip(spawned, ports, strict=True)
-            ]
-            _say("metrics: " + ", ".join(scrape))
-        problem = _wait_healthy(urls, children, HEALTH_TIMEOUT_S)
-        if problem is not None:
-            _say(f"omniqueue up: {problem}")
-            return 1
-        if env["OMNIQ_AUTH"] == "required":
-            _say(
-                f"auth is required on {host}; create a key with: "
-                f"OMNIQ_DATABASE__URL={env['OMNIQ_DATABASE__URL']} "
-                "omniqueue keys create --name NAME"
-            )
-        replicas = f"  (API replicas: {' '.join(urls)})" if len(urls) > 1 else ""
-        print(f"omniqueue is up: {url}  (data: {data_dir}){replicas}", flush=True)
-        supervisor = Supervisor(_say)
-        if valkey is not None:
-            supervisor.add("valkey", valkey.exit_code, valkey.restart)
-        supervisor.add("S3 (SeaweedFS)", s3.exit_code, s3.restart)
-        for name in children.names:
-            supervisor.add(name, partial(children.exit_code, name), partial(children.respawn, name))
-        while True:
-            supervisor.check()
-            time.sleep(SUPERVISE_INTERVAL_S)
+        env = _start_services(stack, valkey, s3)
+        children = ProcessGroup(env)  # before the first spawn: the shutdown stops them
+        _spawn_children(stack, children, env)
+        _wait_ready(stack, children, env)
+        _supervise(children, s3, valkey)
     except GaveUp as exc:
-        _say(f"omniqueue up: {exc}; stopping everything")
+        say(f"omniqueue up: {exc}; stopping everything")
         return 1
     except _Signalled:
-        _say("shutting down…")
+        say("shutting down…")
         return 0
-    except (EmbeddedServiceError, OSError, subprocess.TimeoutExpired) as exc:
-        _say(f"omniqueue up: {exc}")
+    except (_Refused, EmbeddedServiceError, OSError, subprocess.TimeoutExpired) as exc:
+        say(f"omniqueue up: {exc}")
         return 1
     finally:
         # Further signals are ignored: every step below is bounded in time.
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
-        _shutdown(children, s3, valkey, stop_timeout)
+        _shutdown(children, s3, valkey, stack.stop_timeout)
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def _start_services(stack: _Stack, valkey: EmbeddedValkey | None, s3: EmbeddedS3) -> dict[str, str]:
+    """Start Valkey (unless ``up`` uses an existing Redis) and S3 and migrate the
+    database; the environment of the API and worker children."""
+    if valkey is not None:
+        say(f"starting valkey… (data in {valkey.data_dir})")
+        valkey.start()
+    say(f"starting S3 (SeaweedFS)… (data in {s3.data_dir})")
+    s3.start()
+    redis = stack.redis_url or valkey.url  # type: ignore[union-attr]
+    env = child_env(stack.host, stack.port, stack.data_dir, redis, s3, stack.database_url)
+    say("migrating the database…")
+    migrate = subprocess.run(
+        cli_argv("migrate"),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=STDERR_FD,
+        timeout=MIGRATE_TIMEOUT_S,
+        check=False,
+        **child_popen_kwargs(signal.SIGTERM),
+    )
+    if migrate.returncode != 0:
+        raise _Refused(f"migration failed with code {migrate.returncode}")
+    env["OMNIQ_WORKER__DRAIN_TIMEOUT_S"] = f"{stack.drain_timeout:g}"
+    if stack.api_processes > 1:  # they share the port; the kernel spreads connections
+        env["OMNIQ_HTTP__REUSE_PORT"] = "true"
+    return env
+
+
+def _spawn_children(stack: _Stack, children: ProcessGroup, env: dict[str, str]) -> None:
+    """The API processes, the workers and the webhook sender; the ``metrics:`` line."""
+    say(
+        f"starting the API on {' '.join(stack.urls)} ({stack.api_processes} process(es) "
+        f"each), {stack.workers} worker(s), {stack.realtime_workers} realtime worker(s) and "
+        "the webhook sender…"
+    )
+    metrics = get_settings().metrics
+    dirs = api_metrics_dirs(
+        stack.data_dir, stack.port, stack.api_replicas, stack.api_processes, metrics
+    )
+    for name, api_port in api_children(stack.port, stack.api_replicas, stack.api_processes):
+        directory = dirs.get(api_port)
+        children.spawn(
+            name,
+            cli_argv("api", "--host", stack.host, "--port", str(api_port)),
+            {MULTIPROC_ENV: str(directory)} if directory else None,
+        )
+    scraped = _spawn_workers(stack, children, env, metrics)
+    if metrics.enabled:
+        scrape = [f"API {u}/metrics" for u in stack.urls]
+        scrape += [f"{name} http://{_url_host(stack.host)}:{p}/metrics" for name, p in scraped]
+        say("metrics: " + ", ".join(scrape))
+
+
+def _spawn_workers(
+    stack: _Stack, children: ProcessGroup, env: dict[str, str], metrics: MetricsSettings
+) -> list[tuple[str, int | None]]:
+    """The workers, each with its share of the cores, then the webhook sender: its own
+    process, so a slow receiver holds no worker or API. Each child's metrics port."""
+    spawned = worker_commands(
+        stack.workers, stack.worker_devices, stack.groups, stack.realtime_workers
+    )
+    worker_children = len(spawned)
+    ranks = stack.workers + sum(len(g) for g in stack.groups or []) + stack.realtime_workers
+    threads = cpu_thread_env(env, ranks, len(os.sched_getaffinity(0)))
+    if threads:
+        say(
+            f"each of the {ranks} worker processes runs torch on "
+            f"{threads['OMP_NUM_THREADS']} CPU thread(s) (OMP_NUM_THREADS: set it to choose)"
+        )
+    spawned.append(("webhook sender", cli_argv("webhooks", "serve")))
+    taken = set(range(stack.port, stack.port + stack.api_replicas))
+    ports = worker_metrics_ports(stack.host, len(spawned), metrics, taken)
+    for i, ((name, argv), metrics_port) in enumerate(zip(spawned, ports, strict=True)):
+        extra = dict(threads) if i < worker_children else {}  # the workers' share
+        if metrics_port is not None:
+            extra["OMNIQ_METRICS__WORKER_PORT"] = str(metrics_port)
+            extra["OMNIQ_METRICS__WORKER_HOST"] = stack.host
+        children.spawn(name, argv, extra or None)
+    return [(name, p) for (name, _), p in zip(spawned, ports, strict=True)]
+
+
+def _wait_ready(stack: _Stack, children: ProcessGroup, env: dict[str, str]) -> None:
+    """Wait for every API replica's ``/health``, then say on stdout that the stack is up
+    (with how to make a key where auth is required)."""
+    problem = _wait_healthy(stack.urls, children, HEALTH_TIMEOUT_S)
+    if problem is not None:
+        raise _Refused(problem)
+    if env["OMNIQ_AUTH"] == "required":
+        say(
+            f"auth is required on {stack.host}; create a key with: "
+            f"OMNIQ_DATABASE__URL={env['OMNIQ_DATABASE__URL']} "
+            "omniqueue keys create --name NAME"
+        )
+    urls = stack.urls
+    replicas = f"  (API replicas: {' '.join(urls)})" if len(urls) > 1 else ""
+    print(f"omniqueue is up: {urls[0]}  (data: {stack.data_dir}){replicas}", flush=True)
+
+
+def _supervise(children: ProcessGroup, s3: EmbeddedS3, valkey: EmbeddedValkey | None) -> NoReturn:
+    """Restart whatever dies, until a signal or :class:`GaveUp` ends it."""
+    supervisor = Supervisor(say)
+    if valkey is not None:
+        supervisor.add("valkey", valkey.exit_code, valkey.restart)
+    supervisor.add("S3 (SeaweedFS)", s3.exit_code, s3.restart)
+    for name in children.names:
+        supervisor.add(name, partial(children.exit_code, name), partial(children.respawn, name))
+    while True:
+        supervisor.check()
+        time.sleep(SUPERVISE_INTERVAL_S)
 
 
 def _workers_for_the_registry(workers: int, realtime_workers: int) -> tuple[int, int]:
     """The job and realtime worker counts, less those with no model to serve: a realtime
     worker of a registry without a streaming model (or a job worker of one with only
     streaming models) could only exit, and be restarted, again and again. Said once."""
-    served = get_settings().served_models().values()
+    try:
+        served = get_settings().served_models().values()
+    except ValueError as exc:  # the registry file or OMNIQ_MODELS
+        raise _Refused(str(exc)) from exc
     if realtime_workers and not any(m.spec.streaming for m in served):
-        _say(
+        say(
             "omniqueue up: no streaming model is served, so no realtime worker starts; "
             "/v1/realtime and /v1/realtime/video refuse sessions, naming the model they "
             "lack (serve reference/voice or reference/world, or a registry entry of one)"
         )
         realtime_workers = 0
     if workers and not any(not m.spec.streaming for m in served):
-        _say("omniqueue up: only streaming models are served, so no job worker starts")
+        say("omniqueue up: only streaming models are served, so no job worker starts")
         workers = 0
     return workers, realtime_workers
-
-
-def _worker_commands(
-    workers: int,
-    worker_devices: list[str] | None,
-    groups: list[list[str]] | None,
-    realtime_workers: int,
-) -> list[tuple[str, list[str]]]:
-    """``(name, argv)`` of every worker child: the job workers (one per listed device
-    when there is a list, ``--worker-devices cuda:0,cuda:1``), the worker groups, and the
-    realtime workers (``OMNIQ_REALTIME__SLOTS`` session threads each)."""
-    out = []
-    for i in range(workers):
-        device = ["--device", worker_devices[i]] if worker_devices else []
-        out.append((f"worker {i}", _cli("worker", "--name", f"embedded-{i}", *device)))
-    for i, devices in enumerate(groups or []):
-        argv = _cli("worker", "--name", f"embedded-group{i}", "--devices", ",".join(devices))
-        out.append((f"worker group {i}", argv))
-    for i in range(realtime_workers):
-        name = "embedded-rt" if i == 0 else f"embedded-rt{i}"
-        out.append((f"realtime worker {i}", _cli("worker", "--realtime", "--name", name)))
-    return out
 
 
 def _shutdown(
     children: ProcessGroup | None, s3: EmbeddedS3, valkey: EmbeddedValkey | None, timeout: float
 ) -> None:
     if children is not None:
-        _say("stopping the API and workers…")
+        say("stopping the API and workers…")
         children.stop(timeout)
-    _say("stopping S3…")
+    say("stopping S3…")
     s3.stop()
     if valkey is not None:
-        _say("stopping valkey…")
+        say("stopping valkey…")
         valkey.stop()
-    _say("stopped")
+    say("stopped")

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import datetime
 import gc
 import json
@@ -339,7 +340,7 @@ def main() -> None:
     out["packed_rows"] = _rows(state)
     eager = [_forward(adapter, state) for _ in range(args.repeat + 1)][1:]
     adapter.end()
-    adapter.compile = "blocks"
+    adapter.entry = dataclasses.replace(adapter.entry, compile="blocks")
     adapter.compiler.install(pipe)
     compile_s = _forward(adapter, state)
     compiled = [_forward(adapter, state) for _ in range(args.repeat)]

@@ -35,6 +35,7 @@ Prints one JSON object (also ``$OUT/gpu_lane.json`` when ``OUT`` is set).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
@@ -136,7 +137,8 @@ def lane_phase(pipe: Any, args: argparse.Namespace, raw_median: float) -> dict[s
 
     say("compiled blocks: warm-up")
     adapter.compiler.install(pipe)
-    adapter.warmup = [WarmupShape(width=args.width, height=args.height, num_frames=args.frames)]
+    shape = WarmupShape(width=args.width, height=args.height, num_frames=args.frames)
+    adapter.entry = dataclasses.replace(adapter.entry, warmup=[shape])
     t = time.perf_counter()
     adapter.warm_up()
     out["compile_warmup_s"] = round(time.perf_counter() - t, 1)

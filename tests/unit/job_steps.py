@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState
-from workers.pipelines.diffusers.shared.common import DiffusersAdapter
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 
 
 @contextmanager

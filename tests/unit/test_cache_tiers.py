@@ -17,7 +17,7 @@ from tests.unit.job_steps import job_frames
 from tests.unit.test_diffusers_video import CASES, FAMILIES, _adapter, _reference, _request
 from workers.pipelines.base import step_stops
 from workers.pipelines.diffusers.shared import cache_tiers
-from workers.pipelines.diffusers.shared.common import DiffusersAdapter
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 
 STEPS = 6
 

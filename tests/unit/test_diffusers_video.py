@@ -34,7 +34,8 @@ from tests.unit.video_workflows import call_frames
 from workers.pipelines.base import GenerationRequest, Media
 from workers.pipelines.diffusers.cogvideox.adapter import CogVideoXAdapter
 from workers.pipelines.diffusers.ltx.adapter import LTXAdapter
-from workers.pipelines.diffusers.shared.common import DiffusersAdapter, DiffusersState, to_uint8
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
+from workers.pipelines.diffusers.shared.common import DiffusersState, to_uint8
 from workers.pipelines.diffusers.wan.adapter import WanAdapter
 from workers.pipelines.registry import ADAPTERS, build_adapter
 

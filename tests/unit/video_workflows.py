@@ -24,7 +24,8 @@ from models.registry import WarmupShape
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, TINY_VIDEO
 from tests.unit.job_steps import job_frames
 from workers.pipelines.base import GenerationRequest, Media, MediaReference, StepState, step_stops
-from workers.pipelines.diffusers.shared.common import DiffusersAdapter, to_uint8
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
+from workers.pipelines.diffusers.shared.common import to_uint8
 
 A = TypeVar("A", bound="DiffusersAdapter[Any]")
 

@@ -27,7 +27,16 @@ from workers.jobs.run import DENOISE_END, STAGE_START, JobRun
 from workers.media.audio import EXTENSIONS, MEDIA_TYPES, encode_audio, output_rate, prepare_audio
 from workers.media.mp4 import Streamed, decode_streamed, encode_video, finish_video
 from workers.media.pcm_stream import PcmStream
-from workers.pipelines.base import GenerationRequest, Media, Pipeline, checkpoints, step_stops
+from workers.pipelines.base import (
+    GenerationRequest,
+    Media,
+    Pipeline,
+    SupportsAudioPieces,
+    SupportsDecodeStream,
+    SupportsPreview,
+    checkpoints,
+    step_stops,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +74,10 @@ def make_output(
         span = DENOISE_END - STAGE_START["denoise"]
         progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps
         run.report(progress, force=state.done)
-        if pcm is not None:
+        if pcm is not None and isinstance(pipe, SupportsAudioPieces):
             pcm.feed(pipe.take_audio(state))
-        if preview_every and state.step_index % preview_every == 0 and not state.done:
+        due = preview_every and state.step_index % preview_every == 0 and not state.done
+        if due and isinstance(pipe, SupportsPreview):
             run.preview(pipe, state)
 
     run.enter("decode")
@@ -76,7 +86,7 @@ def make_output(
     # The raw frames' SHA-256, when logged (``worker.log_frame_digests``).
     frames_digest = hashlib.sha256() if run.settings.worker.log_frame_digests else None
     with checkpoints(run.stop_point()):
-        if isinstance(spec, VideoSpec):
+        if isinstance(spec, VideoSpec) and isinstance(pipe, SupportsDecodeStream):
             streamed = decode_streamed(pipe, state, spec.fps, out, frames_digest)
         media = pipe.decode(state) if streamed is None else None
     del state

@@ -44,7 +44,7 @@ from workers.common.memory import forget_frames
 from workers.common.stop_signal import StopSignal
 from workers.media.audio import AudioOut, pcm16
 from workers.media.mp4 import preview_jpeg
-from workers.pipelines.base import Pipeline, StopReason
+from workers.pipelines.base import StopReason, SupportsPreview
 
 log = logging.getLogger("workers.jobs.executor")
 
@@ -181,7 +181,7 @@ class JobRun:
             raise self.stop.cause()
         self.check()
 
-    def preview(self, pipe: Pipeline, state: Any) -> None:
+    def preview(self, pipe: SupportsPreview, state: Any) -> None:
         """A ``preview`` event of the current step, when the adapter has an estimate."""
         image = pipe.preview(state)
         if image is None:

@@ -17,6 +17,10 @@ A served model's kind follows from its spec (``ModelSpec.kind``), and the regist
 * ``voice`` (:class:`VoicePipeline`): spoken answers to user turns for ``WS
   /v1/realtime``, run step by step by ``workers/sessions/voice.py``.
 
+What an adapter can do beyond its kind's interface (serve per-request LoRA, warm up,
+preview a job, stream its PCM or its decode) is a capability: a ``Protocol`` at the end of
+this module that its callers check with ``isinstance``.
+
 An adapter is loaded once per worker process and shared by every job or session it runs,
 so all per-request state (latents, scheduler copy, RNG, embeddings) lives in the state
 object its first call returns, never on the adapter. A new model is one adapter module
@@ -31,19 +35,17 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar, runtime_checkable
 
 import numpy as np
 
 from models.catalog import ModelSpec
-from models.registry import CatalogError, ServedModel
+from models.job_specs import LoraSpec
+from models.registry import ServedModel
 from workers.media.frames import DecodeStream as DecodeStream
 from workers.media.frames import Media as Media
 from workers.pipelines.request import GenerationRequest as GenerationRequest
 from workers.pipelines.request import MediaReference as MediaReference
-
-if TYPE_CHECKING:
-    from workers.pipelines.diffusers.shared.lora import LoraCache
 
 # Set by the executor around a long call (prepare, decode); adapters call ``checkpoint()``.
 _checkpoint: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
@@ -116,9 +118,10 @@ class StepState:
 
 
 class Adapter(abc.ABC):
-    """The contract every adapter has, whatever its kind: how the registry builds it, loads
-    it and primes it, and whether it serves per-request LoRA. Each optional capability has
-    its default here; :class:`~workers.pipelines.registry.PipelineRegistry` uses nothing
+    """The contract every adapter has, whatever its kind: how the registry builds it and
+    loads it. What an adapter can do beyond its interface is a capability below
+    (:class:`SupportsWarmUp`, :class:`SupportsLoRA`, …), a ``Protocol`` its callers check
+    with ``isinstance``; :class:`~workers.pipelines.registry.PipelineRegistry` uses nothing
     else (no ``getattr``, no signature reading)."""
 
     spec: ModelSpec
@@ -136,17 +139,6 @@ class Adapter(abc.ABC):
     @abc.abstractmethod
     def load(self, device: str) -> None:
         """Load weights onto ``device`` (called once per worker process)."""
-
-    def warm_up(self) -> None:
-        """Once loaded, before the worker takes work: prime what the first request would
-        otherwise pay for (compiled blocks for the registry's ``warmup`` shapes). By
-        default nothing."""
-        return None
-
-    def use_lora(self, cache: LoraCache) -> None:
-        """Serve per-request LoRA through ``cache`` (called before ``load`` for a model
-        whose spec ``supports_lora``). By default refused: the adapter takes none."""
-        raise CatalogError(f"model {self.spec.name!r} lists lora, but its adapter takes none")
 
 
 class NoWeights:
@@ -175,25 +167,6 @@ class Pipeline(Adapter):
     @abc.abstractmethod
     def decode(self, state: StepState) -> Media:
         """Turn the final latents into frames (and audio)."""
-
-    def preview(self, state: StepState) -> np.ndarray | None:
-        """A cheap uint8 H×W×3 estimate of the current result, or None."""
-        return None
-
-    def take_audio(self, state: StepState) -> tuple[np.ndarray, int] | None:
-        """The audio the steps have made since the last call, as float32 (channels, n)
-        and its sample rate; None (the default) when the clip comes out of ``decode``
-        only. The executor calls it after every step of a job that streams PCM and
-        publishes what it gets at once. An adapter whose steps make the clip piece by
-        piece (``reference/speech``: a phrase per step) returns each new piece, and its
-        ``decode`` audio must be exactly these pieces joined."""
-        return None
-
-    def decode_stream(self, state: StepState) -> DecodeStream | None:
-        """What ``decode`` makes, as a :class:`DecodeStream` (the frames chunk by chunk,
-        so the executor encodes one while the next decodes, and the soundtrack first); or
-        None (the default) to use ``decode``."""
-        return None
 
     def end(self) -> None:
         """The job ended, whichever way (completed, cancelled, failed, lost): let go of
@@ -353,3 +326,74 @@ class VoicePipeline(Adapter, Generic[StateT]):
 
 
 AnyPipeline = Pipeline | WorldPipeline[Any] | VoicePipeline[Any]
+
+
+# --- capabilities: what an adapter can do beyond its interface ----------------------------
+#
+# Each is a Protocol its callers check with ``isinstance`` (an adapter has the capability
+# when it has the methods): nothing here names an implementation, and an adapter without a
+# capability has no method for it, neither a default nor one that only refuses.
+
+
+class LoraSlot(Protocol):
+    """Per-request LoRA as the registry hands it to an adapter (the diffusers families'
+    LoRA cache): a slot put into the loaded pipe once, a job's adapter copied into it for
+    the job (None: the base model), parked again when the job ends."""
+
+    def install(self, pipe: Any) -> None: ...
+
+    def activate(self, pipe: Any, lora: LoraSpec | None) -> None: ...
+
+    def release(self, pipe: Any) -> None: ...
+
+
+@runtime_checkable
+class SupportsLoRA(Protocol):
+    """Serves per-request LoRA: the registry calls ``use_lora`` before ``load`` for a model
+    whose spec ``supports_lora`` (a model that lists ``lora`` with an adapter without it
+    does not start)."""
+
+    def use_lora(self, cache: LoraSlot) -> None: ...
+
+
+@runtime_checkable
+class SupportsWarmUp(Protocol):
+    """Primes what the first request would otherwise pay for (compiled blocks for the
+    registry's ``warmup`` shapes): the registry calls ``warm_up`` once loaded, before the
+    worker takes work."""
+
+    def warm_up(self) -> None: ...
+
+
+@runtime_checkable
+class SupportsPreview(Protocol):
+    """A job adapter with a cheap estimate of the current result between steps (the
+    executor's ``preview`` events)."""
+
+    def preview(self, state: StepState) -> np.ndarray | None:
+        """A uint8 H×W×3 estimate, or None when there is none at this step."""
+        ...
+
+
+@runtime_checkable
+class SupportsAudioPieces(Protocol):
+    """A job adapter whose steps make the clip piece by piece (``reference/speech``: a
+    phrase per step). The executor calls ``take_audio`` after every step of a job that
+    streams PCM and publishes what it gets at once; the adapter's ``decode`` audio must be
+    exactly these pieces joined."""
+
+    def take_audio(self, state: StepState) -> tuple[np.ndarray, int] | None:
+        """The audio made since the last call as float32 (channels, n) and its sample
+        rate; None when this step made none."""
+        ...
+
+
+@runtime_checkable
+class SupportsDecodeStream(Protocol):
+    """A job adapter that decodes chunk by chunk: the executor encodes one chunk while the
+    next decodes, the soundtrack first."""
+
+    def decode_stream(self, state: StepState) -> DecodeStream | None:
+        """What ``decode`` makes, as a :class:`DecodeStream`; None where this job cannot
+        stream (the executor then calls ``decode``)."""
+        ...

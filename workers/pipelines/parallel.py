@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal, Protocol, runtime_checkable
 from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 from models.registry import ParallelStrategy
+from workers.pipelines.blocks import BlockGate
 
 
 class Parallel:
@@ -67,6 +68,25 @@ class GroupParallel(Parallel):
         return both[0], both[1]
 
 
+@runtime_checkable
+class GroupRank(Protocol):
+    """An adapter a worker group can run (every diffusers job adapter): block gates that
+    agree on a stop across the group, its share of a step (set by :func:`enable`), and
+    the loaded pipe whose denoisers take context parallelism."""
+
+    gate: BlockGate
+    parallel: Parallel
+    pipe: Any
+
+
+@runtime_checkable
+class SplitsGuidance(GroupRank, Protocol):
+    """A group rank that runs classifier-free guidance as two passes through
+    ``parallel.cfg_pair`` (Wan), so a ``cfg`` group puts them on two ranks."""
+
+    cfg_parallel: Literal[True]
+
+
 @contextlib.contextmanager
 def _cpu_accelerator() -> Iterator[None]:
     """diffusers 0.42's ``enable_parallelism`` takes each rank's device from
@@ -82,17 +102,16 @@ def _cpu_accelerator() -> Iterator[None]:
         yield
 
 
-def enable(adapter: Any, parallel: GroupParallel) -> None:
+def enable(adapter: object, parallel: GroupParallel) -> None:
     """Apply ``parallel`` to a loaded adapter on this rank (every rank, in the same order:
     building the context-parallel mesh is collective). The adapter's block gates agree on
     stops across the group from now on."""
-    adapter.parallel = parallel
-    gate = getattr(adapter, "gate", None)
-    if gate is None:
+    if not isinstance(adapter, GroupRank):
         raise TypeError(f"{type(adapter).__name__} has no block gates: it cannot run in a group")
-    gate.group = parallel.group if parallel.group is not None else dist.group.WORLD
+    adapter.parallel = parallel
+    adapter.gate.group = parallel.group if parallel.group is not None else dist.group.WORLD
     if parallel.strategy == "cfg":
-        if not getattr(adapter, "cfg_parallel", False):
+        if not isinstance(adapter, SplitsGuidance):
             raise TypeError(f"{type(adapter).__name__} does not run guidance as two passes")
         return
     from diffusers import ContextParallelConfig

@@ -20,7 +20,14 @@ from models.catalog import PipelineKind
 from models.errors import InvalidJobInput
 from models.registry import CatalogError, ServedModel
 from storage.settings import LoraSettings
-from workers.pipelines.base import AnyPipeline, Pipeline, VoicePipeline, WorldPipeline
+from workers.pipelines.base import (
+    AnyPipeline,
+    Pipeline,
+    SupportsLoRA,
+    SupportsWarmUp,
+    VoicePipeline,
+    WorldPipeline,
+)
 from workers.pipelines.load_failure import LoadFailure, load_failure, missing_weights
 
 log = logging.getLogger(__name__)
@@ -77,10 +84,11 @@ class PipelineRegistry:
     """Builds and loads each served pipeline on first use, then shares it across jobs.
 
     ``lora`` (an ``OMNIQ_LORA`` settings group) gives every model that lists ``lora`` in
-    its parameters an adapter cache of its own before it loads (its adapter must have
-    ``use_lora``); ``fetch(uri)`` reads ``s3://`` adapters. Without it such a model's
-    LoRA jobs fail with ``invalid_lora``. ``random_weights`` (OMNIQ_WORKER__RANDOM_WEIGHTS)
-    lets entries with ``weights = "random"`` load (benchmarks only); off, they are refused."""
+    its parameters an adapter cache of its own before it loads (its adapter must be
+    :class:`~workers.pipelines.base.SupportsLoRA`); ``fetch(uri)`` reads ``s3://``
+    adapters. Without it such a model's LoRA jobs fail with ``invalid_lora``.
+    ``random_weights`` (OMNIQ_WORKER__RANDOM_WEIGHTS) lets entries with ``weights =
+    "random"`` load (benchmarks only); off, they are refused."""
 
     def __init__(
         self,
@@ -117,12 +125,15 @@ class PipelineRegistry:
                 if self.lora is not None and model.spec.supports_lora:
                     self._use_lora(pipe)
                 pipe.load(model.device or self.device)
-                pipe.warm_up()  # compiled blocks: the registry's shapes
+                if isinstance(pipe, SupportsWarmUp):
+                    pipe.warm_up()  # compiled blocks: the registry's shapes
                 self._loaded[name] = pipe
             return pipe
 
     def _use_lora(self, pipe: AnyPipeline) -> None:
         assert self.lora is not None
+        if not isinstance(pipe, SupportsLoRA):
+            raise CatalogError(f"model {pipe.spec.name!r} lists lora, but its adapter takes none")
         from workers.pipelines.diffusers.shared.lora import LoraCache
 
         s = self.lora

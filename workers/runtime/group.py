@@ -42,9 +42,18 @@ import torch.distributed as dist
 
 from storage.settings import Settings, get_settings
 from workers.common.memory import apply_memory_fraction
-from workers.pipelines.base import GenerationRequest, Media, Pipeline, StepState, step_stops
+from workers.pipelines.base import (
+    DecodeStream,
+    GenerationRequest,
+    Media,
+    Pipeline,
+    StepState,
+    SupportsDecodeStream,
+    SupportsPreview,
+    step_stops,
+)
 from workers.pipelines.blocks import StepAborted
-from workers.pipelines.parallel import GroupParallel, enable
+from workers.pipelines.parallel import GroupParallel, GroupRank, enable
 from workers.pipelines.registry import PipelineRegistry
 from workers.runtime.context import WorkerContext, worker_models
 from workers.runtime.processes import free_port
@@ -138,8 +147,7 @@ class GroupPipeline(Pipeline):
         try:
             self.inner.step(state)
         except Exception as exc:
-            gate = getattr(self.inner, "gate", None)
-            if gate is not None and gate.agreed(exc):
+            if isinstance(self.inner, GroupRank) and self.inner.gate.agreed(exc):
                 raise  # a stop every rank agreed on: they all left the step at this block
             # Anything else left the other ranks inside a collective this rank will not
             # join: only a restart frees them (the job is then taken over).
@@ -150,12 +158,15 @@ class GroupPipeline(Pipeline):
         self._end()  # the others free their memory while this rank decodes
         return self.inner.decode(state)
 
-    def decode_stream(self, state: StepState) -> Any:
+    def decode_stream(self, state: StepState) -> DecodeStream | None:
+        """The inner adapter's streamed decode, if it has one (None: ``decode``)."""
         self._end()
+        if not isinstance(self.inner, SupportsDecodeStream):
+            return None
         return self.inner.decode_stream(state)
 
     def preview(self, state: StepState) -> Any:
-        return self.inner.preview(state)
+        return self.inner.preview(state) if isinstance(self.inner, SupportsPreview) else None
 
     def end(self) -> None:
         self._end()

@@ -36,7 +36,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
-from workers.pipelines.base import GenerationRequest, StepState
+from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.cogvideox.state import CogVideoXState
 from workers.pipelines.diffusers.cogvideox.workflows import (
     Start,
@@ -48,12 +48,14 @@ from workers.pipelines.diffusers.cogvideox.workflows import (
     v2v_start,
     v2v_view,
 )
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 from workers.pipelines.diffusers.shared.common import (
     batched_prediction,
     call_default,
     cfg,
     cfg_batch,
     extra_step_kwargs,
+    frames_media,
     grey_preview,
     guidance_scale,
     job_scheduler,
@@ -62,7 +64,6 @@ from workers.pipelines.diffusers.shared.common import (
     vae_options,
 )
 from workers.pipelines.diffusers.shared.keyframes import SourceVideo, job_workflow, keyframes_of
-from workers.pipelines.diffusers.shared.workflow_adapter import WorkflowAdapter
 
 
 def _text_start(
@@ -92,13 +93,14 @@ def _text_start(
     return Start(timesteps, steps, latents, additional_frames)
 
 
-class CogVideoXAdapter(WorkflowAdapter[CogVideoXState]):
+class CogVideoXAdapter(DiffusersAdapter[CogVideoXState]):
     """``CogVideoXPipeline`` (CogVideoX 2b/5b, CogVideoX 1.5 5b text-to-video, and
     ``CogVideoXVideoToVideoPipeline``'s v2v over them) and, for an entry serving ``i2v``,
     ``CogVideoXImageToVideoPipeline`` (CogVideoX-5b-I2V, CogVideoX 1.5 5B I2V)."""
 
     family = "diffusers.cogvideox"
     pipeline_class: Any = CogVideoXPipeline
+    default_workflows = ("t2v",)
 
     @staticmethod
     def _pipeline_for(workflows: list[Workflow]) -> Any:
@@ -108,13 +110,11 @@ class CogVideoXAdapter(WorkflowAdapter[CogVideoXState]):
 
     def load(self, device: str) -> None:
         """The served workflows' names checked (before any weight loads), then
-        ``WorkflowAdapter.load``."""
+        ``DiffusersAdapter.load``, then the workflows checked against the loaded components
+        (cogvideox/workflows.py; refusing to start on a mismatch)."""
         check_names(self.spec.name, self.workflows)
         super().load(device)
-
-    def _load_workflows(self, pipe: Any) -> None:
-        """cogvideox/workflows.py's ``check_components``."""
-        check_components(self.spec.name, pipe, self.workflows)
+        check_components(self.spec.name, self._loaded(), self.workflows)
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> CogVideoXState:
         """``__call__`` steps 1-7 of the job's workflow's pipeline (``CogVideoXPipeline``,
@@ -145,7 +145,7 @@ class CogVideoXAdapter(WorkflowAdapter[CogVideoXState]):
 
         # 3. Encode input prompt. The transformer's text positions are sized by
         # max_text_seq_length (226 in every released model = __call__'s default).
-        seq_len = self._seq_len(transformer_config.max_text_seq_length)
+        seq_len = self.entry.seq_len(transformer_config.max_text_seq_length)
         embeds, neg_embeds = pipe.encode_prompt(
             prompt,
             negative_prompt,
@@ -237,15 +237,23 @@ class CogVideoXAdapter(WorkflowAdapter[CogVideoXState]):
             )
         s.latents = latents.to(s.prompt_embeds.dtype)
 
-    def _decode_frames(self, pipe: Any, s: CogVideoXState) -> np.ndarray:
+    @torch.no_grad()
+    def decode_frames(self, state: StepState) -> np.ndarray:
         """The tail of ``__call__``: drop 1.5's padding frames, ``decode_latents``
-        (permute to B×C×F×h×w, divide by the VAE scaling factor, decode), postprocess."""
+        (permute to B×C×F×h×w, divide by the VAE scaling factor, decode), postprocess;
+        float32 T×H×W×3 in [0, 1], what ``pipe(..., output_type="np").frames[0]``
+        returns."""
+        pipe, s = self._loaded(), self._state(state)
         latents = s.latents[:, s.additional_frames :]
         opts = s.request.sampler
         with vae_options(pipe.vae, opts.vae_use_tiling, opts.vae_use_slicing):
             video = pipe.decode_latents(latents)
         frames: np.ndarray = pipe.video_processor.postprocess_video(video=video, output_type="np")
         return frames[0]
+
+    def decode(self, state: StepState) -> Media:
+        """``decode_frames`` as uint8 at the request's fps."""
+        return frames_media(self.decode_frames(state), self._state(state).request)
 
     def preview(self, state: StepState) -> np.ndarray | None:
         """Grey middle latent frame (latents are B×F×C×h×w)."""

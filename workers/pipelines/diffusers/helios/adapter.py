@@ -40,21 +40,24 @@ over: ``helios/session.py``.
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self, Unpack
 
 import numpy as np
 import torch
 from diffusers import DiffusionPipeline, HeliosPipeline, HeliosPyramidPipeline
 from diffusers.pipelines.helios import pipeline_helios, pipeline_helios_pyramid
 
+from models.catalog import FAMILY_SPECS
 from models.errors import InvalidJobInput
 from models.realtime_video_chunks import ChunkLattice
+from models.registry import ServedModel
 from workers.pipelines.base import (
     ActionBlock,
     ChunkEvents,
     WorldConfig,
     WorldPipeline,
 )
+from workers.pipelines.blocks import BlockGate
 from workers.pipelines.diffusers.helios.inputs import (
     check_config,
     image_latents,
@@ -79,7 +82,7 @@ from workers.pipelines.diffusers.helios.steps import (
     shift_mu,
 )
 from workers.pipelines.diffusers.shared.common import call_default, make_generator, to_uint8
-from workers.pipelines.diffusers.shared.entry import DiffusersEntry
+from workers.pipelines.diffusers.shared.entry import DiffusersEntry, EntryOptions, entry_options
 from workers.pipelines.diffusers.shared.loading import (
     DTYPE_KWARG,
     install_checkpoints,
@@ -101,15 +104,16 @@ class _Plan(NamedTuple):
     guidance_scale: float
 
 
-class HeliosWorldAdapter(DiffusersEntry, WorldPipeline[HeliosState]):
+class HeliosWorldAdapter(WorldPipeline[HeliosState]):
     """``HeliosPipeline`` (Helios-Base) or ``HeliosPyramidPipeline`` (Helios-Mid,
     Helios-Distilled) streamed chunk by chunk; one instance is shared by every session of
     a worker.
 
-    Built as the diffusers job adapters are (``common.DiffusersAdapter``, which is a job
-    ``Pipeline`` and so cannot be the base here): a local ``path`` loaded with
-    ``from_pretrained`` or an injected ``pipe``, cancel gates between the transformer's
-    blocks, checkpoints in the text encoder and VAE, compiled blocks on CUDA."""
+    Built as the diffusers job adapters are (``shared.adapter.DiffusersAdapter``, which is
+    a job ``Pipeline`` and so cannot be the base here), from the same registry settings
+    (entry.py): a local ``path`` loaded with ``from_pretrained`` or an injected ``pipe``,
+    cancel gates between the transformer's blocks, checkpoints in the text encoder and
+    VAE, compiled blocks on CUDA."""
 
     family = "diffusers.helios"
 
@@ -118,13 +122,26 @@ class HeliosWorldAdapter(DiffusersEntry, WorldPipeline[HeliosState]):
         path: str | None = None,
         *,
         random_config: dict[str, dict[str, Any]] | None = None,
-        **kwargs: Any,
+        **options: Unpack[EntryOptions],
     ) -> None:
-        """``DiffusersEntry``'s constructor (entry.py); ``random_config`` overrides the
-        random-weights mode's part configs (helios/random_weights.py)."""
-        super().__init__(path, **kwargs)
+        """``path`` and ``options`` as a diffusers job adapter takes them (entry.py);
+        ``random_config`` overrides the random-weights mode's part configs
+        (helios/random_weights.py)."""
+        self.entry = DiffusersEntry.of(type(self).__name__, path, options)
+        spec = options.get("spec")
+        self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
+        self.pipe: Any = options.get("pipe")
+        self.device = torch.device("cpu")
+        self.gate = BlockGate(self.device)  # cancel points between the blocks (``load``)
+        self.compiler = self.entry.compiler()
         self.random_config = dict(random_config or {})
         self.lattice = ChunkLattice(first=self.spec.frame_offset, every=self.spec.frame_multiple)
+
+    @classmethod
+    def build(cls, model: ServedModel) -> Self:
+        """The adapter of a registry entry, with its compiled-blocks settings and
+        random-weights mode (entry.py)."""
+        return cls(**entry_options(model))
 
     # --- loading ----------------------------------------------------------------------
 
@@ -133,16 +150,16 @@ class HeliosWorldAdapter(DiffusersEntry, WorldPipeline[HeliosState]):
         ``model_index.json`` says which of the two Helios pipelines) or the injected pipe
         (dtype as it is) on ``device``, with the cancel points and compiled blocks
         ``DiffusersAdapter.load`` installs."""
-        if self.pipe is None and self.random_weights:
+        if self.pipe is None and self.entry.random_weights:
             from workers.pipelines.diffusers.helios.random_weights import random_pipeline
 
-            seq_len = self.max_sequence_length or 512
+            seq_len = self.entry.max_sequence_length or 512
             self.pipe = random_pipeline(
-                device, self.dtype, config=self.random_config, max_sequence_length=seq_len
+                device, self.entry.dtype, config=self.random_config, max_sequence_length=seq_len
             )
         elif self.pipe is None:
             self.pipe = DiffusionPipeline.from_pretrained(
-                self.path, local_files_only=True, **{DTYPE_KWARG: self.dtype}
+                self.entry.path, local_files_only=True, **{DTYPE_KWARG: self.entry.dtype}
             )
             if torch.device(device).type == "cpu":
                 own_weights(self.pipe)
@@ -166,8 +183,7 @@ class HeliosWorldAdapter(DiffusersEntry, WorldPipeline[HeliosState]):
         install_checkpoints(pipe)
         self.gate.device = self.device
         self.gate.install(pipe)
-        mode = self.compile or ("blocks" if self.device.type == "cuda" else "off")
-        if mode == "blocks":
+        if self.entry.compiles_blocks(self.device):
             self.compiler.install(pipe)
 
     def warm_up(self) -> None:
@@ -183,7 +199,7 @@ class HeliosWorldAdapter(DiffusersEntry, WorldPipeline[HeliosState]):
         if isinstance(pipe, HeliosPyramidPipeline):
             stages = int(self._loaded().scheduler.config.stages)
             extra = {"pyramid_num_inference_steps_list": [1] * stages}
-        for shape in self.warmup:
+        for shape in self.entry.warmup:
             config = WorldConfig(
                 prompt="warm-up",
                 width=shape.width,
@@ -429,6 +445,4 @@ class HeliosWorldAdapter(DiffusersEntry, WorldPipeline[HeliosState]):
         state.chunk_embeds = chunk_embeddings(state, state.chunk_index)
 
     def _seq_len(self, pipe: Any) -> int:
-        if self.max_sequence_length is not None:
-            return self.max_sequence_length
-        return int(call_default(pipe, "max_sequence_length"))
+        return self.entry.seq_len(int(call_default(pipe, "max_sequence_length")))

@@ -33,7 +33,7 @@ decoder is non-causal and the executor's ``decode_stream`` hook carries video ch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -47,13 +47,14 @@ from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.longcat_audio.state import LongCatAudioState
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 from workers.pipelines.diffusers.shared.common import (
-    DiffusersAdapter,
     guidance_scale,
     job_scheduler,
     make_generator,
     sampling,
 )
+from workers.pipelines.diffusers.shared.entry import EntryOptions
 
 
 def clip_seconds(pipe: Any, request: GenerationRequest) -> float | None:
@@ -96,22 +97,22 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         path: str | None = None,
         *,
         random_config: dict[str, dict[str, Any]] | None = None,
-        **kwargs: Any,
+        **options: Unpack[EntryOptions],
     ) -> None:
         # Blocks not compiled unless the entry asks (``compile = "blocks"``): every clip
         # length is a new sequence length, so a new graph for the compiled blocks.
-        if kwargs.get("compile") is None:
-            kwargs["compile"] = "off"
-        super().__init__(path, **kwargs)
+        if options.get("compile") is None:
+            options["compile"] = "off"
+        super().__init__(path, **options)
         # ``weights = "random"`` (longcat_audio/random_weights.py): per-part config overrides.
         self.random_config = dict(random_config or {})
 
-    def _random_pipeline(self, device: str) -> Any:
+    def random_pipeline(self, device: str) -> Any:
         """Default configs, seeded random weights, on ``device``
         (longcat_audio/random_weights.py)."""
         from workers.pipelines.diffusers.longcat_audio.random_weights import random_pipeline
 
-        return random_pipeline(device, self.dtype, config=self.random_config)
+        return random_pipeline(device, self.entry.dtype, config=self.random_config)
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> LongCatAudioState:
         """Everything ``__call__`` does before its denoising loop."""

@@ -34,7 +34,7 @@ from diffusers.pipelines.ltx.pipeline_ltx import (
     retrieve_timesteps,
 )
 
-from workers.pipelines.base import GenerationRequest, StepState
+from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.ltx.condition import condition_fields, condition_step
 from workers.pipelines.diffusers.ltx.state import LTXState
 from workers.pipelines.diffusers.ltx.workflows import (
@@ -45,34 +45,54 @@ from workers.pipelines.diffusers.ltx.workflows import (
     pipeline_for,
     text_pipeline,
 )
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 from workers.pipelines.diffusers.shared.common import (
     batched_prediction,
     call_default,
     cfg_batch,
     clone_generator,
     decode_video,
-    grey_preview,
+    frames_media,
     guidance_scale,
     job_scheduler,
     make_generator,
     sampling,
 )
-from workers.pipelines.diffusers.shared.keyframes import Keyframes, job_workflow, keyframes_of
-from workers.pipelines.diffusers.shared.packed import PackedLatentsAdapter
-from workers.pipelines.diffusers.shared.workflow_adapter import TextOverImage
+from workers.pipelines.diffusers.shared.keyframes import (
+    Keyframes,
+    job_workflow,
+    keyframes_of,
+    text_over_image,
+)
+from workers.pipelines.diffusers.shared.packed import (
+    decode_noise,
+    latent_grid,
+    packed_preview,
+    prompt_batch,
+    unpacked,
+)
 
 
-class LTXAdapter(TextOverImage, PackedLatentsAdapter[LTXState]):
+class LTXAdapter(DiffusersAdapter[LTXState]):
     """``LTXPipeline`` (LTX-Video 0.9.x text-to-video) and, for an entry serving other
     workflows, ``LTXImageToVideoPipeline`` or ``LTXConditionPipeline`` (ltx/workflows.py)."""
 
     family = "diffusers.ltx"
     pipeline_class: Any = LTXPipeline
+    default_workflows = ("t2v",)
     _pipeline_for = staticmethod(pipeline_for)
-    # t2v jobs of LTXImageToVideoPipeline: LTXPipeline over its modules (load).
-    image_pipeline_class = LTXImageToVideoPipeline
-    _check_workflows = staticmethod(check_workflows)  # ltx/workflows.py
-    _text_pipeline = staticmethod(text_pipeline)
+    # t2v jobs of LTXImageToVideoPipeline: LTXPipeline over its modules (``load``).
+    _text_pipe: Any = None
+
+    def load(self, device: str) -> None:
+        """``DiffusersAdapter.load``, then the served workflows checked against the loaded
+        components (ltx/workflows.py; refusing to start on a mismatch) and, for ``t2v``
+        beside ``i2v``, ``LTXPipeline`` over the loaded modules."""
+        super().load(device)
+        pipe = self._loaded()
+        check_workflows(self.spec.name, pipe, self.workflows)
+        image_class = LTXImageToVideoPipeline
+        self._text_pipe = text_over_image(pipe, self.workflows, image_class, text_pipeline)
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> LTXState:
         """``__call__``'s steps before its loop: ``LTXConditionPipeline``'s for every
@@ -93,9 +113,10 @@ class LTXAdapter(TextOverImage, PackedLatentsAdapter[LTXState]):
         device = pipe._execution_device
 
         # 3. Prepare text embeddings ([negative, positive] batch under CFG).
-        embeds, mask = self._prompt_batch(pipe, request, do_cfg, device)
+        seq_len = self.entry.max_sequence_length
+        embeds, mask = prompt_batch(pipe, request, do_cfg, device, seq_len)
         generator = make_generator(request.seed)
-        grid = self._latent_grid(pipe, request)
+        grid = latent_grid(pipe, request)
         common: dict[str, Any] = {
             "prompt_embeds": embeds,
             "prompt_attention_mask": mask,
@@ -183,11 +204,14 @@ class LTXAdapter(TextOverImage, PackedLatentsAdapter[LTXState]):
         noise_pred = guided(noise_pred, s)
         s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
 
-    def _decode_frames(self, pipe: Any, s: LTXState) -> np.ndarray:
+    @torch.no_grad()
+    def decode_frames(self, state: StepState) -> np.ndarray:
         """The tail of ``__call__``: the condition tokens dropped, unpack, de-normalise,
-        decode-timestep noise, decode."""
+        decode-timestep noise, decode; float32 T×H×W×3 in [0, 1], what ``pipe(...,
+        output_type="np").frames[0]`` returns."""
+        pipe, s = self._loaded(), self._state(state)
         vae = pipe.vae
-        latents = self._unpacked(s.latents[:, s.extra_tokens :], s)
+        latents = unpacked(pipe, s.latents[:, s.extra_tokens :], s.grid)
         latents = pipe._denormalize_latents(
             latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor
         )
@@ -196,11 +220,14 @@ class LTXAdapter(TextOverImage, PackedLatentsAdapter[LTXState]):
         if vae.config.timestep_conditioning:
             # Drawn from a clone: decoding twice gives the same video.
             generator = clone_generator(s.generator)
-            latents, timestep = self._decode_noise(latents, s.request.extra, generator)
+            latents, timestep = decode_noise(pipe, latents, s.request.extra, generator)
         return decode_video(pipe, s.request, latents.to(vae.dtype), timestep)
+
+    def decode(self, state: StepState) -> Media:
+        """``decode_frames`` as uint8 at the request's fps."""
+        return frames_media(self.decode_frames(state), self._state(state).request)
 
     def preview(self, state: StepState) -> np.ndarray | None:
         """Grey middle latent frame of the video's latents (the condition tokens left out)."""
         s = self._state(state)
-        latents = self._unpacked(s.latents[:, s.extra_tokens :], s)
-        return grey_preview(latents, channel_dim=1, frame_dim=2)
+        return packed_preview(self._loaded(), s.latents[:, s.extra_tokens :], s.grid)

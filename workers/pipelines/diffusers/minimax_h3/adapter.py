@@ -41,7 +41,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import numpy as np
 import torch
@@ -54,6 +54,7 @@ from models.registry import CatalogError
 from workers.pipelines.base import (
     DecodeStream,
     GenerationRequest,
+    LoraSlot,
     Media,
     StepState,
 )
@@ -68,12 +69,9 @@ from workers.pipelines.diffusers.minimax_h3.vsa import (
     load_kernel,
     vsa_layout,
 )
-from workers.pipelines.diffusers.shared.common import (
-    DiffusersAdapter,
-    make_generator,
-    sampling,
-)
-from workers.pipelines.diffusers.shared.lora import LoraCache
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
+from workers.pipelines.diffusers.shared.common import make_generator, sampling
+from workers.pipelines.diffusers.shared.entry import EntryOptions
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +179,6 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
 
     family = "diffusers.minimax_h3"
     pipeline_class = MiniMaxH3ModularPipeline
-    takes_references = True
 
     def __init__(
         self,
@@ -190,9 +187,9 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         fused_lora: dict[str, Any] | None = None,
         random_text_layers: int = 4,
         random_config: dict[str, dict[str, Any]] | None = None,
-        **kwargs: Any,
+        **options: Unpack[EntryOptions],
     ) -> None:
-        super().__init__(path, **kwargs)
+        super().__init__(path, **options)
         # ``weights = "random"`` (minimax_h3/random_weights.py): the text encoder's depth, and
         # config overrides of the parts (a smaller variant).
         self.random_text_layers = random_text_layers
@@ -204,6 +201,9 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         # the adapter runs its branches by name (blocks keep no state).
         self.blocks: Any = MiniMaxH3Blocks()
         self.workflows = [w for w in workflows_of(self.partition) if w in self.spec.workflows]
+        # Keyframes and references reach ``_prepare``, which refuses a workflow the
+        # deployment did not load naming the field that asked for it.
+        self.takes_references = True
         # attention = "vsa": the joint blocks' layout holder (installed by ``load``).
         self.vsa: VsaContext | None = None
         # H3 pads no prompt: every prompt length is a new packed length. Static graphs
@@ -219,20 +219,21 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
     def _from_pretrained(self) -> Any:
         """The modular pipeline with this deployment's partition only (``workflow=``);
         the processor through :func:`load_processor` (no torchvision: images only)."""
-        assert self.path is not None
-        pipe = ModularPipeline.from_pretrained(self.path, workflow=self.workflows[0])
+        path = self.entry.path
+        assert path is not None
+        pipe = ModularPipeline.from_pretrained(path, workflow=self.workflows[0])
         names = [n for n in pipe.pretrained_component_names if n != "processor"]
-        pipe.load_components(names=names, dtype=self.dtype, local_files_only=True)
-        pipe.update_components(processor=load_processor(Path(self.path) / "processor"))
+        pipe.load_components(names=names, dtype=self.entry.dtype, local_files_only=True)
+        pipe.update_components(processor=load_processor(Path(path) / "processor"))
         return pipe
 
-    def _random_pipeline(self, device: str) -> Any:
+    def random_pipeline(self, device: str) -> Any:
         """Default configs, seeded random weights, on ``device`` (minimax_h3/random_weights.py)."""
         from workers.pipelines.diffusers.minimax_h3.random_weights import random_pipeline
 
         return random_pipeline(
             device,
-            self.dtype,
+            self.entry.dtype,
             partition=self.partition,
             text_layers=self.random_text_layers,
             config=self.random_config,
@@ -262,7 +263,7 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         if self.fused_lora is not None:
             self.fused_lora.fuse(pipe, self.partition)
 
-    def use_lora(self, cache: LoraCache) -> None:
+    def use_lora(self, cache: LoraSlot) -> None:
         """Per-request LoRA into the ``transformer`` partition (t2va, fl2va): the slot
         of lora.py, as for the other families. A ``transformer_ref`` deployment refuses
         it at start: diffusers' H3 loader routes an adapter to ``transformer`` unless told
@@ -464,6 +465,3 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
             audio=audio,
             sample_rate=int(pipe_state.get("sampling_rate")),
         )
-
-    def _decode_frames(self, pipe: Any, s: H3State) -> np.ndarray:
-        raise TypeError("MiniMax-H3 decodes video and audio together: use decode()")

@@ -1,86 +1,119 @@
-"""What every diffusers adapter is built from (the job adapters' ``common.DiffusersAdapter``
-and Helios' world adapter, which as a ``WorldPipeline`` cannot share that base): a
-registry entry's local ``path`` or an injected ``pipe``, its dtype and spec, the prompt
-length, the compiled-blocks settings and warm-up shapes, and the random-weights mode."""
+"""What a registry entry configures in a diffusers adapter of either kind (the job adapters'
+``DiffusersAdapter``, adapter.py, and Helios' world adapter, helios/adapter.py, which as a
+``WorldPipeline`` cannot share that base): the keyword arguments both constructors take
+(:class:`EntryOptions`, filled from a registry entry by :func:`entry_options`) and the
+settings they keep of them (:class:`DiffusersEntry`: the weights' local ``path`` or the
+random-weights mode, their dtype, the prompt length, the compiled-blocks settings and
+warm-up shapes).
+
+Each adapter holds its settings as ``entry``, a part of it rather than a base class: a
+reader of an adapter's ``prepare`` opens its own module and its base's, never a third
+class for the constructor."""
 
 from __future__ import annotations
 
-from typing import Any, Self
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import torch
 
-from models.catalog import FAMILY_SPECS, ModelSpec
+from models.catalog import ModelSpec
 from models.registry import CompileMode, ServedModel, WarmupShape
-from workers.pipelines.blocks import BlockGate
 from workers.pipelines.diffusers.shared.compiled import BlockCompiler
 from workers.pipelines.diffusers.shared.loading import parse_dtype
 
 
+class EntryOptions(TypedDict, total=False):
+    """The keyword arguments of a diffusers adapter's constructor besides ``path`` (and
+    its family's own): a registry entry's settings, or an injected ``pipe`` (tests,
+    benchmarks: used as it is, dtype included)."""
+
+    dtype: str
+    pipe: Any
+    spec: ModelSpec | None
+    max_sequence_length: int | None
+    compile: CompileMode | None
+    compile_backend: str
+    compile_mode: str | None
+    warmup: list[WarmupShape] | None
+    random_weights: bool
+
+
+def entry_options(model: ServedModel) -> dict[str, Any]:
+    """A registry entry as a diffusers adapter's constructor takes it: ``path``, ``dtype``,
+    ``spec``, the compiled-blocks settings, the random-weights mode and the entry's
+    ``adapter_options`` (the family's own arguments)."""
+    return {
+        "path": model.path,
+        "dtype": model.dtype,
+        "spec": model.spec,
+        "compile": model.compile,
+        "compile_backend": model.compile_backend,
+        "compile_mode": model.compile_mode,
+        "warmup": model.warmup,
+        "random_weights": model.weights == "random",
+        **model.adapter_options,
+    }
+
+
+@dataclass(frozen=True)
 class DiffusersEntry:
-    """Mixed in before the interface: the constructor both kinds of diffusers adapter
-    take, and ``build`` from a registry entry."""
+    """The settings a diffusers adapter keeps of its constructor's arguments."""
 
-    family: str = ""
-
-    def __init__(
-        self,
-        path: str | None = None,
-        *,
-        dtype: str = "bfloat16",
-        pipe: Any = None,
-        spec: ModelSpec | None = None,
-        max_sequence_length: int | None = None,
-        compile: CompileMode | None = None,
-        compile_backend: str = "inductor",
-        compile_mode: str | None = None,
-        warmup: list[WarmupShape] | None = None,
-        random_weights: bool = False,
-    ) -> None:
-        if path is None and pipe is None and not random_weights:
-            raise ValueError(f"{type(self).__name__} needs a local path or a pipe")
-        self.path = path
-        # A registry entry's ``weights = "random"`` (benchmarks only: the families'
-        # ``*_random.py``).
-        self.random_weights = random_weights
-        self.dtype = parse_dtype(dtype)
-        self.pipe: Any = pipe
-        self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
-        # None: the pipeline's ``__call__`` default (Wan 512, LTX 128, CogVideoX 226,
-        # Helios 512).
-        self.max_sequence_length = max_sequence_length
-        self.device = torch.device("cpu")
-        # Cancel points between the denoiser's blocks (installed by ``load``).
-        self.gate = BlockGate(self.device)
-        # Compiled blocks (compiled.py): None = "blocks" on CUDA, "off" elsewhere.
-        self.compile = compile
-        self.warmup = list(warmup or [])
-        self.compiler = BlockCompiler(
-            backend=compile_backend,
-            mode=compile_mode,
-            observe=self._compiled,
-            fell_back=self._compile_failed,
-        )
+    path: str | None
+    dtype: torch.dtype
+    # A registry entry's ``weights = "random"`` (benchmarks only: the families'
+    # ``random_weights.py``).
+    random_weights: bool
+    # None: the pipeline's ``__call__`` default (Wan 512, LTX 128, CogVideoX 226,
+    # Helios 512).
+    max_sequence_length: int | None
+    # Compiled blocks (compiled.py): None = "blocks" on CUDA, "off" elsewhere.
+    compile: CompileMode | None
+    compile_backend: str
+    compile_mode: str | None
+    # The shapes compiled at worker start (the registry's ``warmup``).
+    warmup: list[WarmupShape]
 
     @classmethod
-    def build(cls, model: ServedModel) -> Self:
-        """``cls(path=…, dtype=…, spec=…)`` with the entry's compiled-blocks settings,
-        random-weights mode and ``adapter_options``."""
+    def of(cls, adapter: str, path: str | None, options: EntryOptions) -> DiffusersEntry:
+        """The settings of ``adapter`` (its class name) built with ``path`` and
+        ``options``; refused without a local path, an injected pipe or random weights."""
+        random_weights = options.get("random_weights", False)
+        if path is None and options.get("pipe") is None and not random_weights:
+            raise ValueError(f"{adapter} needs a local path or a pipe")
         return cls(
-            path=model.path,
-            dtype=model.dtype,
-            spec=model.spec,
-            compile=model.compile,
-            compile_backend=model.compile_backend,
-            compile_mode=model.compile_mode,
-            warmup=model.warmup,
-            random_weights=model.weights == "random",
-            **model.adapter_options,
+            path=path,
+            dtype=parse_dtype(options.get("dtype", "bfloat16")),
+            random_weights=random_weights,
+            max_sequence_length=options.get("max_sequence_length"),
+            compile=options.get("compile"),
+            compile_backend=options.get("compile_backend", "inductor"),
+            compile_mode=options.get("compile_mode"),
+            warmup=list(options.get("warmup") or []),
         )
 
-    def _compiled(self, when: str, seconds: float) -> None:
-        """The blocks compiled for a shape in ``seconds`` (``when``: warm-up or prepare).
-        By default not recorded."""
+    def seq_len(self, default: int) -> int:
+        """The prompt length: the entry's ``max_sequence_length``, else ``default`` (the
+        pipeline's ``__call__`` default)."""
+        return default if self.max_sequence_length is None else self.max_sequence_length
 
-    def _compile_failed(self, reason: str) -> None:
-        """Compiling failed for ``reason``: the blocks run eager. By default not
-        recorded."""
+    def compiles_blocks(self, device: torch.device) -> bool:
+        """Whether the denoiser's blocks compile on ``device`` (``compile``, or on CUDA
+        when the entry does not say)."""
+        return (self.compile or ("blocks" if device.type == "cuda" else "off")) == "blocks"
+
+    def compiler(
+        self,
+        observe: Callable[[str, float], None] | None = None,
+        fell_back: Callable[[str], None] | None = None,
+    ) -> BlockCompiler:
+        """The block compiler of these settings; ``observe`` and ``fell_back`` record how
+        long a shape compiled and why compiling failed (by default neither is)."""
+        return BlockCompiler(
+            backend=self.compile_backend,
+            mode=self.compile_mode,
+            observe=observe,
+            fell_back=fell_back,
+        )

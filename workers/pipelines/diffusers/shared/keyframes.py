@@ -8,7 +8,8 @@ LTX-2, CogVideoX) read them off a request, before any family's own conditioning:
   and LTX-2's conditions), the source clip's frames as its ``video``;
 * the inputs of a ``v2v`` whose ``strength`` is the share of the schedule run
   (``WanVideoToVideoPipeline`` / ``CogVideoXVideoToVideoPipeline``: :func:`v2v_inputs`),
-  and a workflow's pipeline over the loaded modules (:func:`pipeline_over`);
+  and a workflow's pipeline over the loaded modules (:func:`pipeline_over`; an image
+  entry's ``t2v`` jobs: :func:`text_over_image`);
 * the grey inputs of a warm-up of each workflow.
 
 What each family makes of them (latents, masks, conditions) stays in its own modules:
@@ -146,6 +147,18 @@ def pipeline_over(cls: Callable[..., P], pipe: Any, scheduler: Any, **config: An
         scheduler=scheduler,
         **config,
     )
+
+
+def text_over_image(
+    pipe: Any, workflows: list[Workflow], image_class: type, text_pipeline: Callable[[Any], P]
+) -> P | None:
+    """What an entry's ``t2v`` jobs run where it loads its family's image-to-video
+    pipeline ``image_class`` (Wan's TI2V-5B, LTX-Video's i2v checkpoints):
+    ``text_pipeline(pipe)``, the family's text-to-video pipeline over the loaded modules;
+    None where ``pipe`` runs them itself or the entry serves no ``t2v``."""
+    if "t2v" not in workflows or not isinstance(pipe, image_class):
+        return None
+    return text_pipeline(pipe)
 
 
 def warm_up_inputs(request: GenerationRequest, workflow: Workflow) -> GenerationRequest:

@@ -1,18 +1,28 @@
 """Loading a diffusers pipeline for an adapter: the dtype names a registry entry may use,
 ``from_pretrained``'s dtype argument, weights copied out of memory-mapped files on the CPU,
-modules built straight on the device (the random-weight builds), and cancel points between
-the blocks of the text encoders, VAEs and vocoders."""
+modules built straight on the device (the random-weight builds, which the families that
+have one offer as :class:`RandomWeights`), and cancel points between the blocks of the text
+encoders, VAEs and vocoders."""
 
 from __future__ import annotations
 
 import contextlib
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from workers.pipelines.base import checkpoint
+
+
+@runtime_checkable
+class RandomWeights(Protocol):
+    """A family that builds its pipeline from default configs with seeded random weights,
+    on the device (a registry entry's ``weights = "random"``; benchmarks only)."""
+
+    def random_pipeline(self, device: str) -> Any: ...
+
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,

@@ -34,8 +34,8 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 from workers.pipelines.diffusers.shared.common import (
-    DiffusersAdapter,
     cfg,
     cfg_batch,
     extra_step_kwargs,

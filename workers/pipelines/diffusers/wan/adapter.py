@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -36,11 +36,13 @@ from diffusers.utils.torch_utils import get_module_execution_device
 
 from models.catalog import Workflow
 from models.errors import InvalidJobInput
-from workers.pipelines.base import DecodeStream, GenerationRequest, StepState
+from workers.pipelines.base import DecodeStream, GenerationRequest, Media, StepState
+from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 from workers.pipelines.diffusers.shared.common import (
     call_default,
     cfg,
     decode_video,
+    frames_media,
     grey_preview,
     guidance_scale,
     job_scheduler,
@@ -48,32 +50,39 @@ from workers.pipelines.diffusers.shared.common import (
     sampling,
     to_uint8,
 )
-from workers.pipelines.diffusers.shared.keyframes import SourceVideo, job_workflow, keyframes_of
-from workers.pipelines.diffusers.shared.workflow_adapter import TextOverImage, WorkflowAdapter
+from workers.pipelines.diffusers.shared.keyframes import (
+    Keyframes,
+    SourceVideo,
+    job_workflow,
+    keyframes_of,
+    text_over_image,
+)
 from workers.pipelines.diffusers.wan.i2v import (
     IMAGE_WORKFLOWS,
     check_workflows,
     keyframe_latents,
     text_pipeline,
 )
+from workers.pipelines.diffusers.wan.prompt import encode_prompt
 from workers.pipelines.diffusers.wan.state import WanState
 from workers.pipelines.diffusers.wan.v2v import v2v_state
 
 logger = logging.getLogger(__name__)
 
 
-class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
+class WanAdapter(DiffusersAdapter[WanState]):
     """``WanPipeline`` (T2V 1.3B/14B, Wan 2.2 A14B with ``transformer_2``, TI2V-5B) and,
     for an entry serving ``i2v`` / ``flf2v``, ``WanImageToVideoPipeline`` (Wan 2.1 I2V and
     FLF2V, Wan 2.2 I2V A14B, TI2V-5B)."""
 
     family = "diffusers.wan"
     pipeline_class: Any = WanPipeline
-    cfg_parallel = True
-    # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (load).
-    image_pipeline_class = WanImageToVideoPipeline
-    _check_workflows = staticmethod(check_workflows)  # wan/i2v.py
-    _text_pipeline = staticmethod(text_pipeline)
+    default_workflows = ("t2v",)
+    # CFG as two passes through ``self.parallel.cfg_pair`` (a ``cfg`` worker group puts
+    # them on two ranks: workers/pipelines/parallel.py).
+    cfg_parallel: Literal[True] = True
+    # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (``load``).
+    _text_pipe: Any = None
 
     @staticmethod
     def _pipeline_for(workflows: list[Workflow]) -> Any:
@@ -81,76 +90,39 @@ class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
         ``WanPipeline``."""
         return WanImageToVideoPipeline if set(IMAGE_WORKFLOWS) & set(workflows) else WanPipeline
 
+    def load(self, device: str) -> None:
+        """``DiffusersAdapter.load``, then the served workflows checked against the loaded
+        components (wan/i2v.py; refusing to start on a mismatch) and, for ``t2v`` beside
+        an image workflow, ``WanPipeline`` over the loaded modules."""
+        super().load(device)
+        pipe = self._loaded()
+        check_workflows(self.spec.name, pipe, self.workflows)
+        image_class = WanImageToVideoPipeline
+        self._text_pipe = text_over_image(pipe, self.workflows, image_class, text_pipeline)
+
     def _prepare(self, pipe: Any, request: GenerationRequest) -> WanState:
         """``__call__`` steps 1-5 (``WanPipeline``'s for t2v, else
-        ``WanImageToVideoPipeline``'s)."""
+        ``WanImageToVideoPipeline``'s; v2v: wan/v2v.py)."""
         keys = keyframes_of(request, self.spec.name, self.workflows)
         if isinstance(keys, SourceVideo):  # v2v: WanVideoToVideoPipeline's steps 1-5
-            return v2v_state(pipe, request, keys, self.max_sequence_length)
+            return v2v_state(pipe, request, keys, self.entry.max_sequence_length)
         text_pipe = pipe if keys is not None or self._text_pipe is None else self._text_pipe
-        opts = request.sampler
-        prompt, negative_prompt = request.prompt, request.negative_prompt
-        height, width, num_frames = request.height, request.width, request.num_frames
         scale = guidance_scale(pipe, request)
-        scale_2 = opts.guidance_scale_2
-        boundary_ratio = (
-            pipe.config.boundary_ratio if opts.boundary_ratio is None else opts.boundary_ratio
-        )
-
-        # 1. Check inputs (guidance_scale_2 against this job's boundary_ratio).
-        if keys is None:
-            text_pipe.check_inputs(prompt, negative_prompt, height, width)
-        else:
-            pipe.check_inputs(prompt, negative_prompt, keys.first, height, width)
-        if boundary_ratio is None and scale_2 is not None:
-            raise InvalidJobInput(
-                "guidance_scale_2 needs a boundary_ratio (a two-stage Wan 2.2 model)"
-            )
-        if boundary_ratio is not None and pipe.transformer_2 is None:
-            raise InvalidJobInput("boundary_ratio needs a Wan 2.2 model with transformer_2")
-
-        temporal = pipe.vae_scale_factor_temporal
-        if num_frames % temporal != 1:
-            logger.warning("num_frames - 1 has to be divisible by %d; rounding", temporal)
-            num_frames = num_frames // temporal * temporal + 1
-        num_frames = max(num_frames, 1)
-        main = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
-        patch_size = main.config.patch_size
-        h_multiple = pipe.vae_scale_factor_spatial * patch_size[1]
-        w_multiple = pipe.vae_scale_factor_spatial * patch_size[2]
-        calc_height = height // h_multiple * h_multiple
-        calc_width = width // w_multiple * w_multiple
-        if (height, width) != (calc_height, calc_width):
-            logger.warning("adjusting (%d, %d) -> (%d, %d)", height, width, calc_height, calc_width)
-            height, width = calc_height, calc_width
+        # 1. Check inputs, and the size rounded as __call__ rounds it.
+        boundary_ratio = _check_inputs(pipe, text_pipe, request, keys)
+        height, width, num_frames = _canvas(pipe, request)
+        scale_2 = request.sampler.guidance_scale_2
         if boundary_ratio is not None and scale_2 is None:
             scale_2 = scale
         do_cfg = scale > 1.0
         device = pipe._execution_device
 
-        # 3. Encode input prompt.
-        prompt_embeds, negative_prompt_embeds = pipe.encode_prompt(
-            prompt=prompt,
-            negative_prompt=negative_prompt,
-            do_classifier_free_guidance=do_cfg,
-            num_videos_per_prompt=1,
-            max_sequence_length=self._seq_len(call_default(pipe, "max_sequence_length")),
-            device=device,
-        )
-        transformer_dtype = main.dtype
-        prompt_embeds = prompt_embeds.to(transformer_dtype)
-        if negative_prompt_embeds is not None:
-            negative_prompt_embeds = negative_prompt_embeds.to(transformer_dtype)
-        # Wan 2.1 I2V / FLF2V: the image encoder's features (only its transformer takes them).
-        image_embeds = None
-        image_dim = None if pipe.transformer is None else pipe.transformer.config.image_dim
-        if keys is not None and image_dim is not None:
-            images = keys.first if keys.last is None else [keys.first, keys.last]
-            image_embeds = pipe.encode_image(images, device).repeat(1, 1, 1)
-            image_embeds = image_embeds.to(transformer_dtype)
+        # 3. Encode input prompt (and, for Wan 2.1 I2V / FLF2V, the keyframes).
+        seq_len = self.entry.seq_len(call_default(pipe, "max_sequence_length"))
+        embeds, negative_embeds, image_embeds = _encode(pipe, request, keys, seq_len, do_cfg)
 
         # 4. Prepare timesteps (on this job's scheduler copy).
-        scheduler = job_scheduler(pipe.scheduler, opts.flow_shift)
+        scheduler = job_scheduler(pipe.scheduler, request.sampler.flow_shift)
         scheduler.set_timesteps(request.num_inference_steps, device=device)
         timesteps = scheduler.timesteps
 
@@ -159,8 +131,8 @@ class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
         condition = first_frame_mask = None
         if keys is None:
             latents = text_pipe.prepare_latents(
-                1, main.config.in_channels, height, width, num_frames, torch.float32, device,
-                generator,
+                1, _main(pipe).config.in_channels, height, width, num_frames, torch.float32,
+                device, generator,
             )  # fmt: skip
         else:
             latents, condition, first_frame_mask = keyframe_latents(
@@ -174,11 +146,11 @@ class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
         )
         return WanState(
             **sampling(request, generator, scheduler, timesteps, latents, scale, do_cfg),
-            prompt_embeds=prompt_embeds,
-            negative_prompt_embeds=negative_prompt_embeds,
+            prompt_embeds=embeds,
+            negative_prompt_embeds=negative_embeds,
             guidance_scale_2=scale if scale_2 is None else float(scale_2),
             boundary_timestep=boundary,
-            transformer_dtype=transformer_dtype,
+            transformer_dtype=_main(pipe).dtype,
             workflow=job_workflow(keys),
             condition=condition,
             first_frame_mask=first_frame_mask,
@@ -238,10 +210,17 @@ class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
             noise_pred = cond()
         s.latents = s.scheduler.step(noise_pred, t, latents, return_dict=False)[0]
 
-    def _decode_frames(self, pipe: Any, s: WanState) -> np.ndarray:
+    @torch.no_grad()
+    def decode_frames(self, state: StepState) -> np.ndarray:
         """The tail of ``__call__``: de-normalise with the VAE's latents_mean/std, decode,
-        ``postprocess_video(output_type="np")``."""
+        ``postprocess_video``; float32 T×H×W×3 in [0, 1], what ``pipe(...,
+        output_type="np").frames[0]`` returns."""
+        pipe, s = self._loaded(), self._state(state)
         return decode_video(pipe, s.request, self._vae_latents(pipe, s))
+
+    def decode(self, state: StepState) -> Media:
+        """``decode_frames`` as uint8 at the request's fps."""
+        return frames_media(self.decode_frames(state), self._state(state).request)
 
     @staticmethod
     def _vae_latents(pipe: Any, s: WanState) -> torch.Tensor:
@@ -260,7 +239,7 @@ class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
         return latents / std + mean
 
     def decode_stream(self, state: StepState) -> DecodeStream | None:
-        """``_decode_frames`` one latent frame at a time (1 video frame, then 4 each):
+        """``decode_frames`` one latent frame at a time (1 video frame, then 4 each):
         ``AutoencoderKLWan._decode``'s own loop over its causal decoder, with the clamp and
         ``postprocess_video`` applied per chunk (both work frame by frame), so the chunks
         are bit-identical to the whole decode. None where that loop is not what
@@ -305,3 +284,69 @@ class WanAdapter(TextOverImage, WorkflowAdapter[WanState]):
     def preview(self, state: StepState) -> np.ndarray | None:
         """Grey middle latent frame (latents are B×C×F×h×w)."""
         return grey_preview(self._state(state).latents, channel_dim=1, frame_dim=2)
+
+
+def _main(pipe: Any) -> Any:
+    """The transformer that sets the shapes and dtype: ``transformer``, or Wan 2.2's
+    ``transformer_2`` where a checkpoint has only the low-noise stage."""
+    return pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+
+
+def _check_inputs(
+    pipe: Any, text_pipe: Any, request: GenerationRequest, keys: Keyframes | None
+) -> float | None:
+    """``__call__``'s step 1 (``guidance_scale_2`` against this job's boundary ratio);
+    the job's ``boundary_ratio`` (the request's, else the pipeline's config)."""
+    opts = request.sampler
+    prompt, negative_prompt = request.prompt, request.negative_prompt
+    height, width = request.height, request.width
+    boundary_ratio = (
+        pipe.config.boundary_ratio if opts.boundary_ratio is None else opts.boundary_ratio
+    )
+    if keys is None:
+        text_pipe.check_inputs(prompt, negative_prompt, height, width)
+    else:
+        pipe.check_inputs(prompt, negative_prompt, keys.first, height, width)
+    if boundary_ratio is None and opts.guidance_scale_2 is not None:
+        raise InvalidJobInput("guidance_scale_2 needs a boundary_ratio (a two-stage Wan 2.2 model)")
+    if boundary_ratio is not None and pipe.transformer_2 is None:
+        raise InvalidJobInput("boundary_ratio needs a Wan 2.2 model with transformer_2")
+    return boundary_ratio
+
+
+def _canvas(pipe: Any, request: GenerationRequest) -> tuple[int, int, int]:
+    """(height, width, num_frames) as ``__call__`` rounds them (with a warning): the
+    frames to ``4k + 1``, the size to the VAE's and patches' multiples."""
+    height, width, num_frames = request.height, request.width, request.num_frames
+    temporal = pipe.vae_scale_factor_temporal
+    if num_frames % temporal != 1:
+        logger.warning("num_frames - 1 has to be divisible by %d; rounding", temporal)
+        num_frames = num_frames // temporal * temporal + 1
+    num_frames = max(num_frames, 1)
+    patch_size = _main(pipe).config.patch_size
+    h_multiple = pipe.vae_scale_factor_spatial * patch_size[1]
+    w_multiple = pipe.vae_scale_factor_spatial * patch_size[2]
+    calc_height = height // h_multiple * h_multiple
+    calc_width = width // w_multiple * w_multiple
+    if (height, width) != (calc_height, calc_width):
+        logger.warning("adjusting (%d, %d) -> (%d, %d)", height, width, calc_height, calc_width)
+        height, width = calc_height, calc_width
+    return height, width, num_frames
+
+
+def _encode(
+    pipe: Any, request: GenerationRequest, keys: Keyframes | None, seq_len: int, do_cfg: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``__call__``'s step 3 in the transformer's dtype: the prompt's embeddings, the
+    negative's (None without CFG) and, for Wan 2.1 I2V / FLF2V (only its transformer takes
+    them), the image encoder's features of the keyframes."""
+    device, dtype = pipe._execution_device, _main(pipe).dtype
+    embeds, negative = encode_prompt(
+        pipe, request, seq_len=seq_len, do_cfg=do_cfg, device=device, dtype=dtype
+    )
+    image_embeds = None
+    image_dim = None if pipe.transformer is None else pipe.transformer.config.image_dim
+    if keys is not None and image_dim is not None:
+        images = keys.first if keys.last is None else [keys.first, keys.last]
+        image_embeds = pipe.encode_image(images, device).repeat(1, 1, 1).to(dtype)
+    return embeds, negative, image_embeds

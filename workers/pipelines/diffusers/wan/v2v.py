@@ -26,6 +26,7 @@ from workers.pipelines.diffusers.shared.common import (
     sampling,
 )
 from workers.pipelines.diffusers.shared.keyframes import SourceVideo, pipeline_over, v2v_inputs
+from workers.pipelines.diffusers.wan.prompt import encode_prompt
 from workers.pipelines.diffusers.wan.state import WanState
 
 
@@ -50,18 +51,10 @@ def v2v_state(
     view.check_inputs(request.prompt, request.negative_prompt, height, width, video)
     # 3. Encode input prompt.
     seq_len = max_sequence_length or call_default(view, "max_sequence_length")
-    prompt_embeds, negative_prompt_embeds = view.encode_prompt(
-        prompt=request.prompt,
-        negative_prompt=request.negative_prompt,
-        do_classifier_free_guidance=do_cfg,
-        num_videos_per_prompt=1,
-        max_sequence_length=seq_len,
-        device=device,
-    )
     transformer_dtype = pipe.transformer.dtype
-    prompt_embeds = prompt_embeds.to(transformer_dtype)
-    if negative_prompt_embeds is not None:
-        negative_prompt_embeds = negative_prompt_embeds.to(transformer_dtype)
+    prompt_embeds, negative_prompt_embeds = encode_prompt(
+        view, request, seq_len=seq_len, do_cfg=do_cfg, device=device, dtype=transformer_dtype
+    )
 
     # 4. Prepare timesteps (the job's scheduler), cut by strength.
     steps = request.num_inference_steps

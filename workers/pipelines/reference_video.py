@@ -70,10 +70,17 @@ class ReferenceVideoState(StepState):
     x0_preview: torch.Tensor | None = None  # 3xhxw middle frame of the last x0_hat
 
 
-class ReferenceVideoPipeline(NoWeights, proc.OnDevice, Pipeline):
+class ReferenceVideoPipeline(NoWeights, Pipeline):
     """Procedural video and audio reached by a flow-matching Euler sampler loop."""
 
     spec = REFERENCE_VIDEO
+
+    # The CPU until ``load`` selects a device (there are no weights to move).
+    _device = torch.device("cpu")
+
+    def load(self, device: str) -> None:
+        """Select the device (``cpu`` or ``cuda[:n]``); there are no weights."""
+        self._device = proc.select_device(device)
 
     def prepare(self, request: GenerationRequest) -> ReferenceVideoState:
         """Build and render the scene, encode it to latent space, draw the noise."""

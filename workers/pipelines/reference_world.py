@@ -150,7 +150,7 @@ class WorldState:
         return self.chunk_index >= self.num_chunks
 
 
-class ReferenceWorldPipeline(NoWeights, proc.OnDevice, WorldPipeline[WorldState]):
+class ReferenceWorldPipeline(NoWeights, WorldPipeline[WorldState]):
     """Streams a procedural world in chunks; share one instance across sessions.
 
     Session loop (the caller checks stop, stall and deadlines between calls)::
@@ -166,6 +166,13 @@ class ReferenceWorldPipeline(NoWeights, proc.OnDevice, WorldPipeline[WorldState]
     """
 
     spec = REFERENCE_WORLD
+
+    # The CPU until ``load`` selects a device (there are no weights to move).
+    _device = torch.device("cpu")
+
+    def load(self, device: str) -> None:
+        """Select the device (``cpu`` or ``cuda[:n]``); there are no weights."""
+        self._device = proc.select_device(device)
 
     def start(self, config: WorldConfig) -> WorldState:
         """Check the config and build the session state (cheap: nothing is rendered yet)."""

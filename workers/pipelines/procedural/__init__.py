@@ -21,14 +21,13 @@ procedural as proc``):
   :func:`euler_step` the sampler step both models take in it, :func:`shifted_sigmas`
   their noise schedule; :func:`chunks` splits work into pieces of a bounded size
   (``RENDER_BUDGET``, ``STEP_BUDGET``).
-* :mod:`.device`: :func:`select_device` and :class:`OnDevice`, the device of a pipeline
-  without weights.
+* :mod:`.device`: :func:`select_device`, the device of a pipeline without weights.
 
 Everything is deterministic: the same inputs give bit-identical outputs (on one machine
 and torch thread count).
 """
 
-from workers.pipelines.procedural.device import OnDevice, select_device
+from workers.pipelines.procedural.device import select_device
 from workers.pipelines.procedural.latents import (
     RENDER_BUDGET,
     STEP_BUDGET,
@@ -56,7 +55,6 @@ __all__ = [
     "SAMPLE_RATE",
     "STEP_BUDGET",
     "Colour",
-    "OnDevice",
     "Scene",
     "Shape",
     "background",

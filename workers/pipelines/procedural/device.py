@@ -1,4 +1,5 @@
-"""The device of the weightless procedural pipelines (there are no weights to move)."""
+"""The device of the weightless procedural pipelines (there are no weights to move): each
+reference model's ``load`` selects it with :func:`select_device`."""
 
 from __future__ import annotations
 
@@ -14,14 +15,3 @@ def select_device(device: str) -> torch.device:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device {device!r} requested but CUDA is not available")
     return torch.device(device)
-
-
-class OnDevice:
-    """The device of a weightless procedural pipeline: the CPU until ``load`` picks one."""
-
-    def __init__(self) -> None:
-        self._device = torch.device("cpu")
-
-    def load(self, device: str) -> None:
-        """Select the device; there are no weights."""
-        self._device = select_device(device)

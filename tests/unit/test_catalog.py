@@ -47,12 +47,15 @@ def test_registry_entries_start_from_their_family_spec() -> None:
     [
         ("[[model]]\nname = 'a'\n", "needs 'name' and 'adapter'"),
         ("[[model]]\nname = 'a'\nadapter = 'nope'\n", "unknown adapter 'nope'"),
-        ("[[model]]\nname='a'\nadapter='diffusers.wan'\n[model.spec]\nmax_width='wide'\n", "a"),
+        (
+            "[[model]]\nname='a'\nadapter='diffusers.wan'\n[model.spec]\nmax_width='wide'\n",
+            r"model\[0\] \(a\): max_width: Input should be a valid integer",
+        ),
         (
             "[[model]]\nname='a'\nadapter='diffusers.wan'\n[[model]]\nname='a'\nadapter='diffusers.ltx'\n",
-            "duplicate",
+            r"model\[1\]: duplicate model name 'a'",
         ),
-        ("not = [toml", "registry"),
+        ("not = [toml", r"^model registry: .+ \(at line 1, column 8\)$"),
     ],
 )
 def test_bad_registry_files_name_the_problem(text: str, message: str) -> None:
@@ -92,9 +95,12 @@ W = "[[model]]\nname = 'w'\nadapter = 'diffusers.wan'\npath = '/w'\n"
         ("devices = 2\n", "needs a parallel strategy"),
         ("parallel = 'cfg'\n", "needs devices > 1"),
         ("devices = 4\nparallel = 'cfg'\n", "exactly 2 devices"),
-        ("devices = 2\nparallel = 'tensor'\n", "w"),
+        (
+            "devices = 2\nparallel = 'tensor'\n",
+            "parallel: Input should be 'cfg', 'ulysses' or 'ring'",
+        ),
         ("devices = 2\nparallel = 'ulysses'\ndevice = 'cuda:1'\n", "worker group"),
-        ("devices = 0\n", "w"),
+        ("devices = 0\n", "devices: Input should be greater than or equal to 1"),
     ],
 )
 def test_group_entries_are_checked(extra: str, message: str) -> None:

@@ -16,7 +16,7 @@ from tests.unit.helios_fixtures import (
     tiny_helios_pipeline,
     tiny_helios_pyramid_pipeline,
 )
-from workers.pipelines.base import WorldConfig
+from workers.pipelines.base import SupportsSnapshot, WorldConfig
 from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
 from workers.pipelines.diffusers.helios.session import HeliosState
 from workers.pipelines.reference_world import ReferenceWorldPipeline
@@ -134,9 +134,9 @@ def test_a_snapshot_of_another_layout_or_session_is_refused() -> None:
 
 
 def test_a_model_without_snapshots_cannot_be_taken_over() -> None:
-    """``reference/world`` keeps the interface's default: no snapshot, no restore."""
+    """Taking over is a capability (``SupportsSnapshot``): Helios has it, ``reference/world``
+    has neither ``snapshot`` nor ``restore``."""
+    assert isinstance(HeliosWorldAdapter(pipe=object()), SupportsSnapshot)
     pipe = ReferenceWorldPipeline()
-    state = pipe.start(_config(1, num_frames=9, fps=16.0))
-    assert pipe.snapshot(state) is None
-    with pytest.raises(NotImplementedError):
-        pipe.restore(state.config, b"")
+    assert not isinstance(pipe, SupportsSnapshot)
+    assert not hasattr(pipe, "snapshot") and not hasattr(pipe, "restore")

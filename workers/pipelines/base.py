@@ -18,7 +18,8 @@ A served model's kind follows from its spec (``ModelSpec.kind``), and the regist
   /v1/realtime``, run step by step by ``workers/sessions/voice.py``.
 
 What an adapter can do beyond its kind's interface (serve per-request LoRA, warm up,
-preview a job, stream its PCM or its decode) is a capability: a ``Protocol`` at the end of
+preview a job, stream its PCM or its decode, hand a world session over to another worker)
+is a capability: a ``Protocol`` at the end of
 this module that its callers check with ``isinstance``.
 
 An adapter is loaded once per worker process and shared by every job or session it runs,
@@ -216,12 +217,13 @@ class WorldPipeline(Adapter, Generic[StateT]):
                 pipe.step(state)                        # one denoise step of this chunk
             frames = pipe.take_chunk(state)             # uint8 T×H×W×3
             started, active, completed = pipe.events_for_chunk(state)
-            data = pipe.snapshot(state)                 # optional: bytes, or None
+            data = pipe.snapshot(state)                 # a SupportsSnapshot model's
 
     ``interact`` may come at any point between those calls. Raise ``ValueError`` for a
     config (``start``) or an interaction the model refuses: the runner fails the session
     as ``invalid_request`` or ignores the interaction, respectively. A worker that takes
-    over a session whose worker died begins with ``state = pipe.restore(config, data)``.
+    over a session whose worker died (a :class:`SupportsSnapshot` model's) begins with
+    ``state = pipe.restore(config, data)``.
     """
 
     @abc.abstractmethod
@@ -260,19 +262,6 @@ class WorldPipeline(Adapter, Generic[StateT]):
     ) -> None:
         """Queue a prompt and/or camera change from the first chunk not yet begun,
         blended in over ``transition_chunks`` chunks (0: a cut); None keeps that part."""
-
-    def snapshot(self, state: StateT) -> bytes | None:
-        """The session between two chunks (after ``take_chunk``, before the next
-        ``step``) as bytes from which :meth:`restore` on another worker goes on bit for
-        bit (``snapshots.pack``); the runner stores it with every chunk it sends, so the
-        session outlives its worker (``workers/sessions/world_checkpoint.py``). None (the default):
-        the model cannot be taken over, and a session whose worker dies ends."""
-        return None
-
-    def restore(self, config: WorldConfig, data: bytes) -> StateT:
-        """The session :meth:`snapshot` made, on this adapter: ``config`` is the one the
-        session started from, ``reference_image`` left out (it is in the state)."""
-        raise NotImplementedError(f"{type(self).__name__} takes no snapshots")
 
 
 # --- voice: spoken answers, one audio step at a time --------------------------------------
@@ -396,4 +385,23 @@ class SupportsDecodeStream(Protocol):
     def decode_stream(self, state: StepState) -> DecodeStream | None:
         """What ``decode`` makes, as a :class:`DecodeStream`; None where this job cannot
         stream (the executor then calls ``decode``)."""
+        ...
+
+
+@runtime_checkable
+class SupportsSnapshot(Protocol):
+    """A world pipeline whose sessions outlive their worker: the runner stores a snapshot
+    with every chunk it sends (``workers/sessions/world_checkpoint.py``), and a worker that
+    takes a session over goes on from the last one. Without it a session whose worker
+    dies ends."""
+
+    def snapshot(self, state: Any) -> bytes:
+        """The session between two chunks (after ``take_chunk``, before the next ``step``)
+        as bytes from which :meth:`restore` on another worker goes on bit for bit
+        (``snapshots.pack``)."""
+        ...
+
+    def restore(self, config: WorldConfig, data: bytes) -> Any:
+        """The session :meth:`snapshot` made, on this adapter: ``config`` is the one the
+        session started from, ``reference_image`` left out (it is in the state)."""
         ...

@@ -6,7 +6,7 @@ What is stored with media chunk ``k`` (``storage/session_checkpoint.py``: the ch
 its checkpoint enter Redis in one script, or neither does):
 
 * the pipeline's snapshot of the session right after ``take_chunk`` of chunk ``k``
-  (``WorldPipeline.snapshot``; a model without one sends its chunks as before and its
+  (``SupportsSnapshot.snapshot``; a model without one sends its chunks as before and its
   sessions cannot be taken over);
 * where the fMP4 stream stands (frames and fragments written, its init segment), so the
   taker's writer goes on with it (``FragmentedMP4Writer.continuing``) and the client's
@@ -24,6 +24,7 @@ while it was presumed dead learns it when its next chunk is refused
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from models.errors import SessionTakenOver
 from models.session_bus import OUTPUTS, ChunkOutput, WorldCheckpoint, WorldSessionConfig
 from storage.session_checkpoint import CheckpointStore
 from workers.media.fmp4 import FragmentedMP4Writer
-from workers.pipelines.base import WorldConfig, WorldPipeline
+from workers.pipelines.base import SupportsSnapshot, WorldConfig, WorldPipeline
 from workers.sessions.slot import SessionSlot
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ class SessionCheckpoint:
         if stored is None:  # expired, or placed again meanwhile
             raise SessionTakenOver(f"no checkpoint of {slot.id} for attempt {slot.attempt}")
         meta = stored.meta
+        if not isinstance(self.pipe, SupportsSnapshot):  # stored by a model without one
+            raise NotImplementedError(f"{type(self.pipe).__name__} takes no snapshots")
         state = self.pipe.restore(world, stored.state)
         writer = FragmentedMP4Writer.continuing(
             world.width,
@@ -106,12 +109,11 @@ class SessionCheckpoint:
         session, taken now, on the device's thread, before the next chunk moves it on:
         the snapshot (its tensors copied off the device where the model packs later,
         :class:`SnapshotsLater`; else packed now) and the last command read."""
-        pack: Callable[[], bytes] | None
+        pack: Callable[[], bytes] | None = None
         if isinstance(self.pipe, SnapshotsLater):
             pack = self.pipe.capture_snapshot(state)
-        else:
-            packed = self.pipe.snapshot(state)
-            pack = None if packed is None else (lambda: packed)
+        elif isinstance(self.pipe, SupportsSnapshot):
+            pack = functools.partial(bytes, self.pipe.snapshot(state))  # packed now
         return Captured(pack, self.slot.after)
 
     def send(

@@ -1,5 +1,5 @@
 """How a world pipeline packs a session's state at a chunk boundary into bytes and back
-(``WorldPipeline.snapshot`` / ``restore``), so another worker can take the session over
+(``SupportsSnapshot.snapshot`` / ``restore``), so another worker can take the session over
 (``workers/sessions/world_checkpoint.py``).
 
 A snapshot is plain data only: tensors, numbers, strings, None, and lists, tuples and

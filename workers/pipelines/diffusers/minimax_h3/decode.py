@@ -1,6 +1,6 @@
 """MiniMax-H3's video decode, temporal clip by clip, so that x264 encodes each clip's
-frames while the VAE decodes the next (``Pipeline.decode_stream``; the executor's
-``decode_streamed``).
+frames while the VAE decodes the next (``SupportsDecodeStream.decode_stream``; the
+executor's ``decode_streamed``).
 
 ``AutoencoderKLMiniMaxH3._decode`` decodes the latent video in overlapping temporal clips,
 cross-fades each clip's head into the previous clip's tail, concatenates them and cuts

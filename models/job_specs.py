@@ -36,15 +36,14 @@ class LoraSpec(BaseModel):
     ``s3://bucket/key`` under an allow-listed S3 root. ``version`` names that file's
     content for the worker's adapter cache (the S3 ETag; None for a local file, whose
     size and mtime the worker reads itself). ``scale`` multiplies the adapter's own
-    ``alpha / r``. ``int_id`` (vLLM-Omni's adapter id) is None in every spec written since
-    a set id is refused (``api/loras.py``); older rows may hold one, never used."""
+    ``alpha / r``. (vLLM-Omni's ``int_id`` stops at the API: ``api/loras.py`` refuses a set
+    one.)"""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     path: str
     scale: float = 1.0
-    int_id: int | None = None
     version: str | None = None
 
 

@@ -214,7 +214,7 @@ class JobTask(BaseModel):
 
     kind: Literal["job"] = "job"
     job_id: str
-    model: str | None = None  # None in messages queued before fair share
+    model: str
 
 
 class SessionTask(BaseModel):

@@ -131,7 +131,7 @@ def main() -> None:
     for _ in range(args.repeats):
         job_id = new_job(1)
         start = time.perf_counter()
-        outcome = executor.run(job_id)
+        outcome = executor.run(job_id, spec.name)
         wall = time.perf_counter() - start
         torch.cuda.synchronize()
         row = jobs.get(job_id)
@@ -200,7 +200,7 @@ def main() -> None:
 
         thread = threading.Thread(target=canceller)
         thread.start()
-        outcome = executor.run(job_id)
+        outcome = executor.run(job_id, spec.name)
         returned = time.perf_counter()
         thread.join()
         torch.cuda.synchronize()

@@ -150,7 +150,7 @@ def test_the_failed_steps_tensors_are_released_and_the_row_failed_first(
 
     executor._release_memory = release_memory  # type: ignore[method-assign]
     job_id = _job(executor, 1280, 720, 81)
-    assert executor.run(job_id) == "oom"
+    assert executor.run(job_id, MODEL) == "oom"
     refs = AttentionPipeline.step_tensors
     assert len(refs) == 2 and all(ref() is None for ref in refs)
     row = executor.jobs.get(job_id)
@@ -168,7 +168,7 @@ def test_the_failed_steps_tensors_are_released_and_the_row_failed_first(
     )
 
     nxt = _job(executor, 64, 48, 8)
-    assert executor.run(nxt) == "completed"
+    assert executor.run(nxt, MODEL) == "completed"
 
 
 def test_an_oom_raised_in_a_block_hook_is_a_failure_not_a_stop(executor: StepExecutor) -> None:
@@ -176,10 +176,10 @@ def test_an_oom_raised_in_a_block_hook_is_a_failure_not_a_stop(executor: StepExe
     still ``oom``, and the stop flag stays down for the next job's gates."""
     _failpoints(executor, {"block:1:2": "oom"})
     job_id = _job(executor, 64, 48, 8)
-    assert executor.run(job_id) == "oom"
+    assert executor.run(job_id, MODEL) == "oom"
     row = executor.jobs.get(job_id)
     assert row is not None and (row.status, row.error_code) == ("failed", "oom")
     assert row.cancel_requested is False
     assert all(ref() is None for ref in AttentionPipeline.step_tensors)
     _failpoints(executor, {})
-    assert executor.run(_job(executor, 64, 48, 8)) == "completed"
+    assert executor.run(_job(executor, 64, 48, 8), MODEL) == "completed"

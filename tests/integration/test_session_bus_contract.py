@@ -21,7 +21,7 @@ from typing import Any, get_args
 import pytest
 import redis
 import redis.asyncio
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from api.model_availability import ModelAvailability
 from api.realtime.relay import Relay
@@ -298,8 +298,10 @@ def test_every_task_payload_reaches_its_runner_as_sent(redis_url: str) -> None:
         queue.start_session(session_id, config, expires_s=60, attempt=2)
         assert run_task(context, _take(app, realtime_queue(config.model))) == "world"
         assert context.calls[-1] == ("world", session_id, config, 2)
-        # a job message queued before payloads were typed still runs
-        assert run_task(context, "video_old") == "job"
-        assert context.calls[-1] == ("job", "video_old", None)
+        # no other job message ever shipped: a bare id or one without its model is refused
+        for untyped in ("video_old", {"kind": "job", "job_id": "video_old"}):
+            with pytest.raises(ValidationError):
+                run_task(context, untyped)
+        assert context.calls[-1] == ("world", session_id, config, 2)
     finally:
         queue.close()

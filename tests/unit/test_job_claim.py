@@ -13,14 +13,11 @@ def _job(job_id: str, model: str) -> Job:
 def test_a_message_may_always_run_its_own_job() -> None:
     for fair_share in (False, True):
         assert may_run("video_a", "m/x", _job("video_a", "m/x"), fair_share=fair_share)
-        # a message from before messages carried a model
-        assert may_run("video_a", None, _job("video_a", "m/x"), fair_share=fair_share)
 
 
 def test_under_fair_share_a_message_may_run_another_job_of_its_model_only() -> None:
     assert may_run("video_a", "m/x", _job("video_b", "m/x"), fair_share=True)
     assert not may_run("video_a", "m/x", _job("video_b", "m/y"), fair_share=True)
-    assert not may_run("video_a", None, _job("video_b", "m/x"), fair_share=True)
 
 
 def test_without_fair_share_a_message_runs_its_own_job_only() -> None:

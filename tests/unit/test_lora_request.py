@@ -9,10 +9,12 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from api.app import create_app
 from api.validation import parse_create
 from models.errors import InvalidRequest
+from models.job_specs import LoraSpec
 from models.videos import LoraRequest
 
 
@@ -80,3 +82,11 @@ def test_openapi_shows_the_lora_object() -> None:
     assert ref in schemas["VideoCreate"]["properties"]["lora"]["anyOf"]
     assert "$defs" not in json.dumps(schemas)  # every reference resolves to a component
     assert schemas["VideoCreateForm"]["properties"]["lora"]["type"] == "string"
+
+
+def test_int_id_stops_at_the_api() -> None:
+    """A set ``int_id`` is refused (above), so the job's spec has no field for it: a
+    stored spec naming one is refused like any unknown key."""
+    assert set(LoraSpec.model_fields) == {"name", "path", "scale", "version"}
+    with pytest.raises(ValidationError):
+        LoraSpec.model_validate({"name": "s", "path": "/loras/s.safetensors", "int_id": None})

@@ -57,7 +57,7 @@ def expire_queued(
     return [job_id for job_id, _, _ in ended]
 
 
-def may_run(message_job_id: str, message_model: str | None, job: Job, *, fair_share: bool) -> bool:
+def may_run(message_job_id: str, message_model: str, job: Job, *, fair_share: bool) -> bool:
     """The rule "job A's message may run job B": ``job`` (B) is the message's own job (A),
     or, under fair share, a job of the message's model."""
     return job.id == message_job_id or (fair_share and job.model == message_model)
@@ -74,22 +74,19 @@ class JobClaim:
     publish: Callable[[Job, Any], object]
     delete_objects: Callable[[Job], None]
 
-    def acquire(self, job_id: str, model: str | None) -> Job | None:
+    def acquire(self, job_id: str, model: str) -> Job | None:
         """The job the message of ``job_id`` (for ``model``) runs, now ours; None when
         there is none (A ended or a live worker owns it, and nothing else may run)."""
         fair_share = self.settings.quotas.fair_share
-        if model is not None:
-            expire_queued(self.jobs, self.publish, self.delete_objects, model)
+        expire_queued(self.jobs, self.publish, self.delete_objects, model)
         if not fair_share:
             job = self.jobs.claim_job(job_id, self.worker_id)  # the common case: one query
             if job is None:
                 job = self._take_over(self.jobs.get(job_id))
         else:
-            own = self.jobs.get(job_id)
-            job = self._take_over(own)
-            model = model or (own.model if own is not None else None)
-            if job is None and model is not None:  # None: a message from before fair share
-                job = self.jobs.claim_next(model, self.worker_id)  # whose job was deleted
+            job = self._take_over(self.jobs.get(job_id))
+            if job is None:  # A ended (or was deleted) or is a live worker's
+                job = self.jobs.claim_next(model, self.worker_id)
         if job is not None and not may_run(job_id, model, job, fair_share=fair_share):
             raise RuntimeError(f"the message of {job_id} may not run {job.id}")
         return job

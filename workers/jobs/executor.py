@@ -84,7 +84,7 @@ class StepExecutor:
 
     # ---- entry ------------------------------------------------------------------
 
-    def run(self, job_id: str, model: str | None = None) -> str:
+    def run(self, job_id: str, model: str) -> str:
         """Run one job to a terminal state for the message of ``job_id`` (which job:
         :meth:`workers.jobs.claim.JobClaim.acquire`); returns the outcome for logs and tests."""
         assert self.temp_dirs is not None

@@ -23,11 +23,8 @@ log = logging.getLogger(__name__)
 
 
 def run_task(context: WorkerContext, payload: Any) -> str:
-    """Run one task payload (``models.session_bus.TaskPayload`` as JSON). A bare job id
-    is a message queued before payloads were typed."""
-    task = TASKS.validate_python(
-        {"kind": "job", "job_id": payload} if isinstance(payload, str) else payload
-    )
+    """Run one task payload (``models.session_bus.TaskPayload`` as JSON)."""
+    task = TASKS.validate_python(payload)
     if isinstance(task, JobTask):
         return context.executor.run(task.job_id, task.model)
     assert isinstance(task, SessionTask)

@@ -40,6 +40,7 @@ from typing import NoReturn
 
 import httpx
 
+from cli.data_lock import DataDirInUse, lock_data_dir
 from cli.embedded import EmbeddedS3, EmbeddedServiceError, EmbeddedValkey
 from cli.up_children import (
     CHILD_STOP_TIMEOUT_S,
@@ -174,7 +175,12 @@ class _Stack:
 
 
 class _Refused(Exception):
-    """``up`` cannot go on (exit 1): what to say after ``omniqueue up: ``."""
+    """``up`` cannot go on: what to say after ``omniqueue up: ``, and the exit status (1;
+    2 for a bad command line or configuration, as every command)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def run_up(
@@ -195,16 +201,24 @@ def run_up(
     dying however often it is restarted (exit 1). On the way out each worker puts its
     running job back on the queue, or, with ``drain_timeout`` seconds, lets it finish
     first if it ends within them (``OMNIQ_WORKER__DRAIN_TIMEOUT_S``, workers/jobs/shutdown.py).
+    A data directory another ``up`` runs on is refused (exit 2) before anything in it is
+    written; the lock (:mod:`cli.data_lock`) is held until this function returns.
     """
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = lock_data_dir(data_dir, host, port)
+    except DataDirInUse as exc:
+        say(f"omniqueue up: {exc}")
+        return 2
     try:
         _check_api_ports(host, port, api_processes, api_replicas)
         workers, realtime_workers = _workers_for_the_registry(workers, realtime_workers)
         drain = _drain_timeout(drain_timeout)
     except _Refused as exc:
+        lock.release()
         say(f"omniqueue up: {exc}")
-        return 1
+        return exc.exit_code
     # The API drains open requests for shutdown_grace_s; it must not be killed meanwhile.
     grace = get_settings().shutdown_grace_s
     stack = _Stack(
@@ -222,7 +236,10 @@ def run_up(
         drain_timeout=drain,
         stop_timeout=max(CHILD_STOP_TIMEOUT_S, grace + STOP_MARGIN_S, drain + STOP_MARGIN_S),
     )
-    return _run(stack)
+    try:
+        return _run(stack)
+    finally:
+        lock.release()
 
 
 def _check_api_ports(host: str, port: int, api_processes: int, api_replicas: int) -> None:

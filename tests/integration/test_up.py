@@ -461,3 +461,59 @@ def test_a_registry_without_streaming_models_runs_without_realtime_workers(
     assert "giving up" not in log and "exited with code" not in log
     assert code == 0
     assert [pid for pid in tree if _alive(pid)] == []
+
+
+def _tree_digest(root: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file and directory under ``root``: (size, mtime in ns, SHA-256 of a file)."""
+    import hashlib
+
+    out = {}
+    for path in sorted(root.rglob("*")):
+        stat = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+        out[str(path.relative_to(root))] = (stat.st_size, stat.st_mtime_ns, digest)
+    return out
+
+
+def test_a_second_up_on_a_data_directory_in_use_exits_2_and_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    """The README's "another port" tip without ``--data-dir``: a second ``up`` on the
+    directory of a running stack stops at once (exit 2), naming the directory and the
+    running stack's port and pid, and writes nothing there. The first stack is frozen
+    (SIGSTOP) meanwhile, so that any change to the tree is the second one's."""
+    data_dir = tmp_path / "data"
+    port = free_port()
+    up = Up(data_dir, port)
+    try:
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            video = c.post("/v1/videos", json=SMALL_JOB).json()["id"]
+            _wait(lambda: _status(c, video)["status"] == "completed", "never completed", up)
+        frozen = [up.proc.pid, *_descendants(up.proc.pid)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            before = _tree_digest(data_dir)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("OMNIQ_")}
+            second = subprocess.run(
+                [sys.executable, "-m", "cli.main", "up", "--port", str(free_port()),
+                 "--data-dir", str(data_dir)],
+                cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True,
+                text=True, timeout=60,
+            )  # fmt: skip
+            after = _tree_digest(data_dir)
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert second.stdout == ""
+        refusal = second.stderr.strip().splitlines()[-1]
+        assert str(data_dir) in refusal and f"port {port} (pid {up.proc.pid})" in refusal
+        assert after == before
+        with httpx.Client(base_url=up.url, timeout=30) as c:  # the first one runs on
+            _wait(lambda: c.get("/ready").status_code == 200, "/ready after SIGCONT", up)
+            assert _status(c, video)["status"] == "completed"
+    finally:
+        code, tree, _ = up.stop(signal.SIGTERM)
+    assert code == 0
+    assert [pid for pid in tree if _alive(pid)] == []

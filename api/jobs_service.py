@@ -36,7 +36,7 @@ from models.errors import (
     ServiceUnavailable,
 )
 from models.events import DoneEvent, StatusEvent
-from storage.artifacts import StorageError
+from storage.artifacts import StorageError, try_delete_prefix
 from storage.constants import job_events_key, job_prefix
 from storage.webhooks import check_destination
 
@@ -132,10 +132,10 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         try:
             stored, created = jobs.create(job, idempotency_window_s=window)
         except Exception:
-            self._drop_objects(prefix)
+            try_delete_prefix(self.state.artifacts, prefix)
             raise
         if not created:  # lost an idempotency race: ours is not needed
-            self._drop_objects(prefix)
+            try_delete_prefix(self.state.artifacts, prefix)
             return _same_kind(stored, job), False
         return stored, True
 
@@ -152,7 +152,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
             self.state.queue.enqueue(job.id, job.model)
         except Exception as exc:
             self.state.jobs.delete(job.id)
-            self._drop_objects(job_prefix(job.kind, job.id))
+            try_delete_prefix(self.state.artifacts, job_prefix(job.kind, job.id))
             try:
                 if published:
                     self.state.bus.delete(job_events_key(job.id))
@@ -173,12 +173,6 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
             self.state.queue.enqueue(job.id, job.model)
         except Exception as exc:
             raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
-
-    def _drop_objects(self, prefix: str) -> None:
-        try:
-            self.state.artifacts.delete_prefix(prefix)
-        except StorageError:
-            log.warning("could not delete %s; the reconciler will", prefix)
 
     # ---- read -------------------------------------------------------------------
 

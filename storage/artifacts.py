@@ -242,6 +242,19 @@ class ArtifactStore:
         return len(keys)
 
 
+def try_delete_prefix(artifacts: ArtifactStore, prefix: str) -> bool:
+    """Cleanup's delete of everything under ``prefix``: a store that fails is logged,
+    not raised, so the request or run that cleans up ends as it would have; whether it
+    went. What stays is deleted only by a later call: the reconciler's expiry for a
+    completed job's objects, its stale-upload pass for open multipart uploads."""
+    try:
+        artifacts.delete_prefix(prefix)
+    except StorageError as exc:
+        log.warning("%s; its objects stay", exc)
+        return False
+    return True
+
+
 def s3_object_bytes(client: Any, uri: str) -> bytes:
     """The whole object ``s3://bucket/key`` (a LoRA adapter a worker reads). A missing
     object (or one we may not read) is a ``FileNotFoundError``; a failing store a

@@ -93,4 +93,3 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
-

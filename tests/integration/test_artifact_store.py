@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from cli.embedded import EmbeddedS3
-from storage.artifacts import ArtifactStore, UploadAborted, make_s3_client
+from storage.artifacts import ArtifactStore, UploadAborted, make_s3_client, try_delete_prefix
 from storage.settings import S3Settings
 
 pytestmark = pytest.mark.integration
@@ -17,16 +17,20 @@ pytestmark = pytest.mark.integration
 MIB = 1024 * 1024
 
 
-@pytest.fixture
-def store(s3_server: EmbeddedS3) -> Iterator[ArtifactStore]:
-    settings = S3Settings(
+def _settings(s3_server: EmbeddedS3, bucket: str) -> S3Settings:
+    return S3Settings(
         endpoint_url=s3_server.endpoint_url,
-        bucket=s3_server.bucket,
+        bucket=bucket,
         access_key_id=s3_server.access_key,
         secret_access_key=s3_server.secret_key,
         multipart_threshold_bytes=5 * MIB,
         part_size_bytes=5 * MIB,
     )
+
+
+@pytest.fixture
+def store(s3_server: EmbeddedS3) -> Iterator[ArtifactStore]:
+    settings = _settings(s3_server, s3_server.bucket)
     st = ArtifactStore(make_s3_client(settings), settings)
     st.ensure_bucket()
     yield st
@@ -79,3 +83,19 @@ def test_delete_prefix_aborts_open_uploads(store: ArtifactStore) -> None:
     assert store.delete_prefix("store-test/c/") == 1
     assert list(store.iter_uploads("store-test/c/")) == []
     assert store.list_keys("store-test/c/") == []
+
+
+def test_cleanup_deletes_through_one_call_that_logs_a_failing_store(
+    store: ArtifactStore, s3_server: EmbeddedS3, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused create, a run that did not complete, a completed run's earlier attempts
+    and the reconciler all clean up through ``try_delete_prefix``: a store that fails is
+    a warning naming the prefix, and the caller goes on."""
+    store.put_bytes("store-test/d/x", b"x", "text/plain")
+    assert try_delete_prefix(store, "store-test/d/")
+    assert store.list_keys("store-test/d/") == []
+    settings = _settings(s3_server, "no-such-bucket")
+    failing = ArtifactStore(make_s3_client(settings), settings)
+    with caplog.at_level("WARNING", logger="storage.artifacts"):
+        assert not try_delete_prefix(failing, "videos/video_1/")
+    assert "delete of videos/video_1/ failed: NoSuchBucket; its objects stay" in caplog.text

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 def expire_queued(
     jobs: JobStore,
     publish: Callable[[Job, Any], object],
-    delete_objects: Callable[[Job], None],
+    delete_objects: Callable[[Job], object],
     model: str | None = None,
 ) -> list[str]:
     """End every queued job (of ``model``, or of any) whose ``ttl`` has passed: failed
@@ -72,7 +72,7 @@ class JobClaim:
     worker_id: str
     # Best-effort event publishing and the deletion of a job's objects: the executor's.
     publish: Callable[[Job, Any], object]
-    delete_objects: Callable[[Job], None]
+    delete_objects: Callable[[Job], object]
 
     def acquire(self, job_id: str, model: str) -> Job | None:
         """The job the message of ``job_id`` (for ``model``) runs, now ours; None when

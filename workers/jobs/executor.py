@@ -30,10 +30,10 @@ from PIL import Image
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from models.db import Artifact, Job
-from models.errors import JobLost, JobTimedOut, StorageError, UploadAborted, WorkerStopping
+from models.errors import JobLost, JobTimedOut, UploadAborted, WorkerStopping
 from models.events import DoneEvent, StatusEvent
 from models.job_specs import AudioSpec, VideoSpec, output_variant
-from storage.artifacts import ArtifactStore
+from storage.artifacts import ArtifactStore, try_delete_prefix
 from storage.bus import EventBus
 from storage.constants import job_events_key, job_prefix
 from storage.jobs import JobStore, Lease
@@ -210,7 +210,8 @@ class StepExecutor:
         )
         if done:
             self._publish(job, DoneEvent(status="completed"))
-            self._drop_other_attempts(run)
+            # the output of earlier attempts (a killed or cut-off worker's)
+            drop_other_attempts(self.artifacts, job, run.lease.attempt)
         return done
 
     def _request(self, spec: VideoSpec | AudioSpec) -> GenerationRequest:
@@ -267,27 +268,13 @@ class StepExecutor:
     # ---- cleanup ----------------------------------------------------------------
 
     def _delete_objects(self, job: Job) -> None:
-        try:
-            self.artifacts.delete_prefix(job_prefix(job.kind, job.id))
-        except StorageError:
-            log.warning("could not delete objects of %s; the reconciler will", job.id)
+        try_delete_prefix(self.artifacts, job_prefix(job.kind, job.id))
 
     def _drop_run_objects(self, run: JobRun) -> None:
         """A run that did not complete: what :func:`workers.jobs.objects.stale_prefix` says
         it may delete (everything of a job that ended otherwise; only its own attempt's
         output when another attempt holds or completed the job)."""
-        try:
-            prefix = stale_prefix(self.jobs, run.job, run.lease)
-            self.artifacts.delete_prefix(prefix)
-        except StorageError:
-            log.warning("could not delete objects of %s; the reconciler will", run.job.id)
-
-    def _drop_other_attempts(self, run: JobRun) -> None:
-        """After completing: the output of earlier attempts (a killed or cut-off worker's)."""
-        try:
-            drop_other_attempts(self.artifacts, run.job, run.lease.attempt)
-        except StorageError:
-            log.warning("could not delete earlier attempts' output of %s", run.job.id)
+        try_delete_prefix(self.artifacts, stale_prefix(self.jobs, run.job, run.lease))
 
     @staticmethod
     def _release_memory(*, after_oom: bool = False, stopped: bool = False) -> None:

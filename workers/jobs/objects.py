@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from models.common import JobStatus
 from models.db import Job
-from storage.artifacts import ArtifactStore, StorageError
+from storage.artifacts import ArtifactStore, try_delete_prefix
 from storage.constants import job_prefix
 from storage.jobs import JobStore, Lease
 
@@ -47,14 +47,16 @@ def stale_prefix(jobs: JobStore, job: Job, lease: Lease) -> str:
 
 def drop_other_attempts(artifacts: ArtifactStore, job: Job, attempt: int) -> int:
     """Delete the output of every attempt of ``job`` but ``attempt`` (the one that
-    completed it); how many attempts' prefixes were deleted."""
+    completed it); how many attempts' prefixes were deleted. A store that fails is
+    logged, not raised (:func:`storage.artifacts.try_delete_prefix`): the job completed."""
     root = f"{job_prefix(job.kind, job.id)}output/"
     try:
         keys = artifacts.list_keys(root) + [u["Key"] for u in artifacts.iter_uploads(root)]
     except (ClientError, BotoCoreError) as exc:
-        raise StorageError(f"listing {root} failed: {type(exc).__name__}") from exc
+        log.warning(
+            "listing %s failed: %s; earlier attempts' output stays", root, type(exc).__name__
+        )
+        return 0
     others = {root + key[len(root) :].split("/", 1)[0] + "/" for key in keys}
     others.discard(output_prefix(job, attempt))
-    for prefix in sorted(others):
-        artifacts.delete_prefix(prefix)
-    return len(others)
+    return sum(try_delete_prefix(artifacts, prefix) for prefix in sorted(others))

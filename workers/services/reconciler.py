@@ -38,7 +38,7 @@ from models.common import JobError, JobStatus
 from models.db import Job
 from models.errors import ErrorCode, model_unavailable_message
 from models.events import DoneEvent
-from storage.artifacts import ArtifactStore, StorageError
+from storage.artifacts import ArtifactStore, StorageError, try_delete_prefix
 from storage.bus import EventBus
 from storage.constants import KEY_PREFIX, job_events_key, job_prefix, job_queue
 from storage.jobs import JobStore
@@ -119,7 +119,7 @@ class Reconciler:
                 if self.jobs.fail(job.id, ErrorCode.WORKER_LOST, message):
                     job_finished(job, JobStatus.FAILED.value, ErrorCode.WORKER_LOST.value)
                     report.worker_lost.append(job.id)
-                    self._delete(job.kind, job.id)
+                    self._delete_job(job)
                     error = JobError(code=ErrorCode.WORKER_LOST.value, message=message)
                     self.bus.publish(
                         job_events_key(job.id), DoneEvent(status="failed", error=error)
@@ -181,7 +181,7 @@ class Reconciler:
 
     def _expire(self, report: ReconcileReport) -> None:
         for job in self.jobs.expired_with_artifacts(time.time()):
-            if self._delete(job.kind, job.id):
+            if self._delete_job(job):
                 self.jobs.drop_artifacts(job.id)
                 report.expired.append(job.id)
 
@@ -199,16 +199,8 @@ class Reconciler:
         except Exception:  # the row is the truth; watchers also poll it
             log.warning("could not publish the end of %s", job.id, exc_info=True)
 
-    def _delete_job(self, job: Job) -> None:
-        self._delete(job.kind, job.id)
-
-    def _delete(self, kind: str, job_id: str) -> bool:
-        try:
-            self.artifacts.delete_prefix(job_prefix(kind, job_id))
-        except StorageError:
-            log.warning("could not delete objects of %s; will retry", job_id)
-            return False
-        return True
+    def _delete_job(self, job: Job) -> bool:
+        return try_delete_prefix(self.artifacts, job_prefix(job.kind, job.id))
 
 
 def start_reconciler_thread(

@@ -259,7 +259,7 @@ def resolve_steps(requested: int | None, spec: ModelSpec, limits: LimitSettings)
 
 
 def resolve_seed(requested: int | None) -> int:
-    """A negative or missing seed draws one."""
+    """A negative or missing seed draws one (a job's, a world session's)."""
     seed = requested if requested is not None and requested >= 0 else secrets.randbelow(2**31)
     if seed >= 2**63:
         raise InvalidRequest("seed must be below 2**63", param="seed")

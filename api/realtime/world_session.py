@@ -33,6 +33,7 @@ from starlette.concurrency import run_in_threadpool
 from api.realtime.broker import BROKER_ERRORS, bounded
 from api.realtime.relay import Relay, SessionHost
 from api.realtime.world_resume import WorldResumeRecord, take_over
+from api.validation import resolve_seed
 from models.errors import OmniqueueError
 from models.realtime_video import SessionResume, VideoErrorCode
 from models.realtime_video_start import StartLimits
@@ -126,7 +127,6 @@ class WorldSession:
 
     async def _place(self, cmd: StartRequested) -> None:
         start, cfg = cmd.start, cmd.config
-        seed = start.seed
         self.model = str(self.protocol.model)  # the start's, or the default: resolved
         config = WorldSessionConfig(
             model=self.model,
@@ -134,7 +134,7 @@ class WorldSession:
             prompt=start.prompt,
             negative_prompt=start.negative_prompt,
             **cfg.model_dump(exclude={"chunks"}),  # the resolved rollout, as video.start says
-            seed=seed if seed is not None and seed >= 0 else secrets.randbelow(2**31),
+            seed=resolve_seed(start.seed),
             extra_params=_extra_params(start),
         )
         if start.image_reference is not None:

@@ -12,7 +12,13 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from models.common import ErrorBody, ErrorDetail
-from models.errors import OmniqueueError, RangeNotSatisfiable, RateLimited
+from models.errors import (
+    ErrorCode,
+    OmniqueueError,
+    RangeNotSatisfiable,
+    RateLimited,
+    ServiceUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +26,12 @@ log = logging.getLogger(__name__)
 RATELIMIT_STATE = "ratelimit_headers"
 
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def broker_unavailable() -> ServiceUnavailable:
+    """A request that needed Redis (the broker, a key's quota window) and did not get it
+    within its bounds: 503 ``broker_error``."""
+    return ServiceUnavailable("the job broker is unavailable", code=ErrorCode.BROKER_ERROR.value)
 
 
 def error_response(

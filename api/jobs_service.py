@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
+from api.errors import broker_unavailable
 from api.metrics import JOBS_CREATED
 from api.payload import storable
 from api.state import AppState
@@ -158,7 +159,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
                     self.state.bus.delete(job_events_key(job.id))
             except RedisError:
                 log.warning("could not delete the events of %s", job.id)
-            raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
+            raise broker_unavailable() from exc
         JOBS_CREATED.labels(job.model, job.kind).inc()
 
     def _redispatch(self, job: Job) -> None:
@@ -172,7 +173,7 @@ class JobService(abc.ABC, Generic[WireT, RequestT]):
         try:
             self.state.queue.enqueue(job.id, job.model)
         except Exception as exc:
-            raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
+            raise broker_unavailable() from exc
 
     # ---- read -------------------------------------------------------------------
 

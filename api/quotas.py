@@ -42,8 +42,9 @@ from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from redis.exceptions import RedisError
 
+from api.errors import broker_unavailable
 from models.db import ApiKey
-from models.errors import RateLimited, ServiceUnavailable
+from models.errors import RateLimited
 from storage.constants import KEY_PREFIX, quota_sessions_key
 from storage.jobs import JobStore
 from storage.settings import Settings
@@ -154,7 +155,7 @@ class Quotas:
                 allowed = await self._window.hit(item, owner)
                 stats = await self._window.get_window_stats(item, owner)
         except (RedisError, TimeoutError) as exc:
-            raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
+            raise broker_unavailable() from exc
         wait = max(0.0, stats.reset_time - time.time())
         headers = ratelimit_headers(limit, stats.remaining, wait)
         if allowed:
@@ -197,7 +198,7 @@ class Quotas:
             with anyio.fail_after(self.timeout_s):
                 admitted = await self._admit(keys=[key], args=[limit, self.session_lease_s, member])
         except (RedisError, TimeoutError) as exc:
-            raise ServiceUnavailable("the job broker is unavailable", code="broker_error") from exc
+            raise broker_unavailable() from exc
         if not admitted:
             yield False
             return

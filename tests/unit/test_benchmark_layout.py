@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
 from pathlib import Path
+
+from tests import import_graph
+from tests.import_graph import cycles, imported
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
@@ -18,72 +20,12 @@ MAX_LINES = 500
 
 def modules() -> dict[str, Path]:
     """Every benchmark module by its dotted name."""
-    out = {}
-    for path in sorted(BENCHMARKS.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
-
-
-def imported(tree: ast.AST, package: str) -> Iterator[str]:
-    """The modules a tree imports, at any depth (a function's imports too), with relative
-    imports resolved against ``package``; ``from a import b`` yields ``a`` and ``a.b``."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names)
+    return import_graph.modules(ROOT, ["benchmarks"])
 
 
 def graph() -> dict[str, set[str]]:
     """Benchmark module → the benchmark modules it imports."""
-    mods = modules()
-    edges: dict[str, set[str]] = {}
-    for name, path in mods.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        tree = ast.parse(path.read_text(), str(path))
-        edges[name] = {m for m in imported(tree, package) if m in mods and m != name}
-    return edges
-
-
-def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
-    """Tarjan's strongly connected components of more than one module."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(edges[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return found
+    return import_graph.graph(modules())
 
 
 def test_the_cycle_check_finds_a_cycle() -> None:

@@ -78,6 +78,26 @@ def test_the_measured_cost_sets_how_many_sessions_of_a_shape_keep_real_time() ->
     assert cap.limit("fixed", LARGE) == 3
 
 
+def test_the_start_up_line_says_no_session_keeps_real_time_past_one_device_second() -> None:
+    """A second of video that takes 1.862 s of the device was "1 sessions of it keep
+    real time"; the first session is still admitted, but none keeps real time."""
+    cap = RealtimeCapacity(0.9, {"slow": None, "fast": None, "one": None})
+    shape = "64x64 at 24 fps, 2 steps a chunk"
+    assert cap.describe("slow", SMALL) == f"slow: a second of video ({shape}) is not measured yet"
+    cap.measured("slow", device_s=1.862, work=SMALL.work(24))
+    assert cap.limit("slow", SMALL) == 1  # admitted all the same
+    assert cap.describe("slow", SMALL) == (
+        f"slow: a second of video ({shape}) takes 1.862 s of this device: no session of it "
+        "keeps real time (one at a time is served, at 0.54x real time)"
+    )
+    cap.measured("one", device_s=0.95, work=SMALL.work(24))  # past the headroom, not 1 s
+    assert cap.describe("one", SMALL).endswith(
+        "0.950 s of this device: 1 session of it keeps real time"
+    )
+    cap.measured("fast", device_s=0.2, work=SMALL.work(24))
+    assert cap.describe("fast", SMALL).endswith(": 4 sessions of it keep real time")
+
+
 def test_a_session_is_admitted_while_the_loads_fit_and_refused_naming_why() -> None:
     cap = RealtimeCapacity(0.9, {"helios": None, "fixed": 1}, wait_s=0.05)
     cap.measured("helios", device_s=0.2, work=SMALL.work(24))  # 0.2 s a second of SMALL

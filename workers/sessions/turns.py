@@ -145,6 +145,25 @@ class RealtimeCapacity:
             return None
         return max(1, math.floor(self.headroom / load)) if load > 0 else None
 
+    def describe(self, name: str, demand: Demand) -> str:
+        """What a second of ``demand``'s video costs this device and how many sessions of
+        it keep real time, in words (the start-up probe's log line). Past one second of
+        device per second of video none does, though one is still served."""
+        load = self.load(name, demand)
+        if load is None:
+            return f"{name}: a second of video ({demand}) is not measured yet"
+        cost = f"{name}: a second of video ({demand}) takes {load:.3f} s of this device"
+        if load > 1:
+            return (
+                f"{cost}: no session of it keeps real time (one at a time is served, at "
+                f"{1 / load:.2f}x real time)"
+            )
+        count = self.limit(name, demand)
+        if count is None:  # no measurable load: only the slots bound it
+            return f"{cost}: as many sessions of it as there are slots keep real time"
+        keep = "session of it keeps" if count == 1 else "sessions of it keep"
+        return f"{cost}: {count} {keep} real time"
+
     @contextlib.contextmanager
     def session(self, name: str, demand: Demand) -> Iterator[None]:
         """Hold a place for one session of ``demand`` for the block; raises

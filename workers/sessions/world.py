@@ -180,14 +180,7 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
             frames = pipe.take_chunk(state)
             demand = Demand(width, height, config.fps, config.steps_per_chunk)
             self.capacity.measured(name, time.perf_counter() - began, demand.work(len(frames)))
-            log.info(
-                "%s: a second of video (%s) takes %.3f s of this device: %s sessions of "
-                "it keep real time",
-                name,
-                demand,
-                self.capacity.load(name, demand),
-                self.capacity.limit(name, demand),
-            )
+            log.info("%s", self.capacity.describe(name, demand))
 
     @staticmethod
     def _interact(pipe: WorldPipeline[Any], state: Any, cmd: InteractionCommand) -> None:

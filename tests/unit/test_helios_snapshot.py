@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from tests.unit.helios_fixtures import (
     SEQ_LEN,
@@ -20,7 +21,8 @@ from workers.pipelines.base import SupportsSnapshot, WorldConfig
 from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
 from workers.pipelines.diffusers.helios.session import HeliosState
 from workers.pipelines.reference_world import ReferenceWorldPipeline
-from workers.pipelines.snapshots import pack, unpack
+from workers.pipelines.snapshots import _ON_DEVICE as SNAPSHOT_DEVICE_MARK
+from workers.pipelines.snapshots import pack, to_host, unpack
 
 CHUNK = 33
 IMAGE = np.random.default_rng(1).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
@@ -140,3 +142,40 @@ def test_a_model_without_snapshots_cannot_be_taken_over() -> None:
     pipe = ReferenceWorldPipeline()
     assert not isinstance(pipe, SupportsSnapshot)
     assert not hasattr(pipe, "snapshot") and not hasattr(pipe, "restore")
+
+
+def test_a_snapshot_captured_at_a_chunk_and_packed_later_is_the_snapshot_of_that_chunk() -> None:
+    """The delivery lane packs a chunk's checkpoint while the device already makes the
+    next chunk (``capture_snapshot``): what it packs is the session as it was at the
+    chunk, whatever the next chunk changed meanwhile, and a fresh adapter goes on from it
+    exactly as from the plain snapshot."""
+    adapter = _adapter()
+    state = adapter.start(_config(3))
+    _chunk(adapter, state)
+    later = adapter.capture_snapshot(state)
+    now = adapter.snapshot(state)
+    adapter.interact(state, "a blue cube", None, 1, "e1")
+    following = _chunk(adapter, state)  # the session moves on before the packing
+    packed = later()
+    saved_now, saved_later = unpack(now, "cpu"), unpack(packed, "cpu")
+    assert saved_later.keys() == saved_now.keys()
+    assert pack(saved_later) == pack(saved_now)
+    taker = _adapter()
+    resumed = taker.restore(_config(3), packed)
+    frames, events = _chunk(taker, resumed)
+    assert events == ([], [], [])  # the prompt change came after the capture
+    plain = _adapter()  # the session as it would have gone on without the change
+    alone = plain.start(_config(3))
+    _chunk(plain, alone)
+    assert np.array_equal(frames, _chunk(plain, alone)[0])
+    assert following[1] == (["e1"], ["e1"], ["e1"])
+
+
+def test_to_host_marks_what_was_on_a_device_and_unpack_puts_it_there() -> None:
+    tensor = torch.arange(6.0)
+    data = {"a": [tensor, (1, "x")], "b": {SNAPSHOT_DEVICE_MARK: tensor}}
+    host = to_host(data)
+    tensor += 1  # the copy does not follow
+    assert torch.equal(host["a"][0], torch.arange(6.0)) and host["a"][1] == (1, "x")
+    back = unpack(pack(host), "cpu")
+    assert torch.equal(back["b"], torch.arange(6.0))  # a marked tensor, unwrapped

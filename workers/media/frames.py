@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -33,7 +33,7 @@ class Media:
 
 @dataclass
 class DecodeStream:
-    """A video decoded chunk by chunk (:meth:`Pipeline.decode_stream`): ``chunks`` yields
+    """A video decoded chunk by chunk (``SupportsDecodeStream.decode_stream``): ``chunks`` yields
     uint8 T×H×W×3 in order, each as soon as it is decoded, as a numpy array or as a torch
     tensor left on the device that decoded it (the encoder's pixel format is then made
     there: ``workers.media.mp4.decode_streamed``); ``audio`` (float32 (channels, samples) at
@@ -45,7 +45,14 @@ class DecodeStream:
     sample_rate: int | None = None
 
 
-class StreamingDecoder(Protocol):
-    """An adapter that can decode chunk by chunk (``Pipeline.decode_stream``)."""
+@runtime_checkable
+class SupportsDecodeStream(Protocol):
+    """A job adapter that decodes chunk by chunk: the executor encodes one chunk while the
+    next decodes, the soundtrack first (:func:`workers.media.mp4.decode_streamed`). A
+    capability of ``workers/pipelines/base.py``'s adapters, declared here, below them, so
+    that the encoder can name it."""
 
-    def decode_stream(self, state: Any) -> DecodeStream | None: ...
+    def decode_stream(self, state: Any) -> DecodeStream | None:
+        """What ``decode`` makes, as a :class:`DecodeStream`; None where this job cannot
+        stream (the executor then calls ``decode``)."""
+        ...

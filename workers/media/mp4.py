@@ -27,7 +27,7 @@ from av.audio.stream import AudioStream
 from av.container import OutputContainer
 from PIL import Image
 
-from workers.media.frames import Media, StreamingDecoder
+from workers.media.frames import Media, SupportsDecodeStream
 from workers.media.spritesheet import sprite_indices, spritesheet
 
 if TYPE_CHECKING:
@@ -418,11 +418,11 @@ class Streamed:
 
 
 def decode_streamed(
-    pipe: StreamingDecoder, state: Any, fps: float, tmp: Path, digest: Any = None
+    pipe: SupportsDecodeStream, state: Any, fps: float, tmp: Path, digest: Any = None
 ) -> Streamed | None:
     """Decode and encode at once where the adapter streams its decode
-    (``Pipeline.decode_stream``): x264 encodes each chunk on the writer's thread while the
-    next one decodes, with the soundtrack interleaved. A chunk still on the GPU (a torch
+    (``SupportsDecodeStream.decode_stream``): x264 encodes each chunk on the writer's thread while
+    the next one decodes, with the soundtrack interleaved. A chunk still on the GPU (a torch
     tensor) is converted to ``yuv420p`` there (``workers.media.pixels``), so the writer hands it
     to x264 as it is. Returns once ``tmp/video.mp4`` is complete; None: no stream, the
     caller decodes whole. ``digest`` (a ``hashlib`` object), when given, is fed the raw

@@ -1,6 +1,6 @@
 """PCM16 ``chunk`` events of an audio job published while its steps make the clip.
 
-An adapter whose steps make audio piece by piece (:meth:`Pipeline.take_audio`, e.g.
+An adapter whose steps make audio piece by piece (``SupportsAudioPieces.take_audio``, e.g.
 ``reference/speech``) hands each piece to a :class:`PcmStream` after the step. The stream
 converts it to the artifact's channels and rate (one stateful swresample resampler for the
 whole clip, so the pieces join without seams), publishes it in chunks of at most 100 ms,

@@ -45,6 +45,7 @@ from models.job_specs import LoraSpec
 from models.registry import ServedModel
 from workers.media.frames import DecodeStream as DecodeStream
 from workers.media.frames import Media as Media
+from workers.media.frames import SupportsDecodeStream as SupportsDecodeStream
 from workers.pipelines.request import GenerationRequest as GenerationRequest
 from workers.pipelines.request import MediaReference as MediaReference
 
@@ -378,17 +379,6 @@ class SupportsAudioPieces(Protocol):
 
 
 @runtime_checkable
-class SupportsDecodeStream(Protocol):
-    """A job adapter that decodes chunk by chunk: the executor encodes one chunk while the
-    next decodes, the soundtrack first."""
-
-    def decode_stream(self, state: StepState) -> DecodeStream | None:
-        """What ``decode`` makes, as a :class:`DecodeStream`; None where this job cannot
-        stream (the executor then calls ``decode``)."""
-        ...
-
-
-@runtime_checkable
 class SupportsSnapshot(Protocol):
     """A world pipeline whose sessions outlive their worker: the runner stores a snapshot
     with every chunk it sends (``workers/sessions/world_checkpoint.py``), and a worker that
@@ -405,3 +395,14 @@ class SupportsSnapshot(Protocol):
         """The session :meth:`snapshot` made, on this adapter: ``config`` is the one the
         session started from, ``reference_image`` left out (it is in the state)."""
         ...
+
+
+@runtime_checkable
+class SupportsSnapshotLater(Protocol):
+    """A :class:`SupportsSnapshot` model whose snapshot is taken in two halves, so that the
+    costly one runs off the device's thread: :meth:`capture_snapshot` on it, between
+    chunks (references and device-to-host copies: a millisecond), and the callable it
+    returns on the session's delivery lane (the packing: serialise and compress). The
+    callable's bytes are what :meth:`SupportsSnapshot.snapshot` would have returned then."""
+
+    def capture_snapshot(self, state: Any) -> Callable[[], bytes]: ...

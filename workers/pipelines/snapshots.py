@@ -10,6 +10,11 @@ padding of text embeddings compress to almost nothing). It is read back with
 never run code. Tensors keep their device type: one on a GPU comes back on the
 restoring adapter's device, one on the CPU (a generator's state, a scheduler's CPU
 tables) stays there.
+
+A snapshot is taken in two halves (``SupportsSnapshotLater``): :func:`to_host` copies the
+state off the device at the chunk boundary (a millisecond for a few MB), marking what was
+on an accelerator; :func:`pack` then serialises that copy on another thread, while the
+device already runs the next chunk and moves on from the state the copy was taken of.
 """
 
 from __future__ import annotations
@@ -22,6 +27,34 @@ import torch
 
 LEVEL = 1  # zlib: fast; the rest of a level buys little on float latents
 _SCALARS = (bool, int, float, str, type(None))
+
+
+_ON_DEVICE = "__on_device__"  # marks a tensor to_host took off an accelerator
+
+
+def to_host(value: Any) -> Any:
+    """``value`` (plain data) copied to the CPU: every tensor copied (one that was on an
+    accelerator marked, for :func:`unpack`), every list, tuple and dict rebuilt, so that
+    nothing the session changes later reaches the copy."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu":
+            return value.detach().clone()
+        return {_ON_DEVICE: value.detach().to("cpu")}
+    if type(value) in (list, tuple):
+        return type(value)(to_host(v) for v in value)
+    if type(value) is dict:
+        return {k: to_host(v) for k, v in value.items()}
+    return value
+
+
+def _to_device(value: Any, target: torch.device) -> Any:
+    if type(value) is dict:
+        if set(value) == {_ON_DEVICE}:
+            return value[_ON_DEVICE].to(target)
+        return {k: _to_device(v, target) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_to_device(v, target) for v in value)
+    return value
 
 
 def pack(data: dict[str, Any]) -> bytes:
@@ -41,7 +74,8 @@ def unpack(data: bytes, device: torch.device | str) -> dict[str, Any]:
     loaded = torch.load(io.BytesIO(zlib.decompress(data)), map_location=onto, weights_only=True)
     if not isinstance(loaded, dict):
         raise ValueError("not a world session snapshot")
-    return loaded
+    restored: dict[str, Any] = _to_device(loaded, target)
+    return restored
 
 
 def is_plain(value: Any) -> bool:

@@ -28,25 +28,21 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Protocol, runtime_checkable
+from typing import IO, Any
 
 from models.errors import SessionTakenOver
 from models.session_bus import OUTPUTS, ChunkOutput, WorldCheckpoint, WorldSessionConfig
 from storage.session_checkpoint import CheckpointStore
 from workers.media.fmp4 import FragmentedMP4Writer
-from workers.pipelines.base import SupportsSnapshot, WorldConfig, WorldPipeline
+from workers.pipelines.base import (
+    SupportsSnapshot,
+    SupportsSnapshotLater,
+    WorldConfig,
+    WorldPipeline,
+)
 from workers.sessions.slot import SessionSlot
 
 log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class SnapshotsLater(Protocol):
-    """A world pipeline whose snapshot is taken in two halves: ``capture_snapshot`` on the
-    device's thread between chunks (cheap: references and device-to-host copies), the
-    callable it returns anywhere later (the packing: serialise and compress)."""
-
-    def capture_snapshot(self, state: Any) -> Callable[[], bytes]: ...
 
 
 @dataclass(frozen=True)
@@ -108,9 +104,9 @@ class SessionCheckpoint:
         """What the checkpoint of the chunk ``take_chunk`` just returned needs from the
         session, taken now, on the device's thread, before the next chunk moves it on:
         the snapshot (its tensors copied off the device where the model packs later,
-        :class:`SnapshotsLater`; else packed now) and the last command read."""
+        :class:`SupportsSnapshotLater`; else packed now) and the last command read."""
         pack: Callable[[], bytes] | None = None
-        if isinstance(self.pipe, SnapshotsLater):
+        if isinstance(self.pipe, SupportsSnapshotLater):
             pack = self.pipe.capture_snapshot(state)
         elif isinstance(self.pipe, SupportsSnapshot):
             pack = functools.partial(bytes, self.pipe.snapshot(state))  # packed now

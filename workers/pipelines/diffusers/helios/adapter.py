@@ -40,6 +40,8 @@ over: ``helios/session.py``.
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple, Self, Unpack
 
 import numpy as np
@@ -88,7 +90,7 @@ from workers.pipelines.diffusers.shared.loading import (
     install_checkpoints,
     own_weights,
 )
-from workers.pipelines.snapshots import pack, unpack
+from workers.pipelines.snapshots import pack, to_host, unpack
 from workers.pipelines.world_rules import events_in_chunk
 
 # Every ``WorldConfig.extra`` key this adapter reads (FAMILY_SPECS declares the same).
@@ -250,7 +252,13 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
     def snapshot(self, state: HeliosState) -> bytes:
         """The session between chunks (``helios.session.session_snapshot``), packed: a few
         MB at 640x384 (the history, UniPC's last model outputs, the embeddings)."""
-        return pack(session_snapshot(state))
+        return self.capture_snapshot(state)()
+
+    def capture_snapshot(self, state: HeliosState) -> Callable[[], bytes]:
+        """:meth:`snapshot` in two halves: the session copied off the device now, packed
+        when the callable is called (on the session's delivery lane)."""
+        host = to_host(session_snapshot(state))
+        return functools.partial(pack, host)
 
     @torch.no_grad()
     def restore(self, config: WorldConfig, data: bytes) -> HeliosState:

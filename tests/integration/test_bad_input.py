@@ -7,9 +7,13 @@ difference (NUL in text), on SQLite too.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -179,6 +183,91 @@ def test_audio_multipart_is_refused_naming_the_param(stack: Stack, client: httpx
     for fields, param in (({"seed": HUGE}, "seed"), ({"seconds": "\uff11"}, "seconds")):
         data = {"prompt": "p", **fields}
         _refused(stack, lambda d=data: client.post("/v1/audio/generations", data=d), param)
+
+
+# ---- truncated and malformed multipart bodies --------------------------------------------
+
+BOUNDARY = "oq-test-boundary"
+
+
+def _part(name: str, value: bytes, filename: str | None = None) -> bytes:
+    disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+    head = f"--{BOUNDARY}\r\nContent-Disposition: {disposition}\r\n"
+    if filename:
+        head += "Content-Type: image/png\r\n"
+    return head.encode() + b"\r\n" + value + b"\r\n"
+
+
+def _spooled_files(stack: Stack) -> list[str]:
+    """The temporary files the API process holds open (a spooled upload rolls over to
+    one past 1 MiB)."""
+    pid = stack.procs["api"].pid
+    targets = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            targets.append(os.readlink(fd))
+    temp = tempfile.gettempdir()
+    return [t for t in targets if t.startswith(temp) and "(deleted)" in t]
+
+
+PNG_CUT = PNG_MAGIC + bytes(1536 * 1024)  # past the spool's 1 MiB: on disk while read
+# (route, the whole parts before the cut, the part that is cut, the param the 400 names)
+TRUNCATED = [
+    ("/v1/videos", _part("prompt", b"a cat"), ("input_reference", PNG_CUT, "r.png")),
+    ("/v1/videos/sync", _part("prompt", b"a cat"), ("input_reference", PNG_CUT, "r.png")),
+    ("/v1/videos", _part("prompt", b"a cat") + _part("size", b"64x48"), ("seconds", b"0.5", None)),
+    ("/v1/audio/generations", _part("prompt", b"rain"), ("seconds", b"1", None)),
+    ("/v1/audio/generate", _part("input", b"rain"), ("audio_length", b"1", None)),
+    ("/v1/audio/speech", _part("input", b"hello"), ("voice", b"alloy", None)),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "whole", "cut"), TRUNCATED, ids=[f"{p}-{c[0]}" for p, _, c in TRUNCATED]
+)
+def test_a_truncated_multipart_body_is_a_400_and_stores_nothing(
+    stack: Stack, client: httpx.Client, path: str, whole: bytes, cut: tuple[str, bytes, str | None]
+) -> None:
+    """A body that stops before its closing boundary, in a part that has begun: before,
+    the parts that ended made a job and the one cut off was dropped in silence (a
+    text-to-video job instead of image-to-video)."""
+    name, value, filename = cut
+    body = whole + _part(name, value, filename)[:-2]  # no CRLF, no --BOUNDARY--
+    headers = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    error = _refused(stack, lambda: client.post(path, content=body, headers=headers), name)
+    assert error["code"] == "invalid_body" and "multipart body is truncated" in error["message"]
+    assert _spooled_files(stack) == []
+    # the same parts, whole: not refused for the body (a bad value may still be refused)
+    complete = whole + _part(name, value, filename) + f"--{BOUNDARY}--\r\n".encode()
+    resp = client.post(path, content=complete, headers=headers)
+    assert "multipart body" not in resp.text, resp.text
+    if resp.status_code == 200 and path in ("/v1/videos", "/v1/audio/generations"):
+        # its objects must not land in the next test's count
+        stack.wait_for(client, resp.json()["id"], collection=path.removeprefix("/v1/"))
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"", None),  # no part at all, no closing boundary
+        (_part("prompt", b"a cat"), "prompt"),  # no boundary after it: it may go on
+        (f"--{BOUNDARY}\r\nContent-Dispo".encode(), None),  # cut in a part's headers
+        (b"garbage that is no multipart at all", None),
+        (
+            b"".join(_part("input_references", PNG_MAGIC, f"{i}.png") for i in range(14))
+            + f"--{BOUNDARY}--\r\n".encode(),
+            None,
+        ),  # whole, but more files than the parser takes
+    ],
+    ids=["empty", "no-closing-boundary", "cut-in-headers", "garbage", "too-many-files"],
+)
+def test_a_malformed_multipart_body_is_a_400_naming_the_body(
+    stack: Stack, client: httpx.Client, body: bytes, param: str | None
+) -> None:
+    headers = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    send = lambda: client.post("/v1/videos", content=body, headers=headers)  # noqa: E731
+    error = _refused(stack, send, param)
+    assert error["code"] == "invalid_body" and "multipart body" in error["message"]
 
 
 # ---- NUL on SQLite (stored there before; must be refused on every database) -------------

@@ -77,7 +77,10 @@ def job_path(job_id: str) -> str:
 
 def error_message(resp: httpx.Response) -> str:
     """The server's OpenAI-style error in one line: message, then the param it names, its
-    code and the status; the status line when the body is not such an error."""
+    code and the status; the status line when the body is not such an error. A 401 names
+    this command's own way to send a key instead of the HTTP header the server names."""
+    if resp.status_code == 401:
+        return _auth_message(resp)
     try:
         error = resp.json()["error"]
         message = " ".join(str(error["message"]).split())
@@ -88,6 +91,23 @@ def error_message(resp: httpx.Response) -> str:
     details += [str(c) for c in (error.get("code") or error.get("type"),) if c]
     details.append(f"HTTP {resp.status_code}")
     return f"{message} ({', '.join(details)})"
+
+
+def _auth_message(resp: httpx.Response) -> str:
+    """A 401 in the command line's words: pass ``--api-key`` or set ``OMNIQ_API_KEY``
+    (the server's message names the HTTP header, which a command line user never sets)."""
+    try:
+        code = str(resp.json()["error"]["code"] or "invalid_api_key")
+    except (ValueError, KeyError, TypeError):
+        code = "invalid_api_key"
+    if "authorization" in resp.request.headers:
+        what = f"the API key given (--api-key or ${KEY_ENV}) is invalid or revoked"
+    else:
+        what = f"the server requires an API key: pass --api-key KEY or set {KEY_ENV}"
+    return (
+        f"{what}; 'omniqueue keys create --name NAME' makes one in the server's database "
+        f"({code}, HTTP 401)"
+    )
 
 
 def transport_error(client: httpx.Client, method: str, path: str, error: Exception) -> CliError:

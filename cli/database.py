@@ -31,6 +31,13 @@ def shown(url: str) -> str:
         return "(an invalid URL)"
 
 
+def database_name(url: str) -> str:
+    """The database as a person names it: a SQLite file's path, else the URL (its
+    password hidden)."""
+    path = sqlite_file(url)
+    return str(path) if path is not None else shown(url)
+
+
 def sqlite_file(url: str) -> Path | None:
     """The file of a SQLite URL (None: another database, or SQLite in memory)."""
     parsed = make_url(url)

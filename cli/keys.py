@@ -16,8 +16,9 @@ import argparse
 import sys
 from typing import Any
 
-from cli.database import opened
+from cli.database import database_name, opened
 from cli.help import command, command_group
+from cli.paths import add_database_options
 from storage.settings import get_settings
 
 # (flag, ApiKey column, help)
@@ -47,9 +48,10 @@ def add_parser(sub: Any) -> None:
         sub,
         "keys",
         help="manage API keys and their quotas (in the database)",
-        description="""Create, list, update and revoke API keys, straight in the database
-        (OMNIQ_DATABASE__URL; the per-user default of omniqueue up's data dir when unset).
-        A key is printed once and stored hashed. A quota given as N is the key's own (0:
+        description="""Create, list, update and revoke API keys, straight in the database:
+        --database-url or --data-dir as given to omniqueue up, else OMNIQ_DATABASE__URL,
+        else the per-user data dir's; each command says which. A key is printed once and
+        stored hashed. A quota given as N is the key's own (0:
         unlimited); 'default' follows the server's OMNIQ_QUOTAS__* (docs/limits.md).""",
         dest="keys_cmd",
         func=run,
@@ -86,6 +88,8 @@ def add_parser(sub: Any) -> None:
         description="Revoke a key: requests with it get 401 from then on.",
     )
     kr.add_argument("key_id", help="the key's id (key_…)")
+    for parser in ksub.choices.values():
+        add_database_options(parser)
 
 
 def _given(args: argparse.Namespace) -> dict[str, int | None]:
@@ -109,28 +113,33 @@ def _limits(row: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     from storage.keys import ApiKeyStore
 
-    with opened(get_settings().database) as sessions:
+    database = get_settings().database
+    where = f"in {database_name(database.url)}"
+    with opened(database) as sessions:
         store = ApiKeyStore(sessions)
         if args.keys_cmd == "create":
             row, secret = store.create(args.name, **_given(args))
             print(secret)
-            print(f"created {row.id} ({row.name}); the key is shown only once", file=sys.stderr)
+            print(
+                f"created {row.id} ({row.name}) {where}; the key is shown only once",
+                file=sys.stderr,
+            )
         elif args.keys_cmd == "update":
             updated = store.update(args.key_id, **_given(args))
             if updated is None:
-                print(f"no key {args.key_id}", file=sys.stderr)
+                print(f"no key {args.key_id} {where}", file=sys.stderr)
                 return 1
             print(f"{updated.id}\t{_limits(updated)}")
         elif args.keys_cmd == "list":
             rows = store.list()
             if not rows:
-                print("no keys (omniqueue keys create --name NAME)", file=sys.stderr)
+                print(f"no keys {where} (omniqueue keys create --name NAME)", file=sys.stderr)
             for row in rows:
                 state = "revoked" if row.revoked_at else "active"
                 print(f"{row.id}\t{row.prefix}…\t{state}\t{row.name}\t{_limits(row)}")
         else:
             if not store.revoke(args.key_id):
-                print(f"no active key {args.key_id}", file=sys.stderr)
+                print(f"no active key {args.key_id} {where}", file=sys.stderr)
                 return 1
-            print(f"revoked {args.key_id}", file=sys.stderr)
+            print(f"revoked {args.key_id} {where}", file=sys.stderr)
     return 0

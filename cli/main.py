@@ -22,7 +22,7 @@ from typing import Any
 from cli import keys, verbs, webhooks
 from cli.database import DatabaseUnusable, create_sqlite_dir
 from cli.help import HelpFormatter, command
-from cli.paths import default_data_dir, default_database_url, use_default_database
+from cli.paths import add_database_options, default_data_dir, default_database_url, use_database
 from storage.settings import Settings, get_settings
 
 
@@ -313,6 +313,7 @@ def _add_server_commands(sub: Any) -> None:
         it before the API and workers, and after every upgrade of omniqueue; omniqueue up
         runs it itself.""",
     )
+    add_database_options(mig)
     mig.set_defaults(func=_cmd_migrate, uses_database=True)
 
     loras = command(
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = build_parser().parse_args(argv)
     if getattr(args, "uses_database", False):
-        use_default_database()  # the per-user SQLite file unless OMNIQ_DATABASE__URL says
+        use_database(args)  # --database-url, --data-dir, OMNIQ_DATABASE__URL, the per-user file
     try:
         return int(args.func(args))
     except ValueError as exc:  # configuration errors: say what to fix, no traceback

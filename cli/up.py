@@ -27,6 +27,7 @@ the line ``metrics: …`` on stderr lists every scrape URL.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -245,7 +246,7 @@ def run_up(
 def _check_api_ports(host: str, port: int, api_processes: int, api_replicas: int) -> None:
     """At least one API replica of at least one process, and each replica's port free."""
     if api_processes < 1 or api_replicas < 1:
-        raise _Refused("--api-processes and --api-replicas must be at least 1")
+        raise _Refused("--api-processes and --api-replicas must be at least 1", exit_code=2)
     for p in range(port, port + api_replicas):
         if not bindable(host, p):
             raise _Refused(f"{host}:{p} is in use (another omniqueue up?); pick --port")
@@ -256,7 +257,7 @@ def _drain_timeout(drain_timeout: float | None) -> float:
     settings = get_settings()
     drain = settings.worker.drain_timeout_s if drain_timeout is None else drain_timeout
     if drain < 0:
-        raise _Refused("--drain-timeout must be at least 0")
+        raise _Refused("--drain-timeout must be at least 0", exit_code=2)
     return drain
 
 
@@ -379,10 +380,14 @@ def _wait_ready(stack: _Stack, children: ProcessGroup, env: dict[str, str]) -> N
     if problem is not None:
         raise _Refused(problem)
     if env["OMNIQ_AUTH"] == "required":
+        database = (
+            f"--database-url {shlex.quote(stack.database_url)}"
+            if stack.database_url
+            else f"--data-dir {shlex.quote(str(stack.data_dir))}"
+        )
         say(
             f"auth is required on {stack.host}; create a key with: "
-            f"OMNIQ_DATABASE__URL={env['OMNIQ_DATABASE__URL']} "
-            "omniqueue keys create --name NAME"
+            f"omniqueue keys create {database} --name NAME"
         )
     urls = stack.urls
     replicas = f"  (API replicas: {' '.join(urls)})" if len(urls) > 1 else ""
@@ -408,8 +413,8 @@ def _workers_for_the_registry(workers: int, realtime_workers: int) -> tuple[int,
     streaming models) could only exit, and be restarted, again and again. Said once."""
     try:
         served = get_settings().served_models().values()
-    except ValueError as exc:  # the registry file or OMNIQ_MODELS
-        raise _Refused(str(exc)) from exc
+    except ValueError as exc:  # the registry file or OMNIQ_MODELS: a bad configuration
+        raise _Refused(str(exc), exit_code=2) from exc
     if realtime_workers and not any(m.spec.streaming for m in served):
         say(
             "omniqueue up: no streaming model is served, so no realtime worker starts; "

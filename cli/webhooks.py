@@ -20,6 +20,7 @@ from typing import Any
 
 from cli.database import opened
 from cli.help import command, command_group
+from cli.paths import add_database_options
 from models.errors import InvalidRequest
 from models.webhooks import ALL_EVENT_TYPES
 from storage.constants import LOCAL_OWNER
@@ -34,7 +35,8 @@ def add_parser(sub: Any) -> None:
         help="the webhook sender and per-key webhook endpoints",
         description="""Run the webhook sender, and manage the endpoints that get an API
         key's job events (signed, Standard Webhooks; docs/webhooks.md), straight in the
-        database (OMNIQ_DATABASE__URL; the per-user default when unset).""",
+        database (--database-url or --data-dir as given to omniqueue up, else
+        OMNIQ_DATABASE__URL, else the per-user data dir's).""",
         dest="webhooks_cmd",
         func=run,
         uses_database=True,
@@ -82,6 +84,8 @@ def add_parser(sub: Any) -> None:
         description="Print a job's webhook deliveries, one JSON line each, with their attempts.",
     )
     dl.add_argument("job_id", help="a job id (video_… or audio_…)")
+    for parser in wsub.choices.values():
+        add_database_options(parser)
 
 
 def run(args: argparse.Namespace) -> int:

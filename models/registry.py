@@ -5,6 +5,7 @@ file (docs/configuration.md, "Model registry")."""
 from __future__ import annotations
 
 import difflib
+import json
 import tomllib
 from typing import Any, Literal
 
@@ -143,39 +144,74 @@ def parse_registry(text: str, source: str = "model registry") -> dict[str, Serve
     [model.spec]          # optional overrides of the family's ModelSpec
     max_width = 1280
     """
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError(f"{source}: {exc}") from exc
+    doc = _load_toml(text, source)
+    _check_keys(doc, {"model"}, source)
+    entries = doc.get("model", [])
+    if not isinstance(entries, list):
+        raise CatalogError(
+            f"{source}: 'model' must be an array of tables: write [[model]] (two brackets) "
+            "above each entry, not [model]"
+        )
     out: dict[str, ServedModel] = {}
-    for i, entry in enumerate(doc.get("model", [])):
-        where = f"{source}: model[{i}]"
-        if not isinstance(entry, dict) or "name" not in entry or "adapter" not in entry:
-            raise CatalogError(f"{where} needs 'name' and 'adapter'")
-        name, adapter = str(entry["name"]), str(entry["adapter"])
-        builtin = {m.adapter: m.spec for m in BUILTIN_MODELS.values()}
-        base = builtin.get(adapter) or FAMILY_SPECS.get(adapter)
-        if base is None and ":" not in adapter:
-            known = ", ".join(sorted(FAMILY_SPECS))
-            raise CatalogError(
-                f"{where}: unknown adapter {adapter!r} (known: {known}, or 'module:Class')"
-            )
-        if name in out:
-            raise CatalogError(f"{where}: duplicate model name {name!r}")
-        overrides: dict[str, Any] = dict(entry.get("spec", {}))
-        _check_keys(entry, set(ServedModel.model_fields), f"{where} ({name})")
-        _check_keys(overrides, set(ModelSpec.model_fields) - {"name"}, f"{where} ({name}) spec")
-        try:
-            spec_fields = {**(base.model_dump() if base else {}), **overrides, "name": name}
-            spec = ModelSpec.model_validate(spec_fields)
-            extra = {k: v for k, v in entry.items() if k != "spec"}
-            out[name] = ServedModel.model_validate({**extra, "spec": spec})
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            field = ".".join(str(part) for part in error["loc"])
-            why = f"{field}: {error['msg']}" if field else error["msg"]
-            raise CatalogError(f"{where} ({name}): {why}") from exc
+    for i, entry in enumerate(entries):
+        model = _parse_entry(entry, f"{source}: model[{i}]")
+        if model.name in out:
+            raise CatalogError(f"{source}: model[{i}]: duplicate model name {model.name!r}")
+        out[model.name] = model
     return out
+
+
+def _load_toml(text: str, source: str) -> dict[str, Any]:
+    """The file as TOML; a file that is not is named as such (JSON, the usual mistake,
+    said so)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        try:
+            json.loads(text)
+            what = "is JSON"
+        except ValueError:
+            what = "is not valid TOML"
+        raise CatalogError(
+            f"{source}: the model registry must be a TOML file, and this one {what} ({exc}): "
+            "write a [[model]] table per model (docs/configuration.md, "
+            '"The model registry file")'
+        ) from exc
+
+
+def _parse_entry(entry: Any, where: str) -> ServedModel:
+    """One ``[[model]]`` table: every key known (the closest named where one is not),
+    ``name`` and ``adapter`` given, the adapter known, the spec valid."""
+    if not isinstance(entry, dict):
+        raise CatalogError(f"{where} must be a table: a [[model]] header with its keys below it")
+    label = f"{where} ({entry['name']})" if "name" in entry else where
+    _check_keys(entry, set(ServedModel.model_fields), label)
+    overrides: dict[str, Any] = dict(entry.get("spec", {}))
+    _check_keys(overrides, set(ModelSpec.model_fields) - {"name"}, f"{label} spec")
+    for j, shape in enumerate(entry.get("warmup", [])):
+        if isinstance(shape, dict):
+            _check_keys(shape, set(WarmupShape.model_fields), f"{label} warmup[{j}]")
+    missing = [key for key in ("name", "adapter") if key not in entry]
+    if missing:
+        raise CatalogError(f"{where} needs {' and '.join(repr(k) for k in missing)}")
+    name, adapter = str(entry["name"]), str(entry["adapter"])
+    builtin = {m.adapter: m.spec for m in BUILTIN_MODELS.values()}
+    base = builtin.get(adapter) or FAMILY_SPECS.get(adapter)
+    if base is None and ":" not in adapter:
+        known = ", ".join(sorted(FAMILY_SPECS))
+        raise CatalogError(
+            f"{where}: unknown adapter {adapter!r} (known: {known}, or 'module:Class')"
+        )
+    try:
+        spec_fields = {**(base.model_dump() if base else {}), **overrides, "name": name}
+        spec = ModelSpec.model_validate(spec_fields)
+        extra = {k: v for k, v in entry.items() if k != "spec"}
+        return ServedModel.model_validate({**extra, "spec": spec})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"])
+        why = f"{field}: {error['msg']}" if field else error["msg"]
+        raise CatalogError(f"{label}: {why}") from exc
 
 
 def _check_keys(table: dict[str, Any], known: set[str], where: str) -> None:

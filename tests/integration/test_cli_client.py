@@ -304,10 +304,16 @@ def test_refusals_are_one_line(omniqueue: Any, args: list[str], expected: str) -
 
 
 def test_a_wrong_key_and_no_server_are_one_line(
-    stack: Stack, capsys: pytest.CaptureFixture[str]
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("OMNIQ_API_KEY", raising=False)
     assert main(["list", "--url", stack.url, "--api-key", "oq-wrong"]) == 1
-    assert "invalid_api_key, HTTP 401)" in _one_line(capsys.readouterr().err)
+    line = _one_line(capsys.readouterr().err)
+    assert "invalid_api_key, HTTP 401)" in line and "--api-key or $OMNIQ_API_KEY" in line
+    assert main(["list", "--url", stack.url]) == 1  # no key: the options that send one
+    line = _one_line(capsys.readouterr().err)
+    assert "pass --api-key KEY or set OMNIQ_API_KEY" in line, line
+    assert "Authorization" not in line
     assert main(["models", "--url", "http://127.0.0.1:9"]) == 1
     line = _one_line(capsys.readouterr().err)
     assert "cannot connect to http://127.0.0.1:9" in line and "omniqueue up" in line

@@ -207,3 +207,55 @@ def test_api_and_worker_without_a_schema_say_to_migrate(
         line = _one_line(_omniqueue("worker", env={**env, "OMNIQ_DATABASE__URL": pg}))
         assert line.startswith("omniqueue worker: the database at ") and "no schema yet" in line
         assert line.endswith(": run `omniqueue migrate`"), line
+
+
+def test_keys_take_the_data_dir_of_up_and_say_which_database(
+    home: tuple[dict[str, str], Path],
+) -> None:
+    """A stack started with ``up --data-dir DIR`` keeps its keys in DIR/omniqueue.db:
+    ``keys create`` wrote to the per-user database without saying so, and the stack
+    refused that key. ``--data-dir`` means what it means to ``up`` (even over
+    OMNIQ_DATABASE__URL, as for ``up``), and every keys command names its database."""
+    env, tmp = home
+    stack_dir = tmp / "stack-data"
+    stack_db = stack_dir / "omniqueue.db"
+    elsewhere = {**env, "OMNIQ_DATABASE__URL": f"sqlite:///{tmp / 'other.db'}"}
+    assert _omniqueue("migrate", "--data-dir", str(stack_dir), env=elsewhere).returncode == 0
+    assert stack_db.is_file() and not (tmp / "other.db").exists()
+    created = _omniqueue(
+        "keys", "create", "--data-dir", str(stack_dir), "--name", "stack", env=elsewhere
+    )
+    assert created.returncode == 0, created.stderr
+    assert "created key_" in created.stderr and f"in {stack_db};" in created.stderr
+    engine = make_engine(DatabaseSettings(url=f"sqlite:///{stack_db}"))
+    try:  # the stack's database has it
+        assert ApiKeyStore(make_sessionmaker(engine)).verify(created.stdout.strip()) is not None
+    finally:
+        engine.dispose()
+    listed = _omniqueue("keys", "list", "--database-url", f"sqlite:///{stack_db}", env=env)
+    assert "stack" in listed.stdout
+    # without a database option: the per-user data directory's, named in the refusal
+    line = _one_line(_omniqueue("keys", "create", "--name", "x", env=env, cwd=tmp / "work"))
+    assert str(tmp / "home" / ".local" / "share" / "omniqueue" / "omniqueue.db") in line
+    added = _omniqueue("webhooks", "list", "--data-dir", str(stack_dir), env=env, cwd=tmp / "work")
+    assert added.returncode == 0, added.stderr
+
+
+def test_up_with_a_bad_registry_exits_2_before_starting_anything(
+    home: tuple[dict[str, str], Path],
+) -> None:
+    """docs/cli.md: 2 for a bad configuration (it was 1)."""
+    env, tmp = home
+    registry = tmp / "models.json"
+    registry.write_text('{"model": [{"name": "x", "adapter": "diffusers.wan"}]}')
+    data = tmp / "data"
+    result = _omniqueue(
+        "up", "--data-dir", str(data), env={**env, "OMNIQ_MODEL_REGISTRY": str(registry)}
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"omniqueue up: {registry}: the model registry must be a TOML file, and this one is "
+        "JSON (Invalid statement (at line 1, column 1)): write a [[model]] table per model "
+        '(docs/configuration.md, "The model registry file")'
+    ]
+    assert [p.name for p in data.iterdir()] == ["omniqueue.lock"]  # no service started

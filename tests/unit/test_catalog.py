@@ -45,7 +45,8 @@ def test_registry_entries_start_from_their_family_spec() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[[model]]\nname = 'a'\n", "needs 'name' and 'adapter'"),
+        ("[[model]]\nname = 'a'\n", r"model\[0\] needs 'adapter'$"),
+        ("[[model]]\npath = '/w'\n", r"model\[0\] needs 'name' and 'adapter'$"),
         ("[[model]]\nname = 'a'\nadapter = 'nope'\n", "unknown adapter 'nope'"),
         (
             "[[model]]\nname='a'\nadapter='diffusers.wan'\n[model.spec]\nmax_width='wide'\n",
@@ -55,7 +56,11 @@ def test_registry_entries_start_from_their_family_spec() -> None:
             "[[model]]\nname='a'\nadapter='diffusers.wan'\n[[model]]\nname='a'\nadapter='diffusers.ltx'\n",
             r"model\[1\]: duplicate model name 'a'",
         ),
-        ("not = [toml", r"^model registry: .+ \(at line 1, column 8\)$"),
+        (
+            "not = [toml",
+            r"^model registry: the model registry must be a TOML file, and this one is not "
+            r"valid TOML \(.+ \(at line 1, column 8\)\): write a \[\[model\]\] table",
+        ),
     ],
 )
 def test_bad_registry_files_name_the_problem(text: str, message: str) -> None:
@@ -139,6 +144,52 @@ def test_an_unknown_registry_key_is_refused_naming_it_the_file_and_the_closest(
     with pytest.raises(CatalogError) as refused:
         parse_registry(text, "/etc/omniqueue/models.toml")
     assert str(refused.value) == f"/etc/omniqueue/models.toml: {error}"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (
+            '[[model]]\nname = "x"\nadaptor = "diffusers.wan"\n',
+            "model[0] (x): unknown key 'adaptor' (did you mean 'adapter'?)",
+        ),
+        (
+            '[[model]]\nnme = "x"\nadapter = "diffusers.wan"\n',
+            "model[0]: unknown key 'nme' (did you mean 'name'?)",
+        ),
+        (
+            '[[model]]\nname = "x"\nadapter = "diffusers.wan"\n[[model.warmup]]\nwidht = 8\n',
+            "model[0] (x) warmup[0]: unknown key 'widht' (did you mean 'width'?)",
+        ),
+        (
+            '[[models]]\nname = "x"\nadapter = "diffusers.wan"\n',
+            "unknown key 'models' (did you mean 'model'?)",
+        ),
+        (
+            '[model]\nname = "x"\nadapter = "diffusers.wan"\n',
+            "'model' must be an array of tables: write [[model]] (two brackets) above each "
+            "entry, not [model]",
+        ),
+    ],
+    ids=["adaptor", "nme", "warmup", "models", "single-brackets"],
+)
+def test_a_mistake_anywhere_in_the_file_is_named_with_its_fix(text: str, error: str) -> None:
+    """Issue 45: a misspelt ``adapter`` or a ``[model]`` table gave "needs 'name' and
+    'adapter'", and a misspelt top-level table served the built-in models in silence."""
+    with pytest.raises(CatalogError) as refused:
+        parse_registry(text, "models.toml")
+    assert str(refused.value) == f"models.toml: {error}"
+
+
+def test_a_json_registry_is_told_to_be_toml() -> None:
+    text = '{"model": [{"name": "x", "adapter": "diffusers.wan"}]}'
+    with pytest.raises(CatalogError) as refused:
+        parse_registry(text, "models.json")
+    message = str(refused.value)
+    assert message.startswith(
+        "models.json: the model registry must be a TOML file, and this one is JSON"
+    )
+    assert "[[model]]" in message
 
 
 def test_a_family_spec_naming_no_modelspec_field_is_refused() -> None:

@@ -219,6 +219,27 @@ def test_http_error_prints_the_server_message(
     assert "size: must be WIDTHxHEIGHT (param size, invalid_value, HTTP 400)" in err
 
 
+def test_a_missing_key_names_the_options_that_send_one(
+    serve: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's 401 says to send 'Authorization: Bearer <key>'; the command line
+    names its own --api-key and OMNIQ_API_KEY instead."""
+    monkeypatch.delenv("OMNIQ_API_KEY", raising=False)
+    body = {
+        "error": {
+            "message": "missing API key: send 'Authorization: Bearer <key>'",
+            "type": "authentication_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+    api = serve(FakeApi(COMPLETING, create_error=(401, body)))
+    assert run_generate("a fox", url=api.url, sleep=_no_sleep) == 1
+    err = capsys.readouterr().err
+    assert "pass --api-key KEY or set OMNIQ_API_KEY" in err and "Bearer" not in err, err
+    assert "(invalid_api_key, HTTP 401)" in err
+
+
 def test_connection_refused_suggests_omniqueue_up(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     assert run_generate("a fox", url=url, sleep=_no_sleep) == 1

@@ -58,9 +58,9 @@ def main() -> None:
     from benchmarks.gpu.common import emit
     from workers.media.mp4 import Media, Mp4Writer, encode_mp4
     from workers.media.pixels import yuv420p
-    from workers.pipelines.diffusers.minimax_h3.adapter import frames_uint8, pixels_uint8
     from workers.pipelines.diffusers.minimax_h3.decode import stream_frames
     from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG
+    from workers.pipelines.diffusers.shared.common import frames_uint8, pixels_uint8
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

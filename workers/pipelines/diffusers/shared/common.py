@@ -112,6 +112,20 @@ def to_uint8(frames: np.ndarray) -> np.ndarray:
     return (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
 
 
+def pixels_uint8(video: torch.Tensor) -> torch.Tensor:
+    """T×3×H×W in [0, 1] → uint8 T×H×W×3, on the device: the arithmetic of ``to_uint8``
+    over ``output_type="np"`` (clip, ×255 and round half to even in float32), so the
+    frames are bit-equal, with no pass over 83 M floats on the CPU (0.3 s at
+    H3's qualification shape)."""
+    pixels = (video.float().clamp(0.0, 1.0) * 255).round().to(torch.uint8)
+    return pixels.permute(0, 2, 3, 1)
+
+
+def frames_uint8(video: torch.Tensor) -> np.ndarray:
+    """:func:`pixels_uint8` on the host (a quarter of the float frames' bytes copied)."""
+    return pixels_uint8(video).cpu().numpy()
+
+
 def grey_preview(latents: torch.Tensor, channel_dim: int, frame_dim: int) -> np.ndarray:
     """A cheap preview: the middle latent frame, mean over channels, contrast-stretched
     to grey (uint8 h×w×3 at latent resolution). No model is run."""

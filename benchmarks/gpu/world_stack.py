@@ -146,6 +146,23 @@ def stopped_at(stack: Stack, session_id: str, timeout: float = 60.0) -> float | 
     return None
 
 
+def chunk_breakdown(stack: Stack, session_id: str | None) -> dict[str, float] | None:
+    """Where the session's chunks spent their time, mean ms per chunk by stage, from the
+    worker's ``session <id>: N chunks, mean ms per chunk: denoise … send …`` line
+    (``workers/sessions/delivery.py``'s ChunkTimes); None before the session ended."""
+    if session_id is None:
+        return None
+    pattern = re.compile(
+        r"session " + re.escape(session_id) + r": (\d+) chunks, mean ms per chunk: (.*)$"
+    )
+    for line in stack.log_path.read_text(errors="replace").splitlines():
+        if m := pattern.search(line):
+            words = m[2].split()
+            stages = {k: float(v) for k, v in zip(words[::2], words[1::2], strict=True)}
+            return {"chunks": float(m[1]), **stages}
+    return None
+
+
 def kept_log(args: argparse.Namespace, part: str) -> str | None:
     """Where up's stderr of ``part`` is copied (``--keep-logs DIR``), or None."""
     return str(Path(args.keep_logs, f"up_{part}.log")) if args.keep_logs else None
@@ -197,6 +214,7 @@ async def _sessions(args: argparse.Namespace, stack: Stack, out: dict[str, Any])
     )
     out["session"] = main.summary()
     out["world_delivered_fps"] = out["session"]["delivered_fps"]
+    out["chunk_breakdown_ms"] = chunk_breakdown(stack, main.session_id)
     latencies = main.interaction_latencies()
     out["interactions_s"] = {k: None if v is None else round(v, 3) for k, v in latencies.items()}
     carried = [v for v in latencies.values() if v is not None]

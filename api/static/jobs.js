@@ -130,7 +130,8 @@ function addCard(kind, job, onTop) {
     cancel: el("button", { type: "button", text: "Cancel" }),
     media: el("div", { class: "media" }),
   };
-  const what = kind === "video" ? `${job.size} · ${job.seconds} s` : `${job.seconds} s`;
+  let what = kind === "video" ? `${job.size} · ${job.seconds} s` : `${job.seconds} s`;
+  if (job.n > 1) what += ` · ${job.n} outputs`;
   card.node = el(
     "li",
     { class: "job", "data-id": job.id },
@@ -242,19 +243,39 @@ async function cancel(card) {
   }
 }
 
-/** The finished artifact in a player, and a download link. With a key the file is
- * fetched with the bearer header (a media element cannot send one). */
+/** Each finished output in a player, with a download link: one for an audio job or an
+ * `n = 1` video, `n` for a video job of `n` outputs (`…/content?index=k`, seed + k). */
 async function showMedia(card) {
   const { job, kind } = card;
+  const outputs = kind === "video" && job.outputs?.length ? job.outputs : [{ index: 0 }];
+  const shown = await Promise.all(outputs.map((o) => outputMedia(card, o.index, outputs.length)));
+  if (outputs.length === 1) {
+    card.media.replaceChildren(...shown[0]);
+    return;
+  }
+  card.media.replaceChildren(...outputs.map(({ index, seed }, k) => el(
+    "figure",
+    { class: "output", "data-index": String(index) },
+    el("figcaption", { text: `Output ${index + 1} of ${outputs.length} · seed ${seed}` }),
+    ...shown[k],
+  )));
+}
+
+/** A player and a download link of output `index` of `count`. With a key the file is
+ * fetched with the bearer header (a media element cannot send one). */
+async function outputMedia({ job, kind }, index, count) {
   const url = `${KINDS[kind].path}/${job.id}/content`;
-  let src = url;
+  let src = index ? `${url}?index=${index}` : url;
   if (getKey()) {
-    const file = await api(`${url}?redirect=false`, { raw: true }); // not a cross-origin S3 URL
+    const query = new URLSearchParams({ redirect: "false" }); // not a cross-origin S3 URL
+    if (index) query.set("index", String(index));
+    const file = await api(`${url}?${query}`, { raw: true });
     src = URL.createObjectURL(await file.blob());
   }
   const player = el(kind, { controls: true, preload: "auto", src });
-  player.setAttribute("aria-label", `Result of ${job.id}`);
+  const name = count > 1 ? `${job.id}-${index}` : job.id;
+  const label = count > 1 ? `Output ${index + 1} of ${job.id}` : `Result of ${job.id}`;
+  player.setAttribute("aria-label", label);
   const ext = kind === "video" ? "mp4" : job.response_format || "wav";
-  const link = el("a", { href: src, download: `${job.id}.${ext}`, text: "Download" });
-  card.media.replaceChildren(player, link);
+  return [player, el("a", { href: src, download: `${name}.${ext}`, text: "Download" })];
 }

@@ -17,8 +17,8 @@ let pending = new Float32Array(0);
 let fileTimer = null;
 let sources = [];
 let playEnd = 0;
-let heardMs = 0;
-let receivedMs = 0;
+// The answer being received: seconds of its audio received, and played (heard) so far.
+let reply = { received: 0, played: 0 };
 let speechSeen = false; // a speech_started since the current file began
 let quietTimer = null;
 // After a file's last append: the VAD's onset latency plus its silence window, and slack.
@@ -208,13 +208,21 @@ function play(delta) {
   const at = Math.max(c.currentTime + 0.05, playEnd);
   source.start(at);
   playEnd = at + buffer.duration;
-  receivedMs += buffer.duration * 1000;
+  const answer = reply;
+  answer.received += buffer.duration;
+  showReplyAudio();
   sources.push(source);
   source.onended = () => {
     sources = sources.filter((s) => s !== source);
-    heardMs += buffer.duration * 1000;
-    $("talk-heard").textContent = `${Math.round(heardMs)} ms`;
+    answer.played += buffer.duration;
+    if (answer === reply) showReplyAudio();
   };
+}
+
+/** The answer's audio in one unit: how much arrived, and how much of it was played. */
+function showReplyAudio() {
+  const s = (seconds) => `${seconds.toFixed(1)} s`;
+  $("talk-audio").textContent = `${s(reply.received)} received · ${s(reply.played)} played`;
 }
 
 /** Drop what is queued for playback (the answer was interrupted). */
@@ -247,14 +255,15 @@ function onEvent(event) {
       log("turn committed");
       break;
     case "response.created":
-      receivedMs = 0;
+      reply = { received: 0, played: 0 };
+      showReplyAudio();
       $("talk-transcript").textContent = "";
       setAnswer("thinking…", "created");
       log(`response ${event.response.id} started`);
       break;
     case "response.output_audio.delta":
       play(event.delta);
-      setAnswer(`speaking (${(receivedMs / 1000).toFixed(1)} s received)`, "speaking");
+      setAnswer("speaking", "speaking");
       break;
     case "response.output_audio_transcript.delta":
       $("talk-transcript").append(event.delta);

@@ -2,9 +2,11 @@
 // segment) are appended to a Media Source Extensions buffer as they arrive, so the video
 // plays while it is generated; w/a/s/d (keys or buttons) go up as camera interactions,
 // and "Send prompt" as a prompt change the model blends in from its next chunk.
-// The server paces generation a few chunks ahead of playback, so a key shows within
-// about two seconds; a key no chunk is left for is answered `interaction_too_late`, and
-// one pressed after the session ended says so here.
+// A session runs until Stop, asking for the longest rollout the model's limits on
+// `/v1/models` allow (`max_frames`); when the server ends it at that limit (or at its
+// session time limit) the page says so. The server paces generation a few chunks ahead
+// of playback, so a key shows within about two seconds; a key no chunk is left for is
+// answered `interaction_too_late`, and one pressed after the session ended says why.
 import { el, fillModels, logLine, openSocket } from "./api.js";
 
 const SIZES = [[256, 144], [320, 176], [480, 272], [640, 352], [832, 480], [1280, 720]];
@@ -50,17 +52,21 @@ function applyModel(model) {
   const select = $("world-size");
   select.replaceChildren(...sizes.map((s) => el("option", { value: s, text: s })));
   select.value = lim.default_size;
-  const seconds = $("world-seconds");
-  seconds.max = String(lim.max_frames / lim.default_fps);
-  if (!seconds.value) seconds.value = "6";
+  const most = longest(lim);
+  $("world-limit").textContent = most
+    ? `Runs until Stop, at most ${most.text} a session: the server's limit for this model.`
+    : "Runs until Stop.";
 }
 
-/** `seconds` at the model's fps, rounded up to its frame lattice (9, 21, 33, … frames). */
-function frames(lim, seconds) {
-  const wanted = Math.max(1, Math.round(seconds * lim.default_fps));
-  if (wanted <= lim.frame_offset) return Math.max(lim.min_frames, lim.frame_offset || 1);
-  const k = Math.ceil((wanted - lim.frame_offset) / lim.frame_multiple);
-  return Math.min(lim.max_frames, lim.frame_offset + k * lim.frame_multiple);
+/** The longest rollout the model's limits allow: its `max_frames` rounded down to its
+ * chunk lattice (9, 21, 33, … frames), at its fps; null where it lists no limit. */
+function longest(lim) {
+  if (lim.max_frames == null) return null;
+  const every = lim.frame_multiple || 1;
+  const chunks = Math.floor((lim.max_frames - lim.frame_offset) / every);
+  const frames = chunks >= 0 ? lim.frame_offset + chunks * every : lim.max_frames;
+  const seconds = Number((frames / lim.default_fps).toFixed(1));
+  return { frames, text: `${frames} frames (${seconds} s)` };
 }
 
 function status(text) {
@@ -91,6 +97,8 @@ class Session {
     this.latencies = [];
     this.actions = new Map();
     this.sent = 0;
+    this.limit = null; // the model's longest rollout, asked for (`longest`)
+    this.endedBy = null; // why the session ended, when the server ended it
     this.opened = new Promise((resolve) => {
       this.source.addEventListener("sourceopen", resolve, { once: true });
     });
@@ -106,7 +114,8 @@ class Session {
     switch (event.type) {
       case "video.start": {
         const c = event.config;
-        status(`streaming ${c.width}x${c.height} at ${c.fps} fps, ${c.chunks} chunks`);
+        status(`streaming ${c.width}x${c.height} at ${c.fps} fps until Stop ` +
+          `(at most ${c.chunks} chunks)`);
         break;
       }
       case "video.chunk_metadata":
@@ -119,13 +128,20 @@ class Session {
         log(`${key}: queued by the server as ${event.event_id}`);
         break;
       }
-      case "session.done":
+      case "session.done": {
         this.ended = true;
-        status(`done: ${event.chunks} chunk${event.chunks === 1 ? "" : "s"}` +
-          (event.stopped ? " (stopped)" : ""));
+        const done = `done: ${event.chunks} chunk${event.chunks === 1 ? "" : "s"}`;
+        if (event.stopped) {
+          status(`${done} (stopped)`);
+        } else {
+          this.endedBy = `the server's limit for this model, ${this.limit?.text ?? "its length"}`;
+          status(`${done}: the session reached ${this.endedBy}; press Start for a new one`);
+          log(`the session reached ${this.endedBy}`);
+        }
         this.pump();
         this.ws.close(1000);
         break;
+      }
       case "error":
         if (event.code === "interaction_too_late") {
           const key = this.actions.get(event.event_id) ?? "?";
@@ -134,7 +150,14 @@ class Session {
           log(`${key}: too late (${event.message})`);
           break;
         }
-        status(`error: ${event.message}${event.code ? ` (${event.code})` : ""}`);
+        if (event.code === "session_expired") { // the server's session time limit
+          this.ended = true;
+          this.endedBy = `the server's session time limit (${event.message})`;
+          status(`ended: ${this.endedBy}; press Start for a new one`);
+          this.pump();
+        } else {
+          status(`error: ${event.message}${event.code ? ` (${event.code})` : ""}`);
+        }
         log(`error ${event.code ?? ""}: ${event.message}`);
         break;
       default:
@@ -193,19 +216,21 @@ class Session {
 async function start() {
   const model = served.get($("world-model").value);
   const [width, height] = $("world-size").value.split("x").map(Number);
+  const limit = longest(model.limits);
   const message = {
     type: "session.start",
     model: model.id,
     prompt: $("world-prompt").value,
     width,
     height,
-    num_frames: frames(model.limits, Number($("world-seconds").value || 6)),
+    num_frames: limit?.frames, // until Stop, within the server's limit
     fps: model.limits.default_fps,
     seed: Math.floor(Math.random() * 2 ** 31),
   };
   if (session && session.ws.readyState <= WebSocket.OPEN) session.ws.close(1000);
   const ws = openSocket("/v1/realtime/video");
   const current = new Session(ws, $("world-video"));
+  current.limit = limit;
   session = current;
   $("world-chunks").textContent = "0";
   $("world-latency").textContent = "–";
@@ -216,7 +241,7 @@ async function start() {
     current.send(message);
     $("world-stop").disabled = false;
     document.querySelector(".wasd button").focus(); // out of the prompt: w/a/s/d steer
-    status(`starting ${width}x${height}, ${message.num_frames} frames…`);
+    status(`starting ${width}x${height}…`);
   });
   ws.addEventListener("message", (m) => {
     if (typeof m.data === "string") current.onText(JSON.parse(m.data));
@@ -229,7 +254,8 @@ async function start() {
  * new prompt), labelled `label` in the log and the "Last action" line. */
 function interact(label, event = { camera: [[label], [label], [label]] }) {
   if (!session || session.ws.readyState !== WebSocket.OPEN) {
-    const why = session ? "the session has ended" : "no session is running";
+    let why = session ? "the session has ended" : "no session is running";
+    if (session?.endedBy) why = `the session ended at ${session.endedBy}`;
     $("world-action").textContent = `${label} not sent: ${why}; press Start for a new one`;
     $("world-action").dataset.state = "ended";
     return;

@@ -7,10 +7,11 @@ import json
 import re
 import wave
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.browser.conftest import REACT_MS, SPEECH, Up
 from tests.browser.pages import JOB_MS, media, record_statuses, submit
@@ -94,6 +95,46 @@ def test_cancel_from_the_page_frees_the_worker_and_the_list_pages(page: Page, up
     expect(more).to_be_hidden()
 
 
+def test_a_job_of_two_outputs_shows_both(page: Page, up: Up) -> None:
+    """A create's ``n`` outputs (made by the CLI or an SDK: the form has no ``n``) are
+    each a player and a download of ``…/content?index=k``; the page showed only the
+    first."""
+    with api(up) as client:
+        job = client.post(
+            "/v1/videos",
+            json={
+                "model": "reference/video",
+                "prompt": "two kites",
+                "size": "64x48",
+                "seconds": "0.5",
+                "num_inference_steps": 2,
+                "n": 2,
+            },
+        ).json()
+    page.goto(up.url + "/")
+    card = page.locator(f'li.job[data-id="{job["id"]}"]')
+    expect(card.locator(".status")).to_have_text(re.compile("completed"), timeout=JOB_MS)
+    expect(card.locator(".meta")).to_contain_text("2 outputs")
+    outputs = card.locator("figure.output")
+    expect(outputs).to_have_count(2)
+    files = []
+    for k, output in enumerate(job["outputs"]):
+        figure = outputs.nth(k)
+        caption = f"Output {k + 1} of 2 · seed {output['seed']}"
+        expect(figure.locator("figcaption")).to_have_text(caption)
+        player = figure.get_by_label(f"Output {k + 1} of {job['id']}")
+        page.wait_for_function("v => v.readyState >= 2", arg=player.element_handle())
+        assert abs(media(player)["duration"] - 0.5) < 0.15
+        with page.expect_download() as download:
+            figure.get_by_role("link", name="Download").click()
+        assert download.value.suggested_filename == f"{job['id']}-{k}.mp4"
+        files.append(Path(download.value.path()).read_bytes())
+        with api(up) as client:
+            content = client.get(f"/v1/videos/{job['id']}/content", params={"index": k})
+            assert files[-1] == content.content
+    assert files[0] != files[1]  # seeds seed and seed + 1
+
+
 def _speech(name: str, start_ms: int, end_ms: int | None = None) -> tuple[bytes, int]:
     """The PCM16 frames of a speech fixture between two times, and its rate."""
     with wave.open(str(SPEECH / name), "rb") as w:
@@ -140,8 +181,11 @@ def test_talk_with_a_wav_file_gets_an_answer_and_barge_in_cancels_it(
     talk.get_by_role("button", name="Send file").click()
     expect(page.locator("#talk-log")).to_contain_text("cancelled (turn_detected)", timeout=30_000)
     expect(answer).to_have_text("completed", timeout=30_000)  # the answer to "stop…"
-    heard = int(page.locator("#talk-heard").inner_text().split()[0])
-    assert heard > 0
+    # the answer's audio in one unit, labelled: as much played as received once it ends
+    # (it said "Heard 1720 ms", the session's total, beside "2.2 s received")
+    played = re.compile(r"^(\d+\.\d) s received · \1 s played$")
+    expect(page.locator("#talk-audio")).to_have_text(played, timeout=30_000)
+    assert float(page.locator("#talk-audio").inner_text().split()[0]) > 0
     page.screenshot(path=up.artifacts / "talk.png", full_page=True)
 
 
@@ -186,15 +230,44 @@ def test_talk_with_the_microphone_gets_an_answer(page: Page, up: Up) -> None:
     expect(mic).to_have_attribute("aria-pressed", "false")
 
 
-def test_world_plays_chunks_through_mse_and_w_and_a_prompt_are_acknowledged(
+def _chunks_at_least(page: Page, count: int) -> None:
+    page.wait_for_function(
+        f"Number(document.getElementById('world-chunks').textContent) >= {count}",
+        timeout=JOB_MS,
+    )
+
+
+def _start_messages(page: Page) -> list[dict[str, Any]]:
+    """The ``session.start`` messages the page sends from now on."""
+    starts: list[dict[str, Any]] = []
+
+    def sent(payload: str | bytes) -> None:
+        if isinstance(payload, str) and '"session.start"' in payload:
+            starts.append(json.loads(payload))
+
+    page.on("websocket", lambda ws: ws.on("framesent", sent))
+    return starts
+
+
+def test_world_runs_until_stop_plays_through_mse_and_w_and_a_prompt_are_acknowledged(
     page: Page, up: Up
 ) -> None:
+    """A world runs until Stop: it asks for the model's longest rollout (reference/world:
+    957 frames, 80 chunks), so a key pressed after the old 6 s default (8 chunks) still
+    steers it."""
+    starts = _start_messages(page)
     page.goto(up.url + "/#world")
     world = page.locator("#world")
+    expect(page.locator("#world-limit")).to_have_text(
+        "Runs until Stop, at most 957 frames (59.8 s) a session: the server's limit for this model."
+    )
     world.get_by_label("Size").select_option("256x144")
-    world.get_by_label("Seconds").fill("2.8")  # 45 frames at 16 fps: 4 chunks (9 + 3 × 12)
     world.get_by_role("button", name="Start").click()
-    page.wait_for_function("Number(document.getElementById('world-chunks').textContent) >= 1")
+    _chunks_at_least(page, 1)
+    assert [m["num_frames"] for m in starts] == [957]
+    expect(page.locator("#world-status")).to_have_text(
+        "streaming 256x144 at 16 fps until Stop (at most 80 chunks)"
+    )
     page.keyboard.press("w")
     expect(page.locator("#world-action")).to_have_attribute("data-state", "queued")
     world.get_by_label("New prompt").fill("snow begins to fall")
@@ -202,14 +275,54 @@ def test_world_plays_chunks_through_mse_and_w_and_a_prompt_are_acknowledged(
     expect(page.locator("#world-log")).to_contain_text(
         'prompt "snow begins to fall": queued by the server as prompt-2'
     )
-    expect(page.locator("#world-status")).to_have_text("done: 4 chunks", timeout=JOB_MS)
+    _chunks_at_least(page, 9)  # past 93 frames, where the 6 s default ended
+    page.keyboard.press("d")
+    expect(page.locator("#world-action")).to_have_text("d acknowledged (d-3)")
+    world.get_by_role("button", name="Stop").click()
+    expect(page.locator("#world-status")).to_have_text(
+        re.compile(r"^done: \d+ chunks \(stopped\)$"), timeout=JOB_MS
+    )
+    chunks = int(page.locator("#world-status").inner_text().split()[1])
+    assert chunks >= 9
     video = page.locator("#world-video")
     # at least three chunks played: past the end of the second (9 + 12 frames)
     page.wait_for_function("v => v.currentTime > 21 / 16", arg=video.element_handle())
     state = media(video)
-    assert state["error"] is None and state["buffered"] > 44 / 16, state
-    expect(page.locator("#world-latency")).to_contain_text("over 4")
+    assert state["error"] is None and state["buffered"] > 93 / 16, state
+    expect(page.locator("#world-latency")).to_contain_text(f"over {chunks}")
     page.screenshot(path=up.artifacts / "world.png", full_page=True)
+
+
+def test_world_says_when_the_servers_limit_ended_the_session(page: Page, up: Up) -> None:
+    """The model's ``max_frames`` (here lowered to 45 in the page's copy of
+    ``/v1/models``: 4 chunks) is what the page asks for; the server ends the session
+    there, and the page says so, and why a key pressed then is not sent."""
+
+    def lowered(route: Route) -> None:
+        listed = route.fetch()
+        body = listed.json()
+        for model in body["data"]:
+            if model["id"] == "reference/world":
+                model["limits"]["max_frames"] = 45
+        route.fulfill(response=listed, json=body)
+
+    page.route("**/v1/models", lowered)
+    starts = _start_messages(page)
+    page.goto(up.url + "/#world")
+    world = page.locator("#world")
+    world.get_by_label("Size").select_option("256x144")
+    world.get_by_role("button", name="Start").click()
+    limit = "the server's limit for this model, 45 frames (2.8 s)"
+    expect(page.locator("#world-status")).to_have_text(
+        f"done: 4 chunks: the session reached {limit}; press Start for a new one",
+        timeout=JOB_MS,
+    )
+    assert [m["num_frames"] for m in starts] == [45]
+    page.keyboard.press("w")
+    expect(page.locator("#world-action")).to_have_text(
+        f"w not sent: the session ended at {limit}; press Start for a new one"
+    )
+    expect(page.locator("#world-log")).to_contain_text(f"the session reached {limit}")
 
 
 def test_the_page_asks_for_the_key_once_and_fits_a_phone(browser: Browser, up: Up) -> None:

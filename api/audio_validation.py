@@ -34,7 +34,7 @@ from models.audio import (
     SpeechCreate,
 )
 from models.catalog import ModelSpec
-from models.errors import InvalidRequest, ModelNotFound
+from models.errors import InvalidRequest, ModelNotFound, must_be_within
 from models.job_specs import AudioSpec
 from storage.settings import Settings
 
@@ -172,10 +172,8 @@ def _check_rate(rate: int | None, fmt: str) -> None:
         choices = ", ".join(str(r) for r in allowed)
         raise InvalidRequest(f"sample_rate for {fmt} must be one of {choices}", param="sample_rate")
     if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
-        raise InvalidRequest(
-            f"sample_rate must be between {MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE}",
-            param="sample_rate",
-        )
+        message = must_be_within("sample_rate", MIN_SAMPLE_RATE, MAX_SAMPLE_RATE)
+        raise InvalidRequest(message, param="sample_rate")
 
 
 def _generation(body: SpeechCreate | AudioGenerate, **fields: Any) -> AudioCreate:

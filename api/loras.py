@@ -39,7 +39,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from models.errors import InvalidRequest, ServiceUnavailable
+from models.errors import InvalidRequest, ServiceUnavailable, must_be_within
 from models.job_specs import LoraSpec
 from models.videos import LoraRequest
 from storage.settings import LoraSettings
@@ -119,7 +119,7 @@ def _scale(value: float | None, settings: LoraSettings) -> float:
         return 1.0
     top = settings.max_scale
     if not -top <= value <= top:  # finite: LoraRequest refused NaN and infinities
-        raise InvalidRequest(f"lora.scale must be between {-top:g} and {top:g}", param="lora.scale")
+        raise InvalidRequest(must_be_within("lora.scale", -top, top), param="lora.scale")
     return value
 
 

@@ -176,12 +176,16 @@ def watch(
     )
     with bar:
         while True:
+            # The percentage and the step of one poll go out in one frame: the postfix
+            # first, unshown, then the count (whose update may draw), then one draw.
+            if job.get("stage") != stage:
+                stage, stage_since = job.get("stage"), time.monotonic()
+            postfix = describe(job, tick, time.monotonic() - stage_since)
+            bar.set_postfix_str(postfix, refresh=False)
             progress = int(job.get("progress") or 0)
             if progress > bar.n:
                 bar.update(progress - bar.n)
-            if job.get("stage") != stage:
-                stage, stage_since = job.get("stage"), time.monotonic()
-            bar.set_postfix_str(describe(job, tick, time.monotonic() - stage_since))
+            bar.refresh()
             tick += 1
             if job.get("status") in TERMINAL:
                 return job
@@ -196,9 +200,14 @@ def watch(
 
 
 def failure(job: dict[str, Any]) -> str:
-    """``<id> failed: <code>: <message>`` of a failed job."""
+    """``<id> failed: <code>: <message>`` of a failed job; a cancelled one (``failed``
+    on the wire, ``error.code`` ``cancelled``) is said as such, once: ``<id> was
+    cancelled by the client``."""
     error = job.get("error") or {}
     code, message = error.get("code", "unknown"), error.get("message", "no message")
+    if code == "cancelled":
+        said = message if str(message).startswith("cancelled") else f"cancelled ({message})"
+        return f"{job['id']} was {said}"
     return f"{job['id']} failed: {code}: {message}"
 
 

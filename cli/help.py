@@ -21,7 +21,8 @@ from typing import Any
 class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if not action.option_strings or "(default" in text or action.default is argparse.SUPPRESS:
+        says = "default:" in text  # "(default: …)", or "(…; default: …)" of its own
+        if not action.option_strings or says or action.default is argparse.SUPPRESS:
             return text
         if isinstance(action, argparse._StoreTrueAction):
             return f"{text} (default: off)"

@@ -242,7 +242,8 @@ def _defaults(model: dict[str, Any]) -> str:
     if model.get("kind") != "job" or not limits:
         return ""
     parts = [] if model.get("modality") == "audio" else [str(limits.get("default_size"))]
-    parts += [f"{limits.get('default_seconds'):g} s", f"{limits.get('default_steps')} steps"]
+    steps = limits.get("default_steps")
+    parts += [f"{limits.get('default_seconds'):g} s", f"{steps} step{'' if steps == 1 else 's'}"]
     if limits.get("supports_image_input"):
         parts.append("--image")
     tiers = model.get("quality_tiers") or []

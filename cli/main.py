@@ -122,7 +122,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return serve(settings, args.name, realtime=bool(args.realtime))
 
 
-def _cmd_migrate(_: argparse.Namespace) -> int:
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    if args.quiet:  # Alembic's INFO lines: a plugin each (at import), a revision each
+        logging.getLogger("alembic").setLevel(logging.WARNING)
     from migrations.runner import upgrade
 
     settings = get_settings()
@@ -312,6 +314,11 @@ def _add_server_commands(sub: Any) -> None:
         revision (Alembic), at OMNIQ_DATABASE__URL (default: {default_database_url()}). Run
         it before the API and workers, and after every upgrade of omniqueue; omniqueue up
         runs it itself.""",
+    )
+    mig.add_argument(
+        "--quiet",
+        action="store_true",
+        help="only Alembic's warnings and errors, not a line per revision (omniqueue up)",
     )
     add_database_options(mig)
     mig.set_defaults(func=_cmd_migrate, uses_database=True)

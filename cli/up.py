@@ -26,6 +26,7 @@ the line ``metrics: …`` on stderr lists every scrape URL.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
@@ -98,6 +99,7 @@ def cpu_thread_env(environ: Mapping[str, str], processes: int, cores: int) -> di
 
 def _wait_healthy(urls: list[str], children: ProcessGroup, timeout: float) -> str | None:
     """Wait for ``GET /health`` to answer 200 on every URL; the reason it did not, or None."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll is noise here
     deadline = time.monotonic() + timeout
     waiting = list(urls)
     with httpx.Client(timeout=2.0, trust_env=False) as client:  # never via an HTTP proxy
@@ -304,7 +306,7 @@ def _start_services(stack: _Stack, valkey: EmbeddedValkey | None, s3: EmbeddedS3
     env = child_env(stack.host, stack.port, stack.data_dir, redis, s3, stack.database_url)
     say("migrating the database…")
     migrate = subprocess.run(
-        cli_argv("migrate"),
+        cli_argv("migrate", "--quiet"),
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=STDERR_FD,

@@ -304,7 +304,7 @@ def _add_reads(sub: Any, common: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="K",
-        help="which output of a video job made with --n (0 to n - 1; default: 0)",
+        help="which output of a video job made with --n, 0 to n - 1",
     )
 
     models = _verb(

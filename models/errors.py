@@ -255,6 +255,20 @@ class ModelUnavailable(ServiceUnavailable):
         super().__init__(model_unavailable_message(model, reason), param="model")
 
 
+def must_be_within(name: str, low: float, high: float, unit: str = "") -> str:
+    """``NAME must be between LOW and HIGH``, or ``NAME must be LOW`` where the range holds
+    one value (a model whose steps are fixed: "between 4 and 4" read as a puzzle); every
+    message built from a minimum and a maximum says it so. ``unit`` follows the number."""
+    if low == high:
+        return f"{name} must be {_number(low)}{unit}"
+    return f"{name} must be between {_number(low)} and {_number(high)}{unit}"
+
+
+def _number(value: float) -> str:
+    """A bound as people write it: whole numbers whole (48000, not 4.8e+04)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def model_unavailable_message(model: str, reason: str) -> str:
     """The message of a create refused, and of a queued job failed, for ``model``."""
     return f"no live worker can load model {model!r}: {reason}"

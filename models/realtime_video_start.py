@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from models.catalog import ModelSpec
-from models.errors import StartRejected
+from models.errors import StartRejected, must_be_within
 from models.realtime_video import SessionStart, VideoConfig, VideoErrorCode, describe_error
 from models.realtime_video_chunks import ChunkLattice, is_camera_block
 
@@ -240,10 +240,8 @@ def _check_image_reference(start: SessionStart) -> None:
 def _steps(start: SessionStart, model: str | None, limits: StartLimits, rules: StartRules) -> int:
     steps = _first(start.num_inference_steps, limits.default_steps, rules.default_steps)
     if not limits.min_steps <= steps <= limits.max_steps:
-        detail = (
-            f"num_inference_steps must be in [{limits.min_steps}, {limits.max_steps}] "
-            f"for {model}, got {steps}"
-        )
+        within = must_be_within("num_inference_steps", limits.min_steps, limits.max_steps)
+        detail = f"{within} for {model}, got {steps}"
         raise StartRejected(VideoErrorCode.INVALID_REQUEST, detail, "num_inference_steps")
     return steps
 

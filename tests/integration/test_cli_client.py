@@ -185,6 +185,8 @@ def test_models(omniqueue: Any) -> None:
     assert "omniqueue video" in rows["reference/video"] and "--image" in rows["reference/video"]
     assert "omniqueue audio | speech" in rows["reference/audio"]
     assert "omniqueue audio | speech" in rows["reference/speech"]
+    assert "5 s, 1 step" in rows["reference/speech"] and "1 steps" not in stdout  # one step
+    assert "30 steps" in rows["reference/video"]
     assert "WS /v1/realtime/video" in rows["reference/world"]
     code, stdout, _ = omniqueue("models", "--json")
     assert {json.loads(line)["id"] for line in stdout.splitlines()} >= set(rows)
@@ -203,10 +205,8 @@ def test_cancel_a_running_job(omniqueue: Any, stack: Stack, key: str) -> None:
         assert job["status"] == "failed" and job["error"]["code"] == "cancelled"
     code, _, err = omniqueue("download", video_id)
     assert code == 1
-    assert (
-        _one_line(err)
-        == f"omniqueue download: {video_id} failed: cancelled: {job['error']['message']}"
-    )
+    assert job["error"]["message"] == "cancelled by the client"
+    assert _one_line(err) == f"omniqueue download: {video_id} was cancelled by the client"
 
 
 def test_ctrl_c_cancels_the_job(stack: Stack, key: str, tmp_path: Path) -> None:

@@ -161,6 +161,11 @@ def test_up_runs_stops_cleanly_and_keeps_data(tmp_path: Path) -> None:
     assert leftovers == [], "orphan processes after SIGTERM"
     assert [p for p in ports if not _port_free(p)] == []
     assert (data_dir / "omniqueue.db").exists()
+    log = up.log.read_text()
+    # quiet: no Alembic line per revision, no Celery banner against root (the suite runs
+    # as root here), no line per /health poll
+    assert "INFO alembic" not in log and "Running upgrade" not in log, log[:4000]
+    assert "superuser privileges" not in log and "HTTP Request:" not in log, log[:4000]
 
     again = Up(data_dir, port)
     try:

@@ -74,6 +74,7 @@ def test_every_command_and_option_is_described_with_its_default(
         if action.option_strings:
             says = "(default: " in text or (action.required and "(required)" in text)
             assert says, f"{path} {name}: the help does not say its default: {text!r}"
+            assert text.count("default:") == (0 if action.required else 1), (path, name, text)
 
 
 def test_a_flag_shows_off_and_a_value_its_default() -> None:

@@ -273,6 +273,34 @@ def test_a_stage_without_steps_shows_a_spinner_with_its_name(
     assert "in_progress denoise step 1/4" in err
 
 
+def test_each_frame_of_the_bar_shows_the_step_of_its_percentage(
+    serve: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bar drew a poll's new percentage with the previous poll's step (`70%` with
+    `step 1/4`) before it drew the new step: one poll, one frame."""
+    import time
+
+    api = serve(FakeApi(COMPLETING))
+    slow = lambda _: time.sleep(0.15)  # noqa: E731  (past tqdm's 0.1 s between draws)
+    assert run_generate("a fox", url=api.url, output=tmp_path / "x.mp4", sleep=slow) == 0
+    frames = [f for f in capsys.readouterr().err.split("\r") if "%|" in f]
+    shown = {(m[1], m[2]) for f in frames if (m := re.search(r"(\d+)%\|.*step (\d)/4", f))}
+    assert ("20", "1") in shown and ("70", "4") in shown, frames
+    assert shown <= {("20", "1"), ("70", "4"), ("100", "4")}, frames
+
+
+def test_a_cancelled_job_is_said_to_be_cancelled_once(
+    serve: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli.jobs import run_download
+
+    error = {"code": "cancelled", "message": "cancelled by the client"}
+    api = serve(FakeApi([_video("failed", error=error)]))
+    assert run_download(VIDEO_ID, url=api.url, output=tmp_path / "x.mp4") == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"omniqueue download: {VIDEO_ID} was cancelled by the client"
+
+
 def test_up_help_shows_every_option_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
     from cli.main import build_parser
     from cli.paths import default_data_dir

@@ -256,3 +256,19 @@ def test_an_audio_length_past_the_server_s_limit_names_it(settings: Settings) ->
         resolve_audio(parse_generation({"prompt": "rain", "seconds": 61}), BUILTIN_SPECS, roomy)
     assert "at most 60 for reference/audio" in info.value.message
     assert "OMNIQ_" not in info.value.message
+
+
+def test_a_range_of_one_value_is_said_as_that_value() -> None:
+    """Issue 45: "must be between 5 and 5" where a minimum equals its maximum."""
+    from models.errors import must_be_within
+
+    assert must_be_within("num_inference_steps", 5, 5) == "num_inference_steps must be 5"
+    assert must_be_within("n", 1, 4) == "n must be between 1 and 4"
+    assert must_be_within("sample_rate", 8000, 384000) == (
+        "sample_rate must be between 8000 and 384000"
+    )
+    assert must_be_within("lora.scale", -0.5, 0.5) == "lora.scale must be between -0.5 and 0.5"
+    assert must_be_within("lora.scale", -0.0, 0.0) == "lora.scale must be 0"
+    assert (
+        must_be_within("timeout", 0, 30, " seconds") == "timeout must be between 0 and 30 seconds"
+    )

@@ -331,7 +331,11 @@ def test_steps_per_chunk_are_the_start_s_or_the_model_s_default_within_its_range
     too_many = HELIOS_LIKE.max_steps + 1
     error = _refused(p, model="helios-like", num_inference_steps=too_many, extra_params={})
     assert (error["code"], error["param"]) == ("invalid_request", "num_inference_steps")
-    assert f"[1, {HELIOS_LIKE.max_steps}]" in error["message"] and p.events_received() == []
+    assert f"between 1 and {HELIOS_LIKE.max_steps}" in error["message"]
+    assert p.events_received() == []
+    fixed = HELIOS_LIKE.model_copy(update={"min_steps": 4, "max_steps": 4, "default_steps": 4})
+    error = _refused(_served(fixed), model="helios-like", num_inference_steps=5, extra_params={})
+    assert "num_inference_steps must be 4 for helios-like, got 5" in error["message"], error
 
 
 def test_num_frames_rounds_down_to_the_model_s_chunks() -> None:

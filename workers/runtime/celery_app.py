@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.exceptions import SecurityWarning
 from celery.signals import worker_shutting_down
 
 from models.session_bus import TASKS, JobTask, SessionTask, VoiceSessionConfig
@@ -108,6 +111,7 @@ def serve(
         # How soon a session thread woken by Redis gets the GIL (docs/PERFORMANCE.md).
         sys.setswitchinterval(settings.realtime.switch_interval_ms / 1000)
     app = create_worker_app(settings, context)
+    _quiet_root_warning(settings)
     if not realtime:  # SIGTERM/SIGINT: the running job goes back to the queue
         drain = settings.worker.drain_timeout_s
 
@@ -138,6 +142,18 @@ def serve(
     finally:
         context.close()
     return 0
+
+
+def _quiet_root_warning(settings: Settings) -> None:
+    """Under ``omniqueue up`` (``OMNIQ_MODE=embedded``: a laptop, or a container whose user
+    is root), leave out Celery's banner against running as root: it is about workers that
+    accept pickle, and ours take JSON only (``storage/queue.py``). ``C_FORCE_ROOT`` cannot
+    silence it (Celery 5 reads it only to let a root worker take pickle), so the one
+    warning is filtered here; a deployment's workers (``production``) still print it."""
+    if settings.mode == "embedded" and os.geteuid() == 0:
+        warnings.filterwarnings(
+            "ignore", message=".*superuser privileges", category=SecurityWarning
+        )
 
 
 def model_devices(settings: Settings, realtime: bool = False) -> list[str]:

@@ -194,13 +194,15 @@ class AppState:
                 checks[name] = "ok"
         return checks
 
-    async def unavailable_models(self) -> dict[str, str]:
-        """``/ready``'s served models that no live worker can load → why
-        (:class:`api.model_availability.ModelAvailability`), read on the probe pool within
-        ``OMNIQ_HTTP__READY_TIMEOUT_S``; the last figures read when it takes longer."""
+    async def unavailable_models(self, timeout: float | None = None) -> dict[str, str]:
+        """The served models that no live worker can load → why
+        (:class:`api.model_availability.ModelAvailability`): what ``/ready`` and
+        ``/health`` both say. Read on the probe pool within ``timeout`` (default
+        ``OMNIQ_HTTP__READY_TIMEOUT_S``); the last figures read when it takes longer."""
         future = asyncio.wrap_future(self._probe("models", self.availability.unavailable))
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        await asyncio.wait([future], timeout=self.settings.http.ready_timeout_s)
+        bound = self.settings.http.ready_timeout_s if timeout is None else timeout
+        await asyncio.wait([future], timeout=bound)
         if future.done() and future.exception() is None:
             return future.result()
         return self.availability.last()

@@ -10,7 +10,10 @@ one that keeps dying right after each start stops the whole stack (exit 1). Ctrl
 SIGTERM stops the children first (they may still need Redis and S3 while they finish),
 then S3, then Valkey; the API's own graceful shutdown (``OMNIQ_SHUTDOWN_GRACE_S``) is
 kept shorter than the time it gets, so open SSE streams and WebSockets never get it
-killed. Progress goes to stderr; stdout gets one line once every API replica answers.
+killed. Progress goes to stderr; stdout gets one line once every API replica answers and
+every worker is ready, or stopped on a configuration error, said with its reason and log
+(:mod:`cli.up_ready`: each worker writes a status file, and its output goes to
+``<data dir>/logs`` as well).
 
 ``--api-replicas N`` runs N APIs on ports ``P … P+N-1`` (each with ``--api-processes``
 processes sharing its port): replicas as a load balancer would see them, sharing the
@@ -26,21 +29,18 @@ the line ``metrics: …`` on stderr lists every scrape URL.
 
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
-
-import httpx
 
 from cli.data_lock import DataDirInUse, lock_data_dir
 from cli.embedded import EmbeddedS3, EmbeddedServiceError, EmbeddedValkey
@@ -55,6 +55,7 @@ from cli.up_children import (
     say,
     worker_commands,
 )
+from cli.up_ready import WorkerWatch, wait_for_workers, wait_healthy
 from storage.settings import MetricsSettings, get_settings
 from workers.runtime.ports import bindable, reserve_port_from
 from workers.runtime.processes import child_popen_kwargs
@@ -95,27 +96,6 @@ def cpu_thread_env(environ: Mapping[str, str], processes: int, cores: int) -> di
     if processes <= 1 or any(name in environ for name in THREAD_VARS):
         return {}
     return dict.fromkeys(THREAD_VARS, str(max(1, cores // processes)))
-
-
-def _wait_healthy(urls: list[str], children: ProcessGroup, timeout: float) -> str | None:
-    """Wait for ``GET /health`` to answer 200 on every URL; the reason it did not, or None."""
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll is noise here
-    deadline = time.monotonic() + timeout
-    waiting = list(urls)
-    with httpx.Client(timeout=2.0, trust_env=False) as client:  # never via an HTTP proxy
-        while time.monotonic() < deadline:
-            exited = children.first_exited()
-            if exited is not None:
-                return f"{exited[0]} exited with code {exited[1]} during startup"
-            try:
-                while waiting and client.get(f"{waiting[0]}/health").status_code == 200:
-                    waiting.pop(0)
-            except httpx.HTTPError:
-                pass
-            if not waiting:
-                return None
-            time.sleep(0.25)
-    return f"the API did not answer {waiting[0]}/health within {timeout:.0f} s"
 
 
 def api_metrics_dirs(
@@ -273,9 +253,10 @@ def _run(stack: _Stack) -> int:
     try:
         env = _start_services(stack, valkey, s3)
         children = ProcessGroup(env)  # before the first spawn: the shutdown stops them
-        _spawn_children(stack, children, env)
-        _wait_ready(stack, children, env)
-        _supervise(children, s3, valkey)
+        watches = _spawn_children(stack, children, env)
+        supervisor = _supervisor(children, s3, valkey, watches)
+        _wait_ready(stack, children, env, supervisor, watches)
+        _supervise(supervisor)
     except GaveUp as exc:
         say(f"omniqueue up: {exc}; stopping everything")
         return 1
@@ -322,8 +303,11 @@ def _start_services(stack: _Stack, valkey: EmbeddedValkey | None, s3: EmbeddedS3
     return env
 
 
-def _spawn_children(stack: _Stack, children: ProcessGroup, env: dict[str, str]) -> None:
-    """The API processes, the workers and the webhook sender; the ``metrics:`` line."""
+def _spawn_children(
+    stack: _Stack, children: ProcessGroup, env: dict[str, str]
+) -> list[WorkerWatch]:
+    """The API processes, the workers and the webhook sender; the ``metrics:`` line. What
+    to watch of each worker."""
     say(
         f"starting the API on {' '.join(stack.urls)} ({stack.api_processes} process(es) "
         f"each), {stack.workers} worker(s), {stack.realtime_workers} realtime worker(s) and "
@@ -340,18 +324,20 @@ def _spawn_children(stack: _Stack, children: ProcessGroup, env: dict[str, str]) 
             cli_argv("api", "--host", stack.host, "--port", str(api_port)),
             {MULTIPROC_ENV: str(directory)} if directory else None,
         )
-    scraped = _spawn_workers(stack, children, env, metrics)
+    scraped, watches = _spawn_workers(stack, children, env, metrics)
     if metrics.enabled:
         scrape = [f"API {u}/metrics" for u in stack.urls]
         scrape += [f"{name} http://{_url_host(stack.host)}:{p}/metrics" for name, p in scraped]
         say("metrics: " + ", ".join(scrape))
+    return watches
 
 
 def _spawn_workers(
     stack: _Stack, children: ProcessGroup, env: dict[str, str], metrics: MetricsSettings
-) -> list[tuple[str, int | None]]:
-    """The workers, each with its share of the cores, then the webhook sender: its own
-    process, so a slow receiver holds no worker or API. Each child's metrics port."""
+) -> tuple[list[tuple[str, int | None]], list[WorkerWatch]]:
+    """The workers, each with its share of the cores, a status file and a log file, then
+    the webhook sender: its own process, so a slow receiver holds no worker or API. Each
+    child's metrics port, and what to watch of each worker."""
     spawned = worker_commands(
         stack.workers, stack.worker_devices, stack.groups, stack.realtime_workers
     )
@@ -366,21 +352,41 @@ def _spawn_workers(
     spawned.append(("webhook sender", cli_argv("webhooks", "serve")))
     taken = set(range(stack.port, stack.port + stack.api_replicas))
     ports = worker_metrics_ports(stack.host, len(spawned), metrics, taken)
+    watches = []
     for i, ((name, argv), metrics_port) in enumerate(zip(spawned, ports, strict=True)):
         extra = dict(threads) if i < worker_children else {}  # the workers' share
         if metrics_port is not None:
             extra["OMNIQ_METRICS__WORKER_PORT"] = str(metrics_port)
             extra["OMNIQ_METRICS__WORKER_HOST"] = stack.host
-        children.spawn(name, argv, extra or None)
-    return [(name, p) for (name, _), p in zip(spawned, ports, strict=True)]
+        watch = WorkerWatch.of(stack.data_dir, name, argv) if i < worker_children else None
+        if watch is not None:
+            watch.reset()
+            extra.update(watch.env)
+            watches.append(watch)
+        children.spawn(name, argv, extra or None, watch.log_file if watch else None)
+    return [(name, p) for (name, _), p in zip(spawned, ports, strict=True)], watches
 
 
-def _wait_ready(stack: _Stack, children: ProcessGroup, env: dict[str, str]) -> None:
-    """Wait for every API replica's ``/health``, then say on stdout that the stack is up
-    (with how to make a key where auth is required)."""
-    problem = _wait_healthy(stack.urls, children, HEALTH_TIMEOUT_S)
+def _wait_ready(
+    stack: _Stack,
+    children: ProcessGroup,
+    env: dict[str, str],
+    supervisor: Supervisor,
+    watches: list[WorkerWatch],
+) -> None:
+    """Wait for every API replica's ``/health``, then for every worker to be ready (or
+    left stopped, which is said with its reason), then say on stdout that the stack is
+    up (with how to make a key where auth is required)."""
+    apis = [name for name, _ in api_children(stack.port, stack.api_replicas, stack.api_processes)]
+    problem = wait_healthy(stack.urls, partial(children.first_exited, apis), HEALTH_TIMEOUT_S)
     if problem is not None:
         raise _Refused(problem)
+    if watches:
+        say(
+            f"the API answers on {' '.join(stack.urls)}; waiting for {len(watches)} "
+            f"worker(s) to load their models (their logs: {stack.data_dir / 'logs'})…"
+        )
+    stopped = wait_for_workers(watches, supervisor, say)
     if env["OMNIQ_AUTH"] == "required":
         database = (
             f"--database-url {shlex.quote(stack.database_url)}"
@@ -393,17 +399,44 @@ def _wait_ready(stack: _Stack, children: ProcessGroup, env: dict[str, str]) -> N
         )
     urls = stack.urls
     replicas = f"  (API replicas: {' '.join(urls)})" if len(urls) > 1 else ""
-    print(f"omniqueue is up: {urls[0]}  (data: {stack.data_dir}){replicas}", flush=True)
+    down = f"; stopped: {', '.join(w.label for w in stopped)} (see above)" if stopped else ""
+    print(f"omniqueue is up: {urls[0]}  (data: {stack.data_dir}){replicas}{down}", flush=True)
 
 
-def _supervise(children: ProcessGroup, s3: EmbeddedS3, valkey: EmbeddedValkey | None) -> NoReturn:
-    """Restart whatever dies, until a signal or :class:`GaveUp` ends it."""
+def _supervisor(
+    children: ProcessGroup,
+    s3: EmbeddedS3,
+    valkey: EmbeddedValkey | None,
+    watches: list[WorkerWatch],
+) -> Supervisor:
+    """Everything ``up`` runs, supervised; a worker's status file is cleared before each
+    restart, and its configuration error said with its reasons and log."""
     supervisor = Supervisor(say)
     if valkey is not None:
         supervisor.add("valkey", valkey.exit_code, valkey.restart)
     supervisor.add("S3 (SeaweedFS)", s3.exit_code, s3.restart)
+    by_name = {w.name: w for w in watches}
     for name in children.names:
-        supervisor.add(name, partial(children.exit_code, name), partial(children.respawn, name))
+        watch = by_name.get(name)
+        restart = partial(children.respawn, name)
+        if watch is not None:
+            restart = partial(_restart_worker, watch, restart)
+        supervisor.add(
+            name,
+            partial(children.exit_code, name),
+            restart,
+            watch.stopped if watch is not None else None,
+        )
+    return supervisor
+
+
+def _restart_worker(watch: WorkerWatch, respawn: Callable[[], None]) -> None:
+    watch.reset()
+    respawn()
+
+
+def _supervise(supervisor: Supervisor) -> NoReturn:
+    """Restart whatever dies, until a signal or :class:`GaveUp` ends it."""
     while True:
         supervisor.check()
         time.sleep(SUPERVISE_INTERVAL_S)

@@ -5,13 +5,17 @@ again with the same command line when the supervisor restarts one, and stopped t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
+from typing import IO
 
 from prometheus_client.multiprocess import mark_process_dead
 
@@ -19,6 +23,8 @@ from cli.embedded import EmbeddedS3
 from workers.runtime.processes import child_popen_kwargs, kill_process_group
 
 CHILD_STOP_TIMEOUT_S = 10.0
+# How long a stop waits for a child's last output to reach its log (and our stderr).
+COPY_DRAIN_S = 2.0
 STDERR_FD = 2
 MULTIPROC_ENV = "OMNIQ_METRICS__MULTIPROC_DIR"
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -33,7 +39,9 @@ def say(message: str) -> None:
 class ProcessGroup:
     """Named child processes, each the leader of its own process group.
 
-    Their stdout and stderr go to our stderr, so stdout stays for the "is up" line.
+    Their stdout and stderr go to our stderr, so stdout stays for the "is up" line; a
+    child spawned with a ``log`` file also has its output copied there (emptied when it
+    first starts, appended to on restarts), so a message can say where to read it.
     """
 
     def __init__(self, env: dict[str, str]) -> None:
@@ -41,23 +49,44 @@ class ProcessGroup:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._argv: dict[str, list[str]] = {}
         self._extra: dict[str, dict[str, str]] = {}
+        self._logs: dict[str, Path | None] = {}
+        self._copiers: dict[str, threading.Thread] = {}
 
     @property
     def names(self) -> list[str]:
         return list(self._procs)
 
-    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        """Start ``name``; ``env``: variables of this child on top of the group's."""
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+    ) -> None:
+        """Start ``name``; ``env``: variables of this child on top of the group's;
+        ``log``: a file that gets a copy of its output."""
+        first = name not in self._argv
         self._argv[name] = argv
         self._extra[name] = env or {}
-        self._procs[name] = subprocess.Popen(
+        self._logs[name] = log
+        proc = subprocess.Popen(
             argv,
             env={**self._env, **self._extra[name]},
             stdin=subprocess.DEVNULL,
-            stdout=STDERR_FD,
-            stderr=STDERR_FD,
+            stdout=STDERR_FD if log is None else subprocess.PIPE,
+            stderr=STDERR_FD if log is None else subprocess.STDOUT,
             **child_popen_kwargs(signal.SIGTERM),
         )
+        self._procs[name] = proc
+        if log is not None and proc.stdout is not None:
+            copier = threading.Thread(
+                target=_copy_output,
+                args=(proc.stdout, log, "wb" if first else "ab"),
+                name=f"output of {name}",
+                daemon=True,
+            )
+            copier.start()
+            self._copiers[name] = copier
 
     def exit_code(self, name: str) -> int | None:
         return self._procs[name].poll()
@@ -71,11 +100,14 @@ class ProcessGroup:
         metrics_dir = self._extra[name].get(MULTIPROC_ENV)
         if metrics_dir:
             mark_process_dead(pid, metrics_dir)
-        self.spawn(name, self._argv[name], self._extra[name])
+        self.spawn(name, self._argv[name], self._extra[name], self._logs[name])
 
-    def first_exited(self) -> tuple[str, int] | None:
-        """The name and exit code of a child that has exited, if any."""
+    def first_exited(self, among: Collection[str] | None = None) -> tuple[str, int] | None:
+        """The name and exit code of a child (of ``among``, when given) that has exited,
+        if any."""
         for name, proc in self._procs.items():
+            if among is not None and name not in among:
+                continue
             code = proc.poll()
             if code is not None:
                 return name, code
@@ -95,7 +127,25 @@ class ProcessGroup:
                 kill_process_group(proc.pid)
                 proc.wait()
             kill_process_group(proc.pid)  # leftovers in its group
+        for copier in self._copiers.values():  # the last lines, before up's own exit
+            copier.join(COPY_DRAIN_S)
         self._procs.clear()
+        self._copiers.clear()
+
+
+def _copy_output(pipe: IO[bytes], log: Path, mode: str) -> None:
+    """Copy a child's output, as it comes, to our stderr and to ``log`` (mode ``wb`` or
+    ``ab``), until the child and whatever inherited its pipe are gone. A stderr that
+    cannot be written (closed) leaves the log file going, so the child never blocks."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with pipe, open(log, mode) as out:
+        while chunk := os.read(pipe.fileno(), 65536):
+            out.write(chunk)
+            out.flush()
+            with contextlib.suppress(OSError):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(STDERR_FD, view) :]
 
 
 def cli_argv(*args: str) -> list[str]:

@@ -239,6 +239,10 @@ class WorkerSettings(BaseModel):
     log_frame_digests: bool = False
     # Tests only: a JSON file of fault-injection points (see workers/common/failpoints.py).
     failpoints_file: str | None = None
+    # Where this worker says how its start went (``models/worker_status.py``): once it
+    # consumes, the models it serves and those it could not load; or that it loaded none.
+    # ``omniqueue up`` sets it for each worker it runs, and waits on it. None: not said.
+    status_file: Path | None = None
     # Cap this worker's CUDA memory at this fraction of each of its devices'
     # (``torch.cuda.set_per_process_memory_fraction``, once at start, before the models
     # load; each rank of a group on its own device). A job that needs more fails ``oom``

@@ -30,10 +30,18 @@ async def list_models(state: StateDep, _owner: CurrentOwner) -> ModelList:
     )
 
 
+# /health waits at most this long for the models' figures (seconds): it is a liveness
+# probe, so a stalled Redis must not make it slow; it then says the last figures read.
+HEALTH_MODELS_WAIT_S = 0.25
+
+
 @router.get("/health", response_model=Health)
-async def health() -> Health:
-    """Liveness: the process serves requests."""
-    return Health(status="ok")
+async def health(state: StateDep) -> Health:
+    """Liveness: the process serves requests (200 whatever its dependencies do). Its
+    ``unavailable_models`` are ``/ready``'s, from the same figures, waited for
+    ``HEALTH_MODELS_WAIT_S`` at most."""
+    wait = min(HEALTH_MODELS_WAIT_S, state.settings.http.ready_timeout_s)
+    return Health(status="ok", unavailable_models=await state.unavailable_models(wait))
 
 
 @router.get(

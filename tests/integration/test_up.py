@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -107,8 +108,8 @@ class Up:
                 cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
             )
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode()
-        assert f"http://127.0.0.1:{port}" in line, self.log.read_text()[-4000:]
+        self.line = self.proc.stdout.readline().decode()
+        assert f"http://127.0.0.1:{port}" in self.line, self.log.read_text()[-4000:]
 
     @property
     def url(self) -> str:
@@ -136,10 +137,23 @@ def _has_words(pid: int, words: tuple[str, ...]) -> bool:
     return all(word in argv for word in words)
 
 
+def _said_ready(up: Up, *workers: str) -> bool:
+    """Celery's ``<worker>@<host> ready.`` line of each worker is in up's log."""
+    log = up.log.read_text()
+    return all(re.search(rf"{w}@\S+ ready\.", log) for w in workers)
+
+
 def test_up_runs_stops_cleanly_and_keeps_data(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     port = free_port()
     up = Up(data_dir, port)
+    # "is up" once the workers take jobs (it came seconds before them): Celery says its
+    # "ready." just after the signal that writes the status file up waits on
+    deadline = time.monotonic() + 1
+    while not _said_ready(up, "embedded-0", "embedded-rt"):
+        assert time.monotonic() < deadline, up.log.read_text()[-4000:]
+        time.sleep(0.05)
+    assert re.search(r"embedded-0@\S+ ready\.", (data_dir / "logs" / "worker-0.log").read_text())
     try:
         with httpx.Client(base_url=up.url, timeout=30) as c:
             assert c.get("/ready").status_code == 200
@@ -520,5 +534,42 @@ def test_a_second_up_on_a_data_directory_in_use_exits_2_and_touches_nothing(
             assert _status(c, video)["status"] == "completed"
     finally:
         code, tree, _ = up.stop(signal.SIGTERM)
+    assert code == 0
+    assert [pid for pid in tree if _alive(pid)] == []
+
+
+def test_a_model_that_cannot_load_is_named_and_the_rest_runs_on(tmp_path: Path) -> None:
+    """A registry whose one model cannot load: its worker exits 78 (not restarted). up
+    says which worker, which model, why and where the log is, before it says it is up,
+    and runs on; /health and /ready name the model alike (/health said {} before), and a
+    create for it is refused."""
+    registry = tmp_path / "models.toml"
+    registry.write_text(
+        '[[model]]\nname = "Wan-AI/Wan2.1-T2V-1.3B"\nadapter = "diffusers.wan"\n'
+        'path = "/nonexistent/wan"\n'
+    )
+    data_dir = tmp_path / "data"
+    up = Up(data_dir, free_port(), extra_env={"OMNIQ_MODEL_REGISTRY": str(registry)})
+    try:
+        log = up.log.read_text()  # all of this before the "is up" line
+        assert up.line.rstrip().endswith("; stopped: worker 0 (embedded-0) (see above)")
+        reason = "path /nonexistent/wan does not exist"
+        assert (
+            f"worker 0 (embedded-0) could not load 'Wan-AI/Wan2.1-T2V-1.3B': {reason}. "
+            "It exited with code 78" in log
+        ), log[-4000:]
+        assert f"Its log: {data_dir / 'logs' / 'worker-0.log'}" in log
+        assert reason in (data_dir / "logs" / "worker-0.log").read_text()
+        with httpx.Client(base_url=up.url, timeout=30) as c:
+            expected = {"Wan-AI/Wan2.1-T2V-1.3B": reason}
+            _wait(lambda: c.get("/ready").json()["unavailable_models"] == expected, "/ready", up)
+            assert c.get("/health").json()["unavailable_models"] == expected
+            refused = c.post("/v1/videos", json={"prompt": "a fox"})
+            assert refused.status_code == 503 and reason in refused.text, refused.text
+        assert up.proc.poll() is None  # still up
+    finally:
+        code, tree, _ = up.stop(signal.SIGTERM)
+    log = up.log.read_text()
+    assert "giving up" not in log and log.count("It exited with code 78") == 1
     assert code == 0
     assert [pid for pid in tree if _alive(pid)] == []

@@ -11,15 +11,17 @@ from typing import Any
 
 from celery import Celery, bootsteps
 from celery.exceptions import SecurityWarning
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 
 from models.session_bus import TASKS, JobTask, SessionTask, VoiceSessionConfig
+from models.worker_status import WorkerStatus
 from storage.constants import TASK_RUN_JOB, TASK_RUN_SESSION, job_queue, realtime_queue
 from storage.queue import make_celery
 from storage.settings import Settings
 from workers.common.memory import apply_memory_fraction
 from workers.common.metrics import BROKER_RECONNECTS, serve_metrics
 from workers.runtime.context import WorkerContext, worker_models
+from workers.runtime.status_file import write_status
 from workers.runtime.supervisor import CONFIG_ERROR
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,7 @@ def serve(
         sys.setswitchinterval(settings.realtime.switch_interval_ms / 1000)
     app = create_worker_app(settings, context)
     _quiet_root_warning(settings)
+    _say_when_ready(settings, context)
     if not realtime:  # SIGTERM/SIGINT: the running job goes back to the queue
         drain = settings.worker.drain_timeout_s
 
@@ -142,6 +145,22 @@ def serve(
     finally:
         context.close()
     return 0
+
+
+def _say_when_ready(settings: Settings, context: WorkerContext) -> None:
+    """Once Celery consumes (its ``worker_ready``), write the worker's status file: the
+    models it serves and why it could not load the others (``omniqueue up`` waits on
+    it to say the stack is up)."""
+
+    def ready(**_: Any) -> None:
+        failed = {name: f.reason for name, f in context.load_failures.items()}
+        models = list(context.pipelines.models)
+        write_status(
+            settings.worker.status_file,
+            WorkerStatus(state="ready", models=models, failed=failed),
+        )
+
+    worker_ready.connect(ready, weak=False)
 
 
 def _quiet_root_warning(settings: Settings) -> None:

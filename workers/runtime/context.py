@@ -14,6 +14,7 @@ import redis
 from sqlalchemy import Engine
 
 from models.registry import ServedModel
+from models.worker_status import WorkerStatus
 from storage.artifacts import ArtifactStore, make_s3_client, s3_object_bytes
 from storage.bus import EventBus
 from storage.db import make_engine, make_sessionmaker
@@ -25,6 +26,7 @@ from workers.jobs.executor import StepExecutor
 from workers.jobs.temp_dirs import TempDirs, temp_root
 from workers.pipelines.load_failure import LoadFailure
 from workers.pipelines.registry import PipelineRegistry
+from workers.runtime.status_file import write_status
 from workers.runtime.supervisor import CONFIG_ERROR
 from workers.services.reconciler import Reconciler, start_reconciler_thread
 from workers.sessions.persist import SessionPersister
@@ -147,8 +149,11 @@ class WorkerContext:
         failed = self.load_failures
         lines = "; ".join(f"{name!r}: {f.reason}" for name, f in failed.items())
         print(f"omniqueue worker: no model could be loaded: {lines}", file=sys.stderr)
+        reasons = {name: f.reason for name, f in failed.items()}
+        write_status(
+            self.settings.worker.status_file, WorkerStatus(state="stopped", failed=reasons)
+        )
         try:
-            reasons = {name: f.reason for name, f in failed.items()}
             ttl = self.settings.worker.load_failure_ttl_s
             presence = WorkerPresence(self.reconciler.redis)
             presence.renew([], self.worker_id, ttl, reasons, self.slot)

@@ -53,6 +53,9 @@ class Supervised:
     restart_at: float | None = None  # set while it is dead and waiting for its restart
     restarts: int = 0
     left_stopped: bool = False  # it exited with CONFIG_ERROR
+    # What to say when it exits with CONFIG_ERROR (which thing, why, where its log is);
+    # None: that it stopped on a configuration error whose reason is above.
+    explain: Callable[[], str] | None = None
 
 
 class Supervisor:
@@ -70,9 +73,19 @@ class Supervisor:
         self._items: list[Supervised] = []
 
     def add(
-        self, name: str, exit_code: Callable[[], int | None], restart: Callable[[], None]
+        self,
+        name: str,
+        exit_code: Callable[[], int | None],
+        restart: Callable[[], None],
+        explain: Callable[[], str] | None = None,
     ) -> None:
-        self._items.append(Supervised(name, exit_code, restart, started_at=self._clock()))
+        self._items.append(
+            Supervised(name, exit_code, restart, started_at=self._clock(), explain=explain)
+        )
+
+    def left_stopped(self, name: str) -> bool:
+        """Whether ``name`` exited on a configuration error and is left stopped."""
+        return any(item.left_stopped for item in self._items if item.name == name)
 
     def check(self) -> None:
         """Notice deaths and perform due restarts; :class:`GaveUp` when one failed too often."""
@@ -83,11 +96,7 @@ class Supervisor:
                 code = item.exit_code()
                 if code == CONFIG_ERROR:
                     item.left_stopped = True
-                    self._say(
-                        f"{self._label}: {item.name} stopped on a configuration error (exit "
-                        f"code {code}; its reason is above); a restart cannot fix it, so it "
-                        "stays stopped and the rest runs on"
-                    )
+                    self._say(f"{self._label}: {self._config_error(item)}")
                 elif code == 0 and self._clock() - item.started_at >= self.policy.min_run_s:
                     self._say(
                         f"{self._label}: {item.name} stopped (exit code 0: it was told to "
@@ -98,6 +107,16 @@ class Supervisor:
                     self._failed(item, f"exited with code {code}")
             elif self._clock() >= item.restart_at:
                 self._restart(item)
+
+    @staticmethod
+    def _config_error(item: Supervised) -> str:
+        if item.explain is not None:
+            return item.explain()
+        return (
+            f"{item.name} stopped on a configuration error (exit code {CONFIG_ERROR}; its "
+            "reason is above); a restart cannot fix it, so it stays stopped and the rest "
+            "runs on"
+        )
 
     def _failed(self, item: Supervised, what: str) -> None:
         p = self.policy

@@ -27,12 +27,20 @@ Differences from ``__call__`` (none change the numbers): one prompt, no precompu
 ``latents``, no callbacks; the scheduler is the job's copy (``__call__`` sets timesteps on
 the shared one); an empty ``negative_prompt`` counts as none (the zero embedding).
 
+Compiled blocks (on CUDA unless the entry sets ``compile = "off"``): one graph set with
+the clip's frames and the prompt's tokens symbolic (``dynamic=True``), made at worker
+start by :meth:`LongCatAudioAdapter.warm_up` at lengths chosen to keep them symbolic, so
+no job compiles while it denoises and no new length compiles at all (a 1-frame clip or a
+1-token prompt, which dynamo specialises, compiles once in its prepare). With CUDA
+graphs (``compile_mode = "reduce-overhead"``) the lengths are bucketed (buckets.py).
+
 Streaming: ``decode`` decodes the whole clip at once (see ``docs/adapters.md``: the VAE
 decoder is non-causal and the executor's ``decode_stream`` hook carries video chunks).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Unpack
 
 import numpy as np
@@ -46,6 +54,7 @@ from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
 
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
+from workers.pipelines.diffusers.longcat_audio.buckets import TextBuckets, bucket, padded
 from workers.pipelines.diffusers.longcat_audio.state import LongCatAudioState
 from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 from workers.pipelines.diffusers.shared.common import (
@@ -55,6 +64,14 @@ from workers.pipelines.diffusers.shared.common import (
     sampling,
 )
 from workers.pipelines.diffusers.shared.entry import EntryOptions
+
+# torch.compile modes that run the compiled blocks as CUDA graphs.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# The lengths the warm-up compiles the blocks at: primes, unlike each other and every
+# fixed size of the model (widths, heads: multiples of 8), so that dynamo's first graph
+# keeps them symbolic (it gives two equal sizes one symbol, and a size equal to a width
+# becomes that constant).
+WARM_UP_FRAMES, WARM_UP_TOKENS = 53, 37
 
 
 def clip_seconds(pipe: Any, request: GenerationRequest) -> float | None:
@@ -97,15 +114,23 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         path: str | None = None,
         *,
         random_config: dict[str, dict[str, Any]] | None = None,
+        buckets: bool | None = None,
         **options: Unpack[EntryOptions],
     ) -> None:
-        # Blocks not compiled unless the entry asks (``compile = "blocks"``): every clip
-        # length is a new sequence length, so a new graph for the compiled blocks.
-        if options.get("compile") is None:
-            options["compile"] = "off"
+        """``buckets``: pad the lengths to buckets (buckets.py; default: with CUDA graphs
+        only)."""
         super().__init__(path, **options)
         # ``weights = "random"`` (longcat_audio/random_weights.py): per-part config overrides.
         self.random_config = dict(random_config or {})
+        # Every clip length is a new sequence length and every prompt a new text length:
+        # both symbolic in one graph set, made by ``warm_up``.
+        self.compiler.dynamic = True
+        cuda_graphs = self.entry.compile_mode in CUDA_GRAPH_MODES
+        self.compiler.clone_outputs = cuda_graphs
+        self.buckets = cuda_graphs if buckets is None else buckets
+        self.text_buckets = TextBuckets() if self.buckets else None
+        # The length classes compiled (which of frames, tokens, negative tokens are 1).
+        self._length_classes: set[tuple[bool, ...]] = set()
 
     def random_pipeline(self, device: str) -> Any:
         """Default configs, seeded random weights, on ``device``
@@ -113,6 +138,47 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         from workers.pipelines.diffusers.longcat_audio.random_weights import random_pipeline
 
         return random_pipeline(device, self.entry.dtype, config=self.random_config)
+
+    def load(self, device: str) -> None:
+        """The pipeline on ``device`` (the base's ``load``), and the blocks' text padding
+        where the lengths are bucketed."""
+        super().load(device)
+        if self.text_buckets is not None:
+            self.text_buckets.install(list(self._loaded().transformer.blocks))
+
+    def warm_up(self) -> None:
+        """Compile the blocks once for every length, before the worker takes jobs: one
+        step of a short request whose frames and tokens are replaced by
+        ``WARM_UP_FRAMES`` and ``WARM_UP_TOKENS`` (the registry's video ``warmup`` shapes
+        mean nothing to speech)."""
+        if not self.compiler.enabled:
+            return
+        request = GenerationRequest.audio(
+            prompt="warm-up", duration_s=1.0, num_inference_steps=2, seed=0, guidance_scale=4.0
+        )
+        with torch.no_grad():
+            state = self._prepare(self._loaded(), request)
+            self._compile_for(_resized(state, WARM_UP_FRAMES, WARM_UP_TOKENS), "warmup")
+        del state
+
+    def _compile_for(self, state: LongCatAudioState, why: str) -> None:
+        """Compile the blocks unless a job of the same length class did (lengths are
+        symbolic: only a length of 1, which dynamo specialises, is another graph)."""
+        lengths = (
+            state.frames,
+            state.prompt_embeds.shape[1],
+            state.negative_prompt_embeds.shape[1],
+        )
+        length_class = tuple(n > 1 for n in lengths)
+        if length_class not in self._length_classes:
+            super()._compile_for(state, why)
+            self._length_classes.add(length_class)
+
+    def end(self) -> None:
+        """The base's ``end``, and the last pass's padded text let go."""
+        super().end()
+        if self.text_buckets is not None:
+            self.text_buckets.clear()
 
     def _prepare(self, pipe: Any, request: GenerationRequest) -> LongCatAudioState:
         """Everything ``__call__`` does before its denoising loop."""
@@ -124,10 +190,11 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
 
         normalized_prompts = [_normalize_text(text) for text in prompt]
         duration = duration_frames(pipe, request)
+        length = bucket(duration) if self.buckets else duration  # frames the DiT sees
 
         prompt_embeds, prompt_embeds_len = pipe.encode_prompt(normalized_prompts, device)
         duration_tensor = torch.full((1,), duration, device=device, dtype=torch.long)
-        mask = _lens_to_mask(duration_tensor)
+        mask = _lens_to_mask(duration_tensor, length=length)
         text_mask = _lens_to_mask(prompt_embeds_len, length=prompt_embeds.shape[1])
         if negative_prompt is None:
             negative_prompt_embeds = torch.zeros_like(prompt_embeds)
@@ -137,9 +204,10 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
             negative_text_mask = _lens_to_mask(negative_len, length=negative_prompt_embeds.shape[1])
 
         dtype = prompt_embeds.dtype
-        latent_cond = torch.zeros(1, duration, pipe.latent_dim, device=device, dtype=dtype)
+        latent_cond = torch.zeros(1, length, pipe.latent_dim, device=device, dtype=dtype)
         generator = make_generator(request.seed)
         latents = pipe.prepare_latents(1, duration, device, dtype, generator=generator)
+        latents = padded(latents, length)  # the clip's noise, then zeros
 
         steps = request.num_inference_steps
         if steps < 1:
@@ -157,6 +225,7 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
             negative_text_mask=negative_text_mask,
             mask=mask,
             latent_cond=latent_cond,
+            frames=duration,
         )
 
     def _step(self, pipe: Any, s: LongCatAudioState) -> None:
@@ -187,7 +256,7 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         """The audio VAE's decode: 1×1×samples, what ``pipe(..., output_type="pt").audios``
         returns."""
         pipe, s = self._loaded(), self._state(state)
-        audio: torch.Tensor = pipe.vae.decode(s.latents.permute(0, 2, 1)).sample
+        audio: torch.Tensor = pipe.vae.decode(s.latents[:, : s.frames].permute(0, 2, 1)).sample
         return audio
 
     def decode(self, state: StepState) -> Media:
@@ -197,3 +266,23 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         audio = self.decode_audio(s)[0].float().cpu().numpy()
         rate = int(self._loaded().sample_rate)
         return Media.audio_only(np.ascontiguousarray(audio, dtype=np.float32), rate, s.request.fps)
+
+
+def _resized(state: LongCatAudioState, frames: int, tokens: int) -> LongCatAudioState:
+    """``state`` with ``frames`` latent frames and ``tokens`` text tokens (the warm-up's
+    lengths; values of no meaning: zeros, ones, the masks all true)."""
+    latents, text = state.latents, state.prompt_embeds
+    text = text.new_zeros(1, tokens, text.shape[2])
+    text_mask = torch.ones(1, tokens, dtype=torch.bool, device=text.device)
+    mask = torch.ones(1, frames, dtype=torch.bool, device=latents.device)
+    return dataclasses.replace(
+        state,
+        latents=latents.new_ones(1, frames, latents.shape[2]),
+        latent_cond=latents.new_zeros(1, frames, latents.shape[2]),
+        mask=mask,
+        frames=frames,
+        prompt_embeds=text,
+        text_mask=text_mask,
+        negative_prompt_embeds=text,
+        negative_text_mask=text_mask,
+    )

@@ -11,12 +11,14 @@ from workers.pipelines.diffusers.shared.common import DiffusersState
 
 @dataclass(kw_only=True)
 class LongCatAudioState(DiffusersState):
-    """One LongCat job. ``latents`` are 1×frames×latent_dim; the negative embedding is the
+    """One LongCat job. ``latents`` are 1×frames×latent_dim (more, padded with zeros, where
+    the lengths are bucketed: buckets.py); the negative embedding is the
     zero tensor (no ``negative_prompt``) or the encoded one, with its own mask."""
 
     prompt_embeds: torch.Tensor
     text_mask: torch.Tensor
     negative_prompt_embeds: torch.Tensor
     negative_text_mask: torch.Tensor
-    mask: torch.Tensor  # the latent frames' attention mask (all true for one prompt)
+    mask: torch.Tensor  # the latent frames' attention mask (false on a bucket's padding)
     latent_cond: torch.Tensor  # zeros: no audio prompt
+    frames: int  # the clip's latent frames: ``latents``' first ones (the rest pad a bucket)

@@ -15,7 +15,8 @@ block's parameters as inputs), so a 30-block Wan compiles one graph, not 30. Sha
 static (``dynamic=False``): each shape bucket of the registry (``warmup``) compiles once
 at worker start; a job of another shape compiles once in its own ``prepare``; a second
 job of a shape already seen compiles nothing (``recompiles`` counts it, from dynamo's
-own counter of the graphs it made).
+own counter of the graphs it made). A family whose lengths come from the request makes
+them symbolic instead (:class:`BlockCompiler`'s ``dynamic``: H3, LongCat).
 
 A compile failure never fails a job: the blocks go back to eager for the rest of the
 process, with the reason logged and counted (``omniqueue_compile_fallbacks_total``).
@@ -71,10 +72,12 @@ def compiled_forward(
     give_up: Callable[[str], None],
     fullgraph: bool = True,
     dynamic: bool | None = False,
+    clone_output: bool = False,
 ) -> Callable[..., Any]:
     """``module``'s forward through ``torch.compile`` (static shapes unless ``dynamic``
     says otherwise: None is dynamo's automatic dynamic), eager once ``failed()`` says so;
-    a compile error calls ``give_up`` and runs that call eager."""
+    a compile error calls ``give_up`` and runs that call eager. ``clone_output``: the
+    compiled call's tensor output is cloned (see :class:`BlockCompiler`)."""
     eager = type(module).forward.__get__(module)
     compiled = torch.compile(
         eager, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode
@@ -84,10 +87,11 @@ def compiled_forward(
         if failed() is not None:
             return eager(*args, **kwargs)
         try:
-            return compiled(*args, **kwargs)
+            out = compiled(*args, **kwargs)
         except _COMPILE_ERRORS as exc:
             give_up(f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:400])
             return eager(*args, **kwargs)
+        return out.clone() if clone_output and isinstance(out, torch.Tensor) else out
 
     forward.__wrapped__ = eager  # type: ignore[attr-defined]
     forward._omniq_compiled = True  # type: ignore[attr-defined]
@@ -103,7 +107,11 @@ class BlockCompiler:
     come from the registry's few buckets; None (dynamo's automatic dynamic: the first
     shape static, the second one graph with the changed sizes symbolic, which every later
     size reuses) where a request's own content sets a length, as H3's prompt sets its
-    packed sequence's."""
+    packed sequence's; True (every size symbolic from the first graph on) where a family
+    controls the first shape (LongCat's warm-up). ``clone_outputs``: each block's output
+    is cloned, which CUDA graphs (``mode="reduce-overhead"``) need where one compiled
+    block's output is the next one's input (pytorch/pytorch#152887: the replay would
+    overwrite it); off unless a family turns it on (LongCat does for that mode)."""
 
     def __init__(
         self,
@@ -117,6 +125,7 @@ class BlockCompiler:
         self.backend = backend
         self.mode = mode
         self.dynamic = dynamic
+        self.clone_outputs = False
         self.last_made = 0  # graphs the last ``ensure`` that ran made
         self.enabled = False
         self.failed: str | None = None  # why compiling was given up, once it was
@@ -142,6 +151,7 @@ class BlockCompiler:
             failed=lambda: self.failed,
             give_up=self.give_up,
             dynamic=self.dynamic,
+            clone_output=self.clone_outputs,
         )
 
     def compile_module(self, module: torch.nn.Module, name: str) -> None:

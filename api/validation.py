@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from api.payload import loads
 from models.audio import AudioCreate
 from models.catalog import ModelSpec, QualityTier
-from models.errors import InvalidRequest, ModelNotFound
+from models.errors import InvalidRequest, ModelNotFound, must_be_within
 from models.job_specs import SamplerOptions, VideoSpec
 from models.videos import VideoCreate
 from models.webhooks import EVENT_TYPES, JobWebhook
@@ -128,7 +128,7 @@ def resolve(req: VideoCreate, specs: dict[str, ModelSpec], settings: Settings) -
 
     steps = resolve_steps(req.num_inference_steps, spec, limits)
     if not 1 <= req.n <= spec.max_outputs:
-        raise InvalidRequest(f"n must be between 1 and {spec.max_outputs} for {model}", param="n")
+        raise InvalidRequest(f"{must_be_within('n', 1, spec.max_outputs)} for {model}", param="n")
     if req.lora is not None and not spec.supports_lora:
         raise InvalidRequest(f"model {model!r} does not support LoRA", param="lora")
     quality = resolve_quality(req.quality, spec)
@@ -252,7 +252,7 @@ def resolve_steps(requested: int | None, spec: ModelSpec, limits: LimitSettings)
     top = min(spec.max_steps, limits.max_steps)
     if not spec.min_steps <= steps <= top:
         raise InvalidRequest(
-            f"num_inference_steps must be between {spec.min_steps} and {top}",
+            must_be_within("num_inference_steps", spec.min_steps, top),
             param="num_inference_steps",
         )
     return steps
@@ -424,7 +424,7 @@ def check_extra(extra: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
         bounds = spec.extra_ranges.get(key)
         if bounds is not None and not bounds[0] <= value <= bounds[1]:
             raise InvalidRequest(
-                f"extra_params.{key} must be between {bounds[0]:g} and {bounds[1]:g}",
+                must_be_within(f"extra_params.{key}", bounds[0], bounds[1]),
                 param=f"extra_params.{key}",
             )
         out[key] = value

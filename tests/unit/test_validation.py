@@ -272,3 +272,19 @@ def test_a_range_of_one_value_is_said_as_that_value() -> None:
     assert (
         must_be_within("timeout", 0, 30, " seconds") == "timeout must be between 0 and 30 seconds"
     )
+
+
+def test_a_model_of_fixed_steps_says_its_one_value() -> None:
+    """A job for a model whose steps are fixed (min = max) is refused with "must be 5",
+    not "must be between 5 and 5"."""
+    from api.validation import resolve_steps
+
+    fixed = BUILTIN_SPECS["reference/video"].model_copy(
+        update={"min_steps": 5, "max_steps": 5, "default_steps": 5}
+    )
+    limits = Settings().limits
+    assert resolve_steps(None, fixed, limits) == 5
+    with pytest.raises(InvalidRequest) as info:
+        resolve_steps(3, fixed, limits)
+    assert info.value.message == "num_inference_steps must be 5"
+    assert info.value.param == "num_inference_steps"

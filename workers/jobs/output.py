@@ -8,7 +8,8 @@ A :class:`VideoSpec` becomes an MP4, its thumbnail and its spritesheet
 (``workers/media/mp4.py``), checked against the spec (``workers/jobs/output_check.py``); an
 :class:`AudioSpec` one file in the requested format (``workers/media/audio.py``), and,
 when it asks for it, its PCM16 samples as ``chunk`` events: after each step for an
-adapter whose steps make the audio (``take_audio``, :mod:`workers.media.pcm_stream`), else right
+adapter whose steps make the audio (``take_audio``, :mod:`workers.media.pcm_stream`),
+after each window for one that decodes in windows (``decode_audio_stream``), else right
 after decoding.
 """
 
@@ -26,7 +27,7 @@ from workers.jobs.output_check import Expected, check_mp4
 from workers.jobs.run import DENOISE_END, STAGE_START, JobRun
 from workers.media.audio import EXTENSIONS, MEDIA_TYPES, encode_audio, output_rate, prepare_audio
 from workers.media.mp4 import Streamed, decode_streamed, encode_video, finish_video
-from workers.media.pcm_stream import PcmStream
+from workers.media.pcm_stream import PcmStream, SupportsAudioDecodeStream
 from workers.pipelines.base import (
     GenerationRequest,
     Media,
@@ -86,9 +87,14 @@ def make_output(
     # The raw frames' SHA-256, when logged (``worker.log_frame_digests``).
     frames_digest = hashlib.sha256() if run.settings.worker.log_frame_digests else None
     with checkpoints(run.stop_point()):
+        media: Media | None = None
         if isinstance(spec, VideoSpec) and isinstance(pipe, SupportsDecodeStream):
             streamed = decode_streamed(pipe, state, spec.fps, out, frames_digest)
-        media = pipe.decode(state) if streamed is None else None
+        elif pcm is not None and not pcm.started and isinstance(pipe, SupportsAudioDecodeStream):
+            pieces = pipe.decode_audio_stream(state)
+            media = pcm.decode(pieces) if pieces is not None else None
+        if streamed is None and media is None:
+            media = pipe.decode(state)
     del state
     inference_time = time.monotonic() - started
 

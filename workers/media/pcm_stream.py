@@ -7,6 +7,11 @@ whole clip, so the pieces join without seams), publishes it in chunks of at most
 and keeps it: :meth:`PcmStream.finish` returns the streamed samples as the
 :class:`AudioOut` the executor encodes, so the file holds exactly what was streamed.
 
+An adapter whose decode makes the clip window by window (:class:`SupportsAudioDecodeStream`,
+e.g. LongCat-AudioDiT) hands the stream its windows the same way, after the steps:
+:meth:`PcmStream.decode` publishes each before the next one decodes and returns the
+windows joined as the decoded :class:`Media`.
+
 While pieces come in, no more than ``floor(samples in × rate out / rate in)`` samples are
 published, so the clip's final length, ``round(n × rate out / rate in)`` as
 :func:`workers.media.audio.prepare_audio` makes it, is never exceeded: the flush at
@@ -15,8 +20,9 @@ published, so the clip's final length, ``round(n × rate out / rate in)`` as
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from fractions import Fraction
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import av
 import numpy as np
@@ -24,12 +30,27 @@ import numpy as np
 from models.events import ChunkEvent
 from models.job_specs import AudioSpec
 from workers.media.audio import AudioOut, output_rate, pcm16
+from workers.media.frames import Media
 
 _LAYOUTS = {1: "mono", 2: "stereo"}
 
 
 class _Publisher(Protocol):
     def publish(self, event: ChunkEvent, data: bytes | None = None) -> str | None: ...
+
+
+@runtime_checkable
+class SupportsAudioDecodeStream(Protocol):
+    """A job adapter that decodes its clip in windows, in order (a capability of
+    ``workers/pipelines/base.py``'s adapters, declared here, below them, so that the
+    stream can name it): a job that streams PCM gets each window's chunks while the next
+    decodes. The windows joined are the job's audio (an adapter says how near they are
+    to its ``decode``)."""
+
+    def decode_audio_stream(self, state: Any) -> Iterator[tuple[np.ndarray, int]] | None:
+        """Each window as float32 (channels, n) and its sample rate, decoded when asked
+        for; None where this job cannot (the executor then calls ``decode``)."""
+        ...
 
 
 class PcmStream:
@@ -78,6 +99,18 @@ class PcmStream:
         self.n_in += audio.shape[1]
         self._keep(x)
         self._publish(self.n_in * self.rate // self.rate_in)
+
+    def decode(self, pieces: Iterator[tuple[np.ndarray, int]]) -> Media:
+        """Feed each decoded window as it comes (published before the next decodes); the
+        windows joined, as the decode's audio-only media (for :meth:`finish`)."""
+        kept: list[np.ndarray] = []
+        rate = 0
+        for audio, rate in pieces:
+            self.feed((audio, rate))
+            kept.append(audio.astype(np.float32, copy=False))
+        if not kept:
+            raise RuntimeError("the decode stream made no audio")
+        return Media.audio_only(np.ascontiguousarray(np.concatenate(kept, axis=1)), rate)
 
     def finish(self, audio: np.ndarray, sample_rate: int) -> AudioOut:
         """The whole clip, as streamed, once decode returned ``audio`` (which must be the

@@ -34,13 +34,15 @@ no job compiles while it denoises and no new length compiles at all (a 1-frame c
 1-token prompt, which dynamo specialises, compiles once in its prepare). With CUDA
 graphs (``compile_mode = "reduce-overhead"``) the lengths are bucketed (buckets.py).
 
-Streaming: ``decode`` decodes the whole clip at once (see ``docs/adapters.md``: the VAE
-decoder is non-causal and the executor's ``decode_stream`` hook carries video chunks).
+Streaming: a job that streams PCM decodes window by window (decode.py,
+``decode_audio_stream``), so its first chunk goes out before the last window is decoded;
+``decode`` decodes the whole clip at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any, Unpack
 
 import numpy as np
@@ -55,6 +57,11 @@ from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
 from workers.pipelines.diffusers.longcat_audio.buckets import TextBuckets, bucket, padded
+from workers.pipelines.diffusers.longcat_audio.decode import (
+    context_frames,
+    decode_windows,
+    decodes_whole_frames,
+)
 from workers.pipelines.diffusers.longcat_audio.state import LongCatAudioState
 from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 from workers.pipelines.diffusers.shared.common import (
@@ -72,6 +79,8 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # keeps them symbolic (it gives two equal sizes one symbol, and a size equal to a width
 # becomes that constant).
 WARM_UP_FRAMES, WARM_UP_TOKENS = 53, 37
+# The streamed decode's windows grow from ``decode_window`` frames up to this many.
+LARGEST_WINDOW = 128
 
 
 def clip_seconds(pipe: Any, request: GenerationRequest) -> float | None:
@@ -114,11 +123,13 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         path: str | None = None,
         *,
         random_config: dict[str, dict[str, Any]] | None = None,
+        decode_window: int = 16,
         buckets: bool | None = None,
         **options: Unpack[EntryOptions],
     ) -> None:
-        """``buckets``: pad the lengths to buckets (buckets.py; default: with CUDA graphs
-        only)."""
+        """``decode_window``: the streamed decode's first window in latent frames (0: a
+        streamed job's PCM waits for the whole decode); ``buckets``: pad the lengths to
+        buckets (buckets.py; default: with CUDA graphs only)."""
         super().__init__(path, **options)
         # ``weights = "random"`` (longcat_audio/random_weights.py): per-part config overrides.
         self.random_config = dict(random_config or {})
@@ -129,6 +140,7 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         self.compiler.clone_outputs = cuda_graphs
         self.buckets = cuda_graphs if buckets is None else buckets
         self.text_buckets = TextBuckets() if self.buckets else None
+        self.decode_window = decode_window
         # The length classes compiled (which of frames, tokens, negative tokens are 1).
         self._length_classes: set[tuple[bool, ...]] = set()
 
@@ -258,6 +270,26 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         pipe, s = self._loaded(), self._state(state)
         audio: torch.Tensor = pipe.vae.decode(s.latents[:, : s.frames].permute(0, 2, 1)).sample
         return audio
+
+    def decode_audio_stream(self, state: StepState) -> Iterator[tuple[np.ndarray, int]] | None:
+        """``decode``'s audio window by window (decode.py: equal to it to rounding), each
+        float32 (1, samples) as soon as it is decoded; None where windows would not cut on
+        frame boundaries or ``decode_window`` is 0."""
+        pipe, s = self._loaded(), self._state(state)
+        if self.decode_window < 1 or not decodes_whole_frames(pipe.vae):
+            return None
+        latents, rate = s.latents[:, : s.frames], int(pipe.sample_rate)
+        context = context_frames(pipe.vae.decoder)
+
+        @torch.no_grad()
+        def pieces() -> Iterator[tuple[np.ndarray, int]]:
+            first, largest = self.decode_window, LARGEST_WINDOW
+            for audio in decode_windows(
+                pipe.vae, latents, first=first, largest=largest, context=context
+            ):
+                yield np.ascontiguousarray(audio[0].float().cpu().numpy()), rate
+
+        return pieces()
 
     def decode(self, state: StepState) -> Media:
         """Audio-only media: no frames (shape 0×0×0×3), float32 (1, samples) at the VAE's

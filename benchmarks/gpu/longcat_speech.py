@@ -10,26 +10,33 @@ its ``stream_format: "sse"`` events) at once.
 The entry (written to a temporary registry file) has ``weights = "random"``: LongCat-
 AudioDiT-1B's configs (a 24-block 1536-wide DiT, umt5-base, the 2048x audio VAE) with a
 seeded random init on the GPU (workers/pipelines/diffusers/longcat_audio/random_weights.py: the
-tokenizer is character-level), allowed by ``OMNIQ_WORKER__RANDOM_WEIGHTS``; blocks not
-compiled (the family's default: every clip length would be a new graph). Each worker
-holds its own copy (about 4 GB in bfloat16), so ``--workers`` requests run side by side.
+tokenizer is character-level), allowed by ``OMNIQ_WORKER__RANDOM_WEIGHTS``; the blocks
+compiled (``--compile``, the family's default on CUDA: one graph set for every clip and
+prompt length, made at worker start; ``--compile-mode reduce-overhead`` adds CUDA graphs
+with bucketed lengths) and the VAE decoded in windows of ``--decode-window`` latent frames
+and up, each window's PCM sent before the next decodes (0: whole). Each worker holds its
+own copy (about 4 GB in bfloat16), so ``--workers`` requests run side by side.
 
 Each round sends ``--concurrency`` requests together (the same paragraph, a different
 seed each; the clip's length follows the text, so every clip is as long); one warm-up
 round first is not counted. Per request, from just before it is sent:
 
 * ``ttfa_ms``: the first PCM byte of the body (the API answers a PCM stream at its first
-  chunk). The adapter decodes the clip whole (its VAE is not chunk-exact), so the first
-  audio comes once the job has denoised and decoded: this is the job's latency, queue
-  included;
+  chunk): the job's queue, prepare and denoise, then the first decode window;
+* ``ttfa_after_denoise_ms``: ``ttfa_ms`` less the job's queue, prepare and denoise
+  (its ``stage_durations``): the first window's decode and the way to the client;
 * ``total_ms``: the body's end; ``audio_s``: the clip's length (PCM16 mono 24 kHz);
 * ``rtf``: ``total_ms / 1000 / audio_s`` (below 1: faster than real time).
 
-Keys of the JSON (also ``$OUT/gpu_longcat_speech.json``): ``ttfa_ms``, ``total_ms``,
-``rtf`` (n, mean, p50, p95, p99, max over every counted request), ``aggregate_rtf`` (a
-round's wall time over the audio it made, median over rounds), ``worker_ready_s``,
-``stage_seconds`` (medians of the jobs' ``stage_durations``), ``up_exit_code``, and the
-comparison point: vLLM-Omni's ~2 s to the first chunk (vllm-omni #1635).
+Keys of the JSON (also ``$OUT/gpu_longcat_speech.json``): ``ttfa_ms``,
+``ttfa_after_denoise_ms``, ``total_ms``, ``rtf`` (n, mean, p50, p95, p99, max over every
+counted request), ``aggregate_rtf`` (a round's wall time over the audio it made, median
+over rounds), ``worker_ready_s``, ``stage_seconds`` (medians of the jobs'
+``stage_durations``), ``compile``, ``compile_mode``, ``decode_window`` (the settings),
+``compile_log`` (from the workers' log: ``compiled`` shapes and their ``compile_s``,
+``recompiled_while_denoising`` lines, which should be none, and ``fell_back`` to eager),
+``up_exit_code``, and the comparison point: vLLM-Omni's ~2 s to the first chunk
+(vllm-omni #1635).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import signal
 import statistics
 import sys
@@ -61,15 +69,18 @@ VLLM_OMNI_FIRST_CHUNK_S = 2.0  # vllm-omni #1635
 
 
 def registry_text(args: argparse.Namespace) -> str:
-    options = f"random_config = {inline_toml(args.random_config)}\n" if args.random_config else ""
+    options = f"decode_window = {args.decode_window}\n"
+    if args.random_config:
+        options += f"random_config = {inline_toml(args.random_config)}\n"
+    mode = f'compile_mode = "{args.compile_mode}"\n' if args.compile_mode else ""
     return f"""
 [[model]]
 name = "{MODEL}"
 adapter = "diffusers.longcat_audio"
 weights = "random"
 dtype = "{args.dtype}"
-compile = "off"
-[model.adapter_options]
+compile = "{args.compile}"
+{mode}[model.adapter_options]
 {options}
 [model.spec]
 default_steps = {args.steps}
@@ -109,6 +120,28 @@ def one(client: Any, seed: int, text: str, sse: bool) -> dict[str, Any]:
         "audio_s": audio_s,
         "rtf": (ended - started) / audio_s,
     }
+
+
+def compile_log(text: str) -> dict[str, Any]:
+    """What the workers' log says of the compiled blocks (workers/pipelines/diffusers/
+    shared/compiled.py and adapter.py's lines)."""
+    made = re.findall(r"compiled blocks for .*: (\d+) graph\(s\) in ([\d.]+) s", text)
+    return {
+        "compiled": len(made),
+        "graphs": sum(int(g) for g, _ in made),
+        "compile_s": [float(s) for _, s in made],
+        "recompiled_while_denoising": len(re.findall(r"compiled while a job denoised", text)),
+        "fell_back": len(re.findall(r"compiled blocks: falling back to eager", text)),
+    }
+
+
+def after_denoise(run: dict[str, Any], row: dict[str, Any]) -> float | None:
+    """``ttfa_ms`` less the job's queue, prepare and denoise seconds (None: no stages)."""
+    stages = row.get("stage_durations") or {}
+    if "denoise" not in stages:
+        return None
+    before = sum(stages.get(k, 0.0) for k in ("queue", "prepare", "denoise"))
+    return float(run["ttfa_ms"]) - 1000 * before
 
 
 def rounds(client: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[float]]:
@@ -153,9 +186,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             out["stage_seconds"] = stage_medians(
                 [r["stage_durations"] for r in rows if r.get("stage_durations")]
             )
+            for x, row in zip(runs, rows, strict=True):
+                x["ttfa_after_denoise_ms"] = after_denoise(x, row)
+            late = [x["ttfa_after_denoise_ms"] for x in runs]
+            out["ttfa_after_denoise_ms"] = summary([v for v in late if v is not None], 3)
             out["requests"] = [
                 {k: round(v, 3) if isinstance(v, float) else v for k, v in x.items()} for x in runs
             ]
+        out["compile_log"] = compile_log(stack.log_path.read_text(errors="replace"))
     finally:
         stack.close(out, args.keep_log)
     return out
@@ -176,6 +214,17 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument(
+        "--compile", choices=("blocks", "off"), default=None, help="default: blocks (--tiny: off)"
+    )
+    p.add_argument(
+        "--compile-mode",
+        default=None,
+        help='torch.compile mode (e.g. "reduce-overhead": CUDA graphs, bucketed lengths)',
+    )
+    p.add_argument(
+        "--decode-window", type=int, default=16, help="first decode window, frames (0: whole)"
+    )
+    p.add_argument(
         "--tiny",
         action="store_true",
         help="longcat_random.TINY_CONFIG on the CPU (float32, 1 worker, 1 round of 2, "
@@ -189,6 +238,8 @@ def main() -> None:
         args.random_config = TINY_CONFIG
         args.device, args.dtype = "cpu", "float32"
         args.workers, args.concurrency, args.rounds, args.steps = 1, 2, 1, 2
+        args.compile = args.compile or "off"  # inductor takes minutes on a CPU
+    args.compile = args.compile or "blocks"
 
     out: dict[str, Any] = {
         "benchmark": "gpu_longcat_speech",
@@ -202,6 +253,9 @@ def main() -> None:
         "workers": args.workers,
         "steps": args.steps,
         "text_chars": len(args.text),
+        "compile": args.compile,
+        "compile_mode": args.compile_mode,
+        "decode_window": args.decode_window,
         "compare": {"vllm_omni_first_chunk_s": VLLM_OMNI_FIRST_CHUNK_S},
     }
     if not args.tiny:

@@ -6,16 +6,20 @@ stop ends the session without a chunk after ``finished``, and with no gap."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from models.session_bus import FinishedOutput, InteractionCommand, StopCommand
 from tests.helpers import world_session_config
 from tests.integration.test_third_party_adapters import HANG_GUARD_S, WORLD, Api
+from workers.pipelines.base import checkpoint
 from workers.sessions.world import WorldSessionRunner
 
 pytestmark = pytest.mark.integration
@@ -93,3 +97,51 @@ def test_a_stop_while_chunks_wait_to_be_sent_ends_the_session_cleanly(
     indices = [e.event.generation_chunk_index for e in out if e.event.type == "chunk"]
     assert indices == list(range(len(indices)))  # in order, no gap, none repeated
     assert len(indices) < 100  # the stop ended it long before its 100 chunks
+
+
+def _holding_steps(api: Api, monkeypatch: pytest.MonkeyPatch) -> list[weakref.ref[torch.Tensor]]:
+    """Each step of the paint world holds a tensor of its own and checks for a stop
+    inside the step (``checkpoint()``), where a stop raises through its frames; the
+    weak references of those tensors."""
+    pipe = api.registry.world(WORLD.name)
+    held: list[weakref.ref[torch.Tensor]] = []
+    step = pipe.step
+
+    def holding(state: Any) -> None:
+        activations = torch.ones(64, 64)
+        held.append(weakref.ref(activations))
+        step(state)
+        time.sleep(0.01)
+        checkpoint()  # raises SessionStopped once the session is told to stop
+
+    monkeypatch.setattr(pipe, "step", holding)
+    return held
+
+
+def test_a_session_stopped_inside_a_step_keeps_none_of_its_tensors(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop that lands inside a step leaves nothing of that step referenced once the
+    runner returns: no collection by the caller needed (the step's frames are cleared,
+    as a job's are), so a stopped session's device memory is free when it says stopped."""
+    api = Api(redis_url)
+    runner = WorldSessionRunner(api.settings, api.registry, api.bus, "test-worker")
+    held = _holding_steps(api, monkeypatch)
+    config = world_session_config(model=WORLD.name, prompt="red", num_frames=400)
+    was_enabled = gc.isenabled()
+    gc.disable()  # only reference counting may free the step's tensors
+    try:
+        thread = api.run(lambda: runner.run(api.id, config))
+        deadline = time.monotonic() + HANG_GUARD_S
+        while len(held) < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        api.send(StopCommand(reason="client"))
+        api.read_until(lambda e: e.event.type == "finished")
+        thread.join(HANG_GUARD_S)
+        assert api.outcome == "stopped"
+        assert [ref for ref in held if ref() is not None] == []
+    finally:
+        if was_enabled:
+            gc.enable()
+        api.close()

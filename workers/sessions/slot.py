@@ -34,6 +34,7 @@ from storage.bus import BusMessage, EventBus
 from storage.constants import session_abandoned_key, session_in_key, session_out_key
 from storage.settings import RealtimeSettings, Settings
 from workers.common.failures import classify, log_level
+from workers.common.memory import forget_frames, release_after_run
 from workers.common.metrics import SLOTS
 from workers.pipelines.registry import PipelineRegistry
 from workers.sessions.lease import SessionLease
@@ -132,13 +133,18 @@ class SlotRunner(abc.ABC, Generic[ConfigT]):
                     outcome = self.serve(slot, config)
             except SessionTakenOver as exc:  # another worker has it: say nothing more
                 log.warning("%s %s: %s", self.label, session_id, exc)
+                forget_frames(exc)
                 outcome = "taken_over"
             except Exception as exc:
                 code, message = classify(exc)
                 level = log_level(code)
                 log.log(level, "%s %s failed: %s", self.label, session_id, code, exc_info=exc)
+                forget_frames(exc)  # no tensor of the session stays referenced through exc
                 slot.send(FailedOutput(code=code.value, message=message))
                 outcome = code.value
+        # the session's tensors die with its state; what a stop left queued on the device
+        # has run when the outcome is logged (a benchmark reads that line as "idle")
+        release_after_run(stopped=True)
         log.info("%s %s: %s", self.label, session_id, outcome)
         return outcome
 

@@ -54,6 +54,7 @@ from storage.bus import EventBus
 from storage.session_checkpoint import CheckpointStore
 from storage.settings import Settings
 from workers.common.failpoints import Failpoints
+from workers.common.memory import forget_frames
 from workers.media.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import WorldConfig, WorldPipeline, checkpoints, step_stops
 from workers.pipelines.registry import PipelineRegistry
@@ -291,8 +292,12 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                         pipe.step(state)
                         stepped = time.perf_counter()
                         frames = pipe.take_chunk(state) if pipe.chunk_done(state) else None
-                except SessionStopped:
-                    return True  # inside the step or the decode: the device is free
+                except SessionStopped as exc:  # inside the step or the decode
+                    # its traceback's frames hold the step's activations (a cycle through
+                    # the context managers it unwound): cleared, they go now, not at the
+                    # next full collection
+                    forget_frames(exc)
+                    return True
                 ended = time.perf_counter()
                 device_s += ended - began
             denoise_s += stepped - began

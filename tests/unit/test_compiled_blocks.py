@@ -140,21 +140,21 @@ def test_compile_defaults_to_off_on_the_cpu() -> None:
     )
 
 
-def test_the_recompile_limit_falls_back_to_eager_and_never_fails_the_job(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_recompile_limit_falls_back_to_eager_and_never_fails_the_job() -> None:
     """A block that meets dynamo's recompile limit (here 1 graph: the second frame size
     needs another) raises under ``fullgraph``; the blocks go eager, the job completes
-    with the eager frames."""
+    with the eager frames. The limit is set through dynamo's own ``config.patch``: with
+    pytest's ``monkeypatch`` the undo deletes the setting, which torch's config module
+    then hides, and every later compile in the process fails on it."""
     name = (
         "recompile_limit"
         if hasattr(torch._dynamo.config, "recompile_limit")
         else "cache_size_limit"
     )
-    monkeypatch.setattr(torch._dynamo.config, name, 1)
-    adapter = _compiled()
-    _run(adapter)  # the first shape compiles its graph
-    frames = _run(adapter, width=32, height=48)  # a new shape meets the limit
+    with torch._dynamo.config.patch(**{name: 1}):
+        adapter = _compiled()
+        _run(adapter)  # the first shape compiles its graph
+        frames = _run(adapter, width=32, height=48)  # a new shape meets the limit
     assert adapter.compiler.failed is not None and "RecompileLimit" in adapter.compiler.failed
     ref = _reference(CASE.build(), _request(CASE, num_inference_steps=STEPS, width=32, height=48))
     np.testing.assert_array_equal(frames, ref)

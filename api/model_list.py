@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from models.catalog import ModelSpec
 from models.common import AudioLimits, ModelLimits, ModelObject
+from models.memory_plan import MemoryReport, model_memory
 from storage.settings import LimitSettings
 
 
@@ -63,12 +64,14 @@ def model_object(
     limits: LimitSettings,
     loras: list[str] | None = None,
     unavailable: str | None = None,
+    memory: MemoryReport | None = None,
 ) -> ModelObject:
     """``spec`` as listed: job models within the server's limits (the checks of
     ``api/validation.py``); streaming models as they declare (their sessions have their
     own caps, ``docs/streaming.md``). ``loras``: the adapter catalog's names, listed for
     models that take ``lora``. ``unavailable``: why no live worker can load it, if so
-    (``api/model_availability.py``)."""
+    (``api/model_availability.py``). ``memory``: a live worker's report of its memory
+    plan (FP8 layers, bytes saved), listed with the plan."""
     clip = clip_limits(spec, limits)
     kind_limits = clip if spec.modality == "audio" else video_limits(spec, limits, clip)
     return ModelObject(
@@ -82,6 +85,7 @@ def model_object(
         workflows=list(spec.workflows),
         attention=dict(spec.attention) or None,
         vsa_topk=spec.vsa_topk,
+        memory=model_memory(spec.memory, memory),
         available=unavailable is None,
         unavailable_reason=unavailable,
         limits=kind_limits,

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from models.memory_plan import ModelMemory
 from models.webhooks import WebhookFields
 
 
@@ -210,6 +211,9 @@ class ModelObject(BaseModel):
     attention: dict[str, str] | None = None
     # VSA's key blocks per query block, where a role runs ``vsa``.
     vsa_topk: int | None = None
+    # FP8 weights and offloading, for a model whose registry entry plans them: the plan,
+    # and the FP8 layers and bytes saved that its live workers report; else None.
+    memory: ModelMemory | None = None
     # False while no live worker can load the model: the workers that tried recorded why
     # (``unavailable_reason``: the path and what is missing there), and none serves it.
     # Its creates are then refused (503 ``model_unavailable``). True otherwise, also while

@@ -11,6 +11,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, Field, model_validator
 
+from models.memory_plan import MemoryPlan
+
 Modality = Literal["video", "audio"]
 # The ``quality`` of a video create (vLLM-Omni's field): "lossless" runs every denoise step
 # in full; "high" and "fast" reuse cached block outputs on some steps.
@@ -99,6 +101,9 @@ class ModelSpec(BaseModel):
     attention: dict[str, AttentionBackend] = Field(default_factory=dict)
     # VSA's key blocks per query block, where a role runs ``vsa``.
     vsa_topk: int | None = None
+    # FP8 weights and offloading, as the registry entry's ``quantization`` / ``offload``
+    # set them (ServedModel; ``/v1/models`` lists it as ``memory``); None: as loaded.
+    memory: MemoryPlan | None = None
     # A world model steered by w/a/s/d camera actions (``session.start``'s
     # ``extra_params.camera_action_script``, ``session.interaction``'s ``event.camera``);
     # a world model without it refuses both, naming the field.

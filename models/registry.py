@@ -22,6 +22,7 @@ from models.catalog import (
     AttentionBackend,
     ModelSpec,
 )
+from models.memory_plan import OffloadMode, Precision, memory_plan
 
 ParallelStrategy = Literal["cfg", "ulysses", "ring"]
 # How a diffusers model's denoiser runs: each transformer block's forward compiled by
@@ -74,6 +75,12 @@ class ServedModel(BaseModel):
     vsa_topk: int | None = None
     # Shapes compiled at worker start; a job of another shape compiles in its prepare.
     warmup: list[WarmupShape] = Field(default_factory=list)
+    # FP8 weights ("fp8": the denoisers; or per component) and offloading, with a cap on
+    # the process's device memory (models/memory_plan.py; docs/configuration.md, "Memory").
+    quantization: Precision | dict[str, Precision] | None = None
+    offload: OffloadMode = "none"
+    offload_budget_gib: float | None = Field(default=None, gt=0)
+    offload_blocks: list[str] = Field(default_factory=list)
     # This model's own queue bound and default ``ttl`` (seconds); None: the server's
     # (``OMNIQ_QUEUE__MAX_DEPTH``, ``OMNIQ_QUEUE__DEFAULT_TTL_S``); 0: none.
     max_queue_depth: int | None = Field(default=None, ge=0)
@@ -112,6 +119,15 @@ class ServedModel(BaseModel):
             roles = {**self.spec.attention, "blocks": "vsa"}
             topk = self.vsa_topk or DEFAULT_VSA_TOPK
             self.spec = self.spec.model_copy(update={"attention": roles, "vsa_topk": topk})
+        return self
+
+    @model_validator(mode="after")
+    def _memory_plan(self) -> ServedModel:
+        """``quantization`` / ``offload`` into the spec's plan (what ``/v1/models`` lists)."""
+        plan = memory_plan(
+            self.quantization, self.offload, self.offload_budget_gib, self.offload_blocks
+        )
+        self.spec = self.spec.model_copy(update={"memory": plan})
         return self
 
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from models.catalog import ModelSpec
 from models.job_specs import LoraSpec
+from models.memory_plan import MemoryReport
 from models.registry import ServedModel
 from workers.media.frames import DecodeStream as DecodeStream
 from workers.media.frames import Media as Media
@@ -353,6 +354,16 @@ class SupportsWarmUp(Protocol):
     worker takes work."""
 
     def warm_up(self) -> None: ...
+
+
+@runtime_checkable
+class SupportsMemoryPlan(Protocol):
+    """Applies a registry entry's memory plan (``quantization``, ``offload``) at ``load``;
+    ``memory_report`` says what it did (the FP8 layers, the bytes saved), which the worker
+    logs and publishes for ``/v1/models``. A model with a plan whose adapter is not one is
+    refused at load."""
+
+    def memory_report(self) -> MemoryReport | None: ...
 
 
 @runtime_checkable

@@ -18,12 +18,14 @@ from typing import Any
 
 from models.catalog import PipelineKind
 from models.errors import InvalidJobInput
+from models.memory_plan import MemoryReport, refused_combination
 from models.registry import CatalogError, ServedModel
 from storage.settings import LoraSettings
 from workers.pipelines.base import (
     AnyPipeline,
     Pipeline,
     SupportsLoRA,
+    SupportsMemoryPlan,
     SupportsWarmUp,
     VoicePipeline,
     WorldPipeline,
@@ -80,6 +82,23 @@ def build_adapter(model: ServedModel) -> AnyPipeline:
     return pipe
 
 
+def _check_plan(model: ServedModel) -> None:
+    """Refuse a memory plan that does not combine with the rest of ``model``'s entry
+    (:func:`models.memory_plan.refused_combination`: both features named)."""
+    plan = model.spec.memory
+    if plan is None:
+        return
+    why = refused_combination(
+        plan,
+        lora=model.spec.supports_lora,
+        streaming=model.spec.streaming,
+        compile=model.compile,
+        devices=model.devices,
+    )
+    if why is not None:
+        raise CatalogError(f"model {model.name!r}: {why}")
+
+
 class PipelineRegistry:
     """Builds and loads each served pipeline on first use, then shares it across jobs.
 
@@ -88,7 +107,10 @@ class PipelineRegistry:
     :class:`~workers.pipelines.base.SupportsLoRA`); ``fetch(uri)`` reads ``s3://``
     adapters. Without it such a model's LoRA jobs fail with ``invalid_lora``.
     ``random_weights`` (OMNIQ_WORKER__RANDOM_WEIGHTS) lets entries with ``weights =
-    "random"`` load (benchmarks only); off, they are refused."""
+    "random"`` load (benchmarks only); off, they are refused. A model with a memory plan
+    (FP8 weights, offloading: ``models/memory_plan.py``) is refused at load where the plan
+    does not combine with the rest of its entry, before its adapter is built; the reports
+    of those that load are :attr:`memory`, by name."""
 
     def __init__(
         self,
@@ -106,6 +128,8 @@ class PipelineRegistry:
         self.fetch = fetch
         self._loaded: dict[str, AnyPipeline] = {}
         self._lock = threading.Lock()
+        # What each loaded model's adapter did with its memory plan (FP8, offload).
+        self.memory: dict[str, MemoryReport] = {}
 
     def get(self, name: str) -> AnyPipeline:
         """The loaded adapter of a served model, whatever its kind."""
@@ -121,13 +145,21 @@ class PipelineRegistry:
                         "(benchmarks only); this worker refuses it unless "
                         "OMNIQ_WORKER__RANDOM_WEIGHTS=true"
                     )
+                _check_plan(model)
                 pipe = build_adapter(model)
+                if model.spec.memory is not None and not isinstance(pipe, SupportsMemoryPlan):
+                    raise CatalogError(
+                        f"model {name!r}: {model.spec.memory.describe()}: its adapter "
+                        f"{model.adapter!r} applies no memory plan (the diffusers adapters do)"
+                    )
                 if self.lora is not None and model.spec.supports_lora:
                     self._use_lora(pipe)
                 pipe.load(model.device or self.device)
                 if isinstance(pipe, SupportsWarmUp):
                     pipe.warm_up()  # compiled blocks: the registry's shapes
                 self._loaded[name] = pipe
+                if isinstance(pipe, SupportsMemoryPlan) and (report := pipe.memory_report()):
+                    self.memory[name] = report
             return pipe
 
     def _use_lora(self, pipe: AnyPipeline) -> None:

@@ -52,6 +52,7 @@ from diffusers.pipelines.helios import pipeline_helios, pipeline_helios_pyramid
 
 from models.catalog import FAMILY_SPECS
 from models.errors import InvalidJobInput
+from models.memory_plan import MemoryReport
 from models.realtime_video_chunks import ChunkLattice
 from models.registry import ServedModel
 from workers.pipelines.base import (
@@ -91,6 +92,7 @@ from workers.pipelines.diffusers.shared.loading import (
     install_checkpoints,
     own_weights,
 )
+from workers.pipelines.diffusers.shared.memory import MemoryLayout
 from workers.pipelines.snapshots import pack, to_host, unpack
 from workers.pipelines.world_rules import events_in_chunk
 
@@ -135,6 +137,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
         self.pipe: Any = options.get("pipe")
         self.device = torch.device("cpu")
+        self.memory = MemoryLayout(self.spec.name, self.entry.memory)  # FP8 (``load``)
         self.gate = BlockGate(self.device)  # cancel points between the blocks (``load``)
         self.compiler = self.entry.compiler()
         self.random_config = dict(random_config or {})
@@ -152,7 +155,9 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         """The pipeline of ``path`` (``from_pretrained(…, local_files_only=True)``: its
         ``model_index.json`` says which of the two Helios pipelines) or the injected pipe
         (dtype as it is) on ``device``, with the cancel points and compiled blocks
-        ``DiffusersAdapter.load`` installs."""
+        ``DiffusersAdapter.load`` installs, and the entry's memory plan (FP8 weights;
+        memory.py) as it applies it."""
+        self.memory.check(device, HeliosPipeline)
         if self.pipe is None and self.entry.random_weights:
             from workers.pipelines.diffusers.helios.random_weights import random_pipeline
 
@@ -181,13 +186,17 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
                 f"{self.spec.name}: a {stages}-stage scheduler is HeliosPyramidPipeline's; "
                 "HeliosPipeline runs one stage"
             )
-        pipe.to(device)
+        self.memory.place(pipe, device)
         self.device = torch.device(device)
         install_checkpoints(pipe)
         self.gate.device = self.device
         self.gate.install(pipe)
         if self.entry.compiles_blocks(self.device):
             self.compiler.install(pipe)
+
+    def memory_report(self) -> MemoryReport | None:
+        """What ``load`` did with the entry's memory plan (None without one)."""
+        return self.memory.report
 
     def warm_up(self) -> None:
         """Compile the blocks for each registry ``warmup`` shape: one step of a one-chunk

@@ -230,8 +230,8 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         )
 
     def load(self, device: str) -> None:
-        """Load (``DiffusersAdapter.load``; the deployment's LoRA, if any, fused on the
-        device by ``_on_device``, checked against its pinned sha256 first, refusing to
+        """Load (``DiffusersAdapter.load``; the deployment's LoRA, if any, fused by
+        ``_change_weights``, checked against its pinned sha256 first, refusing to
         start on a mismatch), then the VAE decoder compiled and VSA installed where
         asked for."""
         if self.fused_lora is not None:
@@ -248,8 +248,9 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         how = f"; {kernel_name()}, top-k {self.spec.vsa_topk}" if kernel is not None else ""
         log.info("%s attention: %s%s", self.spec.name, roles, how)
 
-    def _on_device(self, pipe: Any) -> None:
-        """The deployment's LoRA fused first: before a per-request LoRA's slot."""
+    def _change_weights(self, pipe: Any) -> None:
+        """The deployment's LoRA fused first: before a per-request LoRA's slot, and before
+        FP8 quantization where the entry asks for it (fused in the loaded dtype)."""
         if self.fused_lora is not None:
             self.fused_lora.fuse(pipe, self.partition)
 

@@ -21,6 +21,7 @@ import torch
 
 from models.catalog import FAMILY_SPECS, Workflow
 from models.errors import InvalidJobInput, InvalidLora
+from models.memory_plan import MemoryReport
 from models.registry import ServedModel, WarmupShape
 from workers.pipelines.base import GenerationRequest, LoraSlot, Pipeline, StepState
 from workers.pipelines.blocks import BlockGate
@@ -35,6 +36,7 @@ from workers.pipelines.diffusers.shared.loading import (
     install_checkpoints,
     own_weights,
 )
+from workers.pipelines.diffusers.shared.memory import MemoryLayout
 from workers.pipelines.parallel import Parallel
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,8 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
         self.pipe: Any = options.get("pipe")
         self.device = torch.device("cpu")
+        # FP8 weights and offloading, as the entry plans them (memory.py; ``load``).
+        self.memory = MemoryLayout(self.spec.name, self.entry.memory)
         # Cancel points between the denoiser's blocks (installed by ``load``).
         self.gate = BlockGate(self.device)
         self.compiler = self.entry.compiler(observe=self._compiled, fell_back=self._compile_failed)
@@ -107,8 +111,10 @@ class DiffusersAdapter(Pipeline, Generic[S]):
 
     def load(self, device: str) -> None:
         """``from_pretrained(path, dtype=…, local_files_only=True)`` (or the injected pipe,
-        whose dtype is left as it is), checked to be the family's pipeline class, moved to
-        ``device``."""
+        whose dtype is left as it is), checked to be the family's pipeline class, placed
+        on ``device`` as the entry's memory plan says (memory.py: its device refused
+        before anything loads; without a plan, moved there whole)."""
+        self.memory.check(device, self.pipeline_class)
         if self.pipe is None and self.entry.random_weights:
             if not isinstance(self, RandomWeights):
                 raise ValueError(
@@ -124,9 +130,12 @@ class DiffusersAdapter(Pipeline, Generic[S]):
                 f"{type(self).__name__} drives {self.pipeline_class.__name__}, "
                 f"got {type(self.pipe).__name__}"
             )
-        self.pipe.to(device)
+        if self.memory.quantizes:  # FP8 weights are made of the changed ones
+            self._change_weights(self.pipe)
+        self.memory.place(self.pipe, device)
         self.device = torch.device(device)
-        self._on_device(self.pipe)
+        if not self.memory.quantizes:
+            self._change_weights(self.pipe)
         if self.lora is not None:
             self.lora.install(self.pipe)
         install_checkpoints(self.pipe)
@@ -141,11 +150,17 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         if self.entry.compiles_blocks(self.device):
             self.compiler.install(self.pipe)
 
-    def _on_device(self, pipe: Any) -> None:
-        """Loaded on the device, before the LoRA slot, the gates and the compiled blocks
-        go in: where an adapter changes the weights themselves (H3 fuses its deployment's
-        LoRA). By default nothing."""
+    def _change_weights(self, pipe: Any) -> None:
+        """Where an adapter changes the weights themselves (H3 fuses its deployment's
+        LoRA), before the LoRA slot, the gates and the compiled blocks go in: on the
+        device once placed, or, where the entry makes FP8 weights, before that, in the
+        loaded dtype, so that the FP8 weights are the changed ones. By default nothing."""
         return None
+
+    def memory_report(self) -> MemoryReport | None:
+        """What ``load`` did with the entry's memory plan: the FP8 layers and the bytes
+        they save, the offload mode (None without a plan)."""
+        return self.memory.report
 
     def _from_pretrained(self) -> Any:
         """The pipeline of ``path`` (a modular pipeline's adapter loads its own way)."""

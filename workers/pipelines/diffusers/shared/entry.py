@@ -19,6 +19,7 @@ from typing import Any, TypedDict
 import torch
 
 from models.catalog import ModelSpec
+from models.memory_plan import MemoryPlan
 from models.registry import CompileMode, ServedModel, WarmupShape
 from workers.pipelines.diffusers.shared.compiled import BlockCompiler
 from workers.pipelines.diffusers.shared.loading import parse_dtype
@@ -38,12 +39,13 @@ class EntryOptions(TypedDict, total=False):
     compile_mode: str | None
     warmup: list[WarmupShape] | None
     random_weights: bool
+    memory: MemoryPlan | None
 
 
 def entry_options(model: ServedModel) -> dict[str, Any]:
     """A registry entry as a diffusers adapter's constructor takes it: ``path``, ``dtype``,
-    ``spec``, the compiled-blocks settings, the random-weights mode and the entry's
-    ``adapter_options`` (the family's own arguments)."""
+    ``spec``, the compiled-blocks settings, the random-weights mode, the memory plan (FP8,
+    offload) and the entry's ``adapter_options`` (the family's own arguments)."""
     return {
         "path": model.path,
         "dtype": model.dtype,
@@ -53,6 +55,7 @@ def entry_options(model: ServedModel) -> dict[str, Any]:
         "compile_mode": model.compile_mode,
         "warmup": model.warmup,
         "random_weights": model.weights == "random",
+        "memory": model.spec.memory,
         **model.adapter_options,
     }
 
@@ -75,6 +78,8 @@ class DiffusersEntry:
     compile_mode: str | None
     # The shapes compiled at worker start (the registry's ``warmup``).
     warmup: list[WarmupShape]
+    # FP8 weights and offloading (memory.py); None: as loaded, on the device.
+    memory: MemoryPlan | None = None
 
     @classmethod
     def of(cls, adapter: str, path: str | None, options: EntryOptions) -> DiffusersEntry:
@@ -92,6 +97,7 @@ class DiffusersEntry:
             compile_backend=options.get("compile_backend", "inductor"),
             compile_mode=options.get("compile_mode"),
             warmup=list(options.get("warmup") or []),
+            memory=options.get("memory"),
         )
 
     def seq_len(self, default: int) -> int:
@@ -101,8 +107,10 @@ class DiffusersEntry:
 
     def compiles_blocks(self, device: torch.device) -> bool:
         """Whether the denoiser's blocks compile on ``device`` (``compile``, or on CUDA
-        when the entry does not say)."""
-        return (self.compile or ("blocks" if device.type == "cuda" else "off")) == "blocks"
+        when the entry does not say, unless its blocks stream: ``offload = "group"``)."""
+        streamed = self.memory is not None and self.memory.offload == "group"
+        default = "blocks" if device.type == "cuda" and not streamed else "off"
+        return (self.compile or default) == "blocks"
 
     def compiler(
         self,

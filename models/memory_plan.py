@@ -1,0 +1,195 @@
+"""A registry entry's memory plan, as data: FP8 weights and offloading (docs/configuration.md,
+"Memory: FP8 weights and offload"; issue 44).
+
+A :class:`~models.registry.ServedModel`'s ``quantization`` (``"fp8"``: every denoiser,
+the ``transformer*`` components; or per component, ``{transformer = "fp8", text_encoder =
+"none"}``), ``offload`` (``none``, ``model``, ``group``), ``offload_budget_gib`` and
+``offload_blocks`` become one :class:`MemoryPlan` on its spec. The worker resolves it
+against the loaded pipeline (``workers/pipelines/diffusers/shared/memory.py``) and reports
+what it did (:class:`MemoryReport`: the FP8 Linear layers of each component and the bytes
+they saved); ``/v1/models`` lists the plan with the live workers' figures
+(:class:`ModelMemory`).
+
+:func:`refused_combination` is the matrix of docs/adapters.md ("FP8 and offload"): what
+a plan does not combine with, named with the plan's feature, refused when a worker loads
+the model and before it looks at its device (so a CPU test meets each refusal).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+# A component's weights: FP8 (torchao's float8, row-wise scales, activations quantized on
+# the fly) or as loaded ("none").
+Precision = Literal["fp8", "none"]
+# Where the weights live between uses: on the device ("none"), each component moved in
+# whole while it runs ("model"), or its blocks streamed ahead of use ("group").
+OffloadMode = Literal["none", "model", "group"]
+# The components ``quantization = "fp8"`` quantizes: the denoisers.
+DENOISER_PREFIX = "transformer"
+
+
+class MemoryPlan(BaseModel):
+    """How a model's weights are held on its worker, as its registry entry says."""
+
+    # "fp8" (the denoisers), or component -> precision; "none" keeps everything as loaded.
+    quantization: Precision | dict[str, Precision] = "none"
+    offload: OffloadMode = "none"
+    # The most device memory the worker's process may take (GiB): enforced with
+    # torch.cuda.set_per_process_memory_fraction before the weights are placed.
+    offload_budget_gib: float | None = Field(default=None, gt=0)
+    # ``offload = "group"``: block lists below a component's top level that stream block
+    # by block too ("text_encoder.encoder.block"); a component's top-level lists always do.
+    offload_blocks: list[str] = Field(default_factory=list)
+
+    @property
+    def quantizes(self) -> bool:
+        """Whether any component's weights become FP8."""
+        q = self.quantization
+        return q == "fp8" or (isinstance(q, dict) and "fp8" in q.values())
+
+    def fp8_on(self, component: str) -> bool:
+        """Whether ``component``'s weights become FP8 (as declared; the worker checks the
+        name against the pipeline's components)."""
+        q = self.quantization
+        if isinstance(q, dict):
+            return q.get(component) == "fp8"
+        return q == "fp8" and component.startswith(DENOISER_PREFIX)
+
+    def describe(self) -> str:
+        """The plan's settings as the registry writes them (for refusals and logs)."""
+        parts = []
+        if self.quantization != "none":
+            parts.append(f"quantization = {_toml(self.quantization)}")
+        if self.offload != "none":
+            parts.append(f"offload = {self.offload!r}")
+        if self.offload_budget_gib is not None:
+            parts.append(f"offload_budget_gib = {self.offload_budget_gib:g}")
+        return ", ".join(parts) or "no memory plan"
+
+
+def _toml(value: Precision | dict[str, Precision]) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    return "{" + ", ".join(f'{k} = "{v}"' for k, v in value.items()) + "}"
+
+
+def memory_plan(
+    quantization: Precision | dict[str, Precision] | None,
+    offload: OffloadMode,
+    budget_gib: float | None,
+    blocks: list[str],
+) -> MemoryPlan | None:
+    """A registry entry's fields as one plan; None when the entry sets none of them (the
+    model loads as before). Refuses (``ValueError``) ``offload_blocks`` without ``offload =
+    "group"`` and a block path without its component (``component.path``)."""
+    if blocks and offload != "group":
+        raise ValueError(f"offload_blocks needs offload = 'group', not {offload!r}")
+    for path in blocks:
+        if "." not in path.strip("."):
+            raise ValueError(
+                f"offload_blocks: {path!r} must name a component and a block list in it "
+                "(component.path, e.g. 'text_encoder.encoder.block')"
+            )
+    if isinstance(quantization, dict) and not quantization:
+        raise ValueError("quantization: name at least one component, or write 'fp8'")
+    plan = MemoryPlan(
+        quantization=quantization or "none",
+        offload=offload,
+        offload_budget_gib=budget_gib,
+        offload_blocks=blocks,
+    )
+    return None if plan == MemoryPlan() else plan
+
+
+def refused_combination(
+    plan: MemoryPlan,
+    *,
+    lora: bool,
+    streaming: bool,
+    compile: str | None,
+    devices: int,
+) -> str | None:
+    """Why ``plan`` does not combine with the rest of its entry (one line naming both
+    features), or None. ``lora``: the spec lists per-request ``lora``; ``streaming``: a
+    realtime model; ``compile``: the entry's ``compile`` as written (None: the default,
+    which ``offload = "group"`` makes "off"); ``devices``: its worker group's size."""
+    fp8 = f"quantization = {_toml(plan.quantization)}"
+    offload = f"offload = {plan.offload!r}"
+    if lora and plan.fp8_on("transformer"):
+        return (
+            f"{fp8} and per-request LoRA (parameters lists 'lora') do not combine: the LoRA "
+            "slot's layers wrap the transformer's Linear layers, whose weights FP8 replaces"
+        )
+    if lora and plan.offload != "none":
+        return (
+            f"{offload} and per-request LoRA (parameters lists 'lora') do not combine: the "
+            "LoRA cache keeps adapters on the device and copies them into the slot, which "
+            "offloading moves off it"
+        )
+    if plan.offload != "none" and streaming:
+        return (
+            f"{offload} and realtime sessions do not combine: a realtime worker steps one "
+            "pipeline from several session threads, and offloading moves its weights per call"
+        )
+    if plan.offload == "group" and compile == "blocks":
+        return (
+            f"{offload} and compile = 'blocks' do not combine: group offloading's hooks and "
+            "the compiled blocks both replace the blocks' forward; leave compile unset (off "
+            "with group offloading) or set it to 'off'"
+        )
+    if plan.offload == "group" and plan.quantizes:
+        return (
+            f"{fp8} and {offload} do not combine: group offloading pins and copies each "
+            "parameter's storage, which torchao's FP8 tensors do not promise to support"
+        )
+    if devices > 1 and (plan.quantizes or plan.offload != "none"):
+        return f"{plan.describe()} and a worker group (devices = {devices}) do not combine"
+    return None
+
+
+class MemoryReport(BaseModel):
+    """What a worker did with a model's plan when it loaded it (worker -> API, through
+    its presence in Redis: ``storage/worker_presence.py``)."""
+
+    # Quantized component -> how many of its Linear layers hold FP8 weights.
+    fp8_modules: dict[str, int] = Field(default_factory=dict)
+    # Device memory the FP8 weights save: each quantized Linear's weight at one byte an
+    # element instead of its dtype's, less its row-wise float32 scales.
+    bytes_saved: int = 0
+    offload: OffloadMode = "none"
+    # The per-process device memory cap in bytes (offload_budget_gib), when set.
+    budget_bytes: int | None = None
+
+
+class ModelMemory(BaseModel):
+    """``/v1/models``' ``memory`` of a model with a plan: the plan, and what the live
+    workers that loaded it report (None before one has)."""
+
+    quantization: Precision | dict[str, Precision]
+    offload: OffloadMode
+    offload_budget_gib: float | None = None
+    offload_blocks: list[str] = Field(default_factory=list)
+    # FP8 Linear layers in all (per component: ``fp8_components``) and the bytes they save.
+    fp8_modules: int | None = None
+    fp8_components: dict[str, int] | None = None
+    bytes_saved: int | None = None
+
+
+def model_memory(plan: MemoryPlan | None, report: MemoryReport | None) -> ModelMemory | None:
+    """The listing of ``plan`` with a live worker's ``report`` (None: no plan)."""
+    if plan is None:
+        return None
+    listed = ModelMemory(
+        quantization=plan.quantization,
+        offload=plan.offload,
+        offload_budget_gib=plan.offload_budget_gib,
+        offload_blocks=list(plan.offload_blocks),
+    )
+    if report is not None:
+        listed.fp8_modules = sum(report.fp8_modules.values())
+        listed.fp8_components = dict(report.fp8_modules)
+        listed.bytes_saved = report.bytes_saved
+    return listed

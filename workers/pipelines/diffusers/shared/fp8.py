@@ -1,0 +1,127 @@
+"""FP8 weights for a registry entry's ``quantization``: which Linear layers, what they save,
+and the quantization itself, through torchao (imported only when an entry asks for FP8, so
+a worker without torchao serves every other model).
+
+**The rule** (:func:`fp8_layers`) is a pure function of a module tree: a Linear layer
+becomes FP8 when
+
+* it sits inside a repeated block (an ancestor of it is an element of a ``ModuleList``:
+  the denoiser's transformer blocks, a text encoder's layers), so embedders (time, text,
+  patch: ``condition_embedder.*``, ``time_embed.*``, ``proj_in``), the final projection
+  (``proj_out``, ``norm_out.linear``) and anything else outside the blocks stay as loaded;
+* no part of its qualified name marks a precision-sensitive module: norms, adaLN and
+  modulation projections, embeddings, time projections, the text-token refiner
+  (:data:`KEPT_PARTS`);
+* both its sizes are multiples of 16 (``torch._scaled_mm``'s).
+
+Everything that is not an ``nn.Linear`` (convolutions, norms, embeddings, parameters
+such as ``scale_shift_table``) is never touched.
+
+**The quantization** is torchao's ``Float8DynamicActivationFloat8WeightConfig`` with
+row-wise scales (``PerRow``): float8 e4m3 weights with a float32 scale per output row,
+activations quantized per row on the fly, the matmul ``torch._scaled_mm``. It runs
+through ``torchao.quantization.quantize_`` with a ``filter_fn`` naming the rule's layers
+and ``device=``, so each layer moves to the device and is quantized there one at a time:
+the device never holds more than one layer of the component in its loaded dtype. torchao's
+``set_inductor_config`` is off: it would set process-wide inductor and float32-matmul
+settings under every other model of the worker.
+
+**Bytes saved** (:func:`bytes_saved`): each FP8 layer's weight at one byte an element
+instead of its dtype's (two for bfloat16), less its float32 row scales.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+# torch._scaled_mm needs both sizes of the weight to be multiples of 16.
+FP8_MULTIPLE = 16
+# A qualified-name part that marks a precision-sensitive module (lowercase substrings):
+# norms, adaLN / modulation projections, embeddings and embedders, time projections, the
+# text-token refiner (MiniMax-H3's text embedding stage), scale/shift tables.
+KEPT_PARTS = ("norm", "adaln", "ada_ln", "modulation", "emb", "time", "refiner", "scale_shift")
+_KEPT = re.compile("|".join(re.escape(p) for p in KEPT_PARTS))
+# FP8 matmuls: Ada (8.9), Hopper (9.0), Blackwell (10.0, 12.0).
+MIN_CAPABILITY = (8, 9)
+
+
+def _block_elements(model: torch.nn.Module) -> set[str]:
+    """The qualified names of the elements of every ModuleList in ``model``."""
+    out: set[str] = set()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList):
+            out.update(f"{name}.{i}" if name else str(i) for i in range(len(module)))
+    return out
+
+
+def fp8_layers(model: torch.nn.Module) -> dict[str, str | None]:
+    """Every Linear layer of ``model`` by qualified name -> None when the rule makes it FP8,
+    else why it stays as loaded (the module docstring gives the rule)."""
+    elements = _block_elements(model)
+    out: dict[str, str | None] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        parts = name.split(".")
+        ancestors = {".".join(parts[:i]) for i in range(1, len(parts))}
+        if not ancestors & elements:
+            out[name] = "outside the blocks"
+        elif _KEPT.search(name.lower()):
+            out[name] = "precision-sensitive"
+        elif module.in_features % FP8_MULTIPLE or module.out_features % FP8_MULTIPLE:
+            out[name] = "sizes not multiples of 16"
+        else:
+            out[name] = None
+    return out
+
+
+def fp8_modules(model: torch.nn.Module) -> list[str]:
+    """The qualified names of the Linear layers of ``model`` whose weights become FP8."""
+    return [name for name, why in fp8_layers(model).items() if why is None]
+
+
+def bytes_saved(model: torch.nn.Module, names: list[str]) -> int:
+    """What FP8 weights save on the layers ``names`` of ``model`` (as loaded, before any
+    quantization): one byte an element instead of the weight's dtype's, less a float32
+    scale per output row."""
+    saved = 0
+    for name in names:
+        weight: torch.Tensor = model.get_submodule(name).weight  # type: ignore[assignment]
+        saved += weight.numel() * (weight.element_size() - 1) - weight.shape[0] * 4
+    return saved
+
+
+def fp8_unsupported(device: torch.device) -> str | None:
+    """Why ``device`` cannot run FP8 matmuls (None: it can): a CUDA GPU of compute
+    capability 8.9 or more is needed."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"device {device} is not a CUDA GPU"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        major, minor = capability
+        return f"device {device} ({name}) has compute capability {major}.{minor}"
+    return None
+
+
+def quantize(model: torch.nn.Module, names: list[str], device: torch.device) -> None:
+    """Make the weights of the Linear layers ``names`` of ``model`` FP8 (torchao's float8,
+    row-wise scales), each moved to ``device`` and quantized there, one at a time."""
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        PerRow,
+        quantize_,
+    )
+
+    wanted = set(names)
+    config = Float8DynamicActivationFloat8WeightConfig(
+        granularity=PerRow(), set_inductor_config=False
+    )
+
+    def chosen(module: Any, fqn: str) -> bool:
+        return fqn in wanted and isinstance(module, torch.nn.Linear)
+
+    quantize_(model, config, filter_fn=chosen, device=device)

@@ -1,0 +1,126 @@
+"""Offloading for a registry entry's ``offload`` (diffusers' own), and its device memory cap.
+
+* ``model``: each component on the GPU only while it runs: the pipeline's
+  ``enable_model_cpu_offload`` (accelerate's hooks move a whole component in when its
+  ``forward`` is called and the previous one out). A pipeline without it (MiniMax-H3's
+  modular pipeline) cannot.
+* ``group``: each component's blocks streamed ahead of use on a CUDA stream:
+  ``diffusers.hooks.apply_group_offloading`` per component (as the pipeline's
+  ``enable_group_offload`` does, which a modular pipeline has not), ``block_level`` with
+  one block per group and ``use_stream=True`` (the next block's weights are copied in
+  while the current one runs). A component's top-level block lists stream block by block
+  and the rest of it moves in as one group, at its ``forward``; the children its class
+  names (``_group_offload_block_modules``: a VAE's encoder and decoder, which its
+  ``decode`` calls without ``forward``) and those ``offload_blocks`` leads to (block lists
+  further down, ``text_encoder.encoder.block``) get hooks of their own.
+* ``offload_budget_gib``: ``torch.cuda.set_per_process_memory_fraction``, set before any
+  weight is placed, so the process fails its allocations (out of memory) past the budget
+  instead of taking the rest of the card.
+
+Every component and block path a plan names is resolved by :func:`resolve_paths` when the
+model loads: a missing or wrong one is an error naming it, never skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from models.memory_plan import DENOISER_PREFIX, MemoryPlan
+from models.registry import CatalogError
+
+GIB = 1 << 30
+_BLOCK_LISTS = (torch.nn.ModuleList, torch.nn.Sequential)
+
+
+def modules_of(pipe: Any) -> dict[str, torch.nn.Module]:
+    """The pipeline's components that are modules, by name."""
+    return {k: v for k, v in pipe.components.items() if isinstance(v, torch.nn.Module)}
+
+
+def resolve_paths(pipe: Any, plan: MemoryPlan, model: str) -> dict[str, list[str]]:
+    """Check every component and block path ``plan`` names against ``pipe``; returns
+    component -> the block-module names ``apply_group_offloading`` takes for it (from
+    ``offload_blocks``). Raises :class:`CatalogError` naming the path that is not there."""
+    have = modules_of(pipe)
+    where = f"model {model!r}"
+    listed = ", ".join(sorted(have)) or "none"
+    if isinstance(plan.quantization, dict):
+        for component in plan.quantization:
+            if component not in have:
+                raise CatalogError(
+                    f"{where}: quantization names component {component!r}, which "
+                    f"{type(pipe).__name__} does not have (its modules: {listed})"
+                )
+    elif plan.quantization == "fp8" and not any(n.startswith(DENOISER_PREFIX) for n in have):
+        raise CatalogError(
+            f"{where}: quantization = 'fp8' quantizes the transformer* components, and "
+            f"{type(pipe).__name__} has none (its modules: {listed})"
+        )
+    blocks: dict[str, list[str]] = {}
+    for path in plan.offload_blocks:
+        component, _, inner = path.partition(".")
+        if component not in have:
+            raise CatalogError(
+                f"{where}: offload_blocks path {path!r}: no component {component!r} "
+                f"(its modules: {listed})"
+            )
+        try:
+            found = have[component].get_submodule(inner)
+        except AttributeError:
+            raise CatalogError(
+                f"{where}: offload_blocks path {path!r}: {component} has no module {inner!r}"
+            ) from None
+        if not isinstance(found, _BLOCK_LISTS):
+            raise CatalogError(
+                f"{where}: offload_blocks path {path!r} is a {type(found).__name__}, not a "
+                "block list (ModuleList or Sequential)"
+            )
+        # apply_group_offloading recurses into the children it is told are blocks, by
+        # name at every level, and streams the lists it finds there.
+        blocks.setdefault(component, []).extend(inner.split(".")[:-1])
+    return blocks
+
+
+def set_budget(plan: MemoryPlan, device: torch.device) -> int | None:
+    """Cap this process's memory on ``device`` at the plan's budget; returns it in bytes
+    (None: no budget). Refuses a budget over the device's memory."""
+    if plan.offload_budget_gib is None:
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = int(plan.offload_budget_gib * GIB)
+    if budget > total:
+        raise CatalogError(
+            f"offload_budget_gib = {plan.offload_budget_gib:g} is more than device {device}'s "
+            f"{total / GIB:.1f} GiB"
+        )
+    torch.cuda.set_per_process_memory_fraction(budget / total, device)
+    return budget
+
+
+def offload(
+    pipe: Any, plan: MemoryPlan, device: torch.device, blocks: dict[str, list[str]]
+) -> None:
+    """Put ``pipe``'s weights where ``plan.offload`` says (``none``: all on ``device``)."""
+    if plan.offload == "none":
+        pipe.to(device)
+    elif plan.offload == "model":
+        pipe.enable_model_cpu_offload(device=device)
+    else:
+        from diffusers.hooks import apply_group_offloading
+
+        for name, component in modules_of(pipe).items():
+            # the class's own (a VAE's encoder and decoder, which its decode calls) and
+            # the entry's offload_blocks
+            own = getattr(component, "_group_offload_block_modules", None) or []
+            named = list(dict.fromkeys([*own, *blocks.get(name, [])]))
+            apply_group_offloading(
+                component,
+                onload_device=device,
+                offload_device=torch.device("cpu"),
+                offload_type="block_level",
+                num_blocks_per_group=1,
+                use_stream=True,
+                block_modules=named or None,
+            )

@@ -13,6 +13,10 @@ every ``refresh_s`` per process, and uses them three ways:
 - ``/ready`` names it in ``unavailable_models`` (and stays 200: the API serves the
   other models).
 
+The same reads give, for ``GET /v1/models``' ``memory``, what the live workers that
+loaded a model with a memory plan (FP8 weights, offloading) report of it
+(:meth:`ModelAvailability.memory`).
+
 A failed read (Redis down) gives the last figures read, or none: a create is then
 never refused for a model, and its job waits for a worker as it did before.
 """
@@ -25,6 +29,7 @@ from collections.abc import Callable
 
 from api.refreshed import Refreshed
 from models.errors import ModelUnavailable
+from models.memory_plan import MemoryReport
 from storage.worker_presence import WorkerPresence
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,7 @@ class ModelAvailability:
         self._presence = presence
         self._models = list(models)
         self._reasons = Refreshed(self._read, refresh_s, clock)
+        self._memory = Refreshed(self._read_memory, refresh_s, clock)
 
     def unavailable(self) -> dict[str, str]:
         """Served models that no live worker can load → why (blocking: Redis). One
@@ -65,6 +71,18 @@ class ModelAvailability:
             log.warning("could not read which models the workers can load: %r", exc)
             return self.last()
         return {m: a.reason for m, a in figures.items() if a.reason is not None}
+
+    def memory(self) -> dict[str, MemoryReport]:
+        """Served models' memory reports, as live workers keep them (blocking: Redis,
+        cached as :meth:`unavailable` is; none after a failed read)."""
+        return self._memory.get()
+
+    def _read_memory(self, _now: float) -> dict[str, MemoryReport]:
+        try:
+            return self._presence.memory_reports(self._models)
+        except Exception as exc:  # a listing without the figures, never a failed one
+            log.warning("could not read the workers' memory reports: %r", exc)
+            return {}
 
     def check(self, model: str) -> None:
         """Refuse (:class:`ModelUnavailable`) a create for ``model`` when no live worker

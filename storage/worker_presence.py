@@ -17,11 +17,17 @@ leaves them for ``OMNIQ_WORKER__LOAD_FAILURE_TTL_S``, so the API goes on saying 
 worker that loads the model drops its slot's record. A model is **unavailable**
 (:attr:`Availability.reason`) while it has records and no live worker: the API refuses
 its creates (503 ``model_unavailable``) and the reconciler fails its queued jobs.
+
+**Memory reports.** A worker that loaded a model with a memory plan (FP8 weights,
+offloading) keeps what it did (``models.memory_plan.MemoryReport``) in a key per model,
+written with its lease and lasting as long; ``/v1/models`` lists the last one a live
+worker wrote (every worker of a model loads the same entry, so they write the same).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -29,6 +35,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from models.memory_plan import MemoryReport
 from storage.constants import KEY_PREFIX
 
 log = logging.getLogger(__name__)
@@ -90,6 +97,10 @@ def load_failures_key(model: str) -> str:
     return f"{KEY_PREFIX}workers:{model}:load-failures"
 
 
+def memory_key(model: str) -> str:
+    return f"{KEY_PREFIX}workers:{model}:memory"
+
+
 @dataclass(frozen=True, slots=True)
 class Availability:
     """What the workers say of one model: how many live ones serve it, and the reasons
@@ -149,6 +160,28 @@ class WorkerPresence:
         for model in failed:
             self._redis.hdel(load_failures_key(model), slot)
 
+    def report_memory(self, reports: Mapping[str, MemoryReport], lease_s: float) -> None:
+        """Keep each model's memory report for ``lease_s`` (a worker's, renewed with its
+        lease)."""
+        if not reports:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for model, report in reports.items():
+            pipe.set(memory_key(model), report.model_dump_json(), ex=max(1, math.ceil(lease_s)))
+        pipe.execute()
+
+    def memory_reports(self, models: Iterable[str]) -> dict[str, MemoryReport]:
+        """The memory reports live workers keep of ``models`` (those that have one)."""
+        names = list(models)
+        if not names:
+            return {}
+        values = self._redis.mget([memory_key(m) for m in names])
+        return {
+            name: MemoryReport.model_validate_json(value)
+            for name, value in zip(names, values, strict=True)
+            if value is not None
+        }
+
     def count(self, model: str) -> int:
         """Workers of ``model`` whose lease has not run out."""
         return int(self._count(keys=[presence_key(model)]))
@@ -173,7 +206,8 @@ def _text(value: bytes | str) -> str:
 class PresenceLease:
     """This worker's lease on the models it loaded, and its records of those it could
     not load (``failed``, under its ``slot``), renewed every ``every_s`` by a daemon
-    thread until :meth:`stop`, which removes both."""
+    thread until :meth:`stop`, which removes both; with them the ``memory`` reports of
+    the models it loaded with a plan (left to lapse when it stops)."""
 
     def __init__(
         self,
@@ -185,6 +219,7 @@ class PresenceLease:
         lease_s: float,
         failed: Mapping[str, str] | None = None,
         slot: str = "",
+        memory: Mapping[str, MemoryReport] | None = None,
     ) -> None:
         self._stop = threading.Event()
         self._presence = presence
@@ -194,6 +229,7 @@ class PresenceLease:
         self._lease_s = lease_s
         self._failed = dict(failed or {})
         self._slot = slot
+        self._memory = dict(memory or {})
         self._thread = threading.Thread(target=self._loop, name="presence", daemon=True)
         self._thread.start()
 
@@ -203,6 +239,7 @@ class PresenceLease:
                 self._presence.renew(
                     self._models, self._worker_id, self._lease_s, self._failed, self._slot
                 )
+                self._presence.report_memory(self._memory, self._lease_s)
             except RedisError:
                 log.warning("could not renew this worker's presence", exc_info=True)
             self._stop.wait(self._every_s)

@@ -22,9 +22,12 @@ async def list_models(state: StateDep, _owner: CurrentOwner) -> ModelList:
         entries = await state.blocking(catalog, state.settings.lora)  # a directory listing
         loras = [e.name for e in entries]
     unavailable = await state.blocking(state.availability.unavailable)  # Redis, cached
+    memory = {}
+    if any(spec.memory is not None for spec in state.specs.values()):
+        memory = await state.blocking(state.availability.memory)  # Redis, cached
     return ModelList(
         data=[
-            model_object(spec, limits, loras, unavailable.get(name))
+            model_object(spec, limits, loras, unavailable.get(name), memory.get(name))
             for name, spec in state.specs.items()
         ]
     )

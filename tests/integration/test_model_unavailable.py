@@ -1,8 +1,10 @@
 """A model that cannot load is visible, and takes nothing else down (issue 34 §2).
 
 A registry with ``reference/video`` and two entries whose weights are not where their
-``path`` says: a job model (``diffusers.ltx``) and a streaming one (``diffusers.helios``).
-A real job worker loads the first and serves it, records why it cannot load the second;
+``path`` says: a job model (``diffusers.ltx``) and a streaming one (``diffusers.helios``);
+and a tiny Wan whose entry asks for FP8 weights (``quantization = "fp8"``), which a CPU
+worker refuses (issue 44: the model, the field and the device named).
+A real job worker loads the first and serves it, records why it cannot load the others;
 a real realtime worker loads none of its models, records why, and exits with
 ``CONFIG_ERROR``. Then: ``/v1/models`` and ``/ready`` name both with their paths, a job
 queued before the workers started fails ``model_unavailable`` (its uploaded reference
@@ -25,9 +27,16 @@ import redis
 from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
-from storage.worker_presence import Availability, WorkerPresence, load_failures_key
+from models.memory_plan import MemoryReport
+from storage.worker_presence import (
+    Availability,
+    WorkerPresence,
+    load_failures_key,
+    memory_key,
+)
 from tests.integration.conftest import RedisDbPool, isolated_stack
 from tests.integration.stack import Stack
+from tests.unit.diffusers_fixtures import tiny_wan_entry
 from workers.runtime.supervisor import CONFIG_ERROR
 
 pytestmark = pytest.mark.integration
@@ -35,6 +44,11 @@ pytestmark = pytest.mark.integration
 BUCKET = "omniqueue-unavailable"  # this module's own: "nothing stored" is an empty bucket
 JOB_MODEL = "acme/ltx-missing"
 WORLD_MODEL = "acme/helios-missing"
+FP8_MODEL = "acme/wan-fp8"
+FP8_WHY = (
+    f"model '{FP8_MODEL}': quantization = 'fp8' needs a CUDA GPU of compute capability 8.9 "
+    "or more (FP8 matmuls), and device cpu is not a CUDA GPU"
+)
 LTX = {"prompt": "a lighthouse", "size": "32x32", "num_frames": 9, "num_inference_steps": 2}
 TINY = {"prompt": "a lighthouse", "size": "64x48", "seconds": "0.5", "num_inference_steps": 2}
 
@@ -68,6 +82,23 @@ def test_load_failure_records_live_with_the_worker_and_name_the_model(
         client.close()
 
 
+def test_memory_reports_live_with_the_worker_that_wrote_them(redis_pool: RedisDbPool) -> None:
+    """A worker that loaded a model with a memory plan keeps its report as long as its
+    lease; ``/v1/models`` lists what the live workers keep (issue 44)."""
+    with redis_pool.leased() as db:
+        client = redis.Redis.from_url(redis_pool.url(db))
+        presence = WorkerPresence(client)
+        report = MemoryReport(fp8_modules={"transformer": 300}, bytes_saved=1_200_000_000)
+        presence.report_memory({"m/fp8": report}, 0.3)
+        presence.report_memory({}, 0.3)  # nothing to write: no round trip
+        assert presence.memory_reports(["m/fp8", "m/plain"]) == {"m/fp8": report}
+        assert presence.memory_reports([]) == {}
+        assert 0 < client.pttl(memory_key("m/fp8")) <= 1000  # at least a second
+        time.sleep(1.1)
+        assert presence.memory_reports(["m/fp8"]) == {}  # the lease ran out with it
+        client.close()
+
+
 @pytest.fixture(scope="module")
 def ustack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[Stack]:
     """An API on the registry above with no worker yet; the first test starts them."""
@@ -81,6 +112,7 @@ def ustack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[S
         '[model.spec]\nworkflows = ["t2v", "i2v"]\n'  # takes the keyframe _create sends
         f'[[model]]\nname = "{WORLD_MODEL}"\nadapter = "diffusers.helios"\n'
         f'path = "{weights / "Helios-Distilled"}"\n'
+        + tiny_wan_entry(FP8_MODEL, weights / "wan", 'quantization = "fp8"\n')
     )
     s3 = s3_server.client()
     s3.create_bucket(Bucket=BUCKET)
@@ -165,9 +197,20 @@ def test_a_model_that_cannot_load_is_named_and_refused_and_the_rest_serves(ustac
             job_why,
         )
         assert listed[WORLD_MODEL]["unavailable_reason"] == world_why
+        assert (listed[FP8_MODEL]["available"], listed[FP8_MODEL]["unavailable_reason"]) == (
+            False,
+            FP8_WHY,
+        )
+        assert listed[FP8_MODEL]["memory"]["quantization"] == "fp8"
+        assert listed[FP8_MODEL]["memory"]["fp8_modules"] is None  # no worker loaded it
+        assert listed[JOB_MODEL]["memory"] is None  # no plan
         ready = httpx.get(ustack.url + "/ready")
         assert ready.status_code == 200  # the API serves the other models
-        assert ready.json()["unavailable_models"] == {JOB_MODEL: job_why, WORLD_MODEL: world_why}
+        assert ready.json()["unavailable_models"] == {
+            JOB_MODEL: job_why,
+            WORLD_MODEL: world_why,
+            FP8_MODEL: FP8_WHY,
+        }
 
         # a create for it is a 503 naming why, and stores nothing
         end = time.monotonic() + 10

@@ -11,6 +11,7 @@ from api.model_availability import ModelAvailability
 from api.model_list import model_object
 from models.catalog import REFERENCE_VIDEO
 from models.errors import ModelUnavailable
+from models.memory_plan import MemoryPlan, MemoryReport
 from storage.settings import LimitSettings
 from storage.worker_presence import Availability
 
@@ -22,6 +23,13 @@ class _Presence:
         self.figures: dict[str, Availability] = {}
         self.reads = 0
         self.down = False
+        self.memory: dict[str, MemoryReport] = {}
+
+    def memory_reports(self, models: list[str]) -> dict[str, MemoryReport]:
+        self.reads += 1
+        if self.down:
+            raise ConnectionError("redis is down")
+        return {m: self.memory[m] for m in models if m in self.memory}
 
     def availability(self, models: list[str]) -> dict[str, Availability]:
         self.reads += 1
@@ -61,3 +69,40 @@ def test_models_list_whether_a_worker_can_load_them() -> None:
     assert listed.available and listed.unavailable_reason is None
     down = model_object(REFERENCE_VIDEO, LimitSettings(), None, "path /w does not exist")
     assert not down.available and down.unavailable_reason == "path /w does not exist"
+
+
+def test_models_list_their_memory_plan_with_what_live_workers_report() -> None:
+    """A model without a plan lists ``memory: null`` and nothing else changes; one with a
+    plan lists it, with the FP8 figures once a live worker reports them (re-read at most
+    once a second; none while Redis cannot be read)."""
+    plain = model_object(REFERENCE_VIDEO, LimitSettings()).model_dump(mode="json")
+    assert plain["memory"] is None
+    presence = _Presence()
+    now = [0.0]
+    availability = ModelAvailability(
+        presence,  # type: ignore[arg-type]
+        ["acme/wan"],
+        clock=lambda: now[0],
+    )
+    assert availability.memory() == {}
+    report = MemoryReport(fp8_modules={"transformer": 300}, bytes_saved=1_300_000_000)
+    presence.memory["acme/wan"] = report
+    assert availability.memory() == {}  # cached
+    now[0] += 1.0
+    assert availability.memory() == {"acme/wan": report}
+    spec = REFERENCE_VIDEO.model_copy(update={"memory": MemoryPlan(quantization="fp8")})
+    listed = model_object(spec, LimitSettings(), None, None, report).model_dump(mode="json")
+    assert {k: v for k, v in listed.items() if k != "memory"} == {
+        k: v for k, v in plain.items() if k != "memory"
+    }
+    assert listed["memory"] == {
+        "quantization": "fp8",
+        "offload": "none",
+        "offload_budget_gib": None,
+        "offload_blocks": [],
+        "fp8_modules": 300,
+        "fp8_components": {"transformer": 300},
+        "bytes_saved": 1_300_000_000,
+    }
+    presence.down, now[0] = True, now[0] + 5
+    assert availability.memory() == {}  # listed without the figures, never an error

@@ -182,6 +182,7 @@ class WorkerContext:
             lease_s=w.heartbeat_timeout_s,
             failed={name: f.reason for name, f in self.load_failures.items()},
             slot=self.slot,
+            memory=self.pipelines.memory,
         )
 
     def close(self) -> None:

@@ -14,7 +14,8 @@
 #   bash benchmarks/device/h3.sh [h3.py args]
 #   (``--decode [h3_decode.py args]`` runs the decode/encode probe, benchmarks/gpu/h3_decode.py,
 #   instead; ``--prompts`` likewise runs the prompt-length probe, benchmarks/gpu/h3_prompts.py)
-#   The wheels of .wheelhouse/h3 go to /tmp/h3-site with --no-deps over the host's packages.
+#   The wheels of .wheelhouse/h3 go to /tmp/h3-site with --no-deps over the host's packages
+#   (preflight.sh's site_install).
 #
 # Through the stack (benchmarks/gpu/h3_stack.py: omniqueue up, FastH3, HTTP):
 #   bash benchmarks/device/h3.sh --stack [h3_stack.py args]
@@ -114,16 +115,7 @@ if [ "${1:-}" = "--decode" ]; then module=h3_decode; shift; fi
 if [ "${1:-}" = "--prompts" ]; then module=h3_prompts; shift; fi
 [ "$only" = 1 ] && exit 0
 SITE=/tmp/h3-site
-if [ ! -f "$SITE/.installed" ]; then
-    need .wheelhouse/h3/wheels.tar.xz
-    rm -rf /tmp/h3-wheels "$SITE" && mkdir -p /tmp/h3-wheels
-    tar -C /tmp/h3-wheels -xJf .wheelhouse/h3/wheels.tar.xz
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" /tmp/h3-wheels/*.whl
-    if [ -f .wheelhouse/h3/fastvideo_kernel.tar.xz ]; then
-        tar -C "$SITE" -xJf .wheelhouse/h3/fastvideo_kernel.tar.xz
-    fi
-    touch "$SITE/.installed"
-fi
+site_install "$SITE" .wheelhouse/h3/wheels.tar.xz .wheelhouse/h3/fastvideo_kernel.tar.xz
 export PYTHONPATH="$SITE:$PWD"
 t0=$(date +%s)
 PYTHONUNBUFFERED=1 OUT="$OUT" python3 -m "benchmarks.gpu.$module" "$@" >/dev/null \

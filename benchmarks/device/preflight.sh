@@ -6,6 +6,10 @@
 #                           the host's CPU)
 #   need FILE [HINT]        one line on stderr and exit 2 when FILE is missing (the
 #                           wheelhouse, mostly; HINT says how to make it)
+#   site_install DIR TARBALL [TAR ...]
+#                           the wheels of TARBALL (a wheelhouse half) installed --no-deps
+#                           into DIR over the host's packages, then each TAR that exists
+#                           unpacked into DIR; once (DIR/.installed marks it done)
 # nvidia-smi answers first; torch.cuda where there is no nvidia-smi.
 
 WHEELHOUSE_HINT="build it on a machine with a package index: python -m benchmarks.device.wheelhouse"
@@ -40,4 +44,17 @@ need() {
         echo "$(basename "$0"): missing $1: ${2:-$WHEELHOUSE_HINT}" >&2
         exit 2
     fi
+}
+
+site_install() {
+    local site=$1 tarball=$2 wheels=$1-wheels extra
+    [ -f "$site/.installed" ] && return 0
+    need "$tarball"
+    rm -rf "$wheels" "$site" && mkdir -p "$wheels"
+    tar -C "$wheels" -xJf "$tarball"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl
+    for extra in "${@:3}"; do
+        if [ -f "$extra" ]; then tar -C "$site" -xJf "$extra"; fi
+    done
+    touch "$site/.installed"
 }

@@ -168,6 +168,7 @@ PINS = [  # same versions as the dev venv where they exist
     "standardwebhooks==1.1.0",  # base: webhook signing
     "starlette==1.10.0",
     "typing-inspection==0.4.5",
+    "torchao==0.18.0",  # FP8 weights (the diffusers extra; imported only for an FP8 entry)
     "tzlocal==5.4.5",
     "uvicorn==0.54.0",
     "valkey==6.2.0",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -270,3 +271,46 @@ def test_the_wheelhouse_keeps_every_pipeline_the_adapters_import() -> None:
 def test_every_kept_package_exists() -> None:
     """A misspelt name keeps nothing (wheelhouse.py's build refuses one too)."""
     assert kept() <= subpackages(diffusers_dir())
+
+
+def literal_of(name: str) -> object:
+    """A literal assignment of wheelhouse.py (``PINS``, ``_IMAGE_PINS``), read as source."""
+    for node in ast.parse(WHEELHOUSE.read_text(), str(WHEELHOUSE)).body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == name
+        ):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"no {name} in wheelhouse.py")
+
+
+def test_the_wheelhouse_carries_torchao_which_fp8_weights_import() -> None:
+    """An FP8 entry (``quantization = "fp8"``) imports torchao in the adapters (lazily:
+    shared/fp8.py), and benchmarks/gpu/fp8_quality.py reports its version; the GPU image
+    has none, so the wheelhouse carries the release the diffusers extra asks for."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    importers = sorted(
+        str(path.relative_to(ROOT))
+        for path in ours()
+        if any(
+            module.split(".")[0] == "torchao"
+            for module, _ in referenced(ast.parse(path.read_text()))
+        )
+    )
+    assert "workers/pipelines/diffusers/shared/fp8.py" in importers
+    image = literal_of("_IMAGE_PINS")
+    assert isinstance(image, str) and "torchao==" not in image
+    pins = literal_of("PINS")
+    assert isinstance(pins, list)
+    (pin,) = [p for p in pins if p.startswith("torchao==")]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (wanted,) = [
+        Requirement(r)
+        for r in project["optional-dependencies"]["diffusers"]
+        if Requirement(r).name == "torchao"
+    ]
+    assert wanted.specifier.contains(Version(pin.split("==")[1]))

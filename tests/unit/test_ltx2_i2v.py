@@ -29,7 +29,7 @@ from PIL import Image
 from api.references import keyframe_workflow
 from api.validation import check_extra
 from models.catalog import FAMILY_SPECS, ModelSpec
-from models.errors import InvalidJobInput, InvalidRequest
+from models.errors import InvalidRequest
 from models.job_specs import LoraSpec
 from models.registry import WarmupShape
 from tests.unit.diffusers_fixtures_av import LTX2_REQUEST
@@ -38,6 +38,7 @@ from tests.unit.ltx2_i2v_fixtures import CLASSES, tiny_ltx2_as
 from tests.unit.video_workflows import (
     assert_keyframe_refusals,
     assert_refused,
+    assert_takes_no_reference,
     blocks_asked_before_cancel,
     fresh_dynamo,
     keyframe,
@@ -196,9 +197,8 @@ def test_a_job_the_entry_cannot_serve_is_refused_naming_the_field(
 
 def test_a_text_to_video_entry_still_refuses_a_keyframe() -> None:
     adapter = _adapter(["t2v"])
-    assert isinstance(adapter.pipe, LTX2Pipeline) and not adapter.takes_references
-    with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
-        adapter.prepare(_request("i2v"))
+    assert isinstance(adapter.pipe, LTX2Pipeline)
+    assert_takes_no_reference(adapter, _request("i2v"))
 
 
 def test_load_refuses_what_the_components_cannot_run() -> None:

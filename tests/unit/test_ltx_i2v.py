@@ -19,7 +19,6 @@ from PIL import Image
 
 from api.references import keyframe_workflow
 from models.catalog import FAMILY_SPECS, ModelSpec
-from models.errors import InvalidJobInput
 from models.job_specs import LoraSpec
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN
 from tests.unit.job_steps import job_frames
@@ -30,6 +29,7 @@ from tests.unit.video_workflows import (
     TinyEntry,
     assert_keyframe_refusals,
     assert_refused,
+    assert_takes_no_reference,
     assert_tier_leaves_no_trace,
     blocks_asked_before_cancel,
     call_frames,
@@ -161,9 +161,8 @@ def test_an_image_only_entry_refuses_a_text_job_and_a_text_entry_a_keyframe() ->
     assert_refused(image_only, _request(), "input_reference")
     text = LTXAdapter(pipe=tiny_ltx("t2v"), max_sequence_length=TINY_SEQ_LEN)
     text.load("cpu")
-    assert text.workflows == ["t2v"] and not text.takes_references
-    with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
-        text.prepare(_request(reference_image=keyframe(1)))
+    assert text.workflows == ["t2v"]
+    assert_takes_no_reference(text, _request(reference_image=keyframe(1)))
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,6 @@ import torch
 from diffusers import WanPipeline, WanVideoToVideoPipeline
 from PIL import Image
 
-from models.errors import InvalidJobInput
 from models.job_specs import LoraSpec, SamplerOptions
 from tests.unit.diffusers_fixtures import TINY_SEQ_LEN, tiny_wan_pipeline
 from tests.unit.job_steps import job_frames
@@ -29,6 +28,7 @@ from tests.unit.video_workflows import (
     TinyEntry,
     assert_refused,
     assert_same_frames,
+    assert_takes_no_reference,
     assert_tier_leaves_no_trace,
     blocks_asked_before_cancel,
     call_frames,
@@ -150,9 +150,8 @@ def test_a_workflow_the_model_does_not_serve_is_refused_naming_the_field(
 def test_a_text_to_video_entry_still_refuses_a_keyframe() -> None:
     adapter = WanAdapter(pipe=tiny_wan_pipeline(), max_sequence_length=TINY_SEQ_LEN)
     adapter.load("cpu")
-    assert adapter.workflows == ["t2v"] and not adapter.takes_references
-    with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
-        adapter.prepare(_request(reference_image=keyframe(1)))
+    assert adapter.workflows == ["t2v"]
+    assert_takes_no_reference(adapter, _request(reference_image=keyframe(1)))
 
 
 @pytest.mark.parametrize(
@@ -321,8 +320,7 @@ def test_v2v_needs_one_text_to_video_transformer() -> None:
         ti2v.load("cpu")
     text = WanAdapter(pipe=tiny_wan_pipeline(), max_sequence_length=TINY_SEQ_LEN)
     text.load("cpu")  # a t2v-only entry refuses a source video
-    with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
-        text.prepare(_request(references=[source_clip(FPS)]))
+    assert_takes_no_reference(text, _request(references=[source_clip(FPS)]))
 
 
 def test_a_ti2v_checkpoint_saved_as_wan_pipeline_serves_both_workflows(tmp_path: Path) -> None:

@@ -167,6 +167,15 @@ def assert_refused(adapter: Any, request: GenerationRequest, param: str) -> None
     assert err.value.param == param
 
 
+def assert_takes_no_reference(adapter: Any, *requests: GenerationRequest) -> None:
+    """A text-to-video entry: the adapter takes no reference, and ``prepare`` refuses each
+    of ``requests`` (each bringing a keyframe or a source video), saying so."""
+    assert not adapter.takes_references
+    for request in requests:
+        with pytest.raises(InvalidJobInput, match="does not take an input_reference"):
+            adapter.prepare(request)
+
+
 def assert_keyframe_refusals(refusals: list[tuple[ModelSpec, dict[str, Any], int, str]]) -> None:
     """Each ``(spec, extra_params, files, param)``: ``keyframe_workflow`` refuses the
     request with an ``InvalidRequest`` naming ``param``."""

@@ -222,6 +222,18 @@ class Api:
                     return got
         raise AssertionError(f"no matching output; got {[e.event for e in got]}")
 
+    def run_to_end(self, target: Callable[[], str]) -> list[Out]:
+        """A session that ends by itself: ``target`` run as :meth:`run` does, its outputs
+        up to ``finished`` once its thread has returned (``outcome`` says how), the
+        streams then deleted."""
+        try:
+            thread = self.run(target)
+            out = self.read_until(lambda e: e.event.type == "finished")
+            thread.join(HANG_GUARD_S)
+            return out
+        finally:
+            self.close()
+
     def close(self) -> None:
         self.bus.delete(self.inbox, self.outbox)
         self.client.close()
@@ -236,13 +248,8 @@ def test_a_third_party_world_model_runs_through_the_session_runner(redis_url: st
     )
     # Queued before the first step: takes effect from chunk 0, over two chunks.
     api.send(InteractionCommand(event_id="evt_1", prompt="blue", transition_chunks=2))
-    try:
-        thread = api.run(lambda: runner.run(api.id, config))
-        out = api.read_until(lambda e: e.event.type == "finished")
-        thread.join(HANG_GUARD_S)
-        assert api.outcome == "completed"
-    finally:
-        api.close()
+    out = api.run_to_end(lambda: runner.run(api.id, config))
+    assert api.outcome == "completed"
     assert [e.event.type for e in out] == [
         "accepted",
         "started",

@@ -168,7 +168,7 @@ PINS = [  # same versions as the dev venv where they exist
     "standardwebhooks==1.1.0",  # base: webhook signing
     "starlette==1.10.0",
     "typing-inspection==0.4.5",
-    "torchao==0.18.0",  # FP8 weights (the diffusers extra; imported only for an FP8 entry)
+    "torchao==0.18.0",  # FP8 weights (the fp8 extra; imported only for an FP8 entry)
     "tzlocal==5.4.5",
     "uvicorn==0.54.0",
     "valkey==6.2.0",
@@ -222,10 +222,11 @@ def pin_versions() -> dict[str, Version]:
 
 def device_requirements(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
     """What benchmarks/device/venv.sh installs: pyproject's base dependencies and the `all`
-    extra expanded (minus SKIP), then the `diffusers` extra (its own install step)."""
+    extra expanded (minus SKIP), then the `diffusers` and `fp8` extras (their own install
+    step: a GPU host runs the FP8 entries)."""
     project = tomllib.loads(pyproject.read_text())["project"]
     extras = project["optional-dependencies"]
-    out, todo, done = list(project["dependencies"]), ["all", "diffusers"], set()
+    out, todo, done = list(project["dependencies"]), ["all", "diffusers", "fp8"], set()
     while todo:
         extra = todo.pop(0)
         if extra in done:

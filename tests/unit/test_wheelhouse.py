@@ -289,7 +289,7 @@ def literal_of(name: str) -> object:
 def test_the_wheelhouse_carries_torchao_which_fp8_weights_import() -> None:
     """An FP8 entry (``quantization = "fp8"``) imports torchao in the adapters (lazily:
     shared/fp8.py), and benchmarks/gpu/fp8_quality.py reports its version; the GPU image
-    has none, so the wheelhouse carries the release the diffusers extra asks for."""
+    has none, so the wheelhouse carries the release the fp8 extra asks for."""
     from packaging.requirements import Requirement
     from packaging.version import Version
 
@@ -310,7 +310,7 @@ def test_the_wheelhouse_carries_torchao_which_fp8_weights_import() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     (wanted,) = [
         Requirement(r)
-        for r in project["optional-dependencies"]["diffusers"]
+        for r in project["optional-dependencies"]["fp8"]
         if Requirement(r).name == "torchao"
     ]
     assert wanted.specifier.contains(Version(pin.split("==")[1]))

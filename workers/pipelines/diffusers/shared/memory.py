@@ -22,6 +22,7 @@ Without a plan, :meth:`~MemoryLayout.place` is the ``pipe.to(device)`` it replac
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from typing import Any
 
@@ -70,6 +71,11 @@ class MemoryLayout:
             raise CatalogError(
                 f"{where}: quantization = 'fp8' needs a CUDA GPU of compute capability 8.9 "
                 f"or more (FP8 matmuls), and {why}"
+            )
+        if plan.quantizes and importlib.util.find_spec("torchao") is None:
+            raise CatalogError(
+                f"{where}: quantization = 'fp8' needs torchao, which is not installed: "
+                "pip install 'omniqueue[fp8]'"
             )
         cuda = target.type == "cuda" and torch.cuda.is_available()
         if plan.offload != "none" and not cuda:

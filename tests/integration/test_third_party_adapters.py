@@ -234,6 +234,18 @@ class Api:
         finally:
             self.close()
 
+    def stop_when(self, thread: threading.Thread, ready: Callable[[], bool]) -> list[Out]:
+        """A client's stop, sent once ``ready()`` holds (polled): the outputs up to
+        ``finished`` once the runner's ``thread`` has returned (``outcome`` says how)."""
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not ready():
+            assert time.monotonic() < deadline, "never ready to stop"
+            time.sleep(0.01)
+        self.send(StopCommand(reason="client"))
+        out = self.read_until(lambda e: e.event.type == "finished")
+        thread.join(HANG_GUARD_S)
+        return out
+
     def close(self) -> None:
         self.bus.delete(self.inbox, self.outbox)
         self.client.close()

@@ -11,27 +11,20 @@ import json
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
 
-from models.session_bus import FinishedOutput, InteractionCommand, StopCommand
+from models.session_bus import FinishedOutput, InteractionCommand
 from tests.helpers import world_session_config
-from tests.integration.test_third_party_adapters import HANG_GUARD_S, WORLD, Api
+from tests.integration.test_third_party_adapters import WORLD, Api
 from workers.pipelines.base import checkpoint
 from workers.sessions.world import WorldSessionRunner
 
 pytestmark = pytest.mark.integration
 
 HOLD_S = 1.0  # how long chunk 0 is held on the lane
-
-
-def _runner(api: Api, tmp_path: Path, failpoints: dict[str, str]) -> WorldSessionRunner:
-    path = tmp_path / "failpoints.json"
-    path.write_text(json.dumps(failpoints))
-    api.settings.worker.failpoints_file = str(path)
-    return WorldSessionRunner(api.settings, api.registry, api.bus, "test-worker")
 
 
 def _record_steps(api: Api, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, float]]:
@@ -48,21 +41,30 @@ def _record_steps(api: Api, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, 
     return steps
 
 
-def test_the_device_makes_the_next_chunks_while_one_is_sent(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class Lane(NamedTuple):
+    api: Api
+    runner: WorldSessionRunner
+    steps: list[tuple[int, float]]  # (chunk, wall-clock time) of every step the device runs
+
+
+@pytest.fixture
+def lane(redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Lane:
+    """A session's API side and its runner, whose chunk 0 is held ``HOLD_S`` on its way
+    out (the ``session_chunk:0`` failpoint), with the steps the device runs."""
     api = Api(redis_url)
-    runner = _runner(api, tmp_path, {"session_chunk:0": f"sleep:{HOLD_S}"})
-    steps = _record_steps(api, monkeypatch)
+    path = tmp_path / "failpoints.json"
+    path.write_text(json.dumps({"session_chunk:0": f"sleep:{HOLD_S}"}))
+    api.settings.worker.failpoints_file = str(path)
+    runner = WorldSessionRunner(api.settings, api.registry, api.bus, "test-worker")
+    return Lane(api, runner, _record_steps(api, monkeypatch))
+
+
+def test_the_device_makes_the_next_chunks_while_one_is_sent(lane: Lane) -> None:
+    api, runner, steps = lane
     config = world_session_config(model=WORLD.name, prompt="red", num_frames=12)
     api.send(InteractionCommand(event_id="evt_1", prompt="blue", transition_chunks=2))
-    try:
-        thread = api.run(lambda: runner.run(api.id, config))
-        out = api.read_until(lambda e: e.event.type == "finished")
-        thread.join(HANG_GUARD_S)
-        assert api.outcome == "completed"
-    finally:
-        api.close()
+    out = api.run_to_end(lambda: runner.run(api.id, config))
+    assert api.outcome == "completed"
     chunks = [e for e in out if e.event.type == "chunk"]
     assert [c.event.generation_chunk_index for c in chunks] == [0, 1, 2]
     assert [c.event.started_event_ids for c in chunks] == [["evt_1"], [], []]
@@ -74,22 +76,13 @@ def test_the_device_makes_the_next_chunks_while_one_is_sent(
     assert any(chunk == 1 and t < sent_0 for chunk, t in steps)
 
 
-def test_a_stop_while_chunks_wait_to_be_sent_ends_the_session_cleanly(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    api = Api(redis_url)
-    runner = _runner(api, tmp_path, {"session_chunk:0": f"sleep:{HOLD_S}"})
-    steps = _record_steps(api, monkeypatch)
+def test_a_stop_while_chunks_wait_to_be_sent_ends_the_session_cleanly(lane: Lane) -> None:
+    api, runner, steps = lane
     config = world_session_config(model=WORLD.name, prompt="red", num_frames=400)
     try:
         thread = api.run(lambda: runner.run(api.id, config))
-        deadline = time.monotonic() + HANG_GUARD_S
-        while not any(chunk >= 1 for chunk, _ in steps):  # chunk 0 made, held on the lane
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        api.send(StopCommand(reason="client"))
-        out = api.read_until(lambda e: e.event.type == "finished")
-        thread.join(HANG_GUARD_S)
+        # once chunk 0 is made, and held on the lane
+        out = api.stop_when(thread, lambda: any(chunk >= 1 for chunk, _ in steps))
         assert api.outcome == "stopped"
     finally:
         api.close()
@@ -132,13 +125,7 @@ def test_a_session_stopped_inside_a_step_keeps_none_of_its_tensors(
     gc.disable()  # only reference counting may free the step's tensors
     try:
         thread = api.run(lambda: runner.run(api.id, config))
-        deadline = time.monotonic() + HANG_GUARD_S
-        while len(held) < 5:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        api.send(StopCommand(reason="client"))
-        api.read_until(lambda e: e.event.type == "finished")
-        thread.join(HANG_GUARD_S)
+        api.stop_when(thread, lambda: len(held) >= 5)
         assert api.outcome == "stopped"
         assert [ref for ref in held if ref() is not None] == []
     finally:

@@ -310,7 +310,8 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         min_fps=24,
         max_fps=24,
         default_seconds=5.0,
-        # Sigma points: N gives N - 1 transformer evaluations (vLLM-Omni's convention).
+        # Sigma points: N gives N - 1 transformer evaluations (vLLM-Omni's convention);
+        # evaluations on an entry with the adapter option steps = "evaluations" (FastH3).
         min_steps=2,
         default_steps=31,
         has_audio=True,

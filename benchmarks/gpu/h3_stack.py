@@ -11,8 +11,9 @@ The entry (written to a temporary registry file):
   device's disk cannot hold the checkpoint), allowed by ``OMNIQ_WORKER__RANDOM_WEIGHTS``;
   the text encoder keeps its width but not its depth (``--text-layers``);
 * FastH3's deployment: a LoRA (rank ``--lora-rank`` on every attention's q/k/v, random,
-  made here) fused at start-up against its pinned sha256; 5 sigma points (4 transformer
-  evaluations), no CFG;
+  made here) fused at start-up against its pinned sha256; its steps counted as transformer
+  evaluations (``steps = "evaluations"``), 4 as the node sends them (the schedule of 5
+  sigma points), no CFG;
 * compiled blocks, warmed up at the qualification shape before the worker takes jobs.
 
 Keys of the JSON (also ``$OUT/gpu_h3_stack.json``):
@@ -104,28 +105,29 @@ width = {args.width}
 height = {args.height}
 num_frames = {args.frames}
 [model.adapter_options]
+steps = "evaluations"
 random_text_layers = {args.text_layers}
 random_config = {inline_toml(args.random_config)}
 [model.adapter_options.fused_lora]
 path = "{lora}"
 sha256 = "{sha256}"
 [model.spec]
-min_steps = 5
-max_steps = 5
-default_steps = 5
+min_steps = 4
+max_steps = 4
+default_steps = 4
 no_cfg = true
 {args.spec_toml}
 """
 
 
 def node_form(args: argparse.Namespace, seed: int) -> dict[str, str]:
-    """The ComfyUI node's FastH3 t2va request: every field a string."""
+    """The ComfyUI node's FastH3 t2va request: every field a string, 4 steps."""
     return {
         "model": MODEL,
         "prompt": PROMPT,
         "size": f"{args.width}x{args.height}",
         "seconds": str(args.seconds),
-        "num_inference_steps": "5",
+        "num_inference_steps": "4",
         "seed": str(seed),
         "guidance_scale": "1.0",
         "vae_use_tiling": "false",

@@ -37,8 +37,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 H3, REF = "MiniMaxAI/MiniMax-H3", "MiniMaxAI/MiniMax-H3/Ref2VA"
 FAST = "MiniMaxAI/MiniMax-H3/FastH3"
-# FastH3's schedule: 5 sigma points (4 evaluations), no CFG
-FAST_SPEC = "min_steps = 5\nmax_steps = 5\ndefault_steps = 5\nno_cfg = true\n"
+# FastH3's schedule: 4 transformer evaluations, counted as such (what the node sends), no CFG
+FAST_SPEC = "min_steps = 4\nmax_steps = 4\ndefault_steps = 4\nno_cfg = true\n"
 SPEC = """[model.spec]
 canvas_short_edge = 64
 canvas_max_pixels = 8192
@@ -67,7 +67,8 @@ def h3_stack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator
         f'[[model]]\nname = "{REF}"\nadapter = "diffusers.minimax_h3"\npath = "{path}"\n'
         f'dtype = "float32"\n{SPEC}workflows = ["ref2va"]\n',
         f'[[model]]\nname = "{FAST}"\nadapter = "diffusers.minimax_h3"\npath = "{path}"\n'
-        f'dtype = "float32"\n[model.adapter_options.fused_lora]\npath = "{fused["path"]}"\n'
+        f'dtype = "float32"\n[model.adapter_options]\nsteps = "evaluations"\n'
+        f'[model.adapter_options.fused_lora]\npath = "{fused["path"]}"\n'
         f'sha256 = "{fused["sha256"]}"\n{SPEC}{FAST_SPEC}',
     ]
     registry = module_dir / "models.toml"
@@ -125,13 +126,34 @@ def _files(*parts: bytes, field: str = "input_references") -> list[tuple[str, An
 
 
 def _run(stack: Stack, data: dict[str, str], files: list[tuple[str, Any]]) -> bytes:
+    return _job(stack, data, files)[1]
+
+
+def _job(
+    stack: Stack, data: dict[str, str], files: list[tuple[str, Any]]
+) -> tuple[dict[str, Any], bytes]:
+    """The completed job object and its MP4."""
     with stack.client() as c:
         resp = c.post("/v1/videos", data=data, files=files or None)
         assert resp.status_code == 200, resp.text
         done = stack.wait_for(c, resp.json()["id"], timeout=300)
         assert done["status"] == "completed", (done, stack.log("w0")[-3000:])
         assert (done["fps"], done["num_frames"], done["has_audio"]) == (24, 124, True)
-        return bytes(c.get(f"/v1/videos/{done['id']}/content").content)
+        return done, bytes(c.get(f"/v1/videos/{done['id']}/content").content)
+
+
+def _denoise_steps(stack: Stack, job_id: str) -> tuple[int, set[int]]:
+    """The last denoise step the job's progress events announced, and their ``num_steps``."""
+    events = []
+    with stack.client() as c, c.stream("GET", f"/v1/videos/{job_id}/events", timeout=60) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if events[-1]["type"] == "done":
+                    break
+    denoise = [e for e in events if e["type"] == "progress" and e["stage"] == "denoise"]
+    return max(e["step"] for e in denoise), {e["num_steps"] for e in denoise}
 
 
 def _decode(mp4: bytes) -> tuple[np.ndarray, int, str]:
@@ -149,13 +171,15 @@ def _in_process(
     fused: dict[str, str] | None = None,
 ) -> np.ndarray:
     update: dict[str, Any] = {"workflows": workflows}
-    if fused is not None:
-        update |= {"min_steps": 5, "max_steps": 5, "default_steps": 5, "no_cfg": True}
+    options: dict[str, Any] = {}
+    if fused is not None:  # FastH3's entry
+        update |= {"min_steps": 4, "max_steps": 4, "default_steps": 4, "no_cfg": True}
+        options = {"fused_lora": fused, "steps": "evaluations"}
     spec = FAMILY_SPECS["diffusers.minimax_h3"].model_copy(update=update)
     pipe = tiny_h3_pipe(tiled=True, canvas_short_edge=64, canvas_max_pixels=8192)
     if lora is not None:  # diffusers' own loading, as a user of the pipeline would
         pipe.load_lora_weights(str(lora), adapter_name="style")
-    adapter = MiniMaxH3Adapter(pipe=pipe, spec=spec, fused_lora=fused)
+    adapter = MiniMaxH3Adapter(pipe=pipe, spec=spec, **options)
     adapter.load("cpu")
     state = adapter.prepare(request)
     while not state.done:
@@ -216,28 +240,32 @@ def test_ref2va_image_and_audio_on_the_ref_deployment(h3_stack: Stack) -> None:
     assert channels == 2 and video.shape == (124, 64, 64, 3)
 
 
-def test_fasth3_runs_the_node_s_turbo_request(
+def test_fasth3_runs_the_node_s_fasth3_request(
     h3_stack: Stack, module_dir: Path, tmp_path: Path
 ) -> None:
-    """FastH3 as a deployment: its LoRA fused at start-up against the pinned sha256, 5
-    sigma points (4 evaluations) as the node's Turbo settings send them; the frames are
-    the adapter's with the same LoRA fused, and not the plain model's."""
-    mp4 = _run(h3_stack, _form(FAST, {"task": "t2va"}, num_inference_steps="5"), [])
+    """FastH3 as a deployment: its LoRA fused at start-up against the pinned sha256, and
+    the node's FastH3 request (``num_inference_steps=4``: evaluations) run as 4
+    transformer evaluations (its progress events' steps); the frames are the adapter's
+    with the same LoRA fused, and not the plain model's."""
+    form = _form(FAST, {"task": "t2va"}, num_inference_steps="4")
+    done, mp4 = _job(h3_stack, form, [])
+    assert done["step"] == 4 and _denoise_steps(h3_stack, done["id"]) == (4, {4})
     video, channels, _ = _decode(mp4)
     assert channels == 2
-    request = _request(num_inference_steps=5, extra={"task": "t2va"})
+    request = _request(num_inference_steps=4, extra={"task": "t2va"})
     expected = _in_process(request, ["t2va", "fl2va"], fused=_fast_lora(module_dir))
     _close(video, expected, tmp_path)
-    plain = _in_process(request, ["t2va", "fl2va"])
+    # the base entry (sigma points) at the same schedule, without the LoRA
+    plain = _in_process(_request(num_inference_steps=5, extra={"task": "t2va"}), ["t2va", "fl2va"])
     assert np.abs(plain.astype(int) - expected.astype(int)).mean() > 8  # the LoRA shows
 
 
 def test_fasth3_refuses_another_schedule_naming_the_field(h3_stack: Stack) -> None:
     with h3_stack.client() as c:
-        for steps in ("3", "8"):
+        for steps in ("3", "5", "8"):  # 5: the Turbo count of a base H3 server
             form = _form(FAST, num_inference_steps=steps)
             _refused(h3_stack, lambda f=form: c.post("/v1/videos", data=f), "num_inference_steps")
-        form = _form(FAST, num_inference_steps="5", guidance_scale="4.5")
+        form = _form(FAST, num_inference_steps="4", guidance_scale="4.5")
         _refused(h3_stack, lambda: c.post("/v1/videos", data=form), "guidance_scale")
 
 

@@ -26,8 +26,10 @@ not load is refused naming the field that asked for it.
 
 Steps: H3's schedulers count ``num_inference_steps`` as sigma points, so N gives N - 1
 transformer evaluations (vLLM-Omni's convention for H3, which its ComfyUI node's Turbo
-settings rely on: 5 points, 4 evaluations). The job's ``num_steps`` is the evaluations.
-The checkpoint is guidance-distilled: no negative prompt, no guidance scale.
+settings rely on: 5 points, 4 evaluations). An entry with the adapter option ``steps =
+"evaluations"`` counts them as evaluations instead (N runs N, from N + 1 sigma points):
+FastH3's, to which the node's FastH3 path sends 4. The job's ``num_steps`` is the
+evaluations. The checkpoint is guidance-distilled: no negative prompt, no guidance scale.
 
 Attention: SDPA, or with the registry entry's ``attention = "vsa"`` the joint blocks run
 fastvideo-kernel's video sparse attention over a per-job block layout (minimax_h3/vsa.py; the text
@@ -58,7 +60,7 @@ from workers.pipelines.base import (
     StepState,
 )
 from workers.pipelines.diffusers.minimax_h3.decode import stream_frames, streamable
-from workers.pipelines.diffusers.minimax_h3.inputs import call_inputs, shifts_of
+from workers.pipelines.diffusers.minimax_h3.inputs import call_inputs, shifts_of, step_count
 from workers.pipelines.diffusers.minimax_h3.processor import load_processor, takes_video
 from workers.pipelines.diffusers.minimax_h3.state import H3State
 from workers.pipelines.diffusers.minimax_h3.vsa import (
@@ -175,6 +177,7 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         path: str | None = None,
         *,
         fused_lora: dict[str, Any] | None = None,
+        steps: str = "sigma_points",
         random_text_layers: int = 4,
         random_config: dict[str, dict[str, Any]] | None = None,
         **options: Unpack[EntryOptions],
@@ -186,6 +189,9 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         self.random_config = dict(random_config or {})
         # FastH3: a LoRA fused into the denoiser at load, pinned by its sha256.
         self.fused_lora = FusedLora(**fused_lora) if fused_lora is not None else None
+        # What a request's num_inference_steps counts (inputs.StepCount): FastH3 owns its
+        # schedule and counts evaluations, as the ComfyUI node's FastH3 path sends them.
+        self.steps = step_count(steps)
         self.partition: Partition = partition_of(self.spec.workflows or ["t2va", "fl2va"])
         # The whole block tree, whatever a workflow-loaded pipeline's own ``blocks`` hold:
         # the adapter runs its branches by name (blocks keep no state).
@@ -303,7 +309,7 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
         components = self._view(pipe, request)
         blocks = self.blocks
         state = PipelineState()
-        inputs = call_inputs(request, generator, int(pipe.audio_sampling_rate))
+        inputs = call_inputs(request, generator, int(pipe.audio_sampling_rate), self.steps)
         inputs["output_type"] = "pt"  # frames stay on the device until uint8 (decode)
         for param in blocks.inputs:  # as ModularPipeline.__call__ fills its state
             name = param.name

@@ -1,11 +1,12 @@
 """What a job asks of MiniMax-H3, as the keyword arguments of diffusers' modular
 pipeline: prompt, canvas, keyframes and ordered references (as diffusers' reference
-dataclasses, soundtracks at the audio VAE's rate), and the two sigma shifts. The
+dataclasses, soundtracks at the audio VAE's rate), the two sigma shifts, and the sigma
+points a request's ``num_inference_steps`` stands for (:func:`sigma_points`). The
 differential tests call ``pipe(...)`` with exactly :func:`call_inputs`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -18,6 +19,25 @@ from PIL import Image
 
 from workers.media.audio import prepare_audio
 from workers.pipelines.base import GenerationRequest, MediaReference
+
+# What a request's ``num_inference_steps`` counts on a deployment (the adapter option
+# ``steps``): the points of H3's sigma schedule, as its schedulers and vLLM-Omni's API for H3
+# count them (N points: N - 1 transformer evaluations), or the transformer evaluations
+# themselves (N: N + 1 sigma points), as the ComfyUI node's FastH3 path sends them (4).
+StepCount = Literal["sigma_points", "evaluations"]
+
+
+def step_count(value: str) -> StepCount:
+    """The adapter option ``steps``, checked (a registry entry's typo refuses to start)."""
+    for count in get_args(StepCount):
+        if value == count:
+            return count
+    raise ValueError(f"steps must be 'sigma_points' or 'evaluations', got {value!r}")
+
+
+def sigma_points(num_inference_steps: int, count: StepCount) -> int:
+    """The sigma points diffusers' H3 schedulers are given for a request's steps."""
+    return num_inference_steps + 1 if count == "evaluations" else num_inference_steps
 
 
 def shifts_of(request: GenerationRequest) -> tuple[float | None, float | None]:
@@ -65,16 +85,20 @@ def to_h3_reference(ref: MediaReference, audio_rate: int | None = None) -> Any:
 
 
 def call_inputs(
-    request: GenerationRequest, generator: torch.Generator, audio_rate: int | None = None
+    request: GenerationRequest,
+    generator: torch.Generator,
+    audio_rate: int | None = None,
+    steps: StepCount = "sigma_points",
 ) -> dict[str, Any]:
     """The keyword arguments of ``pipe(...)`` this request stands for (the differential
-    tests call diffusers with exactly these); soundtracks moved to ``audio_rate``."""
+    tests call diffusers with exactly these); soundtracks moved to ``audio_rate``; the
+    request's steps counted as ``steps`` says."""
     inputs: dict[str, Any] = {
         "prompt": request.prompt,
         "height": request.height,
         "width": request.width,
         "num_frames": request.num_frames,
-        "num_inference_steps": request.num_inference_steps,
+        "num_inference_steps": sigma_points(request.num_inference_steps, steps),
         "generator": generator,
     }
     if request.references:

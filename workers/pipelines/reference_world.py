@@ -64,7 +64,8 @@ from workers.pipelines.world_rules import (
     check_prompt,
     check_size,
     check_transition,
-    events_in_chunk,
+    end_chunk,
+    last_chunk_events,
 )
 
 PAN_SPEED = 0.6  # frame heights per second while "a" or "d" is held
@@ -218,10 +219,8 @@ class ReferenceWorldPipeline(NoWeights, WorldPipeline[WorldState]):
         # After the last step the latents equal the encoded render, so the decoded
         # frames are the render itself.
         frames = state.target.permute(0, 2, 3, 1).contiguous().cpu().numpy()
-        state.last_events = events_in_chunk(state.events, state.chunk_index)
         state.target = state.clean = state.mean = state.latents = None
-        state.chunk_index += 1
-        state.step_index = 0
+        end_chunk(state)
         return frames
 
     def events_for_chunk(self, state: WorldState) -> ChunkEvents:
@@ -231,10 +230,7 @@ class ReferenceWorldPipeline(NoWeights, WorldPipeline[WorldState]):
         from there to the chunk its transition ends in (``max(1, transition_chunks)``
         chunks in all), and *completed* in that last chunk. Lists keep the queue order.
         """
-        if state.last_events is None:
-            raise RuntimeError("no chunk has been taken yet")
-        started, active, completed = state.last_events
-        return list(started), list(active), list(completed)
+        return last_chunk_events(state)
 
     def interact(
         self,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from models.catalog import ModelSpec
 from models.errors import DuplicateEventError, InvalidJobInput
@@ -80,3 +80,31 @@ def events_in_chunk(events: Sequence[QueuedEvent], chunk: int) -> ChunkEvents:
         [e.event_id for e in events if e.first_chunk <= chunk <= e.last_chunk],
         [e.event_id for e in events if e.last_chunk == chunk],
     )
+
+
+class ChunkedSession(Protocol):
+    """What a world pipeline's state shares with every other: the chunk being made, the
+    steps done in it, its queued events and the events of the chunk taken last."""
+
+    chunk_index: int
+    step_index: int
+    last_events: ChunkEvents | None
+
+    @property
+    def events(self) -> Sequence[QueuedEvent]: ...
+
+
+def end_chunk(state: ChunkedSession) -> None:
+    """The chunk under way was taken (``take_chunk``): its events are recorded and the
+    next chunk begins, at step 0."""
+    state.last_events = events_in_chunk(state.events, state.chunk_index)
+    state.chunk_index += 1
+    state.step_index = 0
+
+
+def last_chunk_events(state: ChunkedSession) -> ChunkEvents:
+    """(started, active, completed) event ids of the chunk taken last (copies)."""
+    if state.last_events is None:
+        raise RuntimeError("no chunk has been taken yet")
+    started, active, completed = state.last_events
+    return list(started), list(active), list(completed)

@@ -94,7 +94,7 @@ from workers.pipelines.diffusers.shared.loading import (
 )
 from workers.pipelines.diffusers.shared.memory import MemoryLayout
 from workers.pipelines.snapshots import pack, to_host, unpack
-from workers.pipelines.world_rules import events_in_chunk
+from workers.pipelines.world_rules import end_chunk, last_chunk_events
 
 # Every ``WorldConfig.extra`` key this adapter reads (FAMILY_SPECS declares the same).
 EXTRA_PARAMS = ("guidance_scale", "pyramid_num_inference_steps_list")
@@ -331,19 +331,14 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         # uint8 on the device (bit-equal to output_type="np" then to_uint8): a quarter of
         # the float frames' bytes cross to the host, and no pass over them on the CPU
         frames = frames_uint8(pipe.video_processor.postprocess_video(video, output_type="pt")[0])
-        state.last_events = events_in_chunk(state.events, state.chunk_index)
         state.latents = state.timesteps = state.chunk_embeds = state.history = None
-        state.chunk_index += 1
-        state.step_index = 0
+        end_chunk(state)
         return frames
 
     def events_for_chunk(self, state: HeliosState) -> ChunkEvents:
         """(started, active, completed) event ids of the chunk ``take_chunk`` returned
         last, as ``reference/world`` reports them."""
-        if state.last_events is None:
-            raise RuntimeError("no chunk has been taken yet")
-        started, active, completed = state.last_events
-        return list(started), list(active), list(completed)
+        return last_chunk_events(state)
 
     @torch.no_grad()
     def interact(

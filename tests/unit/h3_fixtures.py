@@ -81,7 +81,7 @@ def tiny_h3_components(seed: int = 0, tiled: bool = False) -> dict[str, Any]:
     processor = ImageOnlyProcessor(image_processor=image_processor, tokenizer=tok)
 
     def transformer() -> MiniMaxH3Transformer3DModel:
-        return MiniMaxH3Transformer3DModel(**TOY_CONFIG["transformer"]).eval()
+        return _eval(MiniMaxH3Transformer3DModel(**TOY_CONFIG["transformer"]))
 
     return {
         "text_encoder": tiny_text_encoder(tok),
@@ -90,24 +90,50 @@ def tiny_h3_components(seed: int = 0, tiled: bool = False) -> dict[str, Any]:
         "transformer": transformer(),
         "transformer_ref": transformer(),
         "vae": _video_vae(tiled),
-        "audio_vae": AutoencoderKLMiniMaxH3Audio(**TOY_CONFIG["audio_vae"]).eval(),
+        "audio_vae": _eval(AutoencoderKLMiniMaxH3Audio(**TOY_CONFIG["audio_vae"])),
         "scheduler": MiniMaxH3Scheduler(shift=12.0),
         "audio_scheduler": MiniMaxH3Scheduler(shift=3.0),
     }
 
 
+def _eval(module: Any) -> Any:
+    """``module.eval()``: typed Any, as mypy reads diffusers' model and block classes as
+    their dummy objects (benchmarks/jobs/h3_references.py builds this model)."""
+    return module.eval()
+
+
 def _video_vae(tiled: bool) -> AutoencoderKLMiniMaxH3:
-    vae = AutoencoderKLMiniMaxH3(**TOY_CONFIG["vae"]).eval()
+    vae = _eval(AutoencoderKLMiniMaxH3(**TOY_CONFIG["vae"]))
     if not tiled:
         vae.disable_tiling()
     return vae
 
 
+# The released checkpoint's canvas short edge and the short edge it encodes an image
+# reference at (diffusers' ``reference_image_short_edge``: upscaled, no area cap).
+RELEASED_CANVAS, RELEASED_REFERENCE = 768, 2048
+
+
+def reference_short_edge(canvas_short_edge: int) -> int:
+    """An image reference's short edge for a canvas of ``canvas_short_edge``: the released
+    checkpoint's proportion (2048 : 768), rounded to the canvas multiple (32)."""
+    return max(32, round(canvas_short_edge * RELEASED_REFERENCE / RELEASED_CANVAS / 32) * 32)
+
+
 def tiny_h3_pipe(seed: int = 0, tiled: bool = False, **config: Any) -> Any:
     """A ``MiniMaxH3ModularPipeline`` over :func:`tiny_h3_components`. ``config`` sets the
-    blocks' configs (``canvas_short_edge``, ``canvas_max_pixels``)."""
-    pipe = MiniMaxH3Blocks().init_pipeline()
+    blocks' configs (``canvas_short_edge``, ``canvas_max_pixels``,
+    ``reference_image_short_edge``). A tiny canvas encodes its image references in the
+    released proportion (:func:`reference_short_edge`: 160 for a 64-pixel canvas), not at
+    the released 2048: 1,024 times a 64x64 canvas's pixels, which made a ref2va prepare
+    13.7 s a 1024x1024 reference where a whole t2va job takes 0.2 s (issue 45 item 4;
+    docs/PERFORMANCE.md)."""
+    blocks: Any = MiniMaxH3Blocks()
+    pipe = blocks.init_pipeline()
     pipe.update_components(**tiny_h3_components(seed, tiled))
+    if "canvas_short_edge" in config:
+        edge = reference_short_edge(config["canvas_short_edge"])
+        config.setdefault("reference_image_short_edge", edge)
     if config:
         pipe.register_to_config(**config)
     return pipe

@@ -76,9 +76,11 @@ def to_h3_reference(ref: MediaReference, audio_rate: int | None = None) -> Any:
         if ref.audio is not None:
             samples, rate = _at_rate(ref.audio, ref.sample_rate, audio_rate)
             audio = _audio(samples)
-        return MiniMaxH3VideoReference(
-            frames=[_image(f) for f in ref.frames], fps=ref.fps, audio=audio, sample_rate=rate
-        )
+        # One uint8 (T, H, W, 3) array, which diffusers' setup step normalises exactly as
+        # a list of PIL images (which cost a copy and a conversion of every frame of the
+        # clip, and most of its normalisation, before it is cut to the job's frames).
+        frames = np.ascontiguousarray(ref.frames, dtype=np.uint8)
+        return MiniMaxH3VideoReference(frames=frames, fps=ref.fps, audio=audio, sample_rate=rate)
     assert ref.audio is not None
     samples, rate = _at_rate(ref.audio, ref.sample_rate, audio_rate)
     return MiniMaxH3AudioReference(audio=_audio(samples), sample_rate=rate)

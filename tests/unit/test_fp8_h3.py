@@ -36,9 +36,11 @@ Handed = dict[int, dict[str, torch.Tensor]]
 @pytest.fixture
 def quantized(monkeypatch: pytest.MonkeyPatch) -> Handed:
     """The weights torchao's quantization is handed: the module's id -> its layers'
-    weights by name; the device check passed (the CPU stands in for an FP8 GPU)."""
+    weights by name; the device check passed (the CPU stands in for an FP8 GPU with
+    torchao)."""
     seen: Handed = {}
     monkeypatch.setattr(fp8, "fp8_unsupported", lambda device: None)
+    monkeypatch.setattr(fp8, "library_missing", lambda: None)
 
     def record(model: torch.nn.Module, names: list[str], device: torch.device) -> None:
         seen[id(model)] = {n: model.get_submodule(n).weight.detach().clone() for n in names}

@@ -12,6 +12,7 @@ the CPU torchao's FP8 refuses to quantize at all; the rule itself needs no devic
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import pytest
@@ -166,3 +167,17 @@ def test_bytes_saved_is_one_byte_an_element_less_the_row_scales(dtype: torch.dty
 
 def test_the_cpu_has_no_fp8() -> None:
     assert fp8_unsupported(torch.device("cpu")) == "device cpu is not a CUDA GPU"
+
+
+def test_torchao_missing_is_said_with_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchao is the fp8 extra, in no other: where it is missing, an FP8 entry is refused
+    at load naming what to install (the worker lists the model unavailable with it)."""
+    from workers.pipelines.diffusers.shared import fp8
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name)
+    )
+    assert fp8.library_missing() == "it is not installed: pip install 'omniqueue[fp8]'"

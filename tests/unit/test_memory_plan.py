@@ -241,6 +241,7 @@ def test_a_loaded_plan_is_reported_and_listed(
     layers are handed to it, and the worker's report is what ``/v1/models`` lists."""
     quantized: list[tuple[str, list[str], torch.device]] = []
     monkeypatch.setattr(fp8, "fp8_unsupported", lambda device: None)
+    monkeypatch.setattr(fp8, "library_missing", lambda: None)
 
     def record(model: torch.nn.Module, names: list[str], device: torch.device) -> None:
         quantized.append((type(model).__name__, names, device))

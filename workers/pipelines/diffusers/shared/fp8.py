@@ -32,6 +32,7 @@ instead of its dtype's (two for bfloat16), less its float32 row scales.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from typing import Any
 
@@ -104,6 +105,13 @@ def fp8_unsupported(device: torch.device) -> str | None:
         name = torch.cuda.get_device_name(device)
         major, minor = capability
         return f"device {device} ({name}) has compute capability {major}.{minor}"
+    return None
+
+
+def library_missing() -> str | None:
+    """Why torchao cannot be imported here (None: it can); it is the ``fp8`` extra."""
+    if importlib.util.find_spec("torchao") is None:
+        return "it is not installed: pip install 'omniqueue[fp8]'"
     return None
 
 

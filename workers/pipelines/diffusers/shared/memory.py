@@ -22,7 +22,6 @@ Without a plan, :meth:`~MemoryLayout.place` is the ``pipe.to(device)`` it replac
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import Any
 
@@ -72,11 +71,8 @@ class MemoryLayout:
                 f"{where}: quantization = 'fp8' needs a CUDA GPU of compute capability 8.9 "
                 f"or more (FP8 matmuls), and {why}"
             )
-        if plan.quantizes and importlib.util.find_spec("torchao") is None:
-            raise CatalogError(
-                f"{where}: quantization = 'fp8' needs torchao, which is not installed: "
-                "pip install 'omniqueue[fp8]'"
-            )
+        if plan.quantizes and (why := fp8.library_missing()) is not None:
+            raise CatalogError(f"{where}: quantization = 'fp8' needs torchao, and {why}")
         cuda = target.type == "cuda" and torch.cuda.is_available()
         if plan.offload != "none" and not cuda:
             raise CatalogError(

@@ -293,9 +293,8 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                         stepped = time.perf_counter()
                         frames = pipe.take_chunk(state) if pipe.chunk_done(state) else None
                 except SessionStopped as exc:  # inside the step or the decode
-                    # its traceback's frames hold the step's activations (a cycle through
-                    # the context managers it unwound): cleared, they go now, not at the
-                    # next full collection
+                    # its traceback's frames hold the step's activations: cleared, as a
+                    # job's are, so nothing keeps them through the exception
                     forget_frames(exc)
                     return True
                 ended = time.perf_counter()

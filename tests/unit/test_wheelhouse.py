@@ -19,8 +19,6 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = ROOT / "benchmarks" / "device" / "wheelhouse.py"
 USERS = [ROOT / "workers" / "pipelines" / "diffusers", ROOT / "benchmarks" / "gpu"]
@@ -49,8 +47,7 @@ def unkept(packages: set[str]) -> set[str]:
 def diffusers_dir() -> Path:
     """The installed diffusers package's folder, found without importing it."""
     spec = importlib.util.find_spec("diffusers")
-    if spec is None or spec.origin is None:
-        pytest.skip("diffusers is not installed (the dev extra installs it)")
+    assert spec is not None and spec.origin is not None, "diffusers: pip install -e '.[dev]'"
     return Path(spec.origin).parent
 
 

@@ -392,3 +392,22 @@ def test_a_stopped_session_reports_no_late_interaction() -> None:
     p.data_to_send()
     p.finished(stopped=True)
     assert [e["type"] for e in texts(p.data_to_send())] == ["session.done"]
+
+
+def test_a_checkpoint_a_model_cannot_restore_fails_the_takeover_plainly() -> None:
+    """A checkpoint stored for a session whose model this worker serves without
+    ``SupportsSnapshot`` (the registry changed between the two workers): the takeover
+    fails with a message naming both, not as if nothing had been stored."""
+    from types import SimpleNamespace
+
+    from workers.pipelines.base import WorldConfig
+    from workers.sessions.world_checkpoint import SessionCheckpoint
+
+    stored = SimpleNamespace(meta=SimpleNamespace(), state=b"", init=b"")
+    store = SimpleNamespace(load=lambda session, attempt: stored)
+    slot = SimpleNamespace(id="rtv_1", attempt=2)
+    no_snapshots = SimpleNamespace()  # a world pipeline without snapshot/restore
+    checkpoint = SessionCheckpoint(store, slot, None, no_snapshots)  # type: ignore[arg-type]
+    config = WorldConfig(prompt="p", width=64, height=64, num_frames=9, fps=8.0, seed=0)
+    with pytest.raises(RuntimeError, match=r"checkpoint of rtv_1 is stored.*cannot restore"):
+        checkpoint.resume(config)

@@ -83,8 +83,11 @@ class SessionCheckpoint:
         if stored is None:  # expired, or placed again meanwhile
             raise SessionTakenOver(f"no checkpoint of {slot.id} for attempt {slot.attempt}")
         meta = stored.meta
-        if not isinstance(self.pipe, SupportsSnapshot):  # stored by a model without one
-            raise NotImplementedError(f"{type(self.pipe).__name__} takes no snapshots")
+        if not isinstance(self.pipe, SupportsSnapshot):  # served otherwise since it was stored
+            raise RuntimeError(
+                f"a checkpoint of {slot.id} is stored, but this worker's "
+                f"{type(self.pipe).__name__} cannot restore one (no SupportsSnapshot)"
+            )
         state = self.pipe.restore(world, stored.state)
         writer = FragmentedMP4Writer.continuing(
             world.width,

@@ -83,3 +83,19 @@ def quota_sessions_key(owner: str) -> str:
     """Sorted set of one API key's connected realtime sessions (``api/quotas.py``):
     a member per socket, scored by when its lease expires."""
     return f"{KEY_PREFIX}quota:sessions:{owner}"
+
+
+def presence_key(model: str) -> str:
+    """Sorted set of the live workers of one model: a member per worker, scored by when
+    its presence lease expires (``storage/worker_presence.py``)."""
+    return f"{KEY_PREFIX}workers:{model}"
+
+
+def load_failures_key(model: str) -> str:
+    """Hash of why the workers that tried could not load one model, a field per worker."""
+    return f"{KEY_PREFIX}workers:{model}:load-failures"
+
+
+def memory_key(model: str) -> str:
+    """What the live workers did with one model's memory plan (FP8 layers, bytes saved)."""
+    return f"{KEY_PREFIX}workers:{model}:memory"

@@ -36,7 +36,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from models.memory_plan import MemoryReport
-from storage.constants import KEY_PREFIX
+from storage.constants import load_failures_key, memory_key, presence_key
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +87,6 @@ for i = 1, #KEYS, 2 do
 end
 return out
 """
-
-
-def presence_key(model: str) -> str:
-    return f"{KEY_PREFIX}workers:{model}"
-
-
-def load_failures_key(model: str) -> str:
-    return f"{KEY_PREFIX}workers:{model}:load-failures"
-
-
-def memory_key(model: str) -> str:
-    return f"{KEY_PREFIX}workers:{model}:memory"
 
 
 @dataclass(frozen=True, slots=True)

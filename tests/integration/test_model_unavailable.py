@@ -28,12 +28,8 @@ from websockets.sync.client import connect
 
 from cli.embedded import EmbeddedS3
 from models.memory_plan import MemoryReport
-from storage.worker_presence import (
-    Availability,
-    WorkerPresence,
-    load_failures_key,
-    memory_key,
-)
+from storage.constants import load_failures_key, memory_key
+from storage.worker_presence import Availability, WorkerPresence
 from tests.integration.conftest import RedisDbPool, isolated_stack
 from tests.integration.stack import Stack
 from tests.unit.diffusers_fixtures import tiny_wan_entry

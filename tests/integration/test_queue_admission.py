@@ -19,10 +19,11 @@ from sqlalchemy import Engine, select
 from cli.embedded import EmbeddedS3
 from models.db import Job, JobStatus
 from models.webhooks import JobWebhook
+from storage.constants import presence_key
 from storage.db import make_sessionmaker
 from storage.jobs import JobStore, Lease
 from storage.outbox import DELIVERIES
-from storage.worker_presence import PresenceLease, WorkerPresence, presence_key
+from storage.worker_presence import PresenceLease, WorkerPresence
 from tests.helpers import video_spec
 from tests.integration.conftest import REDIS_BASE_URL, isolated_stack
 from tests.integration.stack import Stack

@@ -18,8 +18,7 @@ import httpx
 import pytest
 import redis
 
-from storage.constants import job_events_key
-from storage.worker_presence import presence_key
+from storage.constants import job_events_key, presence_key
 from tests.integration.conftest import REDIS_BASE_URL
 from tests.integration.stack import REPO
 from workers.runtime.ports import free_port, reserve_ports

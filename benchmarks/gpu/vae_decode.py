@@ -1,0 +1,133 @@
+"""Where a world chunk's decode time goes, and what the settings around it change: the
+Wan 2.1 VAE (``AutoencoderKLWan``, the one Helios decodes its 33-frame chunks with) timed
+on one chunk's latents, in each variant:
+
+* ``eager``: as a worker decodes today (cuDNN picks its convolution algorithms by rule);
+* ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark = True`` (cuDNN times its
+  algorithms on each new shape once, then keeps the fastest; the decode's shapes repeat
+  every chunk);
+* ``channels_last``: the decoder's weights in ``channels_last_3d`` memory format, with
+  cuDNN benchmark;
+* ``compiled`` (``--compile``): ``torch.compile`` of the decoder, with cuDNN benchmark.
+
+Each variant's decode is checked against ``eager``'s (peak absolute difference of the
+frames in [-1, 1]), since a faster path that changes the picture is no gain.
+
+    python -m benchmarks.gpu.vae_decode [--width 640 --height 384 --frames 33] [--compile]
+    python -m benchmarks.gpu.vae_decode --tiny      # a check of this script on the CPU
+
+JSON on stdout and in ``$OUT/gpu_vae_decode.json``: per variant ``decode_ms`` (median of
+``--repeat`` after ``--warmup``), ``first_ms`` (its first call: autotuning, compiling),
+``peak_abs_diff`` against ``eager``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks.embedded_stack import git_state
+from benchmarks.gpu.common import emit
+
+
+def _sync() -> float:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _vae(tiny: bool, device: str, dtype: torch.dtype) -> Any:
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    config: dict[str, Any] = {}
+    if tiny:
+        config = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1}
+    return AutoencoderKLWan(**config).to(device, dtype).eval()
+
+
+def _memory_format(module: torch.nn.Module, memory_format: torch.memory_format) -> None:
+    """Every 5-D weight (the 3-D convolutions') in ``memory_format``."""
+    for param in module.parameters():
+        if param.dim() == 5:
+            param.data = param.data.contiguous(memory_format=memory_format)
+
+
+def _timed(decode: Callable[[], torch.Tensor], warmup: int, repeat: int) -> dict[str, Any]:
+    began = _sync()
+    out = decode()
+    first = _sync() - began
+    for _ in range(max(warmup - 1, 0)):
+        decode()
+    times = []
+    for _ in range(repeat):
+        began = _sync()
+        out = decode()
+        times.append(_sync() - began)
+    return {
+        "first_ms": round(first * 1000, 1),
+        "decode_ms": round(statistics.median(times) * 1000, 1),
+        "frames": out,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--width", type=int, default=640)
+    p.add_argument("--height", type=int, default=384)
+    p.add_argument("--frames", type=int, default=33)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="a small VAE on the CPU, 64x64")
+    args = p.parse_args()
+    device = "cpu" if args.tiny else "cuda"
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    if args.tiny:
+        args.width = args.height = 64
+        args.frames, args.repeat, args.warmup = 9, 1, 1
+    vae = _vae(args.tiny, device, dtype)
+    spatial = 2 ** len(vae.temperal_downsample)
+    latent_frames = (args.frames - 1) // 4 + 1
+    shape = (1, vae.config.z_dim, latent_frames, args.height // spatial, args.width // spatial)
+    latents = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+
+    @torch.no_grad()
+    def decode() -> torch.Tensor:
+        return vae.decode(latents, return_dict=False)[0]
+
+    variants: dict[str, dict[str, Any]] = {}
+    torch.backends.cudnn.benchmark = False
+    variants["eager"] = _timed(decode, args.warmup, args.repeat)
+    torch.backends.cudnn.benchmark = True
+    variants["cudnn_benchmark"] = _timed(decode, args.warmup, args.repeat)
+    _memory_format(vae.decoder, torch.channels_last_3d)
+    variants["channels_last"] = _timed(decode, args.warmup, args.repeat)
+    _memory_format(vae.decoder, torch.contiguous_format)
+    if args.compile:
+        vae.decoder = torch.compile(vae.decoder)
+        variants["compiled"] = _timed(decode, args.warmup, args.repeat)
+    reference = variants["eager"]["frames"].float()
+    for result in variants.values():
+        frames = result.pop("frames").float()
+        result["peak_abs_diff"] = round(float((frames - reference).abs().max()), 6)
+    out = {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        **git_state(),
+        "latents": list(shape),
+        "dtype": str(dtype).removeprefix("torch."),
+        "variants": variants,
+    }
+    emit(out, "gpu_vae_decode")
+
+
+if __name__ == "__main__":
+    main()

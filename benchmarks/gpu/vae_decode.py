@@ -49,7 +49,8 @@ def _vae(tiny: bool, device: str, dtype: torch.dtype) -> Any:
     config: dict[str, Any] = {}
     if tiny:
         config = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1}
-    return AutoencoderKLWan(**config).to(device, dtype).eval()
+    vae: Any = AutoencoderKLWan(**config)
+    return vae.to(device, dtype).eval()
 
 
 def _memory_format(module: torch.nn.Module, memory_format: torch.memory_format) -> None:

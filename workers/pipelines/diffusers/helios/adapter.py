@@ -85,7 +85,12 @@ from workers.pipelines.diffusers.helios.steps import (
     pyramid_step,
     shift_mu,
 )
-from workers.pipelines.diffusers.shared.common import call_default, frames_uint8, make_generator
+from workers.pipelines.diffusers.shared.common import (
+    call_default,
+    frames_uint8,
+    make_generator,
+    vae_cache_released,
+)
 from workers.pipelines.diffusers.shared.entry import DiffusersEntry, EntryOptions, entry_options
 from workers.pipelines.diffusers.shared.loading import (
     DTYPE_KWARG,
@@ -327,7 +332,8 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         state.history_latents = torch.cat([state.history_latents, latents], dim=2)[:, :, -keep:]
         vae = pipe.vae
         mean, inv_std = latent_stats(vae, latents.device)
-        video = vae.decode(latents.to(vae.dtype) / inv_std + mean, return_dict=False)[0]
+        with vae_cache_released(vae):  # a stop inside the decode leaves no cache behind
+            video = vae.decode(latents.to(vae.dtype) / inv_std + mean, return_dict=False)[0]
         # uint8 on the device (bit-equal to output_type="np" then to_uint8): a quarter of
         # the float frames' bytes cross to the host, and no pass over them on the CPU
         frames = frames_uint8(pipe.video_processor.postprocess_video(video, output_type="pt")[0])

@@ -1,0 +1,104 @@
+"""A decode stopped at a cancel point leaves nothing on the shared VAE (issue 43 §3).
+
+Wan's VAE (``AutoencoderKLWan``, which Helios decodes with too) keeps the last frames of
+every causal convolution's input in ``_feat_map`` while it decodes and clears it only when
+a decode returns. A world session stopped inside a chunk's decode (``checkpoint()``: its
+``SessionStopped``), or a job cancelled there, left that cache filled on the worker's one
+VAE until the next decode: at Helios-Distilled's 640x384 in bf16, 0.5 to 1.1 GiB (a
+meta-device decode: 540 MiB after the first latent frame, 1,108 MiB after the second),
+the size of the +953 MiB the H100's world stack kept after its sessions, whose last ones
+are closed at a random moment of their second chunk (its decode is a third of it).
+
+Each test holds weak references to the cache's tensors as the stop is raised and finds
+none alive once the exception's frames are cleared, as the runner and the executor clear
+them (``forget_frames``)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import pytest
+import torch
+
+from tests.unit.diffusers_fixtures import tiny_wan_pipeline
+from tests.unit.helios_fixtures import SEQ_LEN, SIZE, tiny_helios_pyramid_pipeline
+from workers.common.memory import forget_frames
+from workers.pipelines.base import GenerationRequest, WorldConfig, checkpoints
+from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
+from workers.pipelines.diffusers.shared.common import decode_video
+from workers.pipelines.diffusers.shared.loading import install_checkpoints
+
+
+class Stopped(Exception):
+    """The stop a session's or a job's checkpoint raises."""
+
+
+class StopInDecode:
+    """A ``checkpoint()`` check that raises at its ``at``-th call, weak references to the
+    VAE's cached tensors taken then (the cache is full of the decode under way)."""
+
+    def __init__(self, vae: Any, at: int) -> None:
+        self.vae, self.at, self.calls = vae, at, 0
+        self.held: list[weakref.ref[torch.Tensor]] = []
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.calls == self.at:
+            cached = [t for t in self.vae._feat_map if isinstance(t, torch.Tensor)]
+            self.held = [weakref.ref(t) for t in cached]
+            raise Stopped(f"stopped at checkpoint {self.at}")
+
+
+def alive(held: list[weakref.ref[torch.Tensor]]) -> int:
+    gc.collect()
+    return sum(ref() is not None for ref in held)
+
+
+def test_a_world_chunk_stopped_in_its_decode_leaves_no_cache() -> None:
+    adapter = HeliosWorldAdapter(
+        pipe=tiny_helios_pyramid_pipeline(distilled=True), max_sequence_length=SEQ_LEN
+    )
+    adapter.load("cpu")
+    config = WorldConfig(
+        prompt="a red ball", width=SIZE, height=SIZE, num_frames=66, fps=24, seed=1,
+        steps_per_chunk=3,
+    )  # fmt: skip
+    expected = adapter.start(config)
+    while not adapter.chunk_done(expected):
+        adapter.step(expected)
+    frames = adapter.take_chunk(expected)
+
+    state = adapter.start(config)
+    while not adapter.chunk_done(state):
+        adapter.step(state)
+    stop = StopInDecode(adapter._loaded().vae, at=12)  # the second latent frame's decode
+    with pytest.raises(Stopped) as raised, checkpoints(stop):
+        adapter.take_chunk(state)
+    assert stop.held, "the stop came before the decode had cached anything"
+    forget_frames(raised.value)
+    del raised, state
+    assert alive(stop.held) == 0
+    # the VAE decodes the next chunk of another session as if nothing had happened
+    again = adapter.start(config)
+    while not adapter.chunk_done(again):
+        adapter.step(again)
+    assert torch.equal(torch.as_tensor(adapter.take_chunk(again)), torch.as_tensor(frames))
+
+
+def test_a_job_decode_stopped_midway_leaves_no_cache() -> None:
+    pipe: Any = tiny_wan_pipeline()
+    install_checkpoints(pipe)
+    request = GenerationRequest.video(
+        prompt="a red ball", width=32, height=32, num_frames=9, fps=16.0,
+        num_inference_steps=2, seed=1,
+    )  # fmt: skip
+    latents = torch.randn(1, 16, 3, 4, 4)
+    stop = StopInDecode(pipe.vae, at=8)
+    with pytest.raises(Stopped) as raised, checkpoints(stop):
+        decode_video(pipe, request, latents)
+    assert stop.held
+    forget_frames(raised.value)
+    del raised
+    assert alive(stop.held) == 0

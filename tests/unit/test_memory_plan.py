@@ -328,3 +328,68 @@ def test_fp8_on_a_pipeline_without_a_transformer_or_on_nothing_is_refused() -> N
     layout = MemoryLayout("acme/wan", MemoryPlan(quantization="fp8"))
     with pytest.raises(CatalogError, match="on transformer makes nothing FP8: none of its 26"):
         layout.place(tiny_wan_pipeline(), "cpu")
+
+
+# --- the budget of weights built on the device, the cache handed back ------------------
+
+
+def _placing(monkeypatch: pytest.MonkeyPatch, built_there: bool) -> list[Any]:
+    """``MemoryLayout.place`` on a CUDA device stood in for: what it does, in order."""
+    from workers.pipelines.diffusers.shared import memory
+
+    calls: list[Any] = []
+
+    def budget(plan: MemoryPlan, device: torch.device, held: int = 0) -> int:
+        calls.append(("budget", held))
+        return 1
+
+    monkeypatch.setattr(memory, "weights_on_device", lambda pipe, device: built_there)
+    monkeypatch.setattr(memory, "offload", lambda *args: calls.append("offload"))
+    monkeypatch.setattr(memory, "set_budget", budget)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 5 << 30)
+    plan = MemoryPlan(offload="group", offload_budget_gib=24)
+    MemoryLayout("acme/wan", plan).place(tiny_wan_pipeline(), "cuda")
+    return calls
+
+
+def test_weights_loaded_on_the_host_are_placed_under_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _placing(monkeypatch, built_there=False) == [("budget", 0), "offload", "empty_cache"]
+
+
+def test_weights_built_on_the_device_take_the_budget_once_placed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``weights = "random"`` builds them on the GPU in their loaded dtype: a budget set
+    first would count them at that size, so it is set once they are placed (offloaded,
+    FP8) and the cached blocks handed back, against what they then hold."""
+    assert _placing(monkeypatch, built_there=True) == [
+        "offload",
+        "empty_cache",
+        ("budget", 5 << 30),
+    ]
+
+
+def test_a_budget_under_what_the_placed_weights_hold_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from workers.pipelines.diffusers.shared.offload import set_budget, weights_on_device
+
+    fractions: list[float] = []
+    props = SimpleNamespace(total_memory=80 << 30)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: fractions.append(f)
+    )
+    plan = MemoryPlan(offload="group", offload_budget_gib=24)
+    cuda = torch.device("cuda")
+    with pytest.raises(CatalogError, match=r"hold 30\.0 GiB, over the budget"):
+        set_budget(plan, cuda, held=30 << 30)
+    assert fractions == []
+    assert set_budget(plan, cuda, held=20 << 30) == 24 << 30 and fractions == [0.3]
+    # a pipeline on the host is not built on the device; nothing is on a CPU "device"
+    assert not weights_on_device(tiny_wan_pipeline(), cuda)
+    assert not weights_on_device(tiny_wan_pipeline(), torch.device("cpu"))

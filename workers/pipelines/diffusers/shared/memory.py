@@ -14,8 +14,15 @@ order at load:
    FP8 weights, after the adapter changed its weights in their loaded dtype: FastH3's
    fused LoRA): the paths the plan names resolved, the budget set, each FP8 component's
    layers quantized on the device one at a time, then every weight put where ``offload``
-   says. It logs which layers are FP8 and what they save, and returns the
+   says, and the allocator's cached blocks (the loaded dtype's weights that FP8 or
+   offloading replaced) handed back to the device, so that another process on the card
+   can have them. It logs which layers are FP8 and what they save, and returns the
    :class:`~models.memory_plan.MemoryReport` the worker publishes.
+
+   Weights built on the device (``weights = "random"``, benchmarks only) are there, at
+   their loaded size, before the plan applies: the budget is then set once they are
+   placed, and refused when what they hold is over it, so that it caps what the model
+   holds while it serves as it does for a checkpoint loaded from the host.
 
 Without a plan, :meth:`~MemoryLayout.place` is the ``pipe.to(device)`` it replaces.
 """
@@ -35,6 +42,7 @@ from workers.pipelines.diffusers.shared.offload import (
     offload,
     resolve_paths,
     set_budget,
+    weights_on_device,
 )
 
 log = logging.getLogger(__name__)
@@ -94,7 +102,8 @@ class MemoryLayout:
             pipe.to(target)
             return None
         blocks = resolve_paths(pipe, plan, self.model)
-        budget = set_budget(plan, target)
+        built_there = weights_on_device(pipe, target)
+        budget = None if built_there else set_budget(plan, target)
         counts: dict[str, int] = {}
         saved = 0
         for name, component in modules_of(pipe).items():
@@ -113,6 +122,10 @@ class MemoryLayout:
             counts[name] = len(names)
             _log_layers(self.model, name, layers)
         offload(pipe, plan, target, blocks)
+        if target.type == "cuda" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if built_there:
+            budget = set_budget(plan, target, held=torch.cuda.memory_allocated(target))
         self.report = MemoryReport(
             fp8_modules=counts, bytes_saved=saved, offload=plan.offload, budget_bytes=budget
         )

@@ -15,7 +15,8 @@
   further down, ``text_encoder.encoder.block``) get hooks of their own.
 * ``offload_budget_gib``: ``torch.cuda.set_per_process_memory_fraction``, set before any
   weight is placed, so the process fails its allocations (out of memory) past the budget
-  instead of taking the rest of the card.
+  instead of taking the rest of the card (weights built on the device, ``weights =
+  "random"``, are there first: memory.py sets it once they are placed).
 
 Every component and block path a plan names is resolved by :func:`resolve_paths` when the
 model loads: a missing or wrong one is an error naming it, never skipped.
@@ -83,9 +84,18 @@ def resolve_paths(pipe: Any, plan: MemoryPlan, model: str) -> dict[str, list[str
     return blocks
 
 
-def set_budget(plan: MemoryPlan, device: torch.device) -> int | None:
+def weights_on_device(pipe: Any, device: torch.device) -> bool:
+    """Whether ``pipe``'s weights are on ``device``, a CUDA GPU, before the plan placed
+    them (built there: ``weights = "random"``); a checkpoint loads on the host."""
+    if device.type != "cuda":
+        return False
+    return any(p.device.type == "cuda" for m in modules_of(pipe).values() for p in m.parameters())
+
+
+def set_budget(plan: MemoryPlan, device: torch.device, held: int = 0) -> int | None:
     """Cap this process's memory on ``device`` at the plan's budget; returns it in bytes
-    (None: no budget). Refuses a budget over the device's memory."""
+    (None: no budget). Refuses a budget over the device's memory, and one under ``held``,
+    the bytes the placed weights already hold (weights built on the device)."""
     if plan.offload_budget_gib is None:
         return None
     total = torch.cuda.get_device_properties(device).total_memory
@@ -94,6 +104,11 @@ def set_budget(plan: MemoryPlan, device: torch.device) -> int | None:
         raise CatalogError(
             f"offload_budget_gib = {plan.offload_budget_gib:g} is more than device {device}'s "
             f"{total / GIB:.1f} GiB"
+        )
+    if held > budget:
+        raise CatalogError(
+            f"offload_budget_gib = {plan.offload_budget_gib:g}: the weights placed on "
+            f"device {device} hold {held / GIB:.1f} GiB, over the budget"
         )
     torch.cuda.set_per_process_memory_fraction(budget / total, device)
     return budget

@@ -43,15 +43,19 @@ WATCH_INTERVAL_S = 0.25  # how often the watcher looks at up
 _WAKE_SIGNAL = signal.SIGUSR1
 _WATCHES: list[UpWatch] = []  # started and not stopped
 
+# The executor's log lines (its logger is workers.jobs.executor since the workers/ layout
+# of issue 42; workers.executor before it).
+_EXECUTOR = r"INFO workers\.(?:jobs\.)?executor: "
 _LOG_RE = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO workers\.executor: job (\S+): (\w+)\s*$"
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) " + _EXECUTOR + r"job (\S+): (\w+)\s*$"
 )
 _STOP_RE = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO workers\.executor: "
-    r"job (\S+) stops in step (\d+) before block (\d+)"
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) "
+    + _EXECUTOR
+    + r"job (\S+) stops in step (\d+) before block (\d+)"
 )
 _READY_RE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*@\S+ ready\.")
-_MEMORY_RE = re.compile(r"INFO workers\.executor: job (\S+): cuda memory allocated ([\d.]+) MiB")
+_MEMORY_RE = re.compile(_EXECUTOR + r"job (\S+): cuda memory allocated ([\d.]+) MiB")
 _SKIP_RE = re.compile(
     r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) INFO celery\.app\.trace: "
     r"Task omniqueue\.run_job\[(\S+)\] succeeded in \S+: '(\w+)'"

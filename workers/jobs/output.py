@@ -15,6 +15,7 @@ after decoding.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 from models.job_specs import AudioJobOutput, AudioSpec, VideoSpec
 from workers.common import metrics
+from workers.jobs.batcher import StepBatcher, stepping
 from workers.jobs.output_check import Expected, check_mp4
 from workers.jobs.run import DENOISE_END, STAGE_START, JobRun
 from workers.media.audio import EXTENSIONS, MEDIA_TYPES, encode_audio, output_rate, prepare_audio
@@ -36,7 +38,6 @@ from workers.pipelines.base import (
     SupportsDecodeStream,
     SupportsPreview,
     checkpoints,
-    step_stops,
 )
 
 log = logging.getLogger(__name__)
@@ -46,15 +47,24 @@ Files = list[tuple[str, Path, str]]
 
 
 def make_output(
-    pipe: Pipeline, run: JobRun, request: GenerationRequest, out: Path, index: int
+    pipe: Pipeline,
+    run: JobRun,
+    request: GenerationRequest,
+    out: Path,
+    index: int,
+    batcher: StepBatcher | None = None,
 ) -> tuple[Files, dict[str, Any], float]:
     """One output: prepare → step × N → decode → encode into ``out`` (its MP4 checked
-    against the spec); its files, the row's extra values and its inference seconds."""
+    against the spec); its files, the row's extra values and its inference seconds. With
+    a ``batcher`` (a worker that batches the model's steps: batcher.py) the prepare runs
+    on its device thread and each step in its next batch; the rest is the job's own."""
     job, spec = run.job, run.spec
     started = time.monotonic()
     run.failpoint("prepare")
     with checkpoints(run.stop_point()):
-        state = pipe.prepare(request)
+        prepare = functools.partial(pipe.prepare, request)
+        state = prepare() if batcher is None else batcher.call(prepare)
+        del prepare
     del request
     run.enter("denoise")
     preview_every = run.settings.worker.preview_every
@@ -62,24 +72,24 @@ def make_output(
     step_seconds = metrics.STEP_SECONDS.labels(job.model)
     # PCM published as the steps make it (adapters with ``take_audio``).
     pcm = PcmStream(run, spec) if isinstance(spec, AudioSpec) and spec.stream_pcm else None
-    while not state.done:
-        run.failpoint(f"step:{state.step_index}")
-        run.blocks = 0
-        step_started = time.monotonic()
-        run.in_step = True
-        with step_stops(in_step):
-            pipe.step(state)
-        run.in_step = False
-        step_seconds.observe(time.monotonic() - step_started)
-        run.step = state.step_index
-        span = DENOISE_END - STAGE_START["denoise"]
-        progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps
-        run.report(progress, force=state.done)
-        if pcm is not None and isinstance(pipe, SupportsAudioPieces):
-            pcm.feed(pipe.take_audio(state))
-        due = preview_every and state.step_index % preview_every == 0 and not state.done
-        if due and isinstance(pipe, SupportsPreview):
-            run.preview(pipe, state)
+    with stepping(pipe, batcher) as step:
+        while not state.done:
+            run.failpoint(f"step:{state.step_index}")
+            run.blocks = 0
+            step_started = time.monotonic()
+            run.in_step = True
+            step(state, in_step)
+            run.in_step = False
+            step_seconds.observe(time.monotonic() - step_started)
+            run.step = state.step_index
+            span = DENOISE_END - STAGE_START["denoise"]
+            progress = STAGE_START["denoise"] + span * state.step_index // state.num_steps
+            run.report(progress, force=state.done)
+            if pcm is not None and isinstance(pipe, SupportsAudioPieces):
+                pcm.feed(pipe.take_audio(state))
+            due = preview_every and state.step_index % preview_every == 0 and not state.done
+            if due and isinstance(pipe, SupportsPreview):
+                run.preview(pipe, state)
 
     run.enter("decode")
     run.failpoint("decode")

@@ -36,12 +36,13 @@ class Shutdown:
         # Re-entrant: request() runs in a signal handler, on the main thread, which may be
         # inside running() holding it at that moment.
         self._lock = threading.RLock()
-        self._run: JobRun | None = None
+        # The runs a shutdown stops: one, or several on a worker that batches jobs.
+        self._runs: list[JobRun] = []
         self._requested = False
         self._stopping = False  # the drain is over: a running job stops
 
     def request(self, drain_s: float) -> None:
-        """The worker was told to stop: the running job stops now, or after ``drain_s``
+        """The worker was told to stop: the running jobs stop now, or after ``drain_s``
         seconds if it is still running then. Called from a signal handler: it only
         flags and starts a timer."""
         with self._lock:
@@ -57,9 +58,9 @@ class Shutdown:
 
     @contextmanager
     def running(self, run: JobRun) -> Iterator[None]:
-        """Make ``run`` the one a shutdown stops, for the block."""
+        """Make ``run`` one that a shutdown stops, for the block."""
         with self._lock:
-            self._run = run
+            self._runs.append(run)
             stopping = self._stopping
         if stopping:
             run.stop.set(WorkerStopping)
@@ -67,12 +68,12 @@ class Shutdown:
             yield
         finally:
             with self._lock:
-                self._run = None
+                self._runs.remove(run)
 
     def _stop(self) -> None:
         with self._lock:
             self._stopping = True
-            run = self._run
-        if run is not None:
+            runs = list(self._runs)
+        for run in runs:
             log.info("job %s: the worker is stopping; the job goes back to the queue", run.job.id)
             run.stop.set(WorkerStopping)

@@ -18,7 +18,8 @@ A served model's kind follows from its spec (``ModelSpec.kind``), and the regist
   /v1/realtime``, run step by step by ``workers/sessions/voice.py``.
 
 What an adapter can do beyond its kind's interface (serve per-request LoRA, warm up,
-preview a job, stream its PCM or its decode, hand a world session over to another worker)
+preview a job, stream its PCM or its decode, batch several jobs' steps, hand a world
+session over to another worker)
 is a capability: a ``Protocol`` at the end of
 this module that its callers check with ``isinstance``.
 
@@ -386,6 +387,27 @@ class SupportsAudioPieces(Protocol):
     def take_audio(self, state: StepState) -> tuple[np.ndarray, int] | None:
         """The audio made since the last call as float32 (channels, n) and its sample
         rate; None when this step made none."""
+        ...
+
+
+@runtime_checkable
+class SupportsStepBatch(Protocol):
+    """A job adapter whose denoise step can run for several jobs at once, as one batched
+    model call (continuous batching: a worker with ``OMNIQ_WORKER__BATCH_SIZE`` above 1
+    runs that many of the model's jobs together, ``workers/jobs/batcher.py``). Each job
+    keeps its own state, seed, scheduler and loop; only the model's forward is shared, so
+    a batched job's output may differ from the same job alone in the last bits (the
+    adapter documents its bound)."""
+
+    def step_batch(self, states: Sequence[StepState]) -> None:
+        """One denoise step of each of ``states`` (each at its own step; one state or
+        several), advancing each one's ``step_index``; what ``step`` of each would do, up
+        to rounding."""
+        ...
+
+    def warm_up_batch(self, size: int) -> None:
+        """Prime ``step_batch`` for up to ``size`` jobs (compiled blocks at a batch of
+        several), once, before the worker takes jobs."""
         ...
 
 

@@ -82,13 +82,22 @@ def serve(
     prepare: Callable[[WorkerContext], None] | None = None,
 ) -> int:
     """Run this process as a Celery worker of ``settings``' models until it is stopped:
-    jobs one at a time (solo pool), or sessions on ``OMNIQ_REALTIME__SLOTS`` threads.
+    jobs one at a time (solo pool) or, for models whose steps it batches, up to
+    ``OMNIQ_WORKER__BATCH_SIZE`` at once (threads), or sessions on
+    ``OMNIQ_REALTIME__SLOTS`` threads.
     ``prepare`` runs on the context once its pipelines are loaded (a worker group's rank 0
     wraps them there). Returns the exit status."""
     try:
         queues = worker_queues(settings, realtime=realtime)
     except ValueError as exc:  # the registry, OMNIQ_MODELS or OMNIQ_WORKER__MODELS
         print(f"omniqueue worker: {exc}", file=sys.stderr)
+        return CONFIG_ERROR
+    if not realtime and settings.worker.batch_size > 1 and settings.worker.group_size > 1:
+        print(
+            "omniqueue worker: OMNIQ_WORKER__BATCH_SIZE above 1 needs a single-device worker "
+            "(a worker group runs one job at a time)",
+            file=sys.stderr,
+        )
         return CONFIG_ERROR
     if not queues:
         kind = "streaming" if realtime else "job"
@@ -102,6 +111,8 @@ def serve(
     if not context.pipelines.models:
         return context.loaded_none()
     queues = served_queues(context.pipelines.models, realtime)
+    if not realtime:  # OMNIQ_WORKER__BATCH_SIZE: the models whose steps it batches
+        context.executor.start_batching()
     if realtime and settings.realtime.capacity_probe:
         context.world_sessions.probe()  # how many sessions of each world model keep real time
     if prepare is not None:
@@ -122,10 +133,13 @@ def serve(
             context.executor.shutdown.request(drain)
 
         worker_shutting_down.connect(stopping, weak=False)
-    # Jobs: one at a time per device (solo). Sessions: one thread per slot.
+    # Jobs: one at a time per device (solo), or one thread per job of a batched model
+    # (workers/jobs/batcher.py). Sessions: one thread per slot.
+    at_once = settings.worker.batch_size if context.executor.batchers else 1
+    threads = settings.realtime.slots if realtime else at_once
     pool = (
-        ["--pool=threads", f"--concurrency={settings.realtime.slots}"]
-        if realtime
+        ["--pool=threads", f"--concurrency={threads}"]
+        if realtime or threads > 1
         else ["--pool=solo", "--concurrency=1"]
     )
     argv = [

@@ -167,8 +167,8 @@ class WorkerContext:
     def start_background(self) -> None:
         """Start the reconciler loop (every worker runs one; a lock serializes passes;
         each pass after a sweep of this machine's job temp directories) and the presence
-        lease on the models it loaded, with the records of those it could not
-        (``storage/worker_presence.py``)."""
+        lease on the models it loaded (as many jobs of each as it runs at once), with the
+        records of those it could not (``storage/worker_presence.py``)."""
         w = self.settings.worker
         if w.reconcile_interval_s > 0:
             self._stop_reconciler = start_reconciler_thread(
@@ -183,9 +183,12 @@ class WorkerContext:
             failed={name: f.reason for name, f in self.load_failures.items()},
             slot=self.slot,
             memory=self.pipelines.memory,
+            jobs={name: w.batch_size for name in self.executor.batchers},
         )
 
     def close(self) -> None:
+        for batcher in self.executor.batchers.values():
+            batcher.close()
         if self._stop_reconciler is not None:
             self._stop_reconciler.set()
         if self._presence is not None:

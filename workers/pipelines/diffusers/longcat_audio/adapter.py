@@ -34,6 +34,11 @@ no job compiles while it denoises and no new length compiles at all (a 1-frame c
 1-token prompt, which dynamo specialises, compiles once in its prepare). With CUDA
 graphs (``compile_mode = "reduce-overhead"``) the lengths are bucketed (buckets.py).
 
+Batched steps (``step_batch``, the ``SupportsStepBatch`` capability: a worker that runs
+several jobs at once batches their steps): the transformer's forward split at its text
+side (batch.py), every job's conditional and null passes in one pass, each at its own
+timestep; equal to the jobs' own steps to rounding (docs/adapters.md gives the bound).
+
 Streaming: a job that streams PCM decodes window by window (decode.py,
 ``decode_audio_stream``), so its first chunk goes out before the last window is decoded;
 ``decode`` decodes the whole clip at once.
@@ -42,7 +47,7 @@ Streaming: a job that streams PCM decodes window by window (decode.py,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Unpack
 
 import numpy as np
@@ -56,6 +61,7 @@ from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
 
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
+from workers.pipelines.diffusers.longcat_audio.batch import Row, batched_forward, text_side
 from workers.pipelines.diffusers.longcat_audio.buckets import TextBuckets, bucket, padded
 from workers.pipelines.diffusers.longcat_audio.decode import (
     context_frames,
@@ -79,6 +85,9 @@ CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # keeps them symbolic (it gives two equal sizes one symbol, and a size equal to a width
 # becomes that constant).
 WARM_UP_FRAMES, WARM_UP_TOKENS = 53, 37
+# The rows of the batched warm-up (``warm_up_batch``): another prime, so that the batch
+# size is symbolic too (a batch of 1, the solo step's, is dynamo's specialised size).
+WARM_UP_ROWS = 3
 # The streamed decode's windows grow from ``decode_window`` frames up to this many.
 LARGEST_WINDOW = 128
 
@@ -262,6 +271,68 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
             null_pred = predict(s.negative_prompt_embeds, s.negative_text_mask)
             pred = null_pred + (pred - null_pred) * s.guidance_scale
         s.latents = s.scheduler.step(pred, t, latents, return_dict=False)[0]
+
+    @torch.no_grad()
+    def step_batch(self, states: Sequence[StepState]) -> None:
+        """One step of each job of ``states`` (each at its own step) as one transformer pass
+        over their rows (batch.py): a job's conditional row and, under guidance, its null
+        row; then each job's guidance and scheduler step, as ``_step`` writes them. With
+        bucketed lengths (CUDA graphs) the rows are padded to a power of two by repeating
+        the last, so that a worker records graphs for five batch sizes, not sixteen."""
+        pipe, jobs = self._loaded(), [self._state(s) for s in states]
+        rows = [row for s in jobs for row in self._rows(pipe, s)]
+        count = len(rows)
+        if self.buckets:
+            rows += [rows[-1]] * ((1 << (count - 1).bit_length()) - count)
+        self.gate.begin_step()
+        predictions = batched_forward(pipe.transformer, rows)
+        at = 0
+        for s in jobs:
+            frames = s.latents.shape[1]
+            pred = predictions[at : at + 1, :frames]
+            if s.do_cfg:
+                null_pred = predictions[at + 1 : at + 2, :frames]
+                pred = null_pred + (pred - null_pred) * s.guidance_scale
+            at += 2 if s.do_cfg else 1
+            t = s.timesteps[s.step_index]
+            s.latents = s.scheduler.step(pred, t, s.latents, return_dict=False)[0]
+            s.step_index += 1
+
+    def _rows(self, pipe: Any, s: LongCatAudioState) -> list[Row]:
+        """The batched step's rows of one job: its conditional pass, and its null pass
+        under guidance; their text sides made at the job's first batched step."""
+        if s.text is None or s.null_text is None:
+            dtype = s.latents.dtype
+            s.text = text_side(pipe.transformer, s.prompt_embeds.to(dtype), s.text_mask)
+            negative = s.negative_prompt_embeds.to(dtype)
+            s.null_text = text_side(pipe.transformer, negative, s.negative_text_mask)
+        t = s.timesteps[s.step_index]
+        curr_t = (t / s.scheduler.config.num_train_timesteps).expand(1)
+        curr_t = curr_t.to(dtype=s.prompt_embeds.dtype)
+        rows = [Row(s.latents, s.mask, s.latent_cond, curr_t, s.text)]
+        if s.do_cfg:
+            rows.append(Row(s.latents, s.mask, s.latent_cond, curr_t, s.null_text))
+        return rows
+
+    def warm_up_batch(self, size: int) -> None:
+        """Compile the blocks for batched steps too (a batch of ``WARM_UP_ROWS`` rows at the
+        warm-up's lengths), before the worker takes jobs; nothing when they are eager or
+        ``size`` is 1."""
+        if not self.compiler.enabled or size < 2:
+            return
+        pipe = self._loaded()
+        request = GenerationRequest.audio(
+            prompt="warm-up", duration_s=1.0, num_inference_steps=2, seed=0, guidance_scale=4.0
+        )
+
+        def run() -> None:
+            state = _resized(self._prepare(pipe, request), WARM_UP_FRAMES, WARM_UP_TOKENS)
+            batched_forward(pipe.transformer, self._rows(pipe, state)[:1] * WARM_UP_ROWS)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+        with torch.no_grad():
+            self.compiler.ensure(("LongCatAudioState", "batch", WARM_UP_ROWS), run, "warmup")
 
     @torch.no_grad()
     def decode_audio(self, state: StepState) -> torch.Tensor:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.pipelines.diffusers.longcat_audio.batch import TextSide
 from workers.pipelines.diffusers.shared.common import DiffusersState
 
 
@@ -13,7 +14,8 @@ from workers.pipelines.diffusers.shared.common import DiffusersState
 class LongCatAudioState(DiffusersState):
     """One LongCat job. ``latents`` are 1×frames×latent_dim (more, padded with zeros, where
     the lengths are bucketed: buckets.py); the negative embedding is the
-    zero tensor (no ``negative_prompt``) or the encoded one, with its own mask."""
+    zero tensor (no ``negative_prompt``) or the encoded one, with its own mask. A job whose
+    steps are batched with others' (batch.py) keeps its text side too."""
 
     prompt_embeds: torch.Tensor
     text_mask: torch.Tensor
@@ -22,3 +24,7 @@ class LongCatAudioState(DiffusersState):
     mask: torch.Tensor  # the latent frames' attention mask (false on a bucket's padding)
     latent_cond: torch.Tensor  # zeros: no audio prompt
     frames: int  # the clip's latent frames: ``latents``' first ones (the rest pad a bucket)
+    # The prompt's and the negative's text side (batch.py), made at the job's first
+    # batched step and kept: it does not change from step to step.
+    text: TextSide | None = None
+    null_text: TextSide | None = None

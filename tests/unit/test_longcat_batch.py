@@ -1,0 +1,406 @@
+"""LongCat's batched steps (``longcat_audio/batch.py``) driven by the worker's step batcher
+(``workers/jobs/batcher.py``): concurrent jobs of one model denoised as one batch, each
+with its own loop, seed, stop gates, progress and PCM stream.
+
+The tiny pipeline (``longcat_fixtures``), CPU, float32. A batched job is its solo job to
+rounding: measured at most 1.7e-6 of the clip's peak over 30 runs of five jobs whose
+batches were made up differently each time (different prompts and lengths, seeds, step
+counts, guidance, a negative prompt, jobs joining at other steps), with and without
+bucketed lengths; tested within ``BATCH_BOUND`` of the peak (docs/adapters.md). Pure
+unit: the job runs' rows are fakes, no bus.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from models.db import Job
+from models.errors import JobLost, JobTimedOut
+from models.events import ChunkEvent, ProgressEvent
+from models.job_specs import AudioSpec
+from storage.jobs import Lease
+from storage.settings import Settings
+from tests.unit.longcat_fixtures import tiny_longcat_pipeline
+from workers.common.failpoints import Failpoints
+from workers.jobs.batcher import DeviceShare, StepBatcher, stepping
+from workers.jobs.output import make_output
+from workers.jobs.run import JobRun
+from workers.pipelines.base import GenerationRequest, StepState, SupportsStepBatch
+from workers.pipelines.diffusers.longcat_audio.adapter import LongCatAudioAdapter
+from workers.pipelines.diffusers.longcat_audio.batch import Row, batched_forward, text_side
+
+# A batched job's audio against its solo job's, relative to the solo clip's peak.
+BATCH_BOUND = 1e-5
+# One batched pass against the transformer's own forward, row by row, relative to the
+# row's peak (measured: 1.8e-6).
+FORWARD_BOUND = 1e-5
+# (text, seed, guidance, negative prompt, steps): other lengths of clip and prompt,
+# guidance and none, a negative prompt, other step counts.
+JOBS: list[tuple[str, int, float, str | None, int]] = [
+    ("Hello there, friend.", 1, 4.0, None, 6),
+    ("The trains run on time today, and on other days too.", 2, 4.0, "robotic", 6),
+    ("Hi.", 3, 1.0, None, 4),
+    ("Good morning to you all.", 4, 3.0, None, 8),
+]
+
+
+def _request(text: str, seed: int, guidance: float, negative: str | None, steps: int) -> Any:
+    return GenerationRequest.audio(
+        prompt=text,
+        duration_s=5.0,
+        num_inference_steps=steps,
+        seed=seed,
+        guidance_scale=guidance,
+        negative_prompt=negative,
+    )
+
+
+@pytest.fixture()
+def pipe() -> Any:
+    """A pipeline of the test's own: the first adapter loaded on a pipeline keeps its
+    blocks' cancel gates."""
+    return tiny_longcat_pipeline()
+
+
+def _adapter(pipe: Any, **kw: Any) -> LongCatAudioAdapter:
+    adapter = LongCatAudioAdapter(pipe=pipe, **kw)
+    adapter.load("cpu")
+    return adapter
+
+
+def _solo(adapter: LongCatAudioAdapter, request: GenerationRequest) -> torch.Tensor:
+    state = adapter.prepare(request)
+    while not state.done:
+        adapter.step(state)
+    adapter.end()
+    return adapter.decode_audio(state)
+
+
+def _peak_diff(got: torch.Tensor, solo: torch.Tensor) -> float:
+    assert got.shape == solo.shape
+    return float((got - solo).abs().max() / solo.abs().max())
+
+
+def test_the_batched_pass_is_the_forward(pipe: Any) -> None:
+    """One row: bit-equal to ``transformer.forward``; rows of other lengths, texts and
+    timesteps in one pass: each row within ``FORWARD_BOUND``, its padding zero."""
+    adapter = _adapter(pipe)
+    transformer = adapter.pipe.transformer
+    states = [adapter.prepare(_request(*job)) for job in JOBS]
+    for at, s in enumerate(states):  # each at another step
+        s.step_index = at % s.num_steps
+    rows: list[tuple[Row, torch.Tensor]] = []
+    with torch.no_grad():
+        for s in states:
+            t = s.timesteps[s.step_index] / s.scheduler.config.num_train_timesteps
+            t = t.expand(1)
+            for embeds, mask in (
+                (s.prompt_embeds, s.text_mask),
+                (s.negative_prompt_embeds, s.negative_text_mask),
+            ):
+                solo = transformer(
+                    hidden_states=s.latents,
+                    encoder_hidden_states=embeds,
+                    encoder_attention_mask=mask,
+                    timestep=t,
+                    attention_mask=s.mask,
+                    latent_cond=s.latent_cond,
+                ).sample
+                row = Row(s.latents, s.mask, s.latent_cond, t, text_side(transformer, embeds, mask))
+                assert torch.equal(batched_forward(transformer, [row]), solo)
+                rows.append((row, solo))
+        out = batched_forward(transformer, [row for row, _ in rows])
+    assert len({row.latents.shape[1] for row, _ in rows}) == 4  # every clip's length its own
+    for at, (row, solo) in enumerate(rows):
+        frames = row.latents.shape[1]
+        assert _peak_diff(out[at : at + 1, :frames], solo) <= FORWARD_BOUND
+        assert not out[at, frames:].any()
+
+
+def _run_batched(
+    adapter: LongCatAudioAdapter,
+    requests: list[GenerationRequest],
+    *,
+    late: int | None = None,
+    stops: dict[int, Callable[[int, int], BaseException | None]] | None = None,
+) -> tuple[dict[int, Any], list[list[int]]]:
+    """Each request's job on a thread of its own, its steps through one batcher: each
+    job's audio (or the exception its loop raised) and each batch's step indexes. Job
+    ``late`` starts once job 0 has made 2 steps; ``stops[i](step, block)`` is job i's
+    stop question."""
+    batcher = StepBatcher(adapter, size=len(requests), wait_s=0.05, name="tiny")
+    batches: list[list[int]] = []
+    step_batch = adapter.step_batch
+
+    def recorded(states: Any) -> None:
+        batches.append([s.step_index for s in states])
+        step_batch(states)
+
+    adapter.step_batch = recorded  # type: ignore[method-assign]
+    two_steps = threading.Event()
+    out: dict[int, Any] = {}
+
+    def job(i: int) -> None:
+        if i == late:
+            two_steps.wait(10)
+        try:
+            state = batcher.call(lambda: adapter.prepare(requests[i]))
+            with stepping(adapter, batcher) as step:
+                while not state.done:
+                    question = (stops or {}).get(i)
+                    at = state.step_index
+                    step(state, lambda b: question(at, b) if question else None)
+                    if i == 0 and state.step_index == 2:
+                        two_steps.set()
+                    if question is not None and (exc := question(at + 1, 0)) is not None:
+                        raise exc  # the loop's own gate between steps
+            batcher.call(adapter.end)
+            out[i] = adapter.decode_audio(state)
+        except Exception as exc:
+            out[i] = exc
+            two_steps.set()
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    del adapter.step_batch
+    batcher.close()
+    return out, batches
+
+
+@pytest.mark.parametrize("buckets", [False, True], ids=["lengths", "buckets"])
+def test_batched_jobs_are_their_solo_jobs(pipe: Any, buckets: bool) -> None:
+    """Four jobs, one joining two steps late: batches of several jobs at different steps,
+    each job's audio its solo job's within ``BATCH_BOUND``; their own seeds give their own
+    noise (the same text, another seed: another clip)."""
+    adapter = _adapter(pipe, buckets=buckets)
+    assert isinstance(adapter, SupportsStepBatch)
+    requests = [_request(*job) for job in JOBS]
+    requests.append(_request(JOBS[0][0], 99, *JOBS[0][2:]))  # job 0's text, another seed
+    solo = [_solo(adapter, r) for r in requests]
+    out, batches = _run_batched(adapter, requests, late=3)
+    assert max(len(b) for b in batches) >= 3
+    assert any(len(set(b)) > 1 for b in batches)  # jobs at different steps in one pass
+    assert sum(len(b) for b in batches) == sum(r.num_inference_steps for r in requests)
+    for i, request in enumerate(requests):
+        assert isinstance(out[i], torch.Tensor), out[i]
+        assert _peak_diff(out[i], solo[i]) <= BATCH_BOUND, i
+    assert _peak_diff(out[4], out[0]) > 0.1  # another seed, another clip
+
+
+def test_a_member_that_stops_leaves_the_others_alone(pipe: Any) -> None:
+    """Job 1's stop comes inside a batched step: the step runs on for all, job 1 stops at
+    its own gate after it, and the others' audio is still their solo jobs'. When every
+    member of a step asks to stop, the step stops and each is raised its own reason."""
+    adapter = _adapter(pipe)
+    requests = [_request(*job) for job in JOBS[:3]]
+    solo = [_solo(adapter, r) for r in requests]
+
+    def cancelled(step: int, block: int) -> BaseException | None:
+        return JobLost() if (step, block) >= (2, 1) else None
+
+    out, batches = _run_batched(adapter, requests, stops={1: cancelled})
+    assert isinstance(out[1], JobLost)
+    assert sum(len(b) for b in batches) == 6 + 3 + 4  # job 1 made steps 0, 1, 2
+    for i in (0, 2):
+        assert _peak_diff(out[i], solo[i]) <= BATCH_BOUND
+
+    states = [adapter.prepare(r) for r in requests[:2]]
+    batcher = StepBatcher(adapter, size=2, wait_s=1.0, name="tiny")
+    errors: dict[int, BaseException] = {}
+    reasons = [JobLost(), JobTimedOut("past its deadline")]
+
+    def member(i: int) -> None:
+        with stepping(adapter, batcher) as step:
+            try:
+                step(states[i], lambda block: reasons[i])
+            except Exception as exc:
+                errors[i] = exc
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    batcher.close()
+    assert errors == {0: reasons[0], 1: reasons[1]}
+    assert [s.step_index for s in states] == [0, 0]  # no step was made
+
+
+class _Row:
+    """A job row as a run's writes see it (``JobStore``'s fenced methods)."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def still_owned(self, job_id: str, lease: Lease) -> bool:
+        return True
+
+    def update_running(self, job_id: str, lease: Lease, **values: Any) -> bool:
+        self.steps.append(values["step"])
+        return True
+
+
+def _job_run(i: int, text: str, seed: int, steps: int) -> tuple[JobRun, list[Any]]:
+    spec = AudioSpec.model_validate(
+        {
+            "model": "tiny/longcat",
+            "prompt": text,
+            "duration_ms": 5000,
+            "seed": seed,
+            "num_inference_steps": steps,
+            "options": {"guidance_scale": 4.0},
+            "response_format": "pcm",
+            "stream_pcm": True,
+        }
+    )
+    job = Job.new(spec, id=f"audio_batch{i}", owner="test")
+    job.attempt, job.started_at = 1, job.created_at
+    events: list[Any] = []
+
+    def publish(job: Job, event: Any, data: bytes | None) -> str | None:
+        events.append((event, data))
+        return None
+
+    settings = Settings(worker={"progress_interval_s": 0.005})  # type: ignore[arg-type]
+    run = JobRun(job, Lease("w", 1), _Row(), settings, publish, Failpoints(None))  # type: ignore[arg-type]
+    return run, events
+
+
+def _pcm(events: list[Any]) -> np.ndarray:
+    return np.frombuffer(b"".join(d for e, d in events if isinstance(e, ChunkEvent)), "<i2")
+
+
+def test_each_job_keeps_its_progress_and_its_stream(pipe: Any, tmp_path: Path) -> None:
+    """Three jobs through ``make_output`` on threads of their own, one batcher: each
+    reports its own steps (up to its own count) and streams its own PCM, its solo job's
+    to a PCM16 step; the job whose run is cancelled inside a batched step stops after
+    it, alone, its stream never begun."""
+    adapter = _adapter(pipe)
+    jobs = [(JOBS[0][0], 5, 5), (JOBS[1][0], 6, 7), (JOBS[3][0], 7, 6)]
+    solo = []
+    for i, job in enumerate(jobs):
+        run, events = _job_run(i, *job)
+        (tmp_path / f"solo{i}").mkdir()
+        make_output(adapter, run, GenerationRequest(run.spec), tmp_path / f"solo{i}", 0)
+        solo.append(_pcm(events))
+    runs = [_job_run(i, *job) for i, job in enumerate(jobs)]
+    cancelled = runs[1][0]
+    question = cancelled.in_step_stop
+
+    def cancel_in_step_3() -> Any:
+        ask = question()
+
+        def reason(block: int) -> BaseException | None:
+            if cancelled.step == 2 and block == 1:
+                cancelled.stop.set()  # the bus watch, while the batch is in step 3
+            return ask(block)
+
+        return reason
+
+    cancelled.in_step_stop = cancel_in_step_3  # type: ignore[method-assign]
+    batcher = StepBatcher(adapter, size=3, wait_s=0.05, name="tiny")
+    outcome: dict[int, Any] = {}
+
+    def job(i: int) -> None:
+        run, _ = runs[i]
+        out = tmp_path / f"batched{i}"
+        out.mkdir()
+        run.start(None, None)
+        try:
+            outcome[i] = make_output(adapter, run, GenerationRequest(run.spec), out, 0, batcher)
+        except Exception as exc:
+            outcome[i] = exc
+        finally:
+            run.close()
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    batcher.close()
+    assert isinstance(outcome[1], JobLost)
+    assert batcher.largest == 3
+    for i in (0, 2):
+        run, events = runs[i]
+        steps = [e.step for e, _ in events if isinstance(e, ProgressEvent) and e.stage == "denoise"]
+        assert steps == sorted(steps) and steps[-1] == run.spec.num_inference_steps
+        assert run.jobs.steps[-1] == run.spec.num_inference_steps  # type: ignore[attr-defined]
+        pcm = _pcm(events)
+        assert len(pcm) == len(solo[i]) and np.abs(pcm.astype(int) - solo[i]).max() <= 1
+    assert cancelled.step == 3 and not _pcm(runs[1][1]).size
+
+
+def test_the_device_is_shared_by_batched_jobs_or_held_alone() -> None:
+    """Up to ``size`` jobs of batched models at once; a job of another model waits for
+    them to end, and a batched job that comes after it waits for it."""
+    share = DeviceShare(2)
+    order: list[str] = []
+    release = threading.Event()
+
+    def hold(name: str, batched: bool) -> None:
+        with share.hold(batched=batched):
+            order.append(f"+{name}")
+            if name.startswith("b"):
+                release.wait(5)
+            order.append(f"-{name}")
+
+    def start(name: str, batched: bool) -> threading.Thread:
+        thread = threading.Thread(target=hold, args=(name, batched))
+        thread.start()
+        return thread
+
+    threads = [start("b1", True), start("b2", True)]
+    while share.running < 2:
+        time.sleep(0.001)
+    threads.append(start("alone", False))
+    time.sleep(0.05)
+    threads.append(start("b3", True))  # after the waiting one: not before it
+    time.sleep(0.05)
+    assert share.running == 2 and order == ["+b1", "+b2"]
+    release.set()
+    for thread in threads:
+        thread.join(5)
+    assert order.index("+alone") > max(order.index("-b1"), order.index("-b2"))
+    assert order.index("+b3") > order.index("-alone")
+
+
+def test_a_step_that_fails_fails_every_member(pipe: Any) -> None:
+    """An error of the batched call (out of memory) is raised to each member of it."""
+    adapter = _adapter(pipe)
+    batcher = StepBatcher(adapter, size=2, wait_s=1.0, name="tiny")
+    states: list[StepState] = [adapter.prepare(_request(*job)) for job in JOBS[:2]]
+    failure = torch.OutOfMemoryError("out of memory")
+
+    def fails(states: Any) -> None:
+        raise failure
+
+    adapter.step_batch = fails  # type: ignore[method-assign]
+    errors: list[BaseException] = []
+
+    def member(state: StepState) -> None:
+        with stepping(adapter, batcher) as step:
+            try:
+                step(state, lambda block: None)
+            except torch.OutOfMemoryError as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=member, args=(s,)) for s in states]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    del adapter.step_batch
+    batcher.close()
+    assert errors == [failure, failure]

@@ -17,11 +17,14 @@ Run:
     python -m benchmarks.gpu.fp8_quality --tiny
         the tiny random models on the CPU: the BF16 side runs, the FP8 side is refused as
         a worker refuses it there (a check of this script, not a measurement)
-    --combos adds, each against the BF16 side: FP8 with compiled blocks (``compile =
-    "blocks"``: graphs made while denoising should be 0), FP8 with a cancel inside a block
-    (the gate stops the step at block 3), FP8 with the ``high`` cache tier (models that
-    offer it, against BF16 ``high``), and, for job models, ``offload = "model"`` (with
-    compiled blocks, and with FP8) and ``offload = "group"`` (with a cancel), each
+    --combos adds, each against the BF16 side: BF16 and FP8 with compiled blocks
+    (``compile = "blocks"``, each after an untimed warm-up job or session that makes the
+    graphs: graphs made while the timed one denoises should be 0; FP8 compiled is held
+    against BF16 compiled, its ``step_speedup`` the compiled step's), FP8 with a cancel
+    inside a block (the gate stops the step at block 3), FP8 with the ``high`` cache
+    tier (models that offer it, against BF16 ``high``), and, for job models, ``offload =
+    "model"`` (with compiled blocks, and with FP8) and ``offload = "group"`` (with a
+    cancel), each
     expected at cosine 1.0 against its own precision.
 On a GPU host: bash benchmarks/device/fp8.sh [args]. JSON on stdout and in
 $OUT/gpu_fp8_quality.json.
@@ -158,7 +161,8 @@ def _sides(entry: ServedModel, combos: bool) -> dict[str, dict[str, Any]]:
     }
     if not combos:
         return out
-    out["fp8_compiled"] = {"fields": {**fp8, "compile": "blocks"}}
+    out["bf16_compiled"] = {"fields": {**off, "compile": "blocks"}, "warm": True}
+    out["fp8_compiled"] = {"fields": {**fp8, "compile": "blocks"}, "warm": True}
     job = entry.spec.kind == "job"
     if job:
         out["fp8_cancel"] = {"fields": {**fp8, "compile": "off"}, "cancel": True}
@@ -179,7 +183,7 @@ def _sides(entry: ServedModel, combos: bool) -> dict[str, dict[str, Any]]:
 BASELINE = {
     "fp8_high": "bf16_high",
     "fp8_offload_model": "fp8",
-    "fp8_compiled": "fp8",
+    "fp8_compiled": "bf16_compiled",
     "fp8_cancel": "fp8",
 }
 
@@ -190,7 +194,14 @@ def run_model(entry: ServedModel, device: str, shape: Shape, combos: bool) -> di
     for label, how in _sides(entry, combos).items():
         run_shape = Shape(**{**vars(shape), "quality": how.get("quality", "lossless")})
         model = variant(entry, **how["fields"])
-        sides[label] = run_side(label, model, device, run_shape, cancel=how.get("cancel", False))
+        sides[label] = run_side(
+            label,
+            model,
+            device,
+            run_shape,
+            cancel=how.get("cancel", False),
+            warm=how.get("warm", False),
+        )
         print(f"{entry.name} {label}: {sides[label].summary()}", file=sys.stderr, flush=True)
     out: dict[str, Any] = {
         "adapter": entry.adapter,

@@ -117,12 +117,20 @@ def _world_config(entry: ServedModel, shape: Shape) -> Any:
 
 
 def run_side(
-    label: str, entry: ServedModel, device: str, shape: Shape, *, cancel: bool = False
+    label: str,
+    entry: ServedModel,
+    device: str,
+    shape: Shape,
+    *,
+    cancel: bool = False,
+    warm: bool = False,
 ) -> Side:
     """Load ``entry`` on ``device`` as a worker does and run one job or session of
     ``shape``; a model the worker refuses gives a side with only the reason. ``cancel``:
     first stop a step at its third block (the cancel gate), as a cancel would, and say
-    where it stopped (the job then runs from the start)."""
+    where it stopped (the job then runs from the start). ``warm``: one untimed job or
+    session of the same shape first (compiled blocks make their graphs there, so the
+    timed one's steps are the steady state's)."""
     from workers.pipelines.registry import PipelineRegistry
 
     side = Side(label)
@@ -143,12 +151,13 @@ def run_side(
         side.resident_mib = _mib(torch.cuda.memory_allocated())
         torch.cuda.reset_peak_memory_stats()
     try:
-        if entry.spec.kind == "world":
-            _run_world(adapter, entry, shape, side)
-        else:
-            if cancel:
-                side.probes["cancel"] = _cancel_probe(adapter, _request(entry, shape))
-            _run_job(adapter, _request(entry, shape), side)
+        if warm:
+            began = _sync()
+            _run(adapter, entry, shape, Side(f"{label} warm-up"))
+            side.probes["warm_up_s"] = round(_sync() - began, 2)
+        if cancel and entry.spec.kind != "world":
+            side.probes["cancel"] = _cancel_probe(adapter, _request(entry, shape))
+        _run(adapter, entry, shape, side)
     finally:
         if torch.cuda.is_available():
             side.peak_mib = _mib(torch.cuda.max_memory_allocated())
@@ -158,6 +167,14 @@ def run_side(
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return side
+
+
+def _run(adapter: Any, entry: ServedModel, shape: Shape, side: Side) -> None:
+    """One job or session of ``shape``, as the entry's kind is."""
+    if entry.spec.kind == "world":
+        _run_world(adapter, entry, shape, side)
+    else:
+        _run_job(adapter, _request(entry, shape), side)
 
 
 def _run_job(adapter: Any, request: Any, side: Side) -> None:
@@ -178,7 +195,10 @@ def _run_job(adapter: Any, request: Any, side: Side) -> None:
 
 
 def _run_world(adapter: Any, entry: ServedModel, shape: Shape, side: Side) -> None:
+    from workers.pipelines.diffusers.shared.compiled import graphs_made
+
     state = adapter.start(_world_config(entry, shape))
+    graphs = graphs_made()
     chunks = []
     for _ in range(adapter.num_chunks(state)):
         while not adapter.chunk_done(state):
@@ -188,6 +208,7 @@ def _run_world(adapter: Any, entry: ServedModel, shape: Shape, side: Side) -> No
             side.latents.append(_latents(state))
         chunks.append(np.asarray(adapter.take_chunk(state)))
     side.frames = np.concatenate(chunks)
+    side.probes["graphs_made_while_denoising"] = graphs_made() - graphs
 
 
 class _Stopped(Exception):

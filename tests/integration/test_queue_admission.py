@@ -16,6 +16,7 @@ import pytest
 import redis
 from sqlalchemy import Engine, select
 
+from api.queue_admission import QueueFigures
 from cli.embedded import EmbeddedS3
 from models.db import Job, JobStatus
 from models.webhooks import JobWebhook
@@ -109,6 +110,23 @@ def test_worker_presence_leases_expire_and_leave(redis_db: int) -> None:
     assert presence.count("m/lease") == 0  # a stopped worker leaves at once
     presence.leave(["m/presence"], "host:2:w1")
     assert presence.count("m/presence") == 0
+
+
+def test_a_worker_that_batches_counts_as_its_jobs_at_once(redis_db: int) -> None:
+    """A worker running 3 jobs of a model at once (``OMNIQ_WORKER__BATCH_SIZE``, its
+    steps batched) counts as 3 for that model's estimates, as 1 for its other models, with
+    a load failure recorded beside them; it leaves all of them."""
+    client = redis.Redis.from_url(f"{REDIS_BASE_URL}/{redis_db}")
+    presence = WorkerPresence(client)
+    jobs = {"m/speech": 3}
+    presence.renew(["m/speech", "m/video"], "host:4:w3", 30, {"m/gone": "no weights"}, "h:w3", jobs)
+    presence.renew(["m/speech"], "host:5:w4", 30)
+    assert presence.count("m/speech") == 4 and presence.count("m/video") == 1
+    assert presence.availability(["m/gone"])["m/gone"].failures == ("no weights",)
+    figures = QueueFigures(0.0, presence.count("m/speech"), (), 2.0)
+    assert [figures.wait_s(p, 0.0) for p in (0, 3, 4)] == [0.0, 0.0, 2.0]
+    presence.leave(["m/speech", "m/video"], "host:4:w3", jobs=jobs)
+    assert presence.count("m/speech") == 1 and presence.count("m/video") == 0
 
 
 # ---- the stack ----------------------------------------------------------------------

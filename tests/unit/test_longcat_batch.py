@@ -12,6 +12,7 @@ unit: the job runs' rows are fakes, no bus.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -153,14 +154,13 @@ def _run_batched(
             two_steps.wait(10)
         try:
             state = batcher.call(lambda: adapter.prepare(requests[i]))
-            with stepping(adapter, batcher) as step:
+            question = (stops or {}).get(i, lambda step, block: None)
+            with stepping(adapter, batcher) as stepper:
                 while not state.done:
-                    question = (stops or {}).get(i)
-                    at = state.step_index
-                    step(state, lambda b: question(at, b) if question else None)
+                    stepper.step(state, functools.partial(question, state.step_index))
                     if i == 0 and state.step_index == 2:
                         two_steps.set()
-                    if question is not None and (exc := question(at + 1, 0)) is not None:
+                    if (exc := question(state.step_index, 0)) is not None:
                         raise exc  # the loop's own gate between steps
             batcher.call(adapter.end)
             out[i] = adapter.decode_audio(state)
@@ -192,7 +192,7 @@ def test_batched_jobs_are_their_solo_jobs(pipe: Any, buckets: bool) -> None:
     assert max(len(b) for b in batches) >= 3
     assert any(len(set(b)) > 1 for b in batches)  # jobs at different steps in one pass
     assert sum(len(b) for b in batches) == sum(r.num_inference_steps for r in requests)
-    for i, request in enumerate(requests):
+    for i in range(len(requests)):
         assert isinstance(out[i], torch.Tensor), out[i]
         assert _peak_diff(out[i], solo[i]) <= BATCH_BOUND, i
     assert _peak_diff(out[4], out[0]) > 0.1  # another seed, another clip
@@ -221,9 +221,9 @@ def test_a_member_that_stops_leaves_the_others_alone(pipe: Any) -> None:
     reasons = [JobLost(), JobTimedOut("past its deadline")]
 
     def member(i: int) -> None:
-        with stepping(adapter, batcher) as step:
+        with stepping(adapter, batcher) as stepper:
             try:
-                step(states[i], lambda block: reasons[i])
+                stepper.step(states[i], lambda block: reasons[i])
             except Exception as exc:
                 errors[i] = exc
 
@@ -272,7 +272,7 @@ def _job_run(i: int, text: str, seed: int, steps: int) -> tuple[JobRun, list[Any
         events.append((event, data))
         return None
 
-    settings = Settings(worker={"progress_interval_s": 0.005})  # type: ignore[arg-type]
+    settings = Settings(worker={"progress_interval_s": 0.005})
     run = JobRun(job, Lease("w", 1), _Row(), settings, publish, Failpoints(None))  # type: ignore[arg-type]
     return run, events
 
@@ -289,12 +289,12 @@ def test_each_job_keeps_its_progress_and_its_stream(pipe: Any, tmp_path: Path) -
     adapter = _adapter(pipe)
     jobs = [(JOBS[0][0], 5, 5), (JOBS[1][0], 6, 7), (JOBS[3][0], 7, 6)]
     solo = []
-    for i, job in enumerate(jobs):
-        run, events = _job_run(i, *job)
+    for i, (text, seed, steps) in enumerate(jobs):
+        run, events = _job_run(i, text, seed, steps)
         (tmp_path / f"solo{i}").mkdir()
         make_output(adapter, run, GenerationRequest(run.spec), tmp_path / f"solo{i}", 0)
         solo.append(_pcm(events))
-    runs = [_job_run(i, *job) for i, job in enumerate(jobs)]
+    runs = [_job_run(i, text, seed, steps) for i, (text, seed, steps) in enumerate(jobs)]
     cancelled = runs[1][0]
     question = cancelled.in_step_stop
 
@@ -334,8 +334,8 @@ def test_each_job_keeps_its_progress_and_its_stream(pipe: Any, tmp_path: Path) -
     assert batcher.largest == 3
     for i in (0, 2):
         run, events = runs[i]
-        steps = [e.step for e, _ in events if isinstance(e, ProgressEvent) and e.stage == "denoise"]
-        assert steps == sorted(steps) and steps[-1] == run.spec.num_inference_steps
+        done = [e.step for e, _ in events if isinstance(e, ProgressEvent) and e.stage == "denoise"]
+        assert done == sorted(done) and done[-1] == run.spec.num_inference_steps
         assert run.jobs.steps[-1] == run.spec.num_inference_steps  # type: ignore[attr-defined]
         pcm = _pcm(events)
         assert len(pcm) == len(solo[i]) and np.abs(pcm.astype(int) - solo[i]).max() <= 1
@@ -390,9 +390,9 @@ def test_a_step_that_fails_fails_every_member(pipe: Any) -> None:
     errors: list[BaseException] = []
 
     def member(state: StepState) -> None:
-        with stepping(adapter, batcher) as step:
+        with stepping(adapter, batcher) as stepper:
             try:
-                step(state, lambda block: None)
+                stepper.step(state, lambda block: None)
             except torch.OutOfMemoryError as exc:
                 errors.append(exc)
 

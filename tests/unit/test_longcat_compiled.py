@@ -191,3 +191,33 @@ def test_cloned_outputs_change_nothing(eager: LongCatAudioAdapter) -> None:
     text, kw = CASES[0]
     request = _request(text, **kw)
     assert torch.equal(_audio(adapter, request), _audio(eager, request))
+
+
+def _batched(adapter: LongCatAudioAdapter, requests: list[GenerationRequest]) -> list[torch.Tensor]:
+    """The requests' jobs stepped together (``step_batch``), each decoded."""
+    states = [adapter.prepare(r) for r in requests]
+    while not all(s.done for s in states):
+        adapter.step_batch([s for s in states if not s.done])
+    adapter.end()
+    return [adapter.decode_audio(s) for s in states]
+
+
+def test_batched_steps_compile_at_warm_up_only() -> None:
+    """``warm_up_batch`` compiles the blocks for batches (the batch size symbolic): then
+    batches of other sizes (4 and 10 rows, the first the tiny DiT's head count) and
+    lengths compile nothing, and their audio is eager's batched audio bit for bit."""
+    eager = _adapter()
+    adapter = _adapter(compile="blocks", compile_backend="eager")
+    adapter.warm_up()
+    before = graphs_made()
+    adapter.warm_up_batch(4)
+    warm = graphs_made() - before
+    assert 1 <= warm <= 2
+    for count in (2, 5):
+        requests = [_request(text, **kw) for text, kw in CASES[:count]]
+        for got, want in zip(_batched(adapter, requests), _batched(eager, requests), strict=True):
+            assert torch.equal(got, want)
+        assert adapter.last_recompiles == 0
+    assert graphs_made() - before == warm
+    adapter.warm_up_batch(4)  # once only
+    assert graphs_made() - before == warm

@@ -41,15 +41,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from workers.pipelines.base import Pipeline, StepState, StopReason, SupportsStepBatch, step_stops
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# How a job's loop runs one denoise step: ``step(state, stop)``.
-Step = Callable[[StepState, StopReason], None]
 
 
 class _AllStopped(Exception):
@@ -62,7 +60,7 @@ class _Submitted:
 
     state: StepState
     stop: StopReason
-    done: Future[None] = field(default_factory=Future)
+    done: Future[int] = field(default_factory=Future)  # the batch's size
     answer: BaseException | None = None  # the member's own stop, once it asked
 
 
@@ -195,7 +193,30 @@ class StepBatcher:
                 item.done.set_exception(exc)
         else:
             for item in batch:
-                item.done.set_result(None)
+                item.done.set_result(len(batch))
+
+
+class Stepper(Protocol):
+    """How a job's loop runs its denoise steps (:func:`stepping`)."""
+
+    largest: int  # the most jobs one of its steps ran with (1: alone)
+
+    def step(self, state: StepState, stop: StopReason) -> None:
+        """Run one denoise step of ``state``; ``stop`` is the job's stop question, asked
+        before each block of it."""
+        ...
+
+
+@dataclass(eq=False)
+class _Alone:
+    """A job's steps run by its own thread, under its own stop gates."""
+
+    pipe: Pipeline
+    largest: int = 1
+
+    def step(self, state: StepState, stop: StopReason) -> None:
+        with step_stops(stop):
+            self.pipe.step(state)
 
 
 @dataclass(eq=False)
@@ -203,29 +224,25 @@ class Member:
     """One job's place in its model's batches (:meth:`StepBatcher.member`)."""
 
     batcher: StepBatcher
+    largest: int = 0
 
     def step(self, state: StepState, stop: StopReason) -> None:
         """Run one denoise step of ``state`` in the next batch; ``stop`` is the job's stop
         question (asked before each block while the batch runs)."""
         item = _Submitted(state, stop)
         self.batcher._submit(item)
-        item.done.result()
+        self.largest = max(self.largest, item.done.result())
 
 
 @contextmanager
-def stepping(pipe: Pipeline, batcher: StepBatcher | None) -> Iterator[Step]:
+def stepping(pipe: Pipeline, batcher: StepBatcher | None) -> Iterator[Stepper]:
     """How a job's loop runs its steps: alone, ``pipe.step`` under its own stop gates; or
     as a member of its model's batches."""
     if batcher is None:
-
-        def alone(state: StepState, stop: StopReason) -> None:
-            with step_stops(stop):
-                pipe.step(state)
-
-        yield alone
+        yield _Alone(pipe)
         return
     with batcher.member() as member:
-        yield member.step
+        yield member
 
 
 class DeviceShare:
@@ -269,4 +286,3 @@ class DeviceShare:
                 else:
                     self._alone = False
                 self._cond.notify_all()
-

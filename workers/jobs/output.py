@@ -72,13 +72,13 @@ def make_output(
     step_seconds = metrics.STEP_SECONDS.labels(job.model)
     # PCM published as the steps make it (adapters with ``take_audio``).
     pcm = PcmStream(run, spec) if isinstance(spec, AudioSpec) and spec.stream_pcm else None
-    with stepping(pipe, batcher) as step:
+    with stepping(pipe, batcher) as stepper:
         while not state.done:
             run.failpoint(f"step:{state.step_index}")
             run.blocks = 0
             step_started = time.monotonic()
             run.in_step = True
-            step(state, in_step)
+            stepper.step(state, in_step)
             run.in_step = False
             step_seconds.observe(time.monotonic() - step_started)
             run.step = state.step_index
@@ -90,6 +90,8 @@ def make_output(
             due = preview_every and state.step_index % preview_every == 0 and not state.done
             if due and isinstance(pipe, SupportsPreview):
                 run.preview(pipe, state)
+    if batcher is not None:
+        log.info("job %s: denoised in batches of up to %d jobs", job.id, stepper.largest)
 
     run.enter("decode")
     run.failpoint("decode")

@@ -88,6 +88,9 @@ REFERENCE_WORLD = ModelSpec(
     default_steps=4,  # Euler steps per chunk
     supports_image_input=True,
     camera_control=True,
+    # A prompt or camera change enters the chunk under way (rendered again) while one of
+    # its steps is left.
+    interaction_at="step",
     parameters=["negative_prompt"],
     extra_params={"flow_shift": "float"},
     extra_ranges={"flow_shift": (0.1, 20.0)},
@@ -368,7 +371,7 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         name="diffusers.helios",
         description=(
             "Helios: autoregressive video diffusion streamed chunk by chunk over a compressed "
-            "history, steered by prompt changes between chunks (no camera control)."
+            "history, steered by prompt changes from the next denoise step (no camera control)."
         ),
         streaming=True,  # a world model (workers/pipelines/diffusers/helios/adapter.py)
         camera_control=False,
@@ -393,5 +396,8 @@ FAMILY_SPECS: dict[str, ModelSpec] = {
         # A prompt change conditions each chunk on one embedding, so 1 chunk is a cut;
         # the default blends over two (half-way, then whole).
         default_transition_chunks=2,
+        # The embeddings are an input of every step: a prompt change enters the chunk
+        # under way at its next step (pyramid stage or step boundary).
+        interaction_at="step",
     ),
 }

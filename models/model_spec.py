@@ -33,6 +33,10 @@ VIDEO_WORKFLOWS: tuple[Workflow, ...] = ("t2v", "i2v", "flf2v", "v2v")
 # Attention kernels a role of the denoiser may run: PyTorch's SDPA (diffusers' dispatch),
 # or video sparse attention (fastvideo-kernel; MiniMax-H3's joint blocks only).
 AttentionBackend = Literal["sdpa", "vsa"]
+# Where a world model's interaction enters its session (``workers/pipelines/world_rules.py``):
+# "step", the chunk under way at its next denoise step while one is left; "chunk", the
+# first chunk not yet begun.
+InteractionAt = Literal["step", "chunk"]
 # The most outputs one video create may ask for (``n``; vLLM-Omni's clients send 1-4).
 MAX_OUTPUTS = 4
 # VSA's default key blocks per query block: the reference deployment's.
@@ -118,6 +122,10 @@ class ModelSpec(BaseModel):
     # A world model's blend of a prompt change when neither the interaction nor the
     # session's start sets ``transition_chunks``: over this many chunks (0: a cut).
     default_transition_chunks: int = Field(default=1, ge=0)
+    # Where a world model's interaction enters: "step" (its adapter conditions the rest of
+    # the chunk under way on it, from the next denoise step, and reports it started in that
+    # chunk) or "chunk" (from the first chunk not yet begun: any adapter's rule).
+    interaction_at: InteractionAt = "chunk"
 
     @model_validator(mode="after")
     def _keyframes_are_image_input(self) -> Self:

@@ -25,10 +25,11 @@ drops chunk pairs not yet taken by ``data_to_send()``; chunks after a stop are
 checked, not sent. An interaction no chunk is left for gets ``error
 interaction_too_late`` (with its ``event_id``): at once when every media chunk was
 already made, else before ``session.done`` when the rollout ended without starting it
-(it reached the worker during the last chunk). Any client message and any worker
-progress (``started``, ``chunk``) refresh the stall clock, as in vLLM-Omni. Client
-mistakes never raise: they become ``error`` events (fatal before the start, close 1008); an illegal
-worker-side call raises ``ProtocolError``. Once DONE or FAILED, input is ignored.
+(it reached the worker once the last chunk could take it no more). Any client message
+and any worker progress (``started``, ``chunk``) refresh the stall clock, as in
+vLLM-Omni. Client mistakes never raise: they become ``error`` events (fatal before the
+start, close 1008); an illegal worker-side call raises ``ProtocolError``. Once DONE or
+FAILED, input is ignored.
 
 Resume (``docs/protocols/realtime-video.md``): ``video.start`` carries ``session_id`` and
 ``resume_token``; a session taken over on a new socket is rebuilt with :meth:`restored`,

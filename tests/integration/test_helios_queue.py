@@ -2,7 +2,8 @@
 disk and served by a registry entry, ``WS /v1/realtime/video`` through the API, Redis
 Streams and a realtime worker process. The session's rules are the model's (33-frame
 chunks, no camera), its frames are the adapter's run in-process, and a prompt sent
-mid-session takes effect from the next chunk, blended over the model's default two."""
+mid-session takes effect in a chunk the client has not had yet (the one under way, from
+its next step, or the next), blended over the model's default two."""
 
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ def test_a_prompt_sent_mid_session_steers_from_the_next_chunk(hstack: Stack) -> 
     media = [m for m in metas if m["kind"] == "media"]
     started = [m["generation_chunk_index"] for m in media if "dusk" in m["started_event_ids"]]
     completed = [m["generation_chunk_index"] for m in media if "dusk" in m["completed_event_ids"]]
-    # from the first chunk not begun when it arrived (1 or 2), blended over two chunks
+    # from the chunk under way when it arrived, while a step of it was left, else the next
+    # (1 or 2), blended over two chunks
     assert started in ([1], [2]) and completed == [started[0] + 1]
 
 

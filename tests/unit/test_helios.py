@@ -1,7 +1,8 @@
 """The Helios world adapter (``workers/pipelines/diffusers/helios/adapter.py``) against diffusers'
 own ``HeliosPipeline``: a tiny random-weight Helios (``helios_fixtures.py``), CPU,
 float32, offline. A session's frames must be the pipeline's, bit for bit; sessions must
-not see each other; steering must touch only chunks not yet begun."""
+not see each other; steering must touch only the steps after it (the chunk under way's
+from its next step, or the next chunk's once the last step has run)."""
 
 from __future__ import annotations
 
@@ -180,33 +181,136 @@ def test_interleaved_sessions_equal_each_run_alone(adapter: HeliosWorldAdapter) 
             np.testing.assert_array_equal(mine, theirs)
 
 
-def test_a_prompt_change_starts_at_the_next_chunk_not_begun(
+def _steered(
+    adapter: HeliosWorldAdapter, config: WorldConfig, at: tuple[int, int], transition: int
+) -> tuple[list[np.ndarray], list[Any], HeliosState]:
+    """A session whose prompt changes to "a blue cube" (over ``transition`` chunks) once
+    ``at = (chunk, steps)`` steps of that chunk have run (``steps`` may be all of them:
+    the chunk made, not yet taken): its chunks, their events, its state."""
+    state = adapter.start(config)
+    chunks, events = [], []
+    for k in range(adapter.num_chunks(state)):
+        for i in range(state.steps_per_chunk + 1):
+            if (k, i) == at:
+                adapter.interact(state, "a blue cube", None, transition, "e1")
+            if i < state.steps_per_chunk:
+                adapter.step(state)
+        chunks.append(adapter.take_chunk(state))
+        events.append(adapter.events_for_chunk(state))
+    return chunks, events, state
+
+
+@torch.no_grad()  # as ``interact`` (the text encoder's kernels differ with autograd on)
+def _encoded(pipe: Any, prompt: str) -> torch.Tensor:
+    """``prompt``'s embeddings as ``interact`` encodes them."""
+    embeds, _ = pipe.encode_prompt(
+        prompt=prompt,
+        do_classifier_free_guidance=False,
+        max_sequence_length=SEQ_LEN,
+        device=pipe._execution_device,
+    )
+    return embeds.to(pipe.transformer.dtype)
+
+
+def test_a_prompt_change_enters_the_chunk_under_way_at_its_next_step(
     adapter: HeliosWorldAdapter,
 ) -> None:
-    """Sent once chunk 0 has begun, a new prompt blended over two chunks leaves chunk 0
-    as the unsteered session's, conditions chunk 1 on the embeddings half-way and chunk 2
-    on the new prompt's own; it is reported started in chunk 1, active in both, completed
-    in chunk 2."""
+    """Sent after chunk 0's first of two steps, a new prompt blended over two chunks
+    conditions chunk 0's second step on the embeddings half-way and chunk 1 on the new
+    prompt's own; it is reported started in chunk 0, active in both, completed in chunk 1.
+    Chunk 0 differs from the unsteered session's; chunk 2 is the new prompt's."""
     alone = _solo(adapter, "t2v-3", num_frames=3 * CHUNK)
     state = adapter.start(_config(num_frames=3 * CHUNK))
     old = state.prompt_embeds
     adapter.step(state)
+    first_step = state.chunk_embeds
     adapter.interact(state, "a blue cube", None, 2, "e1")
     new = state.events[0].embeds
-    assert new is not None and state.events[0].first_chunk == 1
+    assert new is not None and state.events[0].first_chunk == 0
+    assert first_step is old
+    torch.testing.assert_close(state.chunk_embeds, torch.lerp(old, new, 0.5))
     reported = []
     for k in range(3):
         while not adapter.chunk_done(state):
             adapter.step(state)
             if k == 1:
-                torch.testing.assert_close(state.chunk_embeds, torch.lerp(old, new, 0.5))
-            if k == 2:
                 assert state.chunk_embeds is new
         frames = adapter.take_chunk(state)
-        assert np.array_equal(frames, alone[k]) == (k == 0)
+        assert not np.array_equal(frames, alone[k])
         reported.append(adapter.events_for_chunk(state))
-    assert reported == [([], [], []), (["e1"], ["e1"], []), ([], ["e1"], ["e1"])]
+    assert reported == [(["e1"], ["e1"], []), ([], ["e1"], ["e1"]), ([], [], [])]
     assert state.prompt == "a blue cube"
+
+
+def test_a_prompt_change_after_a_chunk_s_last_step_enters_the_next_chunk(
+    adapter: HeliosWorldAdapter,
+) -> None:
+    """Sent once chunk 0's last step has run (its latents made, not yet decoded), the
+    change has no step of chunk 0 left: it enters chunk 1 from its first step, exactly as
+    one sent between the two chunks, and chunk 0 is the unsteered session's."""
+    config = _config(num_frames=3 * CHUNK)
+    chunks, events, _ = _steered(adapter, config, (0, STEPS), 2)
+    assert events == [([], [], []), (["e1"], ["e1"], []), ([], ["e1"], ["e1"])]
+    np.testing.assert_array_equal(chunks[0], _solo(adapter, "t2v-3", num_frames=3 * CHUNK)[0])
+    between, _, _ = _steered(adapter, config, (1, 0), 2)
+    for mine, theirs in zip(chunks, between, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+@pytest.mark.parametrize(
+    ("pyramid", "steps", "at", "transition"),
+    [(None, [2], (1, 1), 2), ([1, 1, 1], [1, 1, 1], (0, 2), 0), ([1, 1, 1], [1, 1, 1], (1, 1), 2)],
+    ids=["base-blend-mid-chunk", "distilled-cut-at-stage-3", "distilled-blend-at-stage-2"],
+)
+def test_a_prompt_change_mid_chunk_is_diffusers_call_with_the_embeddings_swapped_there(
+    pipe: Any,
+    adapter: HeliosWorldAdapter,
+    pyramid: list[int] | None,
+    steps: list[int],
+    at: tuple[int, int],
+    transition: int,
+) -> None:
+    """A change entering chunk ``c`` after ``s`` of its steps makes the video that
+    diffusers' own ``__call__`` makes when its ``callback_on_step_end`` replaces
+    ``prompt_embeds`` from that step on (by the blend of each chunk): bit for bit, for
+    ``HeliosPipeline`` (a step boundary) and the distilled ``HeliosPyramidPipeline`` (a
+    stage boundary), and unlike the unsteered session's."""
+    extra: dict[str, Any] = {}
+    if pyramid is not None:
+        pipe = tiny_helios_pyramid_pipeline(distilled=True)
+        adapter = HeliosWorldAdapter(pipe=pipe, dtype="float32", max_sequence_length=SEQ_LEN)
+        adapter.load("cpu")
+        extra = {"guidance_scale": 1.0, "pyramid_num_inference_steps_list": pyramid}
+    per_chunk, chunks = sum(steps), 3 if pyramid is None else 2
+    config = _config(num_frames=chunks * CHUNK, steps_per_chunk=per_chunk, extra=extra)
+    got, events, state = _steered(adapter, config, at, transition)
+    c, s = at
+    assert events[c][0] == ["e1"] and state.events[0].first_chunk == c
+    old = adapter.start(config).prompt_embeds
+    new = _encoded(pipe, "a blue cube")
+
+    def embeds_at(step: int) -> torch.Tensor:  # the embeddings of global step ``step``
+        chunk, i = divmod(step, per_chunk)
+        if (chunk, i) < (c, s):
+            return old
+        w = min(1.0, (chunk - c + 1) / max(1, transition))
+        return new if w >= 1.0 else torch.lerp(old, new, w)
+
+    calls = iter(range(chunks * per_chunk))
+
+    def swap(_pipe: Any, _i: int, _t: Any, _kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {"prompt_embeds": embeds_at(next(calls) + 1)}
+
+    kwargs: dict[str, Any] = {"callback_on_step_end": swap}
+    if pyramid is None:
+        kwargs["num_inference_steps"] = per_chunk
+    else:
+        kwargs |= {"guidance_scale": 1.0, "pyramid_num_inference_steps_list": pyramid}
+    expected = _reference(pipe, chunks * CHUNK, False, **kwargs)
+    video = np.concatenate(got)
+    np.testing.assert_array_equal(video[: len(expected)], expected)
+    plain = np.concatenate(_run(adapter, adapter.start(config)))
+    assert not np.array_equal(video, plain)
 
 
 def test_interaction_rules(adapter: HeliosWorldAdapter) -> None:
@@ -234,14 +338,13 @@ def test_prompt_embeddings_blend_linearly_over_the_transition() -> None:
     its last on the new embeddings exactly; one settled event replaces the base."""
     old, new, newer = torch.zeros(1, 2, 3), torch.ones(1, 2, 3), torch.full((1, 2, 3), 3.0)
     state: Any = types.SimpleNamespace(prompt_embeds=old, events=[], chunk_index=0, step_index=0)
-    state.begun = False
     state.chunk_index = 1
-    queue_event(state, "e1", 4, new)
+    queue_event(state, "e1", 4, new, "step")
     assert chunk_embeddings(state, 0) is old
     for chunk, w in ((1, 0.25), (2, 0.5), (3, 0.75)):
         torch.testing.assert_close(chunk_embeddings(state, chunk), torch.full_like(old, w))
     state.chunk_index = 3
-    queue_event(state, "e2", 0, newer)  # a cut in chunk 3, over e1's blend
+    queue_event(state, "e2", 0, newer, "step")  # a cut in chunk 3, over e1's blend
     assert chunk_embeddings(state, 3) is newer
     assert state.prompt_embeds is newer and all(e.embeds is None for e in state.events)
     assert chunk_embeddings(state, 4) is newer

@@ -60,14 +60,30 @@ def _chunk(adapter: HeliosWorldAdapter, state: HeliosState) -> tuple[np.ndarray,
     return adapter.take_chunk(state), adapter.events_for_chunk(state)
 
 
-def test_a_restored_session_goes_on_bit_for_bit_with_a_prompt_change_in_flight() -> None:
-    """Three chunks; a new prompt sent during chunk 0 blends over chunks 1 and 2. Taken
-    over after chunk 0 (the event queued, its embeddings not yet used) or after chunk 1
-    (half-way through its blend), a fresh adapter makes the rest of the chunks and their
-    events exactly as the session that never stopped."""
-    adapter = _adapter()
-    state = adapter.start(_config(3))
-    adapter.step(state)
+@pytest.mark.parametrize(
+    ("pyramid", "steps", "after", "events"),
+    [
+        (None, 2, 1, [(["e1"], ["e1"], []), ([], ["e1"], ["e1"]), ([], [], [])]),
+        ("distilled", 3, 2, [(["e1"], ["e1"], []), ([], ["e1"], ["e1"]), ([], [], [])]),
+        (None, 2, 2, [([], [], []), (["e1"], ["e1"], []), ([], ["e1"], ["e1"])]),
+    ],
+    ids=["entered-mid-chunk", "entered-at-the-last-pyramid-stage", "queued-after-the-last-step"],
+)
+def test_a_restored_session_goes_on_bit_for_bit_with_a_prompt_change_in_flight(
+    pyramid: str | None, steps: int, after: int, events: list[Any]
+) -> None:
+    """Three chunks; a new prompt blended over two chunks is sent once ``after`` steps of
+    chunk 0 have run. With a step left it entered chunk 0 (for the distilled pyramid, at
+    its last stage), which reports it started; sent after chunk 0's last step it waits,
+    queued, for chunk 1. Taken over after chunk 0 or after chunk 1 (the blend half-way, or
+    whole), a fresh adapter makes the rest of the chunks and their events exactly as the
+    session that never stopped."""
+    extra = {} if pyramid is None else {"guidance_scale": 1.0}
+    config = _config(3, steps_per_chunk=steps, extra=extra)
+    adapter = _adapter(pyramid)
+    state = adapter.start(config)
+    for _ in range(after):
+        adapter.step(state)
     adapter.interact(state, "a blue cube", None, 2, "e1")
     with pytest.raises(RuntimeError, match="between chunks"):
         adapter.snapshot(state)  # a chunk under way
@@ -75,23 +91,48 @@ def test_a_restored_session_goes_on_bit_for_bit_with_a_prompt_change_in_flight()
     for _ in range(3):
         chunks.append(_chunk(adapter, state))
         snapshots.append(adapter.snapshot(state))
-    assert [events for _, events in chunks] == [
-        ([], [], []),
-        (["e1"], ["e1"], []),
-        ([], ["e1"], ["e1"]),
-    ]
+    assert [got for _, got in chunks] == events
     for k in (1, 2):
         data = snapshots[k - 1]
         assert isinstance(data, bytes) and len(data) < 2_000_000
-        taker = _adapter()
-        restored = taker.restore(_config(3), data)
+        taker = _adapter(pyramid)
+        restored = taker.restore(config, data)
         assert (restored.chunk_index, restored.step_index) == (k, 0)
         assert restored.prompt == "a blue cube"
-        for frames, events in chunks[k:]:
-            got, got_events = _chunk(taker, restored)
+        for frames, got_events in chunks[k:]:
+            got, taken = _chunk(taker, restored)
             np.testing.assert_array_equal(got, frames)
-            assert got_events == events
+            assert taken == got_events
         assert restored.done
+
+
+def test_an_interaction_that_entered_mid_chunk_is_in_that_chunk_s_snapshot() -> None:
+    """The snapshot of the chunk a prompt change entered after its first step holds the
+    event as it stands there (from that chunk, its own embeddings, the blend's base), so
+    its restore packs back to the very same bytes, and the chunk after it is conditioned
+    as in the session that never stopped: half-way through the change's blend, unlike the
+    same session with the change sent a chunk later."""
+    config = _config(2)
+    adapter = _adapter()
+    state = adapter.start(config)
+    adapter.step(state)
+    adapter.interact(state, "a blue cube", None, 2, "e1")
+    _, events = _chunk(adapter, state)
+    assert events == (["e1"], ["e1"], [])
+    data = adapter.snapshot(state)
+    saved = unpack(data, "cpu")
+    [(event_id, first, last, transition, embeds)] = saved["events"]
+    assert (event_id, first, last, transition) == ("e1", 0, 1, 2) and embeds is not None
+    restored = _adapter().restore(config, data)
+    assert adapter.snapshot(restored) == data
+    expected, _ = _chunk(adapter, state)
+    got, got_events = _chunk(adapter, restored)
+    np.testing.assert_array_equal(got, expected)
+    assert got_events == ([], ["e1"], ["e1"])
+    later = adapter.start(config)
+    _chunk(adapter, later)
+    adapter.interact(later, "a blue cube", None, 2, "e1")
+    assert not np.array_equal(_chunk(adapter, later)[0], expected)
 
 
 @pytest.mark.parametrize(

@@ -180,8 +180,64 @@ def test_camera_block_interaction_repeats_in_every_later_chunk() -> None:
     assert np.array_equal(np.concatenate(chunks), np.concatenate(scripted))
 
 
-def test_interaction_during_a_chunk_waits_for_the_next_one() -> None:
+def _interacting_at(step: int, chunk: int, change: dict[str, Any], **config: Any) -> Any:
+    """A session whose ``change`` (``interact``'s keywords) is sent once ``step`` steps of
+    chunk ``chunk`` have run: its chunks and each chunk's events."""
     pipe = loaded(ReferenceWorldPipeline)
+    state = pipe.start(_config(**config))
+    chunks, events = [], []
+    for k in range(pipe.num_chunks(state)):
+        for i in range(state.steps_per_chunk + 1):
+            if (k, i) == (chunk, step):
+                pipe.interact(state, **change)
+            if i < state.steps_per_chunk:
+                pipe.step(state)
+        chunks.append(pipe.take_chunk(state))
+        events.append(pipe.events_for_chunk(state))
+    return chunks, events
+
+
+def test_an_interaction_during_a_chunk_enters_it_at_its_next_step() -> None:
+    """With a step of chunk 1 left (3 steps a chunk: after its first or its second), a
+    camera or prompt change enters chunk 1: reported started there, and chunk 1 is the one
+    the change makes queued before its first step (the chunk is rendered again, its camera
+    from where the chunk began), unlike the chunk made without it."""
+    night = PROMPT + " at night"
+    cases = [
+        {"prompt": None, "camera": "d", "transition_chunks": 1, "event_id": "go"},
+        {"prompt": night, "camera": None, "transition_chunks": 2, "event_id": "dusk"},
+    ]
+    for change in cases:
+        at_start, start_events = _interacting_at(0, 1, change, num_frames=45, steps_per_chunk=3)
+        alone = _run(_config(num_frames=45, steps_per_chunk=3))
+        assert not np.array_equal(at_start[1], alone[1])
+        for step in (1, 2):
+            chunks, events = _interacting_at(step, 1, change, num_frames=45, steps_per_chunk=3)
+            assert events == start_events
+            assert events[1][0] == [change["event_id"]]
+            for mine, theirs in zip(chunks, at_start, strict=True):
+                np.testing.assert_array_equal(mine, theirs)
+            np.testing.assert_array_equal(chunks[0], alone[0])
+
+
+def test_an_interaction_after_a_chunk_s_last_step_waits_for_the_next_one() -> None:
+    """Once chunk 0's last step has run (its frames made, not yet taken) no step of it is
+    left to take a change: it enters chunk 1, as one sent between the chunks does."""
+    change = {"prompt": None, "camera": "d", "transition_chunks": 1, "event_id": "late"}
+    chunks, events = _interacting_at(2, 0, change, num_frames=33)
+    assert events == [([], [], []), (["late"], ["late"], ["late"]), ([], [], [])]
+    d = [["d"]] * 3
+    scripted = _run(_config(num_frames=33, camera_action_script=[HOLD, d, d]))
+    assert np.array_equal(np.concatenate(chunks), np.concatenate(scripted))
+    between, _ = _interacting_at(0, 1, change, num_frames=33)
+    assert np.array_equal(np.concatenate(chunks), np.concatenate(between))
+
+
+def test_a_spec_with_interaction_at_chunk_keeps_a_change_for_the_next_chunk() -> None:
+    """A registry entry may set ``interaction_at = "chunk"``: a change sent during a
+    chunk then waits for the next one, as any model's did before."""
+    pipe = loaded(ReferenceWorldPipeline)
+    pipe.spec = REFERENCE_WORLD.model_copy(update={"interaction_at": "chunk"})
     state = pipe.start(_config(num_frames=33))
     pipe.step(state)  # chunk 0 has begun
     pipe.interact(state, None, "d", 1, "late")
@@ -191,7 +247,7 @@ def test_interaction_during_a_chunk_waits_for_the_next_one() -> None:
     d = [["d"]] * 3
     scripted = _run(_config(num_frames=33, camera_action_script=[HOLD, d, d]))
     assert np.array_equal(np.concatenate(chunks), np.concatenate(scripted))
-    assert pipe.events_for_chunk(state) == ([], [], [])  # it completed in chunk 1
+    assert REFERENCE_WORLD.interaction_at == "step"
 
 
 def test_prompt_interaction_fades_over_transition_chunks() -> None:

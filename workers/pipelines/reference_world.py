@@ -19,9 +19,14 @@ and renderer, and adds what a world model session needs:
   flying shapes at half speed: parallax). The camera has a little inertia and its
   position carries over from chunk to chunk.
 * **Interactions.** ``interact`` queues a prompt and/or camera change that takes effect
-  from the next chunk not yet begun; a new prompt cross-fades from the current look to the new scene
-  over ``transition_chunks`` chunks (0: a cut). The state reports which events started,
-  were active and completed in each chunk (``events_for_chunk``).
+  in the chunk under way while one of its steps is left (the spec's ``interaction_at =
+  "step"``), else in the next chunk; a new prompt cross-fades from the current look to the
+  new scene over ``transition_chunks`` chunks (0: a cut). A chunk is rendered whole at its
+  first step and its Euler steps walk the noise to that render, so a change entering a
+  chunk under way renders it again, its camera from where the chunk began, and the
+  remaining steps walk to the new render: the chunk is the one the change would have made
+  queued before its first step. The state reports which events started, were active and
+  completed in each chunk (``events_for_chunk``).
 
 It implements :class:`workers.pipelines.base.WorldPipeline` and draws scenes with the
 public ``workers/pipelines/procedural/``. All per-session state lives in
@@ -32,7 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -65,6 +70,8 @@ from workers.pipelines.world_rules import (
     check_size,
     check_transition,
     end_chunk,
+    enters_chunk_under_way,
+    entry_chunk,
     last_chunk_events,
 )
 
@@ -137,6 +144,7 @@ class WorldState:
     layers: list[_Layer] = field(default_factory=list)
     camera: _Camera = field(default_factory=_Camera)
     camera_override: _Block | None = None  # set by an interaction: replaces the script
+    chunk_camera: _Camera | None = None  # the camera as the chunk in progress began
     events: list[_Event] = field(default_factory=list)
     last_events: ChunkEvents | None = None
     # The chunk in progress (None between chunks).
@@ -219,7 +227,7 @@ class ReferenceWorldPipeline(NoWeights, WorldPipeline[WorldState]):
         # After the last step the latents equal the encoded render, so the decoded
         # frames are the render itself.
         frames = state.target.permute(0, 2, 3, 1).contiguous().cpu().numpy()
-        state.target = state.clean = state.mean = state.latents = None
+        state.target = state.clean = state.mean = state.latents = state.chunk_camera = None
         end_chunk(state)
         return frames
 
@@ -240,10 +248,11 @@ class ReferenceWorldPipeline(NoWeights, WorldPipeline[WorldState]):
         transition_chunks: int,
         event_id: str,
     ) -> None:
-        """Queue a change that takes effect from the first chunk not yet begun.
+        """Queue a change that takes effect from the first chunk that can still take it.
 
-        That is the current chunk if none of its steps has run yet (between
-        ``take_chunk`` and the next ``step``), otherwise the chunk after it.
+        That is the current chunk while one of its steps is left to run (with the spec's
+        ``interaction_at = "step"``; with ``"chunk"``, only if none has run yet), which is
+        then rendered again with the change; otherwise the chunk after it.
 
         ``prompt``: the new look, cross-faded in over ``transition_chunks`` chunks (0: a
         cut at the first frame of that chunk). ``camera``: the actions for every later
@@ -260,11 +269,15 @@ class ReferenceWorldPipeline(NoWeights, WorldPipeline[WorldState]):
             check_prompt(prompt)
         keys = None if camera is None else _camera_block(camera)
         check_transition(transition_chunks, state.done)
-        begun = state.step_index > 0  # a new event waits for the next chunk
-        event = _Event.queued(
-            event_id, state.chunk_index, begun, transition_chunks, prompt=prompt, camera=keys
-        )
+        first = entry_chunk(state, self.spec.interaction_at)
+        event = _Event.queued(event_id, first, transition_chunks, prompt=prompt, camera=keys)
         state.events.append(event)
+        if enters_chunk_under_way(state, event):  # the rest of this chunk's steps take it
+            self._apply(state, event)
+            _settle(state)
+            assert state.chunk_camera is not None
+            state.camera = replace(state.chunk_camera)  # its camera moves again from there
+            state.target, state.clean, state.mean = self._render(state)
 
     # --- one chunk ---------------------------------------------------------------------
 
@@ -285,25 +298,35 @@ class ReferenceWorldPipeline(NoWeights, WorldPipeline[WorldState]):
     def _begin_chunk(self, state: WorldState) -> None:
         """Apply the chunk's events, move the camera, render the chunk, draw the noise."""
         k, cfg = state.chunk_index, state.config
-        start, stop = chunk_frame_range(k)
         for event in state.events:
-            if event.first_chunk != k:
-                continue
-            if event.camera is not None:
-                state.camera_override = event.camera
-            if event.prompt is not None:
-                full = start  # a cut, unless it fades in up to the last frame of last_chunk
-                if event.transition_chunks:
-                    full = chunk_frame_range(event.last_chunk)[1] - 1
-                state.layers.append(_Layer(self._scene(cfg, event.prompt), start, full))
-                state.prompt = event.prompt
-        # A layer that is fully faded in by the first frame becomes the base look.
-        for i in reversed(range(len(state.layers))):
-            if state.layers[i].full <= start:
-                state.scene = state.layers[i].scene
-                del state.layers[: i + 1]
-                break
+            if event.first_chunk == k:
+                self._apply(state, event)
+        _settle(state)
+        state.chunk_camera = replace(state.camera)
+        state.target, clean, state.mean = self._render(state)
+        digest = hashlib.blake2b(f"{cfg.seed & _U64}:{k}".encode(), digest_size=8).digest()
+        generator = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "big") >> 1)
+        state.clean = clean
+        state.latents = torch.randn(clean.shape, generator=generator).to(self._device)
 
+    def _apply(self, state: WorldState, event: _Event) -> None:
+        """Event ``event`` from the first frame of the chunk under way: its camera for
+        this chunk and every later one, its scene faded in over its chunks."""
+        start = chunk_frame_range(state.chunk_index)[0]
+        if event.camera is not None:
+            state.camera_override = event.camera
+        if event.prompt is not None:
+            full = start  # a cut, unless it fades in up to the last frame of last_chunk
+            if event.transition_chunks:
+                full = chunk_frame_range(event.last_chunk)[1] - 1
+            state.layers.append(_Layer(self._scene(state.config, event.prompt), start, full))
+            state.prompt = event.prompt
+
+    def _render(self, state: WorldState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The chunk under way as the camera moves through it: its frames (uint8
+        T×3×H×W), their latent target and its mean."""
+        cfg = state.config
+        start, stop = chunk_frame_range(state.chunk_index)
         pan, zoom = _move_camera(state, start, stop)
         frames = torch.arange(start, stop, dtype=torch.float32, device=self._device)
         h, w = cfg.height, cfg.width
@@ -316,11 +339,18 @@ class ReferenceWorldPipeline(NoWeights, WorldPipeline[WorldState]):
                 img = torch.lerp(img, over, weight)
             target[a:b] = img.mul_(255).round_()
         clean = proc.encode(target)
-        digest = hashlib.blake2b(f"{cfg.seed & _U64}:{k}".encode(), digest_size=8).digest()
-        generator = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "big") >> 1)
-        state.target, state.clean = target, clean
-        state.mean = clean.mean(dim=(0, 2, 3), keepdim=True)
-        state.latents = torch.randn(clean.shape, generator=generator).to(self._device)
+        return target, clean, clean.mean(dim=(0, 2, 3), keepdim=True)
+
+
+def _settle(state: WorldState) -> None:
+    """A layer that is fully faded in by the first frame of the chunk under way becomes
+    the base look (with every layer under it)."""
+    start = chunk_frame_range(state.chunk_index)[0]
+    for i in reversed(range(len(state.layers))):
+        if state.layers[i].full <= start:
+            state.scene = state.layers[i].scene
+            del state.layers[: i + 1]
+            break
 
 
 def _actions(state: WorldState, frame: int) -> frozenset[str]:

@@ -1,7 +1,14 @@
 """What every world model refuses the same way (``WorldPipeline.start`` and ``interact``),
 and the chunks an interaction is active in: one copy for ``reference/world`` and the
 diffusers world adapters, so a session gets the same error, naming the same field, and
-the same timing, whatever model serves it."""
+the same timing, whatever model serves it.
+
+Where an interaction enters (:func:`entry_chunk`): a model whose spec says
+``interaction_at = "step"`` takes it into the chunk under way, whose denoise steps still
+to run are conditioned on it, as long as one is left; otherwise (that chunk's last step
+has run, or the model says ``"chunk"``) it enters the first chunk not yet begun. Either
+way it is *started* in exactly one chunk, the one it entered, and *active* and
+*completed* count from there (:meth:`QueuedEvent.queued`, :func:`events_in_chunk`)."""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from typing import Any, Protocol, Self
 
 from models.catalog import ModelSpec
 from models.errors import DuplicateEventError, InvalidJobInput
+from models.model_spec import InteractionAt
 from workers.pipelines.base import ChunkEvents
 
 
@@ -19,21 +27,17 @@ class QueuedEvent:
     """One ``interact`` call's place in its session (each model adds what it carries)."""
 
     event_id: str
-    first_chunk: int  # the chunk it takes effect in: the first not begun when queued
+    first_chunk: int  # the chunk it takes effect in (``entry_chunk`` when queued)
     last_chunk: int  # the chunk its transition ends in
     transition_chunks: int
 
     @classmethod
-    def queued(
-        cls, event_id: str, chunk_index: int, begun: bool, transition_chunks: int, **fields: Any
-    ) -> Self:
-        """An event queued now, with its own ``fields``: from the first chunk not yet
-        begun (chunk ``chunk_index`` unless a step of it has run), ``max(1,
-        transition_chunks)`` chunks active. One queued during the last chunk never shows
-        up."""
-        first = chunk_index + (1 if begun else 0)
-        last = first + max(1, transition_chunks) - 1
-        return cls(event_id, first, last, transition_chunks, **fields)
+    def queued(cls, event_id: str, first_chunk: int, transition_chunks: int, **fields: Any) -> Self:
+        """An event queued now, with its own ``fields``: from chunk ``first_chunk`` (see
+        :func:`entry_chunk`), ``max(1, transition_chunks)`` chunks active. One whose first
+        chunk is past the session's last never shows up."""
+        last = first_chunk + max(1, transition_chunks) - 1
+        return cls(event_id, first_chunk, last, transition_chunks, **fields)
 
 
 def check_prompt(prompt: Any, field: str = "prompt") -> None:
@@ -84,14 +88,33 @@ def events_in_chunk(events: Sequence[QueuedEvent], chunk: int) -> ChunkEvents:
 
 class ChunkedSession(Protocol):
     """What a world pipeline's state shares with every other: the chunk being made, the
-    steps done in it, its queued events and the events of the chunk taken last."""
+    steps done in it (of ``steps_per_chunk``), its queued events and the events of the
+    chunk taken last."""
 
     chunk_index: int
     step_index: int
+    steps_per_chunk: int
     last_events: ChunkEvents | None
 
     @property
     def events(self) -> Sequence[QueuedEvent]: ...
+
+
+def entry_chunk(state: ChunkedSession, at: InteractionAt) -> int:
+    """The chunk an interaction queued now enters: the chunk under way if none of its
+    steps has run, or (``at == "step"``) if one of its steps is still to run, which the
+    interaction then conditions; else the chunk after it."""
+    if state.step_index == 0:
+        return state.chunk_index
+    if at == "step" and state.step_index < state.steps_per_chunk:
+        return state.chunk_index
+    return state.chunk_index + 1
+
+
+def enters_chunk_under_way(state: ChunkedSession, event: QueuedEvent) -> bool:
+    """``event`` entered the chunk under way after a step of it ran: the adapter
+    conditions that chunk's remaining steps on it now."""
+    return event.first_chunk == state.chunk_index and state.step_index > 0
 
 
 def end_chunk(state: ChunkedSession) -> None:

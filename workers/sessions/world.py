@@ -13,6 +13,15 @@ ahead of further computation), so ``session.stop`` or a vanished client ends the
 within one step and frees the slot. If the API falls silent (no command or keep-alive for
 ``lost_after_s``), the runner stops on its own.
 
+An interaction read there goes to the pipeline's ``interact`` at once; where it enters is
+the model's (``workers/pipelines/world_rules.py``, the spec's ``interaction_at``): with
+``"step"`` (Helios, ``reference/world``) the chunk under way takes it from its next step
+while one is left, and that chunk's ``started_event_ids`` name it; read after the chunk's
+last step (the device then decodes it in the same turn, reading nothing), it enters the
+next chunk, from its first step, as with ``"chunk"``. So one read before the chunk's
+last step is in the chunk the device finishes next, where ``"chunk"`` would wait out that
+chunk and make a whole chunk more.
+
 A session outlives its worker when its model takes snapshots (Helios): each chunk goes
 out together with a checkpoint of the session, and a worker placed again for it
 (``attempt`` > 1, when the API found its worker dead) goes on from the last chunk sent
@@ -22,7 +31,8 @@ Pacing (:class:`Playback`): the client plays the video in real time from the fir
 so a chunk begins only while at most ``max_chunks_ahead`` chunks (the session's
 ``extra_params``, else ``realtime.video_lead_chunks``; 0: unpaced) are ahead of that
 clock; an interaction then reaches the screen within about that many chunks. The wait
-is a blocking read of the session's commands, so a stop or an interaction ends it at once.
+is a blocking read of the session's commands, so a stop ends it at once, and an
+interaction read during it is queued for the chunk the wait is holding back.
 """
 
 from __future__ import annotations

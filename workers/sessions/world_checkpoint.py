@@ -7,14 +7,16 @@ its checkpoint enter Redis in one script, or neither does):
 
 * the pipeline's snapshot of the session right after ``take_chunk`` of chunk ``k``
   (``SupportsSnapshot.snapshot``; a model without one sends its chunks as before and its
-  sessions cannot be taken over);
+  sessions cannot be taken over), with every interaction applied so far, one that entered
+  chunk ``k`` between two of its steps included;
 * where the fMP4 stream stands (frames and fragments written, its init segment), so the
   taker's writer goes on with it (``FragmentedMP4Writer.continuing``) and the client's
   decoder never sees a second init segment;
 * the last command read from the session's ``in`` stream: every command up to it is in
   the snapshot, so the taker applies exactly the ones after it. One the dead worker read
-  during the chunk it never sent applies from the taker's first chunk, the first chunk
-  not begun when the taker read it: the rules of any interaction.
+  during the chunk it never sent (and may have taken into it mid-chunk) applies from the
+  first step of the taker's first chunk, the chunk under way with none of its steps run
+  when the taker reads it: the rules of any interaction.
 
 The taker starts its playback clock afresh (the client's buffer ran down while the worker
 was being replaced) and sends no second ``started``. A worker whose session was taken over

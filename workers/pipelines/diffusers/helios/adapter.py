@@ -33,9 +33,9 @@ options (``extra_params``): ``guidance_scale`` (default: the pipeline's, 5.0; 1.
 distilled checkpoints) and, for the pyramid pipeline, ``pyramid_num_inference_steps_list``
 (default: ``steps_per_chunk`` shared evenly by the stages). Not here: V2V,
 ``keep_first_frame=False``, ``is_amplify_first_chunk``, camera control (Helios has none).
-The loop is ``workers/pipelines/base.py``'s ``WorldPipeline``; prompt changes, and the
-``snapshot`` / ``restore`` of a session between chunks that lets another worker take it
-over: ``helios/session.py``.
+The loop is ``workers/pipelines/base.py``'s ``WorldPipeline``; prompt changes (which
+enter the chunk under way at its next step), and the ``snapshot`` / ``restore`` of a
+session between chunks that lets another worker take it over: ``helios/session.py``.
 """
 
 from __future__ import annotations
@@ -355,10 +355,11 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         transition_chunks: int,
         event_id: str,
     ) -> None:
-        """Queue a new prompt from the first chunk not yet begun, blended in over
-        ``transition_chunks`` chunks (``helios/session.py``); it is encoded here, once,
-        so the chunk it conditions does not wait for the text encoder. ``camera`` is
-        refused: Helios has no camera conditioning."""
+        """Queue a new prompt, blended in over ``transition_chunks`` chunks
+        (``helios/session.py``): from the next step of the chunk under way while one is
+        left (the spec's ``interaction_at = "step"``), else from the first chunk not yet
+        begun. It is encoded here, once, so the step it conditions does not wait for the
+        text encoder. ``camera`` is refused: Helios has no camera conditioning."""
         if camera is not None:
             raise InvalidJobInput(f"camera: {self.spec.name} has no camera conditioning")
         check_event(state, event_id, transition_chunks)
@@ -375,7 +376,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
             )
             embeds = embeds.to(pipe.transformer.dtype)
             state.prompt = prompt
-        queue_event(state, event_id, transition_chunks, embeds)
+        queue_event(state, event_id, transition_chunks, embeds, self.spec.interaction_at)
 
     # --- pieces of ``__call__`` -------------------------------------------------------
 

@@ -10,18 +10,28 @@ an event taking effect in chunk ``f`` with ``transition_chunks = n`` conditions 
 ``f + j`` (``j < n``) on ``lerp(before, new, (j + 1) / n)``, so the new prompt is whole in
 the event's last chunk (``f + n - 1``, where ``events_for_chunk`` reports it completed),
 as ``reference/world`` finishes its cross-fade on that chunk's last frame. ``n`` of 0 or 1
-is a cut at chunk ``f``: a chunk is conditioned on one embedding, so there is nothing
-finer to blend. Events blend in the order they were queued, each from what the ones
-before it made.
+is a cut at chunk ``f``: a chunk's step is conditioned on one embedding, so there is
+nothing finer to blend. Events blend in the order they were queued, each from what the
+ones before it made.
+
+The text embeddings are an input of every denoise step (the transformer's
+``encoder_hidden_states``; diffusers' own loops let a ``callback_on_step_end`` replace
+``prompt_embeds`` between two steps), so with the spec's ``interaction_at = "step"`` (the
+family's default) an event queued while a step of the chunk under way is still to run
+enters that chunk: ``f`` is that chunk, whose steps from the next one on (for the pyramid
+pipeline, the next step of its stage or the first of the next stage) are conditioned on
+the blend above, its earlier steps staying as they ran. Queued once the chunk's last step
+has run, or with ``"chunk"``, it enters the next chunk, from its first step.
 
 Between two chunks a session is :func:`session_snapshot`'s plain data (the adapter packs
 it, ``snapshots.py``), from which :func:`restore_session` rebuilds it on another worker
 to go on bit for bit: the history and the anchor, the RNG's state, the scheduler's
 (UniPC's multistep history carries over from one chunk into the next, as in
-``__call__``), the base prompt's embeddings and every queued event with its own. The
-embeddings are stored rather than encoded again from their prompts: mostly zero padding,
-they compress to little, and the taker runs no text encoder and depends on no
-encoder's determinism.
+``__call__``), the base prompt's embeddings and every queued event with its own and its
+chunks (one that entered the chunk just taken, mid-chunk, included: the later chunks'
+blends count from it). The embeddings are stored rather than encoded again from their
+prompts: mostly zero padding, they compress to little, and the taker runs no text
+encoder and depends on no encoder's determinism.
 """
 
 from __future__ import annotations
@@ -31,12 +41,15 @@ from typing import Any
 
 import torch
 
+from models.model_spec import InteractionAt
 from workers.pipelines.base import ChunkEvents, WorldConfig
 from workers.pipelines.snapshots import object_state, set_object_state
 from workers.pipelines.world_rules import (
     QueuedEvent,
     check_event_id,
     check_transition,
+    enters_chunk_under_way,
+    entry_chunk,
 )
 
 SNAPSHOT_VERSION = 1  # of session_snapshot's layout
@@ -99,7 +112,7 @@ class HeliosState:
 
     @property
     def begun(self) -> bool:
-        """A step of the current chunk has run: a new prompt waits for the next chunk."""
+        """A step of the current chunk has run."""
         return self.step_index > 0
 
 
@@ -108,13 +121,15 @@ def queue_event(
     event_id: str,
     transition_chunks: int,
     embeds: torch.Tensor | None,
+    at: InteractionAt,
 ) -> None:
-    """Queue an interaction over the chunks ``QueuedEvent.queued`` gives it (the rules of
-    ``reference/world``)."""
-    event = PromptEvent.queued(
-        event_id, state.chunk_index, state.begun, transition_chunks, embeds=embeds
-    )
+    """Queue an interaction from the chunk ``entry_chunk`` gives it (the rules of every
+    world model); one that enters the chunk under way conditions its remaining steps."""
+    first = entry_chunk(state, at)
+    event = PromptEvent.queued(event_id, first, transition_chunks, embeds=embeds)
     state.events.append(event)
+    if embeds is not None and enters_chunk_under_way(state, event):
+        state.chunk_embeds = chunk_embeddings(state, first)
 
 
 def check_event(state: HeliosState, event_id: Any, transition_chunks: Any) -> None:

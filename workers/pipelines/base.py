@@ -263,8 +263,11 @@ class WorldPipeline(Adapter, Generic[StateT]):
         transition_chunks: int,
         event_id: str,
     ) -> None:
-        """Queue a prompt and/or camera change from the first chunk not yet begun,
-        blended in over ``transition_chunks`` chunks (0: a cut); None keeps that part."""
+        """Queue a prompt and/or camera change, blended in over ``transition_chunks``
+        chunks (0: a cut); None keeps that part. It enters the first chunk not yet begun,
+        or, where the spec says ``interaction_at = "step"``, the chunk under way while one
+        of its steps is left, whose remaining steps it then conditions
+        (``world_rules.entry_chunk``); the chunk it entered reports it started."""
 
 
 # --- voice: spoken answers, one audio step at a time --------------------------------------

@@ -12,6 +12,7 @@
 # Copy the repository with .wheelhouse/ to the GPU host (it needs no package index) and run
 # there from the copy:
 #   bash benchmarks/device/longcat.sh [longcat_speech.py args, e.g. --sse]
+#   bash benchmarks/device/longcat.sh --workers 1 --batch 8   # 8 requests batched on one worker
 # It unpacks both halves to /tmp/h3-wheels-all (the directory h3.sh --stage fills: either
 # script's stage serves both), installs the venv of benchmarks/device/venv.sh and runs the
 # benchmark (bench.sh's run_bench). Where only one half can be copied at a time:
@@ -45,4 +46,4 @@ OUT=${OUT:-$PWD/device-out}
 source benchmarks/device/bench.sh
 run_bench gpu.longcat_speech --keep-log "$OUT/longcat_up.log" "$@"
 summary gpu_longcat_speech gpu worker_ready_s ttfa_ms ttfa_after_denoise_ms rtf aggregate_rtf audio_s \
-    stage_seconds compile compile_mode decode_window compile_log up_exit_code
+    stage_seconds compile compile_mode decode_window compile_log workers batch batch_log up_exit_code

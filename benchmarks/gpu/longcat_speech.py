@@ -5,6 +5,7 @@ serving a ``diffusers.longcat_audio`` entry, and ``--concurrency`` clients each 
 its ``stream_format: "sse"`` events) at once.
 
     python -m benchmarks.gpu.longcat_speech [--concurrency 8] [--rounds 3] [--workers 8]
+    python -m benchmarks.gpu.longcat_speech --workers 1 --batch 8   # one worker, batched
     python -m benchmarks.gpu.longcat_speech --tiny     # the toy model on this CPU
 
 The entry (written to a temporary registry file) has ``weights = "random"``: LongCat-
@@ -15,7 +16,10 @@ compiled (``--compile``, the family's default on CUDA: one graph set for every c
 prompt length, made at worker start; ``--compile-mode reduce-overhead`` adds CUDA graphs
 with bucketed lengths) and the VAE decoded in windows of ``--decode-window`` latent frames
 and up, each window's PCM sent before the next decodes (0: whole). Each worker holds its
-own copy (about 4 GB in bfloat16), so ``--workers`` requests run side by side.
+own copy (about 4 GB in bfloat16), so ``--workers`` requests run side by side. ``--batch
+N`` (``OMNIQ_WORKER__BATCH_SIZE`` of every worker) has each worker run N requests at once,
+their denoise steps one batched forward (workers/jobs/batcher.py); the run fails unless
+the workers' log says they batch.
 
 Each round sends ``--concurrency`` requests together (the same paragraph, a different
 seed each; the clip's length follows the text, so every clip is as long); one warm-up
@@ -35,8 +39,10 @@ over rounds), ``worker_ready_s``, ``stage_seconds`` (medians of the jobs'
 ``stage_durations``), ``compile``, ``compile_mode``, ``decode_window`` (the settings),
 ``compile_log`` (from the workers' log: ``compiled`` shapes and their ``compile_s``,
 ``recompiled_while_denoising`` lines, which should be none, and ``fell_back`` to eager),
-``up_exit_code``, and the comparison point: vLLM-Omni's ~2 s to the first chunk
-(vllm-omni #1635).
+``batch`` (the setting) and ``batch_log`` (from the workers' log: how many workers
+batch, and how many jobs each job's steps ran with at most, counted over every job, the
+warm-up round's too), ``up_exit_code``, and the comparison point:
+vLLM-Omni's ~2 s to the first chunk (vllm-omni #1635).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import re
 import signal
 import statistics
@@ -135,6 +142,20 @@ def compile_log(text: str) -> dict[str, Any]:
     }
 
 
+def batch_log(text: str, batch: int) -> dict[str, Any]:
+    """What the workers' log says of batching (workers/jobs/executor.py's and output.py's
+    lines): the workers that batch, and per job the most jobs its steps ran with. A run
+    with ``--batch`` above 1 whose workers do not batch fails here."""
+    batching = len(re.findall(r"up to \d+ jobs at once, their steps batched", text))
+    if batch > 1 and not batching:
+        raise RuntimeError(f"--batch {batch}: no worker says it batches the model's steps")
+    largest = [int(n) for n in re.findall(r"denoised in batches of up to (\d+) jobs", text)]
+    return {
+        "workers_batching": batching,
+        "jobs_by_largest_batch": {n: largest.count(n) for n in sorted(set(largest))},
+    }
+
+
 def after_denoise(run: dict[str, Any], row: dict[str, Any]) -> float | None:
     """``ttfa_ms`` less the job's queue, prepare and denoise seconds (None: no stages)."""
     stages = row.get("stage_durations") or {}
@@ -168,6 +189,8 @@ def rounds(client: Any, args: argparse.Namespace) -> tuple[list[dict[str, Any]],
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import httpx
 
+    # up's workers take their settings from this environment (cli/up_children.py).
+    os.environ["OMNIQ_WORKER__BATCH_SIZE"] = str(args.batch)
     stack = random_weights_stack(work, registry_text(args), MODEL, args.device, args.workers)
     out: dict[str, Any] = {}
     started = time.time()
@@ -193,10 +216,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             out["requests"] = [
                 {k: round(v, 3) if isinstance(v, float) else v for k, v in x.items()} for x in runs
             ]
-        out["compile_log"] = compile_log(stack.log_path.read_text(errors="replace"))
+        log = stack.log_path.read_text(errors="replace")
+        out["compile_log"] = compile_log(log)
+        out["batch_log"] = batch_log(log, args.batch)
     finally:
         stack.close(out, args.keep_log)
     return out
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def main() -> None:
@@ -206,6 +239,12 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=8, help="requests sent together")
     p.add_argument("--rounds", type=int, default=3, help="counted rounds (after a warm-up)")
     p.add_argument("--workers", type=int, default=8, help="job workers on the one GPU")
+    p.add_argument(
+        "--batch",
+        type=positive,
+        default=1,
+        help="requests each worker runs at once, their steps batched (OMNIQ_WORKER__BATCH_SIZE)",
+    )
     p.add_argument("--steps", type=int, default=16, help="denoise steps (__call__'s 16)")
     p.add_argument("--text", default=TEXT)
     p.add_argument("--sse", action="store_true", help='stream_format "sse" instead of raw PCM')
@@ -251,6 +290,7 @@ def main() -> None:
         "stream": "sse" if args.sse else "pcm",
         "concurrency": args.concurrency,
         "workers": args.workers,
+        "batch": args.batch,
         "steps": args.steps,
         "text_chars": len(args.text),
         "compile": args.compile,

@@ -16,11 +16,17 @@
 # host's packages (/tmp/world-site), then runs the raw part in process (no servers needed);
 # --stack adds .wheelhouse/servers and the venv of benchmarks/device/venv.sh, then runs the
 # stack part (omniqueue up, one realtime worker); --takeover runs the takeover part (two
-# realtime workers) in the same venv. More arguments go to benchmarks/gpu/world.py.
-# Each part writes $OUT/gpu_world.json with every key measured so far (the parts' keys are
-# carried in /tmp/world-state.json), $OUT/gpu_world_<part>.log and up's log of its part
-# (OUT: ./device-out unless set); the last part's gpu_world.json is the evidence: copy it to
-# docs/evidence/.
+# realtime workers) in the same venv. More arguments go to benchmarks/gpu/world.py, e.g.
+# --quantization fp8 (FP8 weights in every part, issue 44), given to each of the three.
+# Each part writes $OUT/gpu_world.json (gpu_world_fp8.json with --quantization fp8) with
+# every key measured so far (the parts' keys are carried in /tmp/world-state.json, one
+# file per mode), $OUT/gpu_world[_fp8]_<part>.log and up's log of its part (OUT:
+# ./device-out unless set); the last part's JSON is the evidence: copy it to docs/evidence/.
+#
+# What a session leaves on the device (issue 43 §3), in process (benchmarks/gpu/world_memory.py,
+# no servers; after --raw, which installs what it needs):
+#   bash benchmarks/device/world.sh --memory [world_memory.py args]
+# JSON to $OUT/gpu_world_memory.json, its log to $OUT/gpu_world_memory.log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=benchmarks/device/preflight.sh
@@ -29,36 +35,64 @@ if [ "${1:-}" = "--pack" ]; then
     exec bash benchmarks/device/h3.sh --pack
 fi
 ALL=/tmp/world-wheels-all
-STATE=/tmp/world-state.json
+SITE=/tmp/world-site
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 part=${1:-}
 shift || true
 case "$part" in
---raw | --stack | --takeover) gpu_check ;;
+--raw | --stack | --takeover | --memory) gpu_check ;;
 esac
+mode=""  # the run's files are the mode's own: --quantization fp8 -> _fp8
+case " $* " in
+*" --quantization fp8 "* | *" --quantization=fp8 "*) mode=_fp8 ;;
+esac
+STATE=/tmp/world-state$mode.json
 
 summary() {
     "$1" -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 print(json.dumps({k: (v["value"], v["pass"]) for k, v in d["targets"].items()}, indent=1))
-print({k: d.get(k) for k in ("part_seconds", "takeover_note", "up_exit_code")})' \
-        "$OUT/gpu_world.json"
+keys = ("quantization", "part_seconds", "raw_refused", "stack_error", "takeover_note",
+        "takeover_memory_after_load_mib", "compile_fallbacks", "up_exit_code")
+print({k: d.get(k) for k in keys})' "$OUT/gpu_world$mode.json"
 }
 
-case "$part" in
---raw)
+raw_site() {  # the first half's wheels over the host's packages, for the in-process parts
     need .wheelhouse/h3/wheels.tar.xz
-    rm -rf "$ALL" "$STATE" && mkdir -p "$ALL"
+    rm -rf "$ALL" && mkdir -p "$ALL"
     tar -C "$ALL" -xJf .wheelhouse/h3/wheels.tar.xz
-    SITE=/tmp/world-site
     if [ ! -f "$SITE/.installed" ]; then
         rm -rf "$SITE"
         python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$ALL"/*.whl
         touch "$SITE/.installed"
     fi
     export PYTHONPATH="$SITE:$PWD"
+}
+
+case "$part" in
+--raw)
+    raw_site
+    rm -f "$STATE"
     PY=python3
+    ;;
+--memory)
+    [ -f "$SITE/.installed" ] || raw_site
+    export PYTHONPATH="$SITE:$PWD"
+    t0=$(date +%s)
+    PYTHONUNBUFFERED=1 OUT="$OUT" python3 -m benchmarks.gpu.world_memory "$@" >/dev/null \
+        2> >(tee "$OUT/gpu_world_memory$mode.log" >&2)
+    echo "benchmark_s: $(($(date +%s) - t0))"
+    python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print({k: d.get(k) for k in ("gpu", "quantization", "error", "baseline_mib", "notes")})
+for name, p in d.get("phases", {}).items():
+    live = p.get("live", {})
+    print(name, {k: p.get(k) for k in ("seconds", "allocated_mib", "allocated_full_gc_mib",
+          "delta_mib", "vae_feat_map_tensors")},
+          {k: live.get(k) for k in ("new_tensors", "new_mib", "unaccounted_mib")})' \
+        "$OUT/gpu_world_memory$mode.json"
+    exit 0
     ;;
 --stack | --takeover)
     [ -d "$ALL" ] || { echo "run --raw first (with .wheelhouse/h3)" >&2; exit 2; }
@@ -72,13 +106,13 @@ case "$part" in
     PY="$VENV/bin/python"
     ;;
 *)
-    echo "usage: world.sh --pack | --raw | --stack | --takeover [world.py args]" >&2
+    echo "usage: world.sh --pack | --raw | --stack | --takeover | --memory [args]" >&2
     exit 2
     ;;
 esac
 name=${part#--}
 t0=$(date +%s)
 PYTHONUNBUFFERED=1 OUT="$OUT" "$PY" -m benchmarks.gpu.world --part "$name" --state "$STATE" \
-    --keep-logs "$OUT" "$@" >/dev/null 2> >(tee "$OUT/gpu_world_$name.log" >&2)
+    --keep-logs "$OUT" "$@" >/dev/null 2> >(tee "$OUT/gpu_world${mode}_$name.log" >&2)
 echo "benchmark_s: $(($(date +%s) - t0))"
 summary "$PY"

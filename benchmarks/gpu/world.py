@@ -3,7 +3,10 @@ the distilled Helios shape (14 B, 384x640, 3 steps a chunk as pyramid stages [1,
 no CFG, random bf16 weights built on the device) raw and through the whole stack.
 
     python -m benchmarks.gpu.world [--part all|raw|stack|takeover] [--state FILE]
+                                   [--quantization none|fp8]
     python -m benchmarks.gpu.world --tiny      # the same flow on the CPU, every key
+    python -m benchmarks.gpu.world --print-registry [...]   # the entries it would serve
+    python -m benchmarks.gpu.world --targets-of FILE        # a run's targets, again
 
 (The issue names it ``benchmarks/gpu_world.py``; the GPU benchmarks live in
 ``benchmarks/gpu/``.) On a GPU host: ``benchmarks/device/world.sh``, one part per run
@@ -25,11 +28,29 @@ the target and pass/fail, None where not measured):
   ``MEMORY_SLACK_MIB``);
 * ``takeover`` (``world_stack.py``): ``world_takeover_gap_s`` (≤ 5).
 
+**FP8** (issue 44, ``--quantization fp8``): every part serves the same Helios with its
+transformer's block Linear layers FP8, as a registry entry's ``quantization = "fp8"``
+makes them: the stack's and the takeover's entries carry it (each of the takeover's two
+realtime workers loads its own copy, on one GPU), and the raw part quantizes diffusers'
+own ``HeliosPyramidPipeline`` with the worker's ``MemoryLayout`` (``shared/memory.py``:
+``shared/fp8.py``'s rule and torchao quantization, the same call a worker makes) before
+compiling its blocks. The keys keep their names whatever the mode; ``quantization`` says
+which it is, the JSON is ``gpu_world_fp8.json`` and the state and logs are the mode's
+own. In FP8 mode two of them are also written under issue 44's names, and the targets are
+that issue's: ``helios_fp8_raw_fps`` (= ``world_raw_fps``, ≥ 26 on an H100) and
+``world_fp8_delivered_fps`` (= ``world_delivered_fps``, ≥ 24), besides the others above.
+A model the worker would refuse here (FP8 off a CUDA GPU of compute capability 8.9, no
+torchao) fails each part at once with the worker's reason (``raw_refused``,
+``stack_error``, ``takeover_note``), before anything is built or started. No
+``--offload``: a realtime model refuses it (``models/memory_plan.py``). The takeover part
+in BF16 is skipped on a GPU under 90 GiB (two 40 GB workers do not fit).
+
 ``--tiny``: ``helios_random.TINY_CONFIG`` (the sizes of tests/unit/helios_fixtures.py) at
 64x64 on the CPU, float32, no compile: it checks this script end to end; its speeds and
 pass/fail mean nothing.
 
-JSON printed and written to ``$OUT/gpu_world.json``; copy it to ``docs/evidence/``.
+JSON printed and written to ``$OUT/gpu_world.json`` (``gpu_world_fp8.json`` in FP8
+mode); copy it to ``docs/evidence/``.
 """
 
 from __future__ import annotations
@@ -44,10 +65,13 @@ from typing import Any
 
 from benchmarks.embedded_stack import git_state
 from benchmarks.gpu.common import emit
+from benchmarks.gpu.plans import memory_args, mode_suffix
 
 CHUNK_PLAYBACK_S = 33 / 24
 MEMORY_SLACK_MIB = 64.0
 PARTS = ("raw", "stack", "takeover")
+# FP8 mode: issue 44's names of two keys, and their targets (issue 31's for the rest).
+FP8_KEYS = {"helios_fp8_raw_fps": "world_raw_fps", "world_fp8_delivered_fps": "world_delivered_fps"}
 
 
 def header(args: argparse.Namespace) -> dict[str, Any]:
@@ -61,6 +85,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         if args.tiny
         else "Helios-Distilled shape on the GPU",
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "quantization": args.quantization,
         "torch": torch.__version__,
         "diffusers": diffusers.__version__,
         "date": datetime.date.today().isoformat(),
@@ -108,9 +133,20 @@ def targets(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if baseline and after:
         memory["pass"] = all(after[k] - baseline.get(k, 0.0) <= MEMORY_SLACK_MIB for k in after)
     memory["target"] = f"baseline {baseline} (+{MEMORY_SLACK_MIB:g} MiB)"
+    if out.get("quantization") == "fp8":
+        for alias, key in FP8_KEYS.items():
+            out[alias] = out.get(key)
+        rates = {
+            "helios_fp8_raw_fps": _target(raw, ">=", 26.0, ">= 26 (H100)"),
+            "world_fp8_delivered_fps": _target(delivered, ">=", 24.0, ">= 24"),
+        }
+    else:
+        rates = {
+            "world_raw_fps": {"value": raw, "target": "report (18.4 measured)", "pass": None},
+            "world_delivered_fps": _target(delivered, ">=", 19.5, ">= 19.5"),
+        }
     return {
-        "world_raw_fps": {"value": raw, "target": "report (18.4 measured)", "pass": None},
-        "world_delivered_fps": _target(delivered, ">=", 19.5, ">= 19.5"),
+        **rates,
         "world_delivered_over_raw": _target(ratio, ">=", 0.95, ">= 0.95"),
         "world_first_chunk_s": _target(out.get("world_first_chunk_s"), "<=", 2.0, "<= 2.0"),
         "world_interaction_to_chunk_s": _target(
@@ -150,6 +186,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
     p.add_argument("--tiny", action="store_true", help="TINY_CONFIG on the CPU, 64x64")
+    memory_args(p, offload=False)
+    p.add_argument(
+        "--print-registry",
+        action="store_true",
+        help="print the parts' entries as JSON, run nothing",
+    )
+    p.add_argument("--targets-of", help="a run's JSON: print its targets again, run nothing")
     args = p.parse_args()
     args.random_config, args.seq_len = {}, 512
     if args.tiny:
@@ -164,10 +207,20 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.print_registry or args.targets_of:
+        print(json.dumps(_without_running(args), indent=2))
+        return
     state_path = Path(args.state) if args.state else None
     out: dict[str, Any] = {}
     if state_path is not None and state_path.exists():
         out = json.loads(state_path.read_text())
+        earlier = out.get("quantization", "none")
+        if earlier != args.quantization:
+            raise SystemExit(
+                f"{state_path} holds parts run with quantization {earlier!r}, not "
+                f"{args.quantization!r}: pass the same --quantization, or begin with the "
+                "raw part (world.sh --raw), which starts a new state"
+            )
     out |= header(args)
     args.random_config = out.get("random_config", args.random_config)  # the raw part's
     parts = PARTS if args.part == "all" else (args.part,)
@@ -192,7 +245,19 @@ def main() -> None:
     out["targets"] = targets(out)
     if state_path is not None:
         state_path.write_text(json.dumps(out, indent=2))
-    emit(out, "gpu_world")
+    emit(out, "gpu_world" + mode_suffix(args))
+
+
+def _without_running(args: argparse.Namespace) -> dict[str, Any]:
+    """``--print-registry``: the stack's and the takeover's registry entries;
+    ``--targets-of FILE``: that run's targets made again (and its FP8 keys)."""
+    if args.targets_of:
+        out = json.loads(Path(args.targets_of).read_text())
+        out["targets"] = targets(out)
+        return {k: out.get(k) for k in ("quantization", *FP8_KEYS, "targets")}
+    from benchmarks.gpu.world_stack import registry_text
+
+    return {"stack": registry_text(args, max_sessions=2), "takeover": registry_text(args, 1)}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,15 @@ Keys: ``world_raw_fps`` (frames ``pipe(...)`` returns ÷ its wall time, median o
 one-chunk call: every pyramid stage's shape compiled), ``block_ms`` (the full-resolution
 stage's transformer forward ÷ its blocks: how long a stop may wait for the next block
 gate), ``raw_memory_mib``, ``random_config`` (what the build used: the stack's workers
-build the same; ``block_noise_note`` where the device made ``gamma`` change).
+build the same; ``block_noise_note`` where the device made ``gamma`` change),
+``raw_compile_fallback`` (why the blocks went back to eager, None while compiled).
+
+``--quantization fp8``: the transformer's block Linear layers made FP8 by the worker's own
+``MemoryLayout`` (``shared/memory.py``: the plan checked against the device, then
+``fp8.fp8_layers`` and ``fp8.quantize``, as ``HeliosWorldAdapter.load`` places a
+``quantization = "fp8"`` entry), before the blocks compile; ``fp8_report`` is the
+worker's report of it (layers, bytes saved). Where the worker would refuse it (the CPU, a
+GPU before compute capability 8.9, no torchao) nothing is built: ``raw_refused`` says why.
 """
 
 from __future__ import annotations
@@ -29,8 +37,25 @@ PROMPT = "a lighthouse on a cliff at dusk, waves breaking below, gulls circling"
 CHUNK_FRAMES = 33
 
 
-def build(args: argparse.Namespace) -> Any:
-    """The random-weight pipeline on ``args.device``, blocks compiled per ``args.compile``."""
+def memory_layout(args: argparse.Namespace) -> Any:
+    """The worker's ``MemoryLayout`` of the run's plan (None without one), checked
+    against the device as a worker checks it before loading (``CatalogError``)."""
+    from diffusers import HeliosPipeline
+
+    from models.memory_plan import MemoryPlan
+    from workers.pipelines.diffusers.shared.memory import MemoryLayout
+
+    if args.quantization == "none":
+        return None
+    layout = MemoryLayout("helios-raw", MemoryPlan(quantization=args.quantization))
+    layout.check(args.device, HeliosPipeline)
+    return layout
+
+
+def build(args: argparse.Namespace, layout: Any = None) -> tuple[Any, Any]:
+    """The random-weight pipeline on ``args.device``, its weights placed by ``layout``
+    (FP8: the worker's quantization), blocks compiled per ``args.compile``; and the
+    block compiler (None: eager)."""
     from workers.pipelines.diffusers.helios.random_weights import random_pipeline
     from workers.pipelines.diffusers.shared.compiled import BlockCompiler
     from workers.pipelines.diffusers.shared.loading import parse_dtype
@@ -41,9 +66,13 @@ def build(args: argparse.Namespace) -> Any:
         config=args.random_config,
         max_sequence_length=args.seq_len,
     )
+    if layout is not None:
+        layout.place(pipe, args.device)
+    compiler = None
     if args.compile == "blocks":
-        BlockCompiler().install(pipe)
-    return pipe
+        compiler = BlockCompiler()
+        compiler.install(pipe)
+    return pipe, compiler
 
 
 def call(pipe: Any, args: argparse.Namespace, chunks: int, seed: int = 0) -> tuple[float, int]:
@@ -105,16 +134,25 @@ def block_noise(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from models.registry import CatalogError
+
     out = block_noise(args)
+    try:
+        layout = memory_layout(args)
+    except CatalogError as exc:  # what a worker would refuse: nothing built
+        return out | {"world_raw_fps": None, "raw_refused": str(exc)}
     began = time.perf_counter()
-    pipe = build(args)
+    pipe, compiler = build(args, layout)
     out["raw_build_s"] = round(time.perf_counter() - began, 1)
+    if layout is not None and layout.report is not None:
+        out["fp8_report"] = layout.report.model_dump()
     compile_s, _ = call(pipe, args, args.raw_chunks)
     out["raw_compile_s"] = round(compile_s, 2)
     runs = [call(pipe, args, args.raw_chunks, seed=i + 1) for i in range(args.repeat)]
     out["raw_calls"] = [{"wall_s": round(w, 3), "frames": n} for w, n in runs]
     out["world_raw_fps"] = round(statistics.median(n / w for w, n in runs), 2)
     out |= block_ms(pipe, args)
+    out["raw_compile_fallback"] = compiler.failed if compiler is not None else None
     if torch.cuda.is_available():
         out["raw_memory_mib"] = round(torch.cuda.memory_allocated() / 2**20, 1)
         out["raw_peak_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)

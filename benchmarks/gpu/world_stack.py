@@ -25,7 +25,14 @@ Part ``takeover``: two realtime workers with one slot each, both warmed up (sess
 each has served one), then a session whose worker (the holder of its lease) is SIGKILLed
 right after chunk ``--kill-after`` arrives: ``world_takeover_gap_s`` = the kill → the next
 chunk received, on the same socket. None, with the reason, where this tree has no
-takeover (``storage/session_checkpoint.py``) or the session did not survive.
+takeover (``storage/session_checkpoint.py``) or the session did not survive. The two
+workers share one GPU (the card's memory is not split between them: no memory fraction,
+no budget); ``takeover_memory_after_load_mib`` is what each holds once both are ready.
+
+``--quantization fp8`` puts ``quantization = "fp8"`` in both parts' entries (each worker
+quantizes its own transformer at load); a model the worker would refuse fails the part
+before up starts (``refusal``). Both parts also record each worker's compiled-blocks
+fallbacks (``compile_fallbacks``: FP8 tensors compile, or the blocks run eager).
 """
 
 from __future__ import annotations
@@ -38,13 +45,13 @@ import re
 import signal
 import statistics
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import pct
 from benchmarks.embedded_stack import Stack, log_time
 from benchmarks.gpu.h3_stack import inline_toml
+from benchmarks.gpu.plans import gauge_mib, mode_suffix, plan_toml, refusal, worker_metrics
 from benchmarks.realtime.world_client import (
     Chunk,
     SessionRun,
@@ -58,7 +65,6 @@ PROMPT = "a lighthouse on a cliff at dusk, waves breaking below, gulls circling"
 PROMPTS = ["the same lighthouse in a snow storm", "a ship passing at night", "sunrise, calm"]
 FPS = 24
 CHUNK_FRAMES = 33
-_METRICS = re.compile(r"realtime worker (\d+) (http://\S+/metrics)")
 
 
 def registry_text(args: argparse.Namespace, max_sessions: int) -> str:
@@ -71,7 +77,7 @@ weights = "random"
 dtype = "{args.dtype}"
 compile = "{args.compile}"
 max_sessions = {max_sessions}
-[model.adapter_options]
+{plan_toml(args)}[model.adapter_options]
 {seq}random_config = {inline_toml(args.random_config)}
 [model.spec]
 default_size = [{args.width}, {args.height}]
@@ -121,16 +127,21 @@ def open_stack(args: argparse.Namespace, work: Path, realtime: int, slots: int) 
 def memory_mib(stack: Stack) -> dict[str, float]:
     """Each realtime worker's ``omniqueue_gpu_memory_allocated_bytes`` in MiB (empty on
     CPU workers, which serve no such gauge)."""
-    out: dict[str, float] = {}
-    for worker, url in _METRICS.findall(stack.log_path.read_text(errors="replace")):
-        try:
-            text = urllib.request.urlopen(url, timeout=10).read().decode()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith("omniqueue_gpu_memory_allocated_bytes{"):
-                out[f"realtime worker {worker}"] = round(float(line.split()[-1]) / 2**20, 1)
-    return out
+    return gauge_mib(stack, "omniqueue_gpu_memory_allocated_bytes", "realtime worker")
+
+
+def compile_fallbacks(stack: Stack) -> dict[str, float]:
+    """Each realtime worker's ``omniqueue_compile_fallbacks_total`` (0: compiled)."""
+    return {
+        worker: values.get("omniqueue_compile_fallbacks_total", 0.0)
+        for worker, values in worker_metrics(stack).items()
+        if worker.startswith("realtime worker")
+    }
+
+
+def refused(args: argparse.Namespace, max_sessions: int) -> str | None:
+    """What a worker would refuse of the part's entry before loading it (None: nothing)."""
+    return refusal(registry_text(args, max_sessions), MODEL, args.device)
 
 
 def stopped_at(stack: Stack, session_id: str, timeout: float = 60.0) -> float | None:
@@ -165,7 +176,8 @@ def chunk_breakdown(stack: Stack, session_id: str | None) -> dict[str, float] | 
 
 def kept_log(args: argparse.Namespace, part: str) -> str | None:
     """Where up's stderr of ``part`` is copied (``--keep-logs DIR``), or None."""
-    return str(Path(args.keep_logs, f"up_{part}.log")) if args.keep_logs else None
+    name = f"up_{part}{mode_suffix(args)}.log"
+    return str(Path(args.keep_logs, name)) if args.keep_logs else None
 
 
 def ws_url(stack: Stack) -> str:
@@ -189,6 +201,8 @@ def interacting(count: int, rng: random.Random) -> Any:
 
 
 def part_stack(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    if (why := refused(args, 2)) is not None:
+        return {"world_delivered_fps": None, "stack_error": f"refused before up: {why}"}
     out: dict[str, Any] = {}
     began = time.time()
     stack = open_stack(args, work, realtime=1, slots=2)
@@ -199,6 +213,7 @@ def part_stack(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     except Exception as exc:  # what was measured before it stands
         out["stack_error"] = f"{type(exc).__name__}: {exc}"
     finally:
+        out["compile_fallbacks"] = compile_fallbacks(stack)
         stack.close(out, kept_log(args, "stack"))
     return out
 
@@ -283,21 +298,42 @@ def takeover_missing() -> str | None:
 
 
 def part_takeover(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    missing = takeover_missing()
+    missing = takeover_missing() or too_small(args) or refused(args, 1)
     if missing is not None:
         return {"world_takeover_gap_s": None, "takeover_note": missing}
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"takeover_workers_per_gpu": 2}
     stack = open_stack(args, work, realtime=2, slots=1)
     try:
         stack.workers_ready(2, args.ready_timeout)
+        out["takeover_memory_after_load_mib"] = memory_mib(stack)
         out |= asyncio.run(_takeover(args, stack))
     except Exception as exc:  # one measure: the rest of the run stands
-        out = {"world_takeover_gap_s": None, "takeover_note": f"{type(exc).__name__}: {exc}"}
+        out["world_takeover_gap_s"] = None
+        out["takeover_note"] = f"{type(exc).__name__}: {exc}"
     finally:
+        out["compile_fallbacks_takeover"] = compile_fallbacks(stack)
         code = stack.stop()
         out["takeover_up_exit_code"] = code
         stack.remove(keep_log=kept_log(args, "takeover"))
     return out
+
+
+def too_small(args: argparse.Namespace) -> str | None:
+    """Why two BF16 workers cannot share this GPU (each ~40 GB: the 14 B transformer, the
+    text encoder, a session's activations), or None."""
+    import torch
+
+    if args.quantization != "none" or not args.device.startswith("cuda"):
+        return None
+    if not torch.cuda.is_available():
+        return None
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    if total >= 90:
+        return None
+    return (
+        f"two BF16 workers (~40 GB each) do not fit this GPU's {total:.0f} GiB: "
+        "run the takeover with --quantization fp8"
+    )
 
 
 def _lease_holder_pid(stack: Stack, session_id: str, attempt: int = 1) -> int | None:

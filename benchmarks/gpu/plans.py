@@ -1,0 +1,161 @@
+"""The memory plan of a stack benchmark's registry entry (issue 44: FP8 weights, offload,
+a memory budget; ``models/memory_plan.py``), and what the stack's workers say of it.
+
+* :func:`memory_args` adds ``--quantization`` (and, where the model may offload,
+  ``--offload`` and ``--offload-budget-gib``) to a script's arguments; :func:`plan_toml`
+  writes them as an entry's top-level keys, :func:`mode_suffix` names a run's files.
+* :func:`refusal` is what a worker would refuse of an entry before it reads a weight
+  (the registry's combinations, then the pipeline class and the device: FP8 off a CUDA GPU
+  of compute capability 8.9, torchao missing), asked in the benchmark's own process (the
+  workers' Python) before any ``omniqueue up``: a run that cannot load fails in seconds.
+* :func:`worker_metrics` scrapes every worker's ``/metrics`` (the addresses up logs) and
+  :func:`model_memory` reads ``/v1/models``' ``memory`` of a model (the plan with the
+  live worker's report: FP8 layers, bytes saved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import urllib.request
+from typing import Any
+
+from benchmarks.embedded_stack import Stack
+
+QUANTIZATIONS = ("none", "fp8")
+OFFLOADS = ("none", "model", "group")
+# "metrics: API http://…/metrics, worker 0 http://…/metrics, realtime worker 0 http://…"
+_METRICS = re.compile(r"((?:realtime )?worker \d+) (http://\S+/metrics)")
+
+
+def memory_args(p: argparse.ArgumentParser, *, offload: bool) -> None:
+    """``--quantization`` ({none, fp8}: fp8 makes the ``transformer*`` components' block
+    Linear layers FP8, the worker's rule); with ``offload``, ``--offload`` and
+    ``--offload-budget-gib`` as the registry spells them."""
+    p.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="none",
+        help='the entry\'s quantization ("fp8": its transformer)',
+    )
+    if offload:
+        p.add_argument("--offload", choices=OFFLOADS, default="none")
+        p.add_argument("--offload-budget-gib", type=float, default=None)
+
+
+def plan_toml(args: argparse.Namespace) -> str:
+    """The entry's top-level memory keys for ``args`` (empty: no plan)."""
+    lines = []
+    if args.quantization != "none":
+        lines.append(f'quantization = "{args.quantization}"')
+    offload = getattr(args, "offload", "none")
+    if offload != "none":
+        lines.append(f'offload = "{offload}"')
+    budget = getattr(args, "offload_budget_gib", None)
+    if budget is not None:
+        lines.append(f"offload_budget_gib = {budget:g}")
+    return "".join(line + "\n" for line in lines)
+
+
+def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's memory plan as the JSON lists it."""
+    return {
+        "quantization": args.quantization,
+        "offload": getattr(args, "offload", "none"),
+        "offload_budget_gib": getattr(args, "offload_budget_gib", None),
+    }
+
+
+def mode_suffix(args: argparse.Namespace) -> str:
+    """``_fp8`` (and ``_group``, ``_24gib``) for a run with a plan: its files' names."""
+    fields = plan_fields(args)
+    out = "" if fields["quantization"] == "none" else f"_{fields['quantization']}"
+    if fields["offload"] != "none":
+        out += f"_{fields['offload']}"
+    if fields["offload_budget_gib"] is not None:
+        out += f"_{fields['offload_budget_gib']:g}gib"
+    return out
+
+
+def refusal(registry: str, model: str, device: str) -> str | None:
+    """Why a worker on ``device`` would refuse ``model`` of the registry text ``registry``
+    before reading a weight (the registry's combinations, then the pipeline class and the
+    device, with the worker's own words), or None. Run in this process: the workers'
+    Python, so a missing torchao is found here too."""
+    from models.memory_plan import refused_combination
+    from models.registry import CatalogError, parse_registry
+    from workers.pipelines.diffusers.shared.memory import MemoryLayout
+    from workers.pipelines.registry import adapter_class
+
+    entry = parse_registry(registry)[model]
+    plan = entry.spec.memory
+    if plan is None:
+        return None
+    why = refused_combination(
+        plan,
+        lora=entry.spec.supports_lora,
+        streaming=entry.spec.streaming,
+        compile=entry.compile,
+        devices=entry.devices,
+    )
+    if why is not None:
+        return f"model {model!r}: {why}"
+    cls = adapter_class(entry)
+    pipeline_class = getattr(cls, "pipeline_class", None)
+    if pipeline_class is None:  # Helios's world adapter checks against HeliosPipeline
+        from diffusers import HeliosPipeline
+
+        pipeline_class = HeliosPipeline
+    try:
+        MemoryLayout(model, plan).check(device, pipeline_class)
+    except CatalogError as exc:
+        return str(exc)
+    return None
+
+
+def worker_metrics(stack: Stack) -> dict[str, dict[str, float]]:
+    """Each worker's ``/metrics`` (``"worker 0"``, ``"realtime worker 1"`` …): every
+    sample's value by metric name, summed over its labels; a worker that does not answer
+    is left out."""
+    out: dict[str, dict[str, float]] = {}
+    for worker, url in dict(_METRICS.findall(stack.log_path.read_text(errors="replace"))).items():
+        try:
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+        except OSError:
+            continue
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            metric = name.split("{", 1)[0]
+            try:
+                values[metric] = values.get(metric, 0.0) + float(value)
+            except ValueError:
+                continue
+        out[worker] = values
+    return out
+
+
+def gauge_mib(stack: Stack, metric: str, kind: str) -> dict[str, float]:
+    """``metric`` (bytes) of each worker whose name starts with ``kind`` (``"worker"``,
+    ``"realtime worker"``), in MiB; empty where no worker serves it (a CPU worker has no
+    GPU gauges)."""
+    return {
+        worker: round(values[metric] / 2**20, 1)
+        for worker, values in worker_metrics(stack).items()
+        if worker.startswith(kind) and metric in values
+    }
+
+
+def model_memory(stack: Stack, model: str) -> dict[str, Any] | None:
+    """``/v1/models``' entry of ``model``: its ``available`` (and why not) and its
+    ``memory`` (the plan and the live worker's FP8 report), or None when not listed."""
+    with urllib.request.urlopen(f"{stack.url}/v1/models", timeout=30) as resp:
+        listed = json.loads(resp.read())
+    for item in listed.get("data", []):
+        if item.get("id") == model:
+            keep = ("available", "unavailable_reason", "memory")
+            return {k: item.get(k) for k in keep if k in item}
+    return None

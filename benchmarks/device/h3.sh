@@ -23,8 +23,14 @@
 #   benchmarks/device/venv.sh. Where only one half can be copied at a time:
 #   `h3.sh --stage [--only] [h3.py args]` with .wheelhouse/h3 (unpacks it, then runs h3.py
 #   unless --only), then `h3.sh --stack` with .wheelhouse/servers, on the same host.
-# JSON to $OUT/gpu_h3.json or $OUT/gpu_h3_stack.json (OUT: ./device-out unless set); copy it
-# to docs/evidence/.
+#   FP8 weights and offload (issue 44) are h3_stack.py's --quantization fp8, --offload
+#   group --offload-budget-gib N (with --compile off).
+#
+# The offload frontier through the stack (benchmarks/gpu/h3_frontier.py: one `up` a point,
+# BF16 and FP8, resident and under 24 and 40 GiB budgets), in the same venv:
+#   bash benchmarks/device/h3.sh --frontier [--points bf16-group-40,bf16-group-24] [args]
+# JSON to $OUT/gpu_h3.json, $OUT/gpu_h3_stack[_fp8…].json or $OUT/gpu_h3_frontier.json
+# (OUT: ./device-out unless set); copy it to docs/evidence/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=benchmarks/device/preflight.sh
@@ -88,7 +94,8 @@ stage() {  # the first half, unpacked where --stack and longcat.sh look for it
     rm -rf "$ALL" && mkdir -p "$ALL"
     tar -C "$ALL" -xJf .wheelhouse/h3/wheels.tar.xz
 }
-if [ "${1:-}" = "--stack" ]; then
+if [ "${1:-}" = "--stack" ] || [ "${1:-}" = "--frontier" ]; then
+    which=$1
     shift
     [ -d "$ALL" ] || stage
     need .wheelhouse/servers/wheels.tar.xz
@@ -96,9 +103,22 @@ if [ "${1:-}" = "--stack" ]; then
     WHEELHOUSE=$ALL
     # shellcheck source=benchmarks/device/bench.sh
     source benchmarks/device/bench.sh
+    if [ "$which" = --frontier ]; then
+        run_bench gpu.h3_frontier "$@"
+        "$VENV/bin/python" -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+print("weights_gib", d["weights_gib"])
+keys = ("warm_e2e_s", "first_e2e_s", "peak_mib", "resident_mib", "seconds", "error")
+for p in d["h3_offload_frontier"]:
+    print(p["point"], {k: p[k] for k in keys if k in p})' "$OUT/gpu_h3_frontier.json"
+        exit 0
+    fi
     run_bench gpu.h3_stack "$@"
-    summary gpu_h3_stack worker_ready_s fasth3_first_job_s fasth3_warm_e2e_s h3_cancel_p95_ms \
-        h3_memory_after_jobs_mib encode_note up_exit_code
+    # the run's JSON: gpu_h3_stack.json, or gpu_h3_stack_fp8….json with a memory plan
+    name=$(basename "$(ls -t "$OUT"/gpu_h3_stack*.json | head -1)" .json)
+    summary "$name" quantization offload offload_budget_gib worker_ready_s fasth3_first_job_s \
+        fasth3_warm_e2e_s fasth3_fp8_warm_e2e_s h3_fp8_transformer_gib h3_resident_mib \
+        h3_peak_mib h3_cancel_p95_ms h3_memory_after_jobs_mib error encode_note up_exit_code
     exit 0
 fi
 OUT=${OUT:-$PWD/device-out}

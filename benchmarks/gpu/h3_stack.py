@@ -2,7 +2,9 @@
 the API, one GPU worker) serving a MiniMax-H3 registry entry as a deployment would, jobs
 sent as vLLM-Omni's ComfyUI node sends them, followed on their event stream and downloaded.
 
-    python -m benchmarks.gpu.h3_stack [--jobs 3] [--cancels 10]
+    python -m benchmarks.gpu.h3_stack [--jobs 3] [--cancels 10] [--quantization fp8]
+        [--offload none|model|group] [--offload-budget-gib N]
+    python -m benchmarks.gpu.h3_stack --print-registry [...]   # the entry, run nothing
 
 The entry (written to a temporary registry file):
 
@@ -30,7 +32,22 @@ Keys of the JSON (also ``$OUT/gpu_h3_stack.json``):
   device idle); ``cancels`` has each one, with the step and block it stopped before;
 * ``h3_memory_after_jobs_mib``: the worker's ``memory_allocated()`` after each job;
 * ``encode_note``: the MP4 encode of these noise frames against a smooth clip of the same
-  shape (x264's time grows with what it must keep: random weights make noise).
+  shape (x264's time grows with what it must keep: random weights make noise);
+* ``h3_resident_mib``: the worker's ``omniqueue_gpu_memory_allocated_bytes`` once ready
+  (``/metrics``), ``h3_peak_mib`` the most any job held (its ``peak_memory_mb``),
+  ``model_memory`` ``/v1/models``' ``memory`` of the entry (the plan, the FP8 report).
+
+The memory plan (issue 44): ``--quantization fp8``, ``--offload`` and
+``--offload-budget-gib`` go into the entry as its ``quantization``, ``offload`` and
+``offload_budget_gib`` (and the JSON's, with the run's file named after them:
+``gpu_h3_stack_fp8.json``…). ``offload = "group"`` takes ``--compile off`` (the registry
+refuses it with compiled blocks), ``model`` is refused on H3's modular pipeline, FP8 with
+``group`` too: an entry a worker would refuse fails before ``omniqueue up`` starts, with
+the worker's reason (``plans.refusal``). With FP8 the figures are also written under issue
+44's names, with its targets in ``targets``: ``fasth3_fp8_warm_e2e_s`` (=
+``fasth3_warm_e2e_s``, ≤ 3.0 s) and ``h3_fp8_transformer_gib`` (the transformer's weights
+held: its loaded size, from a meta-device build of the same config, less the FP8 bytes
+saved that ``/v1/models`` reports).
 """
 
 from __future__ import annotations
@@ -50,6 +67,15 @@ import numpy as np
 from benchmarks.common import pct
 from benchmarks.embedded_stack import LogWatcher, git_state
 from benchmarks.gpu.common import cancel_in_step, completed_job, emit, random_weights_stack
+from benchmarks.gpu.plans import (
+    gauge_mib,
+    memory_args,
+    mode_suffix,
+    model_memory,
+    plan_fields,
+    plan_toml,
+    refusal,
+)
 
 MODEL = "MiniMaxAI/MiniMax-H3/FastH3"
 PROMPT = "a red kite over a green hill at dusk, wind in the grass, a dog barks once"[:70]
@@ -92,7 +118,10 @@ def inline_toml(value: Any) -> str:
     return json.dumps(value)
 
 
-def registry_text(args: argparse.Namespace, lora: Path, sha256: str) -> str:
+def registry_text(args: argparse.Namespace, lora: Path | None, sha256: str = "") -> str:
+    """The FastH3 entry (``lora`` None: its schedule without the fused LoRA, whose
+    weights change nothing the device does)."""
+    fused = f'[model.adapter_options.fused_lora]\npath = "{lora}"\nsha256 = "{sha256}"\n'
     return f"""
 [[model]]
 name = "{MODEL}"
@@ -100,7 +129,7 @@ adapter = "diffusers.minimax_h3"
 weights = "random"
 dtype = "{args.dtype}"
 compile = "{args.compile}"
-[[model.warmup]]
+{plan_toml(args)}[[model.warmup]]
 width = {args.width}
 height = {args.height}
 num_frames = {args.frames}
@@ -108,10 +137,7 @@ num_frames = {args.frames}
 steps = "evaluations"
 random_text_layers = {args.text_layers}
 random_config = {inline_toml(args.random_config)}
-[model.adapter_options.fused_lora]
-path = "{lora}"
-sha256 = "{sha256}"
-[model.spec]
+{fused if lora is not None else ""}[model.spec]
 min_steps = 4
 max_steps = 4
 default_steps = 4
@@ -161,8 +187,10 @@ def encode_comparison(args: argparse.Namespace, frames: int) -> dict[str, float]
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import httpx
 
-    t = time.perf_counter()
     lora = work / "fasth3-random.safetensors"
+    if (why := refusal(registry_text(args, lora, "0" * 64), MODEL, args.device)) is not None:
+        return {"fasth3_warm_e2e_s": None, "error": f"refused before up: {why}"}
+    t = time.perf_counter()
     sha256 = make_lora(lora, args.lora_rank, args.random_config.get("transformer", {}))
     out: dict[str, Any] = {
         "lora": {
@@ -178,6 +206,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         ready = stack.workers_ready(1, args.ready_timeout)
         out["worker_ready_s"] = round(ready - started, 1)
+        out |= loaded_memory(stack, args)
         with (
             httpx.Client(base_url=stack.url, timeout=900) as client,
             httpx.Client(base_url=stack.url, timeout=60) as canceller,
@@ -202,6 +231,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             ]
             out["fasth3_warm_e2e_s"] = round(statistics.median(w for w, _, _ in jobs), 3)
             out["h3_stage_seconds"] = stage_medians([r["stage_durations"] for _, r, _ in jobs])
+            rows = [row, *(r for _, r, _ in jobs)]
+            peaks = [float(r["peak_memory_mb"]) for r in rows if r.get("peak_memory_mb")]
+            out["h3_peak_mib"] = max(peaks) if peaks else None
             out["size"] = jobs[0][1].get("size")
             out["seconds"] = jobs[0][1].get("seconds")
             step_s = statistics.median(
@@ -216,6 +248,53 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     finally:
         stack.close(out, args.keep_log)
     return out
+
+
+def transformer_gib(args: argparse.Namespace) -> float:
+    """The H3 transformer's weights in the entry's dtype (GiB): a meta-device build of the
+    config the random weights use (no memory, no time)."""
+    import torch
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from workers.pipelines.diffusers.shared.loading import parse_dtype
+
+    with torch.device("meta"):
+        model: Any = MiniMaxH3Transformer3DModel(**args.random_config.get("transformer", {}))
+    dtype = parse_dtype(args.dtype)
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(p.numel() for p in model.parameters()) * size / 2**30
+
+
+def loaded_memory(stack: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """What the worker holds once ready, and what it did with the plan (the keys of the
+    module doc)."""
+    listed = model_memory(stack, MODEL)
+    out: dict[str, Any] = {
+        "h3_resident_mib": gauge_mib(stack, "omniqueue_gpu_memory_allocated_bytes", "worker")
+        or None,
+        "model_memory": listed,
+    }
+    saved = ((listed or {}).get("memory") or {}).get("bytes_saved")
+    if args.quantization == "fp8" and saved is not None:
+        out["h3_fp8_transformer_gib"] = round(transformer_gib(args) - saved / 2**30, 2)
+    return out
+
+
+def fp8_targets(out: dict[str, Any]) -> dict[str, Any]:
+    """Issue 44's H3 keys of an FP8 run, and their targets."""
+    e2e = out.get("fasth3_warm_e2e_s")
+    gib = out.get("h3_fp8_transformer_gib")
+    return {
+        "fasth3_fp8_warm_e2e_s": e2e,
+        "targets": {
+            "fasth3_fp8_warm_e2e_s": {
+                "value": e2e,
+                "target": "<= 3.0",
+                "pass": e2e <= 3.0 if isinstance(e2e, int | float) else None,
+            },
+            "h3_fp8_transformer_gib": {"value": gib, "target": "report", "pass": None},
+        },
+    }
 
 
 def cancels(
@@ -243,28 +322,24 @@ def stage_medians(durations: list[dict[str, float]]) -> dict[str, float]:
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def shape_args(p: argparse.ArgumentParser) -> None:
+    """The job's shape, the model's build and the stack's timeouts (h3_frontier.py's too)."""
     p.add_argument("--width", type=int, default=448)
     p.add_argument("--height", type=int, default=256)
     p.add_argument("--seconds", type=int, default=10, help="snapped to 17n+5 frames at 24 fps")
     p.add_argument("--text-layers", type=int, default=4)
-    p.add_argument("--lora-rank", type=int, default=32)
-    p.add_argument("--jobs", type=int, default=3, help="warm jobs after the first (median)")
-    p.add_argument("--cancels", type=int, default=10)
     p.add_argument("--ready-timeout", type=float, default=600.0)
-    p.add_argument("--keep-log", default=None, help="copy up's stderr here")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
     p.add_argument(
         "--toy",
         action="store_true",
         help="h3_random.TOY_CONFIG on the CPU (float32, no compile, 64x64): checks this script",
     )
-    args = p.parse_args()
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """``--toy``'s sizes and the job's frames (``args.frames``), in place."""
     args.random_config, args.spec_toml = {}, ""
     if args.toy:
         from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG
@@ -278,7 +353,16 @@ def main() -> None:
     from models.catalog import FAMILY_SPECS
 
     args.frames = FAMILY_SPECS["diffusers.minimax_h3"].snap_frames(args.seconds * 24)
-    out: dict[str, Any] = {
+    return args
+
+
+def header(args: argparse.Namespace) -> dict[str, Any]:
+    """The GPU, the plan, the date and commit, the shape and the build of a run."""
+    import torch
+
+    return {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        **plan_fields(args),
         "date": time.strftime("%Y-%m-%d"),
         **git_state(),
         "shape": {"width": args.width, "height": args.height, "num_frames": args.frames},
@@ -288,10 +372,32 @@ def main() -> None:
         f"{args.text_layers + 1} decoder layers, read after layer {args.text_layers} (the "
         "released one reads layer 50 of 64); runs once per job",
     }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    shape_args(p)
+    p.add_argument("--lora-rank", type=int, default=32)
+    p.add_argument("--jobs", type=int, default=3, help="warm jobs after the first (median)")
+    p.add_argument("--cancels", type=int, default=10)
+    p.add_argument("--keep-log", default=None, help="copy up's stderr here")
+    p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
+    memory_args(p, offload=True)
+    p.add_argument("--print-registry", action="store_true", help="print the entry, run nothing")
+    args = resolve(p.parse_args())
+    if args.print_registry:
+        print(registry_text(args, Path("fasth3-random.safetensors"), "0" * 64))
+        return
+    out = header(args)
     with tempfile.TemporaryDirectory() as tmp:
         out |= run(args, Path(tmp))
-    out["encode_note"] = encode_comparison(args, args.frames)
-    emit(out, "gpu_h3_stack")
+    if "error" not in out:
+        out["encode_note"] = encode_comparison(args, args.frames)
+    if args.quantization == "fp8":
+        out |= fp8_targets(out)
+    emit(out, "gpu_h3_stack" + mode_suffix(args))
 
 
 if __name__ == "__main__":

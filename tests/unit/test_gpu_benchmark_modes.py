@@ -1,0 +1,133 @@
+"""The GPU stack benchmarks' memory modes (issue 44), as far as a CPU can say: the registry
+entries they write for ``--quantization`` / ``--offload`` / ``--offload-budget-gib`` are
+the ones the registry reads (the plan on the spec, refused where a worker refuses it), the
+world benchmark's targets take issue 44's names in FP8 mode, and the H3 frontier's points
+parse, are refused or left out before anything starts. The scripts run as the GPU host
+runs them (``python -m benchmarks.gpu.…``, their ``--print-registry``, ``--targets-of``
+and ``--dry-run``: nothing built, nothing started); tests import no benchmark."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from models.memory_plan import MemoryPlan, refused_combination
+from models.registry import ServedModel, parse_registry
+
+ROOT = Path(__file__).resolve().parents[2]
+HELIOS = "BestWishYsh/Helios-Distilled/random"
+H3 = "MiniMaxAI/MiniMax-H3/FastH3"
+
+
+def bench(module: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.gpu.{module}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def entry(text: str, name: str) -> ServedModel:
+    return parse_registry(text)[name]
+
+
+def refused(model: ServedModel) -> str | None:
+    plan = model.spec.memory
+    assert plan is not None
+    return refused_combination(
+        plan,
+        lora=model.spec.supports_lora,
+        streaming=model.spec.streaming,
+        compile=model.compile,
+        devices=model.devices,
+    )
+
+
+def test_the_world_entries_carry_fp8_to_both_parts() -> None:
+    texts = json.loads(bench("world", "--tiny", "--quantization", "fp8", "--print-registry"))
+    for part, sessions in (("stack", 2), ("takeover", 1)):
+        model = entry(texts[part], HELIOS)
+        assert model.max_sessions == sessions
+        assert model.spec.memory == MemoryPlan(quantization="fp8")
+        assert model.spec.memory.fp8_on("transformer") and not model.spec.memory.fp8_on("vae")
+        assert model.spec.streaming and refused(model) is None  # FP8 serves sessions
+    plain = json.loads(bench("world", "--tiny", "--print-registry"))
+    assert entry(plain["stack"], HELIOS).spec.memory is None
+
+
+def test_the_world_targets_take_issue_44_names_in_fp8_mode(tmp_path: Path) -> None:
+    run: dict[str, Any] = {
+        "world_raw_fps": 27.5,
+        "world_delivered_fps": 23.0,
+        "world_memory_baseline_mib": {"realtime worker 0": 30000.0},
+        "world_memory_after_mib": {"realtime worker 0": 30010.0},
+    }
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({**run, "quantization": "fp8"}))
+    fp8 = json.loads(bench("world", "--targets-of", str(saved)))
+    assert fp8["helios_fp8_raw_fps"] == 27.5 and fp8["world_fp8_delivered_fps"] == 23.0
+    targets = fp8["targets"]
+    assert targets["helios_fp8_raw_fps"]["pass"] is True
+    assert targets["world_fp8_delivered_fps"]["pass"] is False  # >= 24
+    assert "world_raw_fps" not in targets and targets["world_memory_after_mib"]["pass"] is True
+    saved.write_text(json.dumps(run))  # a run of before the modes: BF16, issue 31's names
+    bf16 = json.loads(bench("world", "--targets-of", str(saved)))
+    assert bf16["quantization"] is None and bf16["helios_fp8_raw_fps"] is None
+    assert bf16["targets"]["world_delivered_fps"]["pass"] is True  # >= 19.5
+    assert "helios_fp8_raw_fps" not in bf16["targets"]
+
+
+def test_the_h3_entry_carries_the_plan_and_the_registry_judges_it() -> None:
+    fp8 = entry(bench("h3_stack", "--quantization", "fp8", "--print-registry"), H3)
+    assert fp8.spec.memory == MemoryPlan(quantization="fp8")
+    assert fp8.compile == "blocks" and refused(fp8) is None  # the fused LoRA is no slot
+    assert "fused_lora" in fp8.adapter_options
+    group = bench(
+        "h3_stack", "--offload", "group", "--offload-budget-gib", "24", "--compile", "off",
+        "--print-registry",
+    )  # fmt: skip
+    model = entry(group, H3)
+    assert model.spec.memory == MemoryPlan(offload="group", offload_budget_gib=24)
+    assert refused(model) is None
+    both = entry(
+        bench("h3_stack", "--quantization", "fp8", "--offload", "group", "--print-registry"), H3
+    )
+    assert "do not combine" in (refused(both) or "")
+
+
+def test_the_frontier_points_are_refused_or_left_out_before_any_up() -> None:
+    points = "bf16-none,fp8-group-24,fp8-none-0.001,bf16-group-40"
+    out = json.loads(bench("h3_frontier", "--toy", "--dry-run", "--points", points))
+    assert out["weights_gib"]["fp8"] <= out["weights_gib"]["none"]
+    found = {p["point"]: p for p in out["h3_offload_frontier"]}
+    assert list(found) == points.split(",")
+    plain = found["bf16-none"]
+    assert "error" not in plain and entry(plain["registry"], H3).spec.memory is None
+    assert "fused_lora" not in entry(plain["registry"], H3).adapter_options
+    assert (
+        "quantization = 'fp8' and offload = 'group' do not combine"
+        in found["fp8-group-24"]["error"]
+    )
+    assert found["fp8-none-0.001"]["error"].startswith("not run: the weights alone hold")
+    group = found["bf16-group-40"]
+    assert (group["offload"], group["budget_gib"], group["compile"]) == ("group", 40.0, "off")
+    assert "not a CUDA GPU" in group["error"]  # this CPU: the worker's own refusal
+
+
+def test_a_frontier_point_of_another_form_is_a_usage_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu.h3_frontier", "--dry-run", "--points", "fp16-none"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 2
+    assert "point 'fp16-none': write {bf16|fp8}-{none|model|group}[-BUDGET_GIB]" in done.stderr

@@ -71,10 +71,13 @@ class Census:
         ref = self._baseline.get(id(t))
         return ref is not None and ref() is t
 
-    def diff(self, top: int = 20, allocated_delta_mib: float | None = None) -> dict[str, Any]:
+    def diff(
+        self, top: int = 20, allocated_delta_mib: float | None = None, holders_of: int = 8
+    ) -> dict[str, Any]:
         """The tensors alive now and not at the baseline: their count, the MiB of the new
-        storages, the ``top`` largest with who holds them, and (given the allocator's
-        delta) the MiB it counts that no live tensor explains."""
+        storages, the ``top`` largest (the first ``holders_of`` with who holds them: each
+        path is a few walks of the whole heap), and (given the allocator's delta) the MiB
+        it counts that no live tensor explains."""
         gc.collect()
         new = [t for t in live_tensors(self.device_type) if not self._is_baseline(t)]
         storages: dict[int, list[torch.Tensor]] = {}
@@ -88,7 +91,7 @@ class Census:
         sized = sorted(storages.values(), key=lambda ts: -_storage(ts[0])[1])
         total = sum(_storage(ts[0])[1] for ts in sized) / MIB
         skip = {id(new), id(storages), id(sized), *(id(ts) for ts in sized)}
-        listed = [_describe(ts, skip) for ts in sized[:top]]
+        listed = [_describe(ts, skip, i < holders_of) for i, ts in enumerate(sized[:top])]
         out: dict[str, Any] = {
             "new_tensors": len(new),
             "new_storages": len(sized),
@@ -102,19 +105,23 @@ class Census:
         return out
 
 
-def _describe(tensors: list[torch.Tensor], skip: set[int]) -> dict[str, Any]:
-    """A storage's largest tensor: shape, dtype, MiB, and the paths its tensors are held by."""
+def _describe(tensors: list[torch.Tensor], skip: set[int], held: bool) -> dict[str, Any]:
+    """A storage's largest tensor: shape, dtype, MiB, and (``held``) the paths its tensors
+    are held by."""
     t = max(tensors, key=lambda x: x.numel())
-    paths: list[str] = []
-    for held in tensors:
-        paths += holders(held, skip | {id(tensors)})
-    return {
+    out: dict[str, Any] = {
         "shape": list(t.shape),
         "dtype": str(t.dtype).removeprefix("torch."),
         "mib": round(_storage(t)[1] / MIB, 2),
         "tensors": len(tensors),
-        "held_by": sorted(set(paths))[:6],
     }
+    if held:
+        paths: list[str] = []
+        views = tensors[:4]
+        for view in views:
+            paths += holders(view, skip | {id(tensors), id(views)})
+        out["held_by"] = sorted(set(paths))[:6]
+    return out
 
 
 def holders(obj: Any, skip: set[int], depth: int = 3) -> list[str]:

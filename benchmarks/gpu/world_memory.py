@@ -75,6 +75,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--height", type=int, default=384)
     p.add_argument("--stop-block", type=int, default=2)
     p.add_argument("--top", type=int, default=20, help="new tensors listed per phase")
+    p.add_argument("--holders", type=int, default=8, help="of them, with what holds each")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
@@ -297,7 +298,7 @@ def measure(phases: Phases, census: Census, baseline: float | None) -> dict[str,
         "compiled": compiled_state(phases.adapter),
     }
     if census.has_baseline:
-        out["live"] = census.diff(phases.args.top, delta)
+        out["live"] = census.diff(phases.args.top, delta, phases.args.holders)
     else:
         out["baseline_tensors"] = census.set_baseline()
     return out

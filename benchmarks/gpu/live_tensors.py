@@ -39,11 +39,13 @@ def live_tensors(device_type: str) -> list[torch.Tensor]:
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
-    """(data pointer, bytes) of ``t``'s storage; (0, 0) where it has none (meta, sparse)."""
+    """(data pointer, bytes) of ``t``'s storage; (0, 0) where it has none (meta, sparse,
+    a fake tensor of dynamo's, a wrapper subclass such as torchao's FP8 weights, whose
+    inner tensors are tensors of their own)."""
     try:
         storage = t.untyped_storage()
         return storage.data_ptr(), storage.nbytes()
-    except (RuntimeError, NotImplementedError):
+    except Exception:
         return 0, 0
 
 

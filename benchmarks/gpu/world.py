@@ -31,7 +31,9 @@ the target and pass/fail, None where not measured):
 **FP8** (issue 44, ``--quantization fp8``): every part serves the same Helios with its
 transformer's block Linear layers FP8, as a registry entry's ``quantization = "fp8"``
 makes them: the stack's and the takeover's entries carry it (each of the takeover's two
-realtime workers loads its own copy, on one GPU), and the raw part quantizes diffusers'
+realtime workers loads its own copy, on one GPU, its random transformer built on the host
+so that the two never hold their BF16 copies on the card at once:
+``world_stack.registry_text``), and the raw part quantizes diffusers'
 own ``HeliosPyramidPipeline`` with the worker's ``MemoryLayout`` (``shared/memory.py``:
 ``shared/fp8.py``'s rule and torchao quantization, the same call a worker makes) before
 compiling its blocks. The keys keep their names whatever the mode; ``quantization`` says
@@ -257,7 +259,7 @@ def _without_running(args: argparse.Namespace) -> dict[str, Any]:
         return {k: out.get(k) for k in ("quantization", *FP8_KEYS, "targets")}
     from benchmarks.gpu.world_stack import registry_text
 
-    return {"stack": registry_text(args, max_sessions=2), "takeover": registry_text(args, 1)}
+    return {"stack": registry_text(args, 2), "takeover": registry_text(args, 1, workers=2)}
 
 
 if __name__ == "__main__":

@@ -67,8 +67,16 @@ FPS = 24
 CHUNK_FRAMES = 33
 
 
-def registry_text(args: argparse.Namespace, max_sessions: int) -> str:
+def registry_text(args: argparse.Namespace, max_sessions: int, workers: int = 1) -> str:
+    """The entry ``workers`` realtime workers serve on one GPU. With FP8 and more than one,
+    each builds its random transformer on the host (``random_transformer_on_host``: a
+    minute of one CPU core) for its FP8 plan to place layer by layer, as a checkpoint
+    loads: built on the device, each would hold its BF16 copy (37.5 GiB with the text
+    encoder) while it quantizes, and two doing so at once would leave ~2 GiB of an 80 GB
+    card."""
     seq = f"max_sequence_length = {args.seq_len}\n" if args.seq_len != 512 else ""
+    if workers > 1 and args.quantization == "fp8":
+        seq += "random_transformer_on_host = true\n"
     return f"""
 [[model]]
 name = "{MODEL}"
@@ -104,7 +112,7 @@ def start_event(args: argparse.Namespace, chunks: int, seed: int) -> dict[str, A
 
 def open_stack(args: argparse.Namespace, work: Path, realtime: int, slots: int) -> Stack:
     registry = work / f"models-{realtime}.toml"
-    registry.write_text(registry_text(args, max_sessions=slots))
+    registry.write_text(registry_text(args, max_sessions=slots, workers=realtime))
     env = {
         "OMNIQ_MODEL_REGISTRY": str(registry),
         "OMNIQ_MODELS": MODEL,
@@ -139,9 +147,9 @@ def compile_fallbacks(stack: Stack) -> dict[str, float]:
     }
 
 
-def refused(args: argparse.Namespace, max_sessions: int) -> str | None:
+def refused(args: argparse.Namespace, max_sessions: int, workers: int = 1) -> str | None:
     """What a worker would refuse of the part's entry before loading it (None: nothing)."""
-    return refusal(registry_text(args, max_sessions), MODEL, args.device)
+    return refusal(registry_text(args, max_sessions, workers), MODEL, args.device)
 
 
 def stopped_at(stack: Stack, session_id: str, timeout: float = 60.0) -> float | None:
@@ -298,7 +306,7 @@ def takeover_missing() -> str | None:
 
 
 def part_takeover(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    missing = takeover_missing() or too_small(args) or refused(args, 1)
+    missing = takeover_missing() or too_small(args) or refused(args, 1, workers=2)
     if missing is not None:
         return {"world_takeover_gap_s": None, "takeover_note": missing}
     out: dict[str, Any] = {"takeover_workers_per_gpu": 2}

@@ -58,8 +58,12 @@ def test_the_world_entries_carry_fp8_to_both_parts() -> None:
         assert model.spec.memory == MemoryPlan(quantization="fp8")
         assert model.spec.memory.fp8_on("transformer") and not model.spec.memory.fp8_on("vae")
         assert model.spec.streaming and refused(model) is None  # FP8 serves sessions
+        # two workers on one GPU: each builds its BF16 transformer on the host
+        on_host = model.adapter_options.get("random_transformer_on_host", False)
+        assert on_host is (part == "takeover")
     plain = json.loads(bench("world", "--tiny", "--print-registry"))
     assert entry(plain["stack"], HELIOS).spec.memory is None
+    assert "random_transformer_on_host" not in entry(plain["takeover"], HELIOS).adapter_options
 
 
 def test_the_world_targets_take_issue_44_names_in_fp8_mode(tmp_path: Path) -> None:

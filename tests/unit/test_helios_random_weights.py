@@ -117,3 +117,30 @@ def test_the_block_noise_is_checked_and_unknown_parts_are_refused() -> None:
     check_block_noise(torch.device("cpu"), 0.2, (1, 2, 2))
     with pytest.raises(ValueError, match="random_config: no part unet"):
         random_pipeline("cpu", torch.float32, config={"unet": {}})
+
+
+def test_the_transformer_can_be_built_on_the_host_for_the_memory_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``random_transformer_on_host`` (issue 44: two FP8 Helios workers loading on one
+    80 GB GPU at once): the transformer is built on the CPU, as a checkpoint loads, the
+    rest on the device (the meta device stands in for a GPU here), for the memory plan to
+    place; through the registry it is the same pipeline, seed for seed, on a CPU worker."""
+    from workers.pipelines.diffusers.helios import random_weights
+
+    monkeypatch.setattr(random_weights, "check_block_noise", lambda *args: None)
+    pipe: Any = random_pipeline(
+        "meta", torch.bfloat16, config=TINY_CONFIG, transformer_on_host=True
+    )
+    assert {p.device.type for p in pipe.transformer.parameters()} == {"cpu"}
+    assert {p.device.type for p in pipe.text_encoder.parameters()} == {"meta"}
+    assert {p.device.type for p in pipe.vae.parameters()} == {"meta"}
+    monkeypatch.undo()
+    options = {"random_config": TINY_CONFIG, "max_sequence_length": SEQ_LEN}
+    on_host = random_registry(
+        REGISTRY, {**options, "random_transformer_on_host": True}, random_weights=True
+    ).world(NAME)
+    assert isinstance(on_host, HeliosWorldAdapter) and on_host.random_transformer_on_host
+    np.testing.assert_array_equal(
+        _chunk(on_host), _chunk(_registry(random_weights=True).world(NAME))
+    )

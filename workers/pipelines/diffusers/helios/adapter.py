@@ -132,11 +132,13 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         path: str | None = None,
         *,
         random_config: dict[str, dict[str, Any]] | None = None,
+        random_transformer_on_host: bool = False,
         **options: Unpack[EntryOptions],
     ) -> None:
         """``path`` and ``options`` as a diffusers job adapter takes them (entry.py);
-        ``random_config`` overrides the random-weights mode's part configs
-        (helios/random_weights.py)."""
+        ``random_config`` overrides the random-weights mode's part configs and
+        ``random_transformer_on_host`` builds its transformer on the CPU for the memory
+        plan to place (helios/random_weights.py)."""
         self.entry = DiffusersEntry.of(type(self).__name__, path, options)
         spec = options.get("spec")
         self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
@@ -146,6 +148,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         self.gate = BlockGate(self.device)  # cancel points between the blocks (``load``)
         self.compiler = self.entry.compiler()
         self.random_config = dict(random_config or {})
+        self.random_transformer_on_host = random_transformer_on_host
         self.lattice = ChunkLattice(first=self.spec.frame_offset, every=self.spec.frame_multiple)
 
     @classmethod
@@ -168,7 +171,11 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
 
             seq_len = self.entry.max_sequence_length or 512
             self.pipe = random_pipeline(
-                device, self.entry.dtype, config=self.random_config, max_sequence_length=seq_len
+                device,
+                self.entry.dtype,
+                config=self.random_config,
+                max_sequence_length=seq_len,
+                transformer_on_host=self.random_transformer_on_host,
             )
         elif self.pipe is None:
             self.pipe = DiffusionPipeline.from_pretrained(

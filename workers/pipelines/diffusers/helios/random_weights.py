@@ -122,9 +122,15 @@ def random_pipeline(
     seed: int = 42,
     config: dict[str, dict[str, Any]] | None = None,
     max_sequence_length: int = 512,
+    transformer_on_host: bool = False,
 ) -> HeliosPyramidPipeline:
     """Helios-Distilled from its configs with seeded random weights, on ``device`` in
-    ``dtype``. ``config`` overrides the config of each part named in :data:`PARTS`."""
+    ``dtype``. ``config`` overrides the config of each part named in :data:`PARTS`.
+    ``transformer_on_host``: the transformer is built on the CPU instead, as a checkpoint
+    loads, for a memory plan to place it (FP8: layer by layer): the device never holds its
+    loaded-dtype copy (27 GiB in bf16), so two FP8 workers can load on one 80 GB GPU at
+    once; its init runs on one CPU core (a minute or so), its weights are the CPU
+    generator's."""
     config = checked_config(config, PARTS)
     device = torch.device(device)
     with warnings.catch_warnings():
@@ -137,8 +143,9 @@ def random_pipeline(
     patch = tuple(transformer_config.get("patch_size", (1, 2, 2)))
     check_block_noise(device, float(scheduler.config.gamma), patch)
     torch.manual_seed(seed)
-    with allocated_on(device, dtype):
+    with allocated_on(torch.device("cpu") if transformer_on_host else device, dtype):
         transformer: Any = HeliosTransformer3DModel(**transformer_config)
+    with allocated_on(device, dtype):
         text_encoder: Any = UMT5EncoderModel(
             UMT5Config(**{**UMT5_XXL, **config.get("text_encoder", {})})
         )

@@ -404,3 +404,46 @@ def test_a_step_that_fails_fails_every_member(pipe: Any) -> None:
     del adapter.step_batch
     batcher.close()
     assert errors == [failure, failure]
+
+
+class _Slow:
+    """A batching adapter whose step takes 30 ms, whatever the batch (launch-bound)."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def step_batch(self, states: Any) -> None:
+        self.batches.append(len(states))
+        time.sleep(0.03)
+        for state in states:
+            state.step_index += 1
+
+    def warm_up_batch(self, size: int) -> None: ...
+
+
+def test_a_job_that_comes_during_a_batch_joins_the_next_one() -> None:
+    """Job 2's first step comes while a batch of the others runs. The next batch waits
+    from when the device is free, so it takes all three, and so do the ones after it:
+    the job that came late does not run alone in the others' wake, step after step (as
+    it did while the wait was counted from when its step came)."""
+    slow = _Slow()
+    batcher = StepBatcher(slow, size=3, wait_s=0.01, name="slow")  # type: ignore[arg-type]
+    started = threading.Event()
+
+    def job(i: int) -> None:
+        if i == 2:
+            started.wait(5)
+            time.sleep(0.01)  # inside the first batch
+        state = StepState(num_steps=6)
+        with stepping(slow, batcher) as stepper:  # type: ignore[arg-type]
+            while not state.done:
+                started.set()
+                stepper.step(state, lambda block: None)
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    batcher.close()
+    assert sum(slow.batches) == 18 and slow.batches.count(3) >= 4, slow.batches

@@ -13,10 +13,10 @@ the batcher's **device thread**, the one thread that touches the model:
   job's ``checkpoint()`` gates hold inside them), between two batched steps;
 * every denoise step (:meth:`Member.step`): the job submits its state and waits. The
   device thread takes the steps submitted, waits up to ``OMNIQ_WORKER__BATCH_WAIT_MS``
-  for the other members' (a job joins at its first step and leaves after its last, or
-  when it stops, whichever way), and runs them as one ``step_batch``: jobs at different
-  steps share the pass (the adapter gives each row its own timestep), and a job that
-  arrives while a batch runs joins the next one.
+  from when it is free for the other members' (a job joins at its first step and
+  leaves after its last, or when it stops, whichever way), and runs them as one
+  ``step_batch``: jobs at different steps share the pass (the adapter gives each row its
+  own timestep), and a job that arrives while a batch runs joins the next one.
 
 A stop (cancel, take-over, deadline, the worker's shutdown) of one member never cuts the
 others' step: inside a batched step the block gates stop the pass only once every member
@@ -147,10 +147,18 @@ class StepBatcher:
                 call()
             elif batch:
                 self._run(batch)
+            with self._cond:
+                # The device is free from now: the steps that came while it was busy wait
+                # for the others from now on, not from when they came. (Counted from then,
+                # a step that came during a batch would run alone right after it, while
+                # the batch's members resubmit, and the two groups would alternate.)
+                if self._steps:
+                    self._first_step_at = time.monotonic()
 
     def _next(self) -> tuple[Callable[[], None] | None, list[_Submitted] | None]:
         """The next thing to run: a call first, else a batch once every member has
-        submitted its step, or ``wait_s`` after the oldest step came, or ``size`` steps
+        submitted its step, or ``wait_s`` after the oldest step came (or the device was
+        last free, if later), or ``size`` steps
         wait; (None, None) once closed and idle."""
         with self._cond:
             while True:

@@ -86,12 +86,17 @@ async def follow(
     as a keep-alive when nothing happened for a while."""
     stream = job_events_key(job_id)
     timeout = state.settings.redis.command_timeout_s
+    # The first read does not wait: with nothing after ``after`` (the stream expired, or
+    # its end was never published) a finished job's end comes from its row at once, not
+    # after a whole BLOCK_MS of waiting for events that will never come.
+    block_ms: int | None = None
     while True:
         try:
-            entries = await state.abus.read(stream, after, block_ms=BLOCK_MS, timeout_s=timeout)
+            entries = await state.abus.read(stream, after, block_ms=block_ms, timeout_s=timeout)
         except BusUnavailable:
             yield BUS_ERROR
             return
+        waited, block_ms = block_ms is not None, BLOCK_MS
         if not entries:
             synthetic = await state.blocking(_synthetic, service, job_id, owner)
             if synthetic is not None:
@@ -100,7 +105,8 @@ async def follow(
                     # but the worker could not publish the end), the end has no id.
                     yield entry if entry.id > after else BusEntry("", entry.event)
                 return
-            yield None
+            if waited:  # a keep-alive after a wait, not after the first look
+                yield None
             continue
         for entry in entries:
             after = entry.id

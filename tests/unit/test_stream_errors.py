@@ -50,10 +50,13 @@ def test_a_completed_speech_stream_ends_with_speech_audio_done() -> None:
 def test_past_the_last_event_seen_a_missing_end_comes_from_the_row_without_ids() -> None:
     """The worker ended the job while its bus was cut (no ``done`` on the stream): a
     watcher that saw events resumes after them and still gets the end, without ids (the
-    row's synthetic ids sort before any event it saw); a new watcher gets them with ids."""
+    row's synthetic ids sort before any event it saw); a new watcher gets them with ids.
+    Both at once: the first read does not block (it waited BLOCK_MS, 15 s, before)."""
+    blocks: list[object] = []
 
     class Bus:
-        async def read(self, *_: object, **__: object) -> list[object]:
+        async def read(self, *_: object, block_ms: object = None, **__: object) -> list[object]:
+            blocks.append(block_ms)
             return []  # nothing after the cursor (the stream lacks its done)
 
     async def blocking(fn: Any, *args: Any) -> Any:
@@ -71,7 +74,8 @@ def test_past_the_last_event_seen_a_missing_end_comes_from_the_row_without_ids()
         return [e async for e in follow(state, service, "video_x", "o", after)]  # type: ignore[arg-type]
 
     resumed = asyncio.run(watch("1796000000000-3"))
-    assert [(e.id, e.type) for e in resumed if e] == [("", "status"), ("", "done")]
+    assert [(e.id, e.type) if e else None for e in resumed] == [("", "status"), ("", "done")]
+    assert blocks == [None]  # one look, no wait, no keep-alive before the end
     assert "id:" not in sse(resumed[-1]) and _data(sse(resumed[-1]))["status"] == "completed"
     fresh = asyncio.run(watch("0-0"))
     assert [(e.id, e.type) for e in fresh if e] == [("0-1", "status"), ("0-2", "done")]

@@ -140,7 +140,7 @@ class RedisDbPool:
 
 
 @contextmanager
-def running_s3(path: Path, bucket: str, stop_timeout: float = 3.0) -> Iterator[EmbeddedS3]:
+def running_s3(path: Path, bucket: str, stop_timeout: float = 0.0) -> Iterator[EmbeddedS3]:
     """A SeaweedFS S3 server with its data in ``path``, for the ``with`` block."""
     server = EmbeddedS3(path, bucket=bucket)
     server.start()

@@ -301,7 +301,7 @@ def test_omniqueue_up_serves_generate_and_gives_up_on_a_child_that_keeps_dying(
 ) -> None:
     """``omniqueue generate`` against ``omniqueue up``; then the API is killed each time it
     is restarted, and after the 5th fast failure ``up`` takes everything down with exit
-    code 1 (a single death is restarted: tests/integration/test_up.py)."""
+    code 1 (a single death is restarted: tests/integration/test_up_supervision.py)."""
     from cli.submit import run_generate
 
     port = free_port()

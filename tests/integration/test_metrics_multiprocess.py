@@ -21,7 +21,7 @@ from cli.embedded import EmbeddedS3
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
 from tests.integration.test_metrics import SMALL, Samples, scrape, value
-from tests.integration.test_up import Up, _api_pids
+from tests.integration.up_process import Up, api_pids
 from workers.runtime.processes import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -146,7 +146,7 @@ def test_up_prints_every_scrape_url_and_shares_a_dir_per_replica(tmp_path: Path)
         ):
             assert f"# TYPE {family} counter" in _when_served(url, up)
         directory = data / "metrics" / f"api-{up.port}"
-        apis = set(_api_pids(up))
+        apis = set(api_pids(up))
         assert len(apis) == 2
         deadline = time.monotonic() + 60
         while not apis <= _pids(directory, "counter"):  # both count in the replica's dir

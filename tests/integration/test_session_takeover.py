@@ -28,7 +28,7 @@ from websockets.exceptions import ConnectionClosed
 
 from models.realtime_video_chunks import frames_in_chunk
 from tests.helpers import next_pair, world_session_start
-from tests.integration.test_up import Up, _alive, _api_pids, _listening_ports
+from tests.integration.up_process import Up, alive, api_pids, listening_ports
 from workers.runtime.ports import free_port, reserve_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -142,7 +142,7 @@ def _check(before: list[dict[str, Any]], after: list[dict[str, Any]], responses:
 
 
 def _api_on(up: Up, port: int) -> int:
-    found = [pid for pid in _api_pids(up) if port in _listening_ports({pid})]
+    found = [pid for pid in api_pids(up) if port in listening_ports({pid})]
     assert len(found) == 1, found
     return found[0]
 
@@ -157,7 +157,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     finally:
         code, tree, _ = up.stop(signal.SIGTERM)
         assert code == 0
-        assert [pid for pid in tree if _alive(pid)] == []
+        assert [pid for pid in tree if alive(pid)] == []
 
 
 def _urls(up: Up) -> tuple[str, str]:
@@ -237,7 +237,7 @@ def test_resume_after_the_only_api_is_killed_and_restarted(tmp_path: Path) -> No
     finally:
         code, tree, _ = up.stop(signal.SIGTERM)
     assert code == 0
-    assert [pid for pid in tree if _alive(pid)] == []
+    assert [pid for pid in tree if alive(pid)] == []
 
 
 # 20 chunks: running for a while (the test drops and resumes it twice)

@@ -1,6 +1,6 @@
 """One ``omniqueue up`` per data directory (:mod:`cli.data_lock`): the lock names its
 holder, a refusal writes nothing, and a lock file left by a dead stack blocks nothing.
-(Two real ``up`` processes: tests/integration/test_up.py.)"""
+(Two real ``up`` processes: tests/integration/test_up_options.py.)"""
 
 from __future__ import annotations
 

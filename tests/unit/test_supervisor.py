@@ -1,5 +1,5 @@
 """The restart policy of ``omniqueue up`` (:mod:`workers.runtime.supervisor`) on a fake
-clock; the real processes are supervised in ``tests/integration/test_up.py``."""
+clock; the real processes are supervised in ``tests/integration/test_up_supervision.py``."""
 
 from __future__ import annotations
 

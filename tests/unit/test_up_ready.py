@@ -2,7 +2,8 @@
 says it is ready (with the models it could not load) or stopped; a stopped one is said
 with its worker, model, reason and log, once, and the wait ends when every worker is one
 or the other. Real files, a real :class:`Supervisor` over stand-in children.
-(Real workers under a real ``up``: tests/integration/test_up.py.)"""
+(Real workers under a real ``up``: tests/integration/test_up_lifecycle.py and
+test_up_options.py.)"""
 
 from __future__ import annotations
 

@@ -29,13 +29,15 @@ def test_an_admitted_session_is_lost_only_after_silence() -> None:
 
 def test_a_worker_whose_lease_ran_out_is_lost_at_once() -> None:
     """A worker with a lease is looked at once it is silent a third of the lease's TTL
-    (then at most that often): its lease gone, it is lost long before ``lost_after_s``."""
+    (then every LEASE_CHECK_EVERY_S, 0.25 s): its lease gone, it is lost long before
+    ``lost_after_s``."""
     w = WorkerWatch(admission_timeout_s=10, lost_after_s=10, now=0.0)
     assert w.lease_check_due(5.0) is None  # not admitted
     w.heard([AcceptedOutput(worker_id="w", attempt=2, lease_s=3.0)], 1.0)
     assert w.lease_check_due(1.9) is None  # silent less than 1 s: a step under way
     assert w.lease_check_due(2.1) == 2  # the placement whose lease to look at
-    assert w.lease_check_due(2.5) is None  # looked at 0.4 s ago
+    assert w.lease_check_due(2.2) is None  # looked at 0.1 s ago
+    assert w.lease_check_due(2.4) == 2  # 0.3 s ago: looked at again
     assert w.verdict(3.2) is None and w.lease_check_due(3.2) == 2
     w.lease_gone()
     assert w.verdict(3.3) == ("worker_lost", "the worker running the session is gone")

@@ -3,11 +3,13 @@
 (``workers/sessions/world_checkpoint.py``).
 
 A snapshot is plain data only: tensors, numbers, strings, None, and lists, tuples and
-dicts of them, written with ``torch.save`` and compressed with zlib (level 1: latents are
-float noise that compresses little, but a T2V session's zero history and the zero
-padding of text embeddings compress to almost nothing). It is read back with
-``torch.load(weights_only=True)``, which builds no other object, so bytes from Redis
-never run code. Tensors keep their device type: one on a GPU comes back on the
+dicts of them, written with ``torch.save``. A tensor mostly of zeros (a T2V session's
+zero history, the zero padding of text embeddings) is stored zlib-compressed, which
+takes it to almost nothing in a few milliseconds; the others (latents: float noise) are
+stored as they are, since zlib spent ~130 ms of a Helios chunk's packing on them to save
+a few percent. It is read back with ``torch.load(weights_only=True)``, which builds no
+other object, so bytes from Redis never run code; a snapshot packed whole with zlib (as
+before) still reads. Tensors keep their device type: one on a GPU comes back on the
 restoring adapter's device, one on the CPU (a generator's state, a scheduler's CPU
 tables) stays there.
 
@@ -25,7 +27,10 @@ from typing import Any
 
 import torch
 
-LEVEL = 1  # zlib: fast; the rest of a level buys little on float latents
+LEVEL = 1  # zlib: fast; the rest of a level buys little
+# A tensor with at least this share of zero elements is stored compressed.
+ZEROS_TO_COMPRESS = 0.5
+_ZLIB = "__zlib__"  # marks a compressed tensor: its bytes, dtype and shape
 _SCALARS = (bool, int, float, str, type(None))
 
 
@@ -58,10 +63,11 @@ def _to_device(value: Any, target: torch.device) -> Any:
 
 
 def pack(data: dict[str, Any]) -> bytes:
-    """``data`` (plain data, see the module doc) as compressed bytes."""
+    """``data`` (plain data, see the module doc) as bytes, its mostly-zero tensors
+    compressed."""
     buffer = io.BytesIO()
-    torch.save(data, buffer)
-    return zlib.compress(buffer.getvalue(), LEVEL)
+    torch.save(_compressed(data), buffer)
+    return buffer.getvalue()
 
 
 def unpack(data: bytes, device: torch.device | str) -> dict[str, Any]:
@@ -71,11 +77,45 @@ def unpack(data: bytes, device: torch.device | str) -> dict[str, Any]:
     def onto(storage: Any, location: str) -> Any:
         return storage if location == "cpu" else storage.to(target)
 
-    loaded = torch.load(io.BytesIO(zlib.decompress(data)), map_location=onto, weights_only=True)
+    if data[:2] != b"PK":  # torch.save writes a zip; an older snapshot was zlib whole
+        data = zlib.decompress(data)
+    loaded = torch.load(io.BytesIO(data), map_location=onto, weights_only=True)
     if not isinstance(loaded, dict):
         raise ValueError("not a world session snapshot")
-    restored: dict[str, Any] = _to_device(loaded, target)
+    restored: dict[str, Any] = _to_device(_decompressed(loaded), target)
     return restored
+
+
+def _compressed(value: Any) -> Any:
+    """``value`` with each CPU tensor of mostly zeros replaced by its zlib-compressed
+    bytes (a uint8 tensor: ``torch.load(weights_only=True)`` reads it), dtype and shape."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu" or value.numel() < 1024 or value.is_complex():
+            return value
+        if float((value == 0).sum()) < ZEROS_TO_COMPRESS * value.numel():
+            return value
+        raw = value.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        packed = torch.frombuffer(bytearray(zlib.compress(raw, LEVEL)), dtype=torch.uint8)
+        return {_ZLIB: packed, "dtype": str(value.dtype).removeprefix("torch."),
+                "shape": list(value.shape)}  # fmt: skip
+    if type(value) in (list, tuple):
+        return type(value)(_compressed(v) for v in value)
+    if type(value) is dict:
+        return {k: _compressed(v) for k, v in value.items()}
+    return value
+
+
+def _decompressed(value: Any) -> Any:
+    """What :func:`_compressed` replaced, back as the tensor it was."""
+    if type(value) is dict:
+        if _ZLIB in value:
+            raw = bytearray(zlib.decompress(value[_ZLIB].numpy().tobytes()))
+            flat = torch.frombuffer(raw, dtype=torch.uint8)
+            return flat.view(getattr(torch, value["dtype"])).reshape(value["shape"])
+        return {k: _decompressed(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_decompressed(v) for v in value)
+    return value
 
 
 def is_plain(value: Any) -> bool:

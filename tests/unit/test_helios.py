@@ -337,7 +337,9 @@ def test_prompt_embeddings_blend_linearly_over_the_transition() -> None:
     """An event over n chunks conditions its j-th chunk on lerp(old, new, (j + 1) / n),
     its last on the new embeddings exactly; one settled event replaces the base."""
     old, new, newer = torch.zeros(1, 2, 3), torch.ones(1, 2, 3), torch.full((1, 2, 3), 3.0)
-    state: Any = types.SimpleNamespace(prompt_embeds=old, events=[], chunk_index=0, step_index=0)
+    state: Any = types.SimpleNamespace(
+        prompt_embeds=old, events=[], chunk_index=0, step_index=0, chunk_embeds=None
+    )
     state.chunk_index = 1
     queue_event(state, "e1", 4, new, "step")
     assert chunk_embeddings(state, 0) is old

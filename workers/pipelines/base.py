@@ -19,7 +19,7 @@ A served model's kind follows from its spec (``ModelSpec.kind``), and the regist
 
 What an adapter can do beyond its kind's interface (serve per-request LoRA, warm up,
 preview a job, stream its PCM or its decode, batch several jobs' steps, hand a world
-session over to another worker)
+session over to another worker, run a world chunk's last step again for an interaction)
 is a capability: a ``Protocol`` at the end of
 this module that its callers check with ``isinstance``.
 
@@ -267,7 +267,9 @@ class WorldPipeline(Adapter, Generic[StateT]):
         chunks (0: a cut); None keeps that part. It enters the first chunk not yet begun,
         or, where the spec says ``interaction_at = "step"``, the chunk under way while one
         of its steps is left, whose remaining steps it then conditions
-        (``world_rules.entry_chunk``); the chunk it entered reports it started."""
+        (``world_rules.entry_chunk``); the chunk it entered reports it started. A
+        :class:`SupportsStepRestart` pipeline's runner may also abort the chunk's last
+        step to call this, then run that step again, which the interaction conditions."""
 
 
 # --- voice: spoken answers, one audio step at a time --------------------------------------
@@ -442,3 +444,20 @@ class SupportsSnapshotLater(Protocol):
     callable's bytes are what :meth:`SupportsSnapshot.snapshot` would have returned then."""
 
     def capture_snapshot(self, state: Any) -> Callable[[], bytes]: ...
+
+
+@runtime_checkable
+class SupportsStepRestart(Protocol):
+    """A world pipeline whose chunk's last denoise step, stopped at a block gate, leaves
+    the session as it was before the step (what the step consumed before its forward,
+    the chunk's noise, a stage's renoising, is kept and not drawn again), so the step may
+    run again. The runner then restarts it when an interaction arrives while it runs
+    (``workers/sessions/world.py``): the interaction enters that chunk, conditioning the
+    step run again, instead of the next one; the chunk is the one it would have made
+    with the interaction read just before that step."""
+
+    def restarts_step(self, state: Any) -> bool:
+        """Whether the step of ``state`` in flight (asked from inside it, at a block
+        gate) is its chunk's last and would run again, an interaction read then entering
+        its chunk (False where the spec's ``interaction_at`` is ``"chunk"``)."""
+        ...

@@ -23,6 +23,11 @@ and every session of a model shares the one loaded pipeline and its device:
   ``stop`` sent while a step runs stops that step before its next transformer block
   (``step_stops``), and one sent during the chunk's decode stops it at the VAE's next
   cancel point (``checkpoints``): the device is free within one block, not one step.
+  It also notes the newest ``interaction`` on the stream, so the gates of a chunk's last
+  step, on a model that may run that step again (``SupportsStepRestart``), abort it with
+  :class:`StepRestart` when one arrives that the session has not read yet: the runner
+  reads it and runs the step again, and the interaction enters that chunk instead of the
+  next one (:meth:`SessionStop.gate`). A stop keeps priority.
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from models.session_bus import COMMANDS, StopCommand
+from models.session_bus import COMMANDS, InteractionCommand, StopCommand
 from storage.bus import EventBus
 from workers.common.stop_signal import BLOCK_MS, StopSignal
+from workers.pipelines.base import StopReason
 
 # Weight of the newest chunk in the moving average of a model's load.
 LOAD_SMOOTHING = 0.3
@@ -43,6 +50,12 @@ LOAD_SMOOTHING = 0.3
 
 class SessionStopped(Exception):
     """Raised inside a step by its block gate: the session was told to stop."""
+
+
+class StepRestart(Exception):
+    """Raised inside a chunk's last denoise step by its block gate: an interaction the
+    session has not read yet arrived while it ran. The step left nothing behind
+    (``SupportsStepRestart``): the runner reads the interaction and runs it again."""
 
 
 class CapacityExceeded(Exception):
@@ -211,23 +224,59 @@ class RealtimeCapacity:
 class SessionStop(StopSignal):
     """Set when a ``stop`` arrives on the session's command stream, read by the block
     gates of the step that runs meanwhile. The session's own reader consumes the same
-    commands between steps; this one only looks."""
+    commands between steps; this one only looks, and notes the newest ``interaction``
+    on the way (:meth:`gate`)."""
 
     def __init__(self, bus: EventBus, key: str) -> None:
         super().__init__()
+        self._interaction = ((0, 0), "")  # the newest interaction seen: stream id, event id
         self.follow(
             key,
             "0-0",
             lambda last: bus.read_as(COMMANDS, key, last, block_ms=BLOCK_MS),
-            lambda entry: isinstance(entry.event, StopCommand),
+            self._sees,
         )
+
+    def _sees(self, entry: Any) -> bool:
+        """The follower's look at each entry: notes an interaction, stops on a stop."""
+        if isinstance(entry.event, InteractionCommand):
+            # one assignment, read whole by the gates: no lock needed
+            self._interaction = (_stream_id(entry.id), entry.event.event_id)
+        return isinstance(entry.event, StopCommand)
+
+    def interaction_after(self, read: str) -> bool:
+        """An interaction arrived after entry ``read`` (the last the session read)."""
+        return self._interaction[0] > _stream_id(read)
 
     def reason(self, block: int) -> BaseException | None:
         """The block gates' question: stop before ``block``?"""
         return SessionStopped(f"stopped before block {block}") if self.is_set() else None
+
+    def gate(self, read: str, restarts: Callable[[], bool]) -> StopReason:
+        """The block gates' question in a step that may run again: :meth:`reason`, else
+        :class:`StepRestart` once an interaction arrived after entry ``read`` (the last
+        the session read before the step) and ``restarts()`` (the model may run this step
+        again, and it is the chunk's last: ``SupportsStepRestart.restarts_step``)."""
+        after = _stream_id(read)
+
+        def ask(block: int) -> BaseException | None:
+            if (stopped := self.reason(block)) is not None:
+                return stopped
+            seen, event_id = self._interaction
+            if seen > after and restarts():
+                return StepRestart(f"interaction {event_id} arrived before block {block}")
+            return None
+
+        return ask
 
     def check(self, min_interval_s: float = 0.0) -> None:
         """The question of the text encoder's and the VAE's cancel points (``checkpoint()``
         in a chunk's decode): raises :class:`SessionStopped` once a stop arrived."""
         if self.poll(min_interval_s):
             raise SessionStopped("stopped in the decode")
+
+
+def _stream_id(entry_id: str) -> tuple[int, int]:
+    """A Redis stream entry id (``ms-seq``) as a pair that orders as the stream does."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

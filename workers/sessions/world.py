@@ -20,7 +20,12 @@ while one is left, and that chunk's ``started_event_ids`` name it; read after th
 last step (the device then decodes it in the same turn, reading nothing), it enters the
 next chunk, from its first step, as with ``"chunk"``. So one read before the chunk's
 last step is in the chunk the device finishes next, where ``"chunk"`` would wait out that
-chunk and make a whole chunk more.
+chunk and make a whole chunk more. One that arrives while the chunk's last step runs, on
+a model that can run that step again (``SupportsStepRestart``: Helios), is not left for
+the next chunk: the session's follower (``SessionStop``) notes it, the step's block gate
+stops the step (``StepRestart``; a stop keeps priority), the loop reads it as any other
+and runs the step again, conditioned on it. The partial step is the cost (logged); each
+interaction restarts at most once, since the gates ask only about ones not yet read.
 
 A session outlives its worker when its model takes snapshots (Helios): each chunk goes
 out together with a checkpoint of the session, and a worker placed again for it
@@ -37,6 +42,7 @@ interaction read during it is queued for the chunk the wait is holding back.
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import tempfile
@@ -66,7 +72,13 @@ from storage.settings import Settings
 from workers.common.failpoints import Failpoints
 from workers.common.memory import forget_frames
 from workers.media.fmp4 import FragmentedMP4Writer
-from workers.pipelines.base import WorldConfig, WorldPipeline, checkpoints, step_stops
+from workers.pipelines.base import (
+    SupportsStepRestart,
+    WorldConfig,
+    WorldPipeline,
+    checkpoints,
+    step_stops,
+)
 from workers.pipelines.registry import PipelineRegistry
 from workers.sessions.delivery import ChunkTimes, DeliveryLane
 from workers.sessions.slot import SessionSlot, SlotRunner
@@ -77,6 +89,7 @@ from workers.sessions.turns import (
     RealtimeCapacity,
     SessionStop,
     SessionStopped,
+    StepRestart,
 )
 from workers.sessions.world_checkpoint import SessionCheckpoint
 
@@ -274,6 +287,9 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         delivery lane. Returns whether the session was stopped."""
         slot, pipe, state = run.slot, run.pipe, run.state
         total = pipe.num_chunks(state)
+        restarts = None  # whether the step in flight may run again (a chunk's last)
+        if isinstance(pipe, SupportsStepRestart):
+            restarts = functools.partial(pipe.restarts_step, state)
         between_chunks, wait_ms = True, None
         device_s = denoise_s = 0.0  # the current chunk's time at the device, and denoising
         while run.made < total:
@@ -295,10 +311,13 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                 wait_ms = max(1, round(min(wait, beat) * 1000))
                 continue
             wait_ms, between_chunks = None, False
+            # a chunk's last step, on a model that may run it again, stops for an
+            # interaction read since: read at the top of the loop, it enters this chunk
+            gate = stop.gate(slot.after, restarts) if restarts is not None else stop.reason
             with self.turns.turn():
                 began = time.perf_counter()
                 try:  # a stop lands before the next block or decoder layer
-                    with step_stops(stop.reason), checkpoints(stop.check):
+                    with step_stops(gate), checkpoints(stop.check):
                         pipe.step(state)
                         stepped = time.perf_counter()
                         frames = pipe.take_chunk(state) if pipe.chunk_done(state) else None
@@ -307,6 +326,12 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                     # job's are, so nothing keeps them through the exception
                     forget_frames(exc)
                     return True
+                except StepRestart as exc:  # inside the step: it runs again, no chunk yet
+                    forget_frames(exc)
+                    log.info(
+                        "session %s: %s; chunk %d's last step runs again", slot.id, exc, run.made
+                    )
+                    stepped, frames = time.perf_counter(), None
                 ended = time.perf_counter()
                 device_s += ended - began
             denoise_s += stepped - began

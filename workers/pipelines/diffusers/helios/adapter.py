@@ -320,6 +320,15 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
             one_stage_step(pipe, state)
         state.step_index += 1
 
+    def restarts_step(self, state: HeliosState) -> bool:
+        """``SupportsStepRestart``: the step in flight is the chunk's last (with
+        ``interaction_at = "step"``). Stopped inside the transformer, a step left the
+        chunk as it was before its forward, with what it had drawn before it kept (the
+        chunk's noise, a stage's renoising: ``_begin_chunk``, ``steps._begin_stage``);
+        the scheduler's step, the one that may draw noise after, had not run."""
+        at_step = self.spec.interaction_at == "step"
+        return at_step and state.step_index == state.steps_per_chunk - 1
+
     @torch.no_grad()
     def take_chunk(self, state: HeliosState) -> np.ndarray:
         """The bottom of ``__call__``'s chunk loop: the anchor (T2V: the first chunk's

@@ -128,7 +128,11 @@ def queue_event(
     first = entry_chunk(state, at)
     event = PromptEvent.queued(event_id, first, transition_chunks, embeds=embeds)
     state.events.append(event)
-    if embeds is not None and enters_chunk_under_way(state, event):
+    # The chunk under way's embeddings are taken once it has begun: after a step of it
+    # (``enters_chunk_under_way``), or at its first step, stopped in the transformer to
+    # run again with this event (``restarts_step`` where the chunk has one step).
+    begun = first == state.chunk_index and state.chunk_embeds is not None
+    if embeds is not None and (enters_chunk_under_way(state, event) or begun):
         state.chunk_embeds = chunk_embeddings(state, first)
 
 

@@ -29,10 +29,9 @@ export PYTHONPATH="$SITE:$PWD"
 python3 -c 'import torch, torchao
 print("torch", torch.__version__, "torchao", torchao.__version__,
       "capability", torch.cuda.get_device_capability(0))'
-t0=$(date +%s)
-PYTHONUNBUFFERED=1 OUT="$OUT" python3 -m benchmarks.gpu.fp8_quality "$@" >/dev/null \
-    2> >(tee "$OUT/gpu_fp8_quality.log" >&2)
-echo "benchmark_s: $(($(date +%s) - t0))"
+# shellcheck source=benchmarks/device/bench.sh
+source benchmarks/device/bench.sh
+bench_with python3 "$OUT/gpu_fp8_quality.log" gpu.fp8_quality "$@"
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 for name, m in d["models"].items():

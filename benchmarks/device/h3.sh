@@ -137,10 +137,9 @@ if [ "${1:-}" = "--prompts" ]; then module=h3_prompts; shift; fi
 SITE=/tmp/h3-site
 site_install "$SITE" .wheelhouse/h3/wheels.tar.xz .wheelhouse/h3/fastvideo_kernel.tar.xz
 export PYTHONPATH="$SITE:$PWD"
-t0=$(date +%s)
-PYTHONUNBUFFERED=1 OUT="$OUT" python3 -m "benchmarks.gpu.$module" "$@" >/dev/null \
-    2> >(tee "$OUT/gpu_$module.log" >&2)
-echo "benchmark_s: $(($(date +%s) - t0))"
+# shellcheck source=benchmarks/device/bench.sh
+source benchmarks/device/bench.sh
+bench_with python3 "$OUT/gpu_$module.log" "gpu.$module" "$@"
 if [ "$module" != h3 ]; then cat "$OUT/gpu_$module.json"; exit 0; fi
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))

@@ -31,6 +31,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=benchmarks/device/preflight.sh
 source benchmarks/device/preflight.sh
+# shellcheck source=benchmarks/device/bench.sh
+source benchmarks/device/bench.sh
 if [ "${1:-}" = "--pack" ]; then
     exec bash benchmarks/device/h3.sh --pack
 fi
@@ -49,7 +51,7 @@ case " $* " in
 esac
 STATE=/tmp/world-state$mode.json
 
-summary() {
+world_summary() {
     "$1" -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 print(json.dumps({k: (v["value"], v["pass"]) for k, v in d["targets"].items()}, indent=1))
@@ -79,10 +81,7 @@ case "$part" in
 --memory)
     [ -f "$SITE/.installed" ] || raw_site
     export PYTHONPATH="$SITE:$PWD"
-    t0=$(date +%s)
-    PYTHONUNBUFFERED=1 OUT="$OUT" python3 -m benchmarks.gpu.world_memory "$@" >/dev/null \
-        2> >(tee "$OUT/gpu_world_memory$mode.log" >&2)
-    echo "benchmark_s: $(($(date +%s) - t0))"
+    bench_with python3 "$OUT/gpu_world_memory$mode.log" gpu.world_memory "$@"
     python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 print({k: d.get(k) for k in ("gpu", "quantization", "error", "baseline_mib", "notes")})
@@ -111,8 +110,6 @@ for name, p in d.get("phases", {}).items():
     ;;
 esac
 name=${part#--}
-t0=$(date +%s)
-PYTHONUNBUFFERED=1 OUT="$OUT" "$PY" -m benchmarks.gpu.world --part "$name" --state "$STATE" \
-    --keep-logs "$OUT" "$@" >/dev/null 2> >(tee "$OUT/gpu_world${mode}_$name.log" >&2)
-echo "benchmark_s: $(($(date +%s) - t0))"
-summary "$PY"
+bench_with "$PY" "$OUT/gpu_world${mode}_$name.log" gpu.world --part "$name" --state "$STATE" \
+    --keep-logs "$OUT" "$@"
+world_summary "$PY"

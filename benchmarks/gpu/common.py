@@ -34,18 +34,27 @@ def shape_args(p: argparse.ArgumentParser, *, frames: int = 33, steps: int = 20)
     p.add_argument("--layers", type=int, default=30, help="of the transformer's 30 blocks")
 
 
-def header(args: argparse.Namespace) -> dict[str, Any]:
-    """The machine, the versions, the date, the commit and the job shape of a run."""
+def provenance() -> dict[str, Any]:
+    """Where and from what a run came: the GPU (None without CUDA), torch's and diffusers'
+    versions, the date and the commit."""
     import diffusers
 
     cuda = torch.cuda.is_available()
     return {
         "gpu": torch.cuda.get_device_name(0) if cuda else None,
-        "gpus_visible": torch.cuda.device_count() if cuda else 0,
         "torch": torch.__version__,
         "diffusers": diffusers.__version__,
         "date": datetime.date.today().isoformat(),
         **git_state(),
+    }
+
+
+def header(args: argparse.Namespace) -> dict[str, Any]:
+    """The machine, the versions, the date, the commit and the job shape of a run."""
+    cuda = torch.cuda.is_available()
+    return {
+        **provenance(),
+        "gpus_visible": torch.cuda.device_count() if cuda else 0,
         "shape": {
             "height": args.height,
             "width": args.width,

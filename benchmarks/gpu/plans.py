@@ -83,24 +83,14 @@ def refusal(registry: str, model: str, device: str) -> str | None:
     before reading a weight (the registry's combinations, then the pipeline class and the
     device, with the worker's own words), or None. Run in this process: the workers'
     Python, so a missing torchao is found here too."""
-    from models.memory_plan import refused_combination
     from models.registry import CatalogError, parse_registry
     from workers.pipelines.diffusers.shared.memory import MemoryLayout
-    from workers.pipelines.registry import adapter_class
+    from workers.pipelines.registry import adapter_class, check_plan
 
     entry = parse_registry(registry)[model]
     plan = entry.spec.memory
     if plan is None:
         return None
-    why = refused_combination(
-        plan,
-        lora=entry.spec.supports_lora,
-        streaming=entry.spec.streaming,
-        compile=entry.compile,
-        devices=entry.devices,
-    )
-    if why is not None:
-        return f"model {model!r}: {why}"
     cls = adapter_class(entry)
     pipeline_class = getattr(cls, "pipeline_class", None)
     if pipeline_class is None:  # Helios's world adapter checks against HeliosPipeline
@@ -108,6 +98,7 @@ def refusal(registry: str, model: str, device: str) -> str | None:
 
         pipeline_class = HeliosPipeline
     try:
+        check_plan(entry)
         MemoryLayout(model, plan).check(device, pipeline_class)
     except CatalogError as exc:
         return str(exc)

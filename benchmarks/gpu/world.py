@@ -58,16 +58,15 @@ mode); copy it to ``docs/evidence/``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.embedded_stack import git_state
-from benchmarks.gpu.common import emit
-from benchmarks.gpu.plans import memory_args, mode_suffix
+from benchmarks.gpu.common import emit, provenance
+from benchmarks.gpu.plans import mode_suffix
+from benchmarks.gpu.world_stack import entry_args, entry_config
 
 CHUNK_PLAYBACK_S = 33 / 24
 MEMORY_SLACK_MIB = 64.0
@@ -77,21 +76,13 @@ FP8_KEYS = {"helios_fp8_raw_fps": "world_raw_fps", "world_fp8_delivered_fps": "w
 
 
 def header(args: argparse.Namespace) -> dict[str, Any]:
-    import diffusers
-    import torch
-
-    cuda = torch.cuda.is_available()
     return {
         "benchmark": "benchmarks.gpu.world",
         "mode": "tiny: CPU, 64x64, tiny Helios; speeds and pass/fail mean nothing"
         if args.tiny
         else "Helios-Distilled shape on the GPU",
-        "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "quantization": args.quantization,
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "date": datetime.date.today().isoformat(),
-        **git_state(),
+        **provenance(),
         "shape": {
             "width": args.width,
             "height": args.height,
@@ -184,11 +175,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kill-after", type=int, default=2, help="chunk index the kill follows")
     p.add_argument("--ready-timeout", type=float, default=540.0)
     p.add_argument("--keep-logs", default=None, help="copy up's stderr to DIR/up_<part>.log")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
-    p.add_argument("--tiny", action="store_true", help="TINY_CONFIG on the CPU, 64x64")
-    memory_args(p, offload=False)
+    entry_args(p)
     p.add_argument(
         "--print-registry",
         action="store_true",
@@ -196,13 +183,8 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--targets-of", help="a run's JSON: print its targets again, run nothing")
     args = p.parse_args()
-    args.random_config, args.seq_len = {}, 512
+    entry_config(args)
     if args.tiny:
-        from workers.pipelines.diffusers.helios.random_weights import TINY_CONFIG
-
-        args.random_config, args.seq_len = TINY_CONFIG, 16
-        args.device, args.dtype, args.compile = "cpu", "float32", "off"
-        args.width = args.height = 64
         args.stops = min(args.stops, 4)
     return args
 

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import sys
 import threading
@@ -59,11 +58,19 @@ from typing import Any
 
 import torch
 
-from benchmarks.embedded_stack import git_state
-from benchmarks.gpu.common import emit
+from benchmarks.gpu.common import emit, provenance
 from benchmarks.gpu.live_tensors import MIB, Census
-from benchmarks.gpu.plans import memory_args, mode_suffix
-from benchmarks.gpu.world_stack import CHUNK_FRAMES, FPS, MODEL, PROMPT, PROMPTS, registry_text
+from benchmarks.gpu.plans import mode_suffix
+from benchmarks.gpu.world_stack import (
+    CHUNK_FRAMES,
+    FPS,
+    MODEL,
+    PROMPT,
+    PROMPTS,
+    entry_args,
+    entry_config,
+    registry_text,
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -76,19 +83,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stop-block", type=int, default=2)
     p.add_argument("--top", type=int, default=20, help="new tensors listed per phase")
     p.add_argument("--holders", type=int, default=8, help="of them, with what holds each")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
-    p.add_argument("--tiny", action="store_true", help="TINY_CONFIG on the CPU, 64x64")
-    memory_args(p, offload=False)
+    entry_args(p)
     args = p.parse_args()
-    args.random_config, args.seq_len = {}, 512
-    if args.tiny:
-        from workers.pipelines.diffusers.helios.random_weights import TINY_CONFIG
-
-        args.random_config, args.seq_len = TINY_CONFIG, 16
-        args.device, args.dtype, args.compile = "cpu", "float32", "off"
-        args.width = args.height = 64
+    entry_config(args)
     if args.chunks < 2:
         p.error("--chunks must be at least 2 (the stops land in chunk 1)")
     return args
@@ -358,18 +355,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     args = parse_args()
-    import diffusers
-
-    cuda = torch.cuda.is_available()
     out: dict[str, Any] = {
         "benchmark": "benchmarks.gpu.world_memory",
-        "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "mode": "tiny: CPU tensors only" if args.tiny else "Helios-Distilled shape",
         "quantization": args.quantization,
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "date": datetime.date.today().isoformat(),
-        **git_state(),
+        **provenance(),
         "shape": {
             "width": args.width,
             "height": args.height,

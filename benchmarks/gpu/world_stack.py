@@ -51,7 +51,14 @@ from typing import Any
 from benchmarks.common import pct
 from benchmarks.embedded_stack import Stack, log_time
 from benchmarks.gpu.h3_stack import inline_toml
-from benchmarks.gpu.plans import gauge_mib, mode_suffix, plan_toml, refusal, worker_metrics
+from benchmarks.gpu.plans import (
+    gauge_mib,
+    memory_args,
+    mode_suffix,
+    plan_toml,
+    refusal,
+    worker_metrics,
+)
 from benchmarks.realtime.world_client import (
     Chunk,
     SessionRun,
@@ -65,6 +72,28 @@ PROMPT = "a lighthouse on a cliff at dusk, waves breaking below, gulls circling"
 PROMPTS = ["the same lighthouse in a snow storm", "a ship passing at night", "sunrise, calm"]
 FPS = 24
 CHUNK_FRAMES = 33
+
+
+def entry_args(p: argparse.ArgumentParser) -> None:
+    """The served entry's options that :func:`registry_text` reads: ``--device``,
+    ``--dtype``, ``--compile``, ``--tiny`` and the memory plan's ``--quantization``."""
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
+    p.add_argument("--tiny", action="store_true", help="TINY_CONFIG on the CPU, 64x64")
+    memory_args(p, offload=False)
+
+
+def entry_config(args: argparse.Namespace) -> None:
+    """``args.random_config`` and ``args.seq_len`` of the entry: Helios-Distilled's; with
+    ``--tiny``, ``TINY_CONFIG`` on the CPU at 64x64, float32, no compile."""
+    args.random_config, args.seq_len = {}, 512
+    if args.tiny:
+        from workers.pipelines.diffusers.helios.random_weights import TINY_CONFIG
+
+        args.random_config, args.seq_len = TINY_CONFIG, 16
+        args.device, args.dtype, args.compile = "cpu", "float32", "off"
+        args.width = args.height = 64
 
 
 def registry_text(args: argparse.Namespace, max_sessions: int, workers: int = 1) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,11 @@ from workers.jobs.batcher import DeviceShare, StepBatcher, stepping
 from workers.jobs.output import make_output
 from workers.jobs.run import JobRun
 from workers.pipelines.base import GenerationRequest, StepState, SupportsStepBatch
-from workers.pipelines.diffusers.longcat_audio.adapter import LongCatAudioAdapter
+from workers.pipelines.diffusers.longcat_audio.adapter import (
+    LongCatAudioAdapter,
+    solo_pass,
+    step_timestep,
+)
 from workers.pipelines.diffusers.longcat_audio.batch import Row, batched_forward, text_side
 
 # A batched job's audio against its solo job's, relative to the solo clip's peak.
@@ -90,9 +94,20 @@ def _peak_diff(got: torch.Tensor, solo: torch.Tensor) -> float:
     return float((got - solo).abs().max() / solo.abs().max())
 
 
+def _on_threads(target: Callable[[Any], None], args: Iterable[Any], timeout: float) -> None:
+    """``target(arg)`` for each of ``args``, each on a thread of its own: all started, then
+    each joined within ``timeout`` seconds."""
+    threads = [threading.Thread(target=target, args=(arg,)) for arg in args]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+
+
 def test_the_batched_pass_is_the_forward(pipe: Any) -> None:
-    """One row: bit-equal to ``transformer.forward``; rows of other lengths, texts and
-    timesteps in one pass: each row within ``FORWARD_BOUND``, its padding zero."""
+    """One row: bit-equal to ``transformer.forward`` as the unbatched step calls it
+    (``solo_pass``); rows of other lengths, texts and timesteps in one pass: each row within
+    ``FORWARD_BOUND``, its padding zero."""
     adapter = _adapter(pipe)
     transformer = adapter.pipe.transformer
     states = [adapter.prepare(_request(*job)) for job in JOBS]
@@ -101,20 +116,12 @@ def test_the_batched_pass_is_the_forward(pipe: Any) -> None:
     rows: list[tuple[Row, torch.Tensor]] = []
     with torch.no_grad():
         for s in states:
-            t = s.timesteps[s.step_index] / s.scheduler.config.num_train_timesteps
-            t = t.expand(1)
+            t = step_timestep(s)
             for embeds, mask in (
                 (s.prompt_embeds, s.text_mask),
                 (s.negative_prompt_embeds, s.negative_text_mask),
             ):
-                solo = transformer(
-                    hidden_states=s.latents,
-                    encoder_hidden_states=embeds,
-                    encoder_attention_mask=mask,
-                    timestep=t,
-                    attention_mask=s.mask,
-                    latent_cond=s.latent_cond,
-                ).sample
+                solo = solo_pass(transformer, s, embeds, mask)
                 row = Row(s.latents, s.mask, s.latent_cond, t, text_side(transformer, embeds, mask))
                 assert torch.equal(batched_forward(transformer, [row]), solo)
                 rows.append((row, solo))
@@ -168,11 +175,7 @@ def _run_batched(
             out[i] = exc
             two_steps.set()
 
-    threads = [threading.Thread(target=job, args=(i,)) for i in range(len(requests))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    _on_threads(job, range(len(requests)), 30)
     del adapter.step_batch
     batcher.close()
     return out, batches
@@ -227,11 +230,7 @@ def test_a_member_that_stops_leaves_the_others_alone(pipe: Any) -> None:
             except Exception as exc:
                 errors[i] = exc
 
-    threads = [threading.Thread(target=member, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
+    _on_threads(member, range(2), 10)
     batcher.close()
     assert errors == {0: reasons[0], 1: reasons[1]}
     assert [s.step_index for s in states] == [0, 0]  # no step was made
@@ -324,11 +323,7 @@ def test_each_job_keeps_its_progress_and_its_stream(pipe: Any, tmp_path: Path) -
         finally:
             run.close()
 
-    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    _on_threads(job, range(3), 30)
     batcher.close()
     assert isinstance(outcome[1], JobLost)
     assert batcher.largest == 3
@@ -396,11 +391,7 @@ def test_a_step_that_fails_fails_every_member(pipe: Any) -> None:
             except torch.OutOfMemoryError as exc:
                 errors.append(exc)
 
-    threads = [threading.Thread(target=member, args=(s,)) for s in states]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
+    _on_threads(member, states, 10)
     del adapter.step_batch
     batcher.close()
     assert errors == [failure, failure]
@@ -440,10 +431,6 @@ def test_a_job_that_comes_during_a_batch_joins_the_next_one() -> None:
                 started.set()
                 stepper.step(state, lambda block: None)
 
-    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(10)
+    _on_threads(job, range(3), 10)
     batcher.close()
     assert sum(slow.batches) == 18 and slow.batches.count(3) >= 4, slow.batches

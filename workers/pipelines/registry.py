@@ -82,9 +82,10 @@ def build_adapter(model: ServedModel) -> AnyPipeline:
     return pipe
 
 
-def _check_plan(model: ServedModel) -> None:
+def check_plan(model: ServedModel) -> None:
     """Refuse a memory plan that does not combine with the rest of ``model``'s entry
-    (:func:`models.memory_plan.refused_combination`: both features named)."""
+    (:func:`models.memory_plan.refused_combination`: both features named); a benchmark
+    asks it before it starts a stack (``benchmarks/gpu/plans.py``)."""
     plan = model.spec.memory
     if plan is None:
         return
@@ -145,7 +146,7 @@ class PipelineRegistry:
                         "(benchmarks only); this worker refuses it unless "
                         "OMNIQ_WORKER__RANDOM_WEIGHTS=true"
                     )
-                _check_plan(model)
+                check_plan(model)
                 pipe = build_adapter(model)
                 if model.spec.memory is not None and not isinstance(pipe, SupportsMemoryPlan):
                     raise CatalogError(

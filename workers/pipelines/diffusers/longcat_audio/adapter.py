@@ -251,26 +251,12 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
 
     def _step(self, pipe: Any, s: LongCatAudioState) -> None:
         """One iteration of ``__call__``'s loop: two passes under guidance, not batched."""
-        t = s.timesteps[s.step_index]
-        latents = s.latents
-        curr_t = (t / s.scheduler.config.num_train_timesteps).expand(1)
-        curr_t = curr_t.to(dtype=s.prompt_embeds.dtype)
-
-        def predict(embeds: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
-            return pipe.transformer(
-                hidden_states=latents,
-                encoder_hidden_states=embeds,
-                encoder_attention_mask=text_mask,
-                timestep=curr_t,
-                attention_mask=s.mask,
-                latent_cond=s.latent_cond,
-            ).sample
-
-        pred = predict(s.prompt_embeds, s.text_mask)
+        t, transformer = s.timesteps[s.step_index], pipe.transformer
+        pred = solo_pass(transformer, s, s.prompt_embeds, s.text_mask)
         if s.do_cfg:
-            null_pred = predict(s.negative_prompt_embeds, s.negative_text_mask)
+            null_pred = solo_pass(transformer, s, s.negative_prompt_embeds, s.negative_text_mask)
             pred = null_pred + (pred - null_pred) * s.guidance_scale
-        s.latents = s.scheduler.step(pred, t, latents, return_dict=False)[0]
+        s.latents = s.scheduler.step(pred, t, s.latents, return_dict=False)[0]
 
     @torch.no_grad()
     def step_batch(self, states: Sequence[StepState]) -> None:
@@ -306,9 +292,7 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
             s.text = text_side(pipe.transformer, s.prompt_embeds.to(dtype), s.text_mask)
             negative = s.negative_prompt_embeds.to(dtype)
             s.null_text = text_side(pipe.transformer, negative, s.negative_text_mask)
-        t = s.timesteps[s.step_index]
-        curr_t = (t / s.scheduler.config.num_train_timesteps).expand(1)
-        curr_t = curr_t.to(dtype=s.prompt_embeds.dtype)
+        curr_t = step_timestep(s)
         rows = [Row(s.latents, s.mask, s.latent_cond, curr_t, s.text)]
         if s.do_cfg:
             rows.append(Row(s.latents, s.mask, s.latent_cond, curr_t, s.null_text))
@@ -369,6 +353,30 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         audio = self.decode_audio(s)[0].float().cpu().numpy()
         rate = int(self._loaded().sample_rate)
         return Media.audio_only(np.ascontiguousarray(audio, dtype=np.float32), rate, s.request.fps)
+
+
+def step_timestep(s: LongCatAudioState) -> torch.Tensor:
+    """The transformer's timestep at ``s``'s step as ``__call__`` gives it: one element,
+    divided by the scheduler's ``num_train_timesteps``, in the text's dtype."""
+    t = s.timesteps[s.step_index] / s.scheduler.config.num_train_timesteps
+    return t.expand(1).to(dtype=s.prompt_embeds.dtype)
+
+
+def solo_pass(
+    transformer: Any, s: LongCatAudioState, embeds: torch.Tensor, text_mask: torch.Tensor
+) -> torch.Tensor:
+    """One pass of ``transformer.forward`` for ``s`` at its step with the text ``embeds``
+    and ``text_mask`` (its prompt's or its negative's): the unbatched step's, which a
+    batched pass's row must equal."""
+    prediction: torch.Tensor = transformer(
+        hidden_states=s.latents,
+        encoder_hidden_states=embeds,
+        encoder_attention_mask=text_mask,
+        timestep=step_timestep(s),
+        attention_mask=s.mask,
+        latent_cond=s.latent_cond,
+    ).sample
+    return prediction
 
 
 def _resized(state: LongCatAudioState, frames: int, tokens: int) -> LongCatAudioState:

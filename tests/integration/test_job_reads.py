@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio.to_thread
@@ -389,15 +390,24 @@ def test_pool_keeps_its_connections_under_concurrent_reads(engine: Engine) -> No
     assert len(opened) <= size, f"{len(opened)} connections opened for {size} readers"
 
 
+@pytest.fixture
+def own_pg_url() -> Iterator[str]:
+    """A migrated database of the test's own: the job it creates stays queued, and in the
+    session's database the session stack's worker claimed it (fair share claims the
+    model's next queued row) at the next module's first job, which waited ~40 s behind it."""
+    with new_pg_database() as url:
+        upgrade(url)
+        yield url
+
+
 def test_status_read_makes_one_thread_pool_hop(
-    pg_url: str, s3_server: EmbeddedS3, redis_db: int, monkeypatch: pytest.MonkeyPatch
+    own_pg_url: str, s3_server: EmbeddedS3, redis_db: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A create, GET /v1/videos/{id} and a list page hop to the thread pool once each
     (the database work); the state and service dependencies used to add one hop each,
     and a create's queue position another."""
-    upgrade(pg_url)
     # jobs created here are never run: no worker listens on this module's index
-    settings = service_settings(pg_url, s3_server, redis_db=redis_db)
+    settings = service_settings(own_pg_url, s3_server, redis_db=redis_db)
     hops: list[str] = []
     real = anyio.to_thread.run_sync
     real_blocking = AppState.blocking

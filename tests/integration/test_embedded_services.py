@@ -21,6 +21,7 @@ from botocore.exceptions import ClientError
 
 from cli.embedded import EmbeddedS3, EmbeddedValkey
 from tests.integration.conftest import running_s3
+from tests.integration.up_process import up_command
 from workers.runtime.processes import free_port
 
 pytestmark = pytest.mark.integration
@@ -265,16 +266,7 @@ def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], list[in
     log = data_dir.parent / "up.log"
     with open(log, "a") as log_file:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cli.main",
-                "up",
-                "--port",
-                str(port),
-                "--data-dir",
-                str(data_dir),
-            ],
+            up_command(port, data_dir),
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

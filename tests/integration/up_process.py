@@ -78,6 +78,14 @@ def port_free(port: int) -> bool:
     return True
 
 
+def up_command(port: int, data_dir: Path, *args: str) -> list[str]:
+    """``omniqueue up`` on ``port`` with ``data_dir``, as a subprocess' argv."""
+    return [
+        sys.executable, "-m", "cli.main", "up", "--port", str(port), "--data-dir", str(data_dir),
+        *args,
+    ]  # fmt: skip
+
+
 class Up:
     def __init__(
         self,
@@ -94,19 +102,7 @@ class Up:
         self.port = port
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "cli.main",
-                    "up",
-                    "--port",
-                    str(port),
-                    "--data-dir",
-                    str(data_dir),
-                    "--workers",
-                    str(workers),
-                    *args,
-                ],
+                up_command(port, data_dir, "--workers", str(workers), *args),
                 cwd=REPO,
                 env=env,
                 stdout=subprocess.PIPE,

@@ -321,7 +321,8 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
 def stack(
     tmp_path_factory: pytest.TempPathFactory, s3_server: EmbeddedS3, pg_url: str, redis_url: str
 ) -> Iterator[Stack]:
-    """API + one worker on PostgreSQL, Redis and SeaweedFS, auth required."""
+    """API + one worker on PostgreSQL, Redis and SeaweedFS, auth required; the worker logs
+    each video's raw-frame SHA-256 (x264's output under load varies, its input not)."""
     upgrade(pg_url)
     work = tmp_path_factory.mktemp("stack")
     st = Stack(
@@ -330,6 +331,7 @@ def stack(
         redis_url=redis_url,
         s3=s3_server,
         auth="required",
+        extra_env={"OMNIQ_WORKER__LOG_FRAME_DIGESTS": "true"},
     )
     st.start(workers=1)
     try:

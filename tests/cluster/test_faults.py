@@ -112,7 +112,7 @@ def test_a_worker_cut_from_postgres_then_from_s3(cluster: Cluster, report: dict[
     since = {h: cluster.log_offset(h) for h in JOB_HOSTS}
     host = next(
         h
-        for h in _poll_logs(cluster, since, f"failpoint upload@{upload}: sleep:2")
+        for h in _poll_logs(cluster, since, f"failpoint upload@{upload}: sleep:2", upload)
         if h in JOB_HOSTS
     )
     cluster.net.set_link(host, "s3", False)
@@ -124,8 +124,12 @@ def test_a_worker_cut_from_postgres_then_from_s3(cluster: Cluster, report: dict[
     report["2_postgres_then_s3"] = figures
 
 
-def _poll_logs(cluster: Cluster, since: dict[str, int], needle: str) -> list[str]:
-    deadline = time.monotonic() + 60
+def _poll_logs(
+    cluster: Cluster, since: dict[str, int], needle: str, job_id: str | None = None
+) -> list[str]:
+    """The hosts whose log has ``needle`` since ``since``; the failure names where
+    ``job_id`` stood (its row), so that a job that never reached the line says why."""
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         found = [
             h
@@ -135,7 +139,13 @@ def _poll_logs(cluster: Cluster, since: dict[str, int], needle: str) -> list[str
         if found:
             return found
         time.sleep(0.1)
-    raise AssertionError(f"{needle!r} in no log")
+    where = ""
+    if job_id is not None:
+        (row,) = cluster.rows(
+            "SELECT status, attempt, error_code FROM jobs WHERE id = :id", id=job_id
+        )
+        where = f"; the job: {row.status}, attempt {row.attempt}, error {row.error_code}"
+    raise AssertionError(f"{needle!r} in no log{where}")
 
 
 def test_a_zombie_worker_writes_nothing(cluster: Cluster, report: dict[str, Any]) -> None:
@@ -148,7 +158,7 @@ def test_a_zombie_worker_writes_nothing(cluster: Cluster, report: dict[str, Any]
     assert job_id is not None
     cluster.set_failpoints({f"upload@{job_id}@attempt1": "sleep:30"})
     since = {h: cluster.log_offset(h) for h in JOB_HOSTS}
-    (host,) = _poll_logs(cluster, since, f"failpoint upload@{job_id}@attempt1")
+    (host,) = _poll_logs(cluster, since, f"failpoint upload@{job_id}@attempt1", job_id)
     cluster.net.isolate(host)
     isolated = time.monotonic()
     figures: dict[str, Any] = {"host": host}

@@ -10,6 +10,8 @@
 #   bash benchmarks/device/fp8.sh --random --combos             # random weights, real sizes
 #   bash benchmarks/device/fp8.sh --registry models.toml --model NAME --combos
 #                                                               # released weights: an entry
+#   bash benchmarks/device/fp8.sh --probe-group                 # FP8 through group offloading
+#                                                               # (benchmarks/gpu/fp8_group_probe.py)
 # The wheels of .wheelhouse/h3 go to /tmp/fp8-site with --no-deps over the host's packages
 # (preflight.sh's site_install; torch, transformers, accelerate and peft are the image's).
 # FP8 needs a GPU of compute capability 8.9 or more (Ada, Hopper, Blackwell): on an older
@@ -31,6 +33,10 @@ print("torch", torch.__version__, "torchao", torchao.__version__,
       "capability", torch.cuda.get_device_capability(0))'
 # shellcheck source=benchmarks/device/bench.sh
 source benchmarks/device/bench.sh
+if [ "${1:-}" = "--probe-group" ]; then  # FP8 weights through group offloading
+    python3 -m benchmarks.gpu.fp8_group_probe | tee "$OUT/gpu_fp8_group_probe.json"
+    exit 0
+fi
 bench_with python3 "$OUT/gpu_fp8_quality.log" gpu.fp8_quality "$@"
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))

@@ -64,6 +64,11 @@ class RealtimeSettings(BaseModel):
     # at once, without waiting out lost_after_s (which still covers a worker alive but
     # stuck). 0: no lease (the worker says so in its ``accepted``).
     worker_lease_s: float = Field(3.0, ge=0)
+    # The lease names the Redis connection that renews it (its client id), and the API
+    # takes that connection gone as the worker's death at once, without waiting out the
+    # TTL: a process that dies closes its connections (storage/session_lease.py). Off, or
+    # where the server refuses CLIENT or hides connections (a proxy), the TTL alone.
+    worker_lease_connection: bool = True
     # How long the Redis-held state of a duplex voice session (replay log, session config,
     # conversation, response state: any API replica resumes it) outlives its last write or
     # keep-alive; longer than resume_grace_s.

@@ -7,12 +7,13 @@ session's config), sends the session's commands, keeps the worker informed that 
 is alive, and relays the worker's outputs to the session under two clocks
 (``realtime/worker_watch.py``): no ``accepted`` within the admission timeout →
 ``resource_exhausted`` (the session is marked abandoned, so a late worker does not start
-it); an admitted worker that is dead (its lease ran out, or silent for ``lost_after_s``)
-→ ``worker_lost``, unless the session has a checkpoint to go on from (a world session of
-a model that takes snapshots, with a chunk sent): then it is placed again, on any worker
-of its model, which takes it over from the last chunk sent (``storage/session_checkpoint.py``,
-``workers/sessions/world_checkpoint.py``), once per chunk. The client sees nothing of it but the
-wait; a takeover no worker admits in time ends the session with ``worker_lost``.
+it); an admitted worker that is dead (its lease ran out or the connection it names
+closed, ``storage/session_lease.py``; or silent for ``lost_after_s``) → ``worker_lost``,
+unless the session has a checkpoint to go on from (a world session of a model that takes
+snapshots, with a chunk sent): then it is placed again, on any worker of its model, which
+takes it over from the last chunk sent (``storage/session_checkpoint.py``,
+``workers/sessions/world_checkpoint.py``), once per chunk. The client sees nothing of it
+but the wait; a takeover no worker admits in time ends the session with ``worker_lost``.
 
 Where the relay stands (placed, worker admitted, the last output read) is
 :class:`~realtime.session_snapshot.RelayPosition`: a duplex voice session stores it in
@@ -52,6 +53,7 @@ from storage.constants import (
 )
 from storage.queue import JobQueue
 from storage.session_checkpoint import claim_takeover
+from storage.session_lease import LeaseLook
 from storage.session_state import SessionStateStore
 from storage.settings import RealtimeSettings, Settings
 
@@ -130,6 +132,7 @@ class Relay:
         self.placed = position.placed
         self.admitted = position.worker_admitted  # the worker said ``accepted``
         self.cursor = position.out_cursor  # the last output read (and handed to the target)
+        self.leases = LeaseLook(self.bus.redis)
         self.tasks: list[asyncio.Task[None]] = []
         self._reader: asyncio.Task[None] | None = None
 
@@ -206,7 +209,7 @@ class Relay:
         """The watch's verdict, the worker's lease looked at first when that is due."""
         attempt = watch.lease_check_due(now)
         if attempt is not None:
-            held = await bounded(self.bus.redis.exists(session_lease_key(self.id, attempt)))
+            held = await bounded(self.leases.held(session_lease_key(self.id, attempt)))
             if not held:
                 watch.lease_gone()
         return watch.verdict(now)

@@ -378,6 +378,7 @@ def _lease_holder_pid(stack: Stack, session_id: str, attempt: int = 1) -> int | 
     import redis
 
     from storage.constants import session_lease_key
+    from storage.session_lease import parse_lease
 
     client = redis.Redis(port=stack.valkey_port())
     try:
@@ -386,8 +387,7 @@ def _lease_holder_pid(stack: Stack, session_id: str, attempt: int = 1) -> int | 
         client.close()
     if not holder:
         return None
-    text = holder.decode() if isinstance(holder, bytes) else str(holder)
-    return int(text.split(":")[1])
+    return int(parse_lease(holder)[0].split(":")[1])
 
 
 async def _takeover(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 seeded HeliosPipeline from disk, two API replicas and two realtime worker processes on
 one Redis. The worker running the session is SIGKILLed between two chunks (a failpoint
 of its first placement only); meanwhile the client's socket drops and it resumes on the
-other replica. That replica finds the worker's lease gone, places the session again, and
-the other worker takes it over from its last checkpoint. The client gets every chunk
+other replica. That replica finds the worker's lease gone (the connection it names
+closed with the process, long before its TTL could run out), places the session again,
+and the other worker takes it over from its last checkpoint. The client gets every chunk
 index exactly once, in order, one ``session.resumed``, and fMP4 bytes equal to an
 uninterrupted in-process session's (its frames bit for bit: x264 is deterministic),
 a prompt change sent before the kill included."""
@@ -21,10 +22,12 @@ from typing import Any
 
 import av
 import pytest
+import redis.asyncio
 from websockets.asyncio.client import ClientConnection, connect
 
 from cli.embedded import EmbeddedS3
 from models.catalog import FAMILY_SPECS
+from storage.constants import session_lease_key
 from tests.helpers import next_pair
 from tests.integration.conftest import isolated_stack
 from tests.integration.stack import Stack
@@ -45,6 +48,7 @@ START = {
     "extra_params": {"persist": True},  # the taker stores the whole video, not its part
 }
 LOST_AFTER_S = 30.0  # the silence clock: the lease must find the dead worker long before
+LEASE_S = 20.0  # its TTL: the lease's closed connection must tell long before that too
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +65,7 @@ def stack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[St
         "OMNIQ_MODEL_REGISTRY": str(registry),
         "OMNIQ_REALTIME__SLOTS": "1",
         "OMNIQ_REALTIME__LOST_AFTER_S": str(LOST_AFTER_S),
+        "OMNIQ_REALTIME__WORKER_LEASE_S": str(LEASE_S),
     }
     with isolated_stack(module_dir, s3_server, redis_db=redis_db, extra_env=env) as st:
         st.start(workers=0, realtime_workers=2)
@@ -107,6 +112,8 @@ def test_a_session_outlives_its_worker_killed_between_chunks(stack: Stack, tmp_p
     replica_b = stack.sibling(tmp_path, {})
     replica_b.start(workers=0)
     stack.set_failpoints({f"session_chunk:{KILLED_AT}@attempt1": "kill"})
+
+    broker = redis.asyncio.Redis.from_url(stack.redis_url)
 
     async def run() -> tuple[dict[int, bytes], list[dict[str, Any]], float, str]:
         got: dict[int, bytes] = {}
@@ -157,7 +164,11 @@ def test_a_session_outlives_its_worker_killed_between_chunks(stack: Stack, tmp_p
             assert event["type"] == "video.chunk_metadata", event
             if event["generation_chunk_index"] == KILLED_AT:
                 waited = time.monotonic() - dropped
+                # the dead worker's lease still had its TTL to run: its connection told
+                lease = session_lease_key(start["session_id"], 1)
+                assert await broker.pttl(lease) > 0
         await b.close()
+        await broker.aclose()
         assert event["chunks"] == CHUNKS and event["stopped"] is False
         return got, seen, waited, event["artifact_id"]
 
@@ -175,7 +186,7 @@ def test_a_session_outlives_its_worker_killed_between_chunks(stack: Stack, tmp_p
     assert sorted(got) == list(range(CHUNKS))  # every chunk once (each was checked new)
     assert [e["type"] for e in seen].count("session.resumed") == 1
     assert not any(e["type"] == "error" for e in seen), seen
-    assert waited < LOST_AFTER_S / 2  # found dead by its lease, not by the silence clock
+    assert waited < LEASE_S / 2  # found dead by its lease's connection, no clock
     media = [e for e in seen if e["type"] == "video.chunk_metadata" and e["kind"] == "media"]
     started = [e["generation_chunk_index"] for e in media if "dusk" in e["started_event_ids"]]
     assert started in ([1], [2]), media  # the chunk under way when read, or the next

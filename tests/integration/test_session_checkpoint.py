@@ -1,13 +1,11 @@
-"""World session checkpoints and worker leases on a real Redis (issue 31 §5): a chunk and
-the checkpoint taken after it enter Redis together or not at all; a takeover moves the
-fence on, so the worker presumed dead adds nothing more; one takeover per chunk; a
-lease lives while its worker does (``storage/session_checkpoint.py``,
-``workers/sessions/lease.py``)."""
+"""World session checkpoints on a real Redis (issue 31 §5): a chunk and the checkpoint
+taken after it enter Redis together or not at all; a takeover moves the fence on, so the
+worker presumed dead adds nothing more; one takeover per chunk
+(``storage/session_checkpoint.py``; the workers' leases: ``test_session_lease.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -16,11 +14,10 @@ import redis.asyncio
 
 from models.session_bus import OUTPUTS, ChunkOutput, WorldCheckpoint
 from storage.bus import EventBus
-from storage.constants import session_checkpoint_key, session_lease_key, session_out_key
+from storage.constants import session_checkpoint_key, session_out_key
 from storage.session_checkpoint import CheckpointStore, claim_takeover
 from tests.helpers import world_session_config
 from tests.integration.conftest import REDIS_BASE_URL, flushed_redis
-from workers.sessions.lease import SessionLease
 
 pytestmark = pytest.mark.integration
 
@@ -99,16 +96,3 @@ def test_chunks_and_checkpoints_go_together_and_a_takeover_fences_the_old_worker
     store.drop(SESSION, 3)
     assert not client.exists(session_checkpoint_key(SESSION))
     assert _claim(url) is None
-
-
-def test_a_lease_lives_as_long_as_its_holder(url: str) -> None:
-    """Renewed by its thread past its TTL while the block runs; gone right after."""
-    client = redis.Redis.from_url(url)
-    key = session_lease_key(SESSION, 2)
-    with SessionLease(client, SESSION, 2, "w1", lease_s=0.3, every_s=1.0):
-        assert client.get(key) == b"w1"
-        time.sleep(0.6)  # twice the TTL
-        assert client.exists(key)
-    assert not client.exists(key)
-    with SessionLease(client, SESSION, 2, "w1", lease_s=0, every_s=1.0):
-        assert not client.exists(key)  # no lease at all

@@ -124,6 +124,7 @@ class SlotRunner(abc.ABC, Generic[ConfigT]):
             self.worker_id,
             lease_s=rt.worker_lease_s,
             every_s=rt.keepalive_s,
+            bind=rt.worker_lease_connection,
         )
         with lease:  # before ``accepted``, which tells the API to look at it
             lease_s = rt.worker_lease_s or None

@@ -166,3 +166,24 @@ def _sequence_number(fragment: bytes) -> int:
     """The ``mfhd`` sequence number of the first ``moof`` of ``fragment``."""
     at = fragment.index(b"mfhd")
     return int.from_bytes(fragment[at + 8 : at + 12], "big")
+
+
+def test_a_chunk_fed_piece_by_piece_is_the_chunk_written_whole() -> None:
+    """Pieces as a Wan VAE decodes them (1 frame, then 4 at a time), on noise, x264's
+    hardest input: the same bytes, chunk for chunk, as ``write_chunk`` of each whole."""
+    rng = np.random.default_rng(0)
+    chunks = [rng.integers(0, 256, (9, H, W, 3), dtype=np.uint8) for _ in range(3)]
+    whole = FragmentedMP4Writer(W, H, FPS)
+    expected = [whole.write_chunk(frames) for frames in chunks]
+    pieces = FragmentedMP4Writer(W, H, FPS)
+    got: list[bytes] = []
+    for frames in chunks:
+        for start, stop in ((0, 1), (1, 5), (5, 9)):
+            pieces.add_frames(frames[start:stop])
+        assert pieces.frames_written == len(got) * 9  # counted once the chunk ends
+        got.append(pieces.end_chunk())
+    assert got == expected
+    assert pieces.frames_written == whole.frames_written == 27
+    assert pieces.fragments_written == 3
+    with pytest.raises(ValueError, match="at least one frame"):
+        pieces.end_chunk()

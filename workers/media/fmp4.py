@@ -63,6 +63,8 @@ class FragmentedMP4Writer:
     ``write_chunk(frames)`` (uint8 T×H×W×3 RGB) encodes the chunk and returns its bytes
     right away: the first call's bytes start with the init segment (``ftyp`` + ``moov``),
     followed by the chunk's ``moof`` + ``mdat``; later calls return only their fragment.
+    A chunk may also be fed as its frames come (``add_frames`` as often as needed, then
+    ``end_chunk`` for its bytes), the same bytes as ``write_chunk`` of its frames whole.
     ``close()`` ends the stream; it returns any trailing bytes (normally ``b""``: every
     chunk is complete when ``write_chunk`` returns). Width and height must be even.
     """
@@ -90,7 +92,8 @@ class FragmentedMP4Writer:
         encoder.open()
         self._encoder = encoder
         self._init: bytes | None = None
-        self._frames = 0
+        self._frames = 0  # in chunks ended
+        self._packets: list[Packet] = []  # the chunk under way's
         self._fragments = 0
         self._closed = False
 
@@ -131,6 +134,15 @@ class FragmentedMP4Writer:
 
     def write_chunk(self, frames: np.ndarray) -> bytes:
         """Encode one chunk (starting with an IDR frame) and return its bytes."""
+        self.add_frames(frames)
+        return self.end_chunk()
+
+    def add_frames(self, frames: np.ndarray) -> None:
+        """Encode ``frames`` (uint8 T×H×W×3 RGB) as the next frames of the chunk under way,
+        the first of a chunk an IDR frame; :meth:`end_chunk` returns the chunk's bytes.
+        A chunk fed piece by piece is the chunk written whole, byte for byte: x264 with
+        ``zerolatency`` hands each frame's packet back as the frame goes in, so the
+        pieces' frames meet the same encoder state in the same order."""
         if self._closed:
             raise RuntimeError("the writer is closed")
         shape = (self.height, self.width, 3)
@@ -138,19 +150,25 @@ class FragmentedMP4Writer:
             raise ValueError(
                 f"frames must be uint8 T×{shape[0]}×{shape[1]}×3, got {frames.dtype} {frames.shape}"
             )
-        if len(frames) == 0:
-            raise ValueError("a chunk needs at least one frame")
-        packets: list[Packet] = []
-        for index, pixels in enumerate(np.ascontiguousarray(frames)):
+        packets = self._packets
+        for pixels in np.ascontiguousarray(frames):
             frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
-            frame.pts = self._frames + index
+            frame.pts = self._frames + len(packets)
             frame.time_base = self._encoder.time_base
-            if index == 0:
+            if not packets:
                 frame.pict_type = PictureType.I  # with forced-idr: an IDR frame
-            packets.extend(self._encoder.encode(frame))
-        if len(packets) != len(frames) or not packets[0].is_keyframe:
-            raise RuntimeError("the encoder held frames back or did not start with a keyframe")
-        self._frames += len(frames)
+            encoded = self._encoder.encode(frame)
+            if len(encoded) != 1 or (not packets and not encoded[0].is_keyframe):
+                raise RuntimeError("the encoder held frames back or did not start with a keyframe")
+            packets.extend(encoded)
+
+    def end_chunk(self) -> bytes:
+        """The bytes of the chunk :meth:`add_frames` encoded (one fragment, after the init
+        segment the first time); the next frames begin a chunk."""
+        if not self._packets:
+            raise ValueError("a chunk needs at least one frame")
+        packets, self._packets = self._packets, []
+        self._frames += len(packets)
         return self._mux(packets)
 
     def close(self) -> bytes:

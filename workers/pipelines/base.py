@@ -19,8 +19,8 @@ A served model's kind follows from its spec (``ModelSpec.kind``), and the regist
 
 What an adapter can do beyond its kind's interface (serve per-request LoRA, warm up,
 preview a job, stream its PCM or its decode, batch several jobs' steps, hand a world
-session over to another worker, run a world chunk's last step again for an interaction)
-is a capability: a ``Protocol`` at the end of
+session over to another worker, run a world chunk's last step again for an interaction,
+hand a world chunk's frames out as they decode) is a capability: a ``Protocol`` at the end of
 this module that its callers check with ``isinstance``.
 
 An adapter is loaded once per worker process and shared by every job or session it runs,
@@ -67,6 +67,12 @@ def checkpoint() -> None:
     check = _checkpoint.get()
     if check is not None:
         check()
+
+
+def checkpoint_check() -> Callable[[], None] | None:
+    """The check ``checkpoint()`` runs in this context, or None outside a job's or a
+    session's long call (a block hook then does nothing more: tests, a bare call)."""
+    return _checkpoint.get()
 
 
 @contextlib.contextmanager
@@ -460,4 +466,18 @@ class SupportsStepRestart(Protocol):
         """Whether the step of ``state`` in flight (asked from inside it, at a block
         gate) is its chunk's last and would run again, an interaction read then entering
         its chunk (False where the spec's ``interaction_at`` is ``"chunk"``)."""
+        ...
+
+
+@runtime_checkable
+class SupportsChunkStream(Protocol):
+    """A world pipeline whose chunk leaves the device as it decodes: the session's
+    delivery lane encodes each piece while the next decodes (``workers/sessions/world.py``),
+    so only the last piece's encode follows the decode."""
+
+    def stream_chunk(self, state: Any) -> Iterator[np.ndarray]:
+        """``take_chunk`` in pieces: the session moves on to the next chunk at the call;
+        the iterator decodes and yields uint8 T×H×W×3 pieces which, concatenated, are
+        ``take_chunk``'s frames bit for bit. Read it to its end within the device's turn
+        (the decoder is the worker's); a stop at a cancel point inside it ends it."""
         ...

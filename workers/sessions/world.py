@@ -48,7 +48,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -73,6 +73,7 @@ from workers.common.failpoints import Failpoints
 from workers.common.memory import forget_frames
 from workers.media.fmp4 import FragmentedMP4Writer
 from workers.pipelines.base import (
+    SupportsChunkStream,
     SupportsStepRestart,
     WorldConfig,
     WorldPipeline,
@@ -80,7 +81,7 @@ from workers.pipelines.base import (
     step_stops,
 )
 from workers.pipelines.registry import PipelineRegistry
-from workers.sessions.delivery import ChunkTimes, DeliveryLane
+from workers.sessions.delivery import ChunkTimes, DeliveryLane, LaneStream
 from workers.sessions.slot import SessionSlot, SlotRunner
 from workers.sessions.turns import (
     CapacityExceeded,
@@ -265,6 +266,7 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                     persisted.write(tail)
                 slot.send(ChunkOutput(kind="trailer", produced_at=time.time()), tail)
         finally:
+            checkpoint.close()  # the lane is closed: no chunk waits for a packing now
             if persisted is not None:
                 persisted.close()
         rollout.times.log_summary(slot.id)
@@ -320,7 +322,7 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                     with step_stops(gate), checkpoints(stop.check):
                         pipe.step(state)
                         stepped = time.perf_counter()
-                        frames = pipe.take_chunk(state) if pipe.chunk_done(state) else None
+                        made = run.decode(lane) if pipe.chunk_done(state) else None
                 except SessionStopped as exc:  # inside the step or the decode
                     # its traceback's frames hold the step's activations: cleared, as a
                     # job's are, so nothing keeps them through the exception
@@ -331,23 +333,24 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                     log.info(
                         "session %s: %s; chunk %d's last step runs again", slot.id, exc, run.made
                     )
-                    stepped, frames = time.perf_counter(), None
+                    stepped, made = time.perf_counter(), None
                 ended = time.perf_counter()
                 device_s += ended - began
             denoise_s += stepped - began
-            if frames is not None:
-                work = _demand(config, world.steps_per_chunk).work(len(frames))
+            if made is not None:
+                work = _demand(config, world.steps_per_chunk).work(made.frames)
                 self.capacity.measured(config.model, device_s, work)
                 device = (denoise_s, ended - stepped)  # denoise, decode
                 device_s = denoise_s = 0.0
                 between_chunks = True
-                lane.hand_over(run.made_chunk(frames, device, self.failpoints))
+                run.made_chunk(made, device, self.failpoints)
         return False
 
 
 class _Rollout:
     """One session's rollout: what the device's loop and the delivery lane share. The
-    loop calls :meth:`made_chunk`; what it returns runs on the lane, in order."""
+    loop calls :meth:`decode`, then :meth:`made_chunk`; the lane encodes the chunk's
+    pieces as they come and then sends it, in order."""
 
     def __init__(
         self,
@@ -365,42 +368,87 @@ class _Rollout:
         self.made = sent  # media chunks made (and handed over) so far
         self.times = ChunkTimes()
 
+    def decode(self, lane: DeliveryLane) -> _Outgoing:
+        """Take the chunk whose steps have all run, on the device's thread: each piece
+        of frames goes to the lane as it decodes (``SupportsChunkStream``; else the chunk
+        whole), and the lane encodes it while the next decodes. A stop or an error inside
+        the decode abandons the chunk: nothing of it is sent (the session ends)."""
+        out = _Outgoing(self.writer)
+        stream = lane.stream(out.encode)
+        try:
+            for piece in _pieces(self.pipe, self.state):
+                stream.put(piece)
+                out.frames += len(piece)
+        except BaseException:
+            stream.abandon()
+            raise
+        out.stream = stream
+        return out
+
     def made_chunk(
-        self, frames: np.ndarray, device: tuple[float, float], failpoints: Failpoints
-    ) -> Callable[[], None]:
+        self, out: _Outgoing, device: tuple[float, float], failpoints: Failpoints
+    ) -> None:
         """Capture what chunk ``made`` needs of the session now (its events, its
-        checkpoint); the callable returned encodes, checkpoints and sends it. ``device``:
+        checkpoint, whose packing begins), and end its stream on the lane with the rest
+        of its delivery: its fragment muxed, then sent with the checkpoint. ``device``:
         the chunk's denoise and decode seconds."""
         index, self.made = self.made, self.made + 1
         begun, active, completed = self.pipe.events_for_chunk(self.state)
         began = time.perf_counter()
         captured = self.checkpoint.capture(self.state)
-        capture_s = time.perf_counter() - began
+        made = time.perf_counter()
         times = self.times  # the lane's alone
 
         def deliver() -> None:
             # the chunk is made and the session ours (a stop ended the loop before it)
             failpoints.hit(f"session_chunk:{index}", lambda: True, self.slot.attempt)
-            began = time.perf_counter()
-            data = self.writer.write_chunk(frames)
+            muxing = time.perf_counter()
+            data = self.writer.end_chunk()
             encoded = time.perf_counter()
             if self.persisted is not None:
                 self.persisted.write(data)
             chunk = ChunkOutput(
                 kind="media",
                 generation_chunk_index=index,
-                num_frames=len(frames),
+                num_frames=out.frames,
                 produced_at=time.time(),
                 started_event_ids=begun,
                 active_event_ids=active,
                 completed_event_ids=completed,
             )
-            self.checkpoint.send(chunk, data, captured, self.writer)  # and where it stands
-            self.playback.sent(len(frames), time.monotonic())
-            sent_s = time.perf_counter() - encoded  # packing the checkpoint, and the send
-            times.add(index, *device, capture_s, encoded - began, sent_s)
+            pack_s = self.checkpoint.send(chunk, data, captured, self.writer)  # and where it stands
+            self.playback.sent(out.frames, time.monotonic())
+            sent = time.perf_counter()
+            stages = {"denoise": device[0], "decode": device[1], "capture": made - began}
+            stages |= {"encode": out.encode_s + encoded - muxing, "pack": pack_s}
+            times.add(index, stages | {"send": sent - encoded, "tail": sent - made})
 
-        return deliver
+        assert out.stream is not None
+        out.stream.end(deliver)
+
+
+class _Outgoing:
+    """A chunk on its way out: the device's thread hands its pieces over (and counts
+    their frames), the lane encodes each as it comes (and times it)."""
+
+    def __init__(self, writer: FragmentedMP4Writer) -> None:
+        self.writer = writer
+        self.stream: LaneStream[np.ndarray] | None = None  # once every piece is handed over
+        self.frames = 0
+        self.encode_s = 0.0
+
+    def encode(self, piece: np.ndarray) -> None:
+        began = time.perf_counter()
+        self.writer.add_frames(piece)
+        self.encode_s += time.perf_counter() - began
+
+
+def _pieces(pipe: WorldPipeline[Any], state: Any) -> Iterator[np.ndarray]:
+    """The finished chunk's frames: piece by piece as they decode where the model can
+    (``SupportsChunkStream``), else whole (``take_chunk``)."""
+    if isinstance(pipe, SupportsChunkStream):
+        return pipe.stream_chunk(state)
+    return iter((pipe.take_chunk(state),))
 
 
 def _world_config(config: WorldSessionConfig) -> WorldConfig:

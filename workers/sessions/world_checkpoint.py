@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -49,11 +51,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Captured:
-    """A chunk's checkpoint as captured when the chunk was made: ``pack`` makes the
-    snapshot's bytes (None: the model takes none), ``commands_after`` is the last command
-    the session had read."""
+    """A chunk's checkpoint as captured when the chunk was made: ``snapshot`` is being
+    packed (its bytes and the seconds the packing took; None: the model takes none),
+    ``commands_after`` is the last command the session had read."""
 
-    pack: Callable[[], bytes] | None
+    snapshot: Future[tuple[bytes, float]] | None
     commands_after: str
 
 
@@ -71,6 +73,9 @@ class SessionCheckpoint:
         self.slot = slot
         self.config = config
         self.pipe = pipe
+        # Packs each chunk's snapshot from its capture on, beside the chunk's encode on the
+        # delivery lane, so that the send after the encode is only the Redis writes.
+        self._packer: ThreadPoolExecutor | None = None
 
     @property
     def taking_over(self) -> bool:
@@ -106,27 +111,40 @@ class SessionCheckpoint:
         return state, writer, meta.chunks
 
     def capture(self, state: Any) -> Captured:
-        """What the checkpoint of the chunk ``take_chunk`` just returned needs from the
-        session, taken now, on the device's thread, before the next chunk moves it on:
-        the snapshot (its tensors copied off the device where the model packs later,
-        :class:`SupportsSnapshotLater`; else packed now) and the last command read."""
+        """What the checkpoint of the chunk just taken needs from the session, taken now,
+        on the device's thread, before the next chunk moves it on: the snapshot (its
+        tensors copied off the device where the model packs later,
+        :class:`SupportsSnapshotLater`, and packed from now on on the packing thread;
+        else packed now) and the last command read."""
         pack: Callable[[], bytes] | None = None
         if isinstance(self.pipe, SupportsSnapshotLater):
             pack = self.pipe.capture_snapshot(state)
         elif isinstance(self.pipe, SupportsSnapshot):
             pack = functools.partial(bytes, self.pipe.snapshot(state))  # packed now
-        return Captured(pack, self.slot.after)
+        if pack is None:
+            return Captured(None, self.slot.after)
+        if self._packer is None:
+            name = f"pack-{self.slot.id}"
+            self._packer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        return Captured(self._packer.submit(_timed, pack), self.slot.after)
+
+    def close(self) -> None:
+        """The session's chunks are all sent or dropped: the packing thread ends (after
+        the snapshot it packs, if any; the ones not begun are dropped)."""
+        if self._packer is not None:
+            self._packer.shutdown(wait=True, cancel_futures=True)
 
     def send(
         self, chunk: ChunkOutput, data: bytes, captured: Captured, writer: FragmentedMP4Writer
-    ) -> None:
+    ) -> float:
         """Send media chunk ``chunk`` (its fMP4 bytes ``data``, just written by ``writer``)
-        with the checkpoint ``captured`` after it. Raises ``SessionTakenOver`` when the
-        session is another worker's now."""
-        snapshot = None if captured.pack is None else captured.pack()
-        if snapshot is None or writer.init_segment is None:
+        with the checkpoint ``captured`` after it, once packed; returns the seconds the
+        packing took. Raises ``SessionTakenOver`` when the session is another worker's
+        now."""
+        if captured.snapshot is None or writer.init_segment is None:
             self.slot.send(chunk, data)
-            return
+            return 0.0
+        snapshot, pack_s = captured.snapshot.result()
         assert chunk.generation_chunk_index is not None
         meta = WorldCheckpoint(
             config=self.config,
@@ -141,6 +159,7 @@ class SessionCheckpoint:
         )
         if sent is None:
             raise SessionTakenOver(f"session {slot.id} was taken over from attempt {slot.attempt}")
+        return pack_s
 
     def ended(self) -> None:
         """The session ended here (done, stopped or failed): its checkpoint goes."""
@@ -166,3 +185,9 @@ class SessionCheckpoint:
                     left -= 1
                     yield entry.data
             after = entries[-1].id
+
+
+def _timed(pack: Callable[[], bytes]) -> tuple[bytes, float]:
+    began = time.perf_counter()
+    data = pack()
+    return data, time.perf_counter() - began

@@ -18,7 +18,8 @@ their chunk loop turned inside out:
 * ``take_chunk`` = the bottom of the chunk loop (anchor, history append, VAE decode of the
   chunk's 9 latent frames) and ``postprocess_video``, rounded to uint8 on the device by
   :func:`~workers.pipelines.diffusers.shared.common.frames_uint8` (the arithmetic of
-  ``to_uint8``).
+  ``to_uint8``); ``stream_chunk`` hands the same frames out as each latent frame decodes
+  (``helios/decode.py``), so a session encodes them while the rest decodes.
 
 So a session's chunks, concatenated, are bit-equal to either pipeline's video for the same
 prompt, seed and ``num_frames = 33 * chunks``, except where ``__call__`` trims its end to
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Self, Unpack
 
 import numpy as np
@@ -62,12 +63,8 @@ from workers.pipelines.base import (
     WorldPipeline,
 )
 from workers.pipelines.blocks import BlockGate
-from workers.pipelines.diffusers.helios.inputs import (
-    check_config,
-    image_latents,
-    latent_stats,
-    pyramid_steps,
-)
+from workers.pipelines.diffusers.helios.decode import chunk_frames
+from workers.pipelines.diffusers.helios.inputs import check_config, image_latents, pyramid_steps
 from workers.pipelines.diffusers.helios.session import (
     HeliosState,
     check_event,
@@ -85,12 +82,7 @@ from workers.pipelines.diffusers.helios.steps import (
     pyramid_step,
     shift_mu,
 )
-from workers.pipelines.diffusers.shared.common import (
-    call_default,
-    frames_uint8,
-    make_generator,
-    vae_cache_released,
-)
+from workers.pipelines.diffusers.shared.common import call_default, make_generator
 from workers.pipelines.diffusers.shared.entry import DiffusersEntry, EntryOptions, entry_options
 from workers.pipelines.diffusers.shared.loading import (
     DTYPE_KWARG,
@@ -329,11 +321,17 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         at_step = self.spec.interaction_at == "step"
         return at_step and state.step_index == state.steps_per_chunk - 1
 
-    @torch.no_grad()
     def take_chunk(self, state: HeliosState) -> np.ndarray:
-        """The bottom of ``__call__``'s chunk loop: the anchor (T2V: the first chunk's
-        first latent frame), the history, the chunk's VAE decode; its 33 frames as uint8
-        T×H×W×3. Moves on to the next chunk."""
+        """The bottom of ``__call__``'s chunk loop: the chunk's 33 frames as uint8
+        T×H×W×3 (:meth:`stream_chunk`'s pieces, together). Moves on to the next chunk."""
+        return np.concatenate(list(self.stream_chunk(state)))
+
+    @torch.no_grad()
+    def stream_chunk(self, state: HeliosState) -> Iterator[np.ndarray]:
+        """``SupportsChunkStream``: the bottom of ``__call__``'s chunk loop, the anchor
+        (T2V: the first chunk's first latent frame) and the history now, and the session
+        moved on to the next chunk; the chunk's VAE decode as the iterator is read, its
+        frames as each latent frame decodes (1, then 4 each: ``helios/decode.py``)."""
         if not self.chunk_done(state):
             raise RuntimeError(
                 f"chunk {state.chunk_index} is not finished "
@@ -346,16 +344,9 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
             state.image_latents = latents[:, :, 0:1].clone()  # not a view holding the chunk
         keep = sum(HISTORY_SIZES)
         state.history_latents = torch.cat([state.history_latents, latents], dim=2)[:, :, -keep:]
-        vae = pipe.vae
-        mean, inv_std = latent_stats(vae, latents.device)
-        with vae_cache_released(vae):  # a stop inside the decode leaves no cache behind
-            video = vae.decode(latents.to(vae.dtype) / inv_std + mean, return_dict=False)[0]
-        # uint8 on the device (bit-equal to output_type="np" then to_uint8): a quarter of
-        # the float frames' bytes cross to the host, and no pass over them on the CPU
-        frames = frames_uint8(pipe.video_processor.postprocess_video(video, output_type="pt")[0])
         state.latents = state.timesteps = state.chunk_embeds = state.history = None
         end_chunk(state)
-        return frames
+        return chunk_frames(pipe, latents)
 
     def events_for_chunk(self, state: HeliosState) -> ChunkEvents:
         """(started, active, completed) event ids of the chunk ``take_chunk`` returned

@@ -139,8 +139,10 @@ def pixels_uint8(video: torch.Tensor) -> torch.Tensor:
 
 
 def frames_uint8(video: torch.Tensor) -> np.ndarray:
-    """:func:`pixels_uint8` on the host (a quarter of the float frames' bytes copied)."""
-    return pixels_uint8(video).cpu().numpy()
+    """:func:`pixels_uint8` on the host (a quarter of the float frames' bytes copied),
+    its channels interleaved on the device: the encoder reads each frame row by row, and
+    the host would otherwise gather the strided copy on the encoder's thread."""
+    return pixels_uint8(video).contiguous().cpu().numpy()
 
 
 def grey_preview(latents: torch.Tensor, channel_dim: int, frame_dim: int) -> np.ndarray:

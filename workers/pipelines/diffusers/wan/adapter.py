@@ -57,6 +57,7 @@ from workers.pipelines.diffusers.shared.keyframes import (
     keyframes_of,
     text_over_image,
 )
+from workers.pipelines.diffusers.shared.wan_decode import decode_pieces, streams
 from workers.pipelines.diffusers.wan.i2v import (
     IMAGE_WORKFLOWS,
     check_workflows,
@@ -249,37 +250,15 @@ class WanAdapter(DiffusersAdapter[WanState]):
         s = self._state(state)
         vae = pipe.vae
         opts = s.request.sampler
-        if (
-            opts.vae_use_tiling
-            or getattr(vae, "use_tiling", False)
-            or vae.config.get("patch_size") is not None
-            or hasattr(vae, "_hf_hook")
-            or not hasattr(vae, "_feat_map")
-        ):
+        if opts.vae_use_tiling or not streams(vae):
             return None
         return DecodeStream(self._stream(pipe, s))
 
     def _stream(self, pipe: Any, s: WanState) -> Iterator[np.ndarray]:
-        vae = pipe.vae
-        vae.clear_cache()
-        with torch.no_grad():
-            x = vae.post_quant_conv(self._vae_latents(pipe, s))
-        try:
-            for i in range(x.shape[2]):
-                with torch.no_grad():  # per chunk: grad mode is not held across the yield
-                    vae._conv_idx = [0]
-                    first = {"first_chunk": True} if i == 0 else {}
-                    out = vae.decoder(
-                        x[:, :, i : i + 1],
-                        feat_cache=vae._feat_map,
-                        feat_idx=vae._conv_idx,
-                        **first,
-                    )
-                    out = torch.clamp(out, min=-1.0, max=1.0)
-                    frames = pipe.video_processor.postprocess_video(out, output_type="np")[0]
-                yield to_uint8(frames)
-        finally:
-            vae.clear_cache()
+        for piece in decode_pieces(pipe.vae, self._vae_latents(pipe, s)):
+            with torch.no_grad():
+                frames = pipe.video_processor.postprocess_video(piece, output_type="np")[0]
+            yield to_uint8(frames)
 
     def preview(self, state: StepState) -> np.ndarray | None:
         """Grey middle latent frame (latents are B×C×F×h×w)."""

@@ -17,18 +17,23 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from tests.unit.diffusers_fixtures import tiny_wan_pipeline
 from tests.unit.helios_fixtures import SEQ_LEN, SIZE, tiny_helios_pyramid_pipeline
+from tests.unit.test_run_ahead import FakeDevice
 from workers.common.memory import forget_frames
+from workers.pipelines import run_ahead
 from workers.pipelines.base import GenerationRequest, WorldConfig, checkpoints
 from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
 from workers.pipelines.diffusers.shared.common import decode_video
 from workers.pipelines.diffusers.shared.loading import install_checkpoints
+from workers.pipelines.run_ahead import CHECKPOINT_LOOKAHEAD, RunAhead
 
 
 class Stopped(Exception):
@@ -87,7 +92,9 @@ def test_a_world_chunk_stopped_in_its_decode_leaves_no_cache() -> None:
     assert torch.equal(torch.as_tensor(adapter.take_chunk(again)), torch.as_tensor(frames))
 
 
-def test_a_job_decode_stopped_midway_leaves_no_cache() -> None:
+def _job_decode() -> tuple[Any, Callable[[], np.ndarray]]:
+    """A tiny Wan pipeline with the worker's cancel points, and a job's decode of the
+    same latents each call."""
     pipe: Any = tiny_wan_pipeline()
     install_checkpoints(pipe)
     request = GenerationRequest.video(
@@ -95,10 +102,77 @@ def test_a_job_decode_stopped_midway_leaves_no_cache() -> None:
         num_inference_steps=2, seed=1,
     )  # fmt: skip
     latents = torch.randn(1, 16, 3, 4, 4)
+
+    @torch.no_grad()
+    def decode() -> np.ndarray:
+        return decode_video(pipe, request, latents)
+
+    return pipe, decode
+
+
+def test_a_job_decode_stopped_midway_leaves_no_cache() -> None:
+    pipe, decode = _job_decode()
     stop = StopInDecode(pipe.vae, at=8)
     with pytest.raises(Stopped) as raised, checkpoints(stop):
-        decode_video(pipe, request, latents)
+        decode()
     assert stop.held
     forget_frames(raised.value)
     del raised
     assert alive(stop.held) == 0
+
+
+def test_a_stop_seen_while_the_decode_waits_for_the_device_ends_it_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CUDA each VAE block's cancel point first holds the host ``lookahead`` blocks
+    ahead of the device (``workers/pipelines/run_ahead.py``), asking the stop question
+    while it waits. Played here on the CPU with a fake device (every block taken as
+    queued on a device that runs one block per two polls of the host): a paced decode is
+    the same decode; a stop that arrives while the host waits ends it in that wait,
+    before another block is queued, and leaves no cache on the VAE."""
+    pipe, decode = _job_decode()
+    expected = decode()  # outside a stop's context: unpaced
+
+    device = FakeDevice(ticks=2)
+    ahead: list[int] = []
+
+    class Recorded(RunAhead):
+        def pace(self, poll: Any = None, stream: Any = None) -> None:
+            super().pace(poll, stream)
+            ahead.append(device.ahead)
+
+    monkeypatch.setattr(run_ahead, "_stream_of", lambda args: "the device's stream")
+    pacer = Recorded(CHECKPOINT_LOOKAHEAD, device.event, device.sleep)
+    monkeypatch.setattr(run_ahead._THREAD, "pacer", pacer, raising=False)
+    with checkpoints(lambda: None):
+        paced = decode()
+    np.testing.assert_array_equal(paced, expected)
+    assert len(ahead) == len(device.recorded) > 8  # every VAE block was paced
+    assert max(ahead) == CHECKPOINT_LOOKAHEAD  # and went on no further ahead
+
+    # the client closes 12 polls into the next decode, while the host waits
+    marks = len(device.recorded)
+    closed_at: list[int] = []  # the marks recorded then
+
+    def close() -> None:
+        if device.slept == 12:
+            closed_at.append(len(device.recorded))
+
+    device.slept, device.on_tick = 0, close
+    held: list[weakref.ref[torch.Tensor]] = []
+
+    def check() -> None:
+        if closed_at:
+            cached = [t for t in pipe.vae._feat_map if isinstance(t, torch.Tensor)]
+            held.extend(weakref.ref(t) for t in cached)
+            raise Stopped("stopped while the host waited for the device")
+
+    with pytest.raises(Stopped) as raised, checkpoints(check):
+        decode()
+    assert closed_at and held, "the stop came before the decode had cached anything"
+    assert marks < len(device.recorded) == closed_at[0] < 2 * marks  # no block after it
+    forget_frames(raised.value)
+    del raised
+    assert alive(held) == 0
+    again = decode()
+    np.testing.assert_array_equal(again, expected)

@@ -6,10 +6,12 @@ of its denoiser (``transformer.blocks``, ``transformer_blocks``, …). Inside a 
 the executor sets the stop question (:func:`~workers.pipelines.base.step_stops`); before
 each block the gate
 
-1. on CUDA, keeps the host at most ``lookahead`` blocks ahead of the device. Kernels are
-   queued asynchronously, so without this bound the host queues a whole step within a few
-   milliseconds and a stop raised "at block 3" still leaves the rest of the step running
-   on the device. With it, a stop leaves at most ``lookahead + 1`` blocks of queued work;
+1. on CUDA, keeps the host at most ``lookahead`` blocks ahead of the device
+   (:class:`~workers.pipelines.run_ahead.RunAhead`, which the cancel points of prepare
+   and decode use too). Kernels are queued asynchronously, so without this bound the host
+   queues a whole step within a few milliseconds and a stop raised "at block 3" still
+   leaves the rest of the step running on the device. With it, a stop leaves at most
+   ``lookahead + 1`` blocks of queued work;
 2. asks the question, and raises its answer (``JobLost``, ``JobTimedOut``).
 
 In a worker group (``workers/runtime/group.py``) every rank runs the same blocks, and only rank 0
@@ -25,7 +27,7 @@ context-variable read.
 
 from __future__ import annotations
 
-import time
+import functools
 from collections import deque
 from typing import Any
 
@@ -33,10 +35,7 @@ import torch
 import torch.distributed as dist
 
 from workers.pipelines.base import StopReason, step_stop
-
-# How long the host sleeps between polls of a block's completion (the poll is also when a
-# single-device stop is noticed while the host waits for the device).
-POLL_S = 0.0002
+from workers.pipelines.run_ahead import RunAhead
 
 
 class StepAborted(Exception):
@@ -62,20 +61,28 @@ def denoiser_blocks(pipe: Any) -> list[torch.nn.Module]:
 class BlockGate:
     """The forward pre-hook of every denoiser block of one adapter (see the module doc)."""
 
-    # Blocks the host may run ahead of the device. 2 keeps the device fed through a GIL
-    # switch (5 ms) at Wan 1.3B's ~6 ms blocks; a stop then waits out at most 3 blocks.
-    lookahead = 2
-
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
         # A torch.distributed process group when this adapter runs in a worker group.
         self.group: Any = None
         self.blocks = 0  # blocks entered in the current step
-        self._events: deque[torch.cuda.Event] = deque()
+        # Blocks the host may run ahead of the device (``lookahead``). 2 keeps the device
+        # fed through a GIL switch (5 ms) at Wan 1.3B's ~6 ms blocks; a stop then waits
+        # out at most 3 blocks.
+        self.run_ahead = RunAhead(2)
         self._flags: deque[torch.Tensor] = deque()
         self._reason: BaseException | None = None
         self._one: torch.Tensor | None = None
         self._zero: torch.Tensor | None = None
+
+    @property
+    def lookahead(self) -> int:
+        """Blocks the host may run ahead of the device (a benchmark sets it)."""
+        return self.run_ahead.lookahead
+
+    @lookahead.setter
+    def lookahead(self, blocks: int) -> None:
+        self.run_ahead.lookahead = blocks
 
     def install(self, pipe: Any) -> int:
         """Hook every denoiser block of ``pipe`` (once); returns how many."""
@@ -89,7 +96,7 @@ class BlockGate:
     def begin_step(self) -> None:
         """Forget the previous step (its events, flags and answer)."""
         self.blocks = 0
-        self._events.clear()
+        self.run_ahead.clear()
         self._flags.clear()
         self._reason = None
 
@@ -107,9 +114,8 @@ class BlockGate:
         self.blocks += 1
         if self.group is None:
             if self.device.type == "cuda":
-                self._pace(reason)
-            if (exc := reason(self.blocks)) is not None:
-                raise exc
+                self.run_ahead.pace(functools.partial(self._ask, reason))
+            self._ask(reason)
             return
         exc = reason(self.blocks)
         if exc is not None and self._reason is None:
@@ -117,19 +123,10 @@ class BlockGate:
         if self._agree(self._reason is not None):
             raise self._reason or StepAborted(f"stopped by rank 0 before block {self.blocks}")
 
-    def _pace(self, reason: StopReason | None) -> None:
-        """Record this block's start on the stream; wait until the device has started the
-        block ``lookahead`` back (polling ``reason`` meanwhile when alone)."""
-        event = torch.cuda.Event()
-        event.record()
-        self._events.append(event)
-        if len(self._events) <= self.lookahead:
-            return
-        oldest = self._events.popleft()
-        while not oldest.query():
-            if reason is not None and (exc := reason(self.blocks)) is not None:
-                raise exc
-            time.sleep(POLL_S)
+    def _ask(self, reason: StopReason) -> None:
+        """Raise ``reason``'s answer for the current block, if it has one."""
+        if (exc := reason(self.blocks)) is not None:
+            raise exc
 
     def _agree(self, stop: bool) -> bool:
         """Whether the ranks agreed to stop before this block (rank 0's ``stop`` is the
@@ -146,7 +143,7 @@ class BlockGate:
         host = torch.empty(1, dtype=torch.int32, pin_memory=True)
         host.copy_(flag, non_blocking=True)
         self._flags.append(host)
-        self._pace(None)  # after the copy is queued: the wait below covers it
+        self.run_ahead.pace()  # after the copy is queued: the wait below covers it
         if len(self._flags) <= self.lookahead:
             return False
         # Queued before the block the pacing wait just saw start: it has landed.

@@ -13,7 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from workers.pipelines.base import checkpoint
+from workers.pipelines.base import checkpoint_check
+from workers.pipelines.run_ahead import pace_checkpoint
 
 
 @runtime_checkable
@@ -62,14 +63,21 @@ _HOOKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 def _checkpoint_hook(module: torch.nn.Module, args: Any) -> None:
-    checkpoint()
+    check = checkpoint_check()
+    if check is None:
+        return
+    pace_checkpoint(args, check)
+    check()
 
 
 def install_checkpoints(pipe: Any) -> None:
-    """Cancel points inside prepare and decode: a forward pre-hook calling ``checkpoint()``
-    on every block (each element of a ``ModuleList``) of the text encoders, VAEs and
-    vocoders. The denoiser's blocks get a :class:`BlockGate` instead (``load``). Outside a
-    job's prepare/decode the hook is one context-variable read."""
+    """Cancel points inside prepare and decode: a forward pre-hook on every block (each
+    element of a ``ModuleList``) of the text encoders, VAEs and vocoders that runs the
+    check of ``checkpoint()``, after bounding on CUDA how far the host has queued work
+    ahead of the device (:func:`~workers.pipelines.run_ahead.pace_checkpoint`), so a stop
+    seen there waits for a few blocks of the device, not for the decode's rest. The
+    denoiser's blocks get a :class:`BlockGate` instead (``load``). Outside a job's or a
+    session's prepare/decode the hook is one context-variable read."""
     for name, component in pipe.components.items():
         if not isinstance(component, torch.nn.Module) or name.startswith(("transformer", "unet")):
             continue
@@ -88,7 +96,8 @@ def hoist_checkpoints(module: torch.nn.Module) -> None:
     hook's context-variable read, so each hook broke the graph at its block, and H3's VAE
     decode compiled that way took 1.23 s instead of 0.61 s on an H200. The hook on the
     module itself runs eager, before the compiled forward, so a cancel is still seen at
-    every call (one temporal clip of a VAE decode)."""
+    every call (one temporal clip of a VAE decode), and the host's run-ahead is bounded
+    in clips."""
     for inner in module.modules():
         for key, hook in list(inner._forward_pre_hooks.items()):
             if hook is _checkpoint_hook:

@@ -24,20 +24,29 @@ from workers.pipelines.diffusers.shared.wan_decode import decode_pieces, streams
 def test_the_pieces_are_the_whole_decode_and_leave_no_cache() -> None:
     pipe: Any = tiny_wan_pipeline()
     vae = pipe.vae
+    assert streams(vae)  # a VAE that has not decoded yet too
     z = torch.randn(1, 16, 4, 4, 6, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         whole = vae.decode(z, return_dict=False)[0]
-    assert streams(vae)
     pieces = list(decode_pieces(vae, z))
     assert [p.shape[2] for p in pieces] == [1, 4, 4, 4]
     assert torch.equal(torch.cat(pieces, dim=2), whole)
     assert all(cached is None for cached in vae._feat_map)
 
 
-def test_a_tiling_vae_is_not_streamed() -> None:
+def test_a_tiling_or_patched_vae_is_not_streamed() -> None:
     pipe: Any = tiny_wan_pipeline()
     vae = pipe.vae
     vae.enable_tiling()
+    assert not streams(vae)
+
+    class Patched(type(vae)):  # type: ignore[misc]
+        def _decode(self, z: torch.Tensor, return_dict: bool = True) -> Any:
+            return super()._decode(z, return_dict)
+
+    vae.disable_tiling()
+    assert streams(vae)
+    vae.__class__ = Patched
     assert not streams(vae)
 
 

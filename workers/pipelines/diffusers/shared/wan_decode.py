@@ -22,16 +22,20 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from diffusers import AutoencoderKLWan
 
 
 def streams(vae: Any) -> bool:
-    """Whether :func:`decode_pieces` is what ``vae.decode`` would run: no tiling asked
-    for, no patched latents (Wan 2.2's VAE), no offload hook, a causal feature cache."""
-    return not (
-        getattr(vae, "use_tiling", False)
-        or vae.config.get("patch_size") is not None
-        or hasattr(vae, "_hf_hook")
-        or not hasattr(vae, "_feat_map")
+    """Whether :func:`decode_pieces` is what ``vae.decode`` would run: diffusers' own
+    ``AutoencoderKLWan``, its ``_decode`` unpatched, no tiling asked for, no patched
+    latents (Wan 2.2's VAE), no offload hook. (Its feature cache exists only from its
+    first decode on, so its presence says nothing.)"""
+    return (
+        isinstance(vae, AutoencoderKLWan)
+        and type(vae)._decode is AutoencoderKLWan._decode
+        and not getattr(vae, "use_tiling", False)
+        and vae.config.get("patch_size") is None
+        and not hasattr(vae, "_hf_hook")
     )
 
 

@@ -31,7 +31,7 @@ def streams(vae: Any) -> bool:
     latents (Wan 2.2's VAE), no offload hook. (Its feature cache exists only from its
     first decode on, so its presence says nothing.)"""
     return (
-        isinstance(vae, AutoencoderKLWan)
+        issubclass(type(vae), AutoencoderKLWan)
         and type(vae)._decode is AutoencoderKLWan._decode
         and not getattr(vae, "use_tiling", False)
         and vae.config.get("patch_size") is None

@@ -2,10 +2,12 @@
 (``workers/jobs/batcher.py``): concurrent jobs of one model denoised as one batch, each
 with its own loop, seed, stop gates, progress and PCM stream.
 
-The tiny pipeline (``longcat_fixtures``), CPU, float32. A batched job is its solo job to
-rounding: measured at most 1.7e-6 of the clip's peak over 30 runs of five jobs whose
-batches were made up differently each time (different prompts and lengths, seeds, step
-counts, guidance, a negative prompt, jobs joining at other steps), with and without
+A job alone runs the same one pass over its own rows (``guidance_batch``, the default),
+within ``LONE_BOUND`` of ``__call__``'s two passes. The tiny pipeline
+(``longcat_fixtures``), CPU, float32. A batched job is its solo job to rounding: measured
+at most 1.7e-6 of the clip's peak (against two passes a step) over 30 runs of five jobs
+whose batches were made up differently each time (different prompts and lengths, seeds,
+step counts, guidance, a negative prompt, jobs joining at other steps), with and without
 bucketed lengths; tested within ``BATCH_BOUND`` of the peak (docs/adapters.md). Pure
 unit: the job runs' rows are fakes, no bus.
 """
@@ -27,6 +29,7 @@ from models.db import Job
 from models.errors import JobLost, JobTimedOut
 from models.events import ChunkEvent, ProgressEvent
 from models.job_specs import AudioSpec
+from models.memory_plan import MemoryPlan
 from storage.jobs import Lease
 from storage.settings import Settings
 from tests.unit.longcat_fixtures import tiny_longcat_pipeline
@@ -44,6 +47,9 @@ from workers.pipelines.diffusers.longcat_audio.batch import Row, batched_forward
 
 # A batched job's audio against its solo job's, relative to the solo clip's peak.
 BATCH_BOUND = 1e-5
+# A lone job's one pass a step against its two passes (``__call__``'s), relative to the
+# clip's peak (measured: see docs/adapters.md).
+LONE_BOUND = 1e-5
 # One batched pass against the transformer's own forward, row by row, relative to the
 # row's peak (measured: 1.5e-6).
 FORWARD_BOUND = 1e-5
@@ -199,6 +205,62 @@ def test_batched_jobs_are_their_solo_jobs(pipe: Any, buckets: bool) -> None:
         assert isinstance(out[i], torch.Tensor), out[i]
         assert _peak_diff(out[i], solo[i]) <= BATCH_BOUND, i
     assert _peak_diff(out[4], out[0]) > 0.1  # another seed, another clip
+
+
+@pytest.mark.parametrize("job", JOBS, ids=["cfg", "negative-prompt", "no-cfg", "cfg-3"])
+def test_a_lone_job_is_its_two_pass_job(pipe: Any, job: tuple[Any, ...]) -> None:
+    """A job alone, one pass of its rows a step (``guidance_batch``, the default) against
+    ``__call__``'s two passes (``guidance_batch = false``, bit-equal to ``__call__``:
+    test_diffusers_longcat.py): within ``LONE_BOUND`` of the peak under guidance; without
+    guidance its one row is the forward bit for bit, so the audio is too."""
+    request = _request(*job)
+    one_pass = _solo(_adapter(pipe), request)
+    two_passes = _solo(_adapter(pipe, guidance_batch=False), request)
+    if request.guidance_scale > 1.0:
+        assert _peak_diff(one_pass, two_passes) <= LONE_BOUND
+    else:
+        assert torch.equal(one_pass, two_passes)
+
+
+def test_an_offloaded_transformer_keeps_two_passes() -> None:
+    """Offloading moves the transformer in at its ``forward``, which one pass skips."""
+    assert LongCatAudioAdapter(pipe=object()).guidance_batch
+    for offload in ("model", "group"):
+        plan = MemoryPlan(offload=offload)
+        assert not LongCatAudioAdapter(pipe=object(), memory=plan).guidance_batch
+
+
+def test_a_worker_of_one_job_at_a_time_runs_one_pass(pipe: Any, tmp_path: Path) -> None:
+    """``OMNIQ_WORKER__BATCH_SIZE=1`` (the default): no batcher, the job's loop steps alone
+    (``make_output`` without one). Each step is one pass over the job's two rows (the
+    blocks see 2 rows; ``transformer.forward`` never runs), and the text side is made once
+    for the job (the prompt's and the null's), not once a step. Its PCM is the same job's
+    in a batch (through a batcher, alone in it) sample for sample, and its two-pass job's
+    to a PCM16 step."""
+    adapter = _adapter(pipe)
+    transformer = adapter.pipe.transformer
+    forwards, rows, texts = [], [], []  # transformer calls, each pass's rows, text sides
+    transformer.register_forward_pre_hook(lambda m, a: forwards.append(1))
+    transformer.blocks[0].register_forward_pre_hook(
+        lambda m, a, kw: rows.append(kw["hidden_states"].shape[0]), with_kwargs=True
+    )
+    transformer.text_embed.register_forward_pre_hook(lambda m, a: texts.append(1))
+    text, seed, steps = JOBS[1][0], 5, 6
+
+    def pcm(model: LongCatAudioAdapter, name: str, batcher: StepBatcher | None = None) -> Any:
+        run, events = _job_run(0, text, seed, steps)
+        (tmp_path / name).mkdir()
+        make_output(model, run, GenerationRequest(run.spec), tmp_path / name, 0, batcher)
+        return _pcm(events)
+
+    alone = pcm(adapter, "alone")
+    assert not forwards and rows == [2] * steps and len(texts) == 2
+    batcher = StepBatcher(adapter, size=3, wait_s=0.01, name="tiny")
+    batched = pcm(adapter, "batched", batcher)
+    batcher.close()
+    assert alone.size and np.array_equal(alone, batched)
+    two_passes = pcm(_adapter(pipe, guidance_batch=False), "two-passes")
+    assert np.abs(alone.astype(int) - two_passes).max() <= 1
 
 
 def test_a_member_that_stops_leaves_the_others_alone(pipe: Any) -> None:

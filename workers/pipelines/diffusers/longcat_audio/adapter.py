@@ -9,6 +9,16 @@ job's own scheduler), ``step`` = one loop iteration (the conditional pass, the n
 when ``guidance_scale > 1`` and the guidance written as ``__call__`` writes it, the
 scheduler step), ``decode`` = ``vae.decode(latents.permute(0, 2, 1))``.
 
+One pass per step (adapter option ``guidance_batch``, on by default): a job's step runs
+its conditional and null passes as one transformer pass of two rows, with its text side
+made once for the job, not once a pass (batch.py): the code of a batched step
+(``step_batch``) with one job in it. The step is launch-bound (a 1B DiT over a few hundred
+tokens), so one pass of two rows costs about what one pass of one row costs: 48 against
+99 ms a step on an H100, eager. The two rows round otherwise than two passes of one, so
+under guidance the audio is ``__call__``'s to the last bits (docs/adapters.md gives the
+bound; without guidance the one row is ``__call__``'s pass bit for bit);
+``guidance_batch = false`` runs ``__call__``'s own two passes, bit-equal to it.
+
 Duration, in latent frames of ``vae.config.downsampling_ratio`` samples:
 
 * ``request.options["duration_seconds"]`` when the request gave a length (speech's
@@ -23,15 +33,17 @@ Either way at least one latent frame and at most ``max_wav_duration`` (30 s), as
 two would contradict each other. The pipeline has no speaker input, so ``voice`` is not
 read (the catalog does not declare it; ``docs/api.md`` says so).
 
-Differences from ``__call__`` (none change the numbers): one prompt, no precomputed
+Other differences from ``__call__`` (none change the numbers): one prompt, no precomputed
 ``latents``, no callbacks; the scheduler is the job's copy (``__call__`` sets timesteps on
 the shared one); an empty ``negative_prompt`` counts as none (the zero embedding).
 
 Compiled blocks (on CUDA unless the entry sets ``compile = "off"``): one graph set with
 the clip's frames and the prompt's tokens symbolic (``dynamic=True``), made at worker
-start by :meth:`LongCatAudioAdapter.warm_up` at lengths chosen to keep them symbolic, so
-no job compiles while it denoises and no new length compiles at all (a 1-frame clip or a
-1-token prompt, which dynamo specialises, compiles once in its prepare). With CUDA
+start by :meth:`LongCatAudioAdapter.warm_up` at lengths chosen to keep them symbolic, for
+a job with guidance (two rows, a symbolic row count that batched steps reuse) and one
+without (one row, a size dynamo specialises), so no job compiles while it denoises and
+no new length compiles at all (a 1-frame clip or a 1-token prompt, which dynamo
+specialises, compiles once in its prepare). With CUDA
 graphs (``compile_mode = "reduce-overhead"``) the lengths are bucketed (buckets.py).
 
 Batched steps (``step_batch``, the ``SupportsStepBatch`` capability: a worker that runs
@@ -134,12 +146,19 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         random_config: dict[str, dict[str, Any]] | None = None,
         decode_window: int = 16,
         buckets: bool | None = None,
+        guidance_batch: bool = True,
         **options: Unpack[EntryOptions],
     ) -> None:
         """``decode_window``: the streamed decode's first window in latent frames (0: a
         streamed job's PCM waits for the whole decode); ``buckets``: pad the lengths to
-        buckets (buckets.py; default: with CUDA graphs only)."""
+        buckets (buckets.py; default: with CUDA graphs only); ``guidance_batch``: a job's
+        conditional and null passes as one pass of two rows (module docstring), False:
+        ``__call__``'s two passes, bit for bit (so too where the entry offloads: an
+        offloaded transformer moves in at its ``forward``, which the one pass skips)."""
         super().__init__(path, **options)
+        memory = self.entry.memory
+        offloads = memory is not None and memory.offload != "none"
+        self.guidance_batch = guidance_batch and not offloads
         # ``weights = "random"`` (longcat_audio/random_weights.py): per-part config overrides.
         self.random_config = dict(random_config or {})
         # Every clip length is a new sequence length and every prompt a new text length:
@@ -171,26 +190,31 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         """Compile the blocks once for every length, before the worker takes jobs: one
         step of a short request whose frames and tokens are replaced by
         ``WARM_UP_FRAMES`` and ``WARM_UP_TOKENS`` (the registry's video ``warmup`` shapes
-        mean nothing to speech)."""
+        mean nothing to speech), with guidance and without (under ``guidance_batch``
+        two rows and one: other graphs)."""
         if not self.compiler.enabled:
             return
         request = GenerationRequest.audio(
             prompt="warm-up", duration_s=1.0, num_inference_steps=2, seed=0, guidance_scale=4.0
         )
         with torch.no_grad():
-            state = self._prepare(self._loaded(), request)
-            self._compile_for(_resized(state, WARM_UP_FRAMES, WARM_UP_TOKENS), "warmup")
+            state = _resized(self._prepare(self._loaded(), request), WARM_UP_FRAMES, WARM_UP_TOKENS)
+            self._compile_for(state, "warmup")
+            self._compile_for(
+                dataclasses.replace(state, do_cfg=False, guidance_scale=1.0), "warmup"
+            )
         del state
 
     def _compile_for(self, state: LongCatAudioState, why: str) -> None:
-        """Compile the blocks unless a job of the same length class did (lengths are
-        symbolic: only a length of 1, which dynamo specialises, is another graph)."""
+        """Compile the blocks unless a job of the same class did: lengths are symbolic, so
+        only a length of 1 (which dynamo specialises) or the other row count (guidance or
+        none) is another graph."""
         lengths = (
             state.frames,
             state.prompt_embeds.shape[1],
             state.negative_prompt_embeds.shape[1],
         )
-        length_class = tuple(n > 1 for n in lengths)
+        length_class = (*(n > 1 for n in lengths), state.do_cfg)
         if length_class not in self._length_classes:
             super()._compile_for(state, why)
             self._length_classes.add(length_class)
@@ -238,6 +262,9 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         scheduler.set_timesteps(sigmas=sigmas, device=device)
         scheduler.set_begin_index(0)
         timesteps = scheduler.timesteps
+        # Every step's transformer timestep, as ``__call__`` makes it each step
+        # (``t / num_train_timesteps`` in the text's dtype): elementwise, so the same bits.
+        step_times = (timesteps / scheduler.config.num_train_timesteps).to(prompt_embeds.dtype)
         return LongCatAudioState(
             **sampling(request, generator, scheduler, timesteps, latents, scale, scale > 1.0),
             prompt_embeds=prompt_embeds,
@@ -247,55 +274,65 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
             mask=mask,
             latent_cond=latent_cond,
             frames=duration,
+            step_times=step_times,
         )
 
     def _step(self, pipe: Any, s: LongCatAudioState) -> None:
-        """One iteration of ``__call__``'s loop: two passes under guidance, not batched."""
-        t, transformer = s.timesteps[s.step_index], pipe.transformer
+        """One iteration of ``__call__``'s loop: under ``guidance_batch`` the job's rows in
+        one pass, as a batched step of this job alone; otherwise ``__call__``'s two passes."""
+        if self.guidance_batch:
+            self._denoise(pipe, [s])
+            return
+        transformer = pipe.transformer
         pred = solo_pass(transformer, s, s.prompt_embeds, s.text_mask)
+        null_pred = None
         if s.do_cfg:
             null_pred = solo_pass(transformer, s, s.negative_prompt_embeds, s.negative_text_mask)
-            pred = null_pred + (pred - null_pred) * s.guidance_scale
-        s.latents = s.scheduler.step(pred, t, s.latents, return_dict=False)[0]
+        _guided_step(s, pred, null_pred)
 
     @torch.no_grad()
     def step_batch(self, states: Sequence[StepState]) -> None:
         """One step of each job of ``states`` (each at its own step) as one transformer pass
-        over their rows (batch.py): a job's conditional row and, under guidance, its null
-        row; then each job's guidance and scheduler step, as ``_step`` writes them. With
-        bucketed lengths (CUDA graphs) the rows are padded to a power of two by repeating
-        the last, so that a worker records graphs for five batch sizes, not sixteen."""
+        over their rows (``_denoise``)."""
         pipe, jobs = self._loaded(), [self._state(s) for s in states]
+        self.gate.begin_step()
+        self._denoise(pipe, jobs)
+        for s in jobs:
+            s.step_index += 1
+
+    def _denoise(self, pipe: Any, jobs: Sequence[LongCatAudioState]) -> None:
+        """One step of each of ``jobs`` as one transformer pass over their rows (batch.py):
+        a job's conditional row and, under guidance, its null row; then each job's guidance
+        and scheduler step, as ``__call__`` writes them. With bucketed lengths (CUDA graphs)
+        the rows are padded to a power of two by repeating the last, so that a worker
+        records graphs for five row counts, not sixteen (a lone job: 1 or 2 rows)."""
         rows = [row for s in jobs for row in self._rows(pipe, s)]
         count = len(rows)
         if self.buckets:
             rows += [rows[-1]] * ((1 << (count - 1).bit_length()) - count)
-        self.gate.begin_step()
         predictions = batched_forward(pipe.transformer, rows)
         at = 0
         for s in jobs:
             frames = s.latents.shape[1]
             pred = predictions[at : at + 1, :frames]
-            if s.do_cfg:
-                null_pred = predictions[at + 1 : at + 2, :frames]
-                pred = null_pred + (pred - null_pred) * s.guidance_scale
+            null_pred = predictions[at + 1 : at + 2, :frames] if s.do_cfg else None
             at += 2 if s.do_cfg else 1
-            t = s.timesteps[s.step_index]
-            s.latents = s.scheduler.step(pred, t, s.latents, return_dict=False)[0]
-            s.step_index += 1
+            _guided_step(s, pred, null_pred)
 
     def _rows(self, pipe: Any, s: LongCatAudioState) -> list[Row]:
-        """The batched step's rows of one job: its conditional pass, and its null pass
-        under guidance; their text sides made at the job's first batched step."""
-        if s.text is None or s.null_text is None:
-            dtype = s.latents.dtype
+        """A job's rows in a pass: its conditional pass, and its null pass under guidance;
+        their text sides made at the job's first step and kept (they depend on the prompt
+        only)."""
+        dtype = s.latents.dtype
+        if s.text is None:
             s.text = text_side(pipe.transformer, s.prompt_embeds.to(dtype), s.text_mask)
-            negative = s.negative_prompt_embeds.to(dtype)
-            s.null_text = text_side(pipe.transformer, negative, s.negative_text_mask)
-        curr_t = step_timestep(s)
-        rows = [Row(s.latents, s.mask, s.latent_cond, curr_t, s.text)]
+        t = step_timestep(s)
+        rows = [Row(s.latents, s.mask, s.latent_cond, t, s.text)]
         if s.do_cfg:
-            rows.append(Row(s.latents, s.mask, s.latent_cond, curr_t, s.null_text))
+            if s.null_text is None:
+                negative = s.negative_prompt_embeds.to(dtype)
+                s.null_text = text_side(pipe.transformer, negative, s.negative_text_mask)
+            rows.append(Row(s.latents, s.mask, s.latent_cond, t, s.null_text))
         return rows
 
     def warm_up_batch(self, size: int) -> None:
@@ -357,9 +394,18 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
 
 def step_timestep(s: LongCatAudioState) -> torch.Tensor:
     """The transformer's timestep at ``s``'s step as ``__call__`` gives it: one element,
-    divided by the scheduler's ``num_train_timesteps``, in the text's dtype."""
-    t = s.timesteps[s.step_index] / s.scheduler.config.num_train_timesteps
-    return t.expand(1).to(dtype=s.prompt_embeds.dtype)
+    divided by the scheduler's ``num_train_timesteps``, in the text's dtype (a view of
+    the job's ``step_times``: no kernel a step)."""
+    return s.step_times[s.step_index : s.step_index + 1]
+
+
+def _guided_step(s: LongCatAudioState, pred: torch.Tensor, null_pred: torch.Tensor | None) -> None:
+    """``__call__``'s guidance (``null + (cond − null) × scale``; the conditional alone
+    without a null pass) and its scheduler step, on ``s``'s latents."""
+    if null_pred is not None:
+        pred = null_pred + (pred - null_pred) * s.guidance_scale
+    t = s.timesteps[s.step_index]
+    s.latents = s.scheduler.step(pred, t, s.latents, return_dict=False)[0]
 
 
 def solo_pass(

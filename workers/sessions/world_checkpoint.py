@@ -18,6 +18,12 @@ its checkpoint enter Redis in one script, or neither does):
   first step of the taker's first chunk, the chunk under way with none of its steps run
   when the taker reads it: the rules of any interaction.
 
+The snapshot's bytes depend on the session as captured at the chunk's end only, never on
+the chunk's encoded bytes, so they are packed on a thread of their own from the capture on,
+beside the chunk's encode on the delivery lane; what depends on the encode (the stream's
+frames, fragments and init segment) is read from the writer at the send, after the chunk's
+fragment is muxed.
+
 The taker starts its playback clock afresh (the client's buffer ran down while the worker
 was being replaced) and sends no second ``started``. A worker whose session was taken over
 while it was presumed dead learns it when its next chunk is refused

@@ -46,4 +46,4 @@ OUT=${OUT:-$PWD/device-out}
 source benchmarks/device/bench.sh
 run_bench gpu.longcat_speech --keep-log "$OUT/longcat_up.log" "$@"
 summary gpu_longcat_speech gpu worker_ready_s ttfa_ms ttfa_after_denoise_ms rtf aggregate_rtf audio_s \
-    stage_seconds compile compile_mode decode_window compile_log workers batch batch_log up_exit_code
+    stage_seconds compile compile_mode decode_window guidance_batch compile_log workers batch batch_log up_exit_code

@@ -19,7 +19,9 @@ and up, each window's PCM sent before the next decodes (0: whole). Each worker h
 own copy (about 4 GB in bfloat16), so ``--workers`` requests run side by side. ``--batch
 N`` (``OMNIQ_WORKER__BATCH_SIZE`` of every worker) has each worker run N requests at once,
 their denoise steps one batched forward (workers/jobs/batcher.py); the run fails unless
-the workers' log says they batch.
+the workers' log says they batch. A request alone runs its conditional and null passes as
+one pass of two rows too (the adapter's ``guidance_batch``, its default); ``--two-passes``
+runs ``__call__``'s two passes a step instead, to compare.
 
 Each round sends ``--concurrency`` requests together (the same paragraph, a different
 seed each; the clip's length follows the text, so every clip is as long); one warm-up
@@ -36,7 +38,8 @@ Keys of the JSON (also ``$OUT/gpu_longcat_speech.json``): ``ttfa_ms``,
 ``ttfa_after_denoise_ms``, ``total_ms``, ``rtf`` (n, mean, p50, p95, p99, max over every
 counted request), ``aggregate_rtf`` (a round's wall time over the audio it made, median
 over rounds), ``worker_ready_s``, ``stage_seconds`` (medians of the jobs'
-``stage_durations``), ``compile``, ``compile_mode``, ``decode_window`` (the settings),
+``stage_durations``), ``compile``, ``compile_mode``, ``decode_window``,
+``guidance_batch`` (the settings),
 ``compile_log`` (from the workers' log: ``compiled`` shapes and their ``compile_s``,
 ``recompiled_while_denoising`` lines, which should be none, and ``fell_back`` to eager),
 ``batch`` (the setting) and ``batch_log`` (from the workers' log: how many workers
@@ -77,6 +80,7 @@ VLLM_OMNI_FIRST_CHUNK_S = 2.0  # vllm-omni #1635
 
 def registry_text(args: argparse.Namespace) -> str:
     options = f"decode_window = {args.decode_window}\n"
+    options += f"guidance_batch = {str(args.guidance_batch).lower()}\n"
     if args.random_config:
         options += f"random_config = {inline_toml(args.random_config)}\n"
     mode = f'compile_mode = "{args.compile_mode}"\n' if args.compile_mode else ""
@@ -264,6 +268,12 @@ def main() -> None:
         "--decode-window", type=int, default=16, help="first decode window, frames (0: whole)"
     )
     p.add_argument(
+        "--two-passes",
+        dest="guidance_batch",
+        action="store_false",
+        help="__call__'s two passes a step (guidance_batch = false), not one pass of 2 rows",
+    )
+    p.add_argument(
         "--tiny",
         action="store_true",
         help="longcat_random.TINY_CONFIG on the CPU (float32, 1 worker, 1 round of 2, "
@@ -296,6 +306,7 @@ def main() -> None:
         "compile": args.compile,
         "compile_mode": args.compile_mode,
         "decode_window": args.decode_window,
+        "guidance_batch": args.guidance_batch,
         "compare": {"vllm_omni_first_chunk_s": VLLM_OMNI_FIRST_CHUNK_S},
     }
     if not args.tiny:

@@ -43,8 +43,8 @@ start by :meth:`LongCatAudioAdapter.warm_up` at lengths chosen to keep them symb
 a job with guidance (two rows, a symbolic row count that batched steps reuse) and one
 without (one row, a size dynamo specialises), so no job compiles while it denoises and
 no new length compiles at all (a 1-frame clip or a 1-token prompt, which dynamo
-specialises, compiles once in its prepare). With CUDA
-graphs (``compile_mode = "reduce-overhead"``) the lengths are bucketed (buckets.py).
+specialises, compiles once in its prepare). With CUDA graphs (``compile_mode =
+"reduce-overhead"``) the lengths are bucketed (buckets.py).
 
 Batched steps (``step_batch``, the ``SupportsStepBatch`` capability: a worker that runs
 several jobs at once batches their steps): the transformer's forward split at its text

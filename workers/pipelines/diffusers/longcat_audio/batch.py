@@ -1,6 +1,8 @@
 """LongCat's denoise step for several jobs at once: one transformer pass over every row of
 every job (``LongCatAudioAdapter.step_batch``, the ``SupportsStepBatch`` capability that
-the worker's step batcher drives: ``workers/jobs/batcher.py``).
+the worker's step batcher drives: ``workers/jobs/batcher.py``), and for one job alone,
+whose conditional and null rows share one pass the same way (the adapter's
+``guidance_batch``, on by default).
 
 ``LongCatAudioDiTTransformer.forward`` (diffusers 0.42.1) is split in two here:
 

@@ -37,7 +37,7 @@ BUCKET_BOUND = 5e-6
 # Prompts and given lengths (seconds at 8 kHz, 256 samples a frame: 31.25 frames a
 # second) that put the two lengths everywhere: frames = tokens (7, 8), frames = the
 # DiT's width (32), tokens = its head size (8), 2 frames, long and short prompts, a
-# negative prompt of its own length.
+# negative prompt of its own length, no guidance.
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("Hello there, friend.", {}),
     ("Hi", {}),
@@ -47,6 +47,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("Hello, world.", {"options": {"duration_seconds": 32 * 256 / 8000}}),
     ("Two frames.", {"options": {"duration_seconds": 2 * 256 / 8000}}),
     ("Hello there, friend!", {"negative_prompt": "robotic, muffled voice"}),
+    ("No guidance here.", {"guidance_scale": 1.0}),  # one row a pass, not two
 ]
 
 

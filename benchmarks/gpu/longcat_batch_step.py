@@ -13,8 +13,10 @@ and a null row) with its own clip length (about the 9.7 s clip of
 ``longcat_speech.py``: 105 to 122 latent frames) and prompt length (130 to 160 tokens of
 random embeddings), at its own timestep. Per k:
 
-* ``solo_ms``: the k jobs' steps one after another, each two forwards (the adapter's
-  ``step``), the median of ``--repeat`` timed steps after a warm-up;
+* ``solo_ms``: the k jobs' steps one after another, each two forwards (``__call__``'s
+  step: the adapter's with ``guidance_batch = false``; by default a lone job's step is
+  the batched pass of its own two rows, ``batched_ms`` at k = 1), the median of
+  ``--repeat`` timed steps after a warm-up;
 * ``batched_ms``: one ``batched_forward`` over the 2k rows (the text side made once per
   job beforehand, as the adapter keeps it);
 * ``row_vs_solo``: the largest difference of a batched row from its own forward, over

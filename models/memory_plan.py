@@ -27,6 +27,10 @@ Precision = Literal["fp8", "none"]
 # Where the weights live between uses: on the device ("none"), each component moved in
 # whole while it runs ("model"), or its blocks streamed ahead of use ("group").
 OffloadMode = Literal["none", "model", "group"]
+# How ``offload = "group"`` holds its host copies of the weights: pinned up front, or
+# pageable and pinned a group at a time as it moves in (when the pinned ones would not fit
+# the host: workers/pipelines/diffusers/shared/host_memory.py).
+HostCopies = Literal["pinned", "pageable"]
 # The components ``quantization = "fp8"`` quantizes: the denoisers.
 DENOISER_PREFIX = "transformer"
 
@@ -140,11 +144,6 @@ def refused_combination(
             "the compiled blocks both replace the blocks' forward; leave compile unset (off "
             "with group offloading) or set it to 'off'"
         )
-    if plan.offload == "group" and plan.quantizes:
-        return (
-            f"{fp8} and {offload} do not combine: group offloading pins and copies each "
-            "parameter's storage, which torchao's FP8 tensors do not promise to support"
-        )
     if devices > 1 and (plan.quantizes or plan.offload != "none"):
         return f"{plan.describe()} and a worker group (devices = {devices}) do not combine"
     return None
@@ -162,6 +161,9 @@ class MemoryReport(BaseModel):
     offload: OffloadMode = "none"
     # The per-process device memory cap in bytes (offload_budget_gib), when set.
     budget_bytes: int | None = None
+    # offload = "group": its host copies (pinned or pageable) and the host bytes they hold.
+    offload_host: HostCopies | None = None
+    offload_host_bytes: int | None = None
 
 
 class ModelMemory(BaseModel):
@@ -176,6 +178,9 @@ class ModelMemory(BaseModel):
     fp8_modules: int | None = None
     fp8_components: dict[str, int] | None = None
     bytes_saved: int | None = None
+    # offload = "group": how the worker holds the host copies, and their bytes.
+    offload_host: HostCopies | None = None
+    offload_host_bytes: int | None = None
 
 
 def model_memory(plan: MemoryPlan | None, report: MemoryReport | None) -> ModelMemory | None:
@@ -192,4 +197,6 @@ def model_memory(plan: MemoryPlan | None, report: MemoryReport | None) -> ModelM
         listed.fp8_modules = sum(report.fp8_modules.values())
         listed.fp8_components = dict(report.fp8_modules)
         listed.bytes_saved = report.bytes_saved
+        listed.offload_host = report.offload_host
+        listed.offload_host_bytes = report.offload_host_bytes
     return listed

@@ -10,7 +10,7 @@
 #   bash benchmarks/device/fp8.sh --random --combos             # random weights, real sizes
 #   bash benchmarks/device/fp8.sh --registry models.toml --model NAME --combos
 #                                                               # released weights: an entry
-#   bash benchmarks/device/fp8.sh --probe-group                 # FP8 through group offloading
+#   bash benchmarks/device/fp8.sh --probe-group [--pageable]    # FP8 through group offloading
 #                                                               # (benchmarks/gpu/fp8_group_probe.py)
 # The wheels of .wheelhouse/h3 go to /tmp/fp8-site with --no-deps over the host's packages
 # (preflight.sh's site_install; torch, transformers, accelerate and peft are the image's).
@@ -34,7 +34,8 @@ print("torch", torch.__version__, "torchao", torchao.__version__,
 # shellcheck source=benchmarks/device/bench.sh
 source benchmarks/device/bench.sh
 if [ "${1:-}" = "--probe-group" ]; then  # FP8 weights through group offloading
-    python3 -m benchmarks.gpu.fp8_group_probe | tee "$OUT/gpu_fp8_group_probe.json"
+    shift
+    python3 -m benchmarks.gpu.fp8_group_probe "$@" | tee "$OUT/gpu_fp8_group_probe.json"
     exit 0
 fi
 bench_with python3 "$OUT/gpu_fp8_quality.log" gpu.fp8_quality "$@"

@@ -1,17 +1,20 @@
 """Does diffusers' group offloading carry torchao's FP8 weights (issue 44)? The registry
-refuses ``quantization = "fp8"`` with ``offload = "group"`` until a GPU says it works.
+allows ``quantization = "fp8"`` with ``offload = "group"`` because this said so on an H100
+(docs/evidence/fp8_group_probe_h100_2026-12-06.json: bit-equal, pinned host copies).
 
 Two copies of one seeded stack of blocks (a ``ModuleList`` of Linear pairs, the shape
 group offloading streams), their Linear layers made FP8 by the worker's own
 ``fp8.quantize``; one stays resident, the other gets ``apply_group_offloading`` as
-``shared/offload.py`` calls it (``block_level``, one block a group, ``use_stream=True``).
+``shared/offload.py`` calls it (``block_level``, one block a group, ``use_stream=True``;
+``--pageable``: ``low_cpu_mem_usage=True``, the host copies pageable and pinned per group
+at onload, the mode a worker takes when the pinned copies would not fit its host).
 The JSON says whether the offloaded copy's output equals the resident one's (bit for bit,
 and the largest difference), whether its weights left the device between calls, and the
 error if it failed.
 
 Run on a GPU of compute capability 8.9 or more, with torchao installed:
-    python -m benchmarks.gpu.fp8_group_probe
-(``bash benchmarks/device/fp8.sh --probe-group`` on the GPU host.)
+    python -m benchmarks.gpu.fp8_group_probe [--pageable]
+(``bash benchmarks/device/fp8.sh --probe-group [--pageable]`` on the GPU host.)
 """
 
 from __future__ import annotations
@@ -56,10 +59,10 @@ def _quantized(device: torch.device) -> Stack:
     return model.to(device)
 
 
-def probe(device: torch.device) -> dict[str, Any]:
+def probe(device: torch.device, pageable: bool) -> dict[str, Any]:
     from diffusers.hooks import apply_group_offloading
 
-    out: dict[str, Any] = {"device": torch.cuda.get_device_name(device)}
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(device), "pageable": pageable}
     resident = _quantized(device)
     x = torch.randn(1, TOKENS, WIDTH, device=device, dtype=torch.bfloat16, generator=None)
     with torch.no_grad():
@@ -79,6 +82,7 @@ def probe(device: torch.device) -> dict[str, Any]:
             offload_type="block_level",
             num_blocks_per_group=1,
             use_stream=True,
+            low_cpu_mem_usage=pageable,
         )
         torch.cuda.synchronize(device)
         out["allocated_after_offload_mib"] = torch.cuda.memory_allocated(device) / 2**20
@@ -100,7 +104,7 @@ def probe(device: torch.device) -> dict[str, Any]:
 def main() -> None:
     device = torch.device("cuda")
     why = fp8.fp8_unsupported(device) or fp8.library_missing()
-    result = {"works": False, "error": why} if why else probe(device)
+    result = {"works": False, "error": why} if why else probe(device, "--pageable" in sys.argv)
     json.dump(result, sys.stdout, indent=2)
     print()
 

@@ -111,7 +111,6 @@ def test_fp8_and_per_request_lora_are_refused_naming_both(tmp_path: Path) -> Non
     [
         ('offload = "model"\n', 'parameters = ["lora"]\n', ("offload = 'model'", "LoRA")),
         ('offload = "group"\ncompile = "blocks"\n', "", ("offload = 'group'", "compile")),
-        ('offload = "group"\nquantization = "fp8"\n', "", ("'fp8'", "offload = 'group'")),
     ],
 )
 def test_each_refused_pair_names_both_features(
@@ -147,12 +146,15 @@ def test_a_worker_group_and_an_adapter_without_plans_refuse_one(tmp_path: Path) 
 def test_the_refusals_are_the_plan_s_alone() -> None:
     """What combines: FP8 with compiled blocks, a fused LoRA, cache tiers (nothing of the
     entry names them); model offload with compiled blocks; group offload with the default
-    compile (off with it)."""
+    compile (off with it), and with FP8 (bit-equal to the resident FP8 model on an H100:
+    docs/evidence/fp8_group_probe_h100_2026-12-06.json)."""
     fp8_plan = MemoryPlan(quantization="fp8")
     kw: dict[str, Any] = {"lora": False, "streaming": False, "devices": 1}
     assert refused_combination(fp8_plan, compile="blocks", **kw) is None
     assert refused_combination(MemoryPlan(offload="model"), compile="blocks", **kw) is None
     assert refused_combination(MemoryPlan(offload="group"), compile=None, **kw) is None
+    fp8_group = MemoryPlan(quantization="fp8", offload="group", offload_budget_gib=24)
+    assert refused_combination(fp8_group, compile=None, **kw) is None
     assert refused_combination(fp8_plan, compile=None, **{**kw, "streaming": True}) is None
 
 
@@ -275,6 +277,8 @@ def test_a_loaded_plan_is_reported_and_listed(
         "fp8_modules": 10,
         "fp8_components": {"transformer": 10},
         "bytes_saved": report.bytes_saved,
+        "offload_host": None,
+        "offload_host_bytes": None,
     }
     assert listed["available"] is True
 

@@ -103,6 +103,8 @@ def test_models_list_their_memory_plan_with_what_live_workers_report() -> None:
         "fp8_modules": 300,
         "fp8_components": {"transformer": 300},
         "bytes_saved": 1_300_000_000,
+        "offload_host": None,
+        "offload_host_bytes": None,
     }
     presence.down, now[0] = True, now[0] + 5
     assert availability.memory() == {}  # listed without the figures, never an error

@@ -14,9 +14,11 @@ order at load:
    FP8 weights, after the adapter changed its weights in their loaded dtype: FastH3's
    fused LoRA): the paths the plan names resolved, the budget set, each FP8 component's
    layers quantized on the device one at a time, then every weight put where ``offload``
-   says, and the allocator's cached blocks (the loaded dtype's weights that FP8 or
-   offloading replaced) handed back to the device, so that another process on the card
-   can have them. It logs which layers are FP8 and what they save, and returns the
+   says (``group``: its host copies planned against the host's memory first,
+   host_memory.py: pinned when they fit, else pageable, else refused), and the
+   allocator's cached blocks (the loaded dtype's weights that FP8 or offloading replaced)
+   handed back to the device, so that another process on the card can have them. It logs
+   which layers are FP8 and what they save, and returns the
    :class:`~models.memory_plan.MemoryReport` the worker publishes.
 
    Weights built on the device (``weights = "random"``, benchmarks only) are there, at
@@ -37,6 +39,7 @@ import torch
 from models.memory_plan import MemoryPlan, MemoryReport
 from models.registry import CatalogError
 from workers.pipelines.diffusers.shared import fp8
+from workers.pipelines.diffusers.shared.host_memory import plan_host_copies
 from workers.pipelines.diffusers.shared.offload import (
     modules_of,
     offload,
@@ -121,13 +124,19 @@ class MemoryLayout:
             fp8.quantize(component, names, target)
             counts[name] = len(names)
             _log_layers(self.model, name, layers)
-        offload(pipe, plan, target, blocks)
+        host = plan_host_copies(self.model, modules_of(pipe)) if plan.offload == "group" else None
+        offload(pipe, plan, target, blocks, host is not None and host.low_cpu_mem_usage)
         if target.type == "cuda" and torch.cuda.is_available():
             torch.cuda.empty_cache()
         if built_there:
             budget = set_budget(plan, target, held=torch.cuda.memory_allocated(target))
         self.report = MemoryReport(
-            fp8_modules=counts, bytes_saved=saved, offload=plan.offload, budget_bytes=budget
+            fp8_modules=counts,
+            bytes_saved=saved,
+            offload=plan.offload,
+            budget_bytes=budget,
+            offload_host=host.copies if host else None,
+            offload_host_bytes=host.host_bytes if host else None,
         )
         log.info(
             "%s: %s; FP8 Linear layers %s, %.2f GB saved; offload %s",

@@ -8,8 +8,10 @@
   ``diffusers.hooks.apply_group_offloading`` per component (as the pipeline's
   ``enable_group_offload`` does, which a modular pipeline has not), ``block_level`` with
   one block per group and ``use_stream=True`` (the next block's weights are copied in
-  while the current one runs). A component's top-level block lists stream block by block
-  and the rest of it moves in as one group, at its ``forward``; the children its class
+  while the current one runs), from host copies pinned up front, or pageable ones pinned a
+  group at a time where the pinned ones would not fit the host (host_memory.py). A
+  component's top-level block lists stream block by block and the rest of it moves in as
+  one group, at its ``forward``; the children its class
   names (``_group_offload_block_modules``: a VAE's encoder and decoder, which its
   ``decode`` calls without ``forward``) and those ``offload_blocks`` leads to (block lists
   further down, ``text_encoder.encoder.block``) get hooks of their own.
@@ -115,9 +117,15 @@ def set_budget(plan: MemoryPlan, device: torch.device, held: int = 0) -> int | N
 
 
 def offload(
-    pipe: Any, plan: MemoryPlan, device: torch.device, blocks: dict[str, list[str]]
+    pipe: Any,
+    plan: MemoryPlan,
+    device: torch.device,
+    blocks: dict[str, list[str]],
+    pageable: bool = False,
 ) -> None:
-    """Put ``pipe``'s weights where ``plan.offload`` says (``none``: all on ``device``)."""
+    """Put ``pipe``'s weights where ``plan.offload`` says (``none``: all on ``device``).
+    ``pageable``: group offloading's host copies stay pageable (``low_cpu_mem_usage``),
+    as host_memory.py decides when the pinned ones would not fit the host."""
     if plan.offload == "none":
         pipe.to(device)
     elif plan.offload == "model":
@@ -137,5 +145,6 @@ def offload(
                 offload_type="block_level",
                 num_blocks_per_group=1,
                 use_stream=True,
+                low_cpu_mem_usage=pageable,
                 block_modules=named or None,
             )

@@ -1,0 +1,158 @@
+"""The host memory ``offload = "group"`` holds, planned before it is taken (issue 44).
+
+diffusers' group offloading with ``use_stream=True`` keeps a CPU copy of every parameter
+and buffer of each component it streams (``ModuleGroup._init_cpu_param_dict``). By
+default (``low_cpu_mem_usage=False``) each copy is pinned up front, ``tensor.pin_memory()``
+one tensor at a time; pinned tensors come from PyTorch's caching host allocator, which
+rounds each block up to a power of two (:func:`pinned_size`). A 62 GB transformer whose
+feed-forward weights are 135 MiB each asks for far more than 62 GB of page-locked memory,
+and page-locks it all before the worker is ready: on a 128 GiB host, past what it has.
+With ``low_cpu_mem_usage=True`` the copies stay pageable (their own size) and only the
+group being moved in is pinned, at onload, which costs its copy on the host each time.
+
+So before group offloading is applied (:func:`host_plan`): the pinned copies when they fit
+the host's available memory with a margin (:data:`RESERVE_FRACTION`,
+:data:`RESERVE_MIN_BYTES`: the rest of the worker, the per-group pinned buffers); else
+the pageable ones, said in the log; else the model is refused at load, naming the model,
+``offload = "group"``, the bytes needed and the bytes available. Weights already on the
+host cost no more pageable memory (diffusers' ``.cpu()`` of a CPU tensor is the tensor),
+weights on the device (built there: ``weights = "random"``) cost their size.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from models.memory_plan import HostCopies
+from models.registry import CatalogError
+
+log = logging.getLogger(__name__)
+
+# What the host keeps besides the copies: this share of its available memory, at least
+# RESERVE_MIN_BYTES (the worker's own memory, the groups pinned at onload, the encoders).
+RESERVE_FRACTION = 0.1
+RESERVE_MIN_BYTES = 4 << 30
+
+
+def pinned_size(nbytes: int) -> int:
+    """The bytes a pinned block of ``nbytes`` takes: PyTorch's caching host allocator
+    (``at::CachingHostAllocator``, ``ATen/core/CachingHostAllocator.h``: ``allocate``)
+    rounds a request up to the next power of two, to reuse freed blocks of a size class.
+    (Its ``pinned_max_round_threshold`` setting, unbounded unless PYTORCH_ALLOC_CONF sets
+    it, would keep larger blocks at their size; this counts the default.)"""
+    return 0 if nbytes <= 0 else 1 << (nbytes - 1).bit_length()
+
+
+def _storages(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors a (possibly subclassed) tensor holds: torchao's FP8 weight is its
+    ``qdata`` and ``scale`` (``__tensor_flatten__``), each pinned on its own."""
+    flatten = getattr(type(tensor), "__tensor_flatten__", None)
+    if flatten is None:
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+    return [part for name in names for part in _storages(getattr(tensor, name))]
+
+
+@dataclass(frozen=True)
+class HostCopySizes:
+    """What group offloading's host copies of some modules take, each way."""
+
+    pinned: int  # every copy pinned up front, in the allocator's rounded blocks
+    pageable: int  # the pageable copies made beyond what the host already holds
+    weights: int  # the copied tensors' own bytes
+
+
+def host_copy_sizes(modules: list[torch.nn.Module]) -> HostCopySizes:
+    """The host copies of every parameter and buffer of ``modules`` (each tensor once)."""
+    seen: set[int] = set()
+    pinned = pageable = weights = 0
+    for module in modules:
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            for part in _storages(tensor):
+                size = part.numel() * part.element_size()
+                weights += size
+                pinned += pinned_size(size)
+                pageable += 0 if part.device.type == "cpu" else size
+    return HostCopySizes(pinned=pinned, pageable=pageable, weights=weights)
+
+
+def host_available() -> int:
+    """The bytes this host can give without swapping: ``MemAvailable`` of /proc/meminfo
+    (the kernel's estimate, page cache it can drop included), else the free pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def fits(need: int, available: int) -> bool:
+    """Whether ``need`` bytes leave the reserve of ``available`` free."""
+    return need + max(RESERVE_MIN_BYTES, int(available * RESERVE_FRACTION)) <= available
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """How group offloading holds its host copies, and what they take."""
+
+    copies: HostCopies
+    # what the copies take on the host: the pinned blocks, or the pageable copies (the
+    # weights' own bytes, some of which the host may have held before)
+    host_bytes: int
+    available: int  # the host's available memory when it was decided
+
+    @property
+    def low_cpu_mem_usage(self) -> bool:
+        """diffusers' argument: pageable copies, pinned per group at onload."""
+        return self.copies == "pageable"
+
+
+def host_plan(model: str, sizes: HostCopySizes, available: int) -> HostPlan:
+    """Pinned copies if they fit ``available`` with the reserve, else pageable ones (why
+    logged), else :class:`CatalogError` naming the model, the setting and both sizes."""
+    if fits(sizes.pinned, available):
+        return HostPlan("pinned", sizes.pinned, available)
+    if fits(sizes.pageable, available):
+        log.warning(
+            "%s: offload = 'group' would pin %.1f GiB of host copies (%.1f GiB of weights, "
+            "each pinned block rounded up to a power of two), over the %.1f GiB available "
+            "less the reserve; keeping them pageable (low_cpu_mem_usage: each group is "
+            "pinned as it moves in)",
+            model,
+            sizes.pinned / 2**30,
+            sizes.weights / 2**30,
+            available / 2**30,
+        )
+        return HostPlan("pageable", sizes.weights, available)
+    raise CatalogError(
+        f"model {model!r}: offload = 'group' needs {sizes.pageable} bytes "
+        f"({sizes.pageable / 2**30:.1f} GiB) of host memory for its pageable copies of the "
+        f"weights ({sizes.pinned / 2**30:.1f} GiB pinned), and this host has {available} "
+        f"bytes ({available / 2**30:.1f} GiB) available, less a reserve of "
+        f"{max(RESERVE_MIN_BYTES, int(available * RESERVE_FRACTION)) / 2**30:.1f} GiB"
+    )
+
+
+def plan_host_copies(model: str, modules: dict[str, Any]) -> HostPlan:
+    """The host plan of group-offloading ``modules`` (component name -> module), on this
+    host now, logged with what the copies take."""
+    plan = host_plan(model, host_copy_sizes(list(modules.values())), host_available())
+    log.info(
+        "%s: offload = 'group' holds %.2f GiB of %s host copies (host available: %.1f GiB)",
+        model,
+        plan.host_bytes / 2**30,
+        plan.copies,
+        plan.available / 2**30,
+    )
+    return plan

@@ -201,6 +201,8 @@ class Stack:
     up's stderr (and through it its children's logs) goes to a file the caller can parse.
     While it runs, :class:`UpWatch` ends the benchmark when up exits on its own.
     ``command`` replaces ``python -m cli.main up …`` (a test's stand-in for up).
+    ``log_path``: where up's stderr goes as it runs (default: the stack's own directory,
+    removed with it), so that a run killed from outside still leaves the log there.
     """
 
     def __init__(
@@ -209,6 +211,7 @@ class Stack:
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
         command: list[str] | None = None,
+        log_path: Path | None = None,
     ) -> None:
         self.workers = workers
         self._args = args  # more arguments of ``up`` (``--realtime-workers 0``, …)
@@ -217,7 +220,7 @@ class Stack:
         self.base = Path(tempfile.mkdtemp(prefix="oq-bench-"))
         self.data_dir = self.base / "data"
         self.tmp_dir = self.data_dir / "worker-tmp"
-        self.log_path = self.base / "up-stderr.log"
+        self.log_path = log_path or self.base / "up-stderr.log"
         self.port = free_port()
         self.url = ""
         self.exit_code: int | None = None
@@ -227,6 +230,7 @@ class Stack:
 
     def start(self, timeout: float = 180.0) -> None:
         self.tmp_dir.mkdir(parents=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         # cli.up_children.child_env starts from os.environ: OMNIQ_* settings reach api and workers.
         env["OMNIQ_WORKER__TMP_DIR"] = str(self.tmp_dir)
@@ -423,7 +427,7 @@ class Stack:
                 shutil.copyfile(self.log_path, keep_log)
         out["up_exit_code"] = self.stop()
         if out["up_exit_code"] != 0:
-            out["up_log_tail"] = self.log_tail(4000)
+            out.setdefault("up_log_tail", self.log_tail(4000))  # the caller's, when it kept one
         self.remove(keep_log)
 
     def remove(self, keep_log: str | None = None) -> None:

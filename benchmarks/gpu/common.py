@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.embedded_stack import Stack, git_state
+from benchmarks.embedded_stack import UP_TAIL_LINES, Stack, UpExited, git_state, last_lines, say
 from benchmarks.gpu.random_wan import build_pipeline
 
 MODEL = "wan-1.3b-random"
@@ -259,10 +259,18 @@ def emit(out: dict[str, Any], name: str) -> None:
         Path(os.environ["OUT"], f"{name}.json").write_text(text)
 
 
-def random_weights_stack(work: Path, registry: str, model: str, device: str, workers: int) -> Stack:
+def random_weights_stack(
+    work: Path,
+    registry: str,
+    model: str,
+    device: str,
+    workers: int,
+    log_path: Path | None = None,
+) -> Stack:
     """``omniqueue up`` (not started yet) serving ``model`` of the registry text
     ``registry`` (written to ``work``) with random weights (``OMNIQ_WORKER__RANDOM_WEIGHTS``):
-    ``workers`` job workers on ``device``, no realtime worker, no previews."""
+    ``workers`` job workers on ``device``, no realtime worker, no previews; up's log
+    written to ``log_path`` as it runs (:func:`up_log_path`)."""
     path = work / "models.toml"
     path.write_text(registry)
     env = {
@@ -272,4 +280,29 @@ def random_weights_stack(work: Path, registry: str, model: str, device: str, wor
         "OMNIQ_WORKER__RANDOM_WEIGHTS": "true",
         "OMNIQ_WORKER__PREVIEW_EVERY": "0",
     }
-    return Stack(workers=workers, env=env, args=("--realtime-workers", "0"))
+    return Stack(workers=workers, env=env, args=("--realtime-workers", "0"), log_path=log_path)
+
+
+def up_log_path(name: str, given: str | None = None) -> Path | None:
+    """Where a run's up log is written as it runs: ``given``, else ``$OUT/<name>`` when OUT
+    is set (what a GPU call brings back even when it is killed at its time limit), else
+    None (the stack's own directory)."""
+    if given:
+        return Path(given)
+    return Path(os.environ["OUT"], name) if os.environ.get("OUT") else None
+
+
+def up_failure(out: dict[str, Any], exc: BaseException, stack: Stack, label: str) -> None:
+    """A run that failed: its error (the first line, short) and up's last lines in ``out``
+    (``up_log_tail``, a list), those printed to stderr too unless up's watcher already did
+    (up exited on its own: ``UpExited``), so that a run that timed out says where the
+    worker stood."""
+    first = (str(exc).splitlines() or [""])[0]
+    out["error"] = f"{type(exc).__name__}: {' '.join(first.split())[:600]}"
+    tail = last_lines(stack.log_path)
+    out["up_log_tail"] = tail.splitlines()
+    if not isinstance(exc, UpExited):
+        say(
+            f"{label}: {out['error']}; the last {UP_TAIL_LINES} lines of up's log "
+            f"({stack.log_path}):\n{tail}\n(end of up's log)"
+        )

@@ -20,14 +20,22 @@ MP4 downloaded), ``first_e2e_s``, ``peak_mib`` (the most a job held: the jobs'
 worker's allocated memory once ready, ``/metrics``), ``memory`` (``/v1/models``' report)
 and ``seconds``; or ``error``, and then no time:
 
-* refused by the worker before it reads a weight (``plans.refusal``): FP8 with group
-  offload, model offload on H3's modular pipeline, FP8 or a budget off a CUDA GPU: said
-  with the worker's words, no ``up`` started;
+* refused by the worker before it reads a weight (``plans.refusal``): model offload on
+  H3's modular pipeline, FP8 or a budget off a CUDA GPU: said with the worker's words, no
+  ``up`` started;
 * ``not run``: with ``offload = "none"`` and a budget under what the weights alone hold
   (their sizes from a meta-device build of the same configs, FP8's savings by the
-  worker's own rule): the budget cannot hold the model (``--run-anyway`` runs it);
-* what the run met: the model unavailable (``/v1/models``' reason), a job that failed
-  (out of memory under the budget), up that did not come up.
+  worker's own rule): the budget cannot hold the model (``--run-anyway`` runs it). A
+  ``group`` point always runs, FP8 as BF16 (group offloading carries torchao's FP8
+  weights: docs/evidence/fp8_group_probe_h100_2026-12-06.json);
+* what the run met: the model unavailable (``/v1/models``' reason: a worker that
+  refused the load, group offload's host copies over the host's memory say), a job that
+  failed (out of memory under the budget), up that did not come up within
+  ``--ready-timeout`` (240 s a point) or that exited (within a second: the stack's
+  watcher). Then ``up_log_tail`` holds up's last 40 lines, printed to stderr too.
+
+Each point's up log is written as it runs to ``--keep-logs`` (default ``$OUT``) as
+``up_POINT.log``, so that a call killed at its time limit still brings it back.
 
 Compiled blocks are off by default (``--compile``): group offloading refuses them, and
 the frontier compares the points with each other; ``h3_stack.py`` measures FastH3
@@ -42,6 +50,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -49,11 +58,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu.common import completed_job, emit, random_weights_stack
+from benchmarks.gpu.common import completed_job, emit, random_weights_stack, up_failure
 from benchmarks.gpu.h3_stack import MODEL, header, node_form, registry_text, resolve, shape_args
 from benchmarks.gpu.plans import gauge_mib, model_memory, refusal
 
-DEFAULT_POINTS = "bf16-none,fp8-none,bf16-group-40,bf16-group-24,fp8-none-40,fp8-none-24"
+DEFAULT_POINTS = "bf16-none,fp8-none,bf16-group-40,bf16-group-24,fp8-group-40,fp8-group-24"
 PRECISIONS = {"bf16": "none", "fp8": "fp8"}
 
 
@@ -106,22 +115,27 @@ def not_run(point: dict[str, Any], weights: dict[str, float]) -> str | None:
     held = weights[point["quantization"]]
     if point["offload"] != "none" or point["budget"] is None or held <= point["budget"]:
         return None
+    precision = "fp8" if point["quantization"] == "fp8" else "bf16"
     return (
         f"not run: the weights alone hold {held:g} GiB on the device (meta-device sizes), "
-        f"over the {point['budget']:g} GiB budget, and they are not offloaded (FP8 with "
-        "group offload is refused, model offload is not on H3's modular pipeline)"
+        f"over the {point['budget']:g} GiB budget, and they are not offloaded (the point "
+        f"{precision}-group-{point['budget']:g} streams them; model offload is not on H3's "
+        "modular pipeline)"
     )
 
 
 def run_point(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """One point's ``up``, its jobs, its memory (the module doc's keys)."""
+    """One point's ``up``, its jobs, its memory (the module doc's keys). up says it is up
+    once its worker has loaded the model (or stopped on a configuration error), so
+    ``--ready-timeout`` bounds the load; past it, or when up exits, the point ends with
+    its error and up's last lines (``up_log_tail``, on stderr too)."""
     import httpx
 
     out: dict[str, Any] = {}
-    stack = random_weights_stack(work, registry_text(args, None), MODEL, args.device, 1)
+    log = Path(args.keep_logs, f"up_{args.label}.log") if args.keep_logs else None
+    stack = random_weights_stack(work, registry_text(args, None), MODEL, args.device, 1, log)
     try:
-        stack.start(timeout=900)
-        stack.workers_ready(1, args.ready_timeout)
+        stack.start(timeout=args.ready_timeout)
         listed = model_memory(stack, MODEL)
         out["memory"] = (listed or {}).get("memory")
         out["resident_mib"] = (
@@ -141,11 +155,9 @@ def run_point(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         known = [p for p in peaks if p is not None]
         out["peak_mib"] = max(known) if known else None
     except Exception as exc:  # the point's outcome: the others still run
-        out["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"
+        up_failure(out, exc, stack, f"point {args.label}")
     finally:
-        stack.close(
-            out, str(Path(args.keep_logs, f"up_{args.label}.log")) if args.keep_logs else None
-        )
+        stack.close(out)
     return out
 
 
@@ -190,7 +202,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--compile", default="off", choices=("blocks", "off"))
     p.add_argument("--run-anyway", action="store_true", help="run points estimated not to fit")
     p.add_argument("--dry-run", action="store_true", help="each point's entry; run nothing")
-    p.add_argument("--keep-logs", default=None, help="copy each point's up log to DIR")
+    p.add_argument(
+        "--keep-logs",
+        default=os.environ.get("OUT") or None,
+        help="write each point's up log to DIR/up_POINT.log as it runs (default: $OUT)",
+    )
     args = p.parse_args()
     try:
         args.point_list = [parse_point(label) for label in args.points.split(",") if label]

@@ -41,13 +41,17 @@ The memory plan (issue 44): ``--quantization fp8``, ``--offload`` and
 ``--offload-budget-gib`` go into the entry as its ``quantization``, ``offload`` and
 ``offload_budget_gib`` (and the JSON's, with the run's file named after them:
 ``gpu_h3_stack_fp8.json``…). ``offload = "group"`` takes ``--compile off`` (the registry
-refuses it with compiled blocks), ``model`` is refused on H3's modular pipeline, FP8 with
-``group`` too: an entry a worker would refuse fails before ``omniqueue up`` starts, with
-the worker's reason (``plans.refusal``). With FP8 the figures are also written under issue
-44's names, with its targets in ``targets``: ``fasth3_fp8_warm_e2e_s`` (=
+refuses it with compiled blocks; FP8 combines with it), ``model`` is refused on H3's
+modular pipeline: an entry a worker would refuse fails before ``omniqueue up`` starts,
+with the worker's reason (``plans.refusal``). With FP8 the figures are also written under
+issue 44's names, with its targets in ``targets``: ``fasth3_fp8_warm_e2e_s`` (=
 ``fasth3_warm_e2e_s``, ≤ 3.0 s) and ``h3_fp8_transformer_gib`` (the transformer's weights
 held: its loaded size, from a meta-device build of the same config, less the FP8 bytes
 saved that ``/v1/models`` reports).
+
+up's log is written as it runs to ``--keep-log`` (default ``$OUT/up_h3_stack.log``). A
+worker not loaded within ``--ready-timeout`` (240 s), or up exiting, ends the run with
+``error`` and ``up_log_tail`` (up's last 40 lines, printed to stderr too) in the JSON.
 """
 
 from __future__ import annotations
@@ -66,7 +70,14 @@ import numpy as np
 
 from benchmarks.common import pct
 from benchmarks.embedded_stack import LogWatcher, git_state
-from benchmarks.gpu.common import cancel_in_step, completed_job, emit, random_weights_stack
+from benchmarks.gpu.common import (
+    cancel_in_step,
+    completed_job,
+    emit,
+    random_weights_stack,
+    up_failure,
+    up_log_path,
+)
 from benchmarks.gpu.plans import (
     gauge_mib,
     memory_args,
@@ -199,11 +210,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "made_s": round(time.perf_counter() - t, 1),
         }
     }
-    stack = random_weights_stack(work, registry_text(args, lora, sha256), MODEL, args.device, 1)
+    log = up_log_path("up_h3_stack.log", args.keep_log)
+    registry = registry_text(args, lora, sha256)
+    stack = random_weights_stack(work, registry, MODEL, args.device, 1, log)
     started = time.time()
-    stack.start(timeout=900)
     logs = LogWatcher(stack.log_path, stack.check)
     try:
+        stack.start(timeout=args.ready_timeout)  # up is up once its worker has loaded
         ready = stack.workers_ready(1, args.ready_timeout)
         out["worker_ready_s"] = round(ready - started, 1)
         out |= loaded_memory(stack, args)
@@ -245,8 +258,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             out["h3_cancel_p95_ms"] = round(pct(stopped, 0.95), 1) if stopped else None
             logs.poll()
             out["h3_memory_after_jobs_mib"] = dict(logs.cuda_allocated_mib)
+    except Exception as exc:
+        up_failure(out, exc, stack, "h3_stack")
     finally:
-        stack.close(out, args.keep_log)
+        stack.close(out)
     return out
 
 
@@ -328,7 +343,9 @@ def shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--height", type=int, default=256)
     p.add_argument("--seconds", type=int, default=10, help="snapped to 17n+5 frames at 24 fps")
     p.add_argument("--text-layers", type=int, default=4)
-    p.add_argument("--ready-timeout", type=float, default=600.0)
+    # up to "is up" (the worker loaded): H3 is ready in 30-80 s; well under a GPU call's
+    # 10 minutes, so that a load that hangs ends with up's last lines
+    p.add_argument("--ready-timeout", type=float, default=240.0)
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument(
@@ -382,7 +399,9 @@ def main() -> None:
     p.add_argument("--lora-rank", type=int, default=32)
     p.add_argument("--jobs", type=int, default=3, help="warm jobs after the first (median)")
     p.add_argument("--cancels", type=int, default=10)
-    p.add_argument("--keep-log", default=None, help="copy up's stderr here")
+    p.add_argument(
+        "--keep-log", default=None, help="write up's stderr here as it runs ($OUT/up_h3_stack.log)"
+    )
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
     memory_args(p, offload=True)
     p.add_argument("--print-registry", action="store_true", help="print the entry, run nothing")

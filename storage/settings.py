@@ -257,6 +257,12 @@ class WorkerSettings(BaseModel):
     batch_size: int = Field(default=1, ge=1, le=64)
     # How long a batch waits for its other jobs' steps before it runs without them (ms).
     batch_wait_ms: float = Field(default=20.0, ge=0)
+    # How many cancel points of a text encoder, VAE or vocoder (the checkpoints of prepare
+    # and decode) the host may queue ahead of the device on CUDA
+    # (workers/pipelines/run_ahead.py): fewer leaves less queued behind a stop, more costs
+    # the decode fewer host waits. 0: not paced (the host queues freely; a stop still lands
+    # at the next cancel point it reaches). The denoiser's block gates keep their own.
+    checkpoint_lookahead: int = Field(default=3, ge=0, le=1000)
 
     @field_validator("memory_fraction", mode="before")
     @classmethod

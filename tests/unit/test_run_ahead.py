@@ -2,18 +2,29 @@
 (``workers/pipelines/run_ahead.py``), on a fake device whose clock is the host's sleeps:
 the host waits for the mark ``lookahead`` points back and no other, is never more than
 ``lookahead`` marks ahead when it goes on, asks the stop question while it waits, and the
-denoiser's block gates pace through the same object. On the CPU nothing is paced."""
+denoiser's block gates pace through the same object. On the CPU nothing is paced. The
+cancel points' lookahead is ``OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD``: it reaches the pacer
+of each thread, and 0 does not pace at all."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
+from storage.settings import Settings
+from workers.pipelines import run_ahead
 from workers.pipelines.blocks import BlockGate
-from workers.pipelines.run_ahead import RunAhead, pace_checkpoint
+from workers.pipelines.run_ahead import (
+    CHECKPOINT_LOOKAHEAD,
+    RunAhead,
+    checkpoint_pacer,
+    configure_checkpoints,
+    pace_checkpoint,
+)
 
 
 class Stop(Exception):
@@ -167,3 +178,58 @@ def test_a_checkpoint_on_the_cpu_is_not_paced() -> None:
 
     pace_checkpoint((torch.zeros(2), 3), check)
     pace_checkpoint((), check)
+
+
+def _paced_in_a_new_thread(device: FakeDevice, points: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Run ``points`` cancel points on a new thread, as a worker's session thread does
+    (its pacer made at its first point, on ``device``; the points' tensors taken for
+    CUDA ones); return that pacer's lookahead."""
+    monkeypatch.setattr(run_ahead, "_stream_of", lambda args: "stream")
+    monkeypatch.setattr(run_ahead, "RunAhead", lambda n: device.run_ahead(n))
+    seen: list[int] = []
+
+    def go() -> None:
+        for _ in range(points):
+            pace_checkpoint((torch.zeros(1),), lambda: None)
+        seen.append(checkpoint_pacer().lookahead)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+def test_the_checkpoint_lookahead_setting_reaches_each_thread_s_pacer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default is the measured one; the setting, applied at the worker's start, is the
+    lookahead of the pacers made after, and bounds how far ahead their host goes."""
+    assert Settings().worker.checkpoint_lookahead == CHECKPOINT_LOOKAHEAD
+    monkeypatch.setenv("OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD", "1")
+    try:
+        configure_checkpoints(Settings().worker.checkpoint_lookahead)
+        device = FakeDevice(ticks=3)
+        assert _paced_in_a_new_thread(device, 6, monkeypatch) == 1
+        assert device.ahead <= 1 and device.slept > 0  # it waited, one mark back
+    finally:
+        configure_checkpoints(CHECKPOINT_LOOKAHEAD)
+
+
+def test_a_checkpoint_lookahead_of_0_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0: no mark is recorded, none looked at, no sleep, however far behind the device
+    is (it never moves here); the host queues freely."""
+    monkeypatch.setenv("OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD", "0")
+    try:
+        configure_checkpoints(Settings().worker.checkpoint_lookahead)
+        device = FakeDevice()
+        device.stalled = True
+        assert _paced_in_a_new_thread(device, 50, monkeypatch) == 0
+        assert (device.recorded, device.queried, device.slept) == ([], [], 0)
+    finally:
+        configure_checkpoints(CHECKPOINT_LOOKAHEAD)
+
+
+def test_a_negative_checkpoint_lookahead_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD", "-1")
+    with pytest.raises(ValueError, match="checkpoint_lookahead"):
+        Settings()

@@ -41,6 +41,8 @@ POLL_S = 0.0002
 # hook right before its first resnet's) to ~7.5 ms (a resnet at full resolution, 640x384
 # on an H100), median ~0.5 ms. 3 keeps a few ms queued at the small ones through a GIL
 # switch, and at most ~22 ms at the large ones (docs/PERFORMANCE.md, issue 43's stop).
+# The default of ``OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD``, which :func:`configure_checkpoints`
+# applies at a worker's start.
 CHECKPOINT_LOOKAHEAD = 3
 
 
@@ -87,6 +89,17 @@ class RunAhead:
 
 
 _THREAD = threading.local()
+# The lookahead of the pacers made from now on (:func:`configure_checkpoints`).
+_CHECKPOINTS = {"lookahead": CHECKPOINT_LOOKAHEAD}
+
+
+def configure_checkpoints(lookahead: int) -> None:
+    """Set the cancel points' lookahead of this process (``OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD``),
+    once at a worker's start, before its threads pace: a process-wide setting as the
+    memory fraction and the GIL switch interval are, since the hook that paces is
+    installed on a model's blocks, shared by every session and job of the worker.
+    0: the cancel points do not pace (:func:`pace_checkpoint`)."""
+    _CHECKPOINTS["lookahead"] = lookahead
 
 
 def checkpoint_pacer() -> RunAhead:
@@ -94,7 +107,7 @@ def checkpoint_pacer() -> RunAhead:
     per thread: the threads of a worker decode independently)."""
     pacer: RunAhead | None = getattr(_THREAD, "pacer", None)
     if pacer is None:
-        pacer = _THREAD.pacer = RunAhead(CHECKPOINT_LOOKAHEAD)
+        pacer = _THREAD.pacer = RunAhead(_CHECKPOINTS["lookahead"])
     return pacer
 
 
@@ -102,10 +115,14 @@ def pace_checkpoint(args: tuple[Any, ...], check: Callable[[], None]) -> None:
     """At a cancel point before a block called with ``args``: on CUDA (the block's first
     tensor argument is there), bound the host's run-ahead to :func:`checkpoint_pacer`'s
     lookahead on that tensor's stream, asking ``check`` (the job's or session's stop)
-    while it waits. On the CPU, or with no tensor argument to tell, nothing."""
+    while it waits. On the CPU, with no tensor argument to tell, or with a lookahead of
+    0 (not paced: no event, no wait; the stop is the checkpoint's own question), nothing."""
+    pacer = checkpoint_pacer()
+    if pacer.lookahead <= 0:
+        return
     stream = _stream_of(args)
     if stream is not None:
-        checkpoint_pacer().pace(check, stream)
+        pacer.pace(check, stream)
 
 
 def _stream_of(args: tuple[Any, ...]) -> Any:

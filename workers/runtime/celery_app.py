@@ -20,6 +20,7 @@ from storage.queue import make_celery
 from storage.settings import Settings
 from workers.common.memory import apply_memory_fraction
 from workers.common.metrics import BROKER_RECONNECTS, serve_metrics
+from workers.pipelines.run_ahead import configure_checkpoints
 from workers.runtime.context import WorkerContext, worker_models
 from workers.runtime.status_file import write_status
 from workers.runtime.supervisor import CONFIG_ERROR
@@ -107,6 +108,7 @@ def serve(
         return CONFIG_ERROR
     context = WorkerContext.build(settings, name=name, realtime=realtime)
     apply_memory_fraction(settings.worker.memory_fraction, model_devices(settings, realtime))
+    configure_checkpoints(settings.worker.checkpoint_lookahead)
     context.load_models()  # each on its own: one that cannot load is reported, not served
     if not context.pipelines.models:
         return context.loaded_none()

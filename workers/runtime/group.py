@@ -55,6 +55,7 @@ from workers.pipelines.base import (
 from workers.pipelines.blocks import StepAborted
 from workers.pipelines.parallel import GroupParallel, GroupRank, enable
 from workers.pipelines.registry import PipelineRegistry
+from workers.pipelines.run_ahead import configure_checkpoints
 from workers.runtime.context import WorkerContext, worker_models
 from workers.runtime.processes import free_port
 from workers.runtime.supervisor import GaveUp, Supervisor
@@ -296,6 +297,7 @@ def _rank_main(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     models = worker_models(settings)
     apply_memory_fraction(worker.memory_fraction, [devices[rank]])  # rank 0's: in serve
+    configure_checkpoints(worker.checkpoint_lookahead)  # rank 0's: in serve, too
     registry = PipelineRegistry(models, devices[rank])
     registry.load_each()  # a model rank 0 cannot load (the same files) is left out here too
     _follow(rank, _load_group(registry, rank, world), links[0])

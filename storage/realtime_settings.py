@@ -51,6 +51,11 @@ class RealtimeSettings(BaseModel):
     # video transport before the voice model calls took turns on one lock, and with that
     # lock it made voice first audio later (docs/PERFORMANCE.md).
     switch_interval_ms: float = Field(5.0, gt=0, le=100)
+    # A world session's chunk goes to its delivery lane piece by piece as the VAE decodes
+    # it, where the model can (SupportsChunkStream: Helios), and is encoded meanwhile: its
+    # first frames leave sooner. False: the chunk is decoded whole, then handed over, and
+    # its encode runs beside the next chunk's denoise (docs/configuration.md).
+    stream_chunk_decode: bool = True
     # Duplex /v1/realtime sessions survive a dropped socket this long (session.resume).
     resume_grace_s: float = 30.0
     # A world session whose model takes snapshots (Helios) stores one with every chunk its

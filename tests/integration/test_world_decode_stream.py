@@ -2,7 +2,9 @@
 streams, ``workers/sessions/delivery.py``), through the real session runner on real Redis
 with a tiny Helios on the CPU: the lane encodes a chunk's first frames while the VAE still
 decodes its last latent frame; a stop that lands inside a chunk's decode, after the lane
-has encoded some of its frames, ends the session with none of that chunk sent."""
+has encoded some of its frames, ends the session with none of that chunk sent. With
+``OMNIQ_REALTIME__STREAM_CHUNK_DECODE`` off, each chunk is decoded whole and handed over
+in one piece, and the session's bytes are the streamed session's."""
 
 from __future__ import annotations
 
@@ -77,11 +79,13 @@ class _Session:
             time.sleep(0.002)
         return True
 
-    def run(self, chunks: int) -> list[tuple[ChunkOutput, bytes]]:
+    def run(self, chunks: int, streamed: bool = True) -> list[tuple[ChunkOutput, bytes]]:
         start = {k: v for k, v in SESSION_START.items() if k != "type"}
         start |= {"num_frames": 33 * chunks, "extra_params": {"max_chunks_ahead": 0}}
         config: WorldSessionConfig = world_session_config(**start)
-        runner = WorldSessionRunner(self.api.settings, self.api.registry, self.api.bus, "w")
+        realtime = self.api.settings.realtime.model_copy(update={"stream_chunk_decode": streamed})
+        settings = self.api.settings.model_copy(update={"realtime": realtime})
+        runner = WorldSessionRunner(settings, self.api.registry, self.api.bus, "w")
         out = self.api.run_to_end(lambda: runner.run(self.api.id, config))
         assert out[-1].event.type == "finished"
         self.finished = out[-1].event
@@ -132,3 +136,26 @@ def test_a_stop_inside_a_chunk_s_decode_sends_none_of_it(
     assert session.finished == FinishedOutput(stopped=True, artifact_id=None)
     assert [c.generation_chunk_index for c, _ in media] == [0]
     assert len(session.encoded) >= LATENT_FRAMES + 2  # chunk 1 was partly encoded, unsent
+
+
+def test_with_the_streamed_decode_off_a_chunk_is_handed_over_whole_and_the_bytes_agree(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off: the lane encodes nothing of a chunk before its decode has ended (each chunk is
+    one 33-frame piece, encoded on the lane's thread), and every chunk's bytes are those
+    of the same session streamed."""
+    early: list[int] = []
+
+    def on_decode(run: int) -> None:
+        if run % LATENT_FRAMES == LATENT_FRAMES - 1:  # a chunk's last latent frame
+            early.append(len(session.encoded))
+
+    session = _Session(Api(redis_url), monkeypatch, on_decode)
+    whole = session.run(chunks=2, streamed=False)
+    assert session.api.outcome == "completed"
+    assert early[0] == 0 and early[1] <= 1  # none of a chunk before its decode ends
+    assert [e.frames for e in session.encoded] == [33, 33]
+    assert all(e.thread.startswith("deliver-") for e in session.encoded)
+    streamed = _Session(Api(redis_url), monkeypatch, lambda run: None).run(chunks=2)
+    assert [data for _, data in whole] == [data for _, data in streamed]
+    assert [c.num_frames for c, _ in whole] == [33, 33]

@@ -2,7 +2,7 @@
 chunk handed out as it decodes (``HeliosWorldAdapter.stream_chunk``): the pieces come
 1 frame, then 4 per latent frame, and together they are the whole decode bit for bit;
 the VAE's feature cache is empty after; a VAE the loop cannot stand in for is decoded
-whole, in one piece."""
+whole, in one piece; so is a chunk taken whole (``take_chunk``)."""
 
 from __future__ import annotations
 
@@ -102,3 +102,26 @@ def test_a_helios_chunk_on_a_vae_that_does_not_stream_comes_whole(
         vae.use_tiling = False
     assert [len(p) for p in got] == [33]
     np.testing.assert_array_equal(got[0], whole)
+
+
+def test_a_helios_chunk_taken_whole_is_one_decode_of_the_same_frames(
+    adapter: HeliosWorldAdapter,
+) -> None:
+    """``take_chunk`` (a session with the streamed decode off) decodes the chunk in one
+    ``vae.decode``: one post-processing, the frames of the streamed pieces."""
+    state, whole = _finished_chunk(adapter)
+    processor = adapter._loaded().video_processor
+    calls: list[int] = []
+    postprocess = processor.postprocess_video
+
+    def counted(video: torch.Tensor, **kwargs: Any) -> Any:
+        calls.append(video.shape[2])
+        return postprocess(video, **kwargs)
+
+    processor.postprocess_video = counted
+    try:
+        got = adapter.take_chunk(state)
+    finally:
+        del processor.postprocess_video
+    assert calls == [33]
+    np.testing.assert_array_equal(got, whole)

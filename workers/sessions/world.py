@@ -293,6 +293,7 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
         if isinstance(pipe, SupportsStepRestart):
             restarts = functools.partial(pipe.restarts_step, state)
         between_chunks, wait_ms = True, None
+        streamed = self.settings.realtime.stream_chunk_decode
         device_s = denoise_s = 0.0  # the current chunk's time at the device, and denoising
         while run.made < total:
             lane.check()  # a failed send (the session taken over) ends the session here
@@ -322,7 +323,7 @@ class WorldSessionRunner(SlotRunner[WorldSessionConfig]):
                     with step_stops(gate), checkpoints(stop.check):
                         pipe.step(state)
                         stepped = time.perf_counter()
-                        made = run.decode(lane) if pipe.chunk_done(state) else None
+                        made = run.decode(lane, streamed) if pipe.chunk_done(state) else None
                 except SessionStopped as exc:  # inside the step or the decode
                     # its traceback's frames hold the step's activations: cleared, as a
                     # job's are, so nothing keeps them through the exception
@@ -368,15 +369,16 @@ class _Rollout:
         self.made = sent  # media chunks made (and handed over) so far
         self.times = ChunkTimes()
 
-    def decode(self, lane: DeliveryLane) -> _Outgoing:
+    def decode(self, lane: DeliveryLane, streamed: bool) -> _Outgoing:
         """Take the chunk whose steps have all run, on the device's thread: each piece
-        of frames goes to the lane as it decodes (``SupportsChunkStream``; else the chunk
-        whole), and the lane encodes it while the next decodes. A stop or an error inside
-        the decode abandons the chunk: nothing of it is sent (the session ends)."""
+        of frames goes to the lane as it decodes (``streamed`` and ``SupportsChunkStream``;
+        else the chunk whole, encoded beside the next denoise), and the lane encodes it
+        while the next decodes. A stop or an error inside the decode abandons the chunk:
+        nothing of it is sent (the session ends)."""
         out = _Outgoing(self.writer)
         stream = lane.stream(out.encode)
         try:
-            for piece in _pieces(self.pipe, self.state):
+            for piece in _pieces(self.pipe, self.state, streamed):
                 stream.put(piece)
                 out.frames += len(piece)
         except BaseException:
@@ -443,10 +445,11 @@ class _Outgoing:
         self.encode_s += time.perf_counter() - began
 
 
-def _pieces(pipe: WorldPipeline[Any], state: Any) -> Iterator[np.ndarray]:
+def _pieces(pipe: WorldPipeline[Any], state: Any, streamed: bool) -> Iterator[np.ndarray]:
     """The finished chunk's frames: piece by piece as they decode where the model can
-    (``SupportsChunkStream``), else whole (``take_chunk``)."""
-    if isinstance(pipe, SupportsChunkStream):
+    (``SupportsChunkStream``) and ``streamed`` (``OMNIQ_REALTIME__STREAM_CHUNK_DECODE``),
+    else whole (``take_chunk``)."""
+    if streamed and isinstance(pipe, SupportsChunkStream):
         return pipe.stream_chunk(state)
     return iter((pipe.take_chunk(state),))
 

@@ -323,15 +323,21 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
 
     def take_chunk(self, state: HeliosState) -> np.ndarray:
         """The bottom of ``__call__``'s chunk loop: the chunk's 33 frames as uint8
-        T×H×W×3 (:meth:`stream_chunk`'s pieces, together). Moves on to the next chunk."""
-        return np.concatenate(list(self.stream_chunk(state)))
+        T×H×W×3, decoded whole (one ``vae.decode``, one copy to the host: a session with
+        ``OMNIQ_REALTIME__STREAM_CHUNK_DECODE`` off; the same frames as
+        :meth:`stream_chunk`'s pieces). Moves on to the next chunk."""
+        return np.concatenate(list(self._chunk(state, streamed=False)))
 
-    @torch.no_grad()
     def stream_chunk(self, state: HeliosState) -> Iterator[np.ndarray]:
         """``SupportsChunkStream``: the bottom of ``__call__``'s chunk loop, the anchor
         (T2V: the first chunk's first latent frame) and the history now, and the session
         moved on to the next chunk; the chunk's VAE decode as the iterator is read, its
         frames as each latent frame decodes (1, then 4 each: ``helios/decode.py``)."""
+        return self._chunk(state, streamed=True)
+
+    @torch.no_grad()
+    def _chunk(self, state: HeliosState, streamed: bool) -> Iterator[np.ndarray]:
+        """:meth:`stream_chunk`'s work; ``streamed`` False: its frames in one piece."""
         if not self.chunk_done(state):
             raise RuntimeError(
                 f"chunk {state.chunk_index} is not finished "
@@ -346,7 +352,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         state.history_latents = torch.cat([state.history_latents, latents], dim=2)[:, :, -keep:]
         state.latents = state.timesteps = state.chunk_embeds = state.history = None
         end_chunk(state)
-        return chunk_frames(pipe, latents)
+        return chunk_frames(pipe, latents, streamed)
 
     def events_for_chunk(self, state: HeliosState) -> ChunkEvents:
         """(started, active, completed) event ids of the chunk ``take_chunk`` returned

@@ -24,15 +24,16 @@ from workers.pipelines.diffusers.shared.common import frames_uint8, vae_cache_re
 from workers.pipelines.diffusers.shared.wan_decode import decode_pieces, streams
 
 
-def chunk_frames(pipe: Any, latents: torch.Tensor) -> Iterator[np.ndarray]:
+def chunk_frames(pipe: Any, latents: torch.Tensor, streamed: bool = True) -> Iterator[np.ndarray]:
     """The frames of the chunk ``latents`` (the denoised chunk, float32), uint8 T×H×W×3
-    on the host, one piece per latent frame where the VAE streams (else one). The VAE is
-    the worker's: read the iterator to its end before anything else decodes."""
+    on the host, one piece per latent frame where ``streamed`` and the VAE streams (else
+    one). The VAE is the worker's: read the iterator to its end before anything else
+    decodes."""
     vae = pipe.vae
     mean, inv_std = latent_stats(vae, latents.device)
     with torch.no_grad():
         z = latents.to(vae.dtype) / inv_std + mean
-    pieces = decode_pieces(vae, z) if streams(vae) else _whole(vae, z)
+    pieces = decode_pieces(vae, z) if streamed and streams(vae) else _whole(vae, z)
     for video in pieces:
         with torch.no_grad():
             # uint8 on the device (bit-equal to output_type="np" then to_uint8): a quarter

@@ -17,7 +17,8 @@
 # --stack adds .wheelhouse/servers and the venv of benchmarks/device/venv.sh, then runs the
 # stack part (omniqueue up, one realtime worker); --takeover runs the takeover part (two
 # realtime workers) in the same venv. More arguments go to benchmarks/gpu/world.py, e.g.
-# --quantization fp8 (FP8 weights in every part, issue 44), given to each of the three.
+# --quantization fp8 (FP8 weights in every part, issue 44), given to each of the three, or
+# --worker-env KEY=VALUE (repeatable: the stack's and the takeover's worker settings).
 # Each part writes $OUT/gpu_world.json (gpu_world_fp8.json with --quantization fp8) with
 # every key measured so far (the parts' keys are carried in /tmp/world-state.json, one
 # file per mode), $OUT/gpu_world[_fp8]_<part>.log and up's log of its part (OUT:
@@ -56,7 +57,7 @@ world_summary() {
 d = json.load(open(sys.argv[1]))
 print(json.dumps({k: (v["value"], v["pass"]) for k, v in d["targets"].items()}, indent=1))
 keys = ("quantization", "part_seconds", "raw_refused", "stack_error", "takeover_note",
-        "takeover_memory_after_load_mib", "compile_fallbacks", "up_exit_code")
+        "takeover_memory_after_load_mib", "compile_fallbacks", "up_exit_code", "worker_env")
 print({k: d.get(k) for k in keys})' "$OUT/gpu_world$mode.json"
 }
 

@@ -3,7 +3,7 @@ the distilled Helios shape (14 B, 384x640, 3 steps a chunk as pyramid stages [1,
 no CFG, random bf16 weights built on the device) raw and through the whole stack.
 
     python -m benchmarks.gpu.world [--part all|raw|stack|takeover] [--state FILE]
-                                   [--quantization none|fp8]
+                                   [--quantization none|fp8] [--worker-env KEY=VALUE ...]
     python -m benchmarks.gpu.world --tiny      # the same flow on the CPU, every key
     python -m benchmarks.gpu.world --print-registry [...]   # the entries it would serve
     python -m benchmarks.gpu.world --targets-of FILE        # a run's targets, again

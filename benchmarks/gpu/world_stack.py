@@ -33,6 +33,11 @@ no budget); ``takeover_memory_after_load_mib`` is what each holds once both are 
 quantizes its own transformer at load); a model the worker would refuse fails the part
 before up starts (``refusal``). Both parts also record each worker's compiled-blocks
 fallbacks (``compile_fallbacks``: FP8 tensors compile, or the blocks run eager).
+
+``--worker-env KEY=VALUE`` (repeatable) goes into up's environment, so its workers' settings:
+an A/B of one worker setting on the same host (``OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD=0``,
+``OMNIQ_REALTIME__STREAM_CHUNK_DECODE=false``); each part records what it was given
+(``worker_env``, ``takeover_worker_env``).
 """
 
 from __future__ import annotations
@@ -81,7 +86,24 @@ def entry_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
     p.add_argument("--tiny", action="store_true", help="TINY_CONFIG on the CPU, 64x64")
+    p.add_argument(
+        "--worker-env",
+        action="append",
+        type=env_pair,
+        default=[],
+        metavar="KEY=VALUE",
+        help="set in the stack's and the takeover's up (its workers' settings: an A/B of "
+        "e.g. OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD); repeatable; recorded as worker_env",
+    )
     memory_args(p, offload=False)
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    """``--worker-env``'s ``KEY=VALUE`` (an empty value is one: unset by the settings)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    return key.strip(), value
 
 
 def entry_config(args: argparse.Namespace) -> None:
@@ -155,6 +177,7 @@ def open_stack(args: argparse.Namespace, work: Path, realtime: int, slots: int) 
         # waits for it instead of being refused.
         "OMNIQ_REALTIME__LOST_AFTER_S": "600",
         "OMNIQ_REALTIME__ADMISSION_TIMEOUT_S": "600",
+        **dict(args.worker_env),
     }
     stack = Stack(workers=0, env=env, args=("--realtime-workers", str(realtime)))
     stack.start(timeout=600)
@@ -240,7 +263,7 @@ def interacting(count: int, rng: random.Random) -> Any:
 def part_stack(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if (why := refused(args, 2)) is not None:
         return {"world_delivered_fps": None, "stack_error": f"refused before up: {why}"}
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"worker_env": dict(args.worker_env)}
     began = time.time()
     stack = open_stack(args, work, realtime=1, slots=2)
     try:
@@ -339,6 +362,7 @@ def part_takeover(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if missing is not None:
         return {"world_takeover_gap_s": None, "takeover_note": missing}
     out: dict[str, Any] = {"takeover_workers_per_gpu": 2}
+    out["takeover_worker_env"] = dict(args.worker_env)
     stack = open_stack(args, work, realtime=2, slots=1)
     try:
         stack.workers_ready(2, args.ready_timeout)

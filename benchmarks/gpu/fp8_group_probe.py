@@ -4,8 +4,9 @@ allows ``quantization = "fp8"`` with ``offload = "group"`` because this said so 
 
 Two copies of one seeded stack of blocks (a ``ModuleList`` of Linear pairs, the shape
 group offloading streams), their Linear layers made FP8 by the worker's own
-``fp8.quantize``; one stays resident, the other gets ``apply_group_offloading`` as
-``shared/offload.py`` calls it (``block_level``, one block a group, ``use_stream=True``;
+``fp8.quantize``; one stays resident, the other is offloaded by the worker's own
+``shared/offload.group_offload`` (diffusers' ``apply_group_offloading``, ``block_level``,
+one block a group, ``use_stream=True``;
 ``--pageable``: ``low_cpu_mem_usage=True``, the host copies pageable and pinned per group
 at onload, the mode a worker takes when the pinned copies would not fit its host).
 The JSON says whether the offloaded copy's output equals the resident one's (bit for bit,
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from workers.pipelines.diffusers.shared import fp8
+from workers.pipelines.diffusers.shared.offload import group_offload
 
 WIDTH, BLOCKS, TOKENS = 1024, 6, 256
 
@@ -60,8 +62,6 @@ def _quantized(device: torch.device) -> Stack:
 
 
 def probe(device: torch.device, pageable: bool) -> dict[str, Any]:
-    from diffusers.hooks import apply_group_offloading
-
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(device), "pageable": pageable}
     resident = _quantized(device)
     x = torch.randn(1, TOKENS, WIDTH, device=device, dtype=torch.bfloat16, generator=None)
@@ -75,15 +75,7 @@ def probe(device: torch.device, pageable: bool) -> dict[str, Any]:
     out["weight_type"] = type(first[0].weight).__name__
     before = torch.cuda.memory_allocated(device)
     try:
-        apply_group_offloading(
-            streamed,
-            onload_device=device,
-            offload_device=torch.device("cpu"),
-            offload_type="block_level",
-            num_blocks_per_group=1,
-            use_stream=True,
-            low_cpu_mem_usage=pageable,
-        )
+        group_offload(streamed, device, pageable=pageable)
         torch.cuda.synchronize(device)
         out["allocated_after_offload_mib"] = torch.cuda.memory_allocated(device) / 2**20
         out["allocated_resident_mib"] = before / 2**20

@@ -70,9 +70,11 @@ CHILD = textwrap.dedent(
 )
 
 
-def run(case: str) -> tuple[dict[str, Any], str]:
+def child(script: str, *args: str) -> tuple[dict[str, Any], str]:
+    """Run ``script`` in a child Python with ``args``: the JSON of its last line of
+    output, and its stderr."""
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, case, FAKE_UP],
+        [sys.executable, "-c", script, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -80,6 +82,10 @@ def run(case: str) -> tuple[dict[str, Any], str]:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def run(case: str) -> tuple[dict[str, Any], str]:
+    return child(CHILD, case, FAKE_UP)
 
 
 def assert_reported(result: dict[str, Any], stderr: str) -> None:
@@ -150,15 +156,7 @@ POINT = textwrap.dedent(
 def run_point(mode: str, logs: Path) -> tuple[dict[str, Any], str]:
     """One frontier point (h3_frontier.run_point) over the stand-in for up, its ready
     timeout 2 s, its logs written under ``logs``."""
-    done = subprocess.run(
-        [sys.executable, "-c", POINT, mode, FAKE_UP, str(logs)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+    return child(POINT, mode, FAKE_UP, str(logs))
 
 
 LAST_40 = [f"log line {i}" for i in range(21, 61)]

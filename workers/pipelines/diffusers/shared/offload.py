@@ -131,20 +131,32 @@ def offload(
     elif plan.offload == "model":
         pipe.enable_model_cpu_offload(device=device)
     else:
-        from diffusers.hooks import apply_group_offloading
-
         for name, component in modules_of(pipe).items():
             # the class's own (a VAE's encoder and decoder, which its decode calls) and
             # the entry's offload_blocks
             own = getattr(component, "_group_offload_block_modules", None) or []
             named = list(dict.fromkeys([*own, *blocks.get(name, [])]))
-            apply_group_offloading(
-                component,
-                onload_device=device,
-                offload_device=torch.device("cpu"),
-                offload_type="block_level",
-                num_blocks_per_group=1,
-                use_stream=True,
-                low_cpu_mem_usage=pageable,
-                block_modules=named or None,
-            )
+            group_offload(component, device, named or None, pageable)
+
+
+def group_offload(
+    component: torch.nn.Module,
+    device: torch.device,
+    block_modules: list[str] | None = None,
+    pageable: bool = False,
+) -> None:
+    """diffusers' group offloading of ``component`` as a worker applies it: a block a
+    group, streamed to ``device`` ahead of use on a CUDA stream, the host copies pinned
+    unless ``pageable``; ``block_modules``: more block lists than its top level's."""
+    from diffusers.hooks import apply_group_offloading
+
+    apply_group_offloading(
+        component,
+        onload_device=device,
+        offload_device=torch.device("cpu"),
+        offload_type="block_level",
+        num_blocks_per_group=1,
+        use_stream=True,
+        low_cpu_mem_usage=pageable,
+        block_modules=block_modules,
+    )

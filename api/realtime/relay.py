@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from typing import Any, Protocol
@@ -132,9 +133,14 @@ class Relay:
         self.placed = position.placed
         self.admitted = position.worker_admitted  # the worker said ``accepted``
         self.cursor = position.out_cursor  # the last output read (and handed to the target)
-        self.leases = LeaseLook(self.bus.redis)
         self.tasks: list[asyncio.Task[None]] = []
         self._reader: asyncio.Task[None] | None = None
+
+    @functools.cached_property
+    def leases(self) -> LeaseLook:
+        """The look at a worker's lease, made on the first (a relay whose worker is
+        never silent, or one without a bus in a unit test, makes none)."""
+        return LeaseLook(self.bus.redis)
 
     @property
     def position(self) -> RelayPosition:

@@ -5,9 +5,10 @@
 A snapshot is plain data only: tensors, numbers, strings, None, and lists, tuples and
 dicts of them, written with ``torch.save``. A tensor mostly of zeros (a T2V session's
 zero history, the zero padding of text embeddings) is stored as its non-zero blocks of
-4 KiB and a mask of which they are: a pass of tensor arithmetic, 10-20 ms for a Helios
-snapshot after its first chunk on a 2-core VM, where zlib took 300-450 ms (that history
-is the chunk's latents after zeros: half of it float noise, which zlib crawls through);
+4 KiB and a mask of which they are: a pass of tensor arithmetic, ~6 ms for a Helios
+snapshot after its first chunk on a quiet 2-core VM, where zlib took 87-104 ms (300-450
+under load: that history is the chunk's latents after zeros, half of it float noise,
+which zlib crawls through);
 the others (latents: float noise) are stored as they are, since compressing them buys a
 few percent (``python -m benchmarks.realtime.snapshot_pack``). It is read back with
 ``torch.load(weights_only=True)``, which builds no other object, so bytes from Redis

@@ -102,3 +102,18 @@ def tiny_helios_pyramid_pipeline(*, distilled: bool) -> HeliosPyramidPipeline:
         **_components(lambda: kind(stages=3, use_dynamic_shifting=True, shift=1.0, gamma=0.2)),
         is_distilled=distilled,
     )
+
+
+def first_chunk_stepped(adapter: Any, *, seed: int, steps_per_chunk: int) -> Any:
+    """A session of ``adapter`` (a loaded Helios world adapter) on "a red ball", SIZE
+    square, 66 frames at 24 fps, its first chunk's steps all run and not yet decoded."""
+    from workers.pipelines.base import WorldConfig
+
+    config = WorldConfig(
+        prompt="a red ball", width=SIZE, height=SIZE, num_frames=66, fps=24.0, seed=seed,
+        steps_per_chunk=steps_per_chunk,
+    )  # fmt: skip
+    state = adapter.start(config)
+    while not adapter.chunk_done(state):
+        adapter.step(state)
+    return state

@@ -25,11 +25,15 @@ import pytest
 import torch
 
 from tests.unit.diffusers_fixtures import tiny_wan_pipeline
-from tests.unit.helios_fixtures import SEQ_LEN, SIZE, tiny_helios_pyramid_pipeline
+from tests.unit.helios_fixtures import (
+    SEQ_LEN,
+    first_chunk_stepped,
+    tiny_helios_pyramid_pipeline,
+)
 from tests.unit.test_run_ahead import FakeDevice
 from workers.common.memory import forget_frames
 from workers.pipelines import run_ahead
-from workers.pipelines.base import GenerationRequest, WorldConfig, checkpoints
+from workers.pipelines.base import GenerationRequest, checkpoints
 from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
 from workers.pipelines.diffusers.shared.common import decode_video
 from workers.pipelines.diffusers.shared.loading import install_checkpoints
@@ -66,18 +70,9 @@ def test_a_world_chunk_stopped_in_its_decode_leaves_no_cache() -> None:
         pipe=tiny_helios_pyramid_pipeline(distilled=True), max_sequence_length=SEQ_LEN
     )
     adapter.load("cpu")
-    config = WorldConfig(
-        prompt="a red ball", width=SIZE, height=SIZE, num_frames=66, fps=24, seed=1,
-        steps_per_chunk=3,
-    )  # fmt: skip
-    expected = adapter.start(config)
-    while not adapter.chunk_done(expected):
-        adapter.step(expected)
-    frames = adapter.take_chunk(expected)
+    frames = adapter.take_chunk(first_chunk_stepped(adapter, seed=1, steps_per_chunk=3))
 
-    state = adapter.start(config)
-    while not adapter.chunk_done(state):
-        adapter.step(state)
+    state = first_chunk_stepped(adapter, seed=1, steps_per_chunk=3)
     stop = StopInDecode(adapter._loaded().vae, at=12)  # the second latent frame's decode
     with pytest.raises(Stopped) as raised, checkpoints(stop):
         adapter.take_chunk(state)
@@ -86,9 +81,7 @@ def test_a_world_chunk_stopped_in_its_decode_leaves_no_cache() -> None:
     del raised, state
     assert alive(stop.held) == 0
     # the VAE decodes the next chunk of another session as if nothing had happened
-    again = adapter.start(config)
-    while not adapter.chunk_done(again):
-        adapter.step(again)
+    again = first_chunk_stepped(adapter, seed=1, steps_per_chunk=3)
     assert torch.equal(torch.as_tensor(adapter.take_chunk(again)), torch.as_tensor(frames))
 
 

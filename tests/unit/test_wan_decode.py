@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tests.unit.diffusers_fixtures import tiny_wan_pipeline
-from tests.unit.helios_fixtures import SEQ_LEN, SIZE, tiny_helios_pipeline
-from workers.pipelines.base import SupportsChunkStream, WorldConfig
+from tests.unit.helios_fixtures import SEQ_LEN, first_chunk_stepped, tiny_helios_pipeline
+from workers.pipelines.base import SupportsChunkStream
 from workers.pipelines.diffusers.helios.adapter import HeliosWorldAdapter
 from workers.pipelines.diffusers.helios.inputs import latent_stats
 from workers.pipelines.diffusers.shared.common import frames_uint8
@@ -60,13 +60,7 @@ def adapter() -> HeliosWorldAdapter:
 def _finished_chunk(adapter: HeliosWorldAdapter) -> tuple[Any, np.ndarray]:
     """A session's first chunk with its steps run, and its frames as ``vae.decode`` of
     the whole chunk makes them (``__call__``'s decode and post-processing)."""
-    config = WorldConfig(
-        prompt="a red ball", width=SIZE, height=SIZE, num_frames=66, fps=24.0, seed=3,
-        steps_per_chunk=2,
-    )  # fmt: skip
-    state = adapter.start(config)
-    while not adapter.chunk_done(state):
-        adapter.step(state)
+    state = first_chunk_stepped(adapter, seed=3, steps_per_chunk=2)
     pipe = adapter._loaded()
     vae = pipe.vae
     mean, inv_std = latent_stats(vae, torch.device("cpu"))

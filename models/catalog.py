@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.model_spec import (
+    CUDNN_FAMILIES,
     DEFAULT_VSA_TOPK,
     MAX_OUTPUTS,
     QUALITY_TIERS,
@@ -22,6 +23,7 @@ from models.model_spec import (
 
 __all__ = [
     "BUILTIN_SPECS",
+    "CUDNN_FAMILIES",
     "DEFAULT_VSA_TOPK",
     "FAMILY_SPECS",
     "MAX_OUTPUTS",

@@ -206,8 +206,9 @@ class ModelObject(BaseModel):
     # The workflows a model serves: a joint video + audio model's (``t2va``, ``fl2va``,
     # ``ref2va``), a Wan model's (``t2v``, ``i2v``, ``flf2v``, ``v2v``); empty for the others.
     workflows: list[str] = Field(default_factory=list)
-    # The attention kernel of each role of the denoiser (``sdpa`` or ``vsa``), for models
-    # whose deployment chooses it (MiniMax-H3: ``blocks``, ``token_refiner``); else None.
+    # The attention kernel of each role of the denoiser (``sdpa``, ``vsa`` or ``cudnn``),
+    # for models whose deployment chooses it (MiniMax-H3: ``blocks``, ``token_refiner``;
+    # another family with ``attention = "cudnn"``: ``blocks``); else None.
     attention: dict[str, str] | None = None
     # VSA's key blocks per query block, where a role runs ``vsa``.
     vsa_topk: int | None = None

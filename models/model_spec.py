@@ -31,8 +31,23 @@ Workflow = Literal["t2va", "fl2va", "ref2va", "t2v", "i2v", "flf2v", "v2v"]
 # video (api/references.py).
 VIDEO_WORKFLOWS: tuple[Workflow, ...] = ("t2v", "i2v", "flf2v", "v2v")
 # Attention kernels a role of the denoiser may run: PyTorch's SDPA (diffusers' dispatch),
-# or video sparse attention (fastvideo-kernel; MiniMax-H3's joint blocks only).
-AttentionBackend = Literal["sdpa", "vsa"]
+# video sparse attention (fastvideo-kernel; MiniMax-H3's joint blocks only), or cuDNN's
+# fused attention (diffusers' ``_native_cudnn`` backend: SDPA pinned to
+# SDPBackend.CUDNN_ATTENTION, faster than FlashAttention-2 on Hopper for long sequences;
+# CUDA only, for the families whose attention goes through diffusers' dispatch).
+AttentionBackend = Literal["sdpa", "vsa", "cudnn"]
+# The adapter families whose denoisers' attention processors all call diffusers'
+# ``dispatch_attention_fn`` with their ``_attention_backend``, so that
+# ``set_attention_backend`` reaches every role: the ones ``attention = "cudnn"`` serves.
+# CogVideoX and Stable Audio call ``F.scaled_dot_product_attention`` themselves.
+CUDNN_FAMILIES: tuple[str, ...] = (
+    "diffusers.wan",
+    "diffusers.ltx",
+    "diffusers.ltx2",
+    "diffusers.longcat_audio",
+    "diffusers.minimax_h3",
+    "diffusers.helios",
+)
 # Where a world model's interaction enters its session (``workers/pipelines/world_rules.py``):
 # "step", the chunk under way at its next denoise step while one is left; "chunk", the
 # first chunk not yet begun.

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from models.catalog import (
+    CUDNN_FAMILIES,
     DEFAULT_VSA_TOPK,
     FAMILY_SPECS,
     REFERENCE_AUDIO,
@@ -69,8 +70,9 @@ class ServedModel(BaseModel):
     # torch.compile's backend and mode for the blocks ("inductor", None: its default).
     compile_backend: str = "inductor"
     compile_mode: str | None = None
-    # The joint blocks' attention (None: the family's, SDPA): "vsa" with ``vsa_topk``
-    # key blocks per query block (default 64), for diffusers.minimax_h3.
+    # The denoiser's attention (None: the family's, SDPA): "vsa" with ``vsa_topk`` key
+    # blocks per query block (default 64), for diffusers.minimax_h3's joint blocks; "cudnn"
+    # (cuDNN's fused attention, on a CUDA device) for every role of a CUDNN_FAMILIES model.
     attention: AttentionBackend | None = None
     vsa_topk: int | None = None
     # Shapes compiled at worker start; a job of another shape compiles in its prepare.
@@ -119,6 +121,16 @@ class ServedModel(BaseModel):
             roles = {**self.spec.attention, "blocks": "vsa"}
             topk = self.vsa_topk or DEFAULT_VSA_TOPK
             self.spec = self.spec.model_copy(update={"attention": roles, "vsa_topk": topk})
+        if self.attention == "cudnn":
+            if self.adapter not in CUDNN_FAMILIES:
+                raise ValueError(
+                    f"attention = 'cudnn' is implemented for {', '.join(CUDNN_FAMILIES)}, "
+                    f"whose attention goes through diffusers' dispatch, not {self.adapter}"
+                )
+            # one backend for the whole denoiser (set_attention_backend reaches every
+            # attention module): each role the family names, else the one "blocks"
+            roles = {role: "cudnn" for role in self.spec.attention or ("blocks",)}
+            self.spec = self.spec.model_copy(update={"attention": roles})
         return self
 
     @model_validator(mode="after")

@@ -116,6 +116,8 @@ def enable(adapter: object, parallel: GroupParallel) -> None:
         return
     from diffusers import ContextParallelConfig
 
+    from workers.pipelines.diffusers.shared.attention import CUDNN_BACKEND, use_backend
+
     degree = {f"{parallel.strategy}_degree": parallel.world}
     for name, component in adapter.pipe.components.items():
         if isinstance(component, torch.nn.Module) and name.startswith("transformer"):
@@ -123,7 +125,8 @@ def enable(adapter: object, parallel: GroupParallel) -> None:
                 raise TypeError(f"{type(component).__name__} has no context-parallel plan")
             if parallel.strategy == "ring" and torch.cuda.is_available():
                 # ring attention merges partial results by their log-sum-exp, which
-                # PyTorch's default SDPA dispatch does not return; cuDNN's does
-                component.set_attention_backend("_native_cudnn")  # type: ignore[operator]
+                # PyTorch's default SDPA dispatch does not return; cuDNN's does (an entry's
+                # attention = "cudnn" has set it at load already, ulysses keeps it)
+                use_backend(component, CUDNN_BACKEND)
             with _cpu_accelerator():
                 component.enable_parallelism(config=ContextParallelConfig(**degree))  # type: ignore[operator]

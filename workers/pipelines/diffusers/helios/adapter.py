@@ -82,6 +82,7 @@ from workers.pipelines.diffusers.helios.steps import (
     pyramid_step,
     shift_mu,
 )
+from workers.pipelines.diffusers.shared import attention
 from workers.pipelines.diffusers.shared.common import call_default, make_generator
 from workers.pipelines.diffusers.shared.entry import DiffusersEntry, EntryOptions, entry_options
 from workers.pipelines.diffusers.shared.loading import (
@@ -155,9 +156,10 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         """The pipeline of ``path`` (``from_pretrained(…, local_files_only=True)``: its
         ``model_index.json`` says which of the two Helios pipelines) or the injected pipe
         (dtype as it is) on ``device``, with the cancel points and compiled blocks
-        ``DiffusersAdapter.load`` installs, and the entry's memory plan (FP8 weights;
-        memory.py) as it applies it."""
+        ``DiffusersAdapter.load`` installs, the entry's memory plan (FP8 weights;
+        memory.py) as it applies it, and its attention backend (attention.py)."""
         self.memory.check(device, HeliosPipeline)
+        attention.refuse_off_cuda(self.spec, device)  # attention = "cudnn"
         if self.pipe is None and self.entry.random_weights:
             from workers.pipelines.diffusers.helios.random_weights import random_pipeline
 
@@ -192,6 +194,7 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
             )
         self.memory.place(pipe, device)
         self.device = torch.device(device)
+        attention.install(pipe, self.spec)
         install_checkpoints(pipe)
         self.gate.device = self.device
         self.gate.install(pipe)

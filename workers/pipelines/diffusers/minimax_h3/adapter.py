@@ -33,14 +33,15 @@ evaluations. The checkpoint is guidance-distilled: no negative prompt, no guidan
 
 Attention: SDPA, or with the registry entry's ``attention = "vsa"`` the joint blocks run
 fastvideo-kernel's video sparse attention over a per-job block layout (minimax_h3/vsa.py; the text
-refiner keeps SDPA). Load refuses VSA without the kernel or a CUDA device.
+refiner keeps SDPA). Load refuses VSA without the kernel or a CUDA device. With
+``attention = "cudnn"`` the whole transformer, token refiner included, runs cuDNN's fused
+attention (shared/attention.py; refused off a CUDA device).
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Unpack
@@ -70,6 +71,7 @@ from workers.pipelines.diffusers.minimax_h3.vsa import (
     load_kernel,
     vsa_layout,
 )
+from workers.pipelines.diffusers.shared import attention
 from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 from workers.pipelines.diffusers.shared.common import (
     frames_uint8,
@@ -78,8 +80,6 @@ from workers.pipelines.diffusers.shared.common import (
     sampling,
 )
 from workers.pipelines.diffusers.shared.entry import EntryOptions
-
-log = logging.getLogger(__name__)
 
 Partition = Literal["transformer", "transformer_ref"]
 # The checkpoint partition each workflow denoises with.
@@ -250,9 +250,9 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
             assert self.spec.vsa_topk is not None
             self.vsa = VsaContext(topk=self.spec.vsa_topk, kernel=kernel)
             install_vsa(getattr(self._loaded(), self.partition), self.vsa)
-        roles = ", ".join(f"{role} {backend}" for role, backend in self.spec.attention.items())
-        how = f"; {kernel_name()}, top-k {self.spec.vsa_topk}" if kernel is not None else ""
-        log.info("%s attention: %s%s", self.spec.name, roles, how)
+        if not attention.takes_cudnn(self.spec):  # cuDNN's: logged as the base installs it
+            how = f"; {kernel_name()}, top-k {self.spec.vsa_topk}" if kernel is not None else ""
+            attention.log_roles(self.spec, how)
 
     def _change_weights(self, pipe: Any) -> None:
         """The deployment's LoRA fused first: before a per-request LoRA's slot, and before

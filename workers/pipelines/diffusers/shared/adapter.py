@@ -25,7 +25,7 @@ from models.memory_plan import MemoryReport
 from models.registry import ServedModel, WarmupShape
 from workers.pipelines.base import GenerationRequest, LoraSlot, Pipeline, StepState
 from workers.pipelines.blocks import BlockGate
-from workers.pipelines.diffusers.shared import cache_tiers
+from workers.pipelines.diffusers.shared import attention, cache_tiers
 from workers.pipelines.diffusers.shared.common import DiffusersState, clone_generator
 from workers.pipelines.diffusers.shared.compiled import graphs_made
 from workers.pipelines.diffusers.shared.entry import DiffusersEntry, EntryOptions, entry_options
@@ -115,6 +115,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         on ``device`` as the entry's memory plan says (memory.py: its device refused
         before anything loads; without a plan, moved there whole)."""
         self.memory.check(device, self.pipeline_class)
+        attention.refuse_off_cuda(self.spec, device)  # attention = "cudnn" (attention.py)
         if self.pipe is None and self.entry.random_weights:
             if not isinstance(self, RandomWeights):
                 raise ValueError(
@@ -136,6 +137,7 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         self.device = torch.device(device)
         if not self.memory.quantizes:
             self._change_weights(self.pipe)
+        attention.install(self.pipe, self.spec)
         if self.lora is not None:
             self.lora.install(self.pipe)
         install_checkpoints(self.pipe)

@@ -20,7 +20,11 @@ random embeddings), at its own timestep. Per k:
 * ``batched_ms``: one ``batched_forward`` over the 2k rows (the text side made once per
   job beforehand, as the adapter keeps it);
 * ``row_vs_solo``: the largest difference of a batched row from its own forward, over
-  the row's peak (the batched bound, in the run's dtype).
+  the row's peak (the batched bound, in the run's dtype);
+* on CUDA, ``graph_ms``: the same pass replayed from its CUDA graph
+  (``longcat_audio/graphs.py``, the adapter's ``step_graphs``: the inputs copied in, then
+  one replay), and ``graph_vs_direct``: its largest difference from the pass run directly
+  (0: a replay runs the recorded kernels).
 
 Needs only torch and diffusers (and this file's imports): it runs on a bare GPU host.
 Prints JSON (also ``$OUT/gpu_longcat_batch_step.json`` when OUT is set).
@@ -38,7 +42,14 @@ from typing import Any
 
 import torch
 
-from workers.pipelines.diffusers.longcat_audio.batch import Row, batched_forward, text_side
+from workers.pipelines.diffusers.longcat_audio.batch import (
+    Row,
+    batched_forward,
+    forward_pass,
+    pass_inputs,
+    text_side,
+)
+from workers.pipelines.diffusers.longcat_audio.graphs import PassGraphs
 
 TINY = {"dit_dim": 32, "dit_depth": 2, "dit_heads": 4, "dit_text_dim": 32, "latent_dim": 8}
 
@@ -125,13 +136,32 @@ def measure(model: Any, count: int, device: str, dtype: torch.dtype, repeat: int
         frames = row.latents.shape[1]
         diff = (together[i : i + 1, :frames] - own).abs().max() / own.abs().max()
         worst = max(worst, float(diff))
-    return {
+    out = {
         "jobs": count,
         "rows": len(rows),
         "solo_ms": round(solo_ms, 2),
         "batched_ms": round(batched_ms, 2),
         "speedup": round(solo_ms / batched_ms, 2),
         "row_vs_solo": float(f"{worst:.3g}"),
+    }
+    if device.startswith("cuda"):
+        out |= _graphed(model, rows, device, repeat)
+    return out
+
+
+def _graphed(model: Any, rows: list[Row], device: str, repeat: int) -> dict[str, Any]:
+    """The pass over ``rows`` replayed from its CUDA graph: its time, and how far it is
+    from the pass run directly."""
+    graphs, inputs = PassGraphs(), pass_inputs(rows)
+    with torch.no_grad():
+        direct = forward_pass(model, inputs)
+        graph_ms = _timed(lambda: graphs.run(model, inputs), device, repeat)
+        replayed = graphs.run(model, inputs)
+    if replayed is None:
+        return {"graph_failed": graphs.failed}
+    return {
+        "graph_ms": round(graph_ms, 2),
+        "graph_vs_direct": float((replayed - direct).abs().max()),
     }
 
 

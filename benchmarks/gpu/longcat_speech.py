@@ -39,9 +39,10 @@ Keys of the JSON (also ``$OUT/gpu_longcat_speech.json``): ``ttfa_ms``,
 counted request), ``aggregate_rtf`` (a round's wall time over the audio it made, median
 over rounds), ``worker_ready_s``, ``stage_seconds`` (medians of the jobs'
 ``stage_durations``), ``compile``, ``compile_mode``, ``decode_window``,
-``guidance_batch`` (the settings),
+``guidance_batch``, ``step_graphs`` (the settings),
 ``compile_log`` (from the workers' log: ``compiled`` shapes and their ``compile_s``,
-``recompiled_while_denoising`` lines, which should be none, and ``fell_back`` to eager),
+``recompiled_while_denoising`` lines, which should be none, ``fell_back`` to eager,
+``pass_graphs`` captured by the steps' CUDA graphs and why they went off, if they did),
 ``batch`` (the setting) and ``batch_log`` (from the workers' log: how many workers
 batch, and how many jobs each job's steps ran with at most, counted over every job, the
 warm-up round's too), ``up_exit_code``, and the comparison point:
@@ -81,6 +82,8 @@ VLLM_OMNI_FIRST_CHUNK_S = 2.0  # vllm-omni #1635
 def registry_text(args: argparse.Namespace) -> str:
     options = f"decode_window = {args.decode_window}\n"
     options += f"guidance_batch = {str(args.guidance_batch).lower()}\n"
+    if args.step_graphs is not None:
+        options += f"step_graphs = {str(args.step_graphs == 'on').lower()}\n"
     if args.random_config:
         options += f"random_config = {inline_toml(args.random_config)}\n"
     mode = f'compile_mode = "{args.compile_mode}"\n' if args.compile_mode else ""
@@ -143,6 +146,8 @@ def compile_log(text: str) -> dict[str, Any]:
         "compile_s": [float(s) for _, s in made],
         "recompiled_while_denoising": len(re.findall(r"compiled while a job denoised", text)),
         "fell_back": len(re.findall(r"compiled blocks: falling back to eager", text)),
+        "pass_graphs": len(re.findall(r"LongCat pass graph \d+ captured", text)),
+        "pass_graphs_off": re.findall(r"LongCat pass graphs: off for this process: (.*)", text),
     }
 
 
@@ -268,6 +273,13 @@ def main() -> None:
         "--decode-window", type=int, default=16, help="first decode window, frames (0: whole)"
     )
     p.add_argument(
+        "--step-graphs",
+        choices=("on", "off"),
+        default=None,
+        help="each step one CUDA graph (the adapter's step_graphs; default: the adapter's, "
+        "on with CUDA unless --compile-mode records graphs of its own)",
+    )
+    p.add_argument(
         "--two-passes",
         dest="guidance_batch",
         action="store_false",
@@ -307,6 +319,7 @@ def main() -> None:
         "compile_mode": args.compile_mode,
         "decode_window": args.decode_window,
         "guidance_batch": args.guidance_batch,
+        "step_graphs": args.step_graphs,
         "compare": {"vllm_omni_first_chunk_s": VLLM_OMNI_FIRST_CHUNK_S},
     }
     if not args.tiny:

@@ -112,6 +112,19 @@ def step_stops(reason: StopReason) -> Iterator[None]:
         _step_stop.reset(token)
 
 
+@contextlib.contextmanager
+def outside_step() -> Iterator[None]:
+    """Run code as outside a job: no stop question, no checkpoint (the block hooks do
+    nothing). For work the step must not interrupt midway: a CUDA graph's capture, where
+    the gates' pacing would wait on events a capturing stream refuses."""
+    stop, check = _step_stop.set(None), _checkpoint.set(None)
+    try:
+        yield
+    finally:
+        _checkpoint.reset(check)
+        _step_stop.reset(stop)
+
+
 @dataclass
 class StepState:
     """Base of every per-request state; adapters subclass it."""

@@ -46,6 +46,10 @@ no new length compiles at all (a 1-frame clip or a 1-token prompt, which dynamo
 specialises, compiles once in its prepare). With CUDA graphs (``compile_mode =
 "reduce-overhead"``) the lengths are bucketed (buckets.py).
 
+Step graphs (``step_graphs``, on by default with CUDA where the blocks record no CUDA
+graphs of their own): each one-pass step's transformer pass replayed as one CUDA graph,
+one per shape, lengths bucketed (graphs.py); a stop then lands between steps.
+
 Batched steps (``step_batch``, the ``SupportsStepBatch`` capability: a worker that runs
 several jobs at once batches their steps): the transformer's forward split at its text
 side (batch.py), every job's conditional and null passes in one pass, each at its own
@@ -73,13 +77,20 @@ from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
 
 from models.errors import InvalidJobInput
 from workers.pipelines.base import GenerationRequest, Media, StepState
-from workers.pipelines.diffusers.longcat_audio.batch import Row, batched_forward, text_side
+from workers.pipelines.diffusers.longcat_audio.batch import (
+    Row,
+    batched_forward,
+    forward_pass,
+    pass_inputs,
+    text_side,
+)
 from workers.pipelines.diffusers.longcat_audio.buckets import TextBuckets, bucket, padded
 from workers.pipelines.diffusers.longcat_audio.decode import (
     context_frames,
     decode_windows,
     decodes_whole_frames,
 )
+from workers.pipelines.diffusers.longcat_audio.graphs import PassGraphs
 from workers.pipelines.diffusers.longcat_audio.state import LongCatAudioState
 from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
 from workers.pipelines.diffusers.shared.common import (
@@ -147,6 +158,7 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         decode_window: int = 16,
         buckets: bool | None = None,
         guidance_batch: bool = True,
+        step_graphs: bool | None = None,
         **options: Unpack[EntryOptions],
     ) -> None:
         """``decode_window``: the streamed decode's first window in latent frames (0: a
@@ -154,20 +166,34 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         buckets (buckets.py; default: with CUDA graphs only); ``guidance_batch``: a job's
         conditional and null passes as one pass of two rows (module docstring), False:
         ``__call__``'s two passes, bit for bit (so too where the entry offloads: an
-        offloaded transformer moves in at its ``forward``, which the one pass skips)."""
+        offloaded transformer moves in at its ``forward``, which the one pass skips);
+        ``step_graphs``: each one-pass step replayed as one CUDA graph (graphs.py;
+        default: on a CUDA device, where the pass runs as one and the blocks are not
+        CUDA graphs of their own)."""
         super().__init__(path, **options)
         memory = self.entry.memory
         offloads = memory is not None and memory.offload != "none"
         self.guidance_batch = guidance_batch and not offloads
+        cuda_graphs = self.entry.compile_mode in CUDA_GRAPH_MODES
+        if step_graphs and cuda_graphs:
+            raise ValueError(
+                f"step_graphs and compile_mode = {self.entry.compile_mode!r} both record "
+                "CUDA graphs (a pass's graph cannot hold the blocks' own): pick one"
+            )
+        if step_graphs and not self.guidance_batch:
+            why = "offload moves the weights in at forward" if offloads else "guidance_batch"
+            raise ValueError(f"step_graphs records the one-pass step, which needs {why}")
+        self.step_graphs = step_graphs
+        self.graphs: PassGraphs | None = None  # set by ``load`` where the steps are graphs
         # ``weights = "random"`` (longcat_audio/random_weights.py): per-part config overrides.
         self.random_config = dict(random_config or {})
         # Every clip length is a new sequence length and every prompt a new text length:
         # both symbolic in one graph set, made by ``warm_up``.
         self.compiler.dynamic = True
-        cuda_graphs = self.entry.compile_mode in CUDA_GRAPH_MODES
         self.compiler.clone_outputs = cuda_graphs
+        self._buckets_option = buckets
         self.buckets = cuda_graphs if buckets is None else buckets
-        self.text_buckets = TextBuckets() if self.buckets else None
+        self.text_buckets: TextBuckets | None = None
         self.decode_window = decode_window
         # The length classes compiled (which of frames, tokens, negative tokens are 1).
         self._length_classes: set[tuple[bool, ...]] = set()
@@ -180,10 +206,21 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         return random_pipeline(device, self.entry.dtype, config=self.random_config)
 
     def load(self, device: str) -> None:
-        """The pipeline on ``device`` (the base's ``load``), and the blocks' text padding
-        where the lengths are bucketed."""
+        """The pipeline on ``device`` (the base's ``load``), the steps' graphs where they
+        run (``step_graphs``: CUDA only), and the lengths bucketed where graphs of either
+        kind record them (unless ``buckets`` says otherwise), with the blocks' text
+        padding."""
+        on_cuda = torch.device(device).type == "cuda"
+        if self.step_graphs and not on_cuda:
+            raise ValueError(f"step_graphs records CUDA graphs: not on {device}")
         super().load(device)
-        if self.text_buckets is not None:
+        cuda_graphs = self.entry.compile_mode in CUDA_GRAPH_MODES
+        if self.step_graphs is not False and on_cuda and self.guidance_batch and not cuda_graphs:
+            self.graphs = PassGraphs()
+        if self._buckets_option is None:
+            self.buckets = cuda_graphs or self.graphs is not None
+        if self.buckets:
+            self.text_buckets = TextBuckets()
             self.text_buckets.install(list(self._loaded().transformer.blocks))
 
     def warm_up(self) -> None:
@@ -313,7 +350,7 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         count = len(rows)
         if self.buckets:
             rows += [rows[-1]] * ((1 << (count - 1).bit_length()) - count)
-        predictions = batched_forward(pipe.transformer, rows)
+        predictions = self._pass(pipe.transformer, rows)
         at = 0
         for s in jobs:
             frames = s.latents.shape[1]
@@ -321,6 +358,17 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
             null_pred = predictions[at + 1 : at + 2, :frames] if s.do_cfg else None
             at += 2 if s.do_cfg else 1
             _guided_step(s, pred, null_pred)
+
+    def _pass(self, transformer: Any, rows: list[Row]) -> torch.Tensor:
+        """The transformer's pass over ``rows`` (batch.py): replayed from its CUDA graph
+        where the steps are graphs (graphs.py; the text padded to its bucket there, as
+        the blocks' own padding would), run directly otherwise."""
+        if self.graphs is None:
+            return batched_forward(transformer, rows)
+        tokens = bucket(max(row.text.cond.shape[1] for row in rows))
+        inputs = pass_inputs(rows, tokens)
+        predictions = self.graphs.run(transformer, inputs)
+        return forward_pass(transformer, inputs) if predictions is None else predictions
 
     def _rows(self, pipe: Any, s: LongCatAudioState) -> list[Row]:
         """A job's rows in a pass: its conditional pass, and its null pass under guidance;

@@ -79,25 +79,57 @@ def text_side(transformer: torch.nn.Module, embeds: torch.Tensor, mask: torch.Te
     return TextSide(cond=cond, mask=text_mask, mean=mean)
 
 
+@dataclass(frozen=True)
+class PassInputs:
+    """A pass's rows stacked and padded: what :func:`forward_pass` reads (the tensors a
+    CUDA graph of the pass copies its inputs into: graphs.py)."""
+
+    hidden_states: torch.Tensor  # rows×frames×latent_dim
+    attention_mask: torch.Tensor  # rows×frames
+    latent_cond: torch.Tensor  # rows×frames×latent_dim
+    cond: torch.Tensor  # rows×tokens×dim: the text sides
+    cond_mask: torch.Tensor  # rows×tokens
+    text_mean: torch.Tensor  # rows×dim
+    timestep: torch.Tensor  # rows, in the latents' dtype
+
+
+def pass_inputs(rows: Sequence[Row], tokens: int | None = None) -> PassInputs:
+    """``rows`` stacked: their frames padded to the longest with zeros and a false mask,
+    their text likewise to the longest or to ``tokens`` where that is more (a bucket)."""
+    length = max(row.latents.shape[1] for row in rows)
+    tokens = max([row.text.cond.shape[1] for row in rows] + [tokens or 0])
+    hidden_states = torch.cat([padded(row.latents, length) for row in rows])
+    return PassInputs(
+        hidden_states=hidden_states,
+        attention_mask=torch.cat([padded(row.mask, length) for row in rows]),
+        latent_cond=torch.cat([padded(row.latent_cond, length) for row in rows]),
+        cond=torch.cat([padded(row.text.cond, tokens) for row in rows]),
+        cond_mask=torch.cat([padded(row.text.mask, tokens) for row in rows]),
+        text_mean=torch.cat([row.text.mean for row in rows]),
+        timestep=torch.cat([row.timestep.reshape(1) for row in rows]).to(hidden_states.dtype),
+    )
+
+
 def batched_forward(transformer: torch.nn.Module, rows: Sequence[Row]) -> torch.Tensor:
     """The forward's part after the text side, over ``rows`` at once (module docstring):
     rows×frames×latent_dim, frames the longest row's, each row's prediction in its first
     frames (zeros on its padding)."""
+    return forward_pass(transformer, pass_inputs(rows))
+
+
+def forward_pass(transformer: torch.nn.Module, inputs: PassInputs) -> torch.Tensor:
+    """The forward's part after the text side over stacked rows (:func:`pass_inputs`):
+    exactly its operations, in its order; no host synchronisation (a CUDA graph
+    captures it whole)."""
     model: Any = transformer
     config = model.config
-    length = max(row.latents.shape[1] for row in rows)
-    tokens = max(row.text.cond.shape[1] for row in rows)
-    hidden_states = torch.cat([padded(row.latents, length) for row in rows])
+    hidden_states, attention_mask = inputs.hidden_states, inputs.attention_mask
+    cond, cond_mask = inputs.cond, inputs.cond_mask
     dtype = hidden_states.dtype
-    attention_mask = torch.cat([padded(row.mask, length) for row in rows])
-    cond = torch.cat([padded(row.text.cond, tokens) for row in rows])
-    cond_mask = torch.cat([padded(row.text.mask, tokens) for row in rows])
-    timestep = torch.cat([row.timestep.reshape(1) for row in rows]).to(dtype)
-    timestep_embed = model.time_embed(timestep)
+    timestep_embed = model.time_embed(inputs.timestep)
     hidden_states = model.input_embed(hidden_states, attention_mask)
     if model.use_latent_condition:
-        latent_cond = torch.cat([padded(row.latent_cond, length) for row in rows])
-        latent_cond = model.latent_embed(latent_cond.to(dtype), attention_mask)
+        latent_cond = model.latent_embed(inputs.latent_cond.to(dtype), attention_mask)
         both = torch.cat([hidden_states, latent_cond], dim=-1)
         hidden_states = model.latent_cond_embedder(both)
     residual = hidden_states.clone() if config.long_skip else None
@@ -107,7 +139,7 @@ def batched_forward(transformer: torch.nn.Module, rows: Sequence[Row]) -> torch.
     adaln_global_out = None
     if config.adaln_type == "global":
         if config.adaln_use_text_cond:
-            norm_cond = timestep_embed + torch.cat([row.text.mean for row in rows])
+            norm_cond = timestep_embed + inputs.text_mean
         adaln_global_out = model.adaln_global_mlp(norm_cond)
     for block in model.blocks:
         hidden_states = block(

@@ -17,9 +17,11 @@
 # --stack adds .wheelhouse/servers and the venv of benchmarks/device/venv.sh, then runs the
 # stack part (omniqueue up, one realtime worker); --takeover runs the takeover part (two
 # realtime workers) in the same venv. More arguments go to benchmarks/gpu/world.py, e.g.
-# --quantization fp8 (FP8 weights in every part, issue 44), given to each of the three, or
-# --worker-env KEY=VALUE (repeatable: the stack's and the takeover's worker settings).
-# Each part writes $OUT/gpu_world.json (gpu_world_fp8.json with --quantization fp8) with
+# --quantization fp8 (FP8 weights in every part, issue 44) or --attention cudnn (cuDNN's
+# fused attention in every part: the raw pipeline's and both entries'), given to each of
+# the three, or --worker-env KEY=VALUE (repeatable: the stack's and the takeover's worker
+# settings). Each part writes $OUT/gpu_world.json (gpu_world_fp8.json with --quantization
+# fp8, gpu_world[_fp8]_cudnn.json with --attention cudnn) with
 # every key measured so far (the parts' keys are carried in /tmp/world-state.json, one
 # file per mode), $OUT/gpu_world[_fp8]_<part>.log and up's log of its part (OUT:
 # ./device-out unless set); the last part's JSON is the evidence: copy it to docs/evidence/.
@@ -46,9 +48,12 @@ shift || true
 case "$part" in
 --raw | --stack | --takeover | --memory) gpu_check ;;
 esac
-mode=""  # the run's files are the mode's own: --quantization fp8 -> _fp8
-case " $* " in
+mode=""  # the run's files are the mode's own: --quantization fp8 -> _fp8, then
+case " $* " in  # --attention cudnn -> _cudnn (plans.mode_suffix's names)
 *" --quantization fp8 "* | *" --quantization=fp8 "*) mode=_fp8 ;;
+esac
+case " $* " in
+*" --attention cudnn "* | *" --attention=cudnn "*) mode=${mode}_cudnn ;;
 esac
 STATE=/tmp/world-state$mode.json
 
@@ -56,7 +61,7 @@ world_summary() {
     "$1" -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 print(json.dumps({k: (v["value"], v["pass"]) for k, v in d["targets"].items()}, indent=1))
-keys = ("quantization", "part_seconds", "raw_refused", "stack_error", "takeover_note",
+keys = ("quantization", "attention", "part_seconds", "raw_refused", "stack_error", "takeover_note",
         "takeover_memory_after_load_mib", "compile_fallbacks", "up_exit_code", "worker_env")
 print({k: d.get(k) for k in keys})' "$OUT/gpu_world$mode.json"
 }
@@ -85,7 +90,8 @@ case "$part" in
     bench_with python3 "$OUT/gpu_world_memory$mode.log" gpu.world_memory "$@"
     python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
-print({k: d.get(k) for k in ("gpu", "quantization", "error", "baseline_mib", "notes")})
+print({k: d.get(k) for k in ("gpu", "quantization", "attention", "error", "baseline_mib",
+                              "notes")})
 for name, p in d.get("phases", {}).items():
     live = p.get("live", {})
     print(name, {k: p.get(k) for k in ("seconds", "allocated_mib", "allocated_full_gc_mib",

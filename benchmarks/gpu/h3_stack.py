@@ -3,7 +3,7 @@ the API, one GPU worker) serving a MiniMax-H3 registry entry as a deployment wou
 sent as vLLM-Omni's ComfyUI node sends them, followed on their event stream and downloaded.
 
     python -m benchmarks.gpu.h3_stack [--jobs 3] [--cancels 10] [--quantization fp8]
-        [--offload none|model|group] [--offload-budget-gib N]
+        [--offload none|model|group] [--offload-budget-gib N] [--attention sdpa|cudnn]
     python -m benchmarks.gpu.h3_stack --print-registry [...]   # the entry, run nothing
 
 The entry (written to a temporary registry file):
@@ -49,6 +49,11 @@ issue 44's names, with its targets in ``targets``: ``fasth3_fp8_warm_e2e_s`` (=
 held: its loaded size, from a meta-device build of the same config, less the FP8 bytes
 saved that ``/v1/models`` reports).
 
+``--attention cudnn`` puts ``attention = "cudnn"`` in the entry (every attention of the
+transformer through cuDNN's fused attention; ``shared/attention.py``), for an A/B against
+the default dispatch on the same host: the JSON's ``attention`` says which, and the run's
+file is named after it (``gpu_h3_stack_cudnn.json``, ``gpu_h3_stack_fp8_cudnn.json``).
+
 up's log is written as it runs to ``--keep-log`` (default ``$OUT/up_h3_stack.log``). A
 worker not loaded within ``--ready-timeout`` (240 s), or up exiting, ends the run with
 ``error`` and ``up_log_tail`` (up's last 40 lines, printed to stderr too) in the JSON.
@@ -79,6 +84,7 @@ from benchmarks.gpu.common import (
     up_log_path,
 )
 from benchmarks.gpu.plans import (
+    attention_args,
     gauge_mib,
     memory_args,
     mode_suffix,
@@ -404,6 +410,7 @@ def main() -> None:
     )
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
     memory_args(p, offload=True)
+    attention_args(p)
     p.add_argument("--print-registry", action="store_true", help="print the entry, run nothing")
     args = resolve(p.parse_args())
     if args.print_registry:

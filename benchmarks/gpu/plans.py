@@ -1,13 +1,16 @@
 """The memory plan of a stack benchmark's registry entry (issue 44: FP8 weights, offload,
-a memory budget; ``models/memory_plan.py``), and what the stack's workers say of it.
+a memory budget; ``models/memory_plan.py``) and its attention backend (``attention =
+"cudnn"``: cuDNN's fused attention), and what the stack's workers say of them.
 
 * :func:`memory_args` adds ``--quantization`` (and, where the model may offload,
-  ``--offload`` and ``--offload-budget-gib``) to a script's arguments; :func:`plan_toml`
-  writes them as an entry's top-level keys, :func:`mode_suffix` names a run's files.
+  ``--offload`` and ``--offload-budget-gib``) to a script's arguments, :func:`attention_args`
+  ``--attention``; :func:`plan_toml` writes them as an entry's top-level keys,
+  :func:`plan_fields` as the run's JSON lists them, :func:`mode_suffix` names a run's files.
 * :func:`refusal` is what a worker would refuse of an entry before it reads a weight
   (the registry's combinations, then the pipeline class and the device: FP8 off a CUDA GPU
-  of compute capability 8.9, torchao missing), asked in the benchmark's own process (the
-  workers' Python) before any ``omniqueue up``: a run that cannot load fails in seconds.
+  of compute capability 8.9, torchao missing, cuDNN attention off a CUDA GPU), asked in the
+  benchmark's own process (the workers' Python) before any ``omniqueue up``: a run that
+  cannot load fails in seconds.
 * :func:`worker_metrics` scrapes every worker's ``/metrics`` (the addresses up logs) and
   :func:`model_memory` reads ``/v1/models``' ``memory`` of a model (the plan with the
   live worker's report: FP8 layers, bytes saved).
@@ -25,6 +28,8 @@ from benchmarks.embedded_stack import Stack
 
 QUANTIZATIONS = ("none", "fp8")
 OFFLOADS = ("none", "model", "group")
+# The entry's ``attention``: diffusers' default dispatch (SDPA), or cuDNN's fused attention.
+ATTENTIONS = ("sdpa", "cudnn")
 # "metrics: API http://…/metrics, worker 0 http://…/metrics, realtime worker 0 http://…"
 _METRICS = re.compile(r"((?:realtime )?worker \d+) (http://\S+/metrics)")
 
@@ -44,9 +49,23 @@ def memory_args(p: argparse.ArgumentParser, *, offload: bool) -> None:
         p.add_argument("--offload-budget-gib", type=float, default=None)
 
 
+def attention_args(p: argparse.ArgumentParser) -> None:
+    """``--attention`` ({sdpa, cudnn}: cudnn runs every denoiser's attention through
+    cuDNN's fused attention, the entry's ``attention = "cudnn"``), for an A/B of the
+    backend on one host."""
+    p.add_argument(
+        "--attention",
+        choices=ATTENTIONS,
+        default="sdpa",
+        help="the entry's attention (\"cudnn\": cuDNN's fused attention, CUDA only)",
+    )
+
+
 def plan_toml(args: argparse.Namespace) -> str:
-    """The entry's top-level memory keys for ``args`` (empty: no plan)."""
+    """The entry's top-level memory and attention keys for ``args`` (empty: none)."""
     lines = []
+    if getattr(args, "attention", "sdpa") != "sdpa":
+        lines.append(f'attention = "{args.attention}"')
     if args.quantization != "none":
         lines.append(f'quantization = "{args.quantization}"')
     offload = getattr(args, "offload", "none")
@@ -59,8 +78,9 @@ def plan_toml(args: argparse.Namespace) -> str:
 
 
 def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The run's memory plan as the JSON lists it."""
+    """The run's memory plan and attention backend as the JSON lists them."""
     return {
+        "attention": getattr(args, "attention", "sdpa"),
         "quantization": args.quantization,
         "offload": getattr(args, "offload", "none"),
         "offload_budget_gib": getattr(args, "offload_budget_gib", None),
@@ -68,13 +88,16 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def mode_suffix(args: argparse.Namespace) -> str:
-    """``_fp8`` (and ``_group``, ``_24gib``) for a run with a plan: its files' names."""
+    """``_fp8`` (and ``_group``, ``_24gib``) for a run with a plan, then ``_cudnn`` for
+    one with cuDNN attention: its files' names (``world.sh`` names them the same way)."""
     fields = plan_fields(args)
     out = "" if fields["quantization"] == "none" else f"_{fields['quantization']}"
     if fields["offload"] != "none":
         out += f"_{fields['offload']}"
     if fields["offload_budget_gib"] is not None:
         out += f"_{fields['offload_budget_gib']:g}gib"
+    if fields["attention"] != "sdpa":
+        out += f"_{fields['attention']}"
     return out
 
 
@@ -84,25 +107,33 @@ def refusal(registry: str, model: str, device: str) -> str | None:
     device, with the worker's own words), or None. Run in this process: the workers'
     Python, so a missing torchao is found here too."""
     from models.registry import CatalogError, parse_registry
+    from workers.pipelines.diffusers.shared import attention
+
+    entry = parse_registry(registry)[model]
+    try:
+        _check_plan(entry, model, device)
+        attention.refuse_off_cuda(entry.spec, device)  # after the plan, as a worker loads
+    except CatalogError as exc:
+        return str(exc)
+    return None
+
+
+def _check_plan(entry: Any, model: str, device: str) -> None:
+    """The memory plan's refusals of :func:`refusal` (``CatalogError``)."""
     from workers.pipelines.diffusers.shared.memory import MemoryLayout
     from workers.pipelines.registry import adapter_class, check_plan
 
-    entry = parse_registry(registry)[model]
     plan = entry.spec.memory
     if plan is None:
-        return None
+        return
     cls = adapter_class(entry)
     pipeline_class = getattr(cls, "pipeline_class", None)
     if pipeline_class is None:  # Helios's world adapter checks against HeliosPipeline
         from diffusers import HeliosPipeline
 
         pipeline_class = HeliosPipeline
-    try:
-        check_plan(entry)
-        MemoryLayout(model, plan).check(device, pipeline_class)
-    except CatalogError as exc:
-        return str(exc)
-    return None
+    check_plan(entry)
+    MemoryLayout(model, plan).check(device, pipeline_class)
 
 
 def worker_metrics(stack: Stack) -> dict[str, dict[str, float]]:

@@ -3,7 +3,8 @@ the distilled Helios shape (14 B, 384x640, 3 steps a chunk as pyramid stages [1,
 no CFG, random bf16 weights built on the device) raw and through the whole stack.
 
     python -m benchmarks.gpu.world [--part all|raw|stack|takeover] [--state FILE]
-                                   [--quantization none|fp8] [--worker-env KEY=VALUE ...]
+                                   [--quantization none|fp8] [--attention sdpa|cudnn]
+                                   [--worker-env KEY=VALUE ...]
     python -m benchmarks.gpu.world --tiny      # the same flow on the CPU, every key
     python -m benchmarks.gpu.world --print-registry [...]   # the entries it would serve
     python -m benchmarks.gpu.world --targets-of FILE        # a run's targets, again
@@ -47,6 +48,14 @@ torchao) fails each part at once with the worker's reason (``raw_refused``,
 ``--offload``: a realtime model refuses it (``models/memory_plan.py``). The takeover part
 in BF16 is skipped on a GPU under 90 GiB (two 40 GB workers do not fit).
 
+**cuDNN attention** (``--attention cudnn``): every part runs the transformer's attention
+through cuDNN's fused attention, as a registry entry's ``attention = "cudnn"`` makes it:
+the stack's and the takeover's entries carry it, and the raw part gives the pipeline it
+builds the backend through the worker's own ``shared/attention.py`` (checked against the
+device first: off a CUDA GPU ``raw_refused`` says why) before compiling its blocks, so raw
+and delivered FPS are A/B'd with the same backend. The JSON's ``attention`` says which;
+its file, state and logs are the mode's own (``_cudnn`` after any ``_fp8``).
+
 ``--tiny``: ``helios_random.TINY_CONFIG`` (the sizes of tests/unit/helios_fixtures.py) at
 64x64 on the CPU, float32, no compile: it checks this script end to end; its speeds and
 pass/fail mean nothing.
@@ -82,6 +91,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         if args.tiny
         else "Helios-Distilled shape on the GPU",
         "quantization": args.quantization,
+        "attention": args.attention,
         **provenance(),
         "shape": {
             "width": args.width,
@@ -198,13 +208,14 @@ def main() -> None:
     out: dict[str, Any] = {}
     if state_path is not None and state_path.exists():
         out = json.loads(state_path.read_text())
-        earlier = out.get("quantization", "none")
-        if earlier != args.quantization:
-            raise SystemExit(
-                f"{state_path} holds parts run with quantization {earlier!r}, not "
-                f"{args.quantization!r}: pass the same --quantization, or begin with the "
-                "raw part (world.sh --raw), which starts a new state"
-            )
+        for field in ("quantization", "attention"):
+            earlier = out.get(field, "none" if field == "quantization" else "sdpa")
+            if earlier != getattr(args, field):
+                raise SystemExit(
+                    f"{state_path} holds parts run with {field} {earlier!r}, not "
+                    f"{getattr(args, field)!r}: pass the same --{field}, or begin with the "
+                    "raw part (world.sh --raw), which starts a new state"
+                )
     out |= header(args)
     args.random_config = out.get("random_config", args.random_config)  # the raw part's
     parts = PARTS if args.part == "all" else (args.part,)
@@ -238,7 +249,7 @@ def _without_running(args: argparse.Namespace) -> dict[str, Any]:
     if args.targets_of:
         out = json.loads(Path(args.targets_of).read_text())
         out["targets"] = targets(out)
-        return {k: out.get(k) for k in ("quantization", *FP8_KEYS, "targets")}
+        return {k: out.get(k) for k in ("quantization", "attention", *FP8_KEYS, "targets")}
     from benchmarks.gpu.world_stack import registry_text
 
     return {"stack": registry_text(args, 2), "takeover": registry_text(args, 1, workers=2)}

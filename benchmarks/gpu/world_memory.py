@@ -2,14 +2,15 @@
 adapter a realtime worker serves, in this process, through the phases of a worker's
 sessions, with the device memory and the live tensors after each.
 
-    python -m benchmarks.gpu.world_memory [--chunks 2] [--quantization fp8] [--top 20]
+    python -m benchmarks.gpu.world_memory [--chunks 2] [--quantization fp8] [--attention cudnn]
+                                          [--top 20]
     python -m benchmarks.gpu.world_memory --tiny     # the same on the CPU, 64x64
 
 The world stack (``world_stack.py``) kept +953 MiB of ``memory_allocated`` after its
 sessions over the baseline its warm-up session left, on an H100. Here the same registry
-entry (``world_stack.registry_text``: random weights, compiled blocks, ``--quantization``)
-is loaded as a worker loads it (``PipelineRegistry``), and the adapter's session API is
-driven as ``workers/sessions/world.py`` drives it (``start``, ``step`` under
+entry (``world_stack.registry_text``: random weights, compiled blocks, ``--quantization``,
+``--attention``) is loaded as a worker loads it (``PipelineRegistry``), and the adapter's
+session API is driven as ``workers/sessions/world.py`` drives it (``start``, ``step`` under
 ``step_stops``, ``take_chunk`` under ``checkpoints``, ``interact``, the checkpoint's
 ``capture_snapshot`` and its packing on another thread, ``restore``), phase by phase:
 
@@ -359,6 +360,7 @@ def main() -> None:
         "benchmark": "benchmarks.gpu.world_memory",
         "mode": "tiny: CPU tensors only" if args.tiny else "Helios-Distilled shape",
         "quantization": args.quantization,
+        "attention": args.attention,
         **provenance(),
         "shape": {
             "width": args.width,

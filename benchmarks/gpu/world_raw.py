@@ -18,6 +18,11 @@ build the same; ``block_noise_note`` where the device made ``gamma`` change),
 ``quantization = "fp8"`` entry), before the blocks compile; ``fp8_report`` is the
 worker's report of it (layers, bytes saved). Where the worker would refuse it (the CPU, a
 GPU before compute capability 8.9, no torchao) nothing is built: ``raw_refused`` says why.
+
+``--attention cudnn``: every attention of the transformer through cuDNN's fused attention,
+set by the worker's own ``shared/attention.py`` on the spec an ``attention = "cudnn"``
+entry gets (refused off a CUDA GPU before anything is built, as a worker refuses it),
+after the weights are placed and before the blocks compile, as a worker loads it.
 """
 
 from __future__ import annotations
@@ -52,11 +57,28 @@ def memory_layout(args: argparse.Namespace) -> Any:
     return layout
 
 
-def build(args: argparse.Namespace, layout: Any = None) -> tuple[Any, Any]:
+def attention_spec(args: argparse.Namespace) -> Any:
+    """The spec a Helios registry entry with the run's ``attention`` gets (its roles), as
+    the registry writes it; refused off a CUDA GPU as a worker refuses it (``CatalogError``)."""
+    from models.catalog import FAMILY_SPECS
+    from models.registry import ServedModel
+    from workers.pipelines.diffusers.shared import attention
+
+    base = FAMILY_SPECS["diffusers.helios"].model_copy(update={"name": "helios-raw"})
+    entry = ServedModel(
+        name="helios-raw", adapter="diffusers.helios", attention=args.attention, spec=base
+    )
+    attention.refuse_off_cuda(entry.spec, args.device)
+    return entry.spec
+
+
+def build(args: argparse.Namespace, layout: Any = None, spec: Any = None) -> tuple[Any, Any]:
     """The random-weight pipeline on ``args.device``, its weights placed by ``layout``
-    (FP8: the worker's quantization), blocks compiled per ``args.compile``; and the
-    block compiler (None: eager)."""
+    (FP8: the worker's quantization), its attention backend the one ``spec`` says (the
+    worker's ``attention.install``), blocks compiled per ``args.compile``; and the block
+    compiler (None: eager)."""
     from workers.pipelines.diffusers.helios.random_weights import random_pipeline
+    from workers.pipelines.diffusers.shared import attention
     from workers.pipelines.diffusers.shared.compiled import BlockCompiler
     from workers.pipelines.diffusers.shared.loading import parse_dtype
 
@@ -68,6 +90,8 @@ def build(args: argparse.Namespace, layout: Any = None) -> tuple[Any, Any]:
     )
     if layout is not None:
         layout.place(pipe, args.device)
+    if spec is not None:
+        attention.install(pipe, spec)
     compiler = None
     if args.compile == "blocks":
         compiler = BlockCompiler()
@@ -139,10 +163,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = block_noise(args)
     try:
         layout = memory_layout(args)
+        spec = attention_spec(args)
     except CatalogError as exc:  # what a worker would refuse: nothing built
         return out | {"world_raw_fps": None, "raw_refused": str(exc)}
     began = time.perf_counter()
-    pipe, compiler = build(args, layout)
+    pipe, compiler = build(args, layout, spec)
     out["raw_build_s"] = round(time.perf_counter() - began, 1)
     if layout is not None and layout.report is not None:
         out["fp8_report"] = layout.report.model_dump()

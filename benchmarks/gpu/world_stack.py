@@ -33,6 +33,8 @@ no budget); ``takeover_memory_after_load_mib`` is what each holds once both are 
 quantizes its own transformer at load); a model the worker would refuse fails the part
 before up starts (``refusal``). Both parts also record each worker's compiled-blocks
 fallbacks (``compile_fallbacks``: FP8 tensors compile, or the blocks run eager).
+``--attention cudnn`` puts ``attention = "cudnn"`` in both entries likewise (refused off a
+CUDA GPU before up starts).
 
 ``--worker-env KEY=VALUE`` (repeatable) goes into up's environment, so its workers' settings:
 an A/B of one worker setting on the same host (``OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD=0``,
@@ -57,6 +59,7 @@ from benchmarks.common import pct
 from benchmarks.embedded_stack import Stack, log_time
 from benchmarks.gpu.h3_stack import inline_toml
 from benchmarks.gpu.plans import (
+    attention_args,
     gauge_mib,
     memory_args,
     mode_suffix,
@@ -81,7 +84,8 @@ CHUNK_FRAMES = 33
 
 def entry_args(p: argparse.ArgumentParser) -> None:
     """The served entry's options that :func:`registry_text` reads: ``--device``,
-    ``--dtype``, ``--compile``, ``--tiny`` and the memory plan's ``--quantization``."""
+    ``--dtype``, ``--compile``, ``--tiny``, the memory plan's ``--quantization`` and the
+    attention backend's ``--attention``."""
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
@@ -96,6 +100,7 @@ def entry_args(p: argparse.ArgumentParser) -> None:
         "e.g. OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD); repeatable; recorded as worker_env",
     )
     memory_args(p, offload=False)
+    attention_args(p)
 
 
 def env_pair(text: str) -> tuple[str, str]:

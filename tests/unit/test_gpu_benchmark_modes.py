@@ -1,14 +1,17 @@
-"""The GPU stack benchmarks' memory modes (issue 44), as far as a CPU can say: the registry
-entries they write for ``--quantization`` / ``--offload`` / ``--offload-budget-gib`` are
-the ones the registry reads (the plan on the spec, refused where a worker refuses it), the
-world benchmark's targets take issue 44's names in FP8 mode, and the H3 frontier's points
-parse, are refused or left out before anything starts. The scripts run as the GPU host
+"""The GPU stack benchmarks' memory modes (issue 44) and attention backend, as far as a CPU
+can say: the registry entries they write for ``--quantization`` / ``--offload`` /
+``--offload-budget-gib`` / ``--attention`` are the ones the registry reads (the plan and
+the attention roles on the spec, refused where a worker refuses it, the evidence JSON
+recording the backend), the world benchmark's targets take issue 44's names in FP8 mode,
+and the H3 frontier's points parse, are refused or left out before anything starts. The
+scripts run as the GPU host
 runs them (``python -m benchmarks.gpu.…``, their ``--print-registry``, ``--targets-of``
 and ``--dry-run``: nothing built, nothing started); tests import no benchmark."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +142,58 @@ def test_a_frontier_point_of_another_form_is_a_usage_error() -> None:
     )
     assert done.returncode == 2
     assert "point 'fp16-none': write {bf16|fp8}-{none|model|group}[-BUDGET_GIB]" in done.stderr
+
+
+# --- cuDNN attention (``--attention cudnn``) ------------------------------------------
+
+
+def test_the_world_entries_carry_cudnn_attention_to_both_parts() -> None:
+    both = ("--attention", "cudnn", "--quantization", "fp8")
+    texts = json.loads(bench("world", "--tiny", *both, "--print-registry"))
+    for part in ("stack", "takeover"):
+        model = entry(texts[part], HELIOS)
+        assert model.attention == "cudnn" and model.spec.attention == {"blocks": "cudnn"}
+        assert model.spec.memory == MemoryPlan(quantization="fp8")  # the two combine
+    plain = json.loads(bench("world", "--tiny", "--print-registry"))
+    assert entry(plain["stack"], HELIOS).attention is None
+
+
+def test_the_h3_entry_carries_cudnn_attention() -> None:
+    model = entry(bench("h3_stack", "--attention", "cudnn", "--print-registry"), H3)
+    assert model.attention == "cudnn"
+    assert model.spec.attention == {"blocks": "cudnn", "token_refiner": "cudnn"}
+    assert model.spec.memory is None and model.vsa_topk is None
+    plain = entry(bench("h3_stack", "--print-registry"), H3)
+    assert plain.spec.attention == {"blocks": "sdpa", "token_refiner": "sdpa"}
+
+
+def _run(module: str, out: Path, *args: str) -> dict[str, Any]:
+    """``module`` run as the GPU host runs it, with ``$OUT`` set: the JSON it wrote."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.gpu.{module}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OUT": str(out)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (written,) = out.glob("*.json")
+    return {"file": written.name, **json.loads(written.read_text())}
+
+
+CUDNN_OFF_GPU = "attention = 'cudnn' runs cuDNN's fused attention on a CUDA GPU, and device cpu"
+
+
+def test_cudnn_runs_are_refused_on_the_cpu_and_record_the_backend(tmp_path: Path) -> None:
+    """Both benchmarks reach the worker's own check before building or starting anything,
+    and the evidence JSON, named after the mode, records ``attention``."""
+    (tmp_path / "h3").mkdir()
+    h3 = _run("h3_stack", tmp_path / "h3", "--toy", "--attention", "cudnn")
+    assert h3["file"] == "gpu_h3_stack_cudnn.json" and h3["attention"] == "cudnn"
+    assert h3["error"] == f"refused before up: model '{H3}': {CUDNN_OFF_GPU} is not one"
+    (tmp_path / "world").mkdir()
+    world = _run("world", tmp_path / "world", "--tiny", "--part", "raw", "--attention", "cudnn")
+    assert world["file"] == "gpu_world_cudnn.json" and world["attention"] == "cudnn"
+    assert world["world_raw_fps"] is None
+    assert world["raw_refused"] == f"model 'helios-raw': {CUDNN_OFF_GPU} is not one"

@@ -29,13 +29,20 @@ def _other_worker(host: str) -> str:
     return JOB_HOSTS[1 - JOB_HOSTS.index(host)]
 
 
-def _slow_job(cluster: Cluster, load: JobLoad, seconds: float = 30) -> tuple[str, str]:
-    """A job that stays in its denoise loop for about ``seconds`` (a failpoint sleeps
-    before its step 2 on its first attempt only), running; its id and its worker's host."""
+def _slow_job(cluster: Cluster, load: JobLoad, seconds: float | None = None) -> tuple[str, str]:
+    """A job that stays in its denoise loop (a failpoint before its step 2, on its first
+    attempt only) for about ``seconds``, or until :func:`_release` when None, running;
+    its id and its worker's host."""
     job_id = load.create("api1", num_inference_steps=8)
     assert job_id is not None
-    cluster.set_failpoints({f"step:2@{job_id}@attempt1": f"sleep:{seconds}"})
+    action = "hold" if seconds is None else f"sleep:{seconds}"
+    cluster.set_failpoints({f"step:2@{job_id}@attempt1": action})
     return job_id, wait_running(cluster, job_id, step=1)
+
+
+def _release(cluster: Cluster) -> None:
+    """Every ``hold`` failpoint lets its worker go on (``workers/common/failpoints.py``)."""
+    cluster.set_failpoints({})
 
 
 def _attempt_after(cluster: Cluster, job_id: str, attempt: int, timeout: float) -> float:
@@ -95,12 +102,15 @@ def test_a_worker_cut_from_postgres_then_from_s3(cluster: Cluster, report: dict[
     load = JobLoad(cluster).start()
     sessions = Sessions(cluster).start()
     # PostgreSQL, mid-job: its heartbeat lapses and the other worker takes the job over.
-    job_id, host = _slow_job(cluster, load, seconds=20)
+    # The cut worker stays in its step until the link is back (a hold, not a sleep sized
+    # to outlast the take-over), then goes on with a job that is no longer its.
+    job_id, host = _slow_job(cluster, load)
     takeovers = metric(cluster, _other_worker(host), "omniqueue_job_takeovers_total")
     cluster.net.set_link(host, "postgres", False)
     figures: dict[str, Any] = {"postgres": {"host": host}}
     figures["postgres"]["takeover_s"] = _attempt_after(cluster, job_id, 2, TAKEOVER_BOUND_S)
     cluster.net.set_link(host, "postgres", True)
+    _release(cluster)
     figures["postgres"]["healed_takes_jobs_s"] = _takes_jobs(cluster, load, host)
     assert figures["postgres"]["healed_takes_jobs_s"] <= HEALED_TAKES_JOBS_S
     later = metric(cluster, _other_worker(host), "omniqueue_job_takeovers_total")
@@ -156,7 +166,7 @@ def test_a_zombie_worker_writes_nothing(cluster: Cluster, report: dict[str, Any]
     sessions = Sessions(cluster).start()
     job_id = load.create("api1")
     assert job_id is not None
-    cluster.set_failpoints({f"upload@{job_id}@attempt1": "sleep:30"})
+    cluster.set_failpoints({f"upload@{job_id}@attempt1": "hold"})
     since = {h: cluster.log_offset(h) for h in JOB_HOSTS}
     (host,) = _poll_logs(cluster, since, f"failpoint upload@{job_id}@attempt1", job_id)
     cluster.net.isolate(host)
@@ -169,8 +179,9 @@ def test_a_zombie_worker_writes_nothing(cluster: Cluster, report: dict[str, Any]
         assert time.monotonic() - isolated < 60
         time.sleep(0.2)
     cluster.net.heal(host)
-    # the zombie wakes (30 s after it began sleeping), uploads, learns it lost the job
-    # (or finds its database connections dead first), and ends its run
+    _release(cluster)
+    # the zombie wakes (healed, after the other worker completed its job), uploads, learns
+    # it lost the job (or finds its database connections dead first), and ends its run
     ended = cluster.wait_log(host, f"job {job_id}: ", since=since[host], timeout=60)
     figures["zombie_outcome"] = ended.split(f"job {job_id}: ", 1)[1].split()[0]
     figures["healed_takes_jobs_s"] = _takes_jobs(cluster, load, host)
@@ -218,7 +229,7 @@ def test_a_host_vanishes(cluster: Cluster, report: dict[str, Any]) -> None:
     load = JobLoad(cluster).start()
     sessions = Sessions(cluster).start()
     # a worker host, mid-job
-    job_id, host = _slow_job(cluster, load, seconds=30)
+    job_id, host = _slow_job(cluster, load)  # held until the host is gone
     cluster.vanish(host)
     figures: dict[str, Any] = {"worker": {"host": host}}
     figures["worker"]["takeover_s"] = _attempt_after(cluster, job_id, 2, TAKEOVER_BOUND_S)

@@ -15,10 +15,12 @@ N-th attempt, ``name@<job id>`` only for that job, ``name@<job id>@attempt<N>`` 
 world session: ``session_chunk:<i>`` (chunk i is made, before it is sent).
 
 Actions: ``pause`` (block while the job is still ours, at most 120 s — a stage long
-enough to cancel during), ``sleep:<seconds>``, ``raise`` (RuntimeError), ``oom``
-(``torch.OutOfMemoryError``), ``value`` (a bare ValueError, as numpy, PIL or PyAV raise
-one), ``invalid`` (``InvalidJobInput``: the pipeline refuses the request on purpose),
-``kill`` (SIGKILL this process).
+enough to cancel during), ``hold`` (block until the file no longer maps the point to
+``hold``, at most 120 s: a test releases it the moment its scenario allows, where a
+``sleep`` would have to outlast the slowest case), ``sleep:<seconds>``, ``raise``
+(RuntimeError), ``oom`` (``torch.OutOfMemoryError``), ``value`` (a bare ValueError, as
+numpy, PIL or PyAV raise one), ``invalid`` (``InvalidJobInput``: the pipeline refuses the
+request on purpose), ``kill`` (SIGKILL this process).
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ class Failpoints:
             deadline = time.monotonic() + PAUSE_LIMIT_S
             while still_owned() and time.monotonic() < deadline:
                 time.sleep(0.01)
+        elif action == "hold":
+            deadline = time.monotonic() + PAUSE_LIMIT_S
+            while self._actions().get(key) == "hold" and time.monotonic() < deadline:
+                time.sleep(0.05)
         elif action.startswith("sleep:"):
             time.sleep(float(action.split(":", 1)[1]))
         elif action == "raise":

@@ -4,11 +4,12 @@
 A :class:`~models.registry.ServedModel`'s ``quantization`` (``"fp8"``: every denoiser,
 the ``transformer*`` components; or per component, ``{transformer = "fp8", text_encoder =
 "none"}``), ``offload`` (``none``, ``model``, ``group``), ``offload_budget_gib`` and
-``offload_blocks`` become one :class:`MemoryPlan` on its spec. The worker resolves it
+``offload_blocks`` and ``fp8_modulation`` (the blocks' adaLN / modulation projections FP8
+weight-only too) become one :class:`MemoryPlan` on its spec. The worker resolves it
 against the loaded pipeline (``workers/pipelines/diffusers/shared/memory.py``) and reports
-what it did (:class:`MemoryReport`: the FP8 Linear layers of each component and the bytes
-they saved); ``/v1/models`` lists the plan with the live workers' figures
-(:class:`ModelMemory`).
+what it did (:class:`MemoryReport`: the FP8 Linear layers of each component, the
+weight-only ones apart, and the bytes they saved); ``/v1/models`` lists the plan with the
+live workers' figures (:class:`ModelMemory`).
 
 :func:`refused_combination` is the matrix of docs/adapters.md ("FP8 and offload"): what
 a plan does not combine with, named with the plan's feature, refused when a worker loads
@@ -47,6 +48,10 @@ class MemoryPlan(BaseModel):
     # ``offload = "group"``: block lists below a component's top level that stream block
     # by block too ("text_encoder.encoder.block"); a component's top-level lists always do.
     offload_blocks: list[str] = Field(default_factory=list)
+    # The modulation (adaLN) projections of an FP8 component's blocks FP8 weight-only too
+    # (weights float8, the matmul in the loaded dtype); off: kept as loaded, the rule's
+    # default (workers/pipelines/diffusers/shared/fp8.py).
+    fp8_modulation: bool = False
 
     @property
     def quantizes(self) -> bool:
@@ -67,6 +72,8 @@ class MemoryPlan(BaseModel):
         parts = []
         if self.quantization != "none":
             parts.append(f"quantization = {_toml(self.quantization)}")
+        if self.fp8_modulation:
+            parts.append("fp8_modulation = true")
         if self.offload != "none":
             parts.append(f"offload = {self.offload!r}")
         if self.offload_budget_gib is not None:
@@ -85,10 +92,12 @@ def memory_plan(
     offload: OffloadMode,
     budget_gib: float | None,
     blocks: list[str],
+    fp8_modulation: bool = False,
 ) -> MemoryPlan | None:
     """A registry entry's fields as one plan; None when the entry sets none of them (the
     model loads as before). Refuses (``ValueError``) ``offload_blocks`` without ``offload =
-    "group"`` and a block path without its component (``component.path``)."""
+    "group"``, a block path without its component (``component.path``) and
+    ``fp8_modulation`` on a plan that makes no component FP8."""
     if blocks and offload != "group":
         raise ValueError(f"offload_blocks needs offload = 'group', not {offload!r}")
     for path in blocks:
@@ -104,7 +113,14 @@ def memory_plan(
         offload=offload,
         offload_budget_gib=budget_gib,
         offload_blocks=blocks,
+        fp8_modulation=fp8_modulation,
     )
+    if fp8_modulation and not plan.quantizes:
+        raise ValueError(
+            f"fp8_modulation = true needs quantization = 'fp8' (on a component at least), and "
+            f"quantization = {_toml(plan.quantization)} makes no component FP8: the modulation "
+            "projections it makes FP8 are those of an FP8 component's blocks"
+        )
     return None if plan == MemoryPlan() else plan
 
 
@@ -153,10 +169,14 @@ class MemoryReport(BaseModel):
     """What a worker did with a model's plan when it loaded it (worker -> API, through
     its presence in Redis: ``storage/worker_presence.py``)."""
 
-    # Quantized component -> how many of its Linear layers hold FP8 weights.
+    # Quantized component -> how many of its Linear layers hold FP8 weights with FP8
+    # matmuls (the rule's layers).
     fp8_modules: dict[str, int] = Field(default_factory=dict)
-    # Device memory the FP8 weights save: each quantized Linear's weight at one byte an
-    # element instead of its dtype's, less its row-wise float32 scales.
+    # fp8_modulation: quantized component -> how many of its modulation projections hold
+    # FP8 weights with a matmul in the loaded dtype (weight-only).
+    fp8_weight_only_modules: dict[str, int] = Field(default_factory=dict)
+    # Device memory the FP8 weights save (both kinds): each quantized Linear's weight at one
+    # byte an element instead of its dtype's, less its row-wise float32 scales.
     bytes_saved: int = 0
     offload: OffloadMode = "none"
     # The per-process device memory cap in bytes (offload_budget_gib), when set.
@@ -174,9 +194,14 @@ class ModelMemory(BaseModel):
     offload: OffloadMode
     offload_budget_gib: float | None = None
     offload_blocks: list[str] = Field(default_factory=list)
-    # FP8 Linear layers in all (per component: ``fp8_components``) and the bytes they save.
+    fp8_modulation: bool = False
+    # FP8 Linear layers in all (per component: ``fp8_components``), the modulation
+    # projections made FP8 weight-only apart (``fp8_modulation``: per component
+    # ``fp8_weight_only_components``), and the bytes both save.
     fp8_modules: int | None = None
     fp8_components: dict[str, int] | None = None
+    fp8_weight_only_modules: int | None = None
+    fp8_weight_only_components: dict[str, int] | None = None
     bytes_saved: int | None = None
     # offload = "group": how the worker holds the host copies, and their bytes.
     offload_host: HostCopies | None = None
@@ -192,10 +217,13 @@ def model_memory(plan: MemoryPlan | None, report: MemoryReport | None) -> ModelM
         offload=plan.offload,
         offload_budget_gib=plan.offload_budget_gib,
         offload_blocks=list(plan.offload_blocks),
+        fp8_modulation=plan.fp8_modulation,
     )
     if report is not None:
         listed.fp8_modules = sum(report.fp8_modules.values())
         listed.fp8_components = dict(report.fp8_modules)
+        listed.fp8_weight_only_modules = sum(report.fp8_weight_only_modules.values())
+        listed.fp8_weight_only_components = dict(report.fp8_weight_only_modules)
         listed.bytes_saved = report.bytes_saved
         listed.offload_host = report.offload_host
         listed.offload_host_bytes = report.offload_host_bytes

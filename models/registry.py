@@ -83,6 +83,9 @@ class ServedModel(BaseModel):
     offload: OffloadMode = "none"
     offload_budget_gib: float | None = Field(default=None, gt=0)
     offload_blocks: list[str] = Field(default_factory=list)
+    # With FP8: the denoiser blocks' adaLN / modulation projections FP8 weight-only too
+    # (weights float8, the matmul in the loaded dtype); off, they stay as loaded.
+    fp8_modulation: bool = False
     # This model's own queue bound and default ``ttl`` (seconds); None: the server's
     # (``OMNIQ_QUEUE__MAX_DEPTH``, ``OMNIQ_QUEUE__DEFAULT_TTL_S``); 0: none.
     max_queue_depth: int | None = Field(default=None, ge=0)
@@ -137,7 +140,11 @@ class ServedModel(BaseModel):
     def _memory_plan(self) -> ServedModel:
         """``quantization`` / ``offload`` into the spec's plan (what ``/v1/models`` lists)."""
         plan = memory_plan(
-            self.quantization, self.offload, self.offload_budget_gib, self.offload_blocks
+            self.quantization,
+            self.offload,
+            self.offload_budget_gib,
+            self.offload_blocks,
+            self.fp8_modulation,
         )
         self.spec = self.spec.model_copy(update={"memory": plan})
         return self

@@ -56,8 +56,7 @@ class Stack(torch.nn.Module):
 def _quantized(device: torch.device) -> Stack:
     torch.manual_seed(0)
     model = Stack().to(torch.bfloat16)
-    names = [n for n, why in fp8.fp8_layers(model).items() if why is None]
-    fp8.quantize(model, names, device)
+    fp8.quantize(model, fp8.fp8_kinds(fp8.fp8_layers(model), modulation=False), device)
     return model.to(device)
 
 

@@ -42,8 +42,8 @@ def quantized(monkeypatch: pytest.MonkeyPatch) -> Handed:
     monkeypatch.setattr(fp8, "fp8_unsupported", lambda device: None)
     monkeypatch.setattr(fp8, "library_missing", lambda: None)
 
-    def record(model: torch.nn.Module, names: list[str], device: torch.device) -> None:
-        seen[id(model)] = {n: model.get_submodule(n).weight.detach().clone() for n in names}
+    def record(model: torch.nn.Module, kinds: dict[str, Any], device: torch.device) -> None:
+        seen[id(model)] = {n: model.get_submodule(n).weight.detach().clone() for n in kinds}
 
     monkeypatch.setattr(fp8, "quantize", record)
     return seen

@@ -6,7 +6,9 @@ layers are too narrow for ``torch._scaled_mm``, so the rule keeps every one of t
 
 What stays as loaded: everything outside the blocks (embedders of time, text and patches;
 the final projection and its norm), and inside them the norms, adaLN and modulation
-projections and MiniMax-H3's text-token refiner. The bytes saved are the quantized
+projections and MiniMax-H3's text-token refiner. The modulation projections are told
+apart: an entry's ``fp8_modulation`` makes them FP8 weight-only (``fp8_kinds``), and
+nothing else changes category with it. The bytes saved are the quantized
 weights' elements at one byte instead of their dtype's, less a float32 scale per row. On
 the CPU torchao's FP8 refuses to quantize at all; the rule itself needs no device."""
 
@@ -22,16 +24,18 @@ from tests.unit.diffusers_fixtures import tiny_ltx_pipeline, tiny_wan_pipeline
 from tests.unit.h3_fixtures import tiny_h3_pipe
 from tests.unit.helios_fixtures import tiny_helios_transformer
 from workers.pipelines.diffusers.shared.fp8 import (
+    MODULATION,
+    NARROW,
+    OUTSIDE,
+    SENSITIVE,
     bytes_saved,
+    fp8_kinds,
     fp8_layers,
     fp8_modules,
     fp8_unsupported,
 )
 
 ATTENTION = ["to_q", "to_k", "to_v", "to_out.0"]
-OUTSIDE = "outside the blocks"
-SENSITIVE = "precision-sensitive"
-NARROW = "sizes not multiples of 16"
 
 
 def by_reason(model: torch.nn.Module) -> dict[str | None, set[str]]:
@@ -117,7 +121,8 @@ def test_h3_joint_blocks_are_fp8_adaln_refiner_and_embedders_are_not(partition: 
     refiner = {f"token_refiner.refiner_blocks.0.attn.{a}" for a in ATTENTION}
     refiner |= {"token_refiner.refiner_blocks.0.ff.net.0.proj"}
     refiner |= {"token_refiner.refiner_blocks.0.ff.net.2"}
-    assert found[SENSITIVE] == refiner | {
+    assert found[SENSITIVE] == refiner
+    assert found[MODULATION] == {
         "transformer_blocks.0.adaln_proj.linear",
         "transformer_blocks.1.adaln_proj.linear",
     }
@@ -131,6 +136,79 @@ def test_h3_joint_blocks_are_fp8_adaln_refiner_and_embedders_are_not(partition: 
         "proj_out",
         "audio_proj_out",
     }
+
+
+ADALN = {"transformer_blocks.0.adaln_proj.linear", "transformer_blocks.1.adaln_proj.linear"}
+
+
+@pytest.mark.parametrize("partition", ["transformer", "transformer_ref"])
+def test_h3_fp8_modulation_makes_the_adaln_projections_weight_only_and_nothing_else(
+    partition: str,
+) -> None:
+    transformer = getattr(tiny_h3_pipe(), partition)
+    layers = fp8_layers(transformer)
+    default = fp8_kinds(layers, modulation=False)
+    assert default == {name: "dynamic" for name in fp8_modules(transformer)}
+    opted = fp8_kinds(layers, modulation=True)
+    assert opted == {**default, **{name: "weight_only" for name in ADALN}}
+    # the refiner, the embedders, time projections and the final norm's projection stay
+    kept = {name for name in layers if name not in opted}
+    assert kept == {name for name, why in layers.items() if why in (OUTSIDE, SENSITIVE)}
+    assert {"norm_out.linear", "time_embedder.linear_1", "context_embedder"} <= kept
+    assert not any("refiner" in name for name in opted)
+    # both kinds save a byte an element less the row scales (float32 here: 3 bytes)
+    rows, cols = 576, 16  # adaln_proj.linear: 16 -> 6 x 6 x 16
+    adaln = 2 * (rows * cols * 3 - rows * 4)
+    assert bytes_saved(transformer, list(opted)) == bytes_saved(transformer, list(default)) + adaln
+
+
+@pytest.mark.parametrize("family", ["wan", "helios"])
+def test_wan_and_helios_have_no_modulation_layer_to_change(family: str) -> None:
+    """Their blocks modulate with ``scale_shift_table``, a parameter, not a Linear: the
+    opt-in changes nothing on them, narrow or wide."""
+    tiny = tiny_wan_pipeline().transformer if family == "wan" else tiny_helios_transformer()
+    for model in (tiny, resized(tiny, attention_head_dim=8)):
+        layers = fp8_layers(model)
+        assert MODULATION not in layers.values()
+        assert fp8_kinds(layers, modulation=True) == fp8_kinds(layers, modulation=False)
+        assert hasattr(model.blocks[0], "scale_shift_table")
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_q = torch.nn.Linear(32, 32)
+        self.modulation = torch.nn.Linear(32, 96)  # a modulation projection by name
+        self.ada_ln = torch.nn.Sequential(torch.nn.SiLU(), torch.nn.Linear(32, 64))
+        self.norm1 = torch.nn.Sequential(torch.nn.Linear(32, 64))  # an AdaLayerNorm: a norm
+        self.time_modulation = torch.nn.Linear(32, 64)  # a time projection too: kept
+        self.adaln_narrow = torch.nn.Linear(24, 48)  # too narrow for FP8 at all
+
+
+class _Tree(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.adaln_out = torch.nn.Linear(32, 64)  # outside the blocks
+        self.blocks = torch.nn.ModuleList([_Block()])
+
+
+def test_a_modulation_layer_is_one_kept_for_modulation_parts_alone() -> None:
+    layers = fp8_layers(_Tree())
+    assert layers == {
+        "adaln_out": OUTSIDE,
+        "blocks.0.to_q": None,
+        "blocks.0.modulation": MODULATION,
+        "blocks.0.ada_ln.1": MODULATION,
+        "blocks.0.norm1.0": SENSITIVE,
+        "blocks.0.time_modulation": SENSITIVE,
+        "blocks.0.adaln_narrow": SENSITIVE,
+    }
+    assert fp8_kinds(layers, modulation=True) == {
+        "blocks.0.to_q": "dynamic",
+        "blocks.0.modulation": "weight_only",
+        "blocks.0.ada_ln.1": "weight_only",
+    }
+    assert fp8_kinds(layers, modulation=False) == {"blocks.0.to_q": "dynamic"}
 
 
 def test_a_text_encoders_layers_are_blocks_too() -> None:
@@ -181,3 +259,44 @@ def test_torchao_missing_is_said_with_the_extra_to_install(
         importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name)
     )
     assert fp8.library_missing() == "it is not installed: pip install 'omniqueue[fp8]'"
+
+
+def test_each_layer_is_handed_to_torchao_with_its_kind_s_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchao's FP8 refuses the CPU, so its ``quantize_`` is recorded here (a stand-in
+    module): each layer alone, with the dynamic or the weight-only config, row-wise scales
+    and torchao's process-wide inductor settings left alone; then the component moved."""
+    import sys
+    from types import ModuleType
+
+    from workers.pipelines.diffusers.shared.fp8 import quantize
+
+    handed: list[tuple[torch.nn.Module, str, dict[str, Any], Any]] = []
+
+    def config(kind: str) -> Any:
+        return lambda **kwargs: (kind, kwargs)
+
+    def quantize_(module: torch.nn.Module, cfg: Any, filter_fn: Any, device: Any) -> None:
+        assert filter_fn(module, "") is True
+        handed.append((module, cfg[0], cfg[1], device))
+
+    stand_in = ModuleType("torchao.quantization")
+    stand_in.Float8DynamicActivationFloat8WeightConfig = config("dynamic")  # type: ignore[attr-defined]
+    stand_in.Float8WeightOnlyConfig = config("weight_only")  # type: ignore[attr-defined]
+    stand_in.PerRow = lambda: "per-row"  # type: ignore[attr-defined]
+    stand_in.quantize_ = quantize_  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torchao", ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.quantization", stand_in)
+    tree = _Tree()
+    kinds = fp8_kinds(fp8_layers(tree), modulation=True)
+    quantize(tree, kinds, torch.device("cpu"))
+    assert [(tree.get_submodule(n), k) for n, k in kinds.items()] == [
+        (module, kind) for module, kind, _, _ in handed
+    ]
+    assert [kind for _, kind, _, _ in handed] == ["dynamic", "weight_only", "weight_only"]
+    for _, _, kwargs, device in handed:
+        assert kwargs == {"granularity": "per-row", "set_inductor_config": False}
+        assert device == torch.device("cpu")
+    with pytest.raises(TypeError, match=r"blocks\.0\.ada_ln is a Sequential, not a Linear"):
+        quantize(tree, {"blocks.0.ada_ln": "weight_only"}, torch.device("cpu"))

@@ -241,12 +241,12 @@ def test_a_loaded_plan_is_reported_and_listed(
     """A tiny LTX (32 wide) through the registry with ``quantization = "fp8"``, the
     device check passed and torchao's quantization recorded instead of run: the rule's
     layers are handed to it, and the worker's report is what ``/v1/models`` lists."""
-    quantized: list[tuple[str, list[str], torch.device]] = []
+    quantized: list[tuple[str, dict[str, fp8.Fp8Kind], torch.device]] = []
     monkeypatch.setattr(fp8, "fp8_unsupported", lambda device: None)
     monkeypatch.setattr(fp8, "library_missing", lambda: None)
 
-    def record(model: torch.nn.Module, names: list[str], device: torch.device) -> None:
-        quantized.append((type(model).__name__, names, device))
+    def record(model: torch.nn.Module, kinds: dict[str, fp8.Fp8Kind], device: torch.device) -> None:
+        quantized.append((type(model).__name__, kinds, device))
 
     monkeypatch.setattr(fp8, "quantize", record)
     path = tmp_path / "ltx"
@@ -260,11 +260,12 @@ def test_a_loaded_plan_is_reported_and_listed(
     ((cls, names, device),) = quantized
     assert cls == "LTXVideoTransformer3DModel" and device == torch.device("cpu")
     transformer = registry.job("acme/ltx").pipe.transformer  # type: ignore[attr-defined]
-    assert names == fp8.fp8_modules(transformer) and len(names) == 10
+    assert list(names) == fp8.fp8_modules(transformer) and len(names) == 10
+    assert set(names.values()) == {"dynamic"}  # no fp8_modulation: the rule's config alone
     report = registry.memory["acme/ltx"]
     assert report == MemoryReport(
         fp8_modules={"transformer": 10},
-        bytes_saved=fp8.bytes_saved(transformer, names),
+        bytes_saved=fp8.bytes_saved(transformer, list(names)),
         offload="none",
     )
     spec = parse_registry(text)["acme/ltx"].spec
@@ -274,8 +275,11 @@ def test_a_loaded_plan_is_reported_and_listed(
         "offload": "none",
         "offload_budget_gib": None,
         "offload_blocks": [],
+        "fp8_modulation": False,
         "fp8_modules": 10,
         "fp8_components": {"transformer": 10},
+        "fp8_weight_only_modules": 0,
+        "fp8_weight_only_components": {},
         "bytes_saved": report.bytes_saved,
         "offload_host": None,
         "offload_host_bytes": None,

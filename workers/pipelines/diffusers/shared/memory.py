@@ -13,13 +13,14 @@ order at load:
 2. :meth:`~MemoryLayout.place`, once the pipeline is loaded (and, where the plan makes
    FP8 weights, after the adapter changed its weights in their loaded dtype: FastH3's
    fused LoRA): the paths the plan names resolved, the budget set, each FP8 component's
-   layers quantized on the device one at a time, then every weight put where ``offload``
-   says (``group``: its host copies planned against the host's memory first,
+   layers quantized on the device one at a time (with ``fp8_modulation``, the blocks'
+   modulation projections weight-only), then every weight put where ``offload`` says
+   (``group``: its host copies planned against the host's memory first,
    host_memory.py: pinned when they fit, else pageable, else refused), and the
    allocator's cached blocks (the loaded dtype's weights that FP8 or offloading replaced)
    handed back to the device, so that another process on the card can have them. It logs
-   which layers are FP8 and what they save, and returns the
-   :class:`~models.memory_plan.MemoryReport` the worker publishes.
+   which layers are FP8 (how many modulation projections weight-only) and what they
+   save, and returns the :class:`~models.memory_plan.MemoryReport` the worker publishes.
 
    Weights built on the device (``weights = "random"``, benchmarks only) are there, at
    their loaded size, before the plan applies: the budget is then set once they are
@@ -107,23 +108,7 @@ class MemoryLayout:
         blocks = resolve_paths(pipe, plan, self.model)
         built_there = weights_on_device(pipe, target)
         budget = None if built_there else set_budget(plan, target)
-        counts: dict[str, int] = {}
-        saved = 0
-        for name, component in modules_of(pipe).items():
-            if not plan.fp8_on(name):
-                continue
-            layers = fp8.fp8_layers(component)
-            names = [n for n, why in layers.items() if why is None]
-            if not names:
-                raise CatalogError(
-                    f"model {self.model!r}: quantization 'fp8' on {name} makes nothing FP8: "
-                    f"none of its {len(layers)} Linear layers is in a block, outside norms "
-                    "and modulation, with sizes in multiples of 16"
-                )
-            saved += fp8.bytes_saved(component, names)
-            fp8.quantize(component, names, target)
-            counts[name] = len(names)
-            _log_layers(self.model, name, layers)
+        counts, weight_only, saved = self._quantize(pipe, plan, target)
         host = plan_host_copies(self.model, modules_of(pipe)) if plan.offload == "group" else None
         offload(pipe, plan, target, blocks, host is not None and host.low_cpu_mem_usage)
         if target.type == "cuda" and torch.cuda.is_available():
@@ -132,6 +117,7 @@ class MemoryLayout:
             budget = set_budget(plan, target, held=torch.cuda.memory_allocated(target))
         self.report = MemoryReport(
             fp8_modules=counts,
+            fp8_weight_only_modules=weight_only,
             bytes_saved=saved,
             offload=plan.offload,
             budget_bytes=budget,
@@ -139,29 +125,69 @@ class MemoryLayout:
             offload_host_bytes=host.host_bytes if host else None,
         )
         log.info(
-            "%s: %s; FP8 Linear layers %s, %.2f GB saved; offload %s",
+            "%s: %s; FP8 Linear layers %s, modulation layers FP8 weight-only %s, %.2f GB "
+            "saved; offload %s",
             self.model,
             plan.describe(),
             counts or "none",
+            weight_only or "none",
             saved / 1e9,
             plan.offload,
         )
         return self.report
 
+    def _quantize(
+        self, pipe: Any, plan: MemoryPlan, target: torch.device
+    ) -> tuple[dict[str, int], dict[str, int], int]:
+        """Each FP8 component's layers quantized on ``target`` (the rule's, and with
+        ``fp8_modulation`` its modulation projections weight-only): per component, how many
+        of each kind (weight-only counted for every FP8 component when the plan asks for
+        them, none found included), and the bytes saved in all."""
+        counts: dict[str, int] = {}
+        weight_only: dict[str, int] = {}
+        saved = 0
+        for name, component in modules_of(pipe).items():
+            if not plan.fp8_on(name):
+                continue
+            layers = fp8.fp8_layers(component)
+            kinds = fp8.fp8_kinds(layers, plan.fp8_modulation)
+            if not kinds:
+                raise CatalogError(
+                    f"model {self.model!r}: quantization 'fp8' on {name} makes nothing FP8: "
+                    f"none of its {len(layers)} Linear layers is in a block, outside norms "
+                    "and modulation, with sizes in multiples of 16"
+                )
+            saved += fp8.bytes_saved(component, list(kinds))
+            fp8.quantize(component, kinds, target)
+            counts[name] = sum(kind == "dynamic" for kind in kinds.values())
+            if plan.fp8_modulation:
+                weight_only[name] = len(kinds) - counts[name]
+            _log_layers(self.model, name, layers, kinds)
+        return counts, weight_only, saved
 
-def _log_layers(model: str, component: str, layers: dict[str, str | None]) -> None:
-    """Which of a component's Linear layers are FP8 and why the others are not: a line at
-    INFO (the counts, and the kept layers' first names), every name at DEBUG."""
+
+def _log_layers(
+    model: str, component: str, layers: dict[str, str | None], kinds: dict[str, fp8.Fp8Kind]
+) -> None:
+    """Which of a component's Linear layers are FP8 (of each kind) and why the others are
+    not: a line at INFO (the counts, and the kept layers' first names), every name at
+    DEBUG."""
     kept: dict[str, list[str]] = {}
     for name, why in layers.items():
-        if why is not None:
+        if why is not None and name not in kinds:
             kept.setdefault(why, []).append(name)
-    fp8_count = sum(why is None for why in layers.values())
+    fp8_count = sum(kind == "dynamic" for kind in kinds.values())
+    weight_only = len(kinds) - fp8_count
     summary = "; ".join(
         f"{why}: {len(names)} ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
         for why, names in kept.items()
     )
     log.info(
-        "%s %s: %d Linear layers FP8; kept: %s", model, component, fp8_count, summary or "none"
+        "%s %s: %d Linear layers FP8, %d modulation layers FP8 weight-only; kept: %s",
+        model,
+        component,
+        fp8_count,
+        weight_only,
+        summary or "none",
     )
-    log.debug("%s %s FP8 layers: %s", model, component, [n for n, w in layers.items() if w is None])
+    log.debug("%s %s FP8 layers: %s", model, component, kinds)

@@ -23,14 +23,17 @@
 #   benchmarks/device/venv.sh. Where only one half can be copied at a time:
 #   `h3.sh --stage [--only] [h3.py args]` with .wheelhouse/h3 (unpacks it, then runs h3.py
 #   unless --only), then `h3.sh --stack` with .wheelhouse/servers, on the same host.
-#   FP8 weights and offload (issue 44) are h3_stack.py's --quantization fp8, --offload
-#   group --offload-budget-gib N (with --compile off); cuDNN's fused attention is its
-#   --attention cudnn (the entry's attention = "cudnn"), e.g. `h3.sh --stack --attention cudnn`.
+#   FP8 weights and offload (issue 44) are h3_stack.py's --quantization fp8 (with
+#   --fp8-modulation: the blocks' adaLN projections FP8 weight-only too, the entry's
+#   fp8_modulation = true), --offload group --offload-budget-gib N (with --compile off);
+#   cuDNN's fused attention is its --attention cudnn (the entry's attention = "cudnn"),
+#   e.g. `h3.sh --stack --attention cudnn`.
 #
 # The offload frontier through the stack (benchmarks/gpu/h3_frontier.py: one `up` a point,
 # BF16 and FP8, resident and under 24 and 40 GiB budgets), in the same venv:
 #   bash benchmarks/device/h3.sh --frontier [--points bf16-group-40,bf16-group-24] [args]
-# JSON to $OUT/gpu_h3.json, $OUT/gpu_h3_stack[_fp8…][_cudnn].json or $OUT/gpu_h3_frontier.json
+# JSON to $OUT/gpu_h3.json, $OUT/gpu_h3_stack[_fp8[_modulation]…][_cudnn].json or
+# $OUT/gpu_h3_frontier.json
 # (OUT: ./device-out unless set); copy it to docs/evidence/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -116,11 +119,13 @@ for p in d["h3_offload_frontier"]:
     fi
     run_bench gpu.h3_stack "$@"
     # the run's JSON: gpu_h3_stack.json, or gpu_h3_stack_fp8….json with a memory plan
-    # (…_cudnn.json with cuDNN attention)
+    # (gpu_h3_stack_fp8_modulation….json with --fp8-modulation; …_cudnn.json with cuDNN
+    # attention)
     name=$(basename "$(ls -t "$OUT"/gpu_h3_stack*.json | head -1)" .json)
-    summary "$name" attention quantization offload offload_budget_gib worker_ready_s fasth3_first_job_s \
-        fasth3_warm_e2e_s fasth3_fp8_warm_e2e_s h3_fp8_transformer_gib h3_resident_mib \
-        h3_peak_mib h3_cancel_p95_ms h3_memory_after_jobs_mib error encode_note up_exit_code
+    summary "$name" attention quantization fp8_modulation offload offload_budget_gib \
+        worker_ready_s fasth3_first_job_s fasth3_warm_e2e_s fasth3_fp8_warm_e2e_s \
+        h3_fp8_transformer_gib h3_resident_mib h3_peak_mib h3_cancel_p95_ms \
+        h3_memory_after_jobs_mib error encode_note up_exit_code
     exit 0
 fi
 OUT=${OUT:-$PWD/device-out}

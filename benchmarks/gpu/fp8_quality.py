@@ -26,6 +26,16 @@ Run:
     "model"`` (with compiled blocks, and with FP8) and ``offload = "group"`` (with a
     cancel), each
     expected at cosine 1.0 against its own precision.
+    --fp8-modulation makes every FP8 side's entry ``fp8_modulation = true`` (the blocks'
+    adaLN / modulation projections FP8 weight-only too: MiniMax-H3's ``adaln_proj``;
+    Wan and Helios have none, so their FP8 sides do not change); the JSON's
+    ``fp8_modulation`` says so and its file is ``gpu_fp8_quality_modulation.json``. Hold
+    its ``against`` figures next to a run without it: the two share seeds and weights.
+    --print-sides prints each model's sides (their memory plans, as the registry reads
+    them) and runs nothing.
+Each side lists ``transformer_gib``, the ``transformer*`` components' weights on the
+device once loaded (FP8 ones as held: float8 data and scales), and ``against`` the
+``transformer_gib_saved`` of each against its baseline.
 On a GPU host: bash benchmarks/device/fp8.sh [args]. JSON on stdout and in
 $OUT/gpu_fp8_quality.json.
 
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -47,6 +58,7 @@ from typing import Any
 import torch
 
 from benchmarks.gpu.fp8_runs import Shape, Side, compare, run_side
+from benchmarks.gpu.plans import modulation_arg
 from models.registry import ServedModel, parse_registry
 
 FAMILIES = ("h3", "helios", "wan")
@@ -149,11 +161,14 @@ def variant(entry: ServedModel, **fields: Any) -> ServedModel:
     return ServedModel.model_validate({**data, **fields, "spec": entry.spec})
 
 
-def _sides(entry: ServedModel, combos: bool) -> dict[str, dict[str, Any]]:
-    """The variants of ``entry`` to run: label -> (fields, options of the run)."""
+def _sides(entry: ServedModel, combos: bool, modulation: bool) -> dict[str, dict[str, Any]]:
+    """The variants of ``entry`` to run: label -> (fields, options of the run); with
+    ``modulation`` (or the entry's own ``fp8_modulation``), every FP8 side's entry sets
+    ``fp8_modulation = true``."""
     off: dict[str, Any] = {"quantization": None, "offload": "none", "offload_budget_gib": None}
-    off["offload_blocks"] = []
+    off |= {"offload_blocks": [], "fp8_modulation": False}
     fp8: dict[str, Any] = {**off, "quantization": entry.quantization or "fp8"}
+    fp8["fp8_modulation"] = modulation or entry.fp8_modulation
     fp8["offload_budget_gib"] = entry.offload_budget_gib
     out: dict[str, dict[str, Any]] = {
         "bf16": {"fields": {**off, "compile": "off"}},
@@ -188,10 +203,12 @@ BASELINE = {
 }
 
 
-def run_model(entry: ServedModel, device: str, shape: Shape, combos: bool) -> dict[str, Any]:
+def run_model(
+    entry: ServedModel, device: str, shape: Shape, combos: bool, modulation: bool
+) -> dict[str, Any]:
     """Every side of ``entry``, each compared with its baseline."""
     sides: dict[str, Side] = {}
-    for label, how in _sides(entry, combos).items():
+    for label, how in _sides(entry, combos, modulation).items():
         run_shape = Shape(**{**vars(shape), "quality": how.get("quality", "lossless")})
         model = variant(entry, **how["fields"])
         sides[label] = run_side(
@@ -208,6 +225,7 @@ def run_model(entry: ServedModel, device: str, shape: Shape, combos: bool) -> di
         # the checkpoint's folder name (never a path of the machine that ran it)
         "weights": "random" if entry.weights == "random" else Path(entry.path or "").name,
         "fused_lora": "fused_lora" in entry.adapter_options,
+        "fp8_modulation": modulation or entry.fp8_modulation,
         "shape": vars(shape),
         "sides": {label: side.summary() for label, side in sides.items()},
     }
@@ -217,6 +235,16 @@ def run_model(entry: ServedModel, device: str, shape: Shape, combos: bool) -> di
         for label, side in sides.items()
         if label != "bf16"
     }
+    return out
+
+
+def _planned(entry: ServedModel, args: argparse.Namespace) -> dict[str, Any]:
+    """Each side of ``entry`` as the registry reads it: its memory plan and compile."""
+    out: dict[str, Any] = {}
+    for label, how in _sides(entry, args.combos, args.fp8_modulation).items():
+        model = variant(entry, **how["fields"])
+        plan = model.spec.memory
+        out[label] = {"memory": plan.model_dump() if plan else None, "compile": model.compile}
     return out
 
 
@@ -278,8 +306,15 @@ def main() -> None:
     p.add_argument("--frames", type=int, help="a job's frames (snapped to its lattice)")
     p.add_argument("--steps", type=int, help="a job's steps, a session's per chunk")
     p.add_argument("--chunks", type=int, help="a world session's chunks")
+    modulation_arg(p)
+    p.add_argument("--print-sides", action="store_true", help="the sides' plans, run nothing")
     args = p.parse_args()
     from benchmarks.gpu.common import emit
+
+    if args.print_sides:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps({e.name: _planned(e, args) for e, _ in _entries(args, Path(tmp))}))
+        return
 
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     out: dict[str, Any] = {
@@ -290,6 +325,7 @@ def main() -> None:
         else "random weights: a weak proxy for released ones"
         if args.random
         else "registry entries",
+        "fp8_modulation": args.fp8_modulation,
         "models": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -303,8 +339,10 @@ def main() -> None:
                 steps=args.steps or shape.steps,
                 chunks=args.chunks or shape.chunks,
             )
-            out["models"][entry.name] = run_model(entry, device, shape, args.combos)
-    emit(out, "gpu_fp8_quality")
+            out["models"][entry.name] = run_model(
+                entry, device, shape, args.combos, args.fp8_modulation
+            )
+    emit(out, "gpu_fp8_quality" + ("_modulation" if args.fp8_modulation else ""))
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
 applied, the worker's report), then one job (``prepare`` -> ``step`` x N -> ``decode``)
 or one world session (``start`` -> ``step`` ... ``take_chunk`` per chunk) at a fixed seed,
 with the latents after every step kept on the host, the decoded uint8 frames, the step
-times and the device memory; and what compares two sides (latent cosine similarity per
-step, frames' PSNR)."""
+times and the device memory (the whole process's, and the ``transformer*`` components'
+weights on the device: ``transformer_gib``); and what compares two sides (latent cosine
+similarity per step, frames' PSNR)."""
 
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -47,6 +49,7 @@ class Side:
     step_s: list[float] = field(default_factory=list)
     load_s: float = 0.0
     resident_mib: float | None = None  # device memory held once loaded
+    transformer_gib: float | None = None  # the transformer* weights on the device, loaded
     peak_mib: float | None = None  # the most held while the job ran
     report: dict[str, Any] | None = None  # the worker's MemoryReport
     probes: dict[str, Any] = field(default_factory=dict)
@@ -60,6 +63,7 @@ class Side:
             "load_s": round(self.load_s, 2),
             "step_s_median": round(steps[len(steps) // 2], 4) if steps else None,
             "resident_mib": self.resident_mib,
+            "transformer_gib": self.transformer_gib,
             "peak_mib": self.peak_mib,
             "memory_report": self.report,
             **self.probes,
@@ -147,6 +151,7 @@ def run_side(
     report = registry.memory.get(entry.name)
     side.report = report.model_dump() if report is not None else None
     adapter = registry.get(entry.name)
+    side.transformer_gib = transformer_gib(adapter, device)
     if torch.cuda.is_available():
         side.resident_mib = _mib(torch.cuda.memory_allocated())
         torch.cuda.reset_peak_memory_stats()
@@ -167,6 +172,35 @@ def run_side(
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return side
+
+
+def transformer_gib(adapter: Any, device: str) -> float | None:
+    """The weights (parameters and buffers) of the adapter's ``transformer*`` components
+    that are on ``device`` (offloaded ones are not), FP8 ones as held (their float8 data
+    and scales), in GiB; None for an adapter without a diffusers pipeline."""
+    from workers.pipelines.diffusers.shared.offload import modules_of
+
+    pipe = getattr(adapter, "pipe", None)
+    if pipe is None:
+        return None
+    held = 0
+    for name, module in modules_of(pipe).items():
+        if name.startswith("transformer"):
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                if tensor.device.type == torch.device(device).type:
+                    held += tensor_bytes(tensor)
+    return round(held / 2**30, 4)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """What ``tensor`` holds: a plain tensor's elements at its element size, a tensor
+    subclass's (torchao's FP8 weights: float8 data and float32 scales) its inner
+    tensors' (its own element size is the dtype it stands for)."""
+    flatten = getattr(tensor, "__tensor_flatten__", None)
+    if flatten is not None:
+        names, _ = flatten()
+        return sum(tensor_bytes(getattr(tensor, name)) for name in names)
+    return tensor.numel() * tensor.element_size()
 
 
 def _run(adapter: Any, entry: ServedModel, shape: Shape, side: Side) -> None:
@@ -271,6 +305,8 @@ def compare(base: Side, other: Side) -> dict[str, Any]:
     }
     if base.resident_mib is not None and other.resident_mib is not None:
         out["resident_mib_saved"] = round(base.resident_mib - other.resident_mib, 1)
+    if base.transformer_gib is not None and other.transformer_gib is not None:
+        out["transformer_gib_saved"] = round(base.transformer_gib - other.transformer_gib, 4)
     if base.step_s and other.step_s:
         b, o = sorted(base.step_s), sorted(other.step_s)
         out["step_speedup"] = round(b[len(b) // 2] / o[len(o) // 2], 3)

@@ -3,7 +3,8 @@ the API, one GPU worker) serving a MiniMax-H3 registry entry as a deployment wou
 sent as vLLM-Omni's ComfyUI node sends them, followed on their event stream and downloaded.
 
     python -m benchmarks.gpu.h3_stack [--jobs 3] [--cancels 10] [--quantization fp8]
-        [--offload none|model|group] [--offload-budget-gib N] [--attention sdpa|cudnn]
+        [--fp8-modulation] [--offload none|model|group] [--offload-budget-gib N]
+        [--attention sdpa|cudnn]
     python -m benchmarks.gpu.h3_stack --print-registry [...]   # the entry, run nothing
 
 The entry (written to a temporary registry file):
@@ -47,7 +48,11 @@ with the worker's reason (``plans.refusal``). With FP8 the figures are also writ
 issue 44's names, with its targets in ``targets``: ``fasth3_fp8_warm_e2e_s`` (=
 ``fasth3_warm_e2e_s``, ≤ 3.0 s) and ``h3_fp8_transformer_gib`` (the transformer's weights
 held: its loaded size, from a meta-device build of the same config, less the FP8 bytes
-saved that ``/v1/models`` reports).
+saved that ``/v1/models`` reports). ``--fp8-modulation`` (with ``--quantization fp8``)
+puts ``fp8_modulation = true`` in the entry: the 50 joint blocks' ``adaln_proj.linear``
+FP8 weight-only too (counted in ``model_memory``'s ``fp8_weight_only_modules``, their
+bytes in ``bytes_saved`` and so in ``h3_fp8_transformer_gib``); the JSON's
+``fp8_modulation`` says so and the file is ``gpu_h3_stack_fp8_modulation.json``.
 
 ``--attention cudnn`` puts ``attention = "cudnn"`` in the entry (every attention of the
 transformer through cuDNN's fused attention; ``shared/attention.py``), for an A/B against
@@ -409,10 +414,12 @@ def main() -> None:
         "--keep-log", default=None, help="write up's stderr here as it runs ($OUT/up_h3_stack.log)"
     )
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
-    memory_args(p, offload=True)
+    memory_args(p, offload=True, modulation=True)
     attention_args(p)
     p.add_argument("--print-registry", action="store_true", help="print the entry, run nothing")
     args = resolve(p.parse_args())
+    if args.fp8_modulation and args.quantization != "fp8":
+        p.error("--fp8-modulation needs --quantization fp8 (the registry refuses it without)")
     if args.print_registry:
         print(registry_text(args, Path("fasth3-random.safetensors"), "0" * 64))
         return

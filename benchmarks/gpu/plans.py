@@ -3,7 +3,8 @@ a memory budget; ``models/memory_plan.py``) and its attention backend (``attenti
 "cudnn"``: cuDNN's fused attention), and what the stack's workers say of them.
 
 * :func:`memory_args` adds ``--quantization`` (and, where the model may offload,
-  ``--offload`` and ``--offload-budget-gib``) to a script's arguments, :func:`attention_args`
+  ``--offload`` and ``--offload-budget-gib``; where its blocks have modulation
+  projections, ``--fp8-modulation``) to a script's arguments, :func:`attention_args`
   ``--attention``; :func:`plan_toml` writes them as an entry's top-level keys,
   :func:`plan_fields` as the run's JSON lists them, :func:`mode_suffix` names a run's files.
 * :func:`refusal` is what a worker would refuse of an entry before it reads a weight
@@ -34,10 +35,11 @@ ATTENTIONS = ("sdpa", "cudnn")
 _METRICS = re.compile(r"((?:realtime )?worker \d+) (http://\S+/metrics)")
 
 
-def memory_args(p: argparse.ArgumentParser, *, offload: bool) -> None:
+def memory_args(p: argparse.ArgumentParser, *, offload: bool, modulation: bool = False) -> None:
     """``--quantization`` ({none, fp8}: fp8 makes the ``transformer*`` components' block
     Linear layers FP8, the worker's rule); with ``offload``, ``--offload`` and
-    ``--offload-budget-gib`` as the registry spells them."""
+    ``--offload-budget-gib`` as the registry spells them; with ``modulation`` (a model
+    whose blocks have modulation projections: MiniMax-H3's), ``--fp8-modulation``."""
     p.add_argument(
         "--quantization",
         choices=QUANTIZATIONS,
@@ -47,6 +49,19 @@ def memory_args(p: argparse.ArgumentParser, *, offload: bool) -> None:
     if offload:
         p.add_argument("--offload", choices=OFFLOADS, default="none")
         p.add_argument("--offload-budget-gib", type=float, default=None)
+    if modulation:
+        modulation_arg(p)
+
+
+def modulation_arg(p: argparse.ArgumentParser) -> None:
+    """``--fp8-modulation``: the entry's ``fp8_modulation = true`` (with ``--quantization
+    fp8``: the blocks' adaLN / modulation projections FP8 weight-only too)."""
+    p.add_argument(
+        "--fp8-modulation",
+        action="store_true",
+        help="the entry's fp8_modulation = true: the blocks' modulation projections FP8 "
+        "weight-only too (needs --quantization fp8)",
+    )
 
 
 def attention_args(p: argparse.ArgumentParser) -> None:
@@ -68,6 +83,8 @@ def plan_toml(args: argparse.Namespace) -> str:
         lines.append(f'attention = "{args.attention}"')
     if args.quantization != "none":
         lines.append(f'quantization = "{args.quantization}"')
+    if getattr(args, "fp8_modulation", False):
+        lines.append("fp8_modulation = true")
     offload = getattr(args, "offload", "none")
     if offload != "none":
         lines.append(f'offload = "{offload}"')
@@ -82,16 +99,20 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "attention": getattr(args, "attention", "sdpa"),
         "quantization": args.quantization,
+        "fp8_modulation": getattr(args, "fp8_modulation", False),
         "offload": getattr(args, "offload", "none"),
         "offload_budget_gib": getattr(args, "offload_budget_gib", None),
     }
 
 
 def mode_suffix(args: argparse.Namespace) -> str:
-    """``_fp8`` (and ``_group``, ``_24gib``) for a run with a plan, then ``_cudnn`` for
-    one with cuDNN attention: its files' names (``world.sh`` names them the same way)."""
+    """``_fp8`` (then ``_modulation`` with ``--fp8-modulation``, and ``_group``,
+    ``_24gib``) for a run with a plan, then ``_cudnn`` for one with cuDNN attention: its
+    files' names (``world.sh`` names them the same way)."""
     fields = plan_fields(args)
     out = "" if fields["quantization"] == "none" else f"_{fields['quantization']}"
+    if fields["fp8_modulation"]:
+        out += "_modulation"
     if fields["offload"] != "none":
         out += f"_{fields['offload']}"
     if fields["offload_budget_gib"] is not None:

@@ -212,3 +212,51 @@ def test_cudnn_runs_are_refused_on_the_cpu_and_record_the_backend(tmp_path: Path
     assert world["file"] == "gpu_world_cudnn.json" and world["attention"] == "cudnn"
     assert world["world_raw_fps"] is None
     assert world["raw_refused"] == f"model 'helios-raw': {CUDNN_OFF_GPU} is not one"
+
+
+# --- FP8 modulation (``--fp8-modulation``) --------------------------------------------
+
+FP8_OFF_GPU = "quantization = 'fp8' needs a CUDA GPU of compute capability 8.9 or more"
+
+
+def test_the_h3_entry_carries_fp8_modulation_and_its_run_is_named_after_it(
+    tmp_path: Path,
+) -> None:
+    both = ("--quantization", "fp8", "--fp8-modulation")
+    model = entry(bench("h3_stack", *both, "--print-registry"), H3)
+    assert model.spec.memory == MemoryPlan(quantization="fp8", fp8_modulation=True)
+    assert refused(model) is None
+    h3 = _run("h3_stack", tmp_path, "--toy", *both)
+    assert h3["file"] == "gpu_h3_stack_fp8_modulation.json" and h3["fp8_modulation"] is True
+    assert h3["error"].startswith(f"refused before up: model '{H3}': {FP8_OFF_GPU}")
+    alone = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu.h3_stack", "--fp8-modulation", "--print-registry"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert alone.returncode == 2 and "--fp8-modulation needs --quantization fp8" in alone.stderr
+
+
+def test_the_quality_harness_carries_fp8_modulation_to_its_fp8_sides(tmp_path: Path) -> None:
+    args = ("--random", "--only", "h3", "--combos", "--print-sides")
+    sides = json.loads(bench("fp8_quality", *args, "--fp8-modulation"))["h3"]
+    opted = {label for label, side in sides.items() if (side["memory"] or {}).get("fp8_modulation")}
+    fp8 = {
+        label
+        for label, side in sides.items()
+        if (side["memory"] or {}).get("quantization") == "fp8"
+    }
+    assert opted == fp8 == {"fp8", "fp8_compiled", "fp8_cancel", "fp8_offload_model"}
+    assert sides["bf16"]["memory"] is None  # the baseline as loaded, modulation and all
+    plain = json.loads(bench("fp8_quality", *args))["h3"]
+    assert not any((side["memory"] or {}).get("fp8_modulation") for side in plain.values())
+    run = _run("fp8_quality", tmp_path, "--tiny", "--only", "h3", "--fp8-modulation")
+    assert run["file"] == "gpu_fp8_quality_modulation.json" and run["fp8_modulation"] is True
+    h3 = run["models"]["h3"]
+    assert h3["fp8_modulation"] is True
+    assert h3["sides"]["bf16"]["transformer_gib"] > 0  # the tiny transformer's, on the CPU
+    assert h3["sides"]["fp8"]["refused"] == f"model 'h3': {FP8_OFF_GPU} (FP8 matmuls), and " + (
+        "device cpu is not a CUDA GPU"
+    )

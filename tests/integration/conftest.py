@@ -280,7 +280,7 @@ def isolated_stack(
         try:
             yield st
         finally:
-            st.stop()
+            st.stop(graceful=False)  # thrown away: its database dropped, its Redis flushed
             redis.Redis.from_url(redis_url).flushdb()
 
 
@@ -337,7 +337,7 @@ def stack(
     try:
         yield st
     finally:
-        st.stop()
+        st.stop(graceful=False)
 
 
 @pytest.fixture(scope="module")

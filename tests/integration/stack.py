@@ -189,16 +189,19 @@ class Stack:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
 
-    def stop(self, timeout: float = 20) -> None:
+    def stop(self, timeout: float = 20, *, graceful: bool = True) -> None:
         """Every process at once: SIGTERM to each group, then the waits (a worker's warm
         shutdown takes a second or more, and one after another they added up); SIGKILL
-        for what has not exited after ``timeout``."""
+        for what has not exited after ``timeout``. Not ``graceful``: SIGKILL at once, for a
+        stack thrown away at the end of its tests (a worker's warm shutdown is 2 s of an
+        idle event loop's poll and of torch's exit, which no test there looks at; the
+        tests of a stopping worker stop it themselves)."""
         running = []
         for name in list(self.procs):
             proc = self.procs.pop(name)
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
+                    os.killpg(proc.pid, signal.SIGTERM if graceful else signal.SIGKILL)
                 running.append(proc)
         deadline = time.monotonic() + timeout
         for proc in running:

@@ -80,7 +80,7 @@ def bstack(tmp_path: Path, s3_server: EmbeddedS3) -> Iterator[tuple[Stack, Priva
             yield st, private
         finally:
             private.kill()
-            st.stop()
+            st.stop(graceful=False)
 
 
 async def _ws(st: Stack, path: str) -> ClientConnection:

@@ -167,7 +167,7 @@ def hstack(
             st.start(workers=1)
             yield st
         finally:
-            st.stop()
+            st.stop(graceful=False)
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ from cli.up_ready import WorkerWatch, wait_for_workers, wait_healthy
 from storage.settings import MetricsSettings, get_settings
 from workers.runtime.ports import bindable, reserve_port_from
 from workers.runtime.processes import child_popen_kwargs
-from workers.runtime.supervisor import GaveUp, Supervisor
+from workers.runtime.supervisor import GaveUp, RestartPolicy, Supervisor
 
 # A child gets at least this long beyond the API's graceful shutdown before it is killed.
 STOP_MARGIN_S = 5.0
@@ -411,7 +411,7 @@ def _supervisor(
 ) -> Supervisor:
     """Everything ``up`` runs, supervised; a worker's status file is cleared before each
     restart, and its configuration error said with its reasons and log."""
-    supervisor = Supervisor(say)
+    supervisor = Supervisor(say, RestartPolicy(backoff_s=get_settings().restart_backoff_s))
     if valkey is not None:
         supervisor.add("valkey", valkey.exit_code, valkey.restart)
     supervisor.add("S3 (SeaweedFS)", s3.exit_code, s3.restart)

@@ -408,6 +408,9 @@ class Settings(BaseSettings):
     # The API's graceful shutdown: open requests (SSE streams, WebSockets) get this long
     # to finish before they are cancelled (``omniqueue up`` waits 5 s longer than this).
     shutdown_grace_s: int = Field(default=5, ge=0)
+    # ``omniqueue up`` restarts a child that died after this long, doubled after each fast
+    # failure in a row (at most 30 s); the tests of its giving up shorten it.
+    restart_backoff_s: float = Field(default=1.0, gt=0)
 
     @model_validator(mode="after")
     def _check_models(self) -> Settings:

@@ -263,10 +263,13 @@ def _is_api(pid: int) -> bool:
 
 
 def _start_up(data_dir: Path, port: int) -> tuple[subprocess.Popen[str], list[int]]:
+    """``omniqueue up``, its restart backoff a tenth of the default (the test of its giving
+    up waits out four backoffs: 15 s at the default's 1, 2, 4 and 8 s)."""
     log = data_dir.parent / "up.log"
     with open(log, "a") as log_file:
         proc = subprocess.Popen(
             up_command(port, data_dir),
+            env={**os.environ, "OMNIQ_RESTART_BACKOFF_S": "0.1"},
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

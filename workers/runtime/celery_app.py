@@ -22,6 +22,7 @@ from workers.common.memory import apply_memory_fraction
 from workers.common.metrics import BROKER_RECONNECTS, serve_metrics
 from workers.pipelines.run_ahead import configure_checkpoints
 from workers.runtime.context import WorkerContext, worker_models
+from workers.runtime.signal_wakeup import wake_on_signals
 from workers.runtime.status_file import write_status
 from workers.runtime.supervisor import CONFIG_ERROR
 
@@ -128,6 +129,7 @@ def serve(
     app = create_worker_app(settings, context)
     _quiet_root_warning(settings)
     _say_when_ready(settings, context)
+    worker_ready.connect(wake_on_signals, weak=False)  # a stop is seen at once, not in 1 s
     if not realtime:  # SIGTERM/SIGINT: the running job goes back to the queue
         drain = settings.worker.drain_timeout_s
 

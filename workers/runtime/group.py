@@ -290,7 +290,9 @@ def _rank_main(
                 group = GroupPipeline(model, pipe, links, worker.collective_timeout_s)
                 context.pipelines.replace(model, group)
 
-        sys.exit(serve(settings, f"{name}-group", prepare=wrap))
+        code = serve(settings, f"{name}-group", prepare=wrap)
+        gc.freeze()  # the exit skips the last collections over torch's objects (1 s)
+        sys.exit(code)
     # A stop (Ctrl-C, SIGTERM to the process group) is rank 0's to handle: it finishes
     # its job, which needs this rank, and this rank exits when rank 0's pipe closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -301,6 +303,7 @@ def _rank_main(
     registry = PipelineRegistry(models, devices[rank])
     registry.load_each()  # a model rank 0 cannot load (the same files) is left out here too
     _follow(rank, _load_group(registry, rank, world), links[0])
+    gc.freeze()  # as rank 0's: its exit need not collect what it held
 
 
 # ---- the supervisor -------------------------------------------------------------------

@@ -384,16 +384,24 @@ def test_weights_built_on_the_device_take_the_budget_once_placed(
 def test_a_budget_under_what_the_placed_weights_hold_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from torch._utils import _get_device_index
+
     from workers.pipelines.diffusers.shared.offload import set_budget, weights_on_device
 
     fractions: list[float] = []
     props = SimpleNamespace(total_memory=80 << 30)
+
+    def set_fraction(fraction: float, device: Any = None) -> None:
+        # torch's own check of the device argument: an index-less "cuda" is refused
+        # (ValueError), as a worker on device "cuda" met it on a GPU
+        assert _get_device_index(device) == 0
+        fractions.append(fraction)
+
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
-    monkeypatch.setattr(
-        torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: fractions.append(f)
-    )
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
     plan = MemoryPlan(offload="group", offload_budget_gib=24)
-    cuda = torch.device("cuda")
+    cuda = torch.device("cuda")  # a worker's device as written: no index
     with pytest.raises(CatalogError, match=r"hold 30\.0 GiB, over the budget"):
         set_budget(plan, cuda, held=30 << 30)
     assert fractions == []

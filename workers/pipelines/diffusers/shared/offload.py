@@ -112,7 +112,10 @@ def set_budget(plan: MemoryPlan, device: torch.device, held: int = 0) -> int | N
             f"offload_budget_gib = {plan.offload_budget_gib:g}: the weights placed on "
             f"device {device} hold {held / GIB:.1f} GiB, over the budget"
         )
-    torch.cuda.set_per_process_memory_fraction(budget / total, device)
+    # The cap is per device index: a worker's "cuda" (no index) is its current device,
+    # which set_per_process_memory_fraction does not take for one (it refuses it).
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(budget / total, index)
     return budget
 
 

@@ -7,7 +7,8 @@ on one chunk's latents, in each variant:
   algorithms on each new shape once, then keeps the fastest; the decode's shapes repeat
   every chunk);
 * ``channels_last``: the decoder's weights in ``channels_last_3d`` memory format, with
-  cuDNN benchmark;
+  cuDNN benchmark (``shared/vae_layout.py``: what the adapters' ``vae_channels_last``
+  does);
 * ``compiled`` (``--compile``): ``torch.compile`` of the decoder, with cuDNN benchmark.
 
 With ``--paced``, the variants are instead the worker's cancel points on the VAE's
@@ -54,6 +55,7 @@ import torch
 
 from benchmarks.embedded_stack import git_state
 from benchmarks.gpu.common import emit
+from workers.pipelines.diffusers.shared.vae_layout import conv_weights_to
 
 
 def _sync() -> float:
@@ -71,13 +73,6 @@ def _vae(tiny: bool, device: str, dtype: torch.dtype) -> Any:
         config = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1}
     vae: Any = AutoencoderKLWan(**config)
     return vae.to(device, dtype).eval()
-
-
-def _memory_format(module: torch.nn.Module, memory_format: torch.memory_format) -> None:
-    """Every 5-D weight (the 3-D convolutions') in ``memory_format``."""
-    for param in module.parameters():
-        if param.dim() == 5:
-            param.data = param.data.contiguous(memory_format=memory_format)
 
 
 def _timed(decode: Callable[[], torch.Tensor], warmup: int, repeat: int) -> dict[str, Any]:
@@ -105,9 +100,9 @@ def _settings(vae: Any, decode: Callable[[], torch.Tensor], args: Any) -> dict[s
     variants["eager"] = _timed(decode, args.warmup, args.repeat)
     torch.backends.cudnn.benchmark = True
     variants["cudnn_benchmark"] = _timed(decode, args.warmup, args.repeat)
-    _memory_format(vae.decoder, torch.channels_last_3d)
+    conv_weights_to(vae.decoder, torch.channels_last_3d)  # the adapters' vae_channels_last
     variants["channels_last"] = _timed(decode, args.warmup, args.repeat)
-    _memory_format(vae.decoder, torch.contiguous_format)
+    conv_weights_to(vae.decoder, torch.contiguous_format)
     if args.compile:
         vae.decoder = torch.compile(vae.decoder)
         variants["compiled"] = _timed(decode, args.warmup, args.repeat)

@@ -91,6 +91,7 @@ from workers.pipelines.diffusers.shared.loading import (
     own_weights,
 )
 from workers.pipelines.diffusers.shared.memory import MemoryLayout
+from workers.pipelines.diffusers.shared.vae_layout import decoder_channels_last, refuse_with_offload
 from workers.pipelines.snapshots import pack, to_host, unpack
 from workers.pipelines.world_rules import end_chunk, last_chunk_events
 
@@ -126,12 +127,14 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         *,
         random_config: dict[str, dict[str, Any]] | None = None,
         random_transformer_on_host: bool = False,
+        vae_channels_last: bool = False,
         **options: Unpack[EntryOptions],
     ) -> None:
         """``path`` and ``options`` as a diffusers job adapter takes them (entry.py);
         ``random_config`` overrides the random-weights mode's part configs and
         ``random_transformer_on_host`` builds its transformer on the CPU for the memory
-        plan to place (helios/random_weights.py)."""
+        plan to place (helios/random_weights.py); ``vae_channels_last``: the VAE
+        decoder's weights channels-last once placed (shared/vae_layout.py)."""
         self.entry = DiffusersEntry.of(type(self).__name__, path, options)
         spec = options.get("spec")
         self.spec = spec if spec is not None else FAMILY_SPECS[self.family]
@@ -142,6 +145,9 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
         self.compiler = self.entry.compiler()
         self.random_config = dict(random_config or {})
         self.random_transformer_on_host = random_transformer_on_host
+        if vae_channels_last:
+            refuse_with_offload(self.spec.name, self.entry.memory)
+        self.vae_channels_last = vae_channels_last
         self.lattice = ChunkLattice(first=self.spec.frame_offset, every=self.spec.frame_multiple)
 
     @classmethod
@@ -193,6 +199,8 @@ class HeliosWorldAdapter(WorldPipeline[HeliosState]):
                 "HeliosPipeline runs one stage"
             )
         self.memory.place(pipe, device)
+        if self.vae_channels_last:  # once the weights are where they stay
+            decoder_channels_last(pipe)
         self.device = torch.device(device)
         attention.install(pipe, self.spec)
         install_checkpoints(pipe)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import numpy as np
 import torch
@@ -50,6 +50,7 @@ from workers.pipelines.diffusers.shared.common import (
     sampling,
     to_uint8,
 )
+from workers.pipelines.diffusers.shared.entry import EntryOptions
 from workers.pipelines.diffusers.shared.keyframes import (
     Keyframes,
     SourceVideo,
@@ -57,6 +58,7 @@ from workers.pipelines.diffusers.shared.keyframes import (
     keyframes_of,
     text_over_image,
 )
+from workers.pipelines.diffusers.shared.vae_layout import decoder_channels_last, refuse_with_offload
 from workers.pipelines.diffusers.shared.wan_decode import decode_pieces, streams
 from workers.pipelines.diffusers.wan.i2v import (
     IMAGE_WORKFLOWS,
@@ -85,6 +87,21 @@ class WanAdapter(DiffusersAdapter[WanState]):
     # t2v jobs of an image-to-video pipeline: WanPipeline over its modules (``load``).
     _text_pipe: Any = None
 
+    def __init__(
+        self,
+        path: str | None = None,
+        *,
+        vae_channels_last: bool = False,
+        **options: Unpack[EntryOptions],
+    ) -> None:
+        """``DiffusersAdapter``'s arguments (entry.py); ``vae_channels_last``: the VAE
+        decoder's weights channels-last once placed (shared/vae_layout.py; refused with
+        an offload)."""
+        super().__init__(path, **options)
+        if vae_channels_last:
+            refuse_with_offload(self.spec.name, self.entry.memory)
+        self.vae_channels_last = vae_channels_last
+
     @staticmethod
     def _pipeline_for(workflows: list[Workflow]) -> Any:
         """``WanImageToVideoPipeline`` for an entry serving an image workflow, else
@@ -97,6 +114,8 @@ class WanAdapter(DiffusersAdapter[WanState]):
         an image workflow, ``WanPipeline`` over the loaded modules."""
         super().load(device)
         pipe = self._loaded()
+        if self.vae_channels_last:  # once the weights are where they stay
+            decoder_channels_last(pipe)
         check_workflows(self.spec.name, pipe, self.workflows)
         image_class = WanImageToVideoPipeline
         self._text_pipe = text_over_image(pipe, self.workflows, image_class, text_pipeline)

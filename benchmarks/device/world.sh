@@ -18,10 +18,13 @@
 # stack part (omniqueue up, one realtime worker); --takeover runs the takeover part (two
 # realtime workers) in the same venv. More arguments go to benchmarks/gpu/world.py, e.g.
 # --quantization fp8 (FP8 weights in every part, issue 44) or --attention cudnn (cuDNN's
-# fused attention in every part: the raw pipeline's and both entries'), given to each of
+# fused attention in every part: the raw pipeline's and both entries'), or
+# --vae-channels-last (the VAE decoder's weights channels-last in every part: the raw
+# pipeline's and both entries' adapter option vae_channels_last), given to each of
 # the three, or --worker-env KEY=VALUE (repeatable: the stack's and the takeover's worker
 # settings). Each part writes $OUT/gpu_world.json (gpu_world_fp8.json with --quantization
-# fp8, gpu_world[_fp8]_cudnn.json with --attention cudnn) with
+# fp8, gpu_world[_fp8]_cudnn.json with --attention cudnn, then _cl with
+# --vae-channels-last: gpu_world_fp8_cl.json) with
 # every key measured so far (the parts' keys are carried in /tmp/world-state.json, one
 # file per mode), $OUT/gpu_world[_fp8]_<part>.log and up's log of its part (OUT:
 # ./device-out unless set); the last part's JSON is the evidence: copy it to docs/evidence/.
@@ -55,13 +58,16 @@ esac
 case " $* " in
 *" --attention cudnn "* | *" --attention=cudnn "*) mode=${mode}_cudnn ;;
 esac
+case " $* " in  # then --vae-channels-last -> _cl
+*" --vae-channels-last "*) mode=${mode}_cl ;;
+esac
 STATE=/tmp/world-state$mode.json
 
 world_summary() {
     "$1" -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 print(json.dumps({k: (v["value"], v["pass"]) for k, v in d["targets"].items()}, indent=1))
-keys = ("quantization", "attention", "part_seconds", "raw_refused", "stack_error", "takeover_note",
+keys = ("quantization", "attention", "vae_channels_last", "part_seconds", "raw_refused", "stack_error", "takeover_note",
         "takeover_memory_after_load_mib", "compile_fallbacks", "up_exit_code", "worker_env")
 print({k: d.get(k) for k in keys})' "$OUT/gpu_world$mode.json"
 }

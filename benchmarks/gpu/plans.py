@@ -5,8 +5,10 @@ a memory budget; ``models/memory_plan.py``) and its attention backend (``attenti
 * :func:`memory_args` adds ``--quantization`` (and, where the model may offload,
   ``--offload`` and ``--offload-budget-gib``; where its blocks have modulation
   projections, ``--fp8-modulation``) to a script's arguments, :func:`attention_args`
-  ``--attention``; :func:`plan_toml` writes them as an entry's top-level keys,
-  :func:`plan_fields` as the run's JSON lists them, :func:`mode_suffix` names a run's files.
+  ``--attention``, :func:`vae_layout_arg` ``--vae-channels-last`` (an adapter option, which
+  the script writes into its entry); :func:`plan_toml` writes the others as an entry's
+  top-level keys, :func:`plan_fields` as the run's JSON lists them, :func:`mode_suffix`
+  names a run's files.
 * :func:`refusal` is what a worker would refuse of an entry before it reads a weight
   (the registry's combinations, then the pipeline class and the device: FP8 off a CUDA GPU
   of compute capability 8.9, torchao missing, cuDNN attention off a CUDA GPU), asked in the
@@ -76,6 +78,19 @@ def attention_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def vae_layout_arg(p: argparse.ArgumentParser) -> None:
+    """``--vae-channels-last``: the entry's adapter option ``vae_channels_last = true``
+    (the VAE decoder's 3-D convolution weights channels-last once loaded:
+    ``workers/pipelines/diffusers/shared/vae_layout.py``), for an A/B of the decode's
+    layout on one host."""
+    p.add_argument(
+        "--vae-channels-last",
+        action="store_true",
+        help="the entry's adapter option vae_channels_last = true: the VAE decoder's "
+        "weights in channels_last_3d",
+    )
+
+
 def plan_toml(args: argparse.Namespace) -> str:
     """The entry's top-level memory and attention keys for ``args`` (empty: none)."""
     lines = []
@@ -107,8 +122,9 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 def mode_suffix(args: argparse.Namespace) -> str:
     """``_fp8`` (then ``_modulation`` with ``--fp8-modulation``, and ``_group``,
-    ``_24gib``) for a run with a plan, then ``_cudnn`` for one with cuDNN attention: its
-    files' names (``world.sh`` names them the same way)."""
+    ``_24gib``) for a run with a plan, then ``_cudnn`` for one with cuDNN attention, then
+    ``_cl`` for one with ``--vae-channels-last``: its files' names (``world.sh`` names
+    them the same way)."""
     fields = plan_fields(args)
     out = "" if fields["quantization"] == "none" else f"_{fields['quantization']}"
     if fields["fp8_modulation"]:
@@ -119,6 +135,8 @@ def mode_suffix(args: argparse.Namespace) -> str:
         out += f"_{fields['offload_budget_gib']:g}gib"
     if fields["attention"] != "sdpa":
         out += f"_{fields['attention']}"
+    if getattr(args, "vae_channels_last", False):
+        out += "_cl"
     return out
 
 

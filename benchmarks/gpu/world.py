@@ -4,7 +4,7 @@ no CFG, random bf16 weights built on the device) raw and through the whole stack
 
     python -m benchmarks.gpu.world [--part all|raw|stack|takeover] [--state FILE]
                                    [--quantization none|fp8] [--attention sdpa|cudnn]
-                                   [--worker-env KEY=VALUE ...]
+                                   [--vae-channels-last] [--worker-env KEY=VALUE ...]
     python -m benchmarks.gpu.world --tiny      # the same flow on the CPU, every key
     python -m benchmarks.gpu.world --print-registry [...]   # the entries it would serve
     python -m benchmarks.gpu.world --targets-of FILE        # a run's targets, again
@@ -56,6 +56,15 @@ device first: off a CUDA GPU ``raw_refused`` says why) before compiling its bloc
 and delivered FPS are A/B'd with the same backend. The JSON's ``attention`` says which;
 its file, state and logs are the mode's own (``_cudnn`` after any ``_fp8``).
 
+**Channels-last VAE decoder** (``--vae-channels-last``): every part decodes with the VAE
+decoder's 3-D convolution weights in ``channels_last_3d`` (527.5 → 436.9 ms a chunk in
+isolation on an H100: ``benchmarks/gpu/vae_decode.py``): the stack's and the takeover's
+entries carry the adapter option ``vae_channels_last = true``, and the raw part sets the
+same layout on its pipeline with the worker's own ``shared/vae_layout.py`` before timing,
+so raw and delivered FPS compare like for like. The JSON's ``vae_channels_last`` says
+which; its file, state and logs are the mode's own (``_cl`` after any ``_fp8``,
+``_cudnn``).
+
 ``--tiny``: ``helios_random.TINY_CONFIG`` (the sizes of tests/unit/helios_fixtures.py) at
 64x64 on the CPU, float32, no compile: it checks this script end to end; its speeds and
 pass/fail mean nothing.
@@ -92,6 +101,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         else "Helios-Distilled shape on the GPU",
         "quantization": args.quantization,
         "attention": args.attention,
+        "vae_channels_last": args.vae_channels_last,
         **provenance(),
         "shape": {
             "width": args.width,
@@ -208,13 +218,14 @@ def main() -> None:
     out: dict[str, Any] = {}
     if state_path is not None and state_path.exists():
         out = json.loads(state_path.read_text())
-        for field in ("quantization", "attention"):
-            earlier = out.get(field, "none" if field == "quantization" else "sdpa")
+        defaults = {"quantization": "none", "attention": "sdpa", "vae_channels_last": False}
+        for field, default in defaults.items():
+            earlier = out.get(field, default)
             if earlier != getattr(args, field):
                 raise SystemExit(
                     f"{state_path} holds parts run with {field} {earlier!r}, not "
-                    f"{getattr(args, field)!r}: pass the same --{field}, or begin with the "
-                    "raw part (world.sh --raw), which starts a new state"
+                    f"{getattr(args, field)!r}: pass the same --{field.replace('_', '-')}, "
+                    "or begin with the raw part (world.sh --raw), which starts a new state"
                 )
     out |= header(args)
     args.random_config = out.get("random_config", args.random_config)  # the raw part's
@@ -249,7 +260,8 @@ def _without_running(args: argparse.Namespace) -> dict[str, Any]:
     if args.targets_of:
         out = json.loads(Path(args.targets_of).read_text())
         out["targets"] = targets(out)
-        return {k: out.get(k) for k in ("quantization", "attention", *FP8_KEYS, "targets")}
+        keys = ("quantization", "attention", "vae_channels_last", *FP8_KEYS, "targets")
+        return {k: out.get(k) for k in keys}
     from benchmarks.gpu.world_stack import registry_text
 
     return {"stack": registry_text(args, 2), "takeover": registry_text(args, 1, workers=2)}

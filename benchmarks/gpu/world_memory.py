@@ -9,10 +9,11 @@ sessions, with the device memory and the live tensors after each.
 The world stack (``world_stack.py``) kept +953 MiB of ``memory_allocated`` after its
 sessions over the baseline its warm-up session left, on an H100. Here the same registry
 entry (``world_stack.registry_text``: random weights, compiled blocks, ``--quantization``,
-``--attention``) is loaded as a worker loads it (``PipelineRegistry``), and the adapter's
-session API is driven as ``workers/sessions/world.py`` drives it (``start``, ``step`` under
-``step_stops``, ``take_chunk`` under ``checkpoints``, ``interact``, the checkpoint's
-``capture_snapshot`` and its packing on another thread, ``restore``), phase by phase:
+``--attention``, ``--vae-channels-last``) is loaded as a worker loads it
+(``PipelineRegistry``), and the adapter's session API is driven as
+``workers/sessions/world.py`` drives it (``start``, ``step`` under ``step_stops``,
+``take_chunk`` under ``checkpoints``, ``interact``, the checkpoint's ``capture_snapshot``
+and its packing on another thread, ``restore``), phase by phase:
 
 1. ``warm_up``: a session of ``--chunks`` chunks (the compiled blocks' graphs; the cancel
    points of a chunk's decode counted); the baseline is taken after it, as the stack's;
@@ -361,6 +362,7 @@ def main() -> None:
         "mode": "tiny: CPU tensors only" if args.tiny else "Helios-Distilled shape",
         "quantization": args.quantization,
         "attention": args.attention,
+        "vae_channels_last": args.vae_channels_last,
         **provenance(),
         "shape": {
             "width": args.width,

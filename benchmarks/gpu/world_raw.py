@@ -23,6 +23,12 @@ GPU before compute capability 8.9, no torchao) nothing is built: ``raw_refused``
 set by the worker's own ``shared/attention.py`` on the spec an ``attention = "cudnn"``
 entry gets (refused off a CUDA GPU before anything is built, as a worker refuses it),
 after the weights are placed and before the blocks compile, as a worker loads it.
+
+``--vae-channels-last``: the VAE decoder's 3-D convolution weights in
+``channels_last_3d`` by the worker's own ``shared/vae_layout.py``, once the weights are
+placed, as ``HeliosWorldAdapter.load`` sets an entry's ``vae_channels_last = true``: the
+raw FPS and the delivered FPS decode alike (the JSON's ``vae_channels_last``;
+``raw_vae_decoder_channels_last``: the layout the timed pipeline's decoder had).
 """
 
 from __future__ import annotations
@@ -74,13 +80,15 @@ def attention_spec(args: argparse.Namespace) -> Any:
 
 def build(args: argparse.Namespace, layout: Any = None, spec: Any = None) -> tuple[Any, Any]:
     """The random-weight pipeline on ``args.device``, its weights placed by ``layout``
-    (FP8: the worker's quantization), its attention backend the one ``spec`` says (the
-    worker's ``attention.install``), blocks compiled per ``args.compile``; and the block
-    compiler (None: eager)."""
+    (FP8: the worker's quantization), its VAE decoder's weights channels-last with
+    ``--vae-channels-last`` (the worker's ``vae_layout``), its attention backend the one
+    ``spec`` says (the worker's ``attention.install``), blocks compiled per
+    ``args.compile``; and the block compiler (None: eager)."""
     from workers.pipelines.diffusers.helios.random_weights import random_pipeline
     from workers.pipelines.diffusers.shared import attention
     from workers.pipelines.diffusers.shared.compiled import BlockCompiler
     from workers.pipelines.diffusers.shared.loading import parse_dtype
+    from workers.pipelines.diffusers.shared.vae_layout import decoder_channels_last
 
     pipe = random_pipeline(
         args.device,
@@ -90,6 +98,8 @@ def build(args: argparse.Namespace, layout: Any = None, spec: Any = None) -> tup
     )
     if layout is not None:
         layout.place(pipe, args.device)
+    if args.vae_channels_last:  # where HeliosWorldAdapter.load sets it: once placed
+        decoder_channels_last(pipe)
     if spec is not None:
         attention.install(pipe, spec)
     compiler = None
@@ -97,6 +107,14 @@ def build(args: argparse.Namespace, layout: Any = None, spec: Any = None) -> tup
         compiler = BlockCompiler()
         compiler.install(pipe)
     return pipe, compiler
+
+
+def decoder_layout_is_channels_last(pipe: Any) -> bool:
+    """Whether every 3-D convolution weight of the pipeline's VAE decoder is in
+    ``channels_last_3d`` (what ``--vae-channels-last`` set, checked on the pipeline
+    timed)."""
+    weights = [p for p in pipe.vae.decoder.parameters() if p.dim() == 5]
+    return all(w.is_contiguous(memory_format=torch.channels_last_3d) for w in weights)
 
 
 def call(pipe: Any, args: argparse.Namespace, chunks: int, seed: int = 0) -> tuple[float, int]:
@@ -169,6 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     began = time.perf_counter()
     pipe, compiler = build(args, layout, spec)
     out["raw_build_s"] = round(time.perf_counter() - began, 1)
+    out["raw_vae_decoder_channels_last"] = decoder_layout_is_channels_last(pipe)
     if layout is not None and layout.report is not None:
         out["fp8_report"] = layout.report.model_dump()
     compile_s, _ = call(pipe, args, args.raw_chunks)

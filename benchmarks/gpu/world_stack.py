@@ -34,7 +34,8 @@ quantizes its own transformer at load); a model the worker would refuse fails th
 before up starts (``refusal``). Both parts also record each worker's compiled-blocks
 fallbacks (``compile_fallbacks``: FP8 tensors compile, or the blocks run eager).
 ``--attention cudnn`` puts ``attention = "cudnn"`` in both entries likewise (refused off a
-CUDA GPU before up starts).
+CUDA GPU before up starts). ``--vae-channels-last`` puts the adapter option
+``vae_channels_last = true`` in both entries (the VAE decoder's weights channels-last).
 
 ``--worker-env KEY=VALUE`` (repeatable) goes into up's environment, so its workers' settings:
 an A/B of one worker setting on the same host (``OMNIQ_WORKER__CHECKPOINT_LOOKAHEAD=0``,
@@ -65,6 +66,7 @@ from benchmarks.gpu.plans import (
     mode_suffix,
     plan_toml,
     refusal,
+    vae_layout_arg,
     worker_metrics,
 )
 from benchmarks.realtime.world_client import (
@@ -84,8 +86,8 @@ CHUNK_FRAMES = 33
 
 def entry_args(p: argparse.ArgumentParser) -> None:
     """The served entry's options that :func:`registry_text` reads: ``--device``,
-    ``--dtype``, ``--compile``, ``--tiny``, the memory plan's ``--quantization`` and the
-    attention backend's ``--attention``."""
+    ``--dtype``, ``--compile``, ``--tiny``, the memory plan's ``--quantization``, the
+    attention backend's ``--attention`` and the VAE decoder's ``--vae-channels-last``."""
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
@@ -101,6 +103,7 @@ def entry_args(p: argparse.ArgumentParser) -> None:
     )
     memory_args(p, offload=False)
     attention_args(p)
+    vae_layout_arg(p)
 
 
 def env_pair(text: str) -> tuple[str, str]:
@@ -133,6 +136,8 @@ def registry_text(args: argparse.Namespace, max_sessions: int, workers: int = 1)
     seq = f"max_sequence_length = {args.seq_len}\n" if args.seq_len != 512 else ""
     if workers > 1 and args.quantization == "fp8":
         seq += "random_transformer_on_host = true\n"
+    if args.vae_channels_last:
+        seq += "vae_channels_last = true\n"
     return f"""
 [[model]]
 name = "{MODEL}"

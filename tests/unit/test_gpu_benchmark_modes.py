@@ -260,3 +260,43 @@ def test_the_quality_harness_carries_fp8_modulation_to_its_fp8_sides(tmp_path: P
     assert h3["sides"]["fp8"]["refused"] == f"model 'h3': {FP8_OFF_GPU} (FP8 matmuls), and " + (
         "device cpu is not a CUDA GPU"
     )
+
+
+# --- channels-last VAE decoder (``--vae-channels-last``) ------------------------------
+
+
+def test_the_world_entries_carry_vae_channels_last_to_both_parts() -> None:
+    """The adapter option in both parts' entries, beside FP8 and cuDNN attention; none in
+    a plain run's."""
+    both = ("--vae-channels-last", "--attention", "cudnn", "--quantization", "fp8")
+    texts = json.loads(bench("world", "--tiny", *both, "--print-registry"))
+    for part in ("stack", "takeover"):
+        model = entry(texts[part], HELIOS)
+        assert model.adapter_options["vae_channels_last"] is True
+        assert model.attention == "cudnn" and model.spec.memory == MemoryPlan(quantization="fp8")
+    plain = json.loads(bench("world", "--tiny", "--print-registry"))
+    assert "vae_channels_last" not in entry(plain["stack"], HELIOS).adapter_options
+
+
+def test_a_channels_last_raw_run_times_that_layout_and_is_named_after_it(tmp_path: Path) -> None:
+    """The raw part on the CPU sets the worker's layout on the pipeline it times (its
+    decoder's weights read back channels-last), the JSON says so and is ``_cl``'s; a later
+    part run without the option refuses the state, as it refuses another attention."""
+    state = tmp_path / "state.json"
+    (tmp_path / "raw").mkdir()
+    raw = _run(
+        "world", tmp_path / "raw", "--tiny", "--part", "raw", "--vae-channels-last",
+        "--raw-chunks", "1", "--repeat", "1", "--state", str(state),
+    )  # fmt: skip
+    assert raw["file"] == "gpu_world_cl.json" and raw["vae_channels_last"] is True
+    assert raw["raw_vae_decoder_channels_last"] is True and raw["world_raw_fps"] > 0
+    stack = ("--tiny", "--part", "stack", "--state", str(state))
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu.world", *stack],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0
+    assert "vae_channels_last True, not False: pass the same --vae-channels-last" in done.stderr

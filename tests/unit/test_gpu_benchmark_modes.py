@@ -41,15 +41,24 @@ def _printed(module: str, *args: str) -> str:
 
 
 def _bench(module: str, *args: str) -> str:
-    done = subprocess.run(
+    done = _module(module, *args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def _module(
+    module: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.gpu.<module> args`` from the repository root, as the GPU host
+    runs it (``env``: variables added to this process's)."""
+    return subprocess.run(
         [sys.executable, "-m", f"benchmarks.gpu.{module}", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,
+        env={**os.environ, **(env or {})},
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
 
 
 def entry(text: str, name: str) -> ServedModel:
@@ -148,13 +157,7 @@ def test_the_frontier_points_are_refused_or_left_out_before_any_up() -> None:
 
 
 def test_a_frontier_point_of_another_form_is_a_usage_error() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu.h3_frontier", "--dry-run", "--points", "fp16-none"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = _module("h3_frontier", "--dry-run", "--points", "fp16-none")
     assert done.returncode == 2
     assert "point 'fp16-none': write {bf16|fp8}-{none|model|group}[-BUDGET_GIB]" in done.stderr
 
@@ -184,14 +187,7 @@ def test_the_h3_entry_carries_cudnn_attention() -> None:
 
 def _run(module: str, out: Path, *args: str) -> dict[str, Any]:
     """``module`` run as the GPU host runs it, with ``$OUT`` set: the JSON it wrote."""
-    done = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.gpu.{module}", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "OUT": str(out)},
-    )
+    done = _module(module, *args, env={"OUT": str(out)})
     assert done.returncode == 0, done.stderr[-2000:]
     (written,) = out.glob("*.json")
     return {"file": written.name, **json.loads(written.read_text())}
@@ -229,13 +225,7 @@ def test_the_h3_entry_carries_fp8_modulation_and_its_run_is_named_after_it(
     h3 = _run("h3_stack", tmp_path, "--toy", *both)
     assert h3["file"] == "gpu_h3_stack_fp8_modulation.json" and h3["fp8_modulation"] is True
     assert h3["error"].startswith(f"refused before up: model '{H3}': {FP8_OFF_GPU}")
-    alone = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu.h3_stack", "--fp8-modulation", "--print-registry"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    alone = _module("h3_stack", "--fp8-modulation", "--print-registry")
     assert alone.returncode == 2 and "--fp8-modulation needs --quantization fp8" in alone.stderr
 
 
@@ -291,12 +281,6 @@ def test_a_channels_last_raw_run_times_that_layout_and_is_named_after_it(tmp_pat
     assert raw["file"] == "gpu_world_cl.json" and raw["vae_channels_last"] is True
     assert raw["raw_vae_decoder_channels_last"] is True and raw["world_raw_fps"] > 0
     stack = ("--tiny", "--part", "stack", "--state", str(state))
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu.world", *stack],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = _module("world", *stack)
     assert done.returncode != 0
     assert "vae_channels_last True, not False: pass the same --vae-channels-last" in done.stderr

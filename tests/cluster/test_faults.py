@@ -32,12 +32,15 @@ def _other_worker(host: str) -> str:
 def _slow_job(cluster: Cluster, load: JobLoad, seconds: float | None = None) -> tuple[str, str]:
     """A job that stays in its denoise loop (a failpoint before its step 2, on its first
     attempt only) for about ``seconds``, or until :func:`_release` when None, running;
-    its id and its worker's host."""
+    its id and its worker's host. The load starts once it runs: on a loaded machine its
+    jobs queued ahead of this one kept it from starting within a minute."""
     job_id = load.create("api1", num_inference_steps=8)
     assert job_id is not None
     action = "hold" if seconds is None else f"sleep:{seconds}"
     cluster.set_failpoints({f"step:2@{job_id}@attempt1": action})
-    return job_id, wait_running(cluster, job_id, step=1)
+    started = wait_running(cluster, job_id, step=1, timeout=90)
+    load.start()  # the load's jobs after it, not ahead of it in the queue
+    return job_id, started
 
 
 def _release(cluster: Cluster) -> None:
@@ -80,7 +83,7 @@ def _finish(cluster: Cluster, load: JobLoad, sessions: Sessions | None = None) -
 
 
 def test_a_workers_broker_link_goes_down_mid_job(cluster: Cluster, report: dict[str, Any]) -> None:
-    load = JobLoad(cluster).start()
+    load = JobLoad(cluster)
     sessions = Sessions(cluster).start()
     job_id, host = _slow_job(cluster, load, seconds=3)  # it ends while the link is down
     reconnects = metric(cluster, host, "omniqueue_broker_reconnects_total")
@@ -99,7 +102,7 @@ def test_a_workers_broker_link_goes_down_mid_job(cluster: Cluster, report: dict[
 
 
 def test_a_worker_cut_from_postgres_then_from_s3(cluster: Cluster, report: dict[str, Any]) -> None:
-    load = JobLoad(cluster).start()
+    load = JobLoad(cluster)
     sessions = Sessions(cluster).start()
     # PostgreSQL, mid-job: its heartbeat lapses and the other worker takes the job over.
     # The cut worker stays in its step until the link is back (a hold, not a sleep sized
@@ -226,7 +229,7 @@ def test_an_api_host_cut_from_redis(cluster: Cluster, report: dict[str, Any]) ->
 
 
 def test_a_host_vanishes(cluster: Cluster, report: dict[str, Any]) -> None:
-    load = JobLoad(cluster).start()
+    load = JobLoad(cluster)
     sessions = Sessions(cluster).start()
     # a worker host, mid-job
     job_id, host = _slow_job(cluster, load)  # held until the host is gone

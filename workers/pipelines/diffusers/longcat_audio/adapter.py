@@ -70,7 +70,6 @@ import numpy as np
 import torch
 from diffusers import LongCatAudioDiTPipeline
 from diffusers.pipelines.longcat_audio_dit.pipeline_longcat_audio_dit import (
-    _approx_duration_from_text,
     _lens_to_mask,
     _normalize_text,
 )
@@ -90,6 +89,7 @@ from workers.pipelines.diffusers.longcat_audio.decode import (
     decode_windows,
     decodes_whole_frames,
 )
+from workers.pipelines.diffusers.longcat_audio.duration import duration_frames
 from workers.pipelines.diffusers.longcat_audio.graphs import PassGraphs
 from workers.pipelines.diffusers.longcat_audio.state import LongCatAudioState
 from workers.pipelines.diffusers.shared.adapter import DiffusersAdapter
@@ -113,35 +113,6 @@ WARM_UP_FRAMES, WARM_UP_TOKENS = 53, 37
 WARM_UP_ROWS = 3
 # The streamed decode's windows grow from ``decode_window`` frames up to this many.
 LARGEST_WINDOW = 128
-
-
-def clip_seconds(pipe: Any, request: GenerationRequest) -> float | None:
-    """``__call__``'s ``audio_duration_s`` for ``request`` (module docstring); None: the
-    estimate from the text at speed 1, exactly as ``__call__`` without a duration."""
-    options = request.options
-    given = options.get("duration_seconds")
-    speed = float(options.get("speed") or 1.0)
-    if given is not None:
-        if speed != 1.0:
-            raise InvalidJobInput(
-                "speed cannot change a clip whose length is given (duration_seconds)",
-                param="speed",
-            )
-        return float(given)
-    if speed == 1.0:
-        return None
-    text = _normalize_text(request.prompt)
-    return _approx_duration_from_text([text], pipe.max_wav_duration) / speed
-
-
-def duration_frames(pipe: Any, request: GenerationRequest) -> int:
-    """The clip's length in latent frames, as ``__call__`` computes it."""
-    seconds = clip_seconds(pipe, request)
-    if seconds is None:
-        seconds = _approx_duration_from_text([_normalize_text(request.prompt)])
-    duration = int(seconds * pipe.sample_rate // pipe.vae_scale_factor)
-    max_duration = int(pipe.max_wav_duration * pipe.sample_rate // pipe.vae_scale_factor)
-    return max(1, min(duration, max_duration))
 
 
 class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
@@ -234,13 +205,21 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
         request = GenerationRequest.audio(
             prompt="warm-up", duration_s=1.0, num_inference_steps=2, seed=0, guidance_scale=4.0
         )
-        with torch.no_grad():
-            state = _resized(self._prepare(self._loaded(), request), WARM_UP_FRAMES, WARM_UP_TOKENS)
-            self._compile_for(state, "warmup")
-            self._compile_for(
-                dataclasses.replace(state, do_cfg=False, guidance_scale=1.0), "warmup"
-            )
-        del state
+        # Its passes run directly: the warm-up's lengths are no job's, so their step graphs
+        # would only hold memory (a job's own prepare captures its shape's).
+        graphs, self.graphs = self.graphs, None
+        try:
+            with torch.no_grad():
+                state = _resized(
+                    self._prepare(self._loaded(), request), WARM_UP_FRAMES, WARM_UP_TOKENS
+                )
+                self._compile_for(state, "warmup")
+                self._compile_for(
+                    dataclasses.replace(state, do_cfg=False, guidance_scale=1.0), "warmup"
+                )
+            del state
+        finally:
+            self.graphs = graphs
 
     def _compile_for(self, state: LongCatAudioState, why: str) -> None:
         """Compile the blocks unless a job of the same class did: lengths are symbolic, so

@@ -30,6 +30,7 @@ from migrations.runner import upgrade
 from storage.db import make_engine
 from storage.settings import DatabaseSettings, Settings
 from tests.helpers import s3_settings
+from tests.integration.audio_stack import AudioStack
 from tests.integration.stack import Stack
 
 PG_ADMIN_URL = os.environ.get(
@@ -303,6 +304,18 @@ def started_stack(
         work, s3, redis_db=redis_db, extra_env=extra_env or {}, auth=auth, database=database
     ) as st:
         st.start(workers=workers)
+        yield st
+
+
+@pytest.fixture(scope="module")
+def astack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[AudioStack]:
+    """An audio module's own stack (audio_stack.py): one worker, API keys required, no
+    failpoints. A module that uses it makes it its ``stack``."""
+    with isolated_stack(
+        module_dir, s3_server, redis_db=redis_db, extra_env={}, cls=AudioStack, auth="required"
+    ) as st:
+        st.set_failpoints({})
+        st.start(workers=1)
         yield st
 
 

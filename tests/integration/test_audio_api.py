@@ -8,28 +8,19 @@ import base64
 import io
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from cli.embedded import EmbeddedS3
-from tests.integration.audio_stack import SMALL, AudioStack, audio_stack, create_audio
+from tests.integration.audio_stack import SMALL, AudioStack, create_audio
 from tests.integration.stack import assert_not_found
 from workers.media.audio import decode_audio
 
 pytestmark = pytest.mark.integration
 
 AAC_SLACK = 2048  # ADTS cannot signal the encoder's priming samples
-
-
-@pytest.fixture(scope="module")
-def astack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[AudioStack]:
-    with audio_stack(module_dir, s3_server, redis_db) as st:
-        yield st
 
 
 @pytest.fixture(scope="module")

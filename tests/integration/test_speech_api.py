@@ -8,8 +8,6 @@ import base64
 import io
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,18 +15,11 @@ import numpy as np
 import pytest
 from openai import BadRequestError, OpenAI
 
-from cli.embedded import EmbeddedS3
-from tests.integration.audio_stack import AudioStack, audio_stack, create_audio
+from tests.integration.audio_stack import AudioStack, create_audio
 from tests.speech_measures import median_f0, syllabic_peak_hz
 from workers.media.audio import decode_audio
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def astack(module_dir: Path, s3_server: EmbeddedS3, redis_db: int) -> Iterator[AudioStack]:
-    with audio_stack(module_dir, s3_server, redis_db) as st:
-        yield st
 
 
 @pytest.fixture(scope="module")

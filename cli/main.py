@@ -12,7 +12,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import socket
@@ -25,6 +24,7 @@ from cli.database import DatabaseUnusable, create_sqlite_dir
 from cli.help import HelpFormatter, command
 from cli.paths import add_database_options, default_data_dir, default_database_url, use_database
 from storage.settings import Settings, get_settings
+from workers.runtime.processes import exiting
 
 
 def _metrics_mode(settings: Settings, *, api: bool) -> None:
@@ -80,17 +80,8 @@ def _cmd_api(args: argparse.Namespace) -> int:
     )
     sockets = [_shared_socket(host, port)] if settings.http.reuse_port else None
     uvicorn.Server(config).run(sockets=sockets)
-    _exiting()
+    exiting()
     return 0
-
-
-def _exiting() -> None:
-    """A server process whose work is done: nothing it holds needs collecting any more, so
-    its objects go out of the collector's sight (``gc.freeze``) and the interpreter's last
-    collections skip them. With torch and diffusers imported, a worker's exit spent 1.2 s
-    collecting, 0.2 s so; every stop and restart of a worker waited for it. Only here,
-    where the command returns, never in a process that goes on (the tests call ``main``)."""
-    gc.freeze()
 
 
 def _shared_socket(host: str, port: int) -> socket.socket:
@@ -131,7 +122,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from workers.runtime.celery_app import serve
 
     code = serve(settings, args.name, realtime=bool(args.realtime))
-    _exiting()
+    exiting()
     return code
 
 

@@ -57,7 +57,7 @@ from workers.pipelines.parallel import GroupParallel, GroupRank, enable
 from workers.pipelines.registry import PipelineRegistry
 from workers.pipelines.run_ahead import configure_checkpoints
 from workers.runtime.context import WorkerContext, worker_models
-from workers.runtime.processes import free_port
+from workers.runtime.processes import exiting, free_port
 from workers.runtime.supervisor import GaveUp, Supervisor
 
 log = logging.getLogger(__name__)
@@ -291,7 +291,7 @@ def _rank_main(
                 context.pipelines.replace(model, group)
 
         code = serve(settings, f"{name}-group", prepare=wrap)
-        gc.freeze()  # the exit skips the last collections over torch's objects (1 s)
+        exiting()
         sys.exit(code)
     # A stop (Ctrl-C, SIGTERM to the process group) is rank 0's to handle: it finishes
     # its job, which needs this rank, and this rank exits when rank 0's pipe closes.
@@ -303,7 +303,7 @@ def _rank_main(
     registry = PipelineRegistry(models, devices[rank])
     registry.load_each()  # a model rank 0 cannot load (the same files) is left out here too
     _follow(rank, _load_group(registry, rank, world), links[0])
-    gc.freeze()  # as rank 0's: its exit need not collect what it held
+    exiting()
 
 
 # ---- the supervisor -------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import gc
 import os
 import signal
 import sys
@@ -60,3 +61,12 @@ def kill_process_group(pid: int, sig: int = signal.SIGKILL) -> None:
     """Signal the process group led by ``pid``; quiet when it is gone."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
+
+
+def exiting() -> None:
+    """A server process whose work is done: nothing it holds needs collecting any more, so
+    its objects go out of the collector's sight (``gc.freeze``) and the interpreter's last
+    collections skip them. With torch and diffusers imported, a worker's exit spent 1.2 s
+    collecting, 0.2 s so; every stop and restart of a worker waited for it. Only where the
+    process's command returns, never in one that goes on (the tests call ``cli.main``)."""
+    gc.freeze()

@@ -72,8 +72,13 @@ def test_step_graphs_refuse_the_blocks_own_cuda_graphs() -> None:
 
 def test_step_graphs_refuse_an_offloaded_transformer() -> None:
     plan = MemoryPlan(offload="model")
-    with pytest.raises(ValueError, match=r"step_graphs .* offload"):
+    with pytest.raises(ValueError, match="step_graphs and offload = 'model' do not combine"):
         LongCatAudioAdapter(pipe=tiny_longcat_pipeline(), step_graphs=True, memory=plan)
+
+
+def test_step_graphs_refuse_two_passes_a_step() -> None:
+    with pytest.raises(ValueError, match="step_graphs and guidance_batch = false do not"):
+        LongCatAudioAdapter(pipe=tiny_longcat_pipeline(), step_graphs=True, guidance_batch=False)
 
 
 def test_step_graphs_refuse_a_device_without_cuda_graphs() -> None:

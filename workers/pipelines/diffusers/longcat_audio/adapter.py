@@ -134,7 +134,8 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
     ) -> None:
         """``decode_window``: the streamed decode's first window in latent frames (0: a
         streamed job's PCM waits for the whole decode); ``buckets``: pad the lengths to
-        buckets (buckets.py; default: with CUDA graphs only); ``guidance_batch``: a job's
+        buckets (buckets.py; default: where CUDA graphs of either kind run);
+        ``guidance_batch``: a job's
         conditional and null passes as one pass of two rows (module docstring), False:
         ``__call__``'s two passes, bit for bit (so too where the entry offloads: an
         offloaded transformer moves in at its ``forward``, which the one pass skips);
@@ -152,8 +153,13 @@ class LongCatAudioAdapter(DiffusersAdapter[LongCatAudioState]):
                 "CUDA graphs (a pass's graph cannot hold the blocks' own): pick one"
             )
         if step_graphs and not self.guidance_batch:
-            why = "offload moves the weights in at forward" if offloads else "guidance_batch"
-            raise ValueError(f"step_graphs records the one-pass step, which needs {why}")
+            off = (
+                f"offload = {memory.offload!r}" if memory and offloads else "guidance_batch = false"
+            )
+            raise ValueError(
+                f"step_graphs and {off} do not combine: the graphs record the one-pass step, "
+                "which the latter turns off"
+            )
         self.step_graphs = step_graphs
         self.graphs: PassGraphs | None = None  # set by ``load`` where the steps are graphs
         # ``weights = "random"`` (longcat_audio/random_weights.py): per-part config overrides.

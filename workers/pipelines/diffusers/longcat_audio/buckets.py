@@ -1,5 +1,6 @@
 """Length buckets for LongCat's compiled blocks (``buckets = true``; on by default with CUDA
-graphs, ``compile_mode = "reduce-overhead"``).
+graphs of either kind: ``compile_mode = "reduce-overhead"``, or the step graphs of
+graphs.py).
 
 The blocks compile once with both sequence lengths symbolic (the clip's latent frames
 and the prompt's tokens: ``dynamic=True``), so a new length compiles nothing; but CUDA

@@ -171,6 +171,10 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
 
     family = "diffusers.minimax_h3"
     pipeline_class = MiniMaxH3ModularPipeline
+    # diffusers' H3 text encoding calls ``text_encoder.model`` (it reads a hidden state,
+    # not the LM head), and Qwen3-VL's model calls its language model's ``embed_tokens``
+    # before the language model's forward: each its own group, the decoder layers streamed.
+    offload_entry_points = {"text_encoder": ("model", "language_model", "embed_tokens")}
 
     def __init__(
         self,

@@ -56,6 +56,10 @@ class DiffusersAdapter(Pipeline, Generic[S]):
     state_class: type[S]
     # The workflows an entry serves when its spec names none (the video families: t2v).
     default_workflows: ClassVar[tuple[Workflow, ...]] = ()
+    # Submodules of a component that the pipeline calls directly, not through the
+    # component's ``forward`` (component -> child names, at any depth): ``offload =
+    # "group"`` hooks each on its own (offload.py), or their weights would stay on the host.
+    offload_entry_points: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -73,7 +77,9 @@ class DiffusersAdapter(Pipeline, Generic[S]):
         self.pipe: Any = options.get("pipe")
         self.device = torch.device("cpu")
         # FP8 weights and offloading, as the entry plans them (memory.py; ``load``).
-        self.memory = MemoryLayout(self.spec.name, self.entry.memory)
+        self.memory = MemoryLayout(
+            self.spec.name, self.entry.memory, type(self).offload_entry_points
+        )
         # Cancel points between the denoiser's blocks (installed by ``load``).
         self.gate = BlockGate(self.device)
         self.compiler = self.entry.compiler(observe=self._compiled, fell_back=self._compile_failed)

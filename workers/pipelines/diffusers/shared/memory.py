@@ -42,6 +42,7 @@ from models.registry import CatalogError
 from workers.pipelines.diffusers.shared import fp8
 from workers.pipelines.diffusers.shared.host_memory import plan_host_copies
 from workers.pipelines.diffusers.shared.offload import (
+    entry_blocks,
     modules_of,
     offload,
     resolve_paths,
@@ -55,9 +56,17 @@ log = logging.getLogger(__name__)
 class MemoryLayout:
     """The memory plan of one model's adapter (None: weights as loaded, on the device)."""
 
-    def __init__(self, model: str, plan: MemoryPlan | None) -> None:
+    def __init__(
+        self,
+        model: str,
+        plan: MemoryPlan | None,
+        entry_points: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
         self.model = model
         self.plan = plan
+        # The adapter's ``offload_entry_points``: submodules its pipeline calls directly,
+        # which ``offload = "group"`` hooks on their own (offload.py: entry_blocks).
+        self.entry_points = dict(entry_points or {})
         self.report: MemoryReport | None = None
 
     @property
@@ -106,6 +115,9 @@ class MemoryLayout:
             pipe.to(target)
             return None
         blocks = resolve_paths(pipe, plan, self.model)
+        if plan.offload == "group":
+            for name, names in entry_blocks(pipe, self.entry_points, self.model).items():
+                blocks[name] = [*names, *blocks.get(name, [])]
         built_there = weights_on_device(pipe, target)
         budget = None if built_there else set_budget(plan, target)
         counts, weight_only, saved = self._quantize(pipe, plan, target)

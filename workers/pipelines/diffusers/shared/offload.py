@@ -13,8 +13,10 @@
   component's top-level block lists stream block by block and the rest of it moves in as
   one group, at its ``forward``; the children its class
   names (``_group_offload_block_modules``: a VAE's encoder and decoder, which its
-  ``decode`` calls without ``forward``) and those ``offload_blocks`` leads to (block lists
-  further down, ``text_encoder.encoder.block``) get hooks of their own.
+  ``decode`` calls without ``forward``), those its adapter names (``offload_entry_points``:
+  the submodules a pipeline calls directly, such as MiniMax-H3's ``text_encoder.model``,
+  whose top-level ``forward`` never runs) and those ``offload_blocks`` leads to (block
+  lists further down, ``text_encoder.encoder.block``) get hooks of their own.
 * ``offload_budget_gib``: ``torch.cuda.set_per_process_memory_fraction``, set before any
   weight is placed, so the process fails its allocations (out of memory) past the budget
   instead of taking the rest of the card (weights built on the device, ``weights =
@@ -84,6 +86,40 @@ def resolve_paths(pipe: Any, plan: MemoryPlan, model: str) -> dict[str, list[str
         # name at every level, and streams the lists it finds there.
         blocks.setdefault(component, []).extend(inner.split(".")[:-1])
     return blocks
+
+
+def entry_blocks(pipe: Any, points: dict[str, tuple[str, ...]], model: str) -> dict[str, list[str]]:
+    """The block-module names ``apply_group_offloading`` takes for an adapter's entry
+    points (``offload_entry_points``: component -> the children, at any depth, that its
+    pipeline calls directly), for each of ``pipe``'s components that has some. It
+    recurses into a named child by name at every level, from the component down, so each
+    name must be a child of the component or of another named child: one that is not is
+    a :class:`CatalogError` naming it (its hook would never be made, and its weights
+    would stay on the host)."""
+    have = modules_of(pipe)
+    out: dict[str, list[str]] = {}
+    for component, names in points.items():
+        if component not in have:  # a partition that loads no such component
+            continue
+        missing = set(names) - _reached(have[component], set(names))
+        if missing:
+            raise CatalogError(
+                f"model {model!r}: offload = 'group' hooks {component}'s "
+                f"{', '.join(sorted(missing))} on their own (its pipeline calls them "
+                f"directly), and {type(have[component]).__name__} has no such child "
+                "under the others"
+            )
+        out[component] = list(names)
+    return out
+
+
+def _reached(module: torch.nn.Module, names: set[str]) -> set[str]:
+    """The ``names`` that block-level group offloading's recursion meets in ``module``."""
+    found: set[str] = set()
+    for name, child in module.named_children():
+        if name in names:
+            found |= {name} | _reached(child, names)
+    return found
 
 
 def weights_on_device(pipe: Any, device: torch.device) -> bool:

@@ -1,0 +1,121 @@
+"""An adapter's ``offload_entry_points`` (workers/pipelines/diffusers/shared/offload.py:
+``entry_blocks``): the submodules a pipeline calls directly, hooked on their own by
+``offload = "group"``.
+
+diffusers' H3 text encoding calls ``text_encoder.model(...)``, and block-level group
+offloading onloads a component's top level (everything outside its top-level block lists)
+at the component's own ``forward``, which then never runs: on an H100 the first job of a
+``group`` entry failed in ``prepare`` with the embedding's weights still on the host. Here
+diffusers' own ``apply_group_offloading`` runs on the CPU (no stream: the onload and
+offload devices are both the host) over the tiny seeded H3, and what it onloads while the
+prompt is encoded is recorded: with the adapter's entry points, every weight of the
+language model the encoding reads is onloaded; without them, none is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from diffusers.hooks import apply_group_offloading
+from diffusers.hooks.group_offloading import ModuleGroup
+from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_embeds
+
+from models.memory_plan import MemoryPlan
+from models.registry import CatalogError
+from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
+from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG, random_pipeline
+from workers.pipelines.diffusers.shared.memory import MemoryLayout
+from workers.pipelines.diffusers.shared.offload import entry_blocks
+
+POINTS = MiniMaxH3Adapter.offload_entry_points
+
+
+@pytest.fixture(scope="module")
+def pipe() -> Any:
+    return random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
+
+
+@pytest.fixture
+def onloaded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ModuleGroup]]:
+    """The groups diffusers' hooks onload, in order."""
+    groups: list[ModuleGroup] = []
+    original = ModuleGroup.onload_
+
+    def record(self: ModuleGroup) -> None:
+        groups.append(self)
+        original(self)
+
+    monkeypatch.setattr(ModuleGroup, "onload_", record)
+    yield groups
+
+
+def _weights(groups: list[ModuleGroup]) -> set[int]:
+    out = {id(p) for group in groups for p in group.parameters}
+    out |= {id(p) for group in groups for module in group.modules for p in module.parameters()}
+    return out
+
+
+def _encode_offloaded(pipe: Any, block_modules: list[str] | None) -> None:
+    """The prompt encoded as the H3 pipeline encodes it, with the text encoder group
+    offloaded block by block as a worker offloads it (less the stream: CPU only)."""
+    encoder = pipe.text_encoder
+    apply_group_offloading(
+        encoder,
+        onload_device=torch.device("cpu"),
+        offload_device=torch.device("cpu"),
+        offload_type="block_level",
+        num_blocks_per_group=1,
+        block_modules=block_modules,
+    )
+    ids = pipe.tokenizer("a red fox in the snow").input_ids
+    get_qwen3vl_prompt_embeds(encoder, pipe.processor, ids, text_encoder_layer=2)
+
+
+def test_the_h3_entry_points_onload_every_weight_the_text_encoding_reads(
+    onloaded: list[ModuleGroup],
+) -> None:
+    pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
+    names = entry_blocks(pipe, POINTS, "m")["text_encoder"]
+    _encode_offloaded(pipe, names)
+    language = pipe.text_encoder.model.language_model
+    assert {id(p) for p in language.parameters()} <= _weights(onloaded)
+    # the decoder layers each their own group, streamed (not the encoder whole at once)
+    layer_groups = [g for g in onloaded if any(m in language.layers for m in g.modules)]
+    assert len(layer_groups) == len(language.layers) > 1
+
+
+def test_without_them_the_text_encoding_onloads_nothing(onloaded: list[ModuleGroup]) -> None:
+    """What the GPU met: the root's group waits for a ``forward`` that is never called."""
+    pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
+    _encode_offloaded(pipe, None)
+    assert not _weights(onloaded) & {id(p) for p in pipe.text_encoder.model.parameters()}
+
+
+def test_an_entry_point_group_offloading_would_not_reach_is_named(pipe: Any) -> None:
+    with pytest.raises(CatalogError) as refused:
+        entry_blocks(pipe, {"text_encoder": ("model", "embed_tokens")}, "acme/h3")
+    assert str(refused.value) == (
+        "model 'acme/h3': offload = 'group' hooks text_encoder's embed_tokens on their own "
+        "(its pipeline calls them directly), and Qwen3VLForConditionalGeneration has no such "
+        "child under the others"
+    )
+    # a component the pipeline does not load has none to hook
+    assert entry_blocks(pipe, {"image_encoder": ("model",)}, "acme/h3") == {}
+
+
+def test_the_layout_adds_them_to_a_group_plan_only(
+    pipe: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.pipelines.diffusers.shared import memory
+
+    given: list[dict[str, list[str]]] = []
+    monkeypatch.setattr(memory, "offload", lambda pipe, plan, dev, blocks, *a: given.append(blocks))
+    monkeypatch.setattr(memory, "plan_host_copies", lambda *a: None)
+    plan = MemoryPlan(offload="group", offload_blocks=["text_encoder.model.language_model.layers"])
+    MemoryLayout("m", plan, POINTS).place(pipe, "cpu")
+    assert given[-1]["text_encoder"] == [*POINTS["text_encoder"], "model", "language_model"]
+    MemoryLayout("m", MemoryPlan(), POINTS).place(pipe, "cpu")
+    assert given[-1] == {}

@@ -26,6 +26,7 @@ from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_e
 from models.memory_plan import MemoryPlan
 from models.registry import CatalogError
 from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
+from workers.pipelines.diffusers.minimax_h3.decode import stream_frames
 from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG, random_pipeline
 from workers.pipelines.diffusers.shared.memory import MemoryLayout
 from workers.pipelines.diffusers.shared.offload import entry_blocks
@@ -58,20 +59,24 @@ def _weights(groups: list[ModuleGroup]) -> set[int]:
     return out
 
 
-def _encode_offloaded(pipe: Any, block_modules: list[str] | None) -> None:
-    """The prompt encoded as the H3 pipeline encodes it, with the text encoder group
-    offloaded block by block as a worker offloads it (less the stream: CPU only)."""
-    encoder = pipe.text_encoder
+def _offloaded(component: torch.nn.Module, block_modules: list[str] | None) -> None:
+    """``component`` group offloaded block by block as a worker offloads it (less the
+    stream: CPU only)."""
     apply_group_offloading(
-        encoder,
+        component,
         onload_device=torch.device("cpu"),
         offload_device=torch.device("cpu"),
         offload_type="block_level",
         num_blocks_per_group=1,
         block_modules=block_modules,
     )
+
+
+def _encode_offloaded(pipe: Any, block_modules: list[str] | None) -> None:
+    """The prompt encoded as the H3 pipeline encodes it, the text encoder offloaded."""
+    _offloaded(pipe.text_encoder, block_modules)
     ids = pipe.tokenizer("a red fox in the snow").input_ids
-    get_qwen3vl_prompt_embeds(encoder, pipe.processor, ids, text_encoder_layer=2)
+    get_qwen3vl_prompt_embeds(pipe.text_encoder, pipe.processor, ids, text_encoder_layer=2)
 
 
 def test_the_h3_entry_points_onload_every_weight_the_text_encoding_reads(
@@ -92,6 +97,26 @@ def test_without_them_the_text_encoding_onloads_nothing(onloaded: list[ModuleGro
     pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
     _encode_offloaded(pipe, None)
     assert not _weights(onloaded) & {id(p) for p in pipe.text_encoder.model.parameters()}
+
+
+def test_the_h3_vaes_run_with_every_weight_onloaded(onloaded: list[ModuleGroup]) -> None:
+    """The video decode as this adapter runs it (a clip at a time, ``_decode_clip``), the
+    soundtrack's (``audio_vae.decode``) and both encodes (references), each VAE offloaded
+    with its entry points: every weight of both was onloaded. (The audio decoder's
+    upsamplers are lists of lists its ``forward`` indexes: ``ups`` is named so that each
+    layer is hooked, not the inner list whose ``forward`` never runs.)"""
+    pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
+    names = entry_blocks(pipe, POINTS, "m")
+    vae, audio = pipe.vae, pipe.audio_vae
+    _offloaded(vae, names["vae"])
+    _offloaded(audio, names["audio_vae"])
+    latents = torch.randn(1, vae.config.latent_channels, 7, 2, 2)
+    assert list(stream_frames(vae, latents, lambda video: video[0].permute(1, 2, 3, 0)))
+    audio.decode(torch.randn(1, audio.config.latent_channels, 4))
+    vae.encode(torch.randn(1, 3, vae.config.clip_length, 32, 32))
+    audio.encode(torch.randn(1, 1, audio.hop_length * 8))
+    every = [*vae.parameters(), *audio.parameters()]
+    assert {id(p) for p in every} <= _weights(onloaded)
 
 
 def test_an_entry_point_group_offloading_would_not_reach_is_named(pipe: Any) -> None:

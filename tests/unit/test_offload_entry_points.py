@@ -15,7 +15,7 @@ language model the encoding reads is onloaded; without them, none is.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -25,11 +25,12 @@ from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_e
 
 from models.memory_plan import MemoryPlan
 from models.registry import CatalogError
+from tests.unit.diffusers_fixtures import tiny_wan_pipeline
 from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
 from workers.pipelines.diffusers.minimax_h3.decode import stream_frames
 from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG, random_pipeline
 from workers.pipelines.diffusers.shared.memory import MemoryLayout
-from workers.pipelines.diffusers.shared.offload import entry_blocks
+from workers.pipelines.diffusers.shared.offload import entry_blocks, nested_groups
 
 POINTS = MiniMaxH3Adapter.offload_entry_points
 
@@ -144,3 +145,59 @@ def test_the_layout_adds_them_to_a_group_plan_only(
     assert given[-1]["text_encoder"] == [*POINTS["text_encoder"], "model", "language_model"]
     MemoryLayout("m", MemoryPlan(), POINTS).place(pipe, "cpu")
     assert given[-1] == {}
+
+
+def _hooked_with_a_stream(component: torch.nn.Module, names: list[str] | None) -> None:
+    """diffusers' block-level hooks with prefetching, as ``use_stream=True`` makes them on
+    a GPU (a stand-in stream: making the hooks moves nothing; pageable host copies)."""
+    from diffusers.hooks.group_offloading import (
+        GroupOffloadingConfig,
+        GroupOffloadingType,
+        _apply_group_offloading,
+    )
+
+    cpu = torch.device("cpu")
+    config = GroupOffloadingConfig(
+        onload_device=cpu,
+        offload_device=cpu,
+        offload_type=GroupOffloadingType.BLOCK_LEVEL,
+        non_blocking=True,
+        record_stream=True,  # (no wait on a stream when the hooks first offload)
+        low_cpu_mem_usage=True,
+        num_blocks_per_group=1,
+        stream=cast(Any, object()),
+        block_modules=names,
+    )
+    _apply_group_offloading(component, config)
+
+
+@pytest.mark.parametrize(
+    ("component", "nested"),
+    [("text_encoder", True), ("vae", False), ("audio_vae", False), ("transformer", False)],
+)
+def test_a_component_with_nested_groups_is_offloaded_without_the_stream(
+    component: str, nested: bool
+) -> None:
+    """What the H100 met once the entry points were named: the text encoder's prefetch
+    hooks, one per level of ``model`` / ``language_model`` / ``embed_tokens``, each mark
+    the layers below them and diffusers refuses the second mark. ``nested_groups`` is
+    what ``group_offload`` asks before it uses the stream: it says so for the text encoder
+    alone, and diffusers accepts the others' hooks with a stream."""
+    pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
+    names = entry_blocks(pipe, POINTS, "m").get(component)
+    module = getattr(pipe, component)
+    assert nested_groups(module, set(names or ())) is nested
+    if nested:
+        with pytest.raises(ValueError, match="layer_execution_tracker already exists"):
+            _hooked_with_a_stream(module, names)
+    else:
+        _hooked_with_a_stream(module, names)
+
+
+def test_wans_vae_streams_its_encoder_and_decoder_side_by_side() -> None:
+    """The class's own block modules (Wan's VAE: encoder and decoder, no group of the
+    root's) are levels side by side, not one above another: streamed, as on the GPU."""
+    vae: Any = cast(Any, tiny_wan_pipeline()).vae
+    names = list(vae._group_offload_block_modules)
+    assert not nested_groups(vae, set(names))
+    _hooked_with_a_stream(vae, names)

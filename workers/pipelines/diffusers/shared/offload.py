@@ -28,6 +28,7 @@ model loads: a missing or wrong one is an error naming it, never skipped.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -36,6 +37,8 @@ from models.memory_plan import DENOISER_PREFIX, MemoryPlan
 from models.registry import CatalogError
 
 GIB = 1 << 30
+log = logging.getLogger(__name__)
+
 _BLOCK_LISTS = (torch.nn.ModuleList, torch.nn.Sequential)
 
 
@@ -186,16 +189,46 @@ def group_offload(
 ) -> None:
     """diffusers' group offloading of ``component`` as a worker applies it: a block a
     group, streamed to ``device`` ahead of use on a CUDA stream, the host copies pinned
-    unless ``pageable``; ``block_modules``: more block lists than its top level's."""
+    unless ``pageable``; ``block_modules``: more block lists than its top level's. Where
+    those make a level with a group of its own above another (:func:`nested_groups`),
+    diffusers (0.42) cannot prefetch them (each level's prefetch hook marks the layers
+    below it, and the second mark is refused: "Hook with name layer_execution_tracker
+    already exists"), so that component's groups move in when used, without the stream
+    (MiniMax-H3's text encoder: it runs once a job, in ``prepare``)."""
     from diffusers.hooks import apply_group_offloading
 
+    nested = nested_groups(component, set(block_modules or ()))
+    if nested:
+        log.info("%s: group offload without a stream (nested groups)", type(component).__name__)
     apply_group_offloading(
         component,
         onload_device=device,
         offload_device=torch.device("cpu"),
         offload_type="block_level",
         num_blocks_per_group=1,
-        use_stream=True,
+        use_stream=not nested,
         low_cpu_mem_usage=pageable,
         block_modules=block_modules,
     )
+
+
+def nested_groups(module: torch.nn.Module, names: set[str]) -> bool:
+    """Whether block-level group offloading of ``module``, recursing into the children
+    ``names``, makes a level's own group (what it holds outside its block lists and named
+    children) above another level's."""
+    return _levels(module, names)[1]
+
+
+def _levels(module: torch.nn.Module, names: set[str]) -> tuple[bool, bool]:
+    """(a level at or below ``module`` has its own group, one such level is above another)."""
+    below = nested = False
+    here = any(True for _ in module.parameters(recurse=False)) or any(
+        True for _ in module.buffers(recurse=False)
+    )
+    for name, child in module.named_children():
+        if name in names:
+            has, deeper = _levels(child, names)
+            below, nested = below or has, nested or deeper
+        elif not isinstance(child, _BLOCK_LISTS):
+            here = True
+    return here or below, nested or (here and below)

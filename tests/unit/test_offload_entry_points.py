@@ -1,6 +1,6 @@
 """An adapter's ``offload_entry_points`` (workers/pipelines/diffusers/shared/offload.py:
-``entry_blocks``): the submodules a pipeline calls directly, hooked on their own by
-``offload = "group"``.
+``group_blocks``): the submodules a pipeline calls directly, hooked on their own by
+``offload = "group"``, and every autoencoder's parts, which its encode and decode call.
 
 diffusers' H3 text encoding calls ``text_encoder.model(...)``, and block-level group
 offloading onloads a component's top level (everything outside its top-level block lists)
@@ -14,7 +14,7 @@ language model the encoding reads is onloaded; without them, none is.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pytest
@@ -25,12 +25,17 @@ from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_e
 
 from models.memory_plan import MemoryPlan
 from models.registry import CatalogError
-from tests.unit.diffusers_fixtures import tiny_wan_pipeline
+from tests.unit.diffusers_fixtures import (
+    tiny_cogvideox_pipeline,
+    tiny_ltx_pipeline,
+    tiny_wan_pipeline,
+)
+from tests.unit.diffusers_fixtures_av import tiny_ltx2_pipeline, tiny_stable_audio_pipeline
 from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
 from workers.pipelines.diffusers.minimax_h3.decode import stream_frames
 from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG, random_pipeline
 from workers.pipelines.diffusers.shared.memory import MemoryLayout
-from workers.pipelines.diffusers.shared.offload import entry_blocks, nested_groups
+from workers.pipelines.diffusers.shared.offload import group_blocks, nested_groups
 
 POINTS = MiniMaxH3Adapter.offload_entry_points
 
@@ -84,7 +89,7 @@ def test_the_h3_entry_points_onload_every_weight_the_text_encoding_reads(
     onloaded: list[ModuleGroup],
 ) -> None:
     pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
-    names = entry_blocks(pipe, POINTS, "m")["text_encoder"]
+    names = group_blocks(pipe, {}, POINTS, "m")["text_encoder"]
     _encode_offloaded(pipe, names)
     language = pipe.text_encoder.model.language_model
     assert {id(p) for p in language.parameters()} <= _weights(onloaded)
@@ -107,7 +112,7 @@ def test_the_h3_vaes_run_with_every_weight_onloaded(onloaded: list[ModuleGroup])
     upsamplers are lists of lists its ``forward`` indexes: ``ups`` is named so that each
     layer is hooked, not the inner list whose ``forward`` never runs.)"""
     pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
-    names = entry_blocks(pipe, POINTS, "m")
+    names = group_blocks(pipe, {}, POINTS, "m")
     vae, audio = pipe.vae, pipe.audio_vae
     _offloaded(vae, names["vae"])
     _offloaded(audio, names["audio_vae"])
@@ -122,14 +127,14 @@ def test_the_h3_vaes_run_with_every_weight_onloaded(onloaded: list[ModuleGroup])
 
 def test_an_entry_point_group_offloading_would_not_reach_is_named(pipe: Any) -> None:
     with pytest.raises(CatalogError) as refused:
-        entry_blocks(pipe, {"text_encoder": ("model", "embed_tokens")}, "acme/h3")
+        group_blocks(pipe, {}, {"text_encoder": ("model", "embed_tokens")}, "acme/h3")
     assert str(refused.value) == (
         "model 'acme/h3': offload = 'group' hooks text_encoder's embed_tokens on their own "
         "(its pipeline calls them directly), and Qwen3VLForConditionalGeneration has no such "
         "child under the others"
     )
     # a component the pipeline does not load has none to hook
-    assert entry_blocks(pipe, {"image_encoder": ("model",)}, "acme/h3") == {}
+    assert "image_encoder" not in group_blocks(pipe, {}, {"image_encoder": ("model",)}, "m")
 
 
 def test_the_layout_adds_them_to_a_group_plan_only(
@@ -142,7 +147,9 @@ def test_the_layout_adds_them_to_a_group_plan_only(
     monkeypatch.setattr(memory, "plan_host_copies", lambda *a: None)
     plan = MemoryPlan(offload="group", offload_blocks=["text_encoder.model.language_model.layers"])
     MemoryLayout("m", plan, POINTS).place(pipe, "cpu")
-    assert given[-1]["text_encoder"] == [*POINTS["text_encoder"], "model", "language_model"]
+    assert given[-1]["text_encoder"] == list(POINTS["text_encoder"])
+    assert given[-1]["vae"] == ["encoder", "quant_conv", "post_quant_conv", "decoder"]
+    assert given[-1]["transformer"] == []
     MemoryLayout("m", MemoryPlan(), POINTS).place(pipe, "cpu")
     assert given[-1] == {}
 
@@ -184,7 +191,7 @@ def test_a_component_with_nested_groups_is_offloaded_without_the_stream(
     what ``group_offload`` asks before it uses the stream: it says so for the text encoder
     alone, and diffusers accepts the others' hooks with a stream."""
     pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
-    names = entry_blocks(pipe, POINTS, "m").get(component)
+    names = group_blocks(pipe, {}, POINTS, "m")[component] or None
     module = getattr(pipe, component)
     assert nested_groups(module, set(names or ())) is nested
     if nested:
@@ -201,3 +208,41 @@ def test_wans_vae_streams_its_encoder_and_decoder_side_by_side() -> None:
     names = list(vae._group_offload_block_modules)
     assert not nested_groups(vae, set(names))
     _hooked_with_a_stream(vae, names)
+
+
+def _video_latents(vae: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    cfg = vae.config
+    channels = cfg.get("latent_channels") or cfg.get("z_dim")
+    extra = {"temb": torch.tensor([0.05])} if cfg.get("timestep_conditioning") else {}
+    return torch.randn(1, channels, 2, 4, 4), extra
+
+
+Latents = Callable[[Any], tuple[torch.Tensor, dict[str, Any]]]
+FAMILY_VAES: dict[str, tuple[Callable[[], Any], str, Latents]] = {
+    "ltx": (tiny_ltx_pipeline, "vae", _video_latents),
+    "cogvideox": (tiny_cogvideox_pipeline, "vae", _video_latents),
+    "wan": (tiny_wan_pipeline, "vae", _video_latents),
+    "ltx2": (tiny_ltx2_pipeline, "vae", _video_latents),
+    "stable_audio": (
+        tiny_stable_audio_pipeline,
+        "vae",
+        lambda vae: (torch.randn(1, vae.config.decoder_input_channels, 8), {}),
+    ),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILY_VAES))
+def test_every_familys_vae_decodes_with_its_decoder_onloaded(
+    family: str, onloaded: list[ModuleGroup]
+) -> None:
+    """An autoencoder's ``decode`` calls its decoder, never its ``forward``: where its
+    class names no block modules (all but Wan's), its parts are groups of their own, and a
+    decode onloads every weight of its decoder (none, as LTX's and CogVideoX's were)."""
+    make, component, latents = FAMILY_VAES[family]
+    pipe = make()
+    vae = getattr(pipe, component)
+    _offloaded(vae, group_blocks(pipe, {}, {}, "m")[component])
+    z, extra = latents(vae)
+    vae.decode(z, **extra)
+    decoder = [p for n, p in vae.named_parameters() if n.startswith(("decoder", "post_quant"))]
+    assert {id(p) for p in decoder} <= _weights(onloaded)

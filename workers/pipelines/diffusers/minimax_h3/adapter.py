@@ -174,20 +174,12 @@ class MiniMaxH3Adapter(DiffusersAdapter[H3State]):
     # diffusers' H3 text encoding calls ``text_encoder.model`` (it reads a hidden state,
     # not the LM head), and Qwen3-VL's model calls its language model's ``embed_tokens``
     # before the language model's forward: each its own group, the decoder layers streamed.
-    # The two VAEs' ``encode`` / ``decode`` (and this adapter's clip decode) call their
-    # parts, never their ``forward``; their classes name none (Wan's VAE does).
+    # The audio VAE's decoder indexes its upsamplers (lists of lists) without calling the
+    # inner lists: ``ups`` makes each layer a group. (The VAEs' parts, which their encode
+    # and decode call, are every autoencoder's: offload.py.)
     offload_entry_points = {
         "text_encoder": ("model", "language_model", "embed_tokens"),
-        "vae": ("quant_conv", "post_quant_conv", "encoder", "decoder"),
-        "audio_vae": (
-            "encoder",
-            "pre_block",
-            "mean_proj",
-            "logs_proj",
-            "dec_in_proj",
-            "decoder",
-            "ups",
-        ),
+        "audio_vae": ("ups",),
     }
 
     def __init__(

@@ -42,7 +42,7 @@ from models.registry import CatalogError
 from workers.pipelines.diffusers.shared import fp8
 from workers.pipelines.diffusers.shared.host_memory import plan_host_copies
 from workers.pipelines.diffusers.shared.offload import (
-    entry_blocks,
+    group_blocks,
     modules_of,
     offload,
     resolve_paths,
@@ -65,7 +65,7 @@ class MemoryLayout:
         self.model = model
         self.plan = plan
         # The adapter's ``offload_entry_points``: submodules its pipeline calls directly,
-        # which ``offload = "group"`` hooks on their own (offload.py: entry_blocks).
+        # which ``offload = "group"`` hooks on their own (offload.py: group_blocks).
         self.entry_points = dict(entry_points or {})
         self.report: MemoryReport | None = None
 
@@ -116,8 +116,7 @@ class MemoryLayout:
             return None
         blocks = resolve_paths(pipe, plan, self.model)
         if plan.offload == "group":
-            for name, names in entry_blocks(pipe, self.entry_points, self.model).items():
-                blocks[name] = [*names, *blocks.get(name, [])]
+            blocks = group_blocks(pipe, blocks, self.entry_points, self.model)
         built_there = weights_on_device(pipe, target)
         budget = None if built_there else set_budget(plan, target)
         counts, weight_only, saved = self._quantize(pipe, plan, target)

@@ -11,12 +11,14 @@
   while the current one runs), from host copies pinned up front, or pageable ones pinned a
   group at a time where the pinned ones would not fit the host (host_memory.py). A
   component's top-level block lists stream block by block and the rest of it moves in as
-  one group, at its ``forward``; the children its class
-  names (``_group_offload_block_modules``: a VAE's encoder and decoder, which its
-  ``decode`` calls without ``forward``), those its adapter names (``offload_entry_points``:
-  the submodules a pipeline calls directly, such as MiniMax-H3's ``text_encoder.model``,
-  whose top-level ``forward`` never runs) and those ``offload_blocks`` leads to (block
-  lists further down, ``text_encoder.encoder.block``) get hooks of their own.
+  one group, at its ``forward``; the children its class names
+  (``_group_offload_block_modules``: Wan's VAE's encoder and decoder, which its ``decode``
+  calls without ``forward``), or an autoencoder's parts where its class names none (LTX's,
+  CogVideoX's, MiniMax-H3's VAEs), those its adapter names (``offload_entry_points``: the
+  submodules a pipeline calls directly, such as MiniMax-H3's ``text_encoder.model``, whose
+  top-level ``forward`` never runs) and those ``offload_blocks`` leads to (block lists
+  further down, ``text_encoder.encoder.block``) get hooks of their own
+  (:func:`group_blocks`).
 * ``offload_budget_gib``: ``torch.cuda.set_per_process_memory_fraction``, set before any
   weight is placed, so the process fails its allocations (out of memory) past the budget
   instead of taking the rest of the card (weights built on the device, ``weights =
@@ -91,29 +93,43 @@ def resolve_paths(pipe: Any, plan: MemoryPlan, model: str) -> dict[str, list[str
     return blocks
 
 
-def entry_blocks(pipe: Any, points: dict[str, tuple[str, ...]], model: str) -> dict[str, list[str]]:
-    """The block-module names ``apply_group_offloading`` takes for an adapter's entry
-    points (``offload_entry_points``: component -> the children, at any depth, that its
-    pipeline calls directly), for each of ``pipe``'s components that has some. It
-    recurses into a named child by name at every level, from the component down, so each
-    name must be a child of the component or of another named child: one that is not is
-    a :class:`CatalogError` naming it (its hook would never be made, and its weights
-    would stay on the host)."""
-    have = modules_of(pipe)
+def group_blocks(
+    pipe: Any, blocks: dict[str, list[str]], points: dict[str, tuple[str, ...]], model: str
+) -> dict[str, list[str]]:
+    """Per component of ``pipe``, the block-module names ``apply_group_offloading``
+    recurses into, each a group of its own (hooked at its own ``forward``): the class's
+    (``_group_offload_block_modules``: Wan's VAE), or an autoencoder's parts where its
+    class names none (:func:`_own_blocks`), then the adapter's entry points (``points``:
+    the submodules its pipeline calls directly) and the plan's ``offload_blocks``
+    (``blocks``, from :func:`resolve_paths`). The recursion follows names from the
+    component down, so an entry point must be a child of the component or of another
+    named child: one that is not is a :class:`CatalogError` naming it (its hook would
+    never be made, and its weights would stay on the host)."""
     out: dict[str, list[str]] = {}
-    for component, names in points.items():
-        if component not in have:  # a partition that loads no such component
-            continue
-        missing = set(names) - _reached(have[component], set(names))
+    for component, module in modules_of(pipe).items():
+        wanted = points.get(component, ())
+        names = list(dict.fromkeys([*_own_blocks(module), *wanted, *blocks.get(component, [])]))
+        missing = set(wanted) - _reached(module, set(names))
         if missing:
             raise CatalogError(
                 f"model {model!r}: offload = 'group' hooks {component}'s "
                 f"{', '.join(sorted(missing))} on their own (its pipeline calls them "
-                f"directly), and {type(have[component]).__name__} has no such child "
-                "under the others"
+                f"directly), and {type(module).__name__} has no such child under the others"
             )
-        out[component] = list(names)
+        out[component] = names
     return out
+
+
+def _own_blocks(module: torch.nn.Module) -> list[str]:
+    """The children ``module``'s class names as blocks; for an autoencoder whose class
+    names none (LTX's, CogVideoX's, MiniMax-H3's VAEs), its children that are not block
+    lists: its ``encode`` / ``decode`` call them, never its ``forward``."""
+    own = getattr(module, "_group_offload_block_modules", None)
+    if own is not None:
+        return list(own)
+    if callable(getattr(module, "decode", None)):
+        return [n for n, child in module.named_children() if not isinstance(child, _BLOCK_LISTS)]
+    return []
 
 
 def _reached(module: torch.nn.Module, names: set[str]) -> set[str]:
@@ -173,12 +189,8 @@ def offload(
     elif plan.offload == "model":
         pipe.enable_model_cpu_offload(device=device)
     else:
-        for name, component in modules_of(pipe).items():
-            # the class's own (a VAE's encoder and decoder, which its decode calls) and
-            # the entry's offload_blocks
-            own = getattr(component, "_group_offload_block_modules", None) or []
-            named = list(dict.fromkeys([*own, *blocks.get(name, [])]))
-            group_offload(component, device, named or None, pageable)
+        for name, component in modules_of(pipe).items():  # blocks: group_blocks'
+            group_offload(component, device, blocks.get(name) or None, pageable)
 
 
 def group_offload(

@@ -31,6 +31,7 @@ from tests.unit.diffusers_fixtures import (
     tiny_wan_pipeline,
 )
 from tests.unit.diffusers_fixtures_av import tiny_ltx2_pipeline, tiny_stable_audio_pipeline
+from tests.unit.longcat_fixtures import tiny_longcat_pipeline
 from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
 from workers.pipelines.diffusers.minimax_h3.decode import stream_frames
 from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG, random_pipeline
@@ -223,6 +224,11 @@ FAMILY_VAES: dict[str, tuple[Callable[[], Any], str, Latents]] = {
     "cogvideox": (tiny_cogvideox_pipeline, "vae", _video_latents),
     "wan": (tiny_wan_pipeline, "vae", _video_latents),
     "ltx2": (tiny_ltx2_pipeline, "vae", _video_latents),
+    "longcat_audio": (
+        tiny_longcat_pipeline,
+        "vae",
+        lambda vae: (torch.randn(1, vae.config.latent_dim, 8), {}),
+    ),
     "stable_audio": (
         tiny_stable_audio_pipeline,
         "vae",

@@ -12,9 +12,10 @@ order at load:
    ``models.memory_plan.refused_combination``.)
 2. :meth:`~MemoryLayout.place`, once the pipeline is loaded (and, where the plan makes
    FP8 weights, after the adapter changed its weights in their loaded dtype: FastH3's
-   fused LoRA): the paths the plan names resolved, the budget set, each FP8 component's
-   layers quantized on the device one at a time (with ``fp8_modulation``, the blocks'
-   modulation projections weight-only), then every weight put where ``offload`` says
+   fused LoRA): the paths the plan names resolved (with ``group``, the groups each
+   component's parts make: offload.py's ``group_blocks``), the budget set, each FP8
+   component's layers quantized on the device one at a time (with ``fp8_modulation``, the
+   blocks' modulation projections weight-only), then every weight put where ``offload`` says
    (``group``: its host copies planned against the host's memory first,
    host_memory.py: pinned when they fit, else pageable, else refused), and the
    allocator's cached blocks (the loaded dtype's weights that FP8 or offloading replaced)

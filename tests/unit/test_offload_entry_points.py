@@ -252,3 +252,13 @@ def test_every_familys_vae_decodes_with_its_decoder_onloaded(
     vae.decode(z, **extra)
     decoder = [p for n, p in vae.named_parameters() if n.startswith(("decoder", "post_quant"))]
     assert {id(p) for p in decoder} <= _weights(onloaded)
+
+
+def test_offload_blocks_under_a_text_encoder_nest_its_groups() -> None:
+    """``offload_blocks = ["text_encoder.encoder.block"]`` on Wan's UMT5: the root holds
+    the shared embedding and the encoder its final norm, one level above the other, so
+    that text encoder goes without the stream too (docs/configuration.md says so)."""
+    encoder = cast(Any, tiny_wan_pipeline()).text_encoder
+    assert nested_groups(encoder, {"encoder"})
+    with pytest.raises(ValueError, match="layer_execution_tracker already exists"):
+        _hooked_with_a_stream(encoder, ["encoder"])

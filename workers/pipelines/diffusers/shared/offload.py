@@ -234,9 +234,8 @@ def nested_groups(module: torch.nn.Module, names: set[str]) -> bool:
 def _levels(module: torch.nn.Module, names: set[str]) -> tuple[bool, bool]:
     """(a level at or below ``module`` has its own group, one such level is above another)."""
     below = nested = False
-    here = any(True for _ in module.parameters(recurse=False)) or any(
-        True for _ in module.buffers(recurse=False)
-    )
+    own = (*module.parameters(recurse=False), *module.buffers(recurse=False))
+    here = bool(own)
     for name, child in module.named_children():
         if name in names:
             has, deeper = _levels(child, names)

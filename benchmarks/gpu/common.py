@@ -251,10 +251,12 @@ def cancel_in_step(
     }
 
 
-def emit(out: dict[str, Any], name: str) -> None:
-    """Print the run's JSON, and write it to ``$OUT/<name>.json`` when OUT is set."""
+def emit(out: dict[str, Any], name: str, *, partial: bool = False) -> None:
+    """Print the run's JSON, and write it to ``$OUT/<name>.json`` when OUT is set
+    (``partial``: only written, what a run has so far, kept if it is killed later)."""
     text = json.dumps(out, indent=2)
-    print(text)
+    if not partial:
+        print(text)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], f"{name}.json").write_text(text)
 

@@ -161,10 +161,12 @@ def run_point(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return out
 
 
-def frontier(args: argparse.Namespace, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every point, refused or estimated out first, run otherwise (``--dry-run``: none)."""
+def frontier(args: argparse.Namespace, points: list[dict[str, Any]], out: dict[str, Any]) -> None:
+    """Every point, refused or estimated out first, run otherwise (``--dry-run``: none),
+    each appended to ``out["h3_offload_frontier"]`` and the JSON written as it is, so that
+    a run killed at a time limit keeps the points it finished."""
     weights = weights_gib(args)
-    found = []
+    found = out["h3_offload_frontier"] = []
     for point in points:
         run = point_args(args, point)
         run.label = point["label"]
@@ -189,7 +191,7 @@ def frontier(args: argparse.Namespace, points: list[dict[str, Any]]) -> list[dic
             record["seconds"] = round(time.perf_counter() - began, 1)
         print(f"point {point['label']}: {json.dumps(record)[:400]}", file=sys.stderr, flush=True)
         found.append(record)
-    return found
+        emit(out, "gpu_h3_frontier", partial=True)
 
 
 def parse_args() -> argparse.Namespace:
@@ -222,7 +224,7 @@ def main() -> None:
     del out["quantization"], out["offload"], out["offload_budget_gib"]  # per point
     out["weights_gib"] = weights_gib(args)
     out["jobs_per_point"] = {"first": 1, "warm": args.jobs}
-    out["h3_offload_frontier"] = frontier(args, args.point_list)
+    frontier(args, args.point_list, out)
     emit(out, "gpu_h3_frontier")
 
 

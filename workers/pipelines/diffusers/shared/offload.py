@@ -209,6 +209,8 @@ def group_offload(
     (MiniMax-H3's text encoder: it runs once a job, in ``prepare``)."""
     from diffusers.hooks import apply_group_offloading
 
+    if folded := fold_weight_norm(component):
+        log.info("%s: %d weight-norm layers folded", type(component).__name__, folded)
     nested = nested_groups(component, set(block_modules or ()))
     if nested:
         log.info("%s: group offload without a stream (nested groups)", type(component).__name__)
@@ -222,6 +224,28 @@ def group_offload(
         low_cpu_mem_usage=pageable,
         block_modules=block_modules,
     )
+
+
+def fold_weight_norm(component: torch.nn.Module) -> int:
+    """Fold ``torch.nn.utils.weight_norm`` into plain weights (``remove_weight_norm``, the
+    same weight it computes at each call); returns how many layers. Its forward pre-hook
+    computes a layer's weight from ``weight_g`` and ``weight_v`` before the layer's
+    ``forward``, and group offloading onloads them inside ``forward``: under it the hook
+    reads the host copies where the layer is a group of its own, and the convolution meets
+    a weight on the CPU (MiniMax-H3's audio upsamplers; the H100 found it). The
+    parametrization form
+    (``torch.nn.utils.parametrizations.weight_norm``) computes the weight when read, inside
+    ``forward``, and needs no folding."""
+    from torch.nn.utils import remove_weight_norm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    folded = 0
+    for module in component.modules():
+        for hook in list(module._forward_pre_hooks.values()):
+            if isinstance(hook, WeightNorm):
+                remove_weight_norm(module, hook.name)
+                folded += 1
+    return folded
 
 
 def nested_groups(module: torch.nn.Module, names: set[str]) -> bool:

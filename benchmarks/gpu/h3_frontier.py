@@ -17,8 +17,9 @@ Per point (the list ``h3_offload_frontier``): ``quantization``, ``offload``,
 ``budget_gib``, ``compile``, ``warm_e2e_s`` (the median of the warm jobs, client POST →
 MP4 downloaded), ``first_e2e_s``, ``peak_mib`` (the most a job held: the jobs'
 ``peak_memory_mb``, ``max_memory_allocated`` from the job's start), ``resident_mib`` (the
-worker's allocated memory once ready, ``/metrics``), ``memory`` (``/v1/models``' report)
-and ``seconds``; or ``error``, and then no time:
+worker's allocated memory once ready, ``/metrics``), ``memory_after_jobs_mib`` (the same
+once the jobs are done: issue 44's "memory after jobs: baseline, for every mode"),
+``memory`` (``/v1/models``' report) and ``seconds``; or ``error``, and then no time:
 
 * refused by the worker before it reads a weight (``plans.refusal``): model offload on
   H3's modular pipeline, FP8 or a budget off a CUDA GPU: said with the worker's words, no
@@ -154,6 +155,9 @@ def run_point(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         out["warm_e2e_s"] = round(statistics.median(walls[1:]), 3) if walls[1:] else None
         known = [p for p in peaks if p is not None]
         out["peak_mib"] = max(known) if known else None
+        out["memory_after_jobs_mib"] = (
+            gauge_mib(stack, "omniqueue_gpu_memory_allocated_bytes", "worker") or None
+        )
     except Exception as exc:  # the point's outcome: the others still run
         up_failure(out, exc, stack, f"point {args.label}")
     finally:

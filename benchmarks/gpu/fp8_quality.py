@@ -31,6 +31,10 @@ Run:
     Wan and Helios have none, so their FP8 sides do not change); the JSON's
     ``fp8_modulation`` says so and its file is ``gpu_fp8_quality_modulation.json``. Hold
     its ``against`` figures next to a run without it: the two share seeds and weights.
+    --fp8-components transformer,vae makes every FP8 side's entry FP8 on those components
+    (the per-component ``quantization``; ``vae``: MiniMax-H3's ViT decoder blocks, whose
+    frames' PSNR is then the decode's rounding too); the file is
+    ``gpu_fp8_quality_vae.json``.
     --print-sides prints each model's sides (their memory plans, as the registry reads
     them) and runs nothing.
 Each side lists ``transformer_gib``, the ``transformer*`` components' weights on the
@@ -58,7 +62,7 @@ from typing import Any
 import torch
 
 from benchmarks.gpu.fp8_runs import Shape, Side, compare, run_side
-from benchmarks.gpu.plans import modulation_arg
+from benchmarks.gpu.plans import components_arg, modulation_arg
 from models.registry import ServedModel, parse_registry
 
 FAMILIES = ("h3", "helios", "wan")
@@ -161,13 +165,17 @@ def variant(entry: ServedModel, **fields: Any) -> ServedModel:
     return ServedModel.model_validate({**data, **fields, "spec": entry.spec})
 
 
-def _sides(entry: ServedModel, combos: bool, modulation: bool) -> dict[str, dict[str, Any]]:
+def _sides(
+    entry: ServedModel, combos: bool, modulation: bool, components: list[str] | None = None
+) -> dict[str, dict[str, Any]]:
     """The variants of ``entry`` to run: label -> (fields, options of the run); with
     ``modulation`` (or the entry's own ``fp8_modulation``), every FP8 side's entry sets
-    ``fp8_modulation = true``."""
+    ``fp8_modulation = true``; with ``components``, every FP8 side's entry makes those
+    components FP8 (the per-component ``quantization``)."""
     off: dict[str, Any] = {"quantization": None, "offload": "none", "offload_budget_gib": None}
     off |= {"offload_blocks": [], "fp8_modulation": False}
-    fp8: dict[str, Any] = {**off, "quantization": entry.quantization or "fp8"}
+    chosen = {name: "fp8" for name in components} if components else None
+    fp8: dict[str, Any] = {**off, "quantization": chosen or entry.quantization or "fp8"}
     fp8["fp8_modulation"] = modulation or entry.fp8_modulation
     fp8["offload_budget_gib"] = entry.offload_budget_gib
     out: dict[str, dict[str, Any]] = {
@@ -204,11 +212,16 @@ BASELINE = {
 
 
 def run_model(
-    entry: ServedModel, device: str, shape: Shape, combos: bool, modulation: bool
+    entry: ServedModel,
+    device: str,
+    shape: Shape,
+    combos: bool,
+    modulation: bool,
+    components: list[str] | None = None,
 ) -> dict[str, Any]:
     """Every side of ``entry``, each compared with its baseline."""
     sides: dict[str, Side] = {}
-    for label, how in _sides(entry, combos, modulation).items():
+    for label, how in _sides(entry, combos, modulation, components).items():
         run_shape = Shape(**{**vars(shape), "quality": how.get("quality", "lossless")})
         model = variant(entry, **how["fields"])
         sides[label] = run_side(
@@ -241,7 +254,7 @@ def run_model(
 def _planned(entry: ServedModel, args: argparse.Namespace) -> dict[str, Any]:
     """Each side of ``entry`` as the registry reads it: its memory plan and compile."""
     out: dict[str, Any] = {}
-    for label, how in _sides(entry, args.combos, args.fp8_modulation).items():
+    for label, how in _sides(entry, args.combos, args.fp8_modulation, args.fp8_components).items():
         model = variant(entry, **how["fields"])
         plan = model.spec.memory
         out[label] = {"memory": plan.model_dump() if plan else None, "compile": model.compile}
@@ -307,6 +320,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, help="a job's steps, a session's per chunk")
     p.add_argument("--chunks", type=int, help="a world session's chunks")
     modulation_arg(p)
+    components_arg(p)
     p.add_argument("--print-sides", action="store_true", help="the sides' plans, run nothing")
     args = p.parse_args()
     from benchmarks.gpu.common import emit
@@ -326,6 +340,7 @@ def main() -> None:
         if args.random
         else "registry entries",
         "fp8_modulation": args.fp8_modulation,
+        "fp8_components": args.fp8_components,
         "models": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -340,9 +355,11 @@ def main() -> None:
                 chunks=args.chunks or shape.chunks,
             )
             out["models"][entry.name] = run_model(
-                entry, device, shape, args.combos, args.fp8_modulation
+                entry, device, shape, args.combos, args.fp8_modulation, args.fp8_components
             )
-    emit(out, "gpu_fp8_quality" + ("_modulation" if args.fp8_modulation else ""))
+    name = "gpu_fp8_quality" + ("_modulation" if args.fp8_modulation else "")
+    name += "".join(f"_{c}" for c in args.fp8_components or () if c != "transformer")
+    emit(out, name)
 
 
 if __name__ == "__main__":

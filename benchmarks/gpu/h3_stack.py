@@ -53,6 +53,12 @@ puts ``fp8_modulation = true`` in the entry: the 50 joint blocks' ``adaln_proj.l
 FP8 weight-only too (counted in ``model_memory``'s ``fp8_weight_only_modules``, their
 bytes in ``bytes_saved`` and so in ``h3_fp8_transformer_gib``); the JSON's
 ``fp8_modulation`` says so and the file is ``gpu_h3_stack_fp8_modulation.json``.
+``--fp8-components transformer,vae`` (with ``--quantization fp8``) writes the entry's
+per-component form, ``quantization = {transformer = "fp8", vae = "fp8"}``: the video VAE's
+ViT decoder blocks' Linear layers FP8 too, by the same rule (an A/B of the decode's time;
+measure its frames with ``fp8.sh --fp8-components`` before serving it); the file is
+``gpu_h3_stack_fp8_vae.json``, and ``h3_fp8_transformer_gib`` is left out (the bytes saved
+are the components' together).
 
 ``--attention cudnn`` puts ``attention = "cudnn"`` in the entry (every attention of the
 transformer through cuDNN's fused attention; ``shared/attention.py``), for an A/B against
@@ -90,6 +96,7 @@ from benchmarks.gpu.common import (
 )
 from benchmarks.gpu.plans import (
     attention_args,
+    check_memory_args,
     gauge_mib,
     memory_args,
     mode_suffix,
@@ -301,7 +308,8 @@ def loaded_memory(stack: Any, args: argparse.Namespace) -> dict[str, Any]:
         "model_memory": listed,
     }
     saved = ((listed or {}).get("memory") or {}).get("bytes_saved")
-    if args.quantization == "fp8" and saved is not None:
+    only_transformer = args.fp8_components in (None, ["transformer"])  # saved: it alone
+    if args.quantization == "fp8" and saved is not None and only_transformer:
         out["h3_fp8_transformer_gib"] = round(transformer_gib(args) - saved / 2**30, 2)
     return out
 
@@ -414,12 +422,11 @@ def main() -> None:
         "--keep-log", default=None, help="write up's stderr here as it runs ($OUT/up_h3_stack.log)"
     )
     p.add_argument("--compile", default="blocks", choices=("blocks", "off"))
-    memory_args(p, offload=True, modulation=True)
+    memory_args(p, offload=True, modulation=True, components=True)
     attention_args(p)
     p.add_argument("--print-registry", action="store_true", help="print the entry, run nothing")
     args = resolve(p.parse_args())
-    if args.fp8_modulation and args.quantization != "fp8":
-        p.error("--fp8-modulation needs --quantization fp8 (the registry refuses it without)")
+    check_memory_args(p, args)
     if args.print_registry:
         print(registry_text(args, Path("fasth3-random.safetensors"), "0" * 64))
         return

@@ -37,22 +37,62 @@ ATTENTIONS = ("sdpa", "cudnn")
 _METRICS = re.compile(r"((?:realtime )?worker \d+) (http://\S+/metrics)")
 
 
-def memory_args(p: argparse.ArgumentParser, *, offload: bool, modulation: bool = False) -> None:
+def memory_args(
+    p: argparse.ArgumentParser, *, offload: bool, modulation: bool = False, components: bool = False
+) -> None:
     """``--quantization`` ({none, fp8}: fp8 makes the ``transformer*`` components' block
     Linear layers FP8, the worker's rule); with ``offload``, ``--offload`` and
     ``--offload-budget-gib`` as the registry spells them; with ``modulation`` (a model
-    whose blocks have modulation projections: MiniMax-H3's), ``--fp8-modulation``."""
+    whose blocks have modulation projections: MiniMax-H3's), ``--fp8-modulation``; with
+    ``components``, ``--fp8-components``. :func:`check_memory_args` refuses the FP8
+    options without ``--quantization fp8``."""
     p.add_argument(
         "--quantization",
         choices=QUANTIZATIONS,
         default="none",
         help='the entry\'s quantization ("fp8": its transformer)',
     )
+    if components:
+        components_arg(p)
     if offload:
         p.add_argument("--offload", choices=OFFLOADS, default="none")
         p.add_argument("--offload-budget-gib", type=float, default=None)
     if modulation:
         modulation_arg(p)
+
+
+def components_arg(p: argparse.ArgumentParser) -> None:
+    """``--fp8-components``: with ``--quantization fp8``, the components made FP8, the
+    entry's per-component form (``quantization = {transformer = "fp8", vae = "fp8"}``);
+    without it, ``"fp8"``: the ``transformer*`` components."""
+    p.add_argument(
+        "--fp8-components",
+        type=lambda text: [name for name in text.split(",") if name],
+        default=None,
+        help="with --quantization fp8: the components FP8, comma-separated (e.g. "
+        "transformer,vae; default: the transformer's)",
+    )
+
+
+def check_memory_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``p.error`` for an FP8 option without ``--quantization fp8`` (which the registry
+    would refuse, or which would change nothing)."""
+    if args.quantization == "fp8":
+        return
+    if getattr(args, "fp8_modulation", False):
+        p.error("--fp8-modulation needs --quantization fp8 (the registry refuses it without)")
+    if getattr(args, "fp8_components", None):
+        p.error("--fp8-components needs --quantization fp8")
+
+
+def quantization_toml(args: argparse.Namespace) -> str | None:
+    """The entry's ``quantization`` value for ``args`` (None: none)."""
+    if args.quantization == "none":
+        return None
+    components = getattr(args, "fp8_components", None)
+    if not components:
+        return f'"{args.quantization}"'
+    return "{" + ", ".join(f'{name} = "{args.quantization}"' for name in components) + "}"
 
 
 def modulation_arg(p: argparse.ArgumentParser) -> None:
@@ -96,8 +136,8 @@ def plan_toml(args: argparse.Namespace) -> str:
     lines = []
     if getattr(args, "attention", "sdpa") != "sdpa":
         lines.append(f'attention = "{args.attention}"')
-    if args.quantization != "none":
-        lines.append(f'quantization = "{args.quantization}"')
+    if (quantization := quantization_toml(args)) is not None:
+        lines.append(f"quantization = {quantization}")
     if getattr(args, "fp8_modulation", False):
         lines.append("fp8_modulation = true")
     offload = getattr(args, "offload", "none")
@@ -114,6 +154,7 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "attention": getattr(args, "attention", "sdpa"),
         "quantization": args.quantization,
+        "fp8_components": getattr(args, "fp8_components", None),
         "fp8_modulation": getattr(args, "fp8_modulation", False),
         "offload": getattr(args, "offload", "none"),
         "offload_budget_gib": getattr(args, "offload_budget_gib", None),
@@ -121,12 +162,14 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def mode_suffix(args: argparse.Namespace) -> str:
-    """``_fp8`` (then ``_modulation`` with ``--fp8-modulation``, and ``_group``,
+    """``_fp8`` (then each FP8 component beside the transformer, ``_vae``; then
+    ``_modulation`` with ``--fp8-modulation``, and ``_group``,
     ``_24gib``) for a run with a plan, then ``_cudnn`` for one with cuDNN attention, then
     ``_cl`` for one with ``--vae-channels-last``: its files' names (``world.sh`` names
     them the same way)."""
     fields = plan_fields(args)
     out = "" if fields["quantization"] == "none" else f"_{fields['quantization']}"
+    out += "".join(f"_{name}" for name in fields["fp8_components"] or () if name != "transformer")
     if fields["fp8_modulation"]:
         out += "_modulation"
     if fields["offload"] != "none":

@@ -252,6 +252,24 @@ def test_the_quality_harness_carries_fp8_modulation_to_its_fp8_sides(tmp_path: P
     )
 
 
+def test_fp8_components_write_the_per_component_form_to_both_h3_benchmarks() -> None:
+    """``--fp8-components transformer,vae``: the entry's ``quantization`` table, which the
+    registry reads as a plan on both components, in the stack's entry and in every FP8 side
+    of the quality harness; refused without ``--quantization fp8``."""
+    both = {"transformer": "fp8", "vae": "fp8"}
+    args = ("--quantization", "fp8", "--fp8-components", "transformer,vae", "--print-registry")
+    model = entry(bench("h3_stack", *args), H3)
+    assert model.spec.memory == MemoryPlan(quantization=both)
+    assert refused(model) is None
+    sides = json.loads(
+        bench("fp8_quality", "--random", "--only", "h3", "--print-sides", "--fp8-components",
+              "transformer,vae")
+    )["h3"]  # fmt: skip
+    assert sides["fp8"]["memory"]["quantization"] == both and sides["bf16"]["memory"] is None
+    alone = _module("h3_stack", "--fp8-components", "vae", "--print-registry")
+    assert alone.returncode == 2 and "--fp8-components needs --quantization fp8" in alone.stderr
+
+
 # --- channels-last VAE decoder (``--vae-channels-last``) ------------------------------
 
 

@@ -233,9 +233,8 @@ def fold_weight_norm(component: torch.nn.Module) -> int:
     ``forward``, and group offloading onloads them inside ``forward``: under it the hook
     reads the host copies where the layer is a group of its own, and the convolution meets
     a weight on the CPU (MiniMax-H3's audio upsamplers; the H100 found it). The
-    parametrization form
-    (``torch.nn.utils.parametrizations.weight_norm``) computes the weight when read, inside
-    ``forward``, and needs no folding."""
+    parametrization form (``torch.nn.utils.parametrizations.weight_norm``) computes the
+    weight when read, inside ``forward``, and needs no folding."""
     from torch.nn.utils import remove_weight_norm
     from torch.nn.utils.weight_norm import WeightNorm
 

@@ -128,6 +128,18 @@ def test_pinned_copies_when_they_fit_then_pageable_then_refused(
     assert "this host has 68719476736 bytes (64.0 GiB) available" in why
 
 
+def test_a_component_offloaded_without_the_stream_counts_pageable_either_way() -> None:
+    """diffusers pins no copy of a component it offloads without the stream (its tensors
+    move to the host as they are offloaded): the pinned plan counts its own bytes, so a
+    host that holds the streamed components' pinned copies beside it gets them pinned."""
+    streamed = HostCopySizes(pinned=40 * GIB, pageable=30 * GIB, weights=30 * GIB)
+    encoder = HostCopySizes(pinned=30 * GIB, pageable=20 * GIB, weights=20 * GIB)
+    plan = host_plan("acme/h3", streamed, 84 * GIB, unstreamed=encoder)  # 40 + 20 + 21 fit
+    assert (plan.copies, plan.host_bytes) == ("pinned", 60 * GIB)
+    plan = host_plan("acme/h3", streamed, 76 * GIB, unstreamed=encoder)  # 60 + 19 do not
+    assert (plan.copies, plan.host_bytes) == ("pageable", 50 * GIB)
+
+
 def test_the_reserve_is_a_quarter_of_the_host_and_at_least_4_gib() -> None:
     assert fits(10 * GIB, 14 * GIB) and not fits(10 * GIB + 1, 14 * GIB)
     assert fits(75 * GIB, 100 * GIB) and not fits(75 * GIB + 1, 100 * GIB)
@@ -156,7 +168,10 @@ def _device_weights() -> int:
 
 
 def _place(
-    monkeypatch: pytest.MonkeyPatch, available: int, on_device: bool = True
+    monkeypatch: pytest.MonkeyPatch,
+    available: int,
+    on_device: bool = True,
+    plan: MemoryPlan | None = None,
 ) -> tuple[Any, list[tuple[Any, ...]]]:
     """Place a tiny Wan with ``offload = "group"`` on a stood-in CUDA device whose host has
     ``available`` bytes; its weights on the device (the meta device: ``weights =
@@ -170,7 +185,8 @@ def _place(
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(host_memory, "host_available", lambda: available)
     pipe = _device_pipe() if on_device else tiny_wan_pipeline()
-    return MemoryLayout("acme/wan", MemoryPlan(offload="group")).place(pipe, "cuda"), calls
+    layout = MemoryLayout("acme/wan", plan or MemoryPlan(offload="group"))
+    return layout.place(pipe, "cuda"), calls
 
 
 def test_a_host_that_holds_the_pinned_copies_gets_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -202,3 +218,19 @@ def test_a_host_short_of_even_the_pageable_copies_refuses_the_model(
     # the same host holds weights loaded on the host: their pageable copies are them
     report, _ = _place(monkeypatch, available=RESERVE_MIN_BYTES + weights - 1, on_device=False)
     assert report.offload_host == "pageable"
+
+
+def test_the_load_counts_a_nested_text_encoder_at_its_own_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``offload_blocks`` under Wan's UMT5 nest its groups, so it goes without the stream:
+    the pinned plan holds the other components' pinned blocks and its own bytes."""
+    pipe = _device_pipe()
+    parts = modules_of(pipe)
+    streamed = host_copy_sizes([m for name, m in parts.items() if name != "text_encoder"])
+    encoder = host_copy_sizes([parts["text_encoder"]])
+    plan = MemoryPlan(offload="group", offload_blocks=["text_encoder.encoder.block"])
+    report, _ = _place(monkeypatch, available=64 * GIB, plan=plan)
+    assert report.offload_host == "pinned"
+    assert report.offload_host_bytes == streamed.pinned + encoder.weights
+    assert encoder.pinned > encoder.weights  # what it was counted at before

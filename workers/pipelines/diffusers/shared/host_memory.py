@@ -10,6 +10,10 @@ page-locked memory, and page-locks it all before the worker is ready.
 With ``low_cpu_mem_usage=True`` the copies stay pageable (their own size) and only the
 group being moved in is pinned, at onload, which costs its copy on the host each time.
 
+A component offloaded without the stream (one whose groups nest: offload.py's
+``nested_groups``, MiniMax-H3's text encoder) gets no such copies: its tensors move to the
+host as they are offloaded, pageable, their own size; it is counted so either way.
+
 So before group offloading is applied (:func:`host_plan`): the pinned copies when they fit
 the host's available memory with a margin (:data:`RESERVE_FRACTION`,
 :data:`RESERVE_MIN_BYTES`: the rest of the worker, the per-group pinned buffers); else
@@ -121,11 +125,31 @@ class HostPlan:
         return self.copies == "pageable"
 
 
-def host_plan(model: str, sizes: HostCopySizes, available: int) -> HostPlan:
+NO_COPIES = HostCopySizes(pinned=0, pageable=0, weights=0)
+
+
+def host_plan(
+    model: str, sizes: HostCopySizes, available: int, unstreamed: HostCopySizes = NO_COPIES
+) -> HostPlan:
     """Pinned copies if they fit ``available`` with the reserve, else pageable ones (why
-    logged), else :class:`CatalogError` naming the model, the setting and both sizes."""
-    if fits(sizes.pinned, available):
-        return HostPlan("pinned", sizes.pinned, available)
+    logged), else :class:`CatalogError` naming the model, the setting and both sizes.
+    ``sizes``: the components offloaded with the prefetch stream; ``unstreamed``: those
+    offloaded without it (offload.py's ``nested_groups``), whose copies diffusers never
+    pins, so they count at their pageable size either way."""
+    need_pinned = sizes.pinned + unstreamed.pageable
+    if fits(need_pinned, available):
+        return HostPlan("pinned", sizes.pinned + unstreamed.weights, available)
+    total = HostCopySizes(
+        pinned=need_pinned,
+        pageable=sizes.pageable + unstreamed.pageable,
+        weights=sizes.weights + unstreamed.weights,
+    )
+    return _pageable(model, total, available)
+
+
+def _pageable(model: str, sizes: HostCopySizes, available: int) -> HostPlan:
+    """The pageable copies (``sizes.pinned``: what pinning would have taken), or the
+    refusal."""
     if fits(sizes.pageable, available):
         log.warning(
             "%s: offload = 'group' would pin %.1f GiB of host copies (%.1f GiB of weights, "
@@ -147,10 +171,18 @@ def host_plan(model: str, sizes: HostCopySizes, available: int) -> HostPlan:
     )
 
 
-def plan_host_copies(model: str, modules: dict[str, Any]) -> HostPlan:
-    """The host plan of group-offloading ``modules`` (component name -> module), on this
-    host now, logged with what the copies take."""
-    plan = host_plan(model, host_copy_sizes(list(modules.values())), host_available())
+def plan_host_copies(
+    model: str, modules: dict[str, Any], unstreamed: frozenset[str] = frozenset()
+) -> HostPlan:
+    """The host plan of group-offloading ``modules`` (component name -> module; the names
+    in ``unstreamed`` offloaded without the prefetch stream), on this host now, logged
+    with what the copies take."""
+    plan = host_plan(
+        model,
+        host_copy_sizes([m for name, m in modules.items() if name not in unstreamed]),
+        host_available(),
+        host_copy_sizes([m for name, m in modules.items() if name in unstreamed]),
+    )
     log.info(
         "%s: offload = 'group' holds %.2f GiB of %s host copies (host available: %.1f GiB)",
         model,

@@ -48,6 +48,7 @@ from workers.pipelines.diffusers.shared.offload import (
     offload,
     resolve_paths,
     set_budget,
+    unstreamed,
     weights_on_device,
 )
 
@@ -121,7 +122,9 @@ class MemoryLayout:
         built_there = weights_on_device(pipe, target)
         budget = None if built_there else set_budget(plan, target)
         counts, weight_only, saved = self._quantize(pipe, plan, target)
-        host = plan_host_copies(self.model, modules_of(pipe)) if plan.offload == "group" else None
+        host = None
+        if plan.offload == "group":
+            host = plan_host_copies(self.model, modules_of(pipe), unstreamed(pipe, blocks))
         offload(pipe, plan, target, blocks, host is not None and host.low_cpu_mem_usage)
         if target.type == "cuda" and torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -247,6 +247,16 @@ def fold_weight_norm(component: torch.nn.Module) -> int:
     return folded
 
 
+def unstreamed(pipe: Any, blocks: dict[str, list[str]]) -> frozenset[str]:
+    """The components of ``pipe`` that :func:`group_offload` offloads without the prefetch
+    stream, with ``blocks`` (:func:`group_blocks`' answer): those whose groups nest."""
+    return frozenset(
+        name
+        for name, component in modules_of(pipe).items()
+        if nested_groups(component, set(blocks.get(name) or ()))
+    )
+
+
 def nested_groups(module: torch.nn.Module, names: set[str]) -> bool:
     """Whether block-level group offloading of ``module``, recursing into the children
     ``names``, makes a level's own group (what it holds outside its block lists and named

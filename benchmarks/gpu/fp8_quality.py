@@ -38,7 +38,9 @@ Run:
     --print-sides prints each model's sides (their memory plans, as the registry reads
     them) and runs nothing.
 Each side lists ``transformer_gib``, the ``transformer*`` components' weights on the
-device once loaded (FP8 ones as held: float8 data and scales), and ``against`` the
+device once loaded (FP8 ones as held: float8 data and scales), ``resident_mib`` and
+``after_mib`` (the device memory allocated once loaded and once the job is done: the
+issue's "memory after jobs" for each mode, offloaded ones included), and ``against`` the
 ``transformer_gib_saved`` of each against its baseline.
 On a GPU host: bash benchmarks/device/fp8.sh [args]. JSON on stdout and in
 $OUT/gpu_fp8_quality.json.

@@ -51,6 +51,7 @@ class Side:
     resident_mib: float | None = None  # device memory held once loaded
     transformer_gib: float | None = None  # the transformer* weights on the device, loaded
     peak_mib: float | None = None  # the most held while the job ran
+    after_mib: float | None = None  # held once the job is done (against resident_mib)
     report: dict[str, Any] | None = None  # the worker's MemoryReport
     probes: dict[str, Any] = field(default_factory=dict)
 
@@ -65,6 +66,7 @@ class Side:
             "resident_mib": self.resident_mib,
             "transformer_gib": self.transformer_gib,
             "peak_mib": self.peak_mib,
+            "after_mib": self.after_mib,
             "memory_report": self.report,
             **self.probes,
         }
@@ -163,6 +165,8 @@ def run_side(
         if cancel and entry.spec.kind != "world":
             side.probes["cancel"] = _cancel_probe(adapter, _request(entry, shape))
         _run(adapter, entry, shape, side)
+        if torch.cuda.is_available():
+            side.after_mib = _mib(torch.cuda.memory_allocated())
     finally:
         if torch.cuda.is_available():
             side.peak_mib = _mib(torch.cuda.max_memory_allocated())

@@ -19,7 +19,6 @@ from typing import Any, cast
 
 import pytest
 import torch
-from diffusers.hooks import apply_group_offloading
 from diffusers.hooks.group_offloading import ModuleGroup
 from diffusers.modular_pipelines.minimax_h3.encoders import get_qwen3vl_prompt_embeds
 
@@ -32,6 +31,7 @@ from tests.unit.diffusers_fixtures import (
 )
 from tests.unit.diffusers_fixtures_av import tiny_ltx2_pipeline, tiny_stable_audio_pipeline
 from tests.unit.longcat_fixtures import tiny_longcat_pipeline
+from tests.unit.offload_fixtures import offloaded_on_cpu
 from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
 from workers.pipelines.diffusers.minimax_h3.decode import stream_frames
 from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG, random_pipeline
@@ -66,22 +66,9 @@ def _weights(groups: list[ModuleGroup]) -> set[int]:
     return out
 
 
-def _offloaded(component: torch.nn.Module, block_modules: list[str] | None) -> None:
-    """``component`` group offloaded block by block as a worker offloads it (less the
-    stream: CPU only)."""
-    apply_group_offloading(
-        component,
-        onload_device=torch.device("cpu"),
-        offload_device=torch.device("cpu"),
-        offload_type="block_level",
-        num_blocks_per_group=1,
-        block_modules=block_modules,
-    )
-
-
 def _encode_offloaded(pipe: Any, block_modules: list[str] | None) -> None:
     """The prompt encoded as the H3 pipeline encodes it, the text encoder offloaded."""
-    _offloaded(pipe.text_encoder, block_modules)
+    offloaded_on_cpu(pipe.text_encoder, block_modules)
     ids = pipe.tokenizer("a red fox in the snow").input_ids
     get_qwen3vl_prompt_embeds(pipe.text_encoder, pipe.processor, ids, text_encoder_layer=2)
 
@@ -115,8 +102,8 @@ def test_the_h3_vaes_run_with_every_weight_onloaded(onloaded: list[ModuleGroup])
     pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
     names = group_blocks(pipe, {}, POINTS, "m")
     vae, audio = pipe.vae, pipe.audio_vae
-    _offloaded(vae, names["vae"])
-    _offloaded(audio, names["audio_vae"])
+    offloaded_on_cpu(vae, names["vae"])
+    offloaded_on_cpu(audio, names["audio_vae"])
     latents = torch.randn(1, vae.config.latent_channels, 7, 2, 2)
     assert list(stream_frames(vae, latents, lambda video: video[0].permute(1, 2, 3, 0)))
     audio.decode(torch.randn(1, audio.config.latent_channels, 4))
@@ -247,7 +234,7 @@ def test_every_familys_vae_decodes_with_its_decoder_onloaded(
     make, component, latents = FAMILY_VAES[family]
     pipe = make()
     vae = getattr(pipe, component)
-    _offloaded(vae, group_blocks(pipe, {}, {}, "m")[component])
+    offloaded_on_cpu(vae, group_blocks(pipe, {}, {}, "m")[component])
     z, extra = latents(vae)
     vae.decode(z, **extra)
     decoder = [p for n, p in vae.named_parameters() if n.startswith(("decoder", "post_quant"))]

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import torch
-from diffusers.hooks import apply_group_offloading
 from diffusers.hooks.group_offloading import ModuleGroup
 from torch.nn.utils.weight_norm import WeightNorm
 
 from tests.unit.diffusers_fixtures_av import tiny_stable_audio_pipeline
+from tests.unit.offload_fixtures import offloaded_on_cpu
 from workers.pipelines.diffusers.minimax_h3.adapter import MiniMaxH3Adapter
 from workers.pipelines.diffusers.minimax_h3.random_weights import TOY_CONFIG, random_pipeline
 from workers.pipelines.diffusers.shared import offload
@@ -69,17 +69,6 @@ def stale(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     yield found
 
 
-def _group_offloaded(module: torch.nn.Module, names: list[str]) -> None:
-    apply_group_offloading(
-        module,
-        onload_device=torch.device("cpu"),
-        offload_device=torch.device("cpu"),
-        offload_type="block_level",
-        num_blocks_per_group=1,
-        block_modules=names,
-    )
-
-
 def _weight_norm_hooks(module: torch.nn.Module) -> int:
     return sum(
         isinstance(hook, WeightNorm)
@@ -95,7 +84,7 @@ def test_weight_norm_reads_its_layer_before_the_group_is_onloaded(stale: list[st
     inside blocks whose group is onloaded first, so folding changes nothing there.)"""
     vae, names, z = _h3_audio()
     assert _weight_norm_hooks(vae) > 0
-    _group_offloaded(vae, names)
+    offloaded_on_cpu(vae, names)
     vae.decode(z)
     assert stale
 
@@ -110,7 +99,7 @@ def test_folded_the_decode_reads_only_onloaded_weights_and_is_unchanged(
     layers = _weight_norm_hooks(vae)
     assert fold_weight_norm(vae) == layers
     assert _weight_norm_hooks(vae) == 0
-    _group_offloaded(vae, names)
+    offloaded_on_cpu(vae, names)
     torch.testing.assert_close(vae.decode(z).sample, expected)
     assert not stale
 

@@ -176,8 +176,8 @@ def test_a_component_with_nested_groups_is_offloaded_without_the_stream(
     """What the H100 met once the entry points were named: the text encoder's prefetch
     hooks, one per level of ``model`` / ``language_model`` / ``embed_tokens``, each mark
     the layers below them and diffusers refuses the second mark. ``nested_groups`` is
-    what ``group_offload`` asks before it uses the stream: it says so for the text encoder
-    alone, and diffusers accepts the others' hooks with a stream."""
+    what the layout asks (``offload.unstreamed``) before it uses the stream: it says so for
+    the text encoder alone, and diffusers accepts the others' hooks with a stream."""
     pipe: Any = random_pipeline("cpu", torch.float32, text_layers=2, config=TOY_CONFIG)
     names = group_blocks(pipe, {}, POINTS, "m")[component] or None
     module = getattr(pipe, component)

@@ -191,8 +191,8 @@ def _place(
 
 def test_a_host_that_holds_the_pinned_copies_gets_them(monkeypatch: pytest.MonkeyPatch) -> None:
     report, calls = _place(monkeypatch, available=64 * GIB)
-    ((*_, pageable),) = calls
-    assert pageable is False
+    ((*_, pageable, without_stream),) = calls
+    assert pageable is False and without_stream == frozenset()
     assert report.offload_host == "pinned" and report.offload_host_bytes > 0
     listed = model_memory(MemoryPlan(offload="group"), report)
     assert listed is not None and listed.offload_host == "pinned"
@@ -204,8 +204,9 @@ def test_a_host_short_of_the_pinned_copies_keeps_them_pageable(
 ) -> None:
     weights = _device_weights()
     report, calls = _place(monkeypatch, available=RESERVE_MIN_BYTES + weights)
-    ((*_, pageable),) = calls
+    ((*_, pageable, without_stream),) = calls
     assert pageable is True  # diffusers' low_cpu_mem_usage
+    assert without_stream == frozenset()
     assert (report.offload_host, report.offload_host_bytes) == ("pageable", weights)
 
 
@@ -230,7 +231,9 @@ def test_the_load_counts_a_nested_text_encoder_at_its_own_size(
     streamed = host_copy_sizes([m for name, m in parts.items() if name != "text_encoder"])
     encoder = host_copy_sizes([parts["text_encoder"]])
     plan = MemoryPlan(offload="group", offload_blocks=["text_encoder.encoder.block"])
-    report, _ = _place(monkeypatch, available=64 * GIB, plan=plan)
+    report, calls = _place(monkeypatch, available=64 * GIB, plan=plan)
+    ((*_, pageable, without_stream),) = calls
+    assert without_stream == {"text_encoder"} and pageable is False  # decided once, here
     assert report.offload_host == "pinned"
     assert report.offload_host_bytes == streamed.pinned + encoder.weights
     assert encoder.pinned > encoder.weights  # what it was counted at before

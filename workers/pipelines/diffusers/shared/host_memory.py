@@ -11,7 +11,7 @@ With ``low_cpu_mem_usage=True`` the copies stay pageable (their own size) and on
 group being moved in is pinned, at onload, which costs its copy on the host each time.
 
 A component offloaded without the stream (one whose groups nest: offload.py's
-``nested_groups``, MiniMax-H3's text encoder) gets no such copies: its tensors move to the
+``unstreamed``, MiniMax-H3's text encoder) gets no such copies: its tensors move to the
 host as they are offloaded, pageable, their own size; it is counted so either way.
 
 So before group offloading is applied (:func:`host_plan`): the pinned copies when they fit
@@ -134,38 +134,29 @@ def host_plan(
     """Pinned copies if they fit ``available`` with the reserve, else pageable ones (why
     logged), else :class:`CatalogError` naming the model, the setting and both sizes.
     ``sizes``: the components offloaded with the prefetch stream; ``unstreamed``: those
-    offloaded without it (offload.py's ``nested_groups``), whose copies diffusers never
+    offloaded without it (offload.py's ``unstreamed``), whose copies diffusers never
     pins, so they count at their pageable size either way."""
     need_pinned = sizes.pinned + unstreamed.pageable
     if fits(need_pinned, available):
         return HostPlan("pinned", sizes.pinned + unstreamed.weights, available)
-    total = HostCopySizes(
-        pinned=need_pinned,
-        pageable=sizes.pageable + unstreamed.pageable,
-        weights=sizes.weights + unstreamed.weights,
-    )
-    return _pageable(model, total, available)
-
-
-def _pageable(model: str, sizes: HostCopySizes, available: int) -> HostPlan:
-    """The pageable copies (``sizes.pinned``: what pinning would have taken), or the
-    refusal."""
-    if fits(sizes.pageable, available):
+    pageable = sizes.pageable + unstreamed.pageable
+    weights = sizes.weights + unstreamed.weights
+    if fits(pageable, available):
         log.warning(
             "%s: offload = 'group' would pin %.1f GiB of host copies (%.1f GiB of weights, "
             "each pinned block rounded up to a power of two), over the %.1f GiB available "
             "less the reserve; keeping them pageable (low_cpu_mem_usage: each group is "
             "pinned as it moves in)",
             model,
-            sizes.pinned / 2**30,
-            sizes.weights / 2**30,
+            need_pinned / 2**30,
+            weights / 2**30,
             available / 2**30,
         )
-        return HostPlan("pageable", sizes.weights, available)
+        return HostPlan("pageable", weights, available)
     raise CatalogError(
-        f"model {model!r}: offload = 'group' needs {sizes.pageable} bytes "
-        f"({sizes.pageable / 2**30:.1f} GiB) of host memory for its pageable copies of the "
-        f"weights ({sizes.pinned / 2**30:.1f} GiB pinned), and this host has {available} "
+        f"model {model!r}: offload = 'group' needs {pageable} bytes "
+        f"({pageable / 2**30:.1f} GiB) of host memory for its pageable copies of the "
+        f"weights ({need_pinned / 2**30:.1f} GiB pinned), and this host has {available} "
         f"bytes ({available / 2**30:.1f} GiB) available, less a reserve of "
         f"{max(RESERVE_MIN_BYTES, int(available * RESERVE_FRACTION)) / 2**30:.1f} GiB"
     )

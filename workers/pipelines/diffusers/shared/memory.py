@@ -122,10 +122,12 @@ class MemoryLayout:
         built_there = weights_on_device(pipe, target)
         budget = None if built_there else set_budget(plan, target)
         counts, weight_only, saved = self._quantize(pipe, plan, target)
-        host = None
+        host, without_stream = None, frozenset[str]()
         if plan.offload == "group":
-            host = plan_host_copies(self.model, modules_of(pipe), unstreamed(pipe, blocks))
-        offload(pipe, plan, target, blocks, host is not None and host.low_cpu_mem_usage)
+            without_stream = unstreamed(pipe, blocks)
+            host = plan_host_copies(self.model, modules_of(pipe), without_stream)
+        pageable = host is not None and host.low_cpu_mem_usage
+        offload(pipe, plan, target, blocks, pageable, without_stream)
         if target.type == "cuda" and torch.cuda.is_available():
             torch.cuda.empty_cache()
         if built_there:

@@ -180,17 +180,21 @@ def offload(
     device: torch.device,
     blocks: dict[str, list[str]],
     pageable: bool = False,
+    without_stream: frozenset[str] = frozenset(),
 ) -> None:
     """Put ``pipe``'s weights where ``plan.offload`` says (``none``: all on ``device``).
     ``pageable``: group offloading's host copies stay pageable (``low_cpu_mem_usage``),
-    as host_memory.py decides when the pinned ones would not fit the host."""
+    as host_memory.py decides when the pinned ones would not fit the host;
+    ``without_stream``: the components group-offloaded without the prefetch stream
+    (:func:`unstreamed`)."""
     if plan.offload == "none":
         pipe.to(device)
     elif plan.offload == "model":
         pipe.enable_model_cpu_offload(device=device)
     else:
         for name, component in modules_of(pipe).items():  # blocks: group_blocks'
-            group_offload(component, device, blocks.get(name) or None, pageable)
+            stream = name not in without_stream
+            group_offload(component, device, blocks.get(name) or None, pageable, stream)
 
 
 def group_offload(
@@ -198,21 +202,18 @@ def group_offload(
     device: torch.device,
     block_modules: list[str] | None = None,
     pageable: bool = False,
+    stream: bool = True,
 ) -> None:
     """diffusers' group offloading of ``component`` as a worker applies it: a block a
-    group, streamed to ``device`` ahead of use on a CUDA stream, the host copies pinned
-    unless ``pageable``; ``block_modules``: more block lists than its top level's. Where
-    those make a level with a group of its own above another (:func:`nested_groups`),
-    diffusers (0.42) cannot prefetch them (each level's prefetch hook marks the layers
-    below it, and the second mark is refused: "Hook with name layer_execution_tracker
-    already exists"), so that component's groups move in when used, without the stream
-    (MiniMax-H3's text encoder: it runs once a job, in ``prepare``)."""
+    group, streamed to ``device`` ahead of use on a CUDA stream (unless ``stream`` is
+    False: each group moved in when used), the host copies pinned unless ``pageable``;
+    ``block_modules``: more block lists than its top level's. Layers under weight norm
+    are folded first (:func:`fold_weight_norm`)."""
     from diffusers.hooks import apply_group_offloading
 
     if folded := fold_weight_norm(component):
         log.info("%s: %d weight-norm layers folded", type(component).__name__, folded)
-    nested = nested_groups(component, set(block_modules or ()))
-    if nested:
+    if not stream:
         log.info("%s: group offload without a stream (nested groups)", type(component).__name__)
     apply_group_offloading(
         component,
@@ -220,7 +221,7 @@ def group_offload(
         offload_device=torch.device("cpu"),
         offload_type="block_level",
         num_blocks_per_group=1,
-        use_stream=not nested,
+        use_stream=stream,
         low_cpu_mem_usage=pageable,
         block_modules=block_modules,
     )
@@ -248,8 +249,13 @@ def fold_weight_norm(component: torch.nn.Module) -> int:
 
 
 def unstreamed(pipe: Any, blocks: dict[str, list[str]]) -> frozenset[str]:
-    """The components of ``pipe`` that :func:`group_offload` offloads without the prefetch
-    stream, with ``blocks`` (:func:`group_blocks`' answer): those whose groups nest."""
+    """The components of ``pipe`` to group-offload without the prefetch stream, with
+    ``blocks`` (:func:`group_blocks`' answer): those whose groups nest
+    (:func:`nested_groups`). diffusers (0.42) cannot prefetch a level with a group of its
+    own above another (each level's prefetch hook marks the layers below it, and the
+    second mark is refused: "Hook with name layer_execution_tracker already exists"), so
+    such a component's groups move in when used (MiniMax-H3's text encoder: it runs once
+    a job, in ``prepare``). Decided once at load, for the host plan and the offload."""
     return frozenset(
         name
         for name, component in modules_of(pipe).items()

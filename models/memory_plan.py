@@ -71,7 +71,7 @@ class MemoryPlan(BaseModel):
         """The plan's settings as the registry writes them (for refusals and logs)."""
         parts = []
         if self.quantization != "none":
-            parts.append(f"quantization = {_toml(self.quantization)}")
+            parts.append(f"quantization = {quantization_toml(self.quantization)}")
         if self.fp8_modulation:
             parts.append("fp8_modulation = true")
         if self.offload != "none":
@@ -81,7 +81,9 @@ class MemoryPlan(BaseModel):
         return ", ".join(parts) or "no memory plan"
 
 
-def _toml(value: Precision | dict[str, Precision]) -> str:
+def quantization_toml(value: Precision | dict[str, Precision]) -> str:
+    """An entry's ``quantization`` as TOML writes it: ``'fp8'``, or the per-component
+    table ``{transformer = "fp8", vae = "fp8"}``."""
     if isinstance(value, str):
         return repr(value)
     return "{" + ", ".join(f'{k} = "{v}"' for k, v in value.items()) + "}"
@@ -118,8 +120,8 @@ def memory_plan(
     if fp8_modulation and not plan.quantizes:
         raise ValueError(
             f"fp8_modulation = true needs quantization = 'fp8' (on a component at least), and "
-            f"quantization = {_toml(plan.quantization)} makes no component FP8: the modulation "
-            "projections it makes FP8 are those of an FP8 component's blocks"
+            f"quantization = {quantization_toml(plan.quantization)} makes no component FP8: "
+            "the modulation projections it makes FP8 are those of an FP8 component's blocks"
         )
     return None if plan == MemoryPlan() else plan
 
@@ -136,7 +138,7 @@ def refused_combination(
     features), or None. ``lora``: the spec lists per-request ``lora``; ``streaming``: a
     realtime model; ``compile``: the entry's ``compile`` as written (None: the default,
     which ``offload = "group"`` makes "off"); ``devices``: its worker group's size."""
-    fp8 = f"quantization = {_toml(plan.quantization)}"
+    fp8 = f"quantization = {quantization_toml(plan.quantization)}"
     offload = f"offload = {plan.offload!r}"
     if lora and plan.fp8_on("transformer"):
         return (

@@ -28,6 +28,7 @@ import urllib.request
 from typing import Any
 
 from benchmarks.embedded_stack import Stack
+from models.memory_plan import Precision, quantization_toml
 
 QUANTIZATIONS = ("none", "fp8")
 OFFLOADS = ("none", "model", "group")
@@ -85,14 +86,13 @@ def check_memory_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> N
         p.error("--fp8-components needs --quantization fp8")
 
 
-def quantization_toml(args: argparse.Namespace) -> str | None:
-    """The entry's ``quantization`` value for ``args`` (None: none)."""
+def quantization_value(args: argparse.Namespace) -> Precision | dict[str, Precision] | None:
+    """The entry's ``quantization`` for ``args``: ``"fp8"``, the per-component table of
+    ``--fp8-components``, or None."""
     if args.quantization == "none":
         return None
     components = getattr(args, "fp8_components", None)
-    if not components:
-        return f'"{args.quantization}"'
-    return "{" + ", ".join(f'{name} = "{args.quantization}"' for name in components) + "}"
+    return {name: args.quantization for name in components} if components else args.quantization
 
 
 def modulation_arg(p: argparse.ArgumentParser) -> None:
@@ -136,8 +136,8 @@ def plan_toml(args: argparse.Namespace) -> str:
     lines = []
     if getattr(args, "attention", "sdpa") != "sdpa":
         lines.append(f'attention = "{args.attention}"')
-    if (quantization := quantization_toml(args)) is not None:
-        lines.append(f"quantization = {quantization}")
+    if (quantization := quantization_value(args)) is not None:
+        lines.append(f"quantization = {quantization_toml(quantization)}")
     if getattr(args, "fp8_modulation", False):
         lines.append("fp8_modulation = true")
     offload = getattr(args, "offload", "none")
